@@ -1,0 +1,38 @@
+"""The `xla` backend plugin: StableHLO text through XLA's PJRT C API (hloforge's own cffi binding)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from hloforge.backends.xla.pjrt import Client, DeviceBuffer, Executable, default_client
+from hloforge.core.hookspecs import hookimpl
+
+
+class XlaBackend:
+    name = "xla"
+
+    def __init__(self, client: Client | None = None):
+        self.client = client or default_client()
+
+    def describe(self) -> str:
+        """What is really loaded: the platform and the plugin file."""
+        return f"xla ({self.client.platform_name}, {self.client.plugin_path})"
+
+    def compile(self, mlir_text: str) -> Executable:
+        return self.client.compile(mlir_text)
+
+    def to_device(self, array: np.ndarray) -> DeviceBuffer:
+        return self.client.to_device(np.ascontiguousarray(array))
+
+    def to_host(self, buffer: DeviceBuffer) -> np.ndarray:
+        return buffer.to_numpy()
+
+    def execute(self, exe: Executable, args: Sequence[DeviceBuffer], keep: Sequence[int] = ()) -> list[DeviceBuffer]:
+        return exe.execute(args, keep=keep)
+
+
+@hookimpl
+def hloforge_backends() -> list[type]:
+    return [XlaBackend]

@@ -1,0 +1,341 @@
+"""Reverse mode at code-generation time: one VJP rule per builder op.
+
+`grad` walks the builder's tape backwards and emits the backward ops into the
+same function. Rules are named after their ops and kept in hlo.py's order.
+A rule takes (builder, op, output cotangent) and returns one cotangent per
+input, None meaning zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from hloforge.core.errors import UnsupportedSpec
+from hloforge.core.hlo import FLOAT_DTYPES, Builder, TapeOp, Value
+
+Cts = Sequence[Value | None]
+Rule = Callable[[Builder, TapeOp, Value], Cts]
+VJP: dict[str, Rule] = {}
+
+
+def rule(name: str) -> Callable[[Rule], Rule]:
+    def register(f: Rule) -> Rule:
+        VJP[name] = f
+        return f
+    return register
+
+
+# ----------------------------------------------------------------- leaves
+@rule("constant")
+@rule("iota")
+def _leaf(b: Builder, op: TapeOp, g: Value) -> Cts:
+    return ()
+
+
+# ----------------------------------------------------------------- elementwise
+@rule("add")
+def _add(b: Builder, op: TapeOp, g: Value) -> Cts:
+    return g, g
+
+
+@rule("subtract")
+def _subtract(b: Builder, op: TapeOp, g: Value) -> Cts:
+    return g, b.negate(g)
+
+
+@rule("multiply")
+def _multiply(b: Builder, op: TapeOp, g: Value) -> Cts:
+    x, y = op.ins
+    return b.multiply(g, y), b.multiply(g, x)
+
+
+@rule("divide")
+def _divide(b: Builder, op: TapeOp, g: Value) -> Cts:
+    x, y = op.ins
+    gx = b.divide(g, y)
+    return gx, b.negate(b.multiply(gx, op.outs[0]))
+
+
+def _minmax(b: Builder, op: TapeOp, g: Value, direction: str) -> Cts:
+    # Ties send the cotangent to the first operand (a subgradient; ties have measure zero).
+    x, y = op.ins
+    zero = b.full(0.0, g.shape, g.dtype)
+    first = b.compare(x, y, direction)
+    return b.select(first, g, zero), b.select(first, zero, g)
+
+
+@rule("maximum")
+def _maximum(b: Builder, op: TapeOp, g: Value) -> Cts:
+    return _minmax(b, op, g, "GE")
+
+
+@rule("minimum")
+def _minimum(b: Builder, op: TapeOp, g: Value) -> Cts:
+    return _minmax(b, op, g, "LE")
+
+
+@rule("negate")
+def _negate(b: Builder, op: TapeOp, g: Value) -> Cts:
+    return (b.negate(g),)
+
+
+@rule("exponential")
+def _exponential(b: Builder, op: TapeOp, g: Value) -> Cts:
+    return (b.multiply(g, op.outs[0]),)
+
+
+@rule("log")
+def _log(b: Builder, op: TapeOp, g: Value) -> Cts:
+    return (b.divide(g, op.ins[0]),)
+
+
+@rule("tanh")
+def _tanh(b: Builder, op: TapeOp, g: Value) -> Cts:
+    y = op.outs[0]
+    return (g * (1.0 - y * y),)
+
+
+@rule("logistic")
+def _logistic(b: Builder, op: TapeOp, g: Value) -> Cts:
+    y = op.outs[0]
+    return (g * (y * (1.0 - y)),)
+
+
+@rule("sqrt")
+def _sqrt(b: Builder, op: TapeOp, g: Value) -> Cts:
+    return (b.divide(g * 0.5, op.outs[0]),)
+
+
+@rule("rsqrt")
+def _rsqrt(b: Builder, op: TapeOp, g: Value) -> Cts:
+    # d/dx x^(-1/2) = -1/2 · rsqrt(x) / x
+    return (b.divide(g * op.outs[0] * -0.5, op.ins[0]),)
+
+
+@rule("abs")
+def _abs(b: Builder, op: TapeOp, g: Value) -> Cts:
+    x = op.ins[0]
+    zero = b.full(0.0, x.shape, x.dtype)
+    return (b.select(b.compare(x, zero, "GE"), g, b.negate(g)),)
+
+
+@rule("compare")
+def _compare(b: Builder, op: TapeOp, g: Value) -> Cts:
+    return None, None
+
+
+@rule("select")
+def _select(b: Builder, op: TapeOp, g: Value) -> Cts:
+    pred = op.ins[0]
+    zero = b.full(0.0, g.shape, g.dtype)
+    return None, b.select(pred, g, zero), b.select(pred, zero, g)
+
+
+@rule("convert")
+def _convert(b: Builder, op: TapeOp, g: Value) -> Cts:
+    x = op.ins[0]
+    return (b.convert(g, x.dtype) if x.dtype in FLOAT_DTYPES else None,)
+
+
+# ----------------------------------------------------------------- shape
+@rule("broadcast_in_dim")
+def _broadcast_in_dim(b: Builder, op: TapeOp, g: Value) -> Cts:
+    x = op.ins[0]
+    dims = op.attrs["dims"]
+    summed = [d for d in range(g.type.rank) if d not in dims]
+    summed += [d for i, d in enumerate(dims) if x.shape[i] == 1 and g.shape[d] != 1]
+    r = b.sum(g, sorted(summed)) if summed else g
+    return (b.reshape(r, x.shape),)
+
+
+@rule("reshape")
+def _reshape(b: Builder, op: TapeOp, g: Value) -> Cts:
+    return (b.reshape(g, op.ins[0].shape),)
+
+
+@rule("transpose")
+def _transpose(b: Builder, op: TapeOp, g: Value) -> Cts:
+    return (b.transpose(g, list(np.argsort(op.attrs["perm"]))),)
+
+
+@rule("reverse")
+def _reverse(b: Builder, op: TapeOp, g: Value) -> Cts:
+    return (b.reverse(g, op.attrs["dims"]),)
+
+
+@rule("pad")
+def _pad(b: Builder, op: TapeOp, g: Value) -> Cts:
+    x = op.ins[0]
+    lo, hi, it = op.attrs["low"], op.attrs["high"], op.attrs["interior"]
+    if min(lo) < 0 or min(hi) < 0:
+        raise UnsupportedSpec("the VJP of a negative pad is not implemented; pad with non-negative amounts")
+    limit = [g.shape[d] - hi[d] for d in range(g.type.rank)]
+    return (b.slice(g, lo, limit, [i + 1 for i in it]),)
+
+
+@rule("slice")
+def _slice(b: Builder, op: TapeOp, g: Value) -> Cts:
+    x = op.ins[0]
+    start, strides = op.attrs["start"], op.attrs["strides"]
+    high = [n - 1 - (s + (m - 1) * st) for n, s, m, st in zip(x.shape, start, g.shape, strides, strict=True)]
+    return (b.pad(g, start, high, [st - 1 for st in strides]),)
+
+
+@rule("concatenate")
+def _concatenate(b: Builder, op: TapeOp, g: Value) -> Cts:
+    d = op.attrs["dim"]
+    cts, off = [], 0
+    for x in op.ins:
+        start = [0] * g.type.rank
+        limit = list(g.shape)
+        start[d], limit[d] = off, off + x.shape[d]
+        cts.append(b.slice(g, start, limit))
+        off += x.shape[d]
+    return cts
+
+
+# ----------------------------------------------------------------- contraction
+def _ranges_like(*xs: Sequence[int]) -> list[list[int]]:
+    out, start = [], 0
+    for x in xs:
+        out.append(list(range(start, start + len(x))))
+        start += len(x)
+    return out
+
+
+def _dot_transpose_lhs(b: Builder, g: Value, x: Value, y: Value, contract: tuple, batch: tuple,
+                       swap_ans: bool = False) -> Value:
+    (xc, yc), (xb, yb) = contract, batch
+    x_kept = [d for d in range(x.type.rank) if d not in xc and d not in xb]
+    y_kept = [d for d in range(y.type.rank) if d not in yc and d not in yb]
+    if swap_ans:
+        ans_batch, ans_y, _ = _ranges_like(xb, y_kept, x_kept)
+    else:
+        ans_batch, _, ans_y = _ranges_like(xb, x_kept, y_kept)
+    r = b.dot_general(g, y, (ans_y, y_kept), (ans_batch, list(yb)))
+    xc_by_y = [xc[i] for i in np.argsort(yc)]
+    return b.transpose(r, list(np.argsort(list(xb) + x_kept + xc_by_y)))
+
+
+@rule("dot_general")
+def _dot_general(b: Builder, op: TapeOp, g: Value) -> Cts:
+    x, y = op.ins
+    (xc, yc), (xb, yb) = op.attrs["contract"], op.attrs["batch"]
+    gx = _dot_transpose_lhs(b, g, x, y, (xc, yc), (xb, yb))
+    gy = _dot_transpose_lhs(b, g, y, x, (yc, xc), (yb, xb), swap_ans=True)
+    return gx, gy
+
+
+def _dilate(shape: Sequence[int], dil: Sequence[int]) -> list[int]:
+    return [0 if n == 0 else 1 + d * (n - 1) for n, d in zip(shape, dil, strict=True)]
+
+
+def _spec_t(spec: tuple[int, ...]) -> tuple[int, ...]:
+    return (spec[1], spec[0], *spec[2:])
+
+
+def _split_axis(b: Builder, x: Value, src: int, size: int) -> Value:
+    shape = list(x.shape)
+    shape[src:src + 1] = [size, shape[src] // size]
+    return b.reshape(x, shape)
+
+
+def _merge_axis_into(b: Builder, x: Value, src: int, dst: int) -> Value:
+    perm = [i for i in range(x.type.rank) if i != src]
+    perm.insert(dst, src)
+    shape = [n for i, n in enumerate(x.shape) if i != src]
+    shape[dst] *= x.shape[src]
+    return b.reshape(b.transpose(x, perm), shape)
+
+
+@rule("convolution")
+def _convolution(b: Builder, op: TapeOp, g: Value) -> Cts:
+    x, w = op.ins
+    a = op.attrs
+    ls, rs, os_ = a["spec"]
+    strides, padding = a["strides"], a["padding"]
+    lhs_dil, rhs_dil, groups = a["lhs_dilation"], a["rhs_dilation"], a["feature_groups"]
+    if a["batch_groups"] != 1:
+        raise UnsupportedSpec("the VJP of a batch-grouped convolution is not implemented")
+    x_sp = [x.shape[d] for d in ls[2:]]
+    w_sp = [w.shape[d] for d in rs[2:]]
+    g_sp = [g.shape[d] for d in os_[2:]]
+
+    # ∂x: convolve g (dilated by the stride) with the spatially flipped, in/out-swapped kernel.
+    wk = w
+    if groups > 1:
+        wk = _merge_axis_into(b, _split_axis(b, w, rs[0], groups), rs[0], rs[1])
+    lhs_d, rhs_d, out_d = _dilate(x_sp, lhs_dil), _dilate(w_sp, rhs_dil), _dilate(g_sp, strides)
+    before = [k - p[0] - 1 for k, p in zip(rhs_d, padding, strict=True)]
+    after = [n + k - 1 - o - bf for n, k, o, bf in zip(lhs_d, rhs_d, out_d, before, strict=True)]
+    gx = b.convolution(g, b.reverse(wk, list(rs[2:])), strides=lhs_dil, padding=list(zip(before, after, strict=True)),
+                       lhs_dilation=strides, rhs_dilation=rhs_dil, feature_groups=groups,
+                       spec=(os_, _spec_t(rs), ls))
+
+    # ∂w: correlate x with g; the feature groups become batch groups.
+    hi = [o - n + (k - p[0] - 1) for o, n, k, p in zip(out_d, lhs_d, rhs_d, padding, strict=True)]
+    gw = b.convolution(x, g, strides=rhs_dil, padding=[(p[0], h) for p, h in zip(padding, hi, strict=True)],
+                       lhs_dilation=lhs_dil, rhs_dilation=strides, batch_groups=groups,
+                       spec=(_spec_t(ls), _spec_t(os_), _spec_t(rs)))
+    return gx, gw
+
+
+# ----------------------------------------------------------------- reduction
+@rule("reduce_sum")
+def _reduce_sum(b: Builder, op: TapeOp, g: Value) -> Cts:
+    x = op.ins[0]
+    kept = [d for d in range(x.type.rank) if d not in op.attrs["dims"]]
+    return (b.broadcast_in_dim(g, x.shape, kept),)
+
+
+def _reduce_extremum(b: Builder, op: TapeOp, g: Value) -> Cts:
+    # Every position equal to the extremum receives the cotangent (ties have measure zero).
+    x, y = op.ins[0], op.outs[0]
+    kept = [d for d in range(x.type.rank) if d not in op.attrs["dims"]]
+    hit = b.compare(x, b.broadcast_in_dim(y, x.shape, kept), "EQ")
+    return (b.select(hit, b.broadcast_in_dim(g, x.shape, kept), b.full(0.0, x.shape, x.dtype)),)
+
+
+VJP["reduce_max"] = _reduce_extremum
+VJP["reduce_min"] = _reduce_extremum
+
+
+# ----------------------------------------------------------------- custom closed forms
+@rule("custom")
+def _custom(b: Builder, op: TapeOp, g: Value) -> Cts:
+    raise AssertionError("custom ops are differentiated through their own bwd")  # pragma: no cover
+
+
+# ----------------------------------------------------------------- the walk
+def grad(b: Builder, outputs: Sequence[Value], cotangents: Sequence[Value], wrt: Sequence[Value]) -> list[Value]:
+    """Emit ∂(Σ⟨outputs, cotangents⟩)/∂wrt into `b`; a `wrt` the outputs do not reach gets zeros."""
+    cts: dict[int, Value] = {}
+
+    def accumulate(v: Value, c: Value | None) -> None:
+        if c is None or v.dtype not in FLOAT_DTYPES:
+            return
+        if c.shape != v.shape:
+            raise AssertionError(f"VJP produced cotangent {c.type} for {v.type}")
+        prev = cts.get(id(v))
+        cts[id(v)] = c if prev is None else b.add(prev, c)
+
+    for o, c in zip(outputs, cotangents, strict=True):
+        accumulate(o, c)
+    tape = list(b.tape)  # the backward's own ops are appended as we go; walk only the forward's
+    for op in reversed(tape):
+        out_cts = [cts.get(id(o)) for o in op.outs]
+        if all(c is None for c in out_cts):
+            continue
+        if op.op == "custom":
+            assert op.bwd is not None
+            full = [c if c is not None else b.full(0.0, o.shape, o.dtype) for c, o in zip(out_cts, op.outs, strict=True)]
+            in_cts = op.bwd(b, *full)
+        else:
+            (g,) = out_cts
+            assert g is not None
+            in_cts = VJP[op.op](b, op, g)
+        for v, c in zip(op.ins, in_cts, strict=False):
+            accumulate(v, c)
+    return [cts.get(id(w)) or b.full(0.0, w.shape, w.dtype) for w in wrt]

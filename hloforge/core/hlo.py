@@ -1,0 +1,424 @@
+"""A small typed SSA builder for StableHLO text.
+
+Every method emits one op (printed in the pretty form XLA's and IREE's parsers
+both accept), returns a `Value` of known type, and appends a `TapeOp` that
+`core/autodiff.py` differentiates. Methods are grouped elementwise → shape →
+contraction → reduction so that each op's VJP rule, kept under the same name
+in autodiff.py, is easy to find.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+
+from hloforge.core.errors import UnsupportedSpec
+
+FLOAT_DTYPES = ("f32", "f64")
+NUMPY_DTYPE = {"f32": np.float32, "f64": np.float64, "i32": np.int32, "i64": np.int64, "i1": np.bool_}
+
+
+def dtype_of_numpy(dt: np.dtype) -> str:
+    for name, npt in NUMPY_DTYPE.items():
+        if np.dtype(npt) == np.dtype(dt):
+            return name
+    raise UnsupportedSpec(f"numpy dtype {dt} has no StableHLO element type here; expected one of {list(NUMPY_DTYPE)}")
+
+
+@attrs.frozen
+class TensorType:
+    shape: tuple[int, ...]
+    dtype: str
+
+    def __str__(self) -> str:
+        dims = "".join(f"{d}x" for d in self.shape)
+        return f"tensor<{dims}{self.dtype}>"
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+class Value:
+    """An SSA value. Identity (not name) is what autodiff keys on."""
+
+    __slots__ = ("name", "type", "b")
+
+    def __init__(self, name: str, type_: TensorType, builder: Builder):
+        self.name = name
+        self.type = type_
+        self.b = builder
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.type.shape
+
+    @property
+    def dtype(self) -> str:
+        return self.type.dtype
+
+    def __repr__(self) -> str:
+        return f"{self.name}: {self.type}"
+
+    # Arithmetic sugar; a Python number is splatted to this value's type.
+    def __add__(self, o: Value | float) -> Value:
+        return self.b.add(self, self.b.lift(o, self))
+
+    __radd__ = __add__
+
+    def __sub__(self, o: Value | float) -> Value:
+        return self.b.subtract(self, self.b.lift(o, self))
+
+    def __rsub__(self, o: float) -> Value:
+        return self.b.subtract(self.b.lift(o, self), self)
+
+    def __mul__(self, o: Value | float) -> Value:
+        return self.b.multiply(self, self.b.lift(o, self))
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, o: Value | float) -> Value:
+        return self.b.divide(self, self.b.lift(o, self))
+
+    def __rtruediv__(self, o: float) -> Value:
+        return self.b.divide(self.b.lift(o, self), self)
+
+    def __neg__(self) -> Value:
+        return self.b.negate(self)
+
+
+@attrs.define
+class TapeOp:
+    """One differentiable op: `autodiff.VJP[op]` maps output cotangents to input ones."""
+
+    op: str
+    ins: tuple[Value, ...]
+    outs: tuple[Value, ...]
+    attrs: dict[str, Any]
+    # For op == "custom": bwd(builder, out_cotangents) -> in_cotangents (None = zero).
+    bwd: Callable[..., Sequence[Value | None]] | None = None
+
+
+def float_literal(v: float, dtype: str) -> str:
+    """Exact hex literal, so f64 gate constants are bit-exact and inf/nan print."""
+    if dtype == "f64":
+        return "0x" + struct.pack(">d", float(v)).hex().upper()
+    if dtype == "f32":
+        return "0x" + struct.pack(">f", float(v)).hex().upper()
+    if dtype == "i1":
+        return "true" if v else "false"
+    return str(int(v))
+
+
+def _ints(xs: Iterable[int]) -> str:
+    return "[" + ", ".join(str(int(x)) for x in xs) + "]"
+
+
+ConvSpec = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+NCHW_OIHW: ConvSpec = ((0, 1, 2, 3), (0, 1, 2, 3), (0, 1, 2, 3))
+
+
+def _conv_labels(spec: tuple[int, ...], first: str, second: str) -> str:
+    labels = [""] * len(spec)
+    labels[spec[0]], labels[spec[1]] = first, second
+    for i, d in enumerate(spec[2:]):
+        labels[d] = str(i)
+    return "[" + ", ".join(labels) + "]"
+
+
+class Builder:
+    """Builds one `func.func @main` of a module, in one dtype (f32 to train, f64 to gate)."""
+
+    def __init__(self, dtype: str = "f32", module_name: str = "hloforge"):
+        if dtype not in FLOAT_DTYPES:
+            raise UnsupportedSpec(f"builder dtype {dtype!r}; expected one of {FLOAT_DTYPES}")
+        self.dtype = dtype
+        self.module_name = module_name
+        self.args: list[tuple[Value, str]] = []
+        self.lines: list[str] = []
+        self.tape: list[TapeOp] = []
+        self._n = 0
+
+    # ----------------------------------------------------------------- plumbing
+    def _fresh(self, t: TensorType) -> Value:
+        v = Value(f"%{self._n}", t, self)
+        self._n += 1
+        return v
+
+    def _emit(self, op: str, ins: Sequence[Value], t: TensorType, text: str, **attrs_: Any) -> Value:
+        out = self._fresh(t)
+        self.lines.append(f"{out.name} = {text}")
+        self.tape.append(TapeOp(op, tuple(ins), (out,), attrs_))
+        return out
+
+    def arg(self, shape: Sequence[int], dtype: str | None = None, alias_output: int | None = None) -> Value:
+        v = Value(f"%arg{len(self.args)}", TensorType(tuple(shape), dtype or self.dtype), self)
+        attr = f" {{tf.aliasing_output = {alias_output} : i32}}" if alias_output is not None else ""
+        self.args.append((v, attr))
+        return v
+
+    def lift(self, x: Value | float, like: Value) -> Value:
+        return x if isinstance(x, Value) else self.full(x, like.shape, like.dtype)
+
+    def stop_gradient(self, x: Value) -> Value:
+        """The same SSA name under a new identity, so no cotangent flows through it."""
+        return Value(x.name, x.type, self)
+
+    def custom_vjp(
+        self,
+        fwd: Callable[..., Sequence[Value]],
+        bwd: Callable[..., Sequence[Value | None]],
+        *ins: Value,
+    ) -> list[Value]:
+        """Emit `fwd(*ins)`, but differentiate it with the closed-form `bwd(b, *out_cts)`."""
+        start = len(self.tape)
+        outs = list(fwd(*ins))
+        del self.tape[start:]
+        self.tape.append(TapeOp("custom", tuple(ins), tuple(outs), {}, bwd))
+        return outs
+
+    def module(self, outputs: Sequence[Value], *, num_replicas: int = 1) -> str:
+        args = ", ".join(f"{v.name}: {v.type}{a}" for v, a in self.args)
+        res = ", ".join(str(o.type) for o in outputs)
+        body = "\n".join("    " + ln for ln in self.lines)
+        ret = ", ".join(o.name for o in outputs)
+        return (
+            f"module @{self.module_name} attributes {{mhlo.num_partitions = 1 : i32, "
+            f"mhlo.num_replicas = {num_replicas} : i32}} {{\n"
+            f"  func.func public @main({args}) -> ({res}) {{\n{body}\n"
+            f"    return {ret} : {res}\n  }}\n}}\n"
+        )
+
+    # ----------------------------------------------------------------- leaves
+    def full(self, value: float, shape: Sequence[int] = (), dtype: str | None = None) -> Value:
+        t = TensorType(tuple(shape), dtype or self.dtype)
+        return self._emit("constant", (), t, f"stablehlo.constant dense<{float_literal(value, t.dtype)}> : {t}")
+
+    def constant(self, array: np.ndarray, dtype: str | None = None) -> Value:
+        dt = dtype or self.dtype
+        a = np.ascontiguousarray(np.asarray(array, dtype=NUMPY_DTYPE[dt]))
+        t = TensorType(a.shape, dt)
+        return self._emit("constant", (), t, f'stablehlo.constant dense<"0x{a.tobytes().hex().upper()}"> : {t}')
+
+    def iota(self, shape: Sequence[int], dim: int, dtype: str = "i32") -> Value:
+        t = TensorType(tuple(shape), dtype)
+        return self._emit("iota", (), t, f"stablehlo.iota dim = {dim} : {t}")
+
+    # ----------------------------------------------------------------- elementwise
+    def _binary(self, op: str, a: Value, b: Value) -> Value:
+        if a.type != b.type:
+            raise UnsupportedSpec(f"stablehlo.{op} operands differ: {a.type} vs {b.type}")
+        return self._emit(op, (a, b), a.type, f"stablehlo.{op} {a.name}, {b.name} : {a.type}")
+
+    def _unary(self, op: str, a: Value) -> Value:
+        return self._emit(op, (a,), a.type, f"stablehlo.{op} {a.name} : {a.type}")
+
+    def add(self, a: Value, b: Value) -> Value:
+        return self._binary("add", a, b)
+
+    def subtract(self, a: Value, b: Value) -> Value:
+        return self._binary("subtract", a, b)
+
+    def multiply(self, a: Value, b: Value) -> Value:
+        return self._binary("multiply", a, b)
+
+    def divide(self, a: Value, b: Value) -> Value:
+        return self._binary("divide", a, b)
+
+    def maximum(self, a: Value, b: Value) -> Value:
+        return self._binary("maximum", a, b)
+
+    def minimum(self, a: Value, b: Value) -> Value:
+        return self._binary("minimum", a, b)
+
+    def negate(self, a: Value) -> Value:
+        return self._unary("negate", a)
+
+    def exp(self, a: Value) -> Value:
+        return self._unary("exponential", a)
+
+    def log(self, a: Value) -> Value:
+        return self._unary("log", a)
+
+    def tanh(self, a: Value) -> Value:
+        return self._unary("tanh", a)
+
+    def logistic(self, a: Value) -> Value:
+        return self._unary("logistic", a)
+
+    def sqrt(self, a: Value) -> Value:
+        return self._unary("sqrt", a)
+
+    def rsqrt(self, a: Value) -> Value:
+        return self._unary("rsqrt", a)
+
+    def abs(self, a: Value) -> Value:
+        return self._unary("abs", a)
+
+    def compare(self, a: Value, b: Value, direction: str) -> Value:
+        kind = "FLOAT" if a.dtype in FLOAT_DTYPES else "SIGNED"
+        t = TensorType(a.shape, "i1")
+        text = f"stablehlo.compare {direction}, {a.name}, {b.name}, {kind} : ({a.type}, {b.type}) -> {t}"
+        return self._emit("compare", (a, b), t, text, direction=direction)
+
+    def select(self, pred: Value, on_true: Value, on_false: Value) -> Value:
+        text = f"stablehlo.select {pred.name}, {on_true.name}, {on_false.name} : {pred.type}, {on_true.type}"
+        return self._emit("select", (pred, on_true, on_false), on_true.type, text)
+
+    def convert(self, a: Value, dtype: str) -> Value:
+        t = TensorType(a.shape, dtype)
+        return self._emit("convert", (a,), t, f"stablehlo.convert {a.name} : ({a.type}) -> {t}")
+
+    # ----------------------------------------------------------------- shape
+    def broadcast_in_dim(self, a: Value, shape: Sequence[int], dims: Sequence[int]) -> Value:
+        t = TensorType(tuple(shape), a.dtype)
+        for i, d in enumerate(dims):
+            if a.shape[i] not in (1, t.shape[d]):
+                raise UnsupportedSpec(f"broadcast_in_dim {a.type} -> {t} along {list(dims)}: dim {i} does not fit")
+        text = f"stablehlo.broadcast_in_dim {a.name}, dims = {_ints(dims)} : ({a.type}) -> {t}"
+        return self._emit("broadcast_in_dim", (a,), t, text, dims=tuple(dims))
+
+    def reshape(self, a: Value, shape: Sequence[int]) -> Value:
+        t = TensorType(tuple(shape), a.dtype)
+        if t.size != a.type.size:
+            raise UnsupportedSpec(f"reshape {a.type} -> {t}: element counts differ")
+        if t == a.type:
+            return a
+        return self._emit("reshape", (a,), t, f"stablehlo.reshape {a.name} : ({a.type}) -> {t}")
+
+    def transpose(self, a: Value, perm: Sequence[int]) -> Value:
+        if list(perm) == list(range(a.type.rank)):
+            return a
+        t = TensorType(tuple(a.shape[p] for p in perm), a.dtype)
+        text = f"stablehlo.transpose {a.name}, dims = {_ints(perm)} : ({a.type}) -> {t}"
+        return self._emit("transpose", (a,), t, text, perm=tuple(perm))
+
+    def reverse(self, a: Value, dims: Sequence[int]) -> Value:
+        if not dims:
+            return a
+        text = f"stablehlo.reverse {a.name}, dims = {_ints(dims)} : {a.type}"
+        return self._emit("reverse", (a,), a.type, text, dims=tuple(dims))
+
+    def pad(self, a: Value, low: Sequence[int], high: Sequence[int], interior: Sequence[int] | None = None,
+            value: float = 0.0) -> Value:
+        interior = list(interior) if interior is not None else [0] * a.type.rank
+        shape = tuple(
+            lo + hi + n + max(n - 1, 0) * it for n, lo, hi, it in zip(a.shape, low, high, interior, strict=True)
+        )
+        pv = self.stop_gradient(self.full(value, (), a.dtype))
+        t = TensorType(shape, a.dtype)
+        text = (f"stablehlo.pad {a.name}, {pv.name}, low = {_ints(low)}, high = {_ints(high)}, "
+                f"interior = {_ints(interior)} : ({a.type}, {pv.type}) -> {t}")
+        return self._emit("pad", (a,), t, text, low=tuple(low), high=tuple(high), interior=tuple(interior))
+
+    def slice(self, a: Value, start: Sequence[int], limit: Sequence[int], strides: Sequence[int] | None = None) -> Value:
+        strides = list(strides) if strides is not None else [1] * a.type.rank
+        shape = tuple(-(-(hi - lo) // s) for lo, hi, s in zip(start, limit, strides, strict=True))
+        t = TensorType(shape, a.dtype)
+        ranges = ", ".join(
+            f"{lo}:{hi}" + (f":{s}" if s != 1 else "") for lo, hi, s in zip(start, limit, strides, strict=True)
+        )
+        return self._emit("slice", (a,), t, f"stablehlo.slice {a.name} [{ranges}] : ({a.type}) -> {t}",
+                          start=tuple(start), limit=tuple(limit), strides=tuple(strides))
+
+    def concatenate(self, xs: Sequence[Value], dim: int) -> Value:
+        if len(xs) == 1:
+            return xs[0]
+        shape = list(xs[0].shape)
+        shape[dim] = sum(x.shape[dim] for x in xs)
+        t = TensorType(tuple(shape), xs[0].dtype)
+        names = ", ".join(x.name for x in xs)
+        types = ", ".join(str(x.type) for x in xs)
+        return self._emit("concatenate", tuple(xs), t, f"stablehlo.concatenate {names}, dim = {dim} : ({types}) -> {t}",
+                          dim=dim)
+
+    # ----------------------------------------------------------------- contraction
+    def dot_general(self, a: Value, b: Value, contract: tuple[Sequence[int], Sequence[int]],
+                    batch: tuple[Sequence[int], Sequence[int]] = ((), ())) -> Value:
+        (ac, bc), (ab, bb) = contract, batch
+        a_free = [d for d in range(a.type.rank) if d not in ac and d not in ab]
+        b_free = [d for d in range(b.type.rank) if d not in bc and d not in bb]
+        shape = tuple([a.shape[d] for d in ab] + [a.shape[d] for d in a_free] + [b.shape[d] for d in b_free])
+        for x, y in zip(list(ac) + list(ab), list(bc) + list(bb), strict=True):
+            if a.shape[x] != b.shape[y]:
+                raise UnsupportedSpec(f"dot_general {a.type} · {b.type}: dim {x} ≠ dim {y}")
+        t = TensorType(shape, a.dtype)
+        bt = f"batching_dims = {_ints(ab)} x {_ints(bb)}, " if ab else ""
+        text = (f"stablehlo.dot_general {a.name}, {b.name}, {bt}contracting_dims = {_ints(ac)} x {_ints(bc)} : "
+                f"({a.type}, {b.type}) -> {t}")
+        return self._emit("dot_general", (a, b), t, text,
+                          contract=(tuple(ac), tuple(bc)), batch=(tuple(ab), tuple(bb)))
+
+    def convolution(self, x: Value, w: Value, *, strides: Sequence[int], padding: Sequence[tuple[int, int]],
+                    lhs_dilation: Sequence[int] | None = None, rhs_dilation: Sequence[int] | None = None,
+                    feature_groups: int = 1, batch_groups: int = 1, spec: ConvSpec = NCHW_OIHW) -> Value:
+        nsp = x.type.rank - 2
+        lhs_dilation = tuple(lhs_dilation or (1,) * nsp)
+        rhs_dilation = tuple(rhs_dilation or (1,) * nsp)
+        ls, rs, os_ = spec
+        out = [0] * x.type.rank
+        out[os_[0]] = x.shape[ls[0]] // batch_groups
+        out[os_[1]] = w.shape[rs[0]]
+        for i in range(nsp):
+            n = (x.shape[ls[2 + i]] - 1) * lhs_dilation[i] + 1
+            k = (w.shape[rs[2 + i]] - 1) * rhs_dilation[i] + 1
+            size = (n + padding[i][0] + padding[i][1] - k) // strides[i] + 1
+            if size <= 0:
+                raise UnsupportedSpec(f"convolution {x.type} with kernel {w.type}: output spatial dim {i} is empty")
+            out[os_[2 + i]] = size
+        if x.shape[ls[1]] != w.shape[rs[1]] * feature_groups:
+            raise UnsupportedSpec(
+                f"convolution input has {x.shape[ls[1]]} channels, kernel expects {w.shape[rs[1]]}×{feature_groups} groups")
+        t = TensorType(tuple(out), x.dtype)
+        dn = f"{_conv_labels(ls, 'b', 'f')}x{_conv_labels(rs, 'o', 'i')}->{_conv_labels(os_, 'b', 'f')}"
+        pad = "[" + ", ".join(f"[{lo}, {hi}]" for lo, hi in padding) + "]"
+        text = (f"stablehlo.convolution({x.name}, {w.name}) dim_numbers = {dn}, window = {{stride = {_ints(strides)}, "
+                f"pad = {pad}, lhs_dilate = {_ints(lhs_dilation)}, rhs_dilate = {_ints(rhs_dilation)}}} "
+                f"{{batch_group_count = {batch_groups} : i64, feature_group_count = {feature_groups} : i64}} : "
+                f"({x.type}, {w.type}) -> {t}")
+        return self._emit("convolution", (x, w), t, text, strides=tuple(strides),
+                          padding=tuple(tuple(p) for p in padding), lhs_dilation=lhs_dilation,
+                          rhs_dilation=rhs_dilation, feature_groups=feature_groups, batch_groups=batch_groups,
+                          spec=spec)
+
+    # ----------------------------------------------------------------- reduction
+    _REDUCERS = {"sum": ("add", 0.0), "max": ("maximum", -np.inf), "min": ("minimum", np.inf)}
+
+    def reduce(self, a: Value, dims: Sequence[int], kind: str = "sum") -> Value:
+        op, init = self._REDUCERS[kind]
+        iv = self.stop_gradient(self.full(init, (), a.dtype))
+        t = TensorType(tuple(n for i, n in enumerate(a.shape) if i not in dims), a.dtype)
+        text = (f"stablehlo.reduce({a.name} init: {iv.name}) applies stablehlo.{op} across dimensions = "
+                f"{_ints(sorted(dims))} : ({a.type}, {iv.type}) -> {t}")
+        return self._emit(f"reduce_{kind}", (a,), t, text, dims=tuple(sorted(dims)))
+
+    # ----------------------------------------------------------------- conveniences (compositions of the above)
+    def sum(self, a: Value, dims: Sequence[int] | None = None) -> Value:
+        return self.reduce(a, range(a.type.rank) if dims is None else dims, "sum")
+
+    def broadcast_to(self, a: Value, shape: Sequence[int], dims: Sequence[int] | None = None) -> Value:
+        """Broadcast `a` to `shape`; by default its axes align with the trailing axes (numpy rule)."""
+        if dims is None:
+            dims = range(len(shape) - a.type.rank, len(shape))
+        if a.shape == tuple(shape) and list(dims) == list(range(len(shape))):
+            return a
+        return self.broadcast_in_dim(a, shape, list(dims))
+
+    def relu(self, a: Value) -> Value:
+        zero = self.full(0.0, a.shape, a.dtype)
+        return self.select(self.compare(a, zero, "GT"), a, zero)
+
+    def clip(self, a: Value, lo: float, hi: float) -> Value:
+        """min(max(a, lo), hi) written with selects, so the derivative on the flat parts is exactly zero."""
+        low = self.full(lo, a.shape, a.dtype)
+        high = self.full(hi, a.shape, a.dtype)
+        a = self.select(self.compare(a, low, "GT"), a, low)
+        return self.select(self.compare(a, high, "LT"), a, high)

@@ -1,0 +1,53 @@
+"""The hooks a plugin implements. Built-ins implement them exactly as third parties do.
+
+A plugin is a module named by an entry point in one of the groups
+`hloforge.layers`, `hloforge.losses`, `hloforge.optimizers`,
+`hloforge.backends`, `hloforge.datasets`; it decorates functions with
+`hloforge.hookimpl`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("hloforge")
+hookimpl = pluggy.HookimplMarker("hloforge")
+
+
+@hookspec
+def hloforge_layers() -> list[type]:
+    """Return the layer classes this plugin provides.
+
+    Each is an attrs frozen subclass of `hloforge.core.spec.Layer` with a
+    unique class attribute `kind` (its name in specs), `out_shape`,
+    `param_slots`, `forward` (builder ops; the backward is derived, or given
+    with `Builder.custom_vjp`), `reference` (plain jax.numpy, the gate's
+    oracle) and `gate_cases`.
+    """
+
+
+@hookspec
+def hloforge_losses() -> list[type]:
+    """Return the loss classes this plugin provides (subclasses of `hloforge.core.spec.Loss`)."""
+
+
+@hookspec
+def hloforge_optimizers() -> list[type]:
+    """Return the optimizer classes this plugin provides (subclasses of `hloforge.core.spec.Optimizer`)."""
+
+
+@hookspec
+def hloforge_backends() -> list[type]:
+    """Return backend classes: each has `name`, compiles module text and runs it on device buffers."""
+
+
+@hookspec
+def hloforge_datasets() -> list[type]:
+    """Return dataset classes: each has `name` and yields (x, y) numpy batches for a split."""
+
+
+@hookspec
+def hloforge_on_epoch_end(run: Any, epoch: int, metrics: dict[str, float]) -> None:
+    """Called after each epoch's evaluation, e.g. to log or plot `metrics`."""

@@ -1,0 +1,157 @@
+"""Module generators: forward, eval, train step, vjp and optimizer step.
+
+`TrainStepLayout` is the one definition of the train step's argument and
+result order; sessions, checkpoints and tests read it rather than restating it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+from hloforge.core import autodiff
+from hloforge.core.hlo import FLOAT_DTYPES, Builder, Value
+from hloforge.core.registry import Registry, default_registry
+from hloforge.core.spec import Ctx, Layer, LayerShapes, Loss, NetSpec, ParamSlot, Shape, qualified_params, walk_layers
+from hloforge.core.variant import Optimizer, Variant
+
+
+def emit_layers(b: Builder, walk: Sequence[LayerShapes], x: Value, params: Sequence[Value], ctx: Ctx) -> Value:
+    """The forward walk: each layer's ops, fed its own slots by name."""
+    it = iter(params)
+    for ls in walk:
+        mine = {s.name: next(it) for s in ls.slots}
+        x = ls.layer.forward(b, x, mine, ctx)
+        want = (x.shape[0], *ls.out_shape)
+        if x.shape != want:
+            raise AssertionError(f"layer {ls.index} ({ls.layer.kind}) emitted {list(x.shape)}, declared {list(want)}")
+    return x
+
+
+def forward_module(spec: NetSpec, batch: int, *, dtype: str = "f32", eval_mode: bool = False) -> str:
+    """`@main(x, θ…) -> logits`; the eval form differs once BN running statistics exist."""
+    walk = spec.walk()
+    b = Builder(dtype, f"{spec.ident}_fwd" + ("_eval" if eval_mode else ""))
+    x = b.arg((batch, *spec.input_shape))
+    params = [b.arg(s.shape) for _, s in qualified_params(walk)]
+    return b.module([emit_layers(b, walk, x, params, Ctx(train=False))])
+
+
+@attrs.frozen
+class TrainStepLayout:
+    """Inputs: θ…, then each state group (all m…, all v…), scalars…, x, y.
+    Outputs: θ'…, state'… (same order), loss. Parameter and state inputs alias their outputs."""
+
+    params: tuple[tuple[str, ParamSlot], ...]
+    state: tuple[str, ...]
+    scalars: tuple[str, ...]
+    x_shape: Shape
+    y_shape: Shape
+    y_dtype: str
+
+    @property
+    def n_params(self) -> int:
+        return len(self.params)
+
+    @property
+    def n_carried(self) -> int:
+        """θ and optimizer state: the inputs that alias outputs 0..n_carried-1."""
+        return self.n_params * (1 + len(self.state))
+
+    @property
+    def loss_index(self) -> int:
+        return self.n_carried
+
+
+def label_type(loss: Loss, out_shape: Shape, dtype: str) -> tuple[Shape, str]:
+    """The loss's per-example label shape and element type; float targets follow the module's dtype."""
+    loss.check(out_shape)
+    y_shape, y_dtype = loss.label_spec(out_shape)
+    return y_shape, dtype if y_dtype in FLOAT_DTYPES else y_dtype
+
+
+def train_step_layout(spec: NetSpec, opt: Optimizer, loss: Loss, batch: int, dtype: str = "f32") -> TrainStepLayout:
+    walk = spec.walk()
+    y_shape, y_dtype = label_type(loss, walk[-1].out_shape, dtype)
+    return TrainStepLayout(tuple(qualified_params(walk)), opt.state, opt.scalars, (batch, *spec.input_shape),
+                           (batch, *y_shape), y_dtype)
+
+
+def train_step_module(spec: NetSpec, variant: Variant, batch: int, *, dtype: str = "f32",
+                      registry: Registry | None = None) -> tuple[str, TrainStepLayout]:
+    reg = registry or default_registry()
+    opt, loss = variant.make_optimizer(reg), variant.make_loss(reg)
+    lay = train_step_layout(spec, opt, loss, batch, dtype)
+    walk = spec.walk()
+    b = Builder(dtype, f"{spec.ident}_{variant.slug}_train_step")
+    params = [b.arg(s.shape, alias_output=i) for i, (_, s) in enumerate(lay.params)]
+    state = {name: [b.arg(s.shape, alias_output=lay.n_params * (1 + k) + i) for i, (_, s) in enumerate(lay.params)]
+             for k, name in enumerate(lay.state)}
+    scalars = {name: b.arg(()) for name in lay.scalars}
+    x = b.arg(lay.x_shape)
+    y = b.arg(lay.y_shape, lay.y_dtype)
+    logits = emit_layers(b, walk, x, params, Ctx(train=True))
+    loss_v = loss.forward(b, logits, y)
+    grads = autodiff.grad(b, [loss_v], [b.full(1.0)], params)
+    new_params, new_state = [], {name: [] for name in lay.state}
+    for i, (p, g) in enumerate(zip(params, grads, strict=True)):
+        p2, s2 = opt.update(b, p, g, {n: state[n][i] for n in lay.state}, scalars, lay.params[i][1])
+        new_params.append(p2)
+        for n in lay.state:
+            new_state[n].append(s2[n])
+    outs = new_params + [v for n in lay.state for v in new_state[n]] + [loss_v]
+    return b.module(outs), lay
+
+
+def vjp_module(layers: Sequence[Layer], in_shape: Shape, batch: int, *, dtype: str = "f32",
+               name: str = "vjp") -> str:
+    """`@main(θ…, x, ḡ) -> (y, ∂θ…, ∂x)`: sums over the batch, no loss (composable nets take ḡ in)."""
+    walk = walk_layers(layers, in_shape)
+    b = Builder(dtype, name)
+    params = [b.arg(s.shape) for _, s in qualified_params(walk)]
+    x = b.arg((batch, *in_shape))
+    gbar = b.arg((batch, *walk[-1].out_shape))
+    y = emit_layers(b, walk, x, params, Ctx(train=True))
+    cts = autodiff.grad(b, [y], [gbar], [*params, x])
+    return b.module([y, *cts])
+
+
+def layers_forward_module(layers: Sequence[Layer], in_shape: Shape, batch: int, *, dtype: str = "f32",
+                          name: str = "fwd") -> str:
+    """`@main(θ…, x) -> y` for a bare layer stack: what finite differences probe."""
+    walk = walk_layers(layers, in_shape)
+    b = Builder(dtype, name)
+    params = [b.arg(s.shape) for _, s in qualified_params(walk)]
+    x = b.arg((batch, *in_shape))
+    return b.module([emit_layers(b, walk, x, params, Ctx(train=True))])
+
+
+def loss_module(loss: Loss, out_shape: Shape, batch: int, *, dtype: str = "f32") -> str:
+    """Probe `@main(logits, y) -> (loss, ∂loss/∂logits)`."""
+    y_shape, y_dtype = label_type(loss, out_shape, dtype)
+    b = Builder(dtype, f"probe_{loss.name}")
+    logits = b.arg((batch, *out_shape))
+    y = b.arg((batch, *y_shape), y_dtype)
+    lv = loss.forward(b, logits, y)
+    (g,) = autodiff.grad(b, [lv], [b.full(1.0)], [logits])
+    return b.module([lv, g])
+
+
+def optimizer_step_module(params: Sequence[ParamSlot], opt: Optimizer, *, dtype: str = "f32",
+                          name: str = "optimizer_step") -> str:
+    """`@main(θ…, state…, ∂θ…, scalars…) -> (θ'…, state'…)` for a gradient the caller assembled."""
+    b = Builder(dtype, name)
+    n = len(params)
+    ps = [b.arg(s.shape, alias_output=i) for i, s in enumerate(params)]
+    st = {name: [b.arg(s.shape, alias_output=n * (1 + k) + i) for i, s in enumerate(params)]
+          for k, name in enumerate(opt.state)}
+    gs = [b.arg(s.shape) for s in params]
+    sc = {name: b.arg(()) for name in opt.scalars}
+    new_p, new_s = [], {name: [] for name in opt.state}
+    for i, slot in enumerate(params):
+        p2, s2 = opt.update(b, ps[i], gs[i], {k: st[k][i] for k in opt.state}, sc, slot)
+        new_p.append(p2)
+        for k in opt.state:
+            new_s[k].append(s2[k])
+    return b.module(new_p + [v for k in opt.state for v in new_s[k]])

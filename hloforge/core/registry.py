@@ -1,0 +1,92 @@
+"""The plugin registry: entry points loaded into a pluggy PluginManager, looked up by name."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Iterator
+from importlib.metadata import entry_points
+from typing import Any
+
+import attrs
+import pluggy
+
+from hloforge.core import hookspecs
+from hloforge.core.errors import PluginError
+
+# kind -> (entry-point group, hook that lists its components, attribute holding a component's name)
+KINDS: dict[str, tuple[str, str, str]] = {
+    "layer": ("hloforge.layers", "hloforge_layers", "kind"),
+    "loss": ("hloforge.losses", "hloforge_losses", "name"),
+    "optimizer": ("hloforge.optimizers", "hloforge_optimizers", "name"),
+    "backend": ("hloforge.backends", "hloforge_backends", "name"),
+    "dataset": ("hloforge.datasets", "hloforge_datasets", "name"),
+}
+
+
+@attrs.frozen
+class Entry:
+    kind: str
+    name: str
+    obj: Any
+    distribution: str
+    plugin: str
+
+
+class Registry:
+    def __init__(self, extra_plugins: tuple[tuple[Any, str], ...] = ()):
+        """Load every entry point; `extra_plugins` (module, distribution) serve tests."""
+        self.pm = pluggy.PluginManager("hloforge")
+        self.pm.add_hookspecs(hookspecs)
+        if os.environ.get("HLOFORGE_TRACE_PLUGINS") == "1":
+            self.pm.trace.root.setwriter(lambda s: print(s, end="", file=sys.stderr))
+            self.pm.enable_tracing()
+        self._dist: dict[str, str] = {}
+        for group, _, _ in KINDS.values():
+            for ep in entry_points(group=group):
+                dist = ep.dist.name if ep.dist is not None else "?"
+                self._register(ep.load(), f"{dist}:{group}:{ep.name}", dist)
+        for module, dist in extra_plugins:
+            self._register(module, f"{dist}:{module.__name__}", dist)
+        self._tables: dict[str, dict[str, Entry]] = {kind: {} for kind in KINDS}
+        for kind, (_, hook, attr) in KINDS.items():
+            for impl in getattr(self.pm.hook, hook).get_hookimpls():
+                for obj in impl.function() or ():
+                    self._add(Entry(kind, getattr(obj, attr), obj, self._dist[impl.plugin_name], impl.plugin_name))
+
+    def _register(self, module: Any, plugin_name: str, dist: str) -> None:
+        if self.pm.get_plugin(plugin_name) is None and not self.pm.is_registered(module):
+            self.pm.register(module, name=plugin_name)
+            self._dist[plugin_name] = dist
+
+    def _add(self, e: Entry) -> None:
+        table = self._tables[e.kind]
+        prev = table.get(e.name)
+        if prev is not None and prev.obj is not e.obj:
+            raise PluginError(f"{e.kind} {e.name!r} is claimed twice: by distribution {prev.distribution!r} "
+                              f"({prev.plugin}) and by {e.distribution!r} ({e.plugin})")
+        table[e.name] = e
+
+    def get(self, kind: str, name: str) -> Any:
+        return self.entry(kind, name).obj
+
+    def entry(self, kind: str, name: str) -> Entry:
+        table = self._tables[kind]
+        if name not in table:
+            known = ", ".join(f"{n} ({e.distribution})" for n, e in sorted(table.items())) or "none"
+            raise PluginError(f"unknown {kind} {name!r}; registered: {known}")
+        return table[name]
+
+    def names(self, kind: str) -> list[str]:
+        return sorted(self._tables[kind])
+
+    def entries(self) -> Iterator[Entry]:
+        for kind in KINDS:
+            for name in sorted(self._tables[kind]):
+                yield self._tables[kind][name]
+
+
+@functools.cache
+def default_registry() -> Registry:
+    return Registry()

@@ -1,0 +1,265 @@
+"""A net is data: NetSpec, the Layer base, ParamSlot, the shape walk and initialisation.
+
+Shapes in a spec exclude the batch axis; the builder sees [B, *shape].
+`ParamSlot` is the one definition the train-step signature, initialisation,
+the parameter count, optimizer state and checkpoints all read.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import tomllib
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import attrs
+import numpy as np
+
+from hloforge.core.errors import UnsupportedSpec
+
+if TYPE_CHECKING:
+    from hloforge.core.hlo import Builder, Value
+    from hloforge.core.registry import Registry
+
+Shape = tuple[int, ...]
+
+# Initialisation rules (seed 003). Weights are uniform with the stated variance.
+INITS = ("he_fan_out", "glorot", "ones", "zeros", "layer_scale")
+
+
+@attrs.frozen
+class ParamSlot:
+    name: str
+    shape: Shape = attrs.field(converter=tuple)
+    init: str = attrs.field(validator=attrs.validators.in_(INITS))
+    decay: bool
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def initial(self, rng: np.random.Generator) -> np.ndarray:
+        if self.init == "ones":
+            return np.ones(self.shape, np.float32)
+        if self.init == "zeros":
+            return np.zeros(self.shape, np.float32)
+        if self.init == "layer_scale":
+            return np.full(self.shape, 1e-6, np.float32)
+        if self.init == "he_fan_out":  # conv kernel [oc, ic/groups, kh, kw]: variance 2 / (oc·kh·kw)
+            fan = self.shape[0] * math.prod(self.shape[2:])
+            bound = math.sqrt(6.0 / fan)
+        else:  # glorot, dense [in, out]: variance 2 / (in + out)
+            bound = math.sqrt(6.0 / (self.shape[0] + self.shape[-1]))
+        return rng.uniform(-bound, bound, self.shape).astype(np.float32)
+
+
+@attrs.frozen
+class Ctx:
+    """What a layer's forward may depend on besides its input and parameters."""
+
+    train: bool = False
+
+
+class Layer:
+    """Base of layer plugins: attrs frozen subclasses whose fields are the layer's options.
+
+    A subclass sets `kind` (its registered name) and implements `out_shape`,
+    `forward` and `reference`; `param_slots` when it has parameters.
+    `forward` raises `UnsupportedSpec(reason)`-free code: every refusal belongs in
+    `out_shape`, which the shape walk calls first.
+    """
+
+    kind: ClassVar[str]
+
+    def out_shape(self, in_shape: Shape) -> Shape:
+        raise NotImplementedError  # abstract
+
+    def param_slots(self, in_shape: Shape) -> tuple[ParamSlot, ...]:
+        return ()
+
+    def forward(self, b: Builder, x: Value, params: Mapping[str, Value], ctx: Ctx) -> Value:
+        raise NotImplementedError  # abstract
+
+    def reference(self, params: Mapping[str, Any], x: Any, ctx: Ctx) -> Any:
+        """The same map in plain jax.numpy, written independently of the builder (the gate's oracle)."""
+        raise NotImplementedError  # abstract
+
+    @classmethod
+    def gate_cases(cls) -> list[tuple[Layer, Shape]]:
+        """Instances and input shapes (no batch) on which the gate checks this layer."""
+        return []
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"kind": self.kind}
+        for f in attrs.fields(type(self)):
+            v = getattr(self, f.name)
+            d[f.name] = list(v) if isinstance(v, tuple) else v
+        return d
+
+
+class Loss:
+    """Base of loss plugins: attrs frozen subclasses whose fields are the loss's options.
+
+    `forward` maps logits [B, *out] and labels to a scalar (mean over the batch).
+    """
+
+    name: ClassVar[str]
+
+    def label_spec(self, out_shape: Shape) -> tuple[Shape, str]:
+        """Per-example label shape (no batch) and element type ('i32' class ids, 'f32' targets)."""
+        raise NotImplementedError  # abstract
+
+    def check(self, out_shape: Shape) -> None:
+        """Raise UnsupportedSpec if this loss cannot apply to outputs of this shape."""
+
+    def forward(self, b: Builder, logits: Value, y: Value) -> Value:
+        raise NotImplementedError  # abstract
+
+    def reference(self, logits: Any, y: Any) -> Any:
+        raise NotImplementedError  # abstract
+
+    def sample_labels(self, rng: np.random.Generator, batch: int, out_shape: Shape) -> np.ndarray:
+        """Labels the gate feeds this loss."""
+        raise NotImplementedError  # abstract
+
+    @classmethod
+    def gate_cases(cls) -> list[tuple[Loss, Shape]]:
+        return []
+
+
+def sanitize(name: str) -> str:
+    """A string as an MLIR identifier: lower-case, every non-alphanumeric character replaced by _."""
+    return re.sub(r"[^a-z0-9]", "_", name.lower())
+
+
+@attrs.frozen
+class LayerShapes:
+    index: int
+    layer: Layer
+    in_shape: Shape
+    out_shape: Shape
+    slots: tuple[ParamSlot, ...]
+
+
+def _shape(v: Sequence[int]) -> Shape:
+    return tuple(int(n) for n in v)
+
+
+@attrs.frozen
+class NetSpec:
+    name: str
+    input_shape: Shape = attrs.field(converter=_shape)
+    layers: tuple[Layer, ...] = attrs.field(converter=tuple)
+    num_classes: int
+
+    @property
+    def ident(self) -> str:
+        return sanitize(self.name)
+
+    # ------------------------------------------------------------- the shape walk
+    def walk(self) -> list[LayerShapes]:
+        """Every layer's in/out shapes and slots; refuses anything a plugin cannot render faithfully."""
+        if not self.layers:
+            raise UnsupportedSpec(f"net {self.name!r} has no layers")
+        out = walk_layers(self.layers, self.input_shape)
+        if out[-1].out_shape != (self.num_classes,):
+            raise UnsupportedSpec(f"net {self.name!r} ends in shape {list(out[-1].out_shape)}, "
+                                  f"expected [{self.num_classes}] (num_classes)")
+        return out
+
+    def params(self) -> list[tuple[str, ParamSlot]]:
+        return qualified_params(self.walk())
+
+    def param_count(self) -> int:
+        return sum(s.size for _, s in self.params())
+
+    def init_params(self, seed: int) -> list[np.ndarray]:
+        """Deterministic per seed and per slot position, so adding a layer moves no other layer's init."""
+        return [s.initial(np.random.default_rng([seed, i])) for i, (_, s) in enumerate(self.params())]
+
+    # ------------------------------------------------------------- dict / TOML / JSON
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "input_shape": list(self.input_shape), "num_classes": self.num_classes,
+                "layers": [layer.to_dict() for layer in self.layers]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], registry: Registry | None = None, source: str = "spec") -> NetSpec:
+        from hloforge.core.registry import default_registry
+
+        reg = registry or default_registry()
+        missing = {"name", "input_shape", "num_classes", "layers"} - set(d)
+        if missing:
+            raise UnsupportedSpec(f"{source}: missing key(s) {sorted(missing)}; expected name, input_shape, "
+                                  "num_classes, layers")
+        layers = []
+        for i, ld in enumerate(d["layers"]):
+            ld = dict(ld)
+            kind = ld.pop("kind", None)
+            if kind is None:
+                raise UnsupportedSpec(f"{source}: layer {i} has no 'kind'")
+            layer_cls = reg.get("layer", kind)
+            try:
+                layers.append(layer_cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in ld.items()}))
+            except (TypeError, ValueError) as e:
+                raise UnsupportedSpec(f"{source}: layer {i} ({kind}): {e}") from None
+        return cls(str(d["name"]), d["input_shape"], layers, int(d["num_classes"]))
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    def to_toml(self) -> str:
+        lines = [f"name = {json.dumps(self.name)}", f"input_shape = {list(self.input_shape)}",
+                 f"num_classes = {self.num_classes}"]
+        for layer in self.layers:
+            lines.append("\n[[layers]]")
+            lines += [f"{k} = {_toml_value(v)}" for k, v in layer.to_dict().items()]
+        return "\n".join(lines) + "\n"
+
+    @classmethod
+    def from_file(cls, path: str, registry: Registry | None = None) -> NetSpec:
+        text = open(path, encoding="utf-8").read()
+        try:
+            d = json.loads(text) if path.endswith(".json") else tomllib.loads(text)
+        except (ValueError, tomllib.TOMLDecodeError) as e:
+            raise UnsupportedSpec(f"{path}: not a valid spec file: {e}") from None
+        return cls.from_dict(d, registry, source=path)
+
+
+
+def walk_layers(layers: Sequence[Layer], in_shape: Shape) -> list[LayerShapes]:
+    out: list[LayerShapes] = []
+    shape = tuple(in_shape)
+    for i, layer in enumerate(layers):
+        try:
+            nxt = layer.out_shape(shape)
+            slots = layer.param_slots(shape)
+        except UnsupportedSpec as e:
+            raise UnsupportedSpec(f"layer {i} ({_brief(layer)}) on input {list(shape)}: {e}") from None
+        names = [s.name for s in slots]
+        if len(set(names)) != len(names):
+            raise UnsupportedSpec(f"layer {i} ({_brief(layer)}) declares a parameter name twice: {names}")
+        out.append(LayerShapes(i, layer, shape, nxt, slots))
+        shape = nxt
+    return out
+
+
+def qualified_params(walk: Sequence[LayerShapes]) -> list[tuple[str, ParamSlot]]:
+    """(qualified name, slot) in train-step order: layer by layer, slot by slot."""
+    return [(f"{ls.index}.{s.name}", s) for ls in walk for s in ls.slots]
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, str):
+        return json.dumps(v)
+    return repr(v)
+
+
+def _brief(layer: Layer) -> str:
+    fields = ", ".join(f"{k}={v!r}" for k, v in layer.to_dict().items() if k != "kind")
+    return f"{layer.kind}({fields})"

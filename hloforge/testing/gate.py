@@ -1,0 +1,220 @@
+"""The oracle gate: every plugin's emitted backward against independent references.
+
+For a layer or loss: build its VJP module, run it on XLA, and compare
+  1. in f64, (y, ∂θ, ∂x) with `jax.vjp` of the plugin's plain jax.numpy
+     `reference` (≤ 1e-9 norm-relative), and each gradient tensor with central
+     finite differences of the *emitted* forward along a random direction
+     (≤ 1e-6 relative);
+  2. in f32, the same gradients with the f64 jax reference (≤ 1e-4).
+For an optimizer: several steps of its optimizer-step module against optax.
+
+A gate must be able to fail: `hloforge.core.autodiff.inject_fault` breaks one
+VJP rule and the tests see every gate go red.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+
+from hloforge.core import modules
+from hloforge.core.spec import Ctx, Layer, Loss, ParamSlot, Shape, qualified_params, walk_layers
+from hloforge.core.variant import Optimizer
+
+TOL_JAX_F64 = 1e-9
+TOL_FD_F64 = 1e-6
+TOL_JAX_F32 = 1e-4
+FD_STEP = 1e-6
+
+
+@attrs.frozen
+class GateResult:
+    kind: str
+    name: str
+    case: str
+    err_jax_f64: float
+    err_fd_f64: float
+    err_jax_f32: float
+
+    @property
+    def passed(self) -> bool:
+        return (self.err_jax_f64 <= TOL_JAX_F64 and self.err_fd_f64 <= TOL_FD_F64
+                and self.err_jax_f32 <= TOL_JAX_F32)
+
+    def row(self) -> str:
+        mark = "pass" if self.passed else "FAIL"
+        return (f"{self.kind:9} {self.name:16} {self.case:44} {self.err_jax_f64:9.1e} {self.err_fd_f64:9.1e} "
+                f"{self.err_jax_f32:9.1e}  {mark}")
+
+
+HEADER = f"{'kind':9} {'name':16} {'case':44} {'jax f64':>9} {'fd f64':>9} {'jax f32':>9}"
+
+
+def rel_err(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if a.shape != b.shape:
+        return math.inf
+    den = float(np.linalg.norm(b))
+    num = float(np.linalg.norm(a - b))
+    if not math.isfinite(num):
+        return math.inf
+    return num / den if den > 1e-30 else num
+
+
+def _client() -> Any:
+    from hloforge.backends.xla import default_client
+
+    return default_client()
+
+
+def _jax() -> Any:
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    return jax
+
+
+def _run(text: str, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    exe = _client().compile(text)
+    try:
+        return [np.asarray(o) for o in exe.run(list(inputs))]
+    finally:
+        exe.close()
+
+
+def _fd_errors(forward: Callable[[list[np.ndarray]], np.ndarray], weight: np.ndarray, inputs: list[np.ndarray],
+               grads: Sequence[np.ndarray], rng: np.random.Generator, which: Sequence[int]) -> float:
+    """Worst relative gap between ⟨∂_i, d⟩ and the central difference of ⟨f, ḡ⟩ along d, per input i."""
+    worst = 0.0
+    for i in which:
+        d = rng.standard_normal(inputs[i].shape)
+        plus, minus = list(inputs), list(inputs)
+        plus[i] = inputs[i] + FD_STEP * d
+        minus[i] = inputs[i] - FD_STEP * d
+        fd = float(np.sum((forward(plus) - forward(minus)) * weight)) / (2 * FD_STEP)
+        an = float(np.sum(grads[i] * d))
+        worst = max(worst, abs(fd - an) / max(abs(an), abs(fd), 1e-8))
+    return worst
+
+
+def _case_label(obj: Any, shape: Shape) -> str:
+    fields = ",".join(f"{k}={v}" for k, v in obj.to_dict().items() if k != "kind") if hasattr(obj, "to_dict") else \
+        ",".join(f"{f.name}={getattr(obj, f.name)}" for f in attrs.fields(type(obj)))
+    return f"{fields} @{list(shape)}"[:44]
+
+
+# ------------------------------------------------------------------ layers
+def gate_layer(layer: Layer, in_shape: Shape, *, batch: int = 2, seed: int = 0) -> GateResult:
+    jax = _jax()
+    walk = walk_layers([layer], in_shape)
+    slots = [s for _, s in qualified_params(walk)]
+    out_shape = walk[-1].out_shape
+    rng = np.random.default_rng(seed)
+    params = [rng.standard_normal(s.shape) * 0.5 for s in slots]
+    x = rng.standard_normal((batch, *in_shape))
+    gbar = rng.standard_normal((batch, *out_shape))
+
+    def reference(ps: list[Any], xv: Any) -> Any:
+        return layer.reference({s.name: p for s, p in zip(slots, ps, strict=True)}, xv, Ctx(train=True))
+
+    y_ref, pullback = jax.vjp(reference, params, x)
+    dps_ref, dx_ref = pullback(gbar)
+    refs = [np.asarray(y_ref), *map(np.asarray, dps_ref), np.asarray(dx_ref)]
+
+    errs = {}
+    for dtype in ("f64", "f32"):
+        npt = np.float64 if dtype == "f64" else np.float32
+        got = _run(modules.vjp_module([layer], in_shape, batch, dtype=dtype),
+                   [p.astype(npt) for p in params] + [x.astype(npt), gbar.astype(npt)])
+        errs[dtype] = max(rel_err(g, r) for g, r in zip(got, refs, strict=True))
+        if dtype == "f64":
+            fwd = _client().compile(modules.layers_forward_module([layer], in_shape, batch, dtype="f64"))
+            try:
+                fd = _fd_errors(lambda ins: np.asarray(fwd.run(ins)[0]), gbar, [*params, x], got[1:], rng,
+                                range(len(params) + 1))
+            finally:
+                fwd.close()
+    return GateResult("layer", layer.kind, _case_label(layer, in_shape), errs["f64"], fd, errs["f32"])
+
+
+# ------------------------------------------------------------------ losses
+def gate_loss(loss: Loss, out_shape: Shape, *, batch: int = 3, seed: int = 0) -> GateResult:
+    jax = _jax()
+    rng = np.random.default_rng(seed)
+    logits = rng.standard_normal((batch, *out_shape)) * 2.0
+    y = loss.sample_labels(rng, batch, out_shape)
+    y_ref = y.astype(np.float64) if y.dtype.kind == "f" else y
+    val, g = jax.value_and_grad(lambda z: loss.reference(z, y_ref))(logits)
+    refs = [np.asarray(val), np.asarray(g)]
+    errs = {}
+    for dtype in ("f64", "f32"):
+        npt = np.float64 if dtype == "f64" else np.float32
+        text = modules.loss_module(loss, out_shape, batch, dtype=dtype)
+        y_in = y.astype(npt) if y.dtype.kind == "f" else y
+        got = _run(text, [logits.astype(npt), y_in])
+        errs[dtype] = max(rel_err(a, r) for a, r in zip(got, refs, strict=True))
+        if dtype == "f64":
+            exe = _client().compile(text)
+            try:
+                fd = _fd_errors(lambda ins: np.asarray(exe.run([ins[0], y_in])[0]), np.ones(()), [logits],
+                                [got[1]], rng, [0])
+            finally:
+                exe.close()
+    return GateResult("loss", loss.name, _case_label(loss, out_shape), errs["f64"], fd, errs["f32"])
+
+
+# ------------------------------------------------------------------ optimizers
+OPT_SLOTS = (ParamSlot("w", (3, 4), "glorot", True), ParamSlot("b", (4,), "zeros", False))
+
+
+def gate_optimizer(opt: Optimizer, *, steps: int = 3, lr: float = 0.05, seed: int = 0) -> GateResult:
+    """Run `steps` optimizer-step modules against optax on the same gradients (jax f64 reference)."""
+    _jax()
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(seed)
+    params = [rng.standard_normal(s.shape) for s in OPT_SLOTS]
+    grads = [[rng.standard_normal(s.shape) for s in OPT_SLOTS] for _ in range(steps)]
+    tx = opt.optax_reference(lr, [s.decay for s in OPT_SLOTS])
+    ref = [jnp.asarray(p) for p in params]
+    state = tx.init(ref)
+    for gs in grads:
+        upd, state = tx.update([jnp.asarray(g) for g in gs], state, ref)
+        ref = [p + u for p, u in zip(ref, upd, strict=True)]
+    errs = {}
+    for dtype in ("f64", "f32"):
+        npt = np.float64 if dtype == "f64" else np.float32
+        exe = _client().compile(modules.optimizer_step_module(list(OPT_SLOTS), opt, dtype=dtype))
+        try:
+            ps = [p.astype(npt) for p in params]
+            st = [opt.init_state(s)[k].astype(npt) for k in opt.state for s in OPT_SLOTS]
+            for t, gs in enumerate(grads, start=1):
+                sc = [np.asarray(v, npt) for v in opt.host_scalars(t, lr).values()]
+                outs = exe.run(ps + st + [g.astype(npt) for g in gs] + sc)
+                ps, st = outs[:len(ps)], outs[len(ps):]
+        finally:
+            exe.close()
+        errs[dtype] = max(rel_err(p, np.asarray(r)) for p, r in zip(ps, ref, strict=True))
+    return GateResult("optimizer", opt.name, _case_label(opt, ()), errs["f64"], 0.0, errs["f32"])
+
+
+# ------------------------------------------------------------------ everything registered
+def gate_all(registry: Any = None, names: Sequence[str] | None = None) -> list[GateResult]:
+    from hloforge.core.registry import default_registry
+
+    reg = registry or default_registry()
+    out: list[GateResult] = []
+    for e in reg.entries():
+        if names and e.name not in names:
+            continue
+        if e.kind == "layer":
+            out += [gate_layer(layer, shape) for layer, shape in e.obj.gate_cases()]
+        elif e.kind == "loss":
+            out += [gate_loss(loss, shape) for loss, shape in e.obj.gate_cases()]
+        elif e.kind == "optimizer":
+            out += [gate_optimizer(opt) for opt in e.obj.gate_cases()]
+    return out

@@ -1,0 +1,249 @@
+"""The XLA backend: the PJRT binding run end to end on the CPU plugin."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hloforge.backends.xla import Client, DeviceBuffer, default_client, find_plugin
+from hloforge.backends.xla.pjrt import PLUGIN_ENV_VAR, compile_options, parse_main_signature
+from hloforge.core.errors import BackendError
+
+ADD = """module @add {{
+  func.func public @main(%a: tensor<2x3x{t}>, %b: tensor<2x3x{t}>) -> tensor<2x3x{t}> {{
+    %0 = stablehlo.add %a, %b : tensor<2x3x{t}>
+    return %0 : tensor<2x3x{t}>
+  }}
+}}
+"""
+
+DOT = """module @dot {{
+  func.func public @main(%a: tensor<2x3x{t}>, %b: tensor<3x4x{t}>) -> tensor<2x4x{t}> {{
+    %0 = stablehlo.dot_general %a, %b, contracting_dims = [1] x [0] : (tensor<2x3x{t}>, tensor<3x4x{t}>) -> tensor<2x4x{t}>
+    return %0 : tensor<2x4x{t}>
+  }}
+}}
+"""
+
+# The train-step pattern, as jax emits it for donate_argnums=0: w is donated to output 0.
+STEP = """module @step {
+  func.func public @main(%w: tensor<2x3xf32> {tf.aliasing_output = 0 : i32}, %g: tensor<2x3xf32>) -> (tensor<2x3xf32>, tensor<f32>) {
+    %lr = stablehlo.constant dense<1.000000e-01> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %lr, dims = [] : (tensor<f32>) -> tensor<2x3xf32>
+    %1 = stablehlo.multiply %0, %g : tensor<2x3xf32>
+    %2 = stablehlo.subtract %w, %1 : tensor<2x3xf32>
+    %zero = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %3 = stablehlo.reduce(%w init: %zero) applies stablehlo.add across dimensions = [0, 1] : (tensor<2x3xf32>, tensor<f32>) -> tensor<f32>
+    return %2, %3 : tensor<2x3xf32>, tensor<f32>
+  }
+}
+"""
+
+MLIR_TYPE = {np.float32: "f32", np.float64: "f64"}
+
+
+@pytest.fixture(scope="module")
+def client() -> Client:
+    return default_client()
+
+
+def _rng_array(shape, dtype, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_add(client, dtype):
+    exe = client.compile(ADD.format(t=MLIR_TYPE[dtype]))
+    a, b = _rng_array((2, 3), dtype, 1), _rng_array((2, 3), dtype, 2)
+    (out,) = exe.run([a, b])
+    assert out.dtype == dtype
+    np.testing.assert_array_equal(out, a + b)
+    exe.close()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_dot_general(client, dtype):
+    exe = client.compile(DOT.format(t=MLIR_TYPE[dtype]))
+    a, b = _rng_array((2, 3), dtype, 1), _rng_array((3, 4), dtype, 2)
+    (out,) = exe.run([a, b])
+    np.testing.assert_allclose(out, a @ b, rtol=1e-6 if dtype == np.float32 else 1e-12)
+
+
+def test_client_basics(client):
+    assert client.platform_name == "cpu"
+    assert client.devices and all(d.kind == "cpu" for d in client.devices)
+    assert client.api_version[0] == 0
+
+
+def test_donated_input_is_consumed_in_a_training_loop(client):
+    exe = client.compile(STEP)
+    assert exe.donated_inputs == (0,)
+    assert exe.num_outputs == 2
+    w_host = _rng_array((2, 3), np.float32)
+    g_host = np.ones((2, 3), np.float32)
+    w, g = client.to_device(w_host), client.to_device(g_host)
+    first_w = w
+    for _ in range(3):
+        new_w, total = exe.execute([w, g])
+        assert w.is_deleted  # donated
+        assert not g.is_deleted  # not donated: reused every step
+        np.testing.assert_allclose(total.to_numpy(), w_host.sum(), rtol=1e-6)
+        w_host = w_host - np.float32(0.1) * g_host
+        w = new_w
+    np.testing.assert_allclose(w.to_numpy(), w_host, rtol=1e-6)
+    with pytest.raises(BackendError, match=r"donated .* argument 0.*keep=\[0\]"):
+        first_w.to_numpy()
+    with pytest.raises(BackendError, match="donated"):
+        exe.execute([first_w, g])
+
+
+def test_keep_prevents_donation(client):
+    exe = client.compile(STEP)
+    w_host = _rng_array((2, 3), np.float32)
+    w, g = client.to_device(w_host), client.to_device(np.ones((2, 3), np.float32))
+    new_w, _ = exe.execute([w, g], keep=[0])
+    assert not w.is_deleted
+    np.testing.assert_array_equal(w.to_numpy(), w_host)
+    np.testing.assert_allclose(new_w.to_numpy(), w_host - np.float32(0.1), rtol=1e-6)
+    with pytest.raises(BackendError, match="keep"):
+        exe.execute([w, g], keep=[5])
+
+
+def test_malformed_module_reports_the_parser_message(client):
+    with pytest.raises(BackendError, match=r"compiling StableHLO.*'stablehlo\.addd' is unknown") as info:
+        client.compile(ADD.format(t="f32").replace("stablehlo.add ", "stablehlo.addd "))
+    assert info.value.code == "UNKNOWN"
+
+
+def test_wrong_arguments_are_rejected_before_execution(client):
+    exe = client.compile(ADD.format(t="f32"))
+    good = client.to_device(np.zeros((2, 3), np.float32))
+    # (3, 2) f32 has the right byte size, which is all the CPU plugin checks.
+    for bad, why in [
+        (np.zeros((3, 2), np.float32), r"argument 1 is DeviceBuffer\(3x2 float32\).*2x3 float32"),
+        (np.zeros((2, 3), np.float64), r"argument 1 is DeviceBuffer\(2x3 float64\).*2x3 float32"),
+    ]:
+        with pytest.raises(BackendError, match=why):
+            exe.execute([good, client.to_device(bad)])
+    with pytest.raises(BackendError, match="takes 2 arguments, got 1"):
+        exe.execute([good])
+    with pytest.raises(BackendError, match="not a DeviceBuffer"):
+        exe.execute([good, np.zeros((2, 3), np.float32)])
+
+
+@pytest.mark.parametrize(
+    "array",
+    [
+        np.arange(6, dtype=np.int32).reshape(2, 3),
+        np.arange(6, dtype=np.int64),
+        np.array([True, False, True]),
+        np.arange(5, dtype=np.uint8),
+        np.linspace(0, 1, 4, dtype=np.float16),
+        np.float64(3.5),  # 0-d stays 0-d
+        np.zeros((0, 3), np.float32),
+        np.arange(12, dtype=np.float32).reshape(3, 4).T,  # not C-contiguous
+    ],
+    ids=["int32", "int64", "bool", "uint8", "float16", "scalar", "empty", "transposed"],
+)
+def test_round_trip(client, array):
+    buf = client.to_device(array)
+    assert buf.shape == np.shape(array) and buf.dtype == np.asarray(array).dtype
+    np.testing.assert_array_equal(buf.to_numpy(), array)
+    buf.delete()
+    buf.delete()  # idempotent
+    with pytest.raises(BackendError, match="was deleted"):
+        buf.to_numpy()
+
+
+def test_bfloat16_round_trip(client):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    array = np.array([1.5, -2.0, 3.25], ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(client.to_device(array).to_numpy(), array)
+
+
+def test_unsupported_dtype(client):
+    with pytest.raises(BackendError, match="dtype <U1 is not supported"):
+        client.to_device(np.array(["a"]))
+
+
+def test_own_client_with_options_and_teardown():
+    with Client(create_options={"cpu_device_count": 2}) as own:
+        assert [d.id for d in own.devices] == [0, 1]
+        buf = own.to_device(np.ones(3), device=1)
+        assert buf.device.id == 1
+        exe = own.compile(ADD.format(t="f32"))
+    with pytest.raises(BackendError, match="closed Client"):
+        buf.to_numpy()
+    with pytest.raises(BackendError, match="closed"):
+        exe.execute([])
+    own.close()  # idempotent
+    with pytest.raises(BackendError, match="Client is closed"):
+        own.to_device(np.ones(3))
+
+
+def test_mistyped_client_option_is_caught_before_the_plugin_aborts():
+    with pytest.raises(BackendError, match="cpu_device_count='2' must be of type int"):
+        Client(create_options={"cpu_device_count": "2"})
+
+
+def test_find_plugin_prefers_the_environment(monkeypatch):
+    monkeypatch.delenv(PLUGIN_ENV_VAR, raising=False)
+    installed = find_plugin()
+    assert installed.endswith(".so")
+    monkeypatch.setenv(PLUGIN_ENV_VAR, installed)
+    assert find_plugin() == installed
+
+
+def test_missing_plugin_in_environment_is_an_error_not_a_fallback(monkeypatch, tmp_path):
+    missing = str(tmp_path / "no_such_plugin.so")
+    monkeypatch.setenv(PLUGIN_ENV_VAR, missing)
+    with pytest.raises(BackendError, match=missing):
+        find_plugin()
+    with pytest.raises(BackendError, match=missing):
+        Client()
+
+
+def test_a_file_that_is_not_a_plugin(tmp_path):
+    bogus = tmp_path / "bogus.so"
+    bogus.write_bytes(b"not an ELF file")
+    with pytest.raises(BackendError, match=str(bogus)):
+        Client(plugin_path=str(bogus))
+
+
+def test_compile_options_wire_format():
+    # Bytes jaxlib's CompileOptions.SerializeAsString() writes for these settings
+    # (minus its debug_options and defaults): device_ordinal=-1, num_replicas=2,
+    # num_partitions=1, device_assignment [[0], [1]].
+    build = bytes.fromhex("08ffffffffffffffffff01" "2002" "2801" "4a0a" "0802" "1001" "1a040a020001")
+    assert compile_options(2, 1, [[0], [1]]) == b"\x1a" + bytes([len(build)]) + build
+    with pytest.raises(BackendError, match="device_assignment"):
+        compile_options(2, 1, [[0]])
+
+
+def test_parse_main_signature():
+    specs = parse_main_signature(STEP)
+    assert [(s.shape, s.dtype, s.aliasing_output) for s in specs] == [
+        ((2, 3), np.dtype(np.float32), 0),
+        ((2, 3), np.dtype(np.float32), None),
+    ]
+    text = 'func.func @main(%x: tensor<?x4xi1> {a.b = "x,)"}, %y: tensor<i64>, %t: !stablehlo.token) -> ()'
+    specs = parse_main_signature(text)
+    assert [(s.shape, s.dtype) for s in specs] == [
+        ((None, 4), np.dtype(bool)),
+        ((), np.dtype(np.int64)),
+        (None, None),
+    ]
+    assert parse_main_signature("module {}") is None
+
+
+def test_device_buffer_type(client):
+    assert isinstance(client.to_device(np.ones(2)), DeviceBuffer)
+
+
+def test_no_plugin_installed(monkeypatch):
+    from hloforge.backends.xla import pjrt
+
+    monkeypatch.delenv(PLUGIN_ENV_VAR, raising=False)
+    monkeypatch.setattr(pjrt, "_PLUGIN_FINDERS", [("some_pkg", lambda: None)])
+    with pytest.raises(BackendError, match=r"HLOFORGE_PJRT_PLUGIN is unset.*some_pkg.*pip install fastatomstruct-xla-cpu"):
+        find_plugin()
