@@ -8,7 +8,8 @@ input, None meaning zero.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -308,6 +309,31 @@ def _custom(b: Builder, op: TapeOp, g: Value) -> Cts:
     raise AssertionError("custom ops are differentiated through their own bwd")  # pragma: no cover
 
 
+# ----------------------------------------------------------------- fault injection (for testing the gates)
+@contextlib.contextmanager
+def inject_fault(op_name: str, factor: float = 1.001) -> Iterator[list[int]]:
+    """Make the VJP of `op_name` ("custom" for closed-form backwards) scale every cotangent it
+    returns by `factor`: a deliberately wrong backward, so a test can see a gate go red.
+    Yields a one-element list counting how often the broken rule ran."""
+    calls = [0]
+    global _FAULT
+    _FAULT = (op_name, factor, calls)
+    try:
+        yield calls
+    finally:
+        _FAULT = None
+
+
+_FAULT: tuple[str, float, list[int]] | None = None
+
+
+def _maybe_fault(b: Builder, op: TapeOp, cts: Cts) -> Cts:
+    if _FAULT is None or _FAULT[0] != op.op:
+        return cts
+    _FAULT[2][0] += 1
+    return [None if c is None else c * _FAULT[1] for c in cts]
+
+
 # ----------------------------------------------------------------- the walk
 def grad(b: Builder, outputs: Sequence[Value], cotangents: Sequence[Value], wrt: Sequence[Value]) -> list[Value]:
     """Emit ∂(Σ⟨outputs, cotangents⟩)/∂wrt into `b`; a `wrt` the outputs do not reach gets zeros."""
@@ -336,6 +362,7 @@ def grad(b: Builder, outputs: Sequence[Value], cotangents: Sequence[Value], wrt:
             (g,) = out_cts
             assert g is not None
             in_cts = VJP[op.op](b, op, g)
+        in_cts = _maybe_fault(b, op, in_cts)
         for v, c in zip(op.ins, in_cts, strict=False):
             accumulate(v, c)
     return [cts.get(id(w)) or b.full(0.0, w.shape, w.dtype) for w in wrt]

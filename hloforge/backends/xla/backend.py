@@ -24,7 +24,7 @@ class XlaBackend:
         return self.client.compile(mlir_text)
 
     def to_device(self, array: np.ndarray) -> DeviceBuffer:
-        return self.client.to_device(np.ascontiguousarray(array))
+        return self.client.to_device(array)
 
     def to_host(self, buffer: DeviceBuffer) -> np.ndarray:
         return buffer.to_numpy()
