@@ -1,0 +1,64 @@
+"""`digits`: scikit-learn's bundled handwritten digits, the embedded default (no download).
+
+1,797 8×8 grey images (0..16) of the digits 0–9. The split is fixed: a
+permutation drawn with seed 0, the first 1,437 images train and the last 360
+test. Images are scaled to [0, 1], resized bilinearly (half-pixel centres) to
+`size`×`size` (28 by default, so the MNIST nets fit) and standardised with
+the training split's mean and standard deviation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hloforge.core.errors import DataError
+from hloforge.core.hookspecs import hookimpl
+
+N_TRAIN = 1437
+
+
+def bilinear_matrix(n_in: int, n_out: int) -> np.ndarray:
+    """[n_out, n_in] interpolation weights, half-pixel centres, edges clamped."""
+    m = np.zeros((n_out, n_in), np.float64)
+    for i in range(n_out):
+        src = min(max((i + 0.5) * n_in / n_out - 0.5, 0.0), n_in - 1.0)
+        lo = int(np.floor(src))
+        hi = min(lo + 1, n_in - 1)
+        frac = src - lo
+        m[i, lo] += 1.0 - frac
+        m[i, hi] += frac
+    return m
+
+
+class Digits:
+    name = "digits"
+    num_classes = 10
+    splits = ("train", "test")
+
+    def __init__(self, size: int = 28):
+        from sklearn.datasets import load_digits
+
+        if size < 8:
+            raise DataError(f"digits size must be at least 8, got {size}")
+        d = load_digits()
+        images = d.images.astype(np.float64) / 16.0
+        if size != 8:
+            r = bilinear_matrix(8, size)
+            images = np.einsum("ih,nhw,jw->nij", r, images, r)
+        order = np.random.default_rng(0).permutation(len(images))
+        x = images[order][:, None].astype(np.float32)
+        y = d.target[order].astype(np.int32)
+        mean, std = x[:N_TRAIN].mean(), x[:N_TRAIN].std()
+        x = (x - mean) / std
+        self._data = {"train": (x[:N_TRAIN], y[:N_TRAIN]), "test": (x[N_TRAIN:], y[N_TRAIN:])}
+        self.image_shape = (1, size, size)
+
+    def arrays(self, split: str) -> tuple[np.ndarray, np.ndarray]:
+        if split not in self._data:
+            raise DataError(f"digits has no split {split!r}; expected one of {list(self._data)}")
+        return self._data[split]
+
+
+@hookimpl
+def hloforge_datasets() -> list[type]:
+    return [Digits]
