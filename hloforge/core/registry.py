@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -40,8 +40,7 @@ class Registry:
         self.pm = pluggy.PluginManager("hloforge")
         self.pm.add_hookspecs(hookspecs)
         if os.environ.get("HLOFORGE_TRACE_PLUGINS") == "1":
-            self.pm.trace.root.setwriter(lambda s: print(s, end="", file=sys.stderr))
-            self.pm.enable_tracing()
+            self.pm.add_hookcall_monitoring(_trace_before, _trace_after)
         self._dist: dict[str, str] = {}
         for group, _, _ in KINDS.values():
             for ep in entry_points(group=group):
@@ -51,9 +50,15 @@ class Registry:
             self._register(module, f"{dist}:{module.__name__}", dist)
         self._tables: dict[str, dict[str, Entry]] = {kind: {} for kind in KINDS}
         for kind, (_, hook, attr) in KINDS.items():
-            for impl in getattr(self.pm.hook, hook).get_hookimpls():
-                for obj in impl.function() or ():
-                    self._add(Entry(kind, getattr(obj, attr), obj, self._dist[impl.plugin_name], impl.plugin_name))
+            impls = getattr(self.pm.hook, hook).get_hookimpls()
+            for impl in impls:
+                # One plugin at a time, so each component keeps its distribution; through the hook caller
+                # (not impl.function()) so hook-call monitoring (HLOFORGE_TRACE_PLUGINS) sees every call.
+                others = [i.plugin for i in impls if i.plugin is not impl.plugin]
+                for result in self.pm.subset_hook_caller(hook, others)():
+                    for obj in result or ():
+                        self._add(Entry(kind, getattr(obj, attr), obj, self._dist[impl.plugin_name],
+                                        impl.plugin_name))
 
     def _register(self, module: Any, plugin_name: str, dist: str) -> None:
         if self.pm.get_plugin(plugin_name) is None and not self.pm.is_registered(module):
@@ -85,6 +90,20 @@ class Registry:
         for kind in KINDS:
             for name in sorted(self._tables[kind]):
                 yield self._tables[kind][name]
+
+
+def _trace_before(hook_name: str, impls: Sequence[pluggy.HookImpl], kwargs: Mapping[str, object]) -> None:
+    args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+    plugins = ", ".join(i.plugin_name for i in impls) or "no plugin"
+    print(f"hloforge trace: {hook_name}({args}) -> [{plugins}]", file=sys.stderr)
+
+
+def _trace_after(outcome: pluggy.Result[object], hook_name: str, impls: Sequence[pluggy.HookImpl],
+                 kwargs: Mapping[str, object]) -> None:
+    if outcome.exception is not None:
+        print(f"hloforge trace: {hook_name} raised {outcome.exception!r}", file=sys.stderr)
+    else:
+        print(f"hloforge trace: {hook_name} returned {outcome.get_result()!r}", file=sys.stderr)
 
 
 @functools.cache

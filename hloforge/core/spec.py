@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import attrs
 import numpy as np
 
-from hloforge.core.errors import UnsupportedSpec
+from hloforge.core.errors import PluginError, UnsupportedSpec
 
 if TYPE_CHECKING:
     from hloforge.core.hlo import Builder, Value
@@ -199,7 +199,10 @@ class NetSpec:
             kind = ld.pop("kind", None)
             if kind is None:
                 raise UnsupportedSpec(f"{source}: layer {i} has no 'kind'")
-            layer_cls = reg.get("layer", kind)
+            try:
+                layer_cls = reg.get("layer", kind)
+            except PluginError as e:
+                raise PluginError(f"{source}: layer {i}: {e}") from None
             try:
                 layers.append(layer_cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in ld.items()}))
             except (TypeError, ValueError) as e:
@@ -212,9 +215,16 @@ class NetSpec:
     def to_toml(self) -> str:
         lines = [f"name = {json.dumps(self.name)}", f"input_shape = {list(self.input_shape)}",
                  f"num_classes = {self.num_classes}"]
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
             lines.append("\n[[layers]]")
-            lines += [f"{k} = {_toml_value(v)}" for k, v in layer.to_dict().items()]
+            defaults = {f.name: f.default for f in attrs.fields(type(layer))}
+            for k, v in layer.to_dict().items():
+                if v is None:  # TOML has no null: omit it, which reads back as the field's default
+                    if k not in defaults or defaults[k] is not None:
+                        raise UnsupportedSpec(f"layer {i} ({layer.kind}): option {k}=None has no TOML form "
+                                              "(its default is not None)")
+                    continue
+                lines.append(f"{k} = {_toml_value(v)}")
         return "\n".join(lines) + "\n"
 
     @classmethod

@@ -1,0 +1,31 @@
+"""The oracle gate, shipped for plugin authors: `gate_layer`, `gate_loss`, `gate_optimizer`, `gate_all`.
+
+`pytest --hloforge-gate` (the `hloforge` pytest plugin) runs every registered
+plugin's gate cases as test items. Names resolve lazily, so the pytest plugin
+(loaded by every pytest run in the environment) costs nothing until used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hloforge.testing.gate import (
+        HEADER,
+        GateCase,
+        GateResult,
+        gate_all,
+        gate_cases,
+        gate_layer,
+        gate_loss,
+        gate_optimizer,
+    )
+
+__all__ = ["HEADER", "GateCase", "GateResult", "gate_all", "gate_cases", "gate_layer", "gate_loss", "gate_optimizer"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        return getattr(importlib.import_module("hloforge.testing.gate"), name)
+    raise AttributeError(f"module 'hloforge.testing' has no attribute {name!r}")

@@ -203,18 +203,53 @@ def gate_optimizer(opt: Optimizer, *, steps: int = 3, lr: float = 0.05, seed: in
 
 
 # ------------------------------------------------------------------ everything registered
-def gate_all(registry: Any = None, names: Sequence[str] | None = None) -> list[GateResult]:
+@attrs.frozen
+class GateCase:
+    """One gate case of one registered plugin: what `gate_all` runs and `pytest --hloforge-gate` collects."""
+
+    kind: str  # layer | loss | optimizer
+    name: str
+    obj: Any  # the layer / loss / optimizer instance
+    shape: Shape  # input shape (layer), output shape (loss), () (optimizer)
+    distribution: str
+
+    @property
+    def id(self) -> str:
+        """A readable, unique-per-case id without spaces, e.g. `layer:conv2d:out=4,k=3,...@3x6x6`."""
+        d = self.obj.to_dict() if hasattr(self.obj, "to_dict") else attrs.asdict(self.obj)
+        fields = ",".join(f"{k}={_compact(v)}" for k, v in d.items() if k != "kind")
+        at = "@" + "x".join(str(n) for n in self.shape) if self.kind != "optimizer" else ""
+        return f"{self.kind}:{self.name}:{fields}{at}"
+
+    def run(self) -> GateResult:
+        if self.kind == "layer":
+            return gate_layer(self.obj, self.shape)
+        if self.kind == "loss":
+            return gate_loss(self.obj, self.shape)
+        return gate_optimizer(self.obj)
+
+
+def _compact(v: Any) -> str:
+    if isinstance(v, (list, tuple)):
+        return "x".join(_compact(x) for x in v)
+    return str(v).replace(" ", "")
+
+
+def gate_cases(registry: Any = None, names: Sequence[str] | None = None) -> list[GateCase]:
+    """Every gate case of every registered layer, loss and optimizer, in registry order."""
     from hloforge.core.registry import default_registry
 
     reg = registry or default_registry()
-    out: list[GateResult] = []
+    out: list[GateCase] = []
     for e in reg.entries():
         if names and e.name not in names:
             continue
-        if e.kind == "layer":
-            out += [gate_layer(layer, shape) for layer, shape in e.obj.gate_cases()]
-        elif e.kind == "loss":
-            out += [gate_loss(loss, shape) for loss, shape in e.obj.gate_cases()]
+        if e.kind in ("layer", "loss"):
+            out += [GateCase(e.kind, e.name, obj, tuple(shape), e.distribution) for obj, shape in e.obj.gate_cases()]
         elif e.kind == "optimizer":
-            out += [gate_optimizer(opt) for opt in e.obj.gate_cases()]
+            out += [GateCase(e.kind, e.name, opt, (), e.distribution) for opt in e.obj.gate_cases()]
     return out
+
+
+def gate_all(registry: Any = None, names: Sequence[str] | None = None) -> list[GateResult]:
+    return [c.run() for c in gate_cases(registry, names)]

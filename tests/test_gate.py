@@ -1,0 +1,244 @@
+"""The oracle gate: every registered plugin passes it, and it goes red for a wrong backward."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+import pytest
+
+from hloforge.core.autodiff import inject_fault
+from hloforge.core.hlo import Builder, Value
+from hloforge.core.modules import label_type
+from hloforge.core.spec import Ctx, walk_layers
+from hloforge.losses.ce import CrossEntropy, log_softmax
+from hloforge.plugins.optimizers.adam import Adam
+from hloforge.testing import HEADER, GateCase, GateResult, gate_cases, gate_loss, gate_optimizer
+from hloforge.testing.gate import TOL_JAX_F32, TOL_JAX_F64
+
+CASES = gate_cases()
+DIFFERENTIATED = [c for c in CASES if c.kind in ("layer", "loss")]
+# Ops whose VJP rule is structural (no cotangent to break) or which carry no gradient.
+NOT_FAULTED = {"constant", "iota", "compare"}
+
+
+def _row_message(result: GateResult) -> str:
+    return f"\n{HEADER}\n{result.row()}"
+
+
+def test_registry_has_gate_cases_for_every_kind() -> None:
+    kinds = {c.kind for c in CASES}
+    assert kinds == {"layer", "loss", "optimizer"}
+    names = {c.name for c in CASES}
+    for must in ("conv2d", "dense", "maxPool", "crossEntropy", "mse", "adam", "adamw", "sgd", "momentum"):
+        assert must in names
+    assert len({c.id for c in CASES}) == len(CASES), "gate case ids must be unique"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_gate_case_passes(case: GateCase) -> None:
+    result = case.run()
+    assert result.passed, _row_message(result)
+    assert result.kind == case.kind and result.name == case.name
+
+
+# ------------------------------------------------------------------ the gate can fail
+def forward_ops(case: GateCase) -> list[str]:
+    """The op names on the tape of the case's forward (f64, gate batch sizes), minus the gradient-free ones."""
+    b = Builder("f64")
+    if case.kind == "layer":
+        walk = walk_layers([case.obj], case.shape)
+        params = {s.name: b.arg(s.shape) for s in walk[0].slots}
+        case.obj.forward(b, b.arg((2, *case.shape)), params, Ctx(train=True))
+    else:
+        y_shape, y_dtype = label_type(case.obj, case.shape, "f64")
+        case.obj.forward(b, b.arg((3, *case.shape)), b.arg((3, *y_shape), y_dtype))
+    return sorted({op.op for op in b.tape} - NOT_FAULTED)
+
+
+@pytest.mark.parametrize("case", DIFFERENTIATED, ids=[c.id for c in DIFFERENTIATED])
+def test_gate_fails_for_each_broken_vjp_rule(case: GateCase) -> None:
+    ops = forward_ops(case)
+    ran = []
+    for op in ops:
+        with inject_fault(op) as calls:
+            result = case.run()
+        if calls[0]:
+            ran.append(op)
+            assert not result.passed, f"gate stayed green with the VJP of {op!r} scaled by 1.001:" + \
+                _row_message(result)
+    # The sweep must exercise something whenever the forward has differentiable ops; the built-ins only
+    # ever stop a gradient inside closed-form custom ops, so every listed op's rule runs.
+    assert bool(ran) == bool(ops), f"no broken rule ran for ops {ops}"
+
+
+def test_fault_injection_counts_only_the_named_rule() -> None:
+    case = next(c for c in CASES if c.kind == "layer" and c.name == "dense")
+    with inject_fault("convolution") as calls:
+        result = case.run()
+    assert calls[0] == 0
+    assert result.passed, _row_message(result)
+
+
+@attrs.frozen
+class ScaledCrossEntropy(CrossEntropy):
+    """CrossEntropy whose closed-form backward is off by `factor` (1.0: a faithful copy, the control)."""
+
+    factor: float = 1.0
+
+    def forward(self, b: Builder, logits: Value, y: Value) -> Value:
+        n, c = logits.shape
+
+        def fwd(z: Value) -> list[Value]:
+            t = self.targets(b, y, c, z.dtype)
+            return [b.sum(b.negate(t * log_softmax(b, z))) / float(n)]
+
+        def bwd(b: Builder, g: Value) -> list[Value]:
+            p = b.exp(log_softmax(b, logits))
+            t = self.targets(b, y, c, logits.dtype)
+            return [(p - t) * b.broadcast_to(g / float(n), (n, c)) * self.factor]
+
+        return b.custom_vjp(fwd, bwd, logits)[0]
+
+
+@pytest.mark.parametrize("factor, passes", [(1.0, True), (1.0005, False), (0.99, False)])
+def test_gate_judges_a_custom_backward(factor: float, passes: bool) -> None:
+    result = gate_loss(ScaledCrossEntropy(factor=factor), (5,))
+    assert result.passed is passes, _row_message(result)
+    if not passes:
+        assert result.err_jax_f64 > TOL_JAX_F64 and result.err_fd_f64 > 1e-4
+
+
+def test_custom_fault_breaks_cross_entropy() -> None:
+    with inject_fault("custom") as calls:
+        result = gate_loss(CrossEntropy(label_smoothing=0.1), (7,))
+    assert calls[0] > 0
+    assert not result.passed, _row_message(result)
+
+
+@attrs.frozen
+class DriftingAdam(Adam):
+    """Adam whose emitted first moment uses b1 + drift while its optax oracle keeps b1."""
+
+    drift: float = 0.0
+
+    def direction(self, b: Builder, g: Value, state: Any, scalars: Any) -> tuple[Value, dict[str, Value]]:
+        b1 = self.b1 + self.drift
+        m = state["m"] * b1 + g * (1.0 - b1)
+        v = state["v"] * self.b2 + g * g * (1.0 - self.b2)
+        m_hat = m / b.broadcast_to(scalars["bc1"], g.shape)
+        v_hat = v / b.broadcast_to(scalars["bc2"], g.shape)
+        return m_hat / (b.sqrt(v_hat) + self.eps), {"m": m, "v": v}
+
+
+@pytest.mark.parametrize("drift, passes", [(0.0, True), (1e-3, False)])
+def test_optimizer_gate_catches_a_wrong_update(drift: float, passes: bool) -> None:
+    result = gate_optimizer(DriftingAdam(drift=drift))
+    assert result.passed is passes, _row_message(result)
+    if not passes:
+        assert result.err_jax_f64 > TOL_JAX_F64 and result.err_jax_f32 > TOL_JAX_F32
+
+
+def test_rel_err_shape_mismatch_and_nan_are_failures() -> None:
+    from hloforge.testing.gate import rel_err
+
+    assert rel_err(np.ones(3), np.ones(4)) == float("inf")
+    assert rel_err(np.array([np.nan]), np.ones(1)) == float("inf")
+    assert rel_err(np.ones(3), np.ones(3)) == 0.0
+
+
+# ------------------------------------------------------------------ pytest --hloforge-gate
+FAKE_MODULE = textwrap.dedent('''
+    """A third-party layer plugin: a correct closed-form layer and one whose backward is wrong."""
+    import attrs
+    from hloforge.core.hookspecs import hookimpl
+    from hloforge.core.spec import Layer
+
+
+    @attrs.frozen
+    class FakeScale(Layer):
+        kind = "fakeScale"
+        wrong = 1.0
+
+        def out_shape(self, in_shape):
+            return in_shape
+
+        def forward(self, b, x, params, ctx):
+            return b.custom_vjp(lambda v: [v * 3.0], lambda b, g: [g * (3.0 * self.wrong)], x)[0]
+
+        def reference(self, params, x, ctx):
+            return 3.0 * x
+
+        @classmethod
+        def gate_cases(cls):
+            return [(cls(), (4,))]
+
+
+    @attrs.frozen
+    class FakeScaleBad(FakeScale):
+        kind = "fakeScaleBad"
+        wrong = 1.01
+
+
+    @hookimpl
+    def hloforge_layers():
+        return [FakeScale, FakeScaleBad]
+''')
+
+
+@pytest.fixture(scope="module")
+def third_party(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """A 'pip-installed' third-party plugin (a dist-info on PYTHONPATH) and an unrelated project tree."""
+    root = tmp_path_factory.mktemp("thirdparty")
+    site = root / "site"
+    info = site / "hloforge_fake-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: hloforge-fake\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[hloforge.layers]\nfake = hloforge_fake\n")
+    (site / "hloforge_fake.py").write_text(FAKE_MODULE)
+    project = root / "project"
+    project.mkdir()
+    (project / "test_own.py").write_text("def test_own():\n    assert 1 + 1 == 2\n")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(site), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.pop("HLOFORGE_TRACE_PLUGINS", None)
+    return project, env
+
+
+def _pytest(project: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=project, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_hloforge_gate_collects_every_registered_case(third_party: tuple[Path, dict[str, str]]) -> None:
+    project, env = third_party
+    proc = _pytest(project, env, "--hloforge-gate", "--collect-only", "-q")
+    ids = [ln for ln in proc.stdout.splitlines() if ln.startswith("hloforge-gate::gate[")]
+    expected = {f"hloforge-gate::gate[{c.id}]" for c in CASES}
+    expected |= {"hloforge-gate::gate[layer:fakeScale:@4]", "hloforge-gate::gate[layer:fakeScaleBad:@4]"}
+    assert set(ids) == expected, proc.stdout + proc.stderr
+    assert len(ids) == len(CASES) + 2
+    assert "test_own.py::test_own" in proc.stdout  # the project's own tests are still collected
+    # Without the option the plugin adds nothing.
+    plain = _pytest(project, env, "--collect-only", "-q")
+    assert "hloforge-gate" not in plain.stdout and "test_own.py::test_own" in plain.stdout
+
+
+def test_hloforge_gate_runs_and_reports_third_party_failures(third_party: tuple[Path, dict[str, str]]) -> None:
+    project, env = third_party
+    proc = _pytest(project, env, "--hloforge-gate", "-q", "-k", "hloforge-fake or sgd or test_own")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    n_sgd = sum(1 for c in CASES if c.name == "sgd")
+    assert f"1 failed, {n_sgd + 2} passed" in out  # fakeScaleBad fails; fakeScale, sgd cases, test_own pass
+    assert "FAILED hloforge-gate::gate[layer:fakeScaleBad:@4]" in out
+    assert "gate failed for layer 'fakeScaleBad' from distribution 'hloforge-fake'" in out
+    assert HEADER in out
+    fail_rows = [ln for ln in out.splitlines() if ln.startswith("layer") and ln.rstrip().endswith("FAIL")]
+    assert len(fail_rows) == 1 and "fakeScaleBad" in fail_rows[0], out
