@@ -13,7 +13,7 @@ import attrs
 import pluggy
 
 from hloforge.core import hookspecs
-from hloforge.core.errors import PluginError
+from hloforge.core.errors import PluginError, UnsupportedSpec
 
 # kind -> (entry-point group, hook that lists its components, attribute holding a component's name)
 KINDS: dict[str, tuple[str, str, str]] = {
@@ -82,6 +82,18 @@ class Registry:
             known = ", ".join(f"{n} ({e.distribution})" for n, e in sorted(table.items())) or "none"
             raise PluginError(f"unknown {kind} {name!r}; registered: {known}")
         return table[name]
+
+    def make(self, kind: str, name: str, **options: Any) -> Any:
+        """An instance of the named component; an option it does not take is one clear error."""
+        cls = self.get(kind, name)
+        known = [f.name for f in attrs.fields(cls)] if attrs.has(cls) else []
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise UnsupportedSpec(f"{kind} {name!r} does not take option(s) {unknown}; its options are {known}")
+        try:
+            return cls(**options)
+        except (TypeError, ValueError) as e:
+            raise UnsupportedSpec(f"{kind} {name!r}: {e}") from None
 
     def names(self, kind: str) -> list[str]:
         return sorted(self._tables[kind])

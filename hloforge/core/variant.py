@@ -91,12 +91,11 @@ class Variant:
         return sanitize("_".join(parts))
 
     def make_optimizer(self, registry: Registry) -> Optimizer:
-        cls = registry.get("optimizer", self.optimizer)
-        opt: Optimizer = cls() if self.weight_decay is None else cls(weight_decay=self.weight_decay)
+        opts = {} if self.weight_decay is None else {"weight_decay": self.weight_decay}
+        opt: Optimizer = registry.make("optimizer", self.optimizer, **opts)
         return opt
 
     def make_loss(self, registry: Registry) -> Loss:
-        cls = registry.get("loss", self.loss)
         opts = {"label_smoothing": self.label_smoothing} if self.label_smoothing else {}
-        loss: Loss = cls(**opts)
+        loss: Loss = registry.make("loss", self.loss, **opts)
         return loss

@@ -1,0 +1,85 @@
+"""The `hloforge` command: plugins, render, train, and one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hloforge.backends.xla import default_client
+from hloforge.cli import main
+
+BUILTINS = {
+    "layer": {"dense", "conv2d", "flatten", "maxPool", "globalAvgPool", "relu", "relu6", "gelu", "swish",
+              "sigmoid", "hSwish", "hSigmoid", "identity"},
+    "loss": {"crossEntropy", "mse"},
+    "optimizer": {"sgd", "momentum", "adam", "adamw"},
+    "backend": {"xla"},
+    "dataset": {"digits"},
+}
+
+
+def test_plugins_lists_every_builtin_from_hloforge(capsys):
+    assert main(["plugins"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+    listed: dict[str, set[str]] = {}
+    for kind, name, dist in rows:
+        assert dist == "hloforge", f"{kind} {name} came from {dist}"
+        listed.setdefault(kind, set()).add(name)
+    for kind, names in BUILTINS.items():
+        assert names <= listed.get(kind, set()), f"missing {kind}s: {names - listed.get(kind, set())}"
+
+
+def test_render_writes_three_files_that_compile_and_run(tmp_path, capsys):
+    assert main(["render", "mnist-mlp", "--out", str(tmp_path), "--batch", "8", "--optimizer", "sgd"]) == 0
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["mnist_mlp_fwd.mlir", "mnist_mlp_fwd_eval.mlir", "mnist_mlp_sgd_train_step.mlir"]
+    for name in names:
+        text = (tmp_path / name).read_text()
+        exe = default_client().compile(text)  # XLA parses and compiles each one
+        assert exe.num_outputs >= 1
+        exe.close()
+
+
+def test_render_from_a_toml_spec(tmp_path, capsys):
+    spec = tmp_path / "tiny.toml"
+    spec.write_text('name = "Tiny Net"\ninput_shape = [1, 8, 8]\nnum_classes = 3\n\n'
+                    '[[layers]]\nkind = "conv2d"\nout = 4\nact = "relu"\n\n[[layers]]\nkind = "globalAvgPool"\n\n'
+                    '[[layers]]\nkind = "dense"\nunits = 3\n')
+    assert main(["render", str(spec), "--out", str(tmp_path / "o")]) == 0
+    assert (tmp_path / "o" / "tiny_net_adam_train_step.mlir").exists()
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["render", "nope", "--out", "x"], "unknown net 'nope'"),
+    (["render", "mnist-mlp", "--out", "x", "--optimizer", "adagrad"], "unknown optimizer 'adagrad'; registered:"),
+    (["render", "mnist-mlp", "--out", "x", "--loss", "mse", "--label-smoothing", "0.1"], "label_smoothing"),
+    (["train", "--data", "imagenet"], "unknown dataset 'imagenet'"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv, needle, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err, err
+
+
+def test_shape_mismatch_names_the_layer(tmp_path, capsys):
+    spec = tmp_path / "bad.json"
+    spec.write_text(json.dumps({"name": "bad", "input_shape": [1, 8, 8], "num_classes": 10,
+                                "layers": [{"kind": "conv2d", "out": 4}, {"kind": "dense", "units": 10}]}))
+    assert main(["render", str(spec), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "layer 1 (dense(" in err and "flatten" in err
+
+
+def test_train_default_job_learns_digits():
+    """The README's main job, as a user runs it (a subprocess), shortened to 2 epochs."""
+    r = subprocess.run([sys.executable, "-m", "hloforge.cli", "train", "--epochs", "2"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "backend xla (cpu" in r.stdout
+    last = [line for line in r.stdout.splitlines() if line.startswith("epoch 2/2")][0]
+    top1 = float(last.split("top-1 ")[1].split("%")[0])
+    assert top1 > 90.0, r.stdout
