@@ -200,13 +200,14 @@ class NetSpec:
             if kind is None:
                 raise UnsupportedSpec(f"{source}: layer {i} has no 'kind'")
             try:
-                layer_cls = reg.get("layer", kind)
+                reg.entry("layer", kind)
             except PluginError as e:
                 raise PluginError(f"{source}: layer {i}: {e}") from None
+            opts = {k: tuple(v) if isinstance(v, list) else v for k, v in ld.items()}
             try:
-                layers.append(layer_cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in ld.items()}))
-            except (TypeError, ValueError) as e:
-                raise UnsupportedSpec(f"{source}: layer {i} ({kind}): {e}") from None
+                layers.append(reg.make("layer", kind, **opts))
+            except UnsupportedSpec as e:
+                raise UnsupportedSpec(f"{source}: layer {i}: {e}") from None
         return cls(str(d["name"]), d["input_shape"], layers, int(d["num_classes"]))
 
     def to_json(self) -> str:

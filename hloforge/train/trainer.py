@@ -72,7 +72,7 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, Any
     session = TrainSession(spec, variant, cfg.batch, backend, seed=cfg.seed, registry=reg)
     evaluator = ForwardSession(spec, cfg.batch, backend)
     log(f"hloforge: {spec.name} ({spec.param_count():,} params) on {cfg.data} "
-        f"({len(x_tr)} train / {len(x_te)} test) | backend {backend.describe()}")
+        f"({len(x_tr)} train / {len(x_te)} test) | backend {backend.backend_name()}")
     log(f"  {variant.slug}: lr {cfg.lr:g} cosine, batch {cfg.batch}, {cfg.epochs} epochs "
         f"| compiled in {time.perf_counter() - t0:.1f}s")
     rng = np.random.default_rng(cfg.seed)

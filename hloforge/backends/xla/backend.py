@@ -16,7 +16,7 @@ class XlaBackend:
     def __init__(self, client: Client | None = None):
         self.client = client or default_client()
 
-    def describe(self) -> str:
+    def backend_name(self) -> str:
         """What is really loaded: the platform and the plugin file."""
         return f"xla ({self.client.platform_name}, {self.client.plugin_path})"
 
