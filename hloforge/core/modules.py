@@ -13,37 +13,64 @@ import attrs
 from hloforge.core import autodiff
 from hloforge.core.hlo import FLOAT_DTYPES, Builder, Value
 from hloforge.core.registry import Registry, default_registry
-from hloforge.core.spec import Ctx, Layer, LayerShapes, Loss, NetSpec, ParamSlot, Shape, qualified_params, walk_layers
+from hloforge.core.spec import (
+    Ctx,
+    Layer,
+    LayerShapes,
+    Loss,
+    NetSpec,
+    ParamSlot,
+    Shape,
+    StatSlot,
+    qualified_params,
+    qualified_stats,
+    walk_layers,
+)
 from hloforge.core.variant import Optimizer, Variant
 
 
-def emit_layers(b: Builder, walk: Sequence[LayerShapes], x: Value, params: Sequence[Value], ctx: Ctx) -> Value:
-    """The forward walk: each layer's ops, fed its own slots by name."""
-    it = iter(params)
+def emit_layers(b: Builder, walk: Sequence[LayerShapes], x: Value, params: Sequence[Value], *, train: bool,
+                running: Sequence[Value] = ()) -> tuple[Value, list[Value]]:
+    """The forward walk: each layer's ops, fed its own slots by name. Returns the output and,
+    in training, the batch value of every stat slot (qualified_stats order); in eval the
+    running values come in through `running` in that same order."""
+    p_it, r_it = iter(params), iter(running)
+    batch_stats: list[Value] = []
     for ls in walk:
-        mine = {s.name: next(it) for s in ls.slots}
+        mine = {s.name: next(p_it) for s in ls.slots}
+        ctx = Ctx(train=train, running={} if train else {s.name: next(r_it) for s in ls.stats})
         x = ls.layer.forward(b, x, mine, ctx)
         want = (x.shape[0], *ls.out_shape)
         if x.shape != want:
             raise AssertionError(f"layer {ls.index} ({ls.layer.kind}) emitted {list(x.shape)}, declared {list(want)}")
-    return x
+        if train:
+            missing = [s.name for s in ls.stats if s.name not in ctx.batch_stats]
+            if missing:
+                raise AssertionError(f"layer {ls.index} ({ls.layer.kind}) did not report stats {missing}")
+            batch_stats += [ctx.batch_stats[s.name] for s in ls.stats]
+    return x, batch_stats
 
 
 def forward_module(spec: NetSpec, batch: int, *, dtype: str = "f32", eval_mode: bool = False) -> str:
-    """`@main(x, θ…) -> logits`; the eval form differs once BN running statistics exist."""
+    """`@main(x, θ…) -> logits` normalising with batch statistics; the eval form
+    `@main(x, θ…, running…) -> logits` takes every stat slot's running value instead."""
     walk = spec.walk()
     b = Builder(dtype, f"{spec.ident}_fwd" + ("_eval" if eval_mode else ""))
     x = b.arg((batch, *spec.input_shape))
     params = [b.arg(s.shape) for _, s in qualified_params(walk)]
-    return b.module([emit_layers(b, walk, x, params, Ctx(train=False))])
+    running = [b.arg(s.shape) for _, s in qualified_stats(walk)] if eval_mode else []
+    y, _ = emit_layers(b, walk, x, params, train=not eval_mode, running=running)
+    return b.module([y])
 
 
 @attrs.frozen
 class TrainStepLayout:
     """Inputs: θ…, then each state group (all m…, all v…), scalars…, x, y.
-    Outputs: θ'…, state'… (same order), loss. Parameter and state inputs alias their outputs."""
+    Outputs: θ'…, state'… (same order), loss, batch stats… (qualified_stats order).
+    Parameter and state inputs alias their outputs."""
 
     params: tuple[tuple[str, ParamSlot], ...]
+    stats: tuple[tuple[str, StatSlot], ...]
     state: tuple[str, ...]
     scalars: tuple[str, ...]
     x_shape: Shape
@@ -74,7 +101,7 @@ def label_type(loss: Loss, out_shape: Shape, dtype: str) -> tuple[Shape, str]:
 def train_step_layout(spec: NetSpec, opt: Optimizer, loss: Loss, batch: int, dtype: str = "f32") -> TrainStepLayout:
     walk = spec.walk()
     y_shape, y_dtype = label_type(loss, walk[-1].out_shape, dtype)
-    return TrainStepLayout(tuple(qualified_params(walk)), opt.state, opt.scalars, (batch, *spec.input_shape),
+    return TrainStepLayout(tuple(qualified_params(walk)), tuple(qualified_stats(walk)), opt.state, opt.scalars, (batch, *spec.input_shape),
                            (batch, *y_shape), y_dtype)
 
 
@@ -91,7 +118,7 @@ def train_step_module(spec: NetSpec, variant: Variant, batch: int, *, dtype: str
     scalars = {name: b.arg(()) for name in lay.scalars}
     x = b.arg(lay.x_shape)
     y = b.arg(lay.y_shape, lay.y_dtype)
-    logits = emit_layers(b, walk, x, params, Ctx(train=True))
+    logits, batch_stats = emit_layers(b, walk, x, params, train=True)
     loss_v = loss.forward(b, logits, y)
     grads = autodiff.grad(b, [loss_v], [b.full(1.0)], params)
     new_params, new_state = [], {name: [] for name in lay.state}
@@ -100,7 +127,7 @@ def train_step_module(spec: NetSpec, variant: Variant, batch: int, *, dtype: str
         new_params.append(p2)
         for n in lay.state:
             new_state[n].append(s2[n])
-    outs = new_params + [v for n in lay.state for v in new_state[n]] + [loss_v]
+    outs = new_params + [v for n in lay.state for v in new_state[n]] + [loss_v] + batch_stats
     return b.module(outs), lay
 
 
@@ -112,7 +139,7 @@ def vjp_module(layers: Sequence[Layer], in_shape: Shape, batch: int, *, dtype: s
     params = [b.arg(s.shape) for _, s in qualified_params(walk)]
     x = b.arg((batch, *in_shape))
     gbar = b.arg((batch, *walk[-1].out_shape))
-    y = emit_layers(b, walk, x, params, Ctx(train=True))
+    y, _ = emit_layers(b, walk, x, params, train=True)
     cts = autodiff.grad(b, [y], [gbar], [*params, x])
     return b.module([y, *cts])
 
@@ -124,7 +151,7 @@ def layers_forward_module(layers: Sequence[Layer], in_shape: Shape, batch: int, 
     b = Builder(dtype, name)
     params = [b.arg(s.shape) for _, s in qualified_params(walk)]
     x = b.arg((batch, *in_shape))
-    return b.module([emit_layers(b, walk, x, params, Ctx(train=True))])
+    return b.module([emit_layers(b, walk, x, params, train=True)[0]])
 
 
 def loss_module(loss: Loss, out_shape: Shape, batch: int, *, dtype: str = "f32") -> str:

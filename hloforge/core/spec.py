@@ -56,10 +56,29 @@ class ParamSlot:
 
 
 @attrs.frozen
+class StatSlot:
+    """A per-layer statistic that is not trained (BN running mean and variance): the train step
+    returns its batch value, the host keeps the running average, the eval module takes it in."""
+
+    name: str
+    shape: Shape = attrs.field(converter=tuple)
+    init: float = 0.0
+
+    def initial(self) -> np.ndarray:
+        return np.full(self.shape, self.init, np.float32)
+
+
+@attrs.define
 class Ctx:
-    """What a layer's forward may depend on besides its input and parameters."""
+    """What a layer's forward may depend on besides its input and parameters.
+
+    In training (`train=True`) a layer with stat slots puts each slot's batch value in
+    `batch_stats`; in eval it reads the running value from `running`.
+    """
 
     train: bool = False
+    running: Mapping[str, Value] = attrs.Factory(dict)
+    batch_stats: dict[str, Value] = attrs.Factory(dict)
 
 
 class Layer:
@@ -77,6 +96,9 @@ class Layer:
         raise NotImplementedError  # abstract
 
     def param_slots(self, in_shape: Shape) -> tuple[ParamSlot, ...]:
+        return ()
+
+    def stat_slots(self, in_shape: Shape) -> tuple[StatSlot, ...]:
         return ()
 
     def forward(self, b: Builder, x: Value, params: Mapping[str, Value], ctx: Ctx) -> Value:
@@ -141,6 +163,7 @@ class LayerShapes:
     in_shape: Shape
     out_shape: Shape
     slots: tuple[ParamSlot, ...]
+    stats: tuple[StatSlot, ...] = ()
 
 
 def _shape(v: Sequence[int]) -> Shape:
@@ -171,6 +194,9 @@ class NetSpec:
 
     def params(self) -> list[tuple[str, ParamSlot]]:
         return qualified_params(self.walk())
+
+    def stats(self) -> list[tuple[str, StatSlot]]:
+        return qualified_stats(self.walk())
 
     def param_count(self) -> int:
         return sum(s.size for _, s in self.params())
@@ -246,12 +272,13 @@ def walk_layers(layers: Sequence[Layer], in_shape: Shape) -> list[LayerShapes]:
         try:
             nxt = layer.out_shape(shape)
             slots = layer.param_slots(shape)
+            stats = layer.stat_slots(shape)
         except UnsupportedSpec as e:
             raise UnsupportedSpec(f"layer {i} ({_brief(layer)}) on input {list(shape)}: {e}") from None
         names = [s.name for s in slots]
         if len(set(names)) != len(names):
             raise UnsupportedSpec(f"layer {i} ({_brief(layer)}) declares a parameter name twice: {names}")
-        out.append(LayerShapes(i, layer, shape, nxt, slots))
+        out.append(LayerShapes(i, layer, shape, nxt, slots, stats))
         shape = nxt
     return out
 
@@ -259,6 +286,11 @@ def walk_layers(layers: Sequence[Layer], in_shape: Shape) -> list[LayerShapes]:
 def qualified_params(walk: Sequence[LayerShapes]) -> list[tuple[str, ParamSlot]]:
     """(qualified name, slot) in train-step order: layer by layer, slot by slot."""
     return [(f"{ls.index}.{s.name}", s) for ls in walk for s in ls.slots]
+
+
+def qualified_stats(walk: Sequence[LayerShapes]) -> list[tuple[str, StatSlot]]:
+    """(qualified name, stat slot) in the order the train step returns and the eval module takes them."""
+    return [(f"{ls.index}.{s.name}", s) for ls in walk for s in ls.stats]
 
 
 def _toml_value(v: Any) -> str:
