@@ -42,12 +42,28 @@ def _render(args: argparse.Namespace) -> None:
     print(f"rendered {spec.name} ({spec.param_count():,} params, batch {args.batch}) in {secs:.2f}s", file=sys.stderr)
 
 
-def _train(args: argparse.Namespace) -> None:
-    from hloforge.train.trainer import TrainConfig, train
+TRAIN_FLAGS = ("net", "data", "backend", "epochs", "batch", "optimizer", "lr", "schedule", "warmup_epochs",
+               "weight_decay", "label_smoothing", "seed", "run_dir", "tag")
 
-    train(TrainConfig(net=args.net, data=args.data, backend=args.backend, epochs=args.epochs, batch=args.batch,
-                      optimizer=args.optimizer, lr=args.lr, warmup_epochs=args.warmup_epochs,
-                      weight_decay=args.weight_decay, label_smoothing=args.label_smoothing, seed=args.seed))
+
+def _train(args: argparse.Namespace) -> None:
+    from hloforge.train.trainer import TrainConfig, load_config, train
+
+    given = {k: getattr(args, k) for k in TRAIN_FLAGS if getattr(args, k) is not None}
+    cfg = load_config(args.config, **given) if args.config else TrainConfig(**given)
+    train(cfg, resume=args.resume, progress=not args.no_progress)
+
+
+def _eval(args: argparse.Namespace) -> None:
+    from hloforge.train.trainer import evaluate_checkpoint
+
+    evaluate_checkpoint(args.run, backend=args.backend)
+
+
+def _compare(args: argparse.Namespace) -> None:
+    from hloforge.train.compare import compare_runs
+
+    compare_runs(args.run_a, args.run_b)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -70,16 +86,34 @@ def parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=_render)
 
     sp = sub.add_parser("train", help="train a net (default: mnist-mlp on digits on XLA)")
-    sp.add_argument("net", nargs="?", default="mnist-mlp")
-    sp.add_argument("--data", default="digits")
-    sp.add_argument("--backend", default="xla")
-    sp.add_argument("--epochs", type=int, default=5)
-    sp.add_argument("--batch", type=int, default=64)
-    sp.add_argument("--lr", type=float, default=1e-3)
-    sp.add_argument("--warmup-epochs", type=float, default=0.0)
-    sp.add_argument("--seed", type=int, default=0)
-    variant_opts(sp)
+    sp.add_argument("net", nargs="?", default=None, help="a zoo name or a .toml/.json spec (default mnist-mlp)")
+    sp.add_argument("--config", help="a config.toml (e.g. a run's own); flags given here override it")
+    sp.add_argument("--data")
+    sp.add_argument("--backend")
+    sp.add_argument("--epochs", type=int)
+    sp.add_argument("--batch", type=int)
+    sp.add_argument("--optimizer")
+    sp.add_argument("--lr", type=float)
+    sp.add_argument("--schedule", choices=("cosine", "exp", "constant"))
+    sp.add_argument("--warmup-epochs", type=float)
+    sp.add_argument("--weight-decay", type=float)
+    sp.add_argument("--label-smoothing", type=float)
+    sp.add_argument("--seed", type=int)
+    sp.add_argument("--run-dir")
+    sp.add_argument("--tag")
+    sp.add_argument("--resume", action="store_true", help="continue the run directory's checkpoint")
+    sp.add_argument("--no-progress", action="store_true", help="no progress bar")
     sp.set_defaults(func=_train)
+
+    sp = sub.add_parser("eval", help="score a run's checkpoint alone (the same top-1 the run printed)")
+    sp.add_argument("run", help="a run directory or a checkpoint file")
+    sp.add_argument("--backend")
+    sp.set_defaults(func=_eval)
+
+    sp = sub.add_parser("compare", help="McNemar's exact test on two runs' eval bitmaps")
+    sp.add_argument("run_a")
+    sp.add_argument("run_b")
+    sp.set_defaults(func=_compare)
     return p
 
 

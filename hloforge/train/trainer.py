@@ -1,21 +1,36 @@
-"""The training loop: schedule, fused train steps on the device, per-epoch evaluation."""
+"""`hloforge train`: the loop, per-epoch evaluation, the run directory, checkpoints and resume.
+
+A run directory holds config.toml (the whole resolved config: `--config` on it
+reproduces the run), metrics.jsonl, checkpoint.safetensors, eval_correct.npz
+(the per-example bitmap of the last eval) and loss/accuracy plots.
+"""
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import sys
 import time
+import tomllib
 from collections.abc import Callable
 from typing import Any
 
 import attrs
 import numpy as np
 
-from hloforge.core.errors import DataError, HloforgeError
+from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
 from hloforge.core.registry import default_registry
 from hloforge.core.spec import NetSpec
 from hloforge.core.variant import Variant
+from hloforge.train import checkpoint as ckpt
+from hloforge.train.metrics import eval_set_id, topk_correct, wilson
+from hloforge.train.schedule import SCHEDULES, lr_at
 from hloforge.train.session import ForwardSession, TrainSession, make_backend
 from hloforge.zoo import get_net
+
+CHECKPOINT = "checkpoint.safetensors"
+BITMAP = "eval_correct.npz"
 
 
 @attrs.frozen
@@ -27,20 +42,64 @@ class TrainConfig:
     batch: int = 64
     optimizer: str = "adam"
     lr: float = 1e-3
+    schedule: str = "cosine"
     warmup_epochs: float = 0.0
+    decay_rate: float = 0.97
     weight_decay: float | None = None
     label_smoothing: float = 0.0
+    bn_momentum: float = 0.99
     seed: int = 0
+    run_dir: str = ""
+    tag: str = ""
+    log_every: int = 50
+
+    def variant(self) -> Variant:
+        return Variant(self.optimizer, self.weight_decay, "crossEntropy", self.label_smoothing)
+
+    def scope(self, spec: NetSpec) -> str:
+        """Net, variant, backend and tag: two arms of an ablation never share a run directory."""
+        return "_".join(p for p in (spec.ident, self.variant().slug, self.backend, self.tag) if p)
+
+    def resolved_run_dir(self, spec: NetSpec) -> str:
+        return self.run_dir or os.path.join("runs", self.scope(spec))
+
+    def to_toml(self) -> str:
+        lines = []
+        for f in attrs.fields(TrainConfig):
+            v = getattr(self, f.name)
+            if v is not None:
+                lines.append(f"{f.name} = {json.dumps(v)}")
+        return "\n".join(lines) + "\n"
+
+    def check(self) -> None:
+        if self.epochs < 1 or self.batch < 1:
+            raise UnsupportedSpec(f"epochs and batch must be positive, got epochs={self.epochs} batch={self.batch}")
+        if self.lr <= 0 or not math.isfinite(self.lr):
+            raise UnsupportedSpec(f"lr must be a positive number, got {self.lr}")
+        if self.schedule not in SCHEDULES:
+            raise UnsupportedSpec(f"unknown schedule {self.schedule!r}; expected one of {list(SCHEDULES)}")
+        if not 0.0 <= self.bn_momentum < 1.0:
+            raise UnsupportedSpec(f"bn_momentum must be in [0, 1), got {self.bn_momentum}")
 
 
-def lr_at(cfg: TrainConfig, step: int, steps_per_epoch: int) -> float:
-    """Linear warmup, then cosine decay to zero over the run (step is 0-based)."""
-    total = cfg.epochs * steps_per_epoch
-    warm = int(cfg.warmup_epochs * steps_per_epoch)
-    if step < warm:
-        return cfg.lr * (step + 1) / warm
-    t = (step - warm) / max(total - warm, 1)
-    return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * t))
+def load_config(path: str, **overrides: Any) -> TrainConfig:
+    """A config file (TOML), with command-line values on top."""
+    try:
+        with open(path, "rb") as f:
+            d = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise UnsupportedSpec(f"config {path}: cannot read it as TOML ({e})") from None
+    known = {f.name for f in attrs.fields(TrainConfig)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise UnsupportedSpec(f"config {path}: unknown key(s) {unknown}; expected some of {sorted(known)}")
+    return TrainConfig(**{**d, **overrides})
+
+
+def bn_weight(momentum: float) -> float:
+    """The weight the running statistics put on a new batch (seed 003): exactly 0.01 at the
+    default 0.99, not 1 − 0.99 = 0.010000000000000009."""
+    return 0.01 if momentum == 0.99 else 1.0 - momentum
 
 
 def fit_input(x: np.ndarray, spec: NetSpec, data_name: str) -> np.ndarray:
@@ -53,47 +112,239 @@ def fit_input(x: np.ndarray, spec: NetSpec, data_name: str) -> np.ndarray:
                     f"expects {list(spec.input_shape)}")
 
 
-def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
-    reg = default_registry()
-    spec = get_net(cfg.net)
-    data = reg.get("dataset", cfg.data)()
-    if data.num_classes != spec.num_classes:
-        raise DataError(f"dataset {cfg.data!r} has {data.num_classes} classes, net {spec.name!r} "
-                        f"has {spec.num_classes}")
-    x_tr, y_tr = data.arrays("train")
-    x_te, y_te = data.arrays("test")
-    x_tr, x_te = fit_input(x_tr, spec, cfg.data), fit_input(x_te, spec, cfg.data)
-    steps_per_epoch = len(x_tr) // cfg.batch
-    if steps_per_epoch == 0:
-        raise DataError(f"batch {cfg.batch} is larger than the {len(x_tr)}-image training split")
-    backend = make_backend(cfg.backend, reg)
-    variant = Variant(cfg.optimizer, cfg.weight_decay, "crossEntropy", cfg.label_smoothing)
-    t0 = time.perf_counter()
-    session = TrainSession(spec, variant, cfg.batch, backend, seed=cfg.seed, registry=reg)
-    evaluator = ForwardSession(spec, cfg.batch, backend)
-    log(f"hloforge: {spec.name} ({spec.param_count():,} params) on {cfg.data} "
-        f"({len(x_tr)} train / {len(x_te)} test) | backend {backend.backend_name()}")
-    log(f"  {variant.slug}: lr {cfg.lr:g} cosine, batch {cfg.batch}, {cfg.epochs} epochs "
-        f"| compiled in {time.perf_counter() - t0:.1f}s")
-    rng = np.random.default_rng(cfg.seed)
-    metrics: dict[str, Any] = {}
-    for epoch in range(1, cfg.epochs + 1):
-        order = rng.permutation(len(x_tr))
-        t = time.perf_counter()
-        losses = []
-        for s in range(steps_per_epoch):
-            idx = order[s * cfg.batch:(s + 1) * cfg.batch]
-            step = (epoch - 1) * steps_per_epoch + s
-            loss = session.train_step(x_tr[idx], y_tr[idx], lr_at(cfg, step, steps_per_epoch))
-            if not math.isfinite(loss):
-                raise HloforgeError(f"loss is {loss} at epoch {epoch}, step {s + 1} (lr "
-                                    f"{lr_at(cfg, step, steps_per_epoch):g}); stopping rather than training on")
-            losses.append(loss)
-        secs = time.perf_counter() - t
-        logits = evaluator.logits(x_te, session.params)
-        correct = int(np.sum(np.argmax(logits, 1) == y_te))
-        metrics = {"epoch": epoch, "loss": float(np.mean(losses)), "top1": correct / len(y_te),
-                   "correct": correct, "n": len(y_te), "images_per_s": steps_per_epoch * cfg.batch / secs}
-        log(f"epoch {epoch}/{cfg.epochs}  loss {metrics['loss']:.4f}  test top-1 {100 * metrics['top1']:.2f}% "
-            f"({correct}/{len(y_te)})  {metrics['images_per_s']:.0f} img/s")
-    return metrics
+@attrs.frozen
+class EvalResult:
+    top1: int
+    top5: int
+    n: int
+    correct: np.ndarray
+
+    def line(self) -> str:
+        lo, hi = wilson(self.top1, self.n)
+        return (f"top-1 {100 * self.top1 / self.n:.2f}% [{100 * lo:.2f}, {100 * hi:.2f}] ({self.top1}/{self.n})  "
+                f"top-5 {100 * self.top5 / self.n:.2f}%")
+
+
+def evaluate(evaluator: ForwardSession, buffers: list[Any], x: np.ndarray, y: np.ndarray) -> EvalResult:
+    """Every eval image scored exactly once, the short last batch included."""
+    logits = evaluator.logits(x, buffers)
+    c1 = topk_correct(logits, y, 1)
+    return EvalResult(int(c1.sum()), int(topk_correct(logits, y, 5).sum()), len(y), c1)
+
+
+class Run:
+    """One training run: its config, data, sessions and run directory."""
+
+    def __init__(self, cfg: TrainConfig, log: Callable[[str], None] = print, progress: bool = True):
+        cfg.check()
+        self.cfg, self.log, self.progress = cfg, log, progress
+        reg = default_registry()
+        self.spec = get_net(cfg.net)
+        self.variant = cfg.variant()
+        self.data = reg.make("dataset", cfg.data)
+        if self.data.num_classes != self.spec.num_classes:
+            raise DataError(f"dataset {cfg.data!r} has {self.data.num_classes} classes, net {self.spec.name!r} "
+                            f"has {self.spec.num_classes}")
+        x_tr, self.y_tr = self.data.arrays("train")
+        x_te, self.y_te = self.data.arrays("test")
+        self.x_tr, self.x_te = fit_input(x_tr, self.spec, cfg.data), fit_input(x_te, self.spec, cfg.data)
+        self.steps_per_epoch = len(self.x_tr) // cfg.batch
+        if self.steps_per_epoch == 0:
+            raise DataError(f"batch {cfg.batch} is larger than the {len(self.x_tr)}-image training split")
+        self.dir = cfg.resolved_run_dir(self.spec)
+        self.backend = make_backend(cfg.backend)
+        self.stat_names = [n for n, _ in self.spec.stats()]
+        self.running = [s.initial() for _, s in self.spec.stats()]
+
+    # ------------------------------------------------------------------ checkpoints
+    @property
+    def ckpt_path(self) -> str:
+        return os.path.join(self.dir, CHECKPOINT)
+
+    def meta(self, epoch: int, step: int) -> dict[str, Any]:
+        return {"spec": self.spec.to_dict(), "variant": attrs.asdict(self.variant), "backend": self.cfg.backend,
+                "epoch": epoch, "step": step, "seed": self.cfg.seed, "config": attrs.asdict(self.cfg),
+                "eval_set": eval_set_id(self.cfg.data, "test", self.y_te)}
+
+    def save(self, session: TrainSession, epoch: int) -> None:
+        lay = session.layout
+        names = ckpt.tensor_names([n for n, _ in lay.params], lay.state, self.stat_names)
+        params, state = session.read_params(), session.read_state()
+        ckpt.save_checkpoint(self.ckpt_path, names, params + state + self.running, self.meta(epoch, session.step))
+
+    def restore(self, session: TrainSession) -> int:
+        """Load the run's checkpoint into the session; returns the epoch it ended."""
+        tensors, meta = ckpt.load_checkpoint(self.ckpt_path)
+        check_matches(self.ckpt_path, meta, self.spec, self.variant, self.cfg.backend)
+        lay = session.layout
+        pn = [n for n, _ in lay.params]
+        try:
+            params = [tensors[f"param/{n}"] for n in pn]
+            state = [tensors[f"state/{k}/{n}"] for k in lay.state for n in pn]
+            self.running = [tensors[f"stat/{n}"] for n in self.stat_names]
+        except KeyError as e:
+            raise DataError(f"checkpoint {self.ckpt_path} lacks tensor {e.args[0]}; it is not of this net") from None
+        session.load(params, state, meta["step"])
+        return int(meta["epoch"])
+
+    # ------------------------------------------------------------------ the loop
+    def lr(self, step: int) -> float:
+        c = self.cfg
+        return lr_at(step, base=c.lr, total_steps=c.epochs * self.steps_per_epoch,
+                     warmup_steps=int(c.warmup_epochs * self.steps_per_epoch), schedule=c.schedule,
+                     decay_rate=c.decay_rate, steps_per_epoch=self.steps_per_epoch)
+
+    def train(self, resume: bool = False) -> dict[str, Any]:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        session = TrainSession(self.spec, self.variant, cfg.batch, self.backend, seed=cfg.seed)
+        evaluator = ForwardSession(self.spec, cfg.batch, self.backend)
+        compile_s = time.perf_counter() - t0
+        start = 0
+        if resume:
+            start = self.restore(session)
+            if start >= cfg.epochs:
+                raise HloforgeError(f"run {self.dir} already finished: its checkpoint is at epoch {start} of "
+                                    f"{cfg.epochs}; raise --epochs to train further")
+        elif os.path.exists(self.ckpt_path):
+            raise HloforgeError(f"run directory {self.dir} already holds a checkpoint; pass --resume to continue it, "
+                                "or --tag/--run-dir for a new run")
+        os.makedirs(self.dir, exist_ok=True)
+        with open(os.path.join(self.dir, "config.toml"), "w", encoding="utf-8") as f:
+            f.write(cfg.to_toml())
+        self.log(f"hloforge: {self.spec.name} ({self.spec.param_count():,} params) on {cfg.data} "
+                 f"({len(self.x_tr)} train / {len(self.x_te)} test) | backend {self.backend.backend_name()}")
+        self.log(f"  {self.variant.slug}: lr {cfg.lr:g} {cfg.schedule}, batch {cfg.batch}, {cfg.epochs} epochs, "
+                 f"run dir {self.dir} | compiled in {compile_s:.1f}s"
+                 + (f" | resumed after epoch {start}" if start else ""))
+        w = bn_weight(cfg.bn_momentum)
+        metrics: dict[str, Any] = {}
+        history = self._history() if start else []
+        mlog = open(os.path.join(self.dir, "metrics.jsonl"), "a" if start else "w", encoding="utf-8")
+        try:
+            for epoch in range(start + 1, cfg.epochs + 1):
+                order = np.random.default_rng([cfg.seed, epoch]).permutation(len(self.x_tr))
+                t = time.perf_counter()
+                losses = []
+                bar = self._bar(epoch)
+                for s in range(self.steps_per_epoch):
+                    idx = order[s * cfg.batch:(s + 1) * cfg.batch]
+                    step = session.step
+                    lr = self.lr(step)
+                    loss = session.train_step(self.x_tr[idx], self.y_tr[idx], lr)
+                    if not math.isfinite(loss):
+                        raise HloforgeError(
+                            f"loss is {loss} at step {step + 1} (epoch {epoch}, lr {lr:g}); stopped. The last good "
+                            f"checkpoint is {self.ckpt_path if os.path.exists(self.ckpt_path) else 'none'}")
+                    if self.stat_names:
+                        self.running = [r * (1.0 - w) + b * w for r, b in
+                                        zip(self.running, session.batch_stats(), strict=True)]
+                    losses.append(loss)
+                    if bar is not None:
+                        bar.update(1)
+                        bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}",
+                                        img_s=f"{(s + 1) * cfg.batch / (time.perf_counter() - t):.0f}")
+                    if cfg.log_every and session.step % cfg.log_every == 0:
+                        mlog.write(json.dumps({"kind": "step", "step": session.step, "epoch": epoch,
+                                               "loss": loss, "lr": lr}) + "\n")
+                if bar is not None:
+                    bar.close()
+                secs = time.perf_counter() - t
+                res = evaluate(evaluator, self._eval_buffers(session), self.x_te, self.y_te)
+                lo, hi = wilson(res.top1, res.n)
+                metrics = {"kind": "epoch", "epoch": epoch, "step": session.step, "loss": float(np.mean(losses)),
+                           "lr": self.lr(session.step - 1), "top1": res.top1 / res.n, "top1_lo": lo, "top1_hi": hi,
+                           "top5": res.top5 / res.n, "correct": res.top1, "n": res.n,
+                           "images_per_s": self.steps_per_epoch * cfg.batch / secs, "seconds": secs}
+                mlog.write(json.dumps(metrics) + "\n")
+                mlog.flush()
+                history.append(metrics)
+                np.savez(os.path.join(self.dir, BITMAP), correct=res.correct, set_id=self.meta(0, 0)["eval_set"],
+                         epoch=epoch)
+                self.save(session, epoch)
+                self.log(f"epoch {epoch}/{cfg.epochs}  loss {metrics['loss']:.4f}  test {res.line()}  "
+                         f"{metrics['images_per_s']:.0f} img/s")
+                self._plot(history)
+                default_registry().pm.hook.hloforge_on_epoch_end(run=self, epoch=epoch, metrics=metrics)
+        finally:
+            mlog.close()
+        metrics["wall_s"] = time.perf_counter() - t0
+        return metrics
+
+    def _eval_buffers(self, session: TrainSession) -> list[Any]:
+        return [*session.params, *(self.backend.to_device(r) for r in self.running)]
+
+    def _bar(self, epoch: int) -> Any:
+        if not self.progress:
+            return None
+        from tqdm import tqdm
+
+        return tqdm(total=self.steps_per_epoch, desc=f"epoch {epoch}/{self.cfg.epochs}", leave=False,
+                    file=sys.stderr, dynamic_ncols=True, disable=None)  # None: off when not a terminal
+
+    def _history(self) -> list[dict[str, Any]]:
+        path = os.path.join(self.dir, "metrics.jsonl")
+        if not os.path.exists(path):
+            return []
+        with open(path, encoding="utf-8") as f:
+            return [r for r in map(json.loads, f) if r.get("kind") == "epoch"]
+
+    def _plot(self, history: list[dict[str, Any]]) -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        ep = [h["epoch"] for h in history]
+        fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.5))
+        a.plot(ep, [h["loss"] for h in history], marker="o")
+        a.set(xlabel="epoch", ylabel="train loss", title=self.spec.name)
+        b.plot(ep, [100 * h["top1"] for h in history], marker="o", label="top-1")
+        b.fill_between(ep, [100 * h["top1_lo"] for h in history], [100 * h["top1_hi"] for h in history], alpha=0.2,
+                       label="95% Wilson")
+        b.set(xlabel="epoch", ylabel="test accuracy (%)")
+        b.legend()
+        fig.tight_layout()
+        fig.savefig(os.path.join(self.dir, "curves.png"), dpi=90)
+        plt.close(fig)
+
+
+def check_matches(path: str, meta: dict[str, Any], spec: NetSpec, variant: Variant, backend: str,
+                  allow_cross_backend: bool = False) -> None:
+    """Refuse a checkpoint of another net, variant or backend with one clear line."""
+    if meta.get("spec") != spec.to_dict():
+        raise DataError(f"checkpoint {path} is of net {meta.get('spec', {}).get('name')!r}, not {spec.name!r} "
+                        "(its spec differs)")
+    if meta.get("variant") != attrs.asdict(variant):
+        raise DataError(f"checkpoint {path} was trained as variant {meta.get('variant')}, not {attrs.asdict(variant)}")
+    if meta.get("backend") != backend and not allow_cross_backend:
+        raise DataError(f"checkpoint {path} was trained on backend {meta.get('backend')!r}, not {backend!r}; "
+                        "pass --cross-backend to load it anyway")
+
+
+def train(cfg: TrainConfig, *, resume: bool = False, log: Callable[[str], None] = print,
+          progress: bool = True) -> dict[str, Any]:
+    return Run(cfg, log, progress).train(resume=resume)
+
+
+def evaluate_checkpoint(path: str, backend: str | None = None, log: Callable[[str], None] = print) -> EvalResult:
+    """Score a run directory's (or a file's) checkpoint alone, with the training run's batching."""
+    file = os.path.join(path, CHECKPOINT) if os.path.isdir(path) else path
+    tensors, meta = ckpt.load_checkpoint(file)
+    cfg = TrainConfig(**meta["config"])
+    if backend and backend != cfg.backend:
+        cfg = attrs.evolve(cfg, backend=backend)
+    run = Run(cfg, log, progress=False)
+    spec = NetSpec.from_dict(meta["spec"], source=file)
+    if spec != run.spec:
+        raise DataError(f"checkpoint {file} holds a spec that differs from net {cfg.net!r} as defined now")
+    pn = [n for n, _ in spec.params()]
+    try:
+        params = [tensors[f"param/{n}"] for n in pn]
+        running = [tensors[f"stat/{n}"] for n in run.stat_names]
+    except KeyError as e:
+        raise DataError(f"checkpoint {file} lacks tensor {e.args[0]}") from None
+    evaluator = ForwardSession(spec, cfg.batch, run.backend)
+    res = evaluate(evaluator, [run.backend.to_device(p) for p in [*params, *running]], run.x_te, run.y_te)
+    log(f"{spec.name} epoch {meta['epoch']} on {run.backend.backend_name()}: test {res.line()}")
+    return res

@@ -1,0 +1,170 @@
+"""The trainer: run directory, checkpoints, resume, eval, compare, refusals, statistics."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from hloforge.cli import main
+from hloforge.core.errors import DataError, HloforgeError
+from hloforge.train import checkpoint as ckpt
+from hloforge.train.metrics import mcnemar_exact, topk_correct, wilson
+from hloforge.train.schedule import lr_at
+from hloforge.train.trainer import CHECKPOINT, TrainConfig, bn_weight, evaluate_checkpoint, train
+
+
+def cfg(tmp_path, name="run", **kw) -> TrainConfig:
+    base = {"net": "mnist-mlp", "epochs": 2, "batch": 64, "run_dir": str(tmp_path / name)}
+    return TrainConfig(**{**base, **kw})
+
+
+def params_of(run_dir) -> dict[str, np.ndarray]:
+    tensors, _ = ckpt.load_checkpoint(os.path.join(run_dir, CHECKPOINT))
+    return tensors
+
+
+# ------------------------------------------------------------------ statistics
+def test_wilson_known_values():
+    lo, hi = wilson(3336, 3925)  # p ≈ 0.85 on 3,925 images: ±1.11 pt (seed 003)
+    assert (hi - lo) / 2 == pytest.approx(0.01115, abs=5e-5)
+    lo, hi = wilson(0, 50)  # finite at 0 correct, unlike the normal approximation
+    assert lo == 0.0 and 0.05 < hi < 0.08
+    lo, hi = wilson(50, 50)
+    assert hi == 1.0 and 0.92 < lo < 0.95
+    assert wilson(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)
+
+
+def test_mcnemar_exact_known_values():
+    a = np.array([1] * 10 + [0] * 2 + [1] * 5, bool)
+    b = np.array([0] * 10 + [1] * 2 + [1] * 5, bool)
+    nb, nc, p = mcnemar_exact(a, b)
+    assert (nb, nc) == (10, 2)
+    assert p == pytest.approx(0.0385742, abs=1e-6)  # 2·P[Binom(12, ½) ≤ 2] = 2·79/4096
+    assert mcnemar_exact(a, a)[2] == 1.0
+
+
+def test_topk_and_schedule_and_bn_weight():
+    logits = np.array([[0.1, 0.5, 0.2], [0.9, 0.0, 0.3]])
+    assert topk_correct(logits, np.array([2, 2]), 1).tolist() == [False, False]
+    assert topk_correct(logits, np.array([2, 2]), 2).tolist() == [True, True]
+    assert lr_at(0, base=1.0, total_steps=10, warmup_steps=2) == 0.5
+    assert lr_at(2, base=1.0, total_steps=10, warmup_steps=2) == 1.0
+    assert lr_at(10, base=1.0, total_steps=10) == pytest.approx(0.0, abs=1e-12)
+    assert lr_at(6, base=1.0, total_steps=10, schedule="exp", decay_rate=0.5, steps_per_epoch=3) == 0.25
+    assert bn_weight(0.99) == 0.01 and bn_weight(0.9) == pytest.approx(0.1)
+
+
+# ------------------------------------------------------------------ runs
+def test_main_job_reaches_97_percent_and_leaves_a_readable_run(tmp_path):
+    m = train(cfg(tmp_path, epochs=5), progress=False)
+    assert m["top1"] >= 0.97, m
+    d = tmp_path / "run"
+    assert {"config.toml", "metrics.jsonl", CHECKPOINT, "eval_correct.npz", "curves.png"} <= set(os.listdir(d))
+    rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+    epochs = [r for r in rows if r["kind"] == "epoch"]
+    assert [r["epoch"] for r in epochs] == [1, 2, 3, 4, 5]
+    assert epochs[-1]["n"] == 360  # every test image scored once, the short last batch included (360 = 5·64 + 40)
+
+
+def test_eval_prints_the_same_top1_as_training(tmp_path, capsys):
+    m = train(cfg(tmp_path), progress=False)
+    capsys.readouterr()
+    res = evaluate_checkpoint(str(tmp_path / "run"))
+    assert res.top1 == m["correct"] and res.n == m["n"]
+    assert main(["eval", str(tmp_path / "run")]) == 0
+    assert f"({m['correct']}/{m['n']})" in capsys.readouterr().out
+
+
+def test_config_toml_reproduces_the_run(tmp_path):
+    a = train(cfg(tmp_path, "a", epochs=1), progress=False)
+    assert main(["train", "--config", str(tmp_path / "a" / "config.toml"), "--run-dir", str(tmp_path / "b"),
+                 "--no-progress"]) == 0
+    pa, pb = params_of(tmp_path / "a"), params_of(tmp_path / "b")
+    assert all(np.array_equal(pa[k], pb[k]) for k in pa)
+    assert a["epoch"] == 1
+
+
+def test_resume_after_a_crash_mid_checkpoint_is_bit_identical(tmp_path):
+    """Kill the process while it writes epoch 2's checkpoint: epoch 1's stays whole, and
+    resuming to the end equals an uninterrupted run bit for bit."""
+    train(cfg(tmp_path, "straight", epochs=3), progress=False)
+    crashed = tmp_path / "crashed"
+    env = {**os.environ, ckpt.FAULT_ENV: "2"}
+    argv = [sys.executable, "-m", "hloforge.cli", "train", "--epochs", "3", "--run-dir", str(crashed),
+            "--no-progress"]
+    r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 137, r.stderr
+    _, meta = ckpt.load_checkpoint(str(crashed / CHECKPOINT))
+    assert meta["epoch"] == 1
+    r = subprocess.run([*argv, "--resume"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "resumed after epoch 1" in r.stdout
+    a, b = params_of(tmp_path / "straight"), params_of(crashed)
+    assert sorted(a) == sorted(b)
+    for k in a:
+        assert np.array_equal(a[k], b[k]), k
+
+
+def test_refusals(tmp_path, capsys):
+    train(cfg(tmp_path, epochs=1), progress=False)
+    run = str(tmp_path / "run")
+    with pytest.raises(HloforgeError, match="already holds a checkpoint"):
+        train(cfg(tmp_path, epochs=1), progress=False)
+    with pytest.raises(HloforgeError, match="already finished"):
+        train(cfg(tmp_path, epochs=1), resume=True, progress=False)
+    with pytest.raises(DataError, match="is of net 'mnist-mlp', not 'mnist-linear'"):
+        train(cfg(tmp_path, net="mnist-linear", epochs=2), resume=True, progress=False)
+    with pytest.raises(DataError, match="variant"):
+        train(cfg(tmp_path, optimizer="sgd", epochs=2), resume=True, progress=False)
+    with pytest.raises(DataError, match="backend 'xla', not 'iree'"):
+        from hloforge.train.trainer import check_matches
+        from hloforge.zoo import get_net
+
+        _, meta = ckpt.load_checkpoint(os.path.join(run, CHECKPOINT))
+        check_matches(run, meta, get_net("mnist-mlp"), cfg(tmp_path).variant(), "iree")
+    # A truncated checkpoint is one clear error, not a crash.
+    path = os.path.join(run, CHECKPOINT)
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[: len(data) // 3])
+    assert main(["eval", run]) == 2
+    assert "truncated" in capsys.readouterr().err
+
+
+def test_compare_refuses_different_eval_sets(tmp_path, capsys):
+    train(cfg(tmp_path, "a", epochs=1), progress=False)
+    train(cfg(tmp_path, "b", epochs=1, seed=1), progress=False)
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    assert "McNemar exact p =" in capsys.readouterr().out
+    z = dict(np.load(tmp_path / "b" / "eval_correct.npz"))
+    z["set_id"] = np.array("digits:test:360:0000")
+    np.savez(tmp_path / "b" / "eval_correct.npz", **z)
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 2
+    assert "different eval sets" in capsys.readouterr().err
+
+
+def test_nan_loss_stops_with_the_step_and_keeps_the_checkpoint(tmp_path):
+    train(cfg(tmp_path, epochs=1), progress=False)
+    with pytest.raises(HloforgeError, match=r"loss is nan at step \d+ \(epoch 2"):
+        train(cfg(tmp_path, epochs=2, lr=1e30), resume=True, progress=False)
+    _, meta = ckpt.load_checkpoint(str(tmp_path / "run" / CHECKPOINT))
+    assert meta["epoch"] == 1 and math.isfinite(meta["step"])
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["train", "--epochs", "0"], "epochs and batch must be positive"),
+    (["train", "--lr", "-1"], "lr must be a positive number"),
+    (["train", "--config", "/nonexistent.toml"], "cannot read it as TOML"),
+    (["train", "--batch", "5000"], "larger than the 1437-image training split"),
+])
+def test_bad_train_options(argv, needle, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err, err
+    assert not (tmp_path / "runs").exists()  # nothing written
