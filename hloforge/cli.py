@@ -42,7 +42,7 @@ def _render(args: argparse.Namespace) -> None:
     print(f"rendered {spec.name} ({spec.param_count():,} params, batch {args.batch}) in {secs:.2f}s", file=sys.stderr)
 
 
-TRAIN_FLAGS = ("net", "data", "backend", "epochs", "batch", "optimizer", "lr", "schedule", "warmup_epochs",
+TRAIN_FLAGS = ("net", "data", "data_dir", "backend", "epochs", "batch", "optimizer", "lr", "schedule", "warmup_epochs",
                "weight_decay", "label_smoothing", "seed", "run_dir", "tag")
 
 
@@ -88,7 +88,8 @@ def parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("train", help="train a net (default: mnist-mlp on digits on XLA)")
     sp.add_argument("net", nargs="?", default=None, help="a zoo name or a .toml/.json spec (default mnist-mlp)")
     sp.add_argument("--config", help="a config.toml (e.g. a run's own); flags given here override it")
-    sp.add_argument("--data")
+    sp.add_argument("--data", help="a dataset plugin (default digits, embedded)")
+    sp.add_argument("--data-dir", help="where a file-based dataset reads from (e.g. mnist's IDX files)")
     sp.add_argument("--backend")
     sp.add_argument("--epochs", type=int)
     sp.add_argument("--batch", type=int)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import sys
 from collections.abc import Iterator, Mapping, Sequence
@@ -86,7 +87,10 @@ class Registry:
     def make(self, kind: str, name: str, **options: Any) -> Any:
         """An instance of the named component; an option it does not take is one clear error."""
         cls = self.get(kind, name)
-        known = [f.name for f in attrs.fields(cls)] if attrs.has(cls) else []
+        if attrs.has(cls):
+            known = [f.name for f in attrs.fields(cls)]
+        else:
+            known = [p for p in inspect.signature(cls).parameters if p not in ("self", "args", "kwargs")]
         unknown = sorted(set(options) - set(known))
         if unknown:
             raise UnsupportedSpec(f"{kind} {name!r} does not take option(s) {unknown}; its options are {known}")

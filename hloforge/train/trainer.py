@@ -37,6 +37,7 @@ BITMAP = "eval_correct.npz"
 class TrainConfig:
     net: str = "mnist-mlp"
     data: str = "digits"
+    data_dir: str = ""
     backend: str = "xla"
     epochs: int = 5
     batch: int = 64
@@ -141,7 +142,7 @@ class Run:
         reg = default_registry()
         self.spec = get_net(cfg.net)
         self.variant = cfg.variant()
-        self.data = reg.make("dataset", cfg.data)
+        self.data = reg.make("dataset", cfg.data, **({"data_dir": cfg.data_dir} if cfg.data_dir else {}))
         if self.data.num_classes != self.spec.num_classes:
             raise DataError(f"dataset {cfg.data!r} has {self.data.num_classes} classes, net {self.spec.name!r} "
                             f"has {self.spec.num_classes}")

@@ -1,0 +1,85 @@
+"""Dataset plugins: digits (embedded) and MNIST IDX files the tests write."""
+
+from __future__ import annotations
+
+import gzip
+import struct
+
+import numpy as np
+import pytest
+
+from hloforge.core.errors import DataError
+from hloforge.core.registry import default_registry
+from hloforge.datasets.digits import N_TRAIN, Digits, bilinear_matrix
+from hloforge.datasets.mnist import Mnist
+
+
+def write_idx(path, array: np.ndarray, magic: int, gz: bool = False) -> None:
+    raw = struct.pack(">I", magic) + struct.pack(f">{array.ndim}I", *array.shape) + array.astype(np.uint8).tobytes()
+    if gz:
+        with gzip.open(str(path) + ".gz", "wb") as f:
+            f.write(raw)
+    else:
+        path.write_bytes(raw)
+
+
+def tiny_mnist(d, n_train=40, n_test=12, gz=False, seed=0):
+    rng = np.random.default_rng(seed)
+    for split, n in (("train", n_train), ("t10k", n_test)):
+        labels = rng.integers(0, 10, n)
+        images = rng.integers(0, 40, (n, 28, 28))
+        for i, c in enumerate(labels):  # a learnable mark: a bright column per class
+            images[i, :, 2 + 2 * c] = 255
+        write_idx(d / f"{split}-images-idx3-ubyte", images, 0x803, gz)
+        write_idx(d / f"{split}-labels-idx1-ubyte", labels, 0x801, gz)
+
+
+def test_digits_split_is_fixed_and_standardised():
+    a, b = Digits(), Digits()
+    xa, ya = a.arrays("train")
+    xb, yb = b.arrays("train")
+    assert xa.shape == (N_TRAIN, 1, 28, 28) and len(a.arrays("test")[1]) == 1797 - N_TRAIN
+    assert np.array_equal(xa, xb) and np.array_equal(ya, yb)
+    assert abs(float(xa.mean())) < 1e-5 and abs(float(xa.std()) - 1) < 1e-4
+    assert set(np.unique(ya)) == set(range(10))
+    with pytest.raises(DataError, match="no split 'val'"):
+        a.arrays("val")
+
+
+def test_bilinear_matrix_rows_sum_to_one_and_preserve_constants():
+    m = bilinear_matrix(8, 28)
+    assert m.shape == (28, 8) and np.allclose(m.sum(1), 1.0)
+    assert np.allclose(m @ np.full(8, 3.0), 3.0)
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_mnist_reads_idx_files(tmp_path, gz):
+    tiny_mnist(tmp_path, gz=gz)
+    ds = default_registry().make("dataset", "mnist", data_dir=str(tmp_path))
+    x, y = ds.arrays("train")
+    assert x.shape == (40, 1, 28, 28) and x.dtype == np.float32 and y.dtype == np.int32
+    assert np.isclose(x.max(), (1.0 - 0.1307) / 0.3081)
+    assert ds.arrays("test")[0].shape == (12, 1, 28, 28)
+
+
+def test_mnist_bad_files_are_one_clear_error(tmp_path):
+    tiny_mnist(tmp_path)
+    img = tmp_path / "train-images-idx3-ubyte"
+    raw = img.read_bytes()
+    img.write_bytes(raw[:-100])
+    with pytest.raises(DataError, match="truncated or corrupt"):
+        Mnist(str(tmp_path)).arrays("train")
+    img.write_bytes(struct.pack(">I", 0x801) + raw[4:])
+    with pytest.raises(DataError, match="magic 0x00000801, expected 0x00000803"):
+        Mnist(str(tmp_path)).arrays("train")
+    with pytest.raises(DataError, match="not found"):
+        Mnist(str(tmp_path / "nowhere")).arrays("test")
+
+
+def test_train_on_mnist_idx_files(tmp_path):
+    from hloforge.train.trainer import TrainConfig, train
+
+    tiny_mnist(tmp_path / "data", n_train=128, n_test=32) if (tmp_path / "data").mkdir() is None else None
+    m = train(TrainConfig(net="mnist-cnn", data="mnist", data_dir=str(tmp_path / "data"), epochs=2, batch=32,
+                          run_dir=str(tmp_path / "run")), progress=False)
+    assert m["n"] == 32 and m["top1"] > 0.3
