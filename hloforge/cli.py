@@ -66,6 +66,14 @@ def _compare(args: argparse.Namespace) -> None:
     compare_runs(args.run_a, args.run_b)
 
 
+def _bench(args: argparse.Namespace) -> None:
+    from hloforge import bench
+
+    code = bench.main(args.rest)
+    if code:
+        raise SystemExit(code)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hloforge", description=__doc__)
     sub = p.add_subparsers(dest="command")
@@ -115,6 +123,9 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("run_a")
     sp.add_argument("run_b")
     sp.set_defaults(func=_compare)
+    sp = sub.add_parser("bench", add_help=False, help="step time vs jax.jit and PyTorch (see `hloforge bench -h`)")
+    sp.add_argument("rest", nargs=argparse.REMAINDER)
+    sp.set_defaults(func=_bench)
     return p
 
 

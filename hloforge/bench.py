@@ -1,0 +1,526 @@
+"""Step-time benchmark: hloforge's fused train step against jax.jit and PyTorch eager.
+
+For each net it times one Adam train step as a user pays it — host batch in,
+loss (a Python float) out — and reports the median ms/step after a warm-up,
+with compile time reported separately:
+
+- ``hloforge-xla`` / ``hloforge-iree``: a `TrainSession` on that backend
+  (device-resident θ and optimizer state, one fused step per call, including
+  the host→device copy of x, y and the read-back of the loss);
+- ``jax.jit``: ``value_and_grad`` + ``optax.adam`` of the same net written with
+  the layers' own jax.numpy ``reference`` functions, θ and optimizer state
+  donated, f32;
+- ``torch``: the torch.nn equivalent in eager mode with ``torch.optim.Adam``.
+
+All start from ``spec.init_params(seed)`` and see the same batches, so their
+first-step losses must agree (printed as a sanity check; a mismatch fails).
+It also measures dispatch overhead: µs per call of a 1-element graph
+(``a + 1``) including the scalar's trip to the device and back.
+
+jax, optax and torch are benchmark peers only (extra ``bench``); never
+imported on the training path.
+
+    python -m hloforge.bench --nets mnist-mlp,mnist-cnn --batch 128 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+BACKENDS = ("hloforge-xla", "hloforge-iree", "jax.jit", "torch")
+DISPATCH_BACKENDS = ("hloforge-xla", "hloforge-iree", "jax.jit")
+DEFAULT_STEPS = {"mnist-mlp": 20, "mnist-linear": 20, "mnist-cnn": 10}
+LOSS_RTOL = 1e-4
+
+
+@dataclass
+class Result:
+    """One (net, backend) measurement; ``ms`` empty and ``note`` set when skipped."""
+
+    net: str
+    backend: str
+    batch: int
+    ms: list[float] = field(default_factory=list)
+    compile_s: float | None = None
+    first_loss: float | None = None
+    note: str = ""
+
+    @property
+    def median_ms(self) -> float | None:
+        return statistics.median(self.ms) if self.ms else None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["median_ms"] = self.median_ms
+        d["min_ms"] = min(self.ms) if self.ms else None
+        return d
+
+
+# ---------------------------------------------------------------- availability ---
+
+
+def hloforge_backend_names() -> list[str]:
+    from hloforge.core.registry import default_registry
+
+    return list(default_registry().names("backend"))
+
+
+def unavailable(backend: str) -> str | None:
+    """Why `backend` cannot run here, or None."""
+    if backend.startswith("hloforge-"):
+        name = backend.removeprefix("hloforge-")
+        have = hloforge_backend_names()
+        return None if name in have else f"backend {name!r} not registered (registered: {', '.join(have)})"
+    mod = {"jax.jit": "optax", "torch": "torch"}[backend]
+    try:
+        if backend == "jax.jit":
+            import jax  # noqa: F401
+        __import__(mod)
+    except ImportError as e:
+        return f"not importable ({e}); pip install 'hloforge[bench]'" + (" torch==2.13.0" if mod == "torch" else "")
+    return None
+
+
+# ------------------------------------------------------------------- the data ---
+
+
+def batches(spec: Any, batch: int, n: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """n fixed (x, y) batches shared by every backend; steps cycle through them."""
+    rng = np.random.default_rng(seed + 1)
+    classes = spec.walk()[-1].out_shape[0]
+    return [(rng.standard_normal((batch, *spec.input_shape)).astype(np.float32),
+             rng.integers(0, classes, batch).astype(np.int32)) for _ in range(n)]
+
+
+# ------------------------------------------------------------ the step makers ---
+# Each returns (compile seconds, step, note) where step(x, y) -> float loss does one full
+# training step as a user pays it: numpy in, Python float out.
+
+StepFn = Callable[[np.ndarray, np.ndarray], float]
+
+
+def make_hloforge(net: str, backend: str, batch: int, lr: float, seed: int) -> tuple[float, StepFn, str]:
+    from hloforge.core.variant import Variant
+    from hloforge.train.session import TrainSession, make_backend
+    from hloforge.zoo import get_net
+
+    spec = get_net(net)
+    be = make_backend(backend.removeprefix("hloforge-"))
+    t = time.perf_counter()
+    session = TrainSession(spec, Variant("adam"), batch, be, seed=seed)
+    compile_s = time.perf_counter() - t
+    # IREE keeps compiled artifacts on disk: a cache hit did not really compile.
+    note = "setup was a compile-cache hit" if getattr(session.exe, "cache_hit", False) else ""
+
+    def step(x: np.ndarray, y: np.ndarray) -> float:
+        return session.train_step(x, y, lr)
+
+    return compile_s, step, note
+
+
+def jax_forward(spec: Any) -> Callable[[Sequence[Any], Any], Any]:
+    """The net as a composition of the layers' jax.numpy references (as tests/test_train_step.py)."""
+    walk = spec.walk()
+
+    def forward(ps: Sequence[Any], x: Any) -> Any:
+        it = iter(ps)
+        for ls in walk:
+            x = ls.layer.reference({s.name: next(it) for s in ls.slots}, x, None)
+        return x
+
+    return forward
+
+
+def make_jax(net: str, batch: int, lr: float, seed: int) -> tuple[float, StepFn, str]:
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from hloforge.core.registry import default_registry
+    from hloforge.zoo import get_net
+
+    spec = get_net(net)
+    adam = default_registry().make("optimizer", "adam")
+    forward = jax_forward(spec)
+    tx = optax.adam(lr, b1=adam.b1, b2=adam.b2, eps=adam.eps)
+
+    def loss_fn(ps: Any, x: Any, y: Any) -> Any:
+        return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(forward(ps, x), y))
+
+    def train_step(ps: Any, st: Any, x: Any, y: Any) -> Any:
+        loss, g = jax.value_and_grad(loss_fn)(ps, x, y)
+        upd, st = tx.update(g, st, ps)
+        return optax.apply_updates(ps, upd), st, loss
+
+    cpu = jax.devices("cpu")[0]
+    params = [jax.device_put(np.asarray(p, np.float32), cpu) for p in spec.init_params(seed)]
+    opt_state = tx.init(params)
+    x0 = np.zeros((batch, *spec.input_shape), np.float32)
+    y0 = np.zeros((batch,), np.int32)
+    t = time.perf_counter()
+    compiled = jax.jit(train_step, donate_argnums=(0, 1)).lower(params, opt_state, x0, y0).compile()
+    compile_s = time.perf_counter() - t
+    state = [params, opt_state]
+
+    def step(x: np.ndarray, y: np.ndarray) -> float:
+        ps, st, loss = compiled(state[0], state[1], x, y)
+        state[0], state[1] = ps, st
+        return float(loss.block_until_ready())
+
+    return compile_s, step, ""
+
+
+def torch_net(spec: Any, params: Sequence[np.ndarray]) -> Any:
+    """spec as a torch.nn.Sequential, with spec's parameters copied in."""
+    import torch
+    from torch import nn
+
+    from hloforge.plugins.layers.conv import Conv2d, resolve_padding
+    from hloforge.plugins.layers.dense import Dense, Flatten
+    from hloforge.plugins.layers.pool import MaxPool
+
+    acts: dict[str, Callable[[], nn.Module]] = {
+        "relu": nn.ReLU, "sigmoid": nn.Sigmoid, "swish": nn.SiLU, "gelu": lambda: nn.GELU(approximate="tanh"),
+        "relu6": nn.ReLU6, "hSwish": nn.Hardswish, "hSigmoid": nn.Hardsigmoid,
+    }
+    mods: list[nn.Module] = []
+    it = iter(params)
+
+    def copy(dst: torch.Tensor, src: np.ndarray) -> None:
+        with torch.no_grad():
+            dst.copy_(torch.from_numpy(np.ascontiguousarray(src, np.float32)))
+
+    for ls in spec.walk():
+        layer = ls.layer
+        mine = {s.name: next(it) for s in ls.slots}
+        if isinstance(layer, Dense):
+            m = nn.Linear(ls.in_shape[0], layer.units, bias=layer.bias)
+            copy(m.weight, mine["w"].T)  # ours is [in, out], torch's [out, in]
+        elif isinstance(layer, Conv2d):
+            pads = resolve_padding(layer.pad, ls.in_shape[1:3], layer.k, layer.stride)
+            if any(lo != hi for lo, hi in pads):
+                raise NotImplementedError(f"torch peer: asymmetric padding {pads} in layer {ls.index}")
+            m = nn.Conv2d(ls.in_shape[0], layer.out, layer.k, layer.stride, (pads[0][0], pads[1][0]),
+                          groups=layer.groups, bias=layer.bias)
+            copy(m.weight, mine["w"])  # OIHW on both sides
+        elif isinstance(layer, MaxPool):
+            pads = resolve_padding(layer.pad, ls.in_shape[1:3], layer.k, layer.s)
+            if any(lo != hi for lo, hi in pads):
+                raise NotImplementedError(f"torch peer: asymmetric padding {pads} in layer {ls.index}")
+            m = nn.MaxPool2d(layer.k, layer.s, (pads[0][0], pads[1][0]))
+        elif isinstance(layer, Flatten):
+            m = nn.Flatten()
+        else:
+            raise NotImplementedError(f"torch peer: no translation for layer {ls.index} ({layer.kind})")
+        if getattr(layer, "bias", False):
+            copy(m.bias, mine["b"])
+        mods.append(m)
+        act = getattr(layer, "act", "identity")
+        if act != "identity":
+            mods.append(acts[act]())
+    return nn.Sequential(*mods)
+
+
+def make_torch(net: str, batch: int, lr: float, seed: int) -> tuple[float, StepFn, str]:
+    import torch
+    import torch.nn.functional as F
+
+    from hloforge.core.registry import default_registry
+    from hloforge.zoo import get_net
+
+    torch.set_num_threads(cpu_count())
+    spec = get_net(net)
+    adam = default_registry().make("optimizer", "adam")
+    t = time.perf_counter()
+    model = torch_net(spec, spec.init_params(seed))
+    opt = torch.optim.Adam(model.parameters(), lr=lr, betas=(adam.b1, adam.b2), eps=adam.eps)
+    compile_s = time.perf_counter() - t  # no compile: model construction only
+
+    def step(x: np.ndarray, y: np.ndarray) -> float:
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y).long())
+        loss.backward()
+        opt.step()
+        return float(loss.item())
+
+    return compile_s, step, "setup is model construction (eager: no compile)"
+
+
+def make_step(net: str, backend: str, batch: int, lr: float, seed: int) -> tuple[float, StepFn, str]:
+    if backend.startswith("hloforge-"):
+        return make_hloforge(net, backend, batch, lr, seed)
+    if backend == "jax.jit":
+        return make_jax(net, batch, lr, seed)
+    if backend == "torch":
+        return make_torch(net, batch, lr, seed)
+    raise ValueError(f"unknown benchmark backend {backend!r}; expected one of {BACKENDS}")
+
+
+def measure(net: str, backend: str, batch: int, steps: int, warmup: int, lr: float, seed: int) -> Result:
+    from hloforge.zoo import get_net
+
+    res = Result(net, backend, batch)
+    data = batches(get_net(net), batch, 4, seed)
+    res.compile_s, step, res.note = make_step(net, backend, batch, lr, seed)
+    for i in range(max(warmup, 1)):  # the first warm-up step gives the first-step loss
+        loss = step(*data[i % len(data)])
+        if i == 0:
+            res.first_loss = loss
+    for i in range(steps):
+        x, y = data[(warmup + i) % len(data)]
+        t = time.perf_counter()
+        step(x, y)
+        res.ms.append((time.perf_counter() - t) * 1e3)
+    return res
+
+
+def measure_isolated(net: str, backend: str, batch: int, steps: int, warmup: int, lr: float, seed: int,
+                     cap_s: float) -> Result:
+    """`measure` in a child process killed after cap_s seconds (a compile that runs away)."""
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "r.json")
+        cmd = [sys.executable, "-m", "hloforge.bench", "--_child", out, "--nets", net, "--backends", backend,
+               "--batch", str(batch), "--steps", str(steps), "--warmup", str(warmup), "--lr", repr(lr),
+               "--seed", str(seed)]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=cap_s)
+        except subprocess.TimeoutExpired:
+            return Result(net, backend, batch, note=f"skipped: compile + steps exceeded the {cap_s:g} s cap")
+        if proc.returncode != 0 or not os.path.exists(out):
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+            return Result(net, backend, batch, note=f"failed: {tail[0][:200]}")
+        with open(out, encoding="utf-8") as f:
+            d = json.load(f)
+        return Result(d["net"], d["backend"], d["batch"], d["ms"], d["compile_s"], d["first_loss"], d["note"])
+
+
+# ------------------------------------------------------------------- dispatch ---
+
+
+def dispatch_us(backend: str, calls: int, warmup: int = 20) -> tuple[float, float]:
+    """(compile seconds, median µs per call) of `a + 1` on a scalar: host→device, execute, device→host."""
+    one = np.float32(1.0)
+    if backend.startswith("hloforge-"):
+        from hloforge.core.hlo import Builder
+        from hloforge.train.session import make_backend
+
+        b = Builder("f32", "dispatch")
+        a = b.arg(())
+        text = b.module([a + 1.0])
+        be = make_backend(backend.removeprefix("hloforge-"))
+        t = time.perf_counter()
+        exe = be.compile(text)
+        compile_s = time.perf_counter() - t
+
+        def call() -> float:
+            return float(be.to_host(be.execute(exe, [be.to_device(np.asarray(one))])[0]))
+    elif backend == "jax.jit":
+        import jax
+
+        t = time.perf_counter()
+        f = jax.jit(lambda a: a + 1.0).lower(one).compile()
+        compile_s = time.perf_counter() - t
+
+        def call() -> float:
+            return float(np.asarray(f(one)))
+    else:
+        raise ValueError(f"no dispatch measurement for {backend!r}")
+    assert call() == 2.0
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(calls):
+        t = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t)
+    return compile_s, statistics.median(times) * 1e6
+
+
+# ---------------------------------------------------------------------- report ---
+
+
+def cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for mod in ("hloforge", "numpy", "jax", "jaxlib", "optax", "torch"):
+        try:
+            out[mod] = str(__import__(mod).__version__)
+        except Exception:  # noqa: BLE001 - absent or odd module: just leave it out
+            pass
+    return out
+
+
+def sanity(results: Sequence[Result]) -> list[tuple[str, bool]]:
+    """First-step losses of every peer against hloforge-xla (or the first backend that ran)."""
+    lines: list[tuple[str, bool]] = []
+    for net in dict.fromkeys(r.net for r in results):
+        rows = [r for r in results if r.net == net and r.first_loss is not None]
+        if len(rows) < 2:
+            continue
+        ref = next((r for r in rows if r.backend == "hloforge-xla"), rows[0])
+        for r in rows:
+            if r is ref:
+                continue
+            rel = abs(r.first_loss - ref.first_loss) / max(abs(ref.first_loss), 1e-30)  # type: ignore[operator]
+            ok = rel <= LOSS_RTOL
+            lines.append((f"{net}: {r.backend} first-step loss {r.first_loss:.7f} vs {ref.backend} "
+                          f"{ref.first_loss:.7f} (rel {rel:.1e}) {'OK' if ok else 'MISMATCH'}", ok))
+    return lines
+
+
+def table(results: Sequence[Result], backends: Sequence[str], dispatch: dict[str, dict[str, Any]]) -> str:
+    """One row per net (and one for dispatch), one column per backend: median and ratio to jax.jit."""
+    def cell(value: float | None, base: float | None, unit: str) -> str:
+        if value is None:
+            return "-"
+        ratio = f" ({value / base:.2f}x)" if base else ""
+        digits = 3 if value < 1 else 2 if value < 10 else 1
+        return f"{value:.{digits}f} {unit}{ratio}"
+
+    head = ["net (batch)", *backends]
+    rows = []
+    for net in dict.fromkeys(r.net for r in results):
+        mine = {r.backend: r for r in results if r.net == net}
+        base = mine["jax.jit"].median_ms if "jax.jit" in mine else None
+        batch = next(iter(mine.values())).batch
+        rows.append([f"{net} ({batch})", *(cell(mine[b].median_ms if b in mine else None, base, "ms")
+                                           for b in backends)])
+    if dispatch:
+        base = dispatch.get("jax.jit", {}).get("us")
+        rows.append(["dispatch (a+1)", *(cell(dispatch.get(b, {}).get("us"), base, "us") for b in backends)])
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+
+    def fmt(r: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+    return "\n".join([fmt(head), "  ".join("-" * w for w in widths), *map(fmt, rows)])
+
+
+def details(results: Sequence[Result], dispatch: dict[str, dict[str, Any]]) -> str:
+    lines = ["", "per (net, backend): median / min ms per step over N timed steps, setup (compile) s, first loss"]
+    for r in results:
+        if r.ms:
+            lines.append(f"  {r.net:12} {r.backend:14} median {r.median_ms:8.3f}  min {min(r.ms):8.3f}  "
+                         f"N={len(r.ms):3}  setup {r.compile_s:7.2f}s  loss0 {r.first_loss:.6f}"
+                         + (f"  ({r.note})" if r.note else ""))
+        else:
+            lines.append(f"  {r.net:12} {r.backend:14} {r.note}")
+    for b, d in dispatch.items():
+        if "us" in d:
+            lines.append(f"  dispatch     {b:14} median {d['us']:8.1f} us/call over {d['calls']} calls, "
+                         f"compile {d['compile_s']:.3f}s")
+        else:
+            lines.append(f"  dispatch     {b:14} {d['note']}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------ main ---
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hloforge bench", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nets", default="mnist-mlp,mnist-cnn", help="comma-separated zoo nets (or spec files)")
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--steps", type=int, default=None,
+                   help=f"timed steps per (net, backend); default {DEFAULT_STEPS}, else 10")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps after compile (at least 1)")
+    p.add_argument("--backends", default=",".join(BACKENDS),
+                   help=f"comma-separated subset of {', '.join(BACKENDS)}; unavailable ones are skipped with a note")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dispatch-calls", type=int, default=2000, help="0 skips the dispatch measurement")
+    p.add_argument("--isolate", default="hloforge-iree",
+                   help="backends measured in a child process killed after --cap-s (comma-separated; '' for none)")
+    p.add_argument("--cap-s", type=float, default=600.0, help="time cap per isolated (net, backend), seconds")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    p.add_argument("--_child", help=argparse.SUPPRESS)  # internal: write one Result as JSON and exit
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    nets = [n for n in args.nets.split(",") if n]
+    backends = [b for b in args.backends.split(",") if b]
+    bad = [b for b in backends if b not in BACKENDS]
+    if bad:
+        print(f"unknown backend(s) {bad}; expected a subset of {list(BACKENDS)}", file=sys.stderr)
+        return 2
+    if args._child:  # one measurement for measure_isolated
+        r = measure(nets[0], backends[0], args.batch, args.steps, args.warmup, args.lr, args.seed)
+        with open(args._child, "w", encoding="utf-8") as f:
+            json.dump(asdict(r), f)
+        return 0
+
+    isolate = {b for b in args.isolate.split(",") if b}
+    notes = {b: unavailable(b) for b in backends}
+    results: list[Result] = []
+    for net in nets:
+        steps = args.steps or DEFAULT_STEPS.get(net, 10)
+        for b in backends:
+            if notes[b]:
+                results.append(Result(net, b, args.batch, note=f"skipped: {notes[b]}"))
+                continue
+            print(f"[bench] {net} batch {args.batch} on {b}: compile, {args.warmup} warm-up, "
+                  f"{steps} timed steps", file=sys.stderr, flush=True)
+            try:
+                if b in isolate:
+                    r = measure_isolated(net, b, args.batch, steps, args.warmup, args.lr, args.seed, args.cap_s)
+                else:
+                    r = measure(net, b, args.batch, steps, args.warmup, args.lr, args.seed)
+            except Exception as e:  # noqa: BLE001 - report the failure in the table, keep benchmarking
+                r = Result(net, b, args.batch, note=f"failed: {type(e).__name__}: {e}"[:300])
+            results.append(r)
+
+    dispatch: dict[str, dict[str, Any]] = {}
+    if args.dispatch_calls > 0:
+        for b in (b for b in backends if b in DISPATCH_BACKENDS):
+            if notes[b]:
+                dispatch[b] = {"note": f"skipped: {notes[b]}"}
+                continue
+            print(f"[bench] dispatch on {b}: {args.dispatch_calls} calls", file=sys.stderr, flush=True)
+            try:
+                c, us = dispatch_us(b, args.dispatch_calls)
+                dispatch[b] = {"us": us, "compile_s": c, "calls": args.dispatch_calls}
+            except Exception as e:  # noqa: BLE001
+                dispatch[b] = {"note": f"failed: {type(e).__name__}: {e}"[:300]}
+
+    checks = sanity(results)
+    print(f"hloforge bench: Adam train step, median ms/step (ratio to jax.jit); f32; {cpu_count()} CPU threads; "
+          f"host batch in, loss out")
+    print(table(results, backends, dispatch))
+    print(details(results, dispatch))
+    if checks:
+        print("\nsanity (first-step loss, rtol %.0e):" % LOSS_RTOL)
+        for line, _ in checks:
+            print("  " + line)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"config": {k: v for k, v in vars(args).items() if not k.startswith("_")},
+                       "machine": {"platform": platform.platform(), "cpus": cpu_count(), **versions()},
+                       "results": [r.to_dict() for r in results], "dispatch_us": dispatch,
+                       "sanity": [{"check": line, "ok": ok} for line, ok in checks]}, f, indent=2)
+        print(f"\nwrote {args.json}")
+    return 0 if all(ok for _, ok in checks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
