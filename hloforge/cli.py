@@ -66,14 +66,6 @@ def _compare(args: argparse.Namespace) -> None:
     compare_runs(args.run_a, args.run_b)
 
 
-def _bench(args: argparse.Namespace) -> None:
-    from hloforge import bench
-
-    code = bench.main(args.rest)
-    if code:
-        raise SystemExit(code)
-
-
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hloforge", description=__doc__)
     sub = p.add_subparsers(dest="command")
@@ -123,16 +115,19 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("run_a")
     sp.add_argument("run_b")
     sp.set_defaults(func=_compare)
-    sp = sub.add_parser("bench", add_help=False, help="step time vs jax.jit and PyTorch (see `hloforge bench -h`)")
-    sp.add_argument("rest", nargs=argparse.REMAINDER)
-    sp.set_defaults(func=_bench)
+    sub.add_parser("bench", add_help=False, help="step time vs jax.jit and PyTorch (see `hloforge bench -h`)")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:  # bench parses its own options, -h included
+        from hloforge import bench
+
+        return bench.main(argv[1:])
     args = parser().parse_args(argv)
     if args.command is None:
-        args = parser().parse_args(["train", *(argv or [])])
+        args = parser().parse_args(["train"])
     try:
         args.func(args)
     except HloforgeError as e:
