@@ -74,12 +74,15 @@ def test_shape_mismatch_names_the_layer(tmp_path, capsys):
     assert "layer 1 (dense(" in err and "flatten" in err
 
 
-def test_train_default_job_learns_digits():
-    """The README's main job, as a user runs it (a subprocess), shortened to 2 epochs."""
-    r = subprocess.run([sys.executable, "-m", "hloforge.cli", "train", "--epochs", "2"],
-                       capture_output=True, text=True, timeout=300)
+def test_train_default_job_learns_digits(tmp_path):
+    """The README's main job, as a user runs it (a subprocess), shortened to 2 epochs; run twice,
+    the second run takes a new run directory instead of refusing or overwriting."""
+    argv = [sys.executable, "-m", "hloforge.cli", "train", "--epochs", "2"]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "backend xla (cpu" in r.stdout
     last = [line for line in r.stdout.splitlines() if line.startswith("epoch 2/2")][0]
     top1 = float(last.split("top-1 ")[1].split("%")[0])
     assert top1 > 90.0, r.stdout
+    r2 = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert r2.returncode == 0 and "run dir runs/mnist_mlp_adam_xla_2" in r2.stdout, r2.stderr

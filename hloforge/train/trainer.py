@@ -61,8 +61,17 @@ class TrainConfig:
         """Net, variant, backend and tag: two arms of an ablation never share a run directory."""
         return "_".join(p for p in (spec.ident, self.variant().slug, self.backend, self.tag) if p)
 
-    def resolved_run_dir(self, spec: NetSpec) -> str:
-        return self.run_dir or os.path.join("runs", self.scope(spec))
+    def resolved_run_dir(self, spec: NetSpec, resume: bool = False) -> str:
+        """An explicit run_dir as given; otherwise runs/<scope>, runs/<scope>_2, ...: a new run
+        takes the first free one (nothing is overwritten), a resumed run the latest."""
+        if self.run_dir:
+            return self.run_dir
+        base = os.path.join("runs", self.scope(spec))
+        taken = [base] + [f"{base}_{i}" for i in range(2, 10_000) if os.path.exists(f"{base}_{i}")]
+        taken = [d for d in taken if os.path.exists(os.path.join(d, CHECKPOINT))]
+        if resume:
+            return taken[-1] if taken else base
+        return base if not taken else f"{base}_{len(taken) + 1}"
 
     def to_toml(self) -> str:
         lines = []
@@ -136,7 +145,8 @@ def evaluate(evaluator: ForwardSession, buffers: list[Any], x: np.ndarray, y: np
 class Run:
     """One training run: its config, data, sessions and run directory."""
 
-    def __init__(self, cfg: TrainConfig, log: Callable[[str], None] = print, progress: bool = True):
+    def __init__(self, cfg: TrainConfig, log: Callable[[str], None] = print, progress: bool = True,
+                 resume: bool = False):
         cfg.check()
         self.cfg, self.log, self.progress = cfg, log, progress
         reg = default_registry()
@@ -152,7 +162,7 @@ class Run:
         self.steps_per_epoch = len(self.x_tr) // cfg.batch
         if self.steps_per_epoch == 0:
             raise DataError(f"batch {cfg.batch} is larger than the {len(self.x_tr)}-image training split")
-        self.dir = cfg.resolved_run_dir(self.spec)
+        self.dir = cfg.resolved_run_dir(self.spec, resume)
         self.backend = make_backend(cfg.backend)
         self.stat_names = [n for n, _ in self.spec.stats()]
         self.running = [s.initial() for _, s in self.spec.stats()]
@@ -325,7 +335,7 @@ def check_matches(path: str, meta: dict[str, Any], spec: NetSpec, variant: Varia
 
 def train(cfg: TrainConfig, *, resume: bool = False, log: Callable[[str], None] = print,
           progress: bool = True) -> dict[str, Any]:
-    return Run(cfg, log, progress).train(resume=resume)
+    return Run(cfg, log, progress, resume).train(resume=resume)
 
 
 def evaluate_checkpoint(path: str, backend: str | None = None, log: Callable[[str], None] = print) -> EvalResult:
