@@ -40,7 +40,17 @@ def hloforge_optimizers() -> list[type]:
 
 @hookspec
 def hloforge_backends() -> list[type]:
-    """Return backend classes: each has `name`, compiles module text and runs it on device buffers."""
+    """Return backend classes, each satisfying `hloforge.backends.base.Backend`.
+
+    A class has `name` (what `--backend` / $HLOFORGE_BACKEND select) and is made with
+    no arguments; an instance has `backend_name()` (what is really loaded),
+    `compile(mlir_text, num_replicas=1)`, `to_device(array)`, `to_host(buffer)` and
+    `execute(exe, args, keep=())`. It refuses arguments of the wrong dtype or shape
+    before running, consumes donated inputs unless kept, and raises BackendError for
+    what it cannot do (more replicas than devices) rather than running on one device.
+    Import the backend's own packages lazily, in `__init__`, so a missing one is a
+    BackendError naming the package to install, not a registry that fails to load.
+    """
 
 
 @hookspec

@@ -108,37 +108,82 @@ def _case_label(obj: Any, shape: Shape) -> str:
 
 
 # ------------------------------------------------------------------ layers
-def gate_layer(layer: Layer, in_shape: Shape, *, batch: int = 2, seed: int = 0) -> GateResult:
+def _stat_layer_modules(layer: Layer, in_shape: Shape, batch: int, dtype: str, eval_mode: bool) -> tuple[str, str]:
+    """For a layer with stat slots: `@main(θ…, running…, x, ḡ) -> (y, ∂θ…, ∂x, batch stats…)` and the
+    forward `@main(θ…, running…, x) -> y`; running… only in eval mode, batch stats only in training."""
+    from hloforge.core import autodiff
+    from hloforge.core.hlo import Builder
+
+    walk = walk_layers([layer], in_shape)
+    texts = []
+    for with_vjp in (True, False):
+        b = Builder(dtype, "gate_" + ("eval" if eval_mode else "train") + ("_vjp" if with_vjp else "_fwd"))
+        params = [b.arg(s.shape) for _, s in qualified_params(walk)]
+        running = [b.arg(s.shape) for s in walk[0].stats] if eval_mode else []
+        x = b.arg((batch, *in_shape))
+        gbar = b.arg((batch, *walk[-1].out_shape)) if with_vjp else None
+        y, stats = modules.emit_layers(b, walk, x, params, train=not eval_mode, running=running)
+        if gbar is None:
+            texts.append(b.module([y]))
+        else:
+            texts.append(b.module([y, *autodiff.grad(b, [y], [gbar], [*params, x]), *stats]))
+    return texts[0], texts[1]
+
+
+def gate_layer(layer: Layer, in_shape: Shape, *, batch: int = 2, seed: int = 0, mode: str = "train") -> GateResult:
+    """Gate one layer. A layer with stat slots (batch norm) is gated in both modes: "train" (batch
+    statistics; the reported batch stats are compared with the reference's too) and "eval" (the
+    same random running statistics fed to the module and to the reference)."""
     jax = _jax()
     walk = walk_layers([layer], in_shape)
     slots = [s for _, s in qualified_params(walk)]
+    stats = list(walk[0].stats)
+    eval_mode = mode == "eval"
     out_shape = walk[-1].out_shape
     rng = np.random.default_rng(seed)
     params = [rng.standard_normal(s.shape) * 0.5 for s in slots]
     x = rng.standard_normal((batch, *in_shape))
     gbar = rng.standard_normal((batch, *out_shape))
+    # Running means in [-0.5, 0.5], running variances in [0.5, 1.5] (StatSlot.init is 0 or 1).
+    running = [s.init + rng.uniform(-0.5, 0.5, s.shape) for s in stats] if eval_mode else []
+
+    def ctx() -> Ctx:
+        if not eval_mode:
+            return Ctx(train=True)
+        return Ctx(train=False, running={s.name: r for s, r in zip(stats, running, strict=True)})
 
     def reference(ps: list[Any], xv: Any) -> Any:
-        return layer.reference({s.name: p for s, p in zip(slots, ps, strict=True)}, xv, Ctx(train=True))
+        return layer.reference({s.name: p for s, p in zip(slots, ps, strict=True)}, xv, ctx())
 
     y_ref, pullback = jax.vjp(reference, params, x)
     dps_ref, dx_ref = pullback(gbar)
     refs = [np.asarray(y_ref), *map(np.asarray, dps_ref), np.asarray(dx_ref)]
+    if stats and not eval_mode:
+        c = ctx()
+        layer.reference({s.name: p for s, p in zip(slots, params, strict=True)}, x, c)
+        refs += [np.asarray(c.batch_stats[s.name]) for s in stats]
 
     errs = {}
     for dtype in ("f64", "f32"):
         npt = np.float64 if dtype == "f64" else np.float32
-        got = _run(modules.vjp_module([layer], in_shape, batch, dtype=dtype),
-                   [p.astype(npt) for p in params] + [x.astype(npt), gbar.astype(npt)])
+        if stats:
+            vjp_text, fwd_text = _stat_layer_modules(layer, in_shape, batch, dtype, eval_mode)
+        else:
+            vjp_text = modules.vjp_module([layer], in_shape, batch, dtype=dtype)
+            fwd_text = modules.layers_forward_module([layer], in_shape, batch, dtype=dtype)
+        got = _run(vjp_text, [p.astype(npt) for p in params] + [r.astype(npt) for r in running]
+                   + [x.astype(npt), gbar.astype(npt)])
         errs[dtype] = max(rel_err(g, r) for g, r in zip(got, refs, strict=True))
         if dtype == "f64":
-            fwd = _client().compile(modules.layers_forward_module([layer], in_shape, batch, dtype="f64"))
+            fwd = _client().compile(fwd_text)
+            grads = [*got[1:1 + len(params)], *[None] * len(running), got[1 + len(params)]]
             try:
-                fd = _fd_errors(lambda ins: np.asarray(fwd.run(ins)[0]), gbar, [*params, x], got[1:], rng,
-                                range(len(params) + 1))
+                fd = _fd_errors(lambda ins: np.asarray(fwd.run(ins)[0]), gbar, [*params, *running, x], grads, rng,
+                                [*range(len(params)), len(params) + len(running)])
             finally:
                 fwd.close()
-    return GateResult("layer", layer.kind, _case_label(layer, in_shape), errs["f64"], fd, errs["f32"])
+    label = ("[eval] " if eval_mode else "") + _case_label(layer, in_shape)
+    return GateResult("layer", layer.kind, label[:44], errs["f64"], fd, errs["f32"])
 
 
 # ------------------------------------------------------------------ losses
@@ -212,6 +257,7 @@ class GateCase:
     obj: Any  # the layer / loss / optimizer instance
     shape: Shape  # input shape (layer), output shape (loss), () (optimizer)
     distribution: str
+    mode: str = "train"  # a layer with stat slots also gets an "eval" case (running statistics in)
 
     @property
     def id(self) -> str:
@@ -219,11 +265,11 @@ class GateCase:
         d = self.obj.to_dict() if hasattr(self.obj, "to_dict") else attrs.asdict(self.obj)
         fields = ",".join(f"{k}={_compact(v)}" for k, v in d.items() if k != "kind")
         at = "@" + "x".join(str(n) for n in self.shape) if self.kind != "optimizer" else ""
-        return f"{self.kind}:{self.name}:{fields}{at}"
+        return f"{self.kind}:{self.name}:{fields}{at}" + ("#eval" if self.mode == "eval" else "")
 
     def run(self) -> GateResult:
         if self.kind == "layer":
-            return gate_layer(self.obj, self.shape)
+            return gate_layer(self.obj, self.shape, mode=self.mode)
         if self.kind == "loss":
             return gate_loss(self.obj, self.shape)
         return gate_optimizer(self.obj)
@@ -244,7 +290,12 @@ def gate_cases(registry: Any = None, names: Sequence[str] | None = None) -> list
     for e in reg.entries():
         if names and e.name not in names:
             continue
-        if e.kind in ("layer", "loss"):
+        if e.kind == "layer":
+            for obj, shape in e.obj.gate_cases():
+                out.append(GateCase(e.kind, e.name, obj, tuple(shape), e.distribution))
+                if walk_layers([obj], tuple(shape))[0].stats:
+                    out.append(GateCase(e.kind, e.name, obj, tuple(shape), e.distribution, "eval"))
+        elif e.kind == "loss":
             out += [GateCase(e.kind, e.name, obj, tuple(shape), e.distribution) for obj, shape in e.obj.gate_cases()]
         elif e.kind == "optimizer":
             out += [GateCase(e.kind, e.name, opt, (), e.distribution) for opt in e.obj.gate_cases()]

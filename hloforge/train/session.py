@@ -1,17 +1,28 @@
-"""Sessions: a compiled module and its device-resident state.
+"""Sessions: a compiled module and its device-resident state, on any backend.
 
-A TrainSession owns the train step and θ / optimizer state on the device;
-each step feeds them back as donated inputs, so updates are in place.
-`read_params` is the one copy back to the host.
+A TrainSession owns the train step and θ, optimizer state and the last batch
+statistics on the device. Each step feeds θ and state back as donated inputs
+(updated in place on XLA and on IREE) and moves only x, the labels and the
+rank-0 schedule scalars. `read_params` (θ) / `read_state` (optimizer state) /
+`read_all` are the copies back, once per epoch; `read_params_prefix` copies the
+leading θ tensors alone for a caller that needs them more often.
+
+`resident=False` is the copying path: θ and state go back to the host after every
+step and to the device before the next. It computes the same thing bit for bit;
+it exists to check that, and for drivers that want the whole state every step.
+
+Sessions use only the backend interface of `hloforge.backends.base.Backend`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import numpy as np
 
+from hloforge.backends.base import BACKEND_ENV_VAR, DEFAULT_BACKEND
 from hloforge.core.errors import DataError
 from hloforge.core.modules import forward_module, train_step_module
 from hloforge.core.registry import Registry, default_registry
@@ -19,62 +30,163 @@ from hloforge.core.spec import NetSpec
 from hloforge.core.variant import Variant
 
 
-def make_backend(name: str, registry: Registry | None = None) -> Any:
-    return (registry or default_registry()).get("backend", name)()
+def make_backend(name: str | None = None, registry: Registry | None = None, **options: Any) -> Any:
+    """An instance of the named backend; `name` None reads $HLOFORGE_BACKEND (default xla).
+
+    An unknown name is a PluginError listing the registered ones; a registered backend
+    whose packages are missing raises BackendError naming what to pip install."""
+    name = name or os.environ.get(BACKEND_ENV_VAR) or DEFAULT_BACKEND
+    return (registry or default_registry()).get("backend", name)(**options)
+
+
+def _is_host(a: Any) -> bool:
+    return isinstance(a, (np.ndarray, np.generic))
 
 
 class TrainSession:
     def __init__(self, spec: NetSpec, variant: Variant, batch: int, backend: Any, *, seed: int = 0,
-                 params: Sequence[np.ndarray] | None = None, registry: Registry | None = None):
+                 params: Sequence[np.ndarray] | None = None, registry: Registry | None = None,
+                 resident: bool = True):
         reg = registry or default_registry()
         self.spec, self.variant, self.batch, self.backend = spec, variant, batch, backend
+        self.resident = resident
         self.optimizer = variant.make_optimizer(reg)
         text, self.layout = train_step_module(spec, variant, batch, registry=reg)
         self.exe = backend.compile(text)
         host = list(params) if params is not None else spec.init_params(seed)
-        slots = [s for _, s in self.layout.params]
         for (name, slot), p in zip(self.layout.params, host, strict=True):
             if tuple(p.shape) != slot.shape:
                 raise DataError(f"parameter {name}: got shape {list(p.shape)}, expected {list(slot.shape)}")
-        self.params = [backend.to_device(np.asarray(p, np.float32)) for p in host]
-        self.state = [backend.to_device(self.optimizer.init_state(s)[k]) for k in self.layout.state for s in slots]
+        slots = [s for _, s in self.layout.params]
+        # [θ…, state group 0…, state group 1…]: the train step's carried inputs, in its order.
+        carried = [np.asarray(p, np.float32) for p in host]
+        carried += [np.asarray(self.optimizer.init_state(s)[k], np.float32) for k in self.layout.state for s in slots]
+        self._carried: list[Any] = carried if not resident else [backend.to_device(a) for a in carried]
+        self._batch_stats: list[Any] = []  # the last step's batch statistics (device buffers), one per stat slot
         self.step = 0
+
+    # -- the step --------------------------------------------------------------
 
     def train_step(self, x: np.ndarray, y: np.ndarray, lr: float) -> float:
         """One fused step (forward, loss, backward, update); returns the batch loss."""
-        lay = self.layout
+        lay, be = self.layout, self.backend
         if x.shape != lay.x_shape:
             raise DataError(f"train batch x has shape {list(x.shape)}, expected {list(lay.x_shape)}")
+        if tuple(np.shape(y)) != lay.y_shape:
+            raise DataError(f"train batch labels have shape {list(np.shape(y))}, expected {list(lay.y_shape)}")
         self.step += 1
         scalars = self.optimizer.host_scalars(self.step, lr)
-        args = [*self.params, *self.state,
-                *(self.backend.to_device(np.asarray(scalars[k], np.float32)) for k in lay.scalars),
-                self.backend.to_device(np.ascontiguousarray(x, np.float32)),
-                self.backend.to_device(np.ascontiguousarray(y).astype(np.int32 if lay.y_dtype == "i32" else np.float32))]
-        outs = self.backend.execute(self.exe, args)
-        self.params = outs[:lay.n_params]
-        self.state = outs[lay.n_params:lay.n_carried]
-        return float(self.backend.to_host(outs[lay.loss_index]))
+        carried = self._carried if self.resident else [be.to_device(a) for a in self._carried]
+        args = [*carried,
+                *(be.to_device(np.asarray(scalars[k], np.float32)) for k in lay.scalars),
+                be.to_device(np.ascontiguousarray(x, np.float32)),
+                be.to_device(np.ascontiguousarray(y).astype(np.int32 if lay.y_dtype == "i32" else np.float32))]
+        # The carried inputs are donated and consumed here; the session never touches them again.
+        outs = be.execute(self.exe, args)
+        new = outs[:lay.n_carried]
+        self._carried = new if self.resident else [be.to_host(b) for b in new]
+        self._batch_stats = outs[lay.loss_index + 1:]
+        return float(be.to_host(outs[lay.loss_index]))
+
+    def load(self, params: Sequence[np.ndarray], state: Sequence[np.ndarray], step: int) -> None:
+        """Replace θ and the optimizer state (e.g. from a checkpoint) and set the step counter."""
+        lay = self.layout
+        want = [s.shape for _, s in lay.params]
+        names = [n for n, _ in lay.params]
+        if len(params) != lay.n_params or len(state) != lay.n_carried - lay.n_params:
+            raise DataError(f"load: got {len(params)} parameter and {len(state)} state tensors, expected "
+                            f"{lay.n_params} and {lay.n_carried - lay.n_params}")
+        for i, a in enumerate([*params, *state]):
+            if tuple(np.shape(a)) != want[i % lay.n_params]:
+                what = "parameter" if i < lay.n_params else f"state {lay.state[i // lay.n_params - 1]}"
+                raise DataError(f"load: {what} {names[i % lay.n_params]} has shape {list(np.shape(a))}, expected "
+                                f"{list(want[i % lay.n_params])}")
+        carried = [np.array(a, np.float32) for a in [*params, *state]]
+        self._carried = carried if not self.resident else [self.backend.to_device(a) for a in carried]
+        self._batch_stats = []
+        self.step = int(step)
+
+    # -- the way back ------------------------------------------------------------
+
+    def _host(self, items: Sequence[Any]) -> list[np.ndarray]:
+        return [np.array(a) if _is_host(a) else self.backend.to_host(a) for a in items]
+
+    @property
+    def params(self) -> list[Any]:
+        """θ as device buffers, for a ForwardSession (in the copying path, a fresh push per call)."""
+        theta = self._carried[:self.layout.n_params]
+        return list(theta) if self.resident else [self.backend.to_device(a) for a in theta]
+
+    def batch_stats(self) -> list[np.ndarray]:
+        """The last step's batch statistics (layout.stats order), copied to the host."""
+        return self._host(self._batch_stats)
 
     def read_params(self) -> list[np.ndarray]:
-        return [self.backend.to_host(p) for p in self.params]
+        """θ, copied to the host (layout.params order)."""
+        return self._host(self._carried[:self.layout.n_params])
+
+    def read_state(self) -> list[np.ndarray]:
+        """The optimizer state, copied to the host: each group of layout.state in turn, one per θ."""
+        return self._host(self._carried[self.layout.n_params:])
+
+    def read_all(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """(θ, optimizer state): the whole carried state, for a checkpoint."""
+        return self.read_params(), self.read_state()
+
+    def read_params_prefix(self, count: int | None = None) -> list[np.ndarray]:
+        """The leading `count` θ tensors (default: all of θ, and none of the state)."""
+        n = self.layout.n_params if count is None else count
+        if not 0 <= n <= self.layout.n_params:
+            raise DataError(f"read_params_prefix({count}): θ has {self.layout.n_params} tensors")
+        return self._host(self._carried[:n])
 
 
 class ForwardSession:
-    """The (eval) forward at a fixed batch; a ragged final batch is padded and its padding dropped."""
+    """The (eval) forward at a fixed batch; a ragged final batch is padded and its padding dropped.
+
+    `logits(x, params)` takes device buffers (used as they are, never donated) or host
+    arrays. Host arrays are pushed once per call — or, in hold mode (`gen` given), once
+    per generation token: the device copies are reused across calls while `gen` is
+    unchanged and re-seeded the moment it changes. Pass the epoch (or anything that
+    changes whenever the parameters do). Passing different parameter arrays under an
+    unchanged token is an error, not a silent score of the held (stale) ones."""
 
     def __init__(self, spec: NetSpec, batch: int, backend: Any):
         self.spec, self.batch, self.backend = spec, batch, backend
         self.exe = backend.compile(forward_module(spec, batch, eval_mode=True))
+        self._held: list[Any] | None = None
+        self._held_gen: Hashable | None = None
+        self._held_src: list[Any] = []  # the host arrays seeded from (kept alive so their ids stay theirs)
+        self.seeds = 0  # how many times parameters were pushed (hold mode or not)
 
-    def logits(self, x: np.ndarray, params: Sequence[Any]) -> np.ndarray:
-        """Logits for all rows of x; `params` are device buffers (kept, never donated)."""
+    def _device_params(self, params: Sequence[Any], gen: Hashable | None) -> list[Any]:
+        if not any(_is_host(p) for p in params):
+            return list(params)
+        if gen is None:
+            self.seeds += 1
+            return [self.backend.to_device(np.asarray(p)) if _is_host(p) else p for p in params]
+        if self._held is not None and gen == self._held_gen:
+            same = len(params) == len(self._held_src) and all(
+                p is q for p, q in zip(params, self._held_src, strict=True))
+            if not same:
+                raise DataError(f"ForwardSession hold mode: different parameters under the same generation token "
+                                f"{gen!r}; pass a new gen whenever the parameters change")
+            return self._held
+        self._held = [self.backend.to_device(np.asarray(p)) if _is_host(p) else p for p in params]
+        self._held_gen, self._held_src = gen, list(params)
+        self.seeds += 1
+        return self._held
+
+    def logits(self, x: np.ndarray, params: Sequence[Any], gen: Hashable | None = None) -> np.ndarray:
+        """Logits for all rows of x (params: θ… then any running statistics, as the eval module takes them)."""
+        dev = self._device_params(params, gen)
+        keep = range(1, 1 + len(dev))  # the parameters outlive the call, whatever the module says
         out = []
         for i in range(0, len(x), self.batch):
             chunk = np.asarray(x[i:i + self.batch], np.float32)
             n = len(chunk)
             if n < self.batch:
                 chunk = np.concatenate([chunk, np.zeros((self.batch - n, *chunk.shape[1:]), np.float32)])
-            res = self.backend.execute(self.exe, [self.backend.to_device(chunk), *params])
+            res = self.backend.execute(self.exe, [self.backend.to_device(chunk), *dev], keep=keep)
             out.append(self.backend.to_host(res[0])[:n])
         return np.concatenate(out)

@@ -38,7 +38,7 @@ class TrainConfig:
     net: str = "mnist-mlp"
     data: str = "digits"
     data_dir: str = ""
-    backend: str = "xla"
+    backend: str = ""  # empty: $HLOFORGE_BACKEND, else xla; the run records the resolved name
     epochs: int = 5
     batch: int = 64
     optimizer: str = "adam"
@@ -148,6 +148,8 @@ class Run:
     def __init__(self, cfg: TrainConfig, log: Callable[[str], None] = print, progress: bool = True,
                  resume: bool = False):
         cfg.check()
+        self.backend = make_backend(cfg.backend or None)
+        cfg = attrs.evolve(cfg, backend=self.backend.name)
         self.cfg, self.log, self.progress = cfg, log, progress
         reg = default_registry()
         self.spec = get_net(cfg.net)
@@ -163,7 +165,6 @@ class Run:
         if self.steps_per_epoch == 0:
             raise DataError(f"batch {cfg.batch} is larger than the {len(self.x_tr)}-image training split")
         self.dir = cfg.resolved_run_dir(self.spec, resume)
-        self.backend = make_backend(cfg.backend)
         self.stat_names = [n for n, _ in self.spec.stats()]
         self.running = [s.initial() for _, s in self.spec.stats()]
 

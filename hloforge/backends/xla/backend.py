@@ -11,6 +11,8 @@ from hloforge.core.hookspecs import hookimpl
 
 
 class XlaBackend:
+    """Implements :class:`hloforge.backends.base.Backend` on the process-wide PJRT client."""
+
     name = "xla"
 
     def __init__(self, client: Client | None = None):
@@ -20,8 +22,9 @@ class XlaBackend:
         """What is really loaded: the platform and the plugin file."""
         return f"xla ({self.client.platform_name}, {self.client.plugin_path})"
 
-    def compile(self, mlir_text: str) -> Executable:
-        return self.client.compile(mlir_text)
+    def compile(self, mlir_text: str, num_replicas: int = 1) -> Executable:
+        """More replicas than the client has devices is a BackendError (from the binding)."""
+        return self.client.compile(mlir_text, num_replicas)
 
     def to_device(self, array: np.ndarray) -> DeviceBuffer:
         return self.client.to_device(array)

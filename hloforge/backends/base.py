@@ -1,0 +1,80 @@
+"""The backend interface every backend plugin implements, and the argument check they share.
+
+A backend plugin module (entry-point group ``hloforge.backends``) implements
+``hloforge_backends()`` returning classes that satisfy :class:`Backend`. Sessions
+(:mod:`hloforge.train.session`) use nothing else, so a train step runs on any of them.
+
+Buffers are opaque to callers: only the backend that made one can read or run it.
+An executable exposes ``input_specs`` (the ``@main`` parameters, read from the text
+by :func:`parse_main_signature`; None when the text has no recognizable ``@main``)
+and ``donated_inputs`` (indices of inputs marked ``tf.aliasing_output``). A donated
+input is consumed by :meth:`Backend.execute` unless its index is in ``keep``, on
+every backend alike: XLA reuses its storage for the result; IREE compiles without the
+ties (`hloforge.backends.iree.backend.strip_aliasing` says why) but marks it consumed all
+the same, so a driver that reuses a donated input fails on either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import numpy as np
+
+from hloforge.backends.xla.pjrt import ArgSpec, parse_main_signature  # one definition, shared
+from hloforge.core.errors import BackendError
+
+__all__ = ["ArgSpec", "Backend", "BACKEND_ENV_VAR", "DEFAULT_BACKEND", "check_args", "parse_main_signature"]
+
+#: environment variable naming the backend when none is given (`--backend` wins over it)
+BACKEND_ENV_VAR = "HLOFORGE_BACKEND"
+DEFAULT_BACKEND = "xla"
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What a backend class provides (instances are made with no arguments by `make_backend`)."""
+
+    #: the name used by `--backend` / $HLOFORGE_BACKEND and in the registry
+    name: ClassVar[str]
+
+    def backend_name(self) -> str:
+        """What is really loaded, e.g. "iree (llvm-cpu, compiler 3.13.0)" or "xla (cpu, /path/libpjrt_cpu.so)"."""
+        ...
+
+    def compile(self, mlir_text: str, num_replicas: int = 1) -> Any:
+        """Compile StableHLO text; a BackendError with the compiler's message when it is rejected,
+        and when `num_replicas` is more than the backend can run (never a quiet single-device run)."""
+        ...
+
+    def to_device(self, array: np.ndarray) -> Any:
+        """Copy a host array to the (first) device."""
+        ...
+
+    def to_host(self, buffer: Any) -> np.ndarray:
+        """A host copy of a device buffer (a copy: later in-place updates do not show through)."""
+        ...
+
+    def execute(self, exe: Any, args: Sequence[Any], keep: Sequence[int] = ()) -> list[Any]:
+        """Run on one device. Arguments of the wrong count, dtype or shape are refused before
+        execution, naming the argument. Donated inputs are consumed unless listed in `keep`."""
+        ...
+
+
+def check_args(specs: Sequence[ArgSpec] | None, args: Sequence[tuple[tuple[int, ...], np.dtype]],
+               describe: Sequence[str]) -> None:
+    """Refuse arguments whose count, shape or dtype differ from the compiled signature.
+
+    `args` are (shape, dtype) per argument, `describe` a short text per argument for the message."""
+    if specs is None:
+        return
+    if len(args) != len(specs):
+        raise BackendError(f"the executable takes {len(specs)} arguments, got {len(args)}")
+    for i, ((shape, dtype), spec) in enumerate(zip(args, specs, strict=True)):
+        if spec.shape is None:
+            continue
+        shape_ok = len(spec.shape) == len(shape) and all(
+            w is None or w == g for w, g in zip(spec.shape, shape, strict=True))
+        if not shape_ok or (spec.dtype is not None and spec.dtype != dtype):
+            raise BackendError(f"argument {i} is {describe[i]}, but the executable was compiled for "
+                               f"{spec.describe()}")

@@ -1,0 +1,384 @@
+"""The `iree` backend plugin: StableHLO text through `iree.compiler`, run with `iree.runtime`.
+
+Compiled artifacts (.vmfb) are cached on disk, keyed by a sha256 of the module text,
+the target, the flags and the compiler version (see :func:`cache_key`). A write goes
+to a temp file in the cache directory and is renamed into place, so two processes
+can share one cache and a reader never sees a half-written artifact.
+
+This module imports without IREE installed (the registry loads every backend's entry
+point); the packages are imported when an :class:`IreeBackend` is made.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hloforge.backends.base import ArgSpec, check_args, parse_main_signature
+from hloforge.core.errors import BackendError
+from hloforge.core.hookspecs import hookimpl
+
+CACHE_ENV_VAR = "HLOFORGE_CACHE_DIR"
+TARGET_ENV_VAR = "HLOFORGE_IREE_TARGET"
+GPU_ARCH_ENV_VAR = "HLOFORGE_IREE_GPU_ARCH"
+PIP_HINT = "pip install iree-base-compiler iree-base-runtime  (or: pip install 'hloforge[iree]')"
+
+# target -> (runtime driver, flag naming the GPU architecture, its default)
+TARGETS: dict[str, tuple[str, str | None, str | None]] = {
+    "llvm-cpu": ("local-task", None, None),
+    "cuda": ("cuda", "--iree-cuda-target", "sm_80"),
+    "rocm": ("hip", "--iree-rocm-target", "gfx942"),
+}
+
+# The CPU flags that help. `--iree-opt-data-tiling` is accepted by iree-compile 3.13 but
+# breaks our train steps: the fused dW dot_general (contracting [0] x [0]) then fails with
+# "exceeded stack allocation limit" / "large vector sizes" — so it is left out by default
+# (pass it through `extra_flags` to try it on a module).
+CPU_FLAGS = ("--iree-llvmcpu-target-cpu=host", "--iree-llvmcpu-enable-ukernels=all")
+
+
+def _import_iree() -> tuple[Any, Any]:
+    try:
+        import iree.compiler as compiler
+        import iree.runtime as runtime
+    except ImportError as e:
+        raise BackendError(f"the iree backend needs the IREE Python packages ({e}); install them with "
+                           f"`{PIP_HINT}`") from None
+    return compiler, runtime
+
+
+def compiler_version() -> str:
+    """The full compiler version and revision (part of every cache key)."""
+    from iree.compiler import version
+
+    return f"{version.VERSION} {json.dumps(version.REVISIONS, sort_keys=True)}"
+
+
+def _dist_version(dist: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "?"
+
+
+def default_cache_dir() -> Path:
+    explicit = os.environ.get(CACHE_ENV_VAR)
+    root = Path(explicit) if explicit else Path.home() / ".cache" / "hloforge"
+    return root / "iree"
+
+
+def cache_key(mlir_text: str, target: str, flags: Sequence[str], version: str) -> str:
+    blob = json.dumps({"mlir": mlir_text, "target": target, "flags": list(flags), "compiler": version})
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _compiler_message(err: Exception) -> str:
+    """The diagnostics of a CompilerToolError, trimmed (IREE repeats @main's whole signature per note)."""
+    text = str(err)
+    m = re.search(r"Diagnostics:\n(.*?)\n\s*\nInvoked with:", text, re.S)
+    diag = (m.group(1) if m else text).strip().splitlines()
+    lines = [ln if len(ln) <= 240 else ln[:240] + " …" for ln in diag[:24]]
+    if len(diag) > 24:
+        lines.append(f"… ({len(diag) - 24} more lines)")
+    return "\n".join(lines)
+
+
+def _module_head(mlir_text: str, n: int = 6) -> str:
+    lines = mlir_text.splitlines()
+    head = [ln if len(ln) <= 240 else ln[:240] + " …" for ln in lines[:n]]
+    return "\n".join(head) + (f"\n… ({len(lines) - n} more lines)" if len(lines) > n else "")
+
+
+_ALIAS = r"tf\.aliasing_output\s*=\s*\d+\s*:\s*i\d+"
+_ALIAS_ONLY = re.compile(r"\s*\{\s*" + _ALIAS + r"\s*\}")
+_ALIAS_ENTRY = re.compile(_ALIAS + r"\s*,\s*|,\s*" + _ALIAS)
+
+
+def strip_aliasing(mlir_text: str) -> str:
+    """The text without `tf.aliasing_output` (buffer donation) argument attributes.
+
+    IREE 3.13 turns them into `iree.abi.output` ties and then miscompiles a read of the
+    donated input that comes after the aliased result is written: it sees the new value
+    (`sum(w)` next to `w' = w - 0.1·g` gave sum(w') — see test_iree_backend). So on IREE
+    outputs get fresh storage; donation stays part of the contract (see `execute`)."""
+    return _ALIAS_ENTRY.sub("", _ALIAS_ONLY.sub("", mlir_text))
+
+
+# Cross-replica work IREE's single-device path would quietly run on one device.
+_REPLICATED = re.compile(r"mhlo\.num_replicas\s*=\s*([2-9]|\d{2,})\b|stablehlo\.(all_reduce|all_gather|"
+                         r"reduce_scatter|all_to_all|collective_permute|collective_broadcast|replica_id|"
+                         r"partition_id)\b")
+
+
+class _Runtime:
+    """One runtime config (instance + device) per driver per process: devices own threads and memory."""
+
+    _lock = threading.Lock()
+    _configs: dict[str, Any] = {}
+
+    @classmethod
+    def get(cls, runtime: Any, driver: str) -> Any:
+        with cls._lock:
+            if driver not in cls._configs:
+                try:
+                    cls._configs[driver] = runtime.Config(driver)
+                except Exception as e:
+                    raise BackendError(f"IREE could not open the {driver!r} driver: {e}") from None
+            return cls._configs[driver]
+
+
+class IreeBuffer:
+    """An array on an IREE device. Invalid once donated to an executable (its storage was reused)."""
+
+    def __init__(self, backend: IreeBackend, view: Any, shape: tuple[int, ...], dtype: np.dtype):
+        self._backend, self._view = backend, view
+        self.shape, self.dtype = shape, np.dtype(dtype)
+        self._gone: str | None = None
+
+    def _describe(self) -> str:
+        return f"IreeBuffer({'x'.join(map(str, self.shape)) or 'scalar'} {self.dtype})"
+
+    def _live(self, purpose: str) -> Any:
+        if self._gone is not None:
+            raise BackendError(f"{self._describe()} {self._gone}; cannot {purpose}")
+        return self._view
+
+    @property
+    def is_deleted(self) -> bool:
+        return self._gone is not None
+
+    def delete(self) -> None:
+        self._gone = self._gone or "was deleted"
+        self._view = None
+
+    def __repr__(self) -> str:
+        return self._describe()[:-1] + (f", {self._gone})" if self._gone else ")")
+
+
+class IreeExecutable:
+    """A loaded .vmfb and its @main, with the signature read from the module text."""
+
+    def __init__(self, backend: IreeBackend, module: Any, context: Any, function: Any,
+                 signature: list[ArgSpec] | None, artifact: Path, cache_hit: bool):
+        self._backend, self.module, self.context, self.function = backend, module, context, function
+        self.input_specs = signature
+        self.donated_inputs: tuple[int, ...] = tuple(
+            i for i, s in enumerate(signature or ()) if s.aliasing_output is not None)
+        self.artifact, self.cache_hit = artifact, cache_hit
+        self.num_replicas = 1
+
+    def __repr__(self) -> str:
+        return f"IreeExecutable({self.module.name!r}, {self.artifact})"
+
+
+class IreeBackend:
+    name = "iree"
+
+    def __init__(self, target: str | None = None, *, gpu_arch: str | None = None,
+                 extra_flags: Sequence[str] = (), cache_dir: str | os.PathLike[str] | None = None):
+        self.compiler, self.runtime = _import_iree()
+        self.target = target or os.environ.get(TARGET_ENV_VAR) or "llvm-cpu"
+        if self.target not in TARGETS:
+            raise BackendError(f"iree target {self.target!r} is not supported; expected one of {sorted(TARGETS)}")
+        driver, arch_flag, arch_default = TARGETS[self.target]
+        if arch_flag is None:
+            flags = list(CPU_FLAGS)
+        else:
+            flags = [f"{arch_flag}={gpu_arch or os.environ.get(GPU_ARCH_ENV_VAR) or arch_default}"]
+        self.flags: tuple[str, ...] = (*flags, *extra_flags)
+        self.driver = driver
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        self.version = compiler_version()
+        #: compiles and cache hits made through this backend (tests read these)
+        self.stats = {"compiles": 0, "hits": 0, "compile_s": 0.0}
+
+    @property
+    def config(self) -> Any:
+        """The runtime config (instance + device), opened on first use: compiling needs no device."""
+        return _Runtime.get(self.runtime, self.driver)
+
+    @property
+    def device(self) -> Any:
+        return self.config.device
+
+    def backend_name(self) -> str:
+        return f"iree ({self.target}, compiler {_dist_version('iree-base-compiler')}, driver {self.driver})"
+
+    # -- compile ---------------------------------------------------------------
+
+    def artifact_path(self, mlir_text: str) -> Path:
+        """Where the artifact of this (already alias-stripped) text lives in the cache."""
+        return self.cache_dir / f"{cache_key(mlir_text, self.target, self.flags, self.version)}.vmfb"
+
+    def _compile_vmfb(self, mlir_text: str, path: Path) -> bytes:
+        t0 = time.perf_counter()
+        try:
+            vmfb = self.compiler.compile_str(mlir_text, target_backends=[self.target], input_type="stablehlo",
+                                             extra_args=list(self.flags))
+        except self.compiler.CompilerToolError as e:
+            raise BackendError(
+                f"iree-compile ({self.target}, flags {' '.join(self.flags)}) rejected the module; "
+                f"artifact path {path}\ncompiler says:\n{_compiler_message(e)}\nmodule begins:\n"
+                f"{_module_head(mlir_text)}") from None
+        self.stats["compiles"] += 1
+        self.stats["compile_s"] += time.perf_counter() - t0
+        return bytes(vmfb)
+
+    def compile_artifact(self, mlir_text: str) -> tuple[Path, bool]:
+        """The cached .vmfb for this text, target and flags, compiling on a miss; (path, was it a hit).
+        Needs no device, so a GPU target can be built ahead of time on a CPU machine."""
+        mlir_text = strip_aliasing(mlir_text)
+        path = self.artifact_path(mlir_text)
+        hit = path.is_file()
+        if hit:
+            self.stats["hits"] += 1
+        else:
+            _write_atomic(path, self._compile_vmfb(mlir_text, path))
+        return path, hit
+
+    def compile(self, mlir_text: str, num_replicas: int = 1) -> IreeExecutable:
+        if num_replicas != 1:
+            raise BackendError(f"num_replicas={num_replicas}: the iree backend runs one device only "
+                               f"(data-parallel needs --backend xla)")
+        found = _REPLICATED.search(mlir_text)
+        if found:
+            raise BackendError(f"the module asks for cross-replica work ({found.group(0)!r}); the iree backend "
+                               f"runs one device only and will not run it on one quietly")
+        path, hit = self.compile_artifact(mlir_text)
+        try:
+            module, context = self._load(path)
+        except BackendError:
+            if not hit:
+                raise
+            # A damaged cache entry (e.g. a disk filled up mid-copy elsewhere): rebuild it once.
+            _write_atomic(path, self._compile_vmfb(strip_aliasing(mlir_text), path))
+            module, context = self._load(path)
+        function = module.lookup_function("main")
+        if function is None:
+            raise BackendError(f"the module in {path} has no @main (functions: {module.function_names})")
+        return IreeExecutable(self, module, context, function, parse_main_signature(mlir_text), path, hit)
+
+    def _load(self, path: Path) -> tuple[Any, Any]:
+        rt, cfg = self.runtime, self.config
+        try:
+            module = rt.VmModule.mmap(cfg.vm_instance, str(path))
+            return module, rt.VmContext(cfg.vm_instance, modules=[*cfg.default_vm_modules, module])
+        except Exception as e:
+            raise BackendError(f"IREE could not load the artifact {path}: {e}") from None
+
+    # -- buffers ---------------------------------------------------------------
+
+    def to_device(self, array: np.ndarray) -> IreeBuffer:
+        from iree.runtime.array_interop import map_dtype_to_element_type
+
+        host = np.asarray(array)
+        if not host.dtype.isnative:
+            host = host.astype(host.dtype.newbyteorder("="))
+        host = np.ascontiguousarray(host) if host.ndim else host.copy()
+        etype = map_dtype_to_element_type(host.dtype)
+        if etype is None:
+            raise BackendError(f"the iree backend has no element type for dtype {host.dtype}")
+        rt = self.runtime
+        view = self.device.allocator.allocate_buffer_copy(
+            memory_type=rt.MemoryType.DEVICE_LOCAL, allowed_usage=rt.BufferUsage.DEFAULT,
+            device=self.device, buffer=host, element_type=etype)
+        return IreeBuffer(self, view, tuple(host.shape), host.dtype)
+
+    def to_host(self, buffer: IreeBuffer) -> np.ndarray:
+        if not isinstance(buffer, IreeBuffer):
+            raise BackendError(f"to_host takes an IreeBuffer, got {type(buffer).__name__}")
+        view = buffer._live("copy it to the host")
+        arr = self.runtime.DeviceArray(self.device, view, override_dtype=buffer.dtype).to_host()
+        # On the CPU this maps the device memory: copy, or a later in-place update would show through.
+        return np.array(arr, dtype=buffer.dtype, copy=True).reshape(buffer.shape)
+
+    # -- execute ---------------------------------------------------------------
+
+    def execute(self, exe: IreeExecutable, args: Sequence[IreeBuffer], keep: Sequence[int] = ()) -> list[IreeBuffer]:
+        if not isinstance(exe, IreeExecutable):
+            raise BackendError(f"execute takes an IreeExecutable, got {type(exe).__name__}")
+        for i, buf in enumerate(args):
+            if not isinstance(buf, IreeBuffer):
+                raise BackendError(f"argument {i} is a {type(buf).__name__}, not an IreeBuffer (use to_device)")
+            if buf._backend.device is not self.device:
+                raise BackendError(f"argument {i} belongs to another IREE device")
+            buf._live(f"pass it as argument {i}")
+        check_args(exe.input_specs, [(b.shape, b.dtype) for b in args], [b._describe() for b in args])
+        bad = [k for k in keep if not 0 <= k < len(args)]
+        if bad:
+            raise BackendError(f"keep={list(keep)} names inputs outside 0..{len(args) - 1}")
+        kept = set(keep)
+        rt = self.runtime
+        arg_list = rt.VmVariantList(len(args))
+        for buf in args:
+            arg_list.push_ref(buf._view)
+        ret_list = rt.VmVariantList(8)
+        try:
+            exe.context.invoke(exe.function, arg_list, ret_list)
+        except Exception as e:
+            raise BackendError(f"IREE failed executing {exe.module.name}: {e}") from None
+        finally:
+            # Compiled without the ties (strip_aliasing), the storage is intact; a donated input is still
+            # consumed, so a driver that reuses one fails here as it would on XLA, not only there.
+            for i in exe.donated_inputs:
+                if i not in kept and i < len(args):
+                    args[i]._gone = (f"was donated to an executable as argument {i} and holds no data any more "
+                                     f"(pass keep=[{i}] to execute() to keep an input alive)")
+                    args[i]._view = None
+        outs = []
+        for j in range(len(ret_list)):
+            view = ret_list.get_as_object(j, rt.HalBufferView)
+            dtype = _dtype_of_element_type(rt, view.element_type)
+            outs.append(IreeBuffer(self, view, tuple(view.shape), dtype))
+        return outs
+
+
+_DTYPES_BY_ELEMENT_TYPE: dict[int, np.dtype] = {}
+
+
+def _dtype_of_element_type(rt: Any, etype: Any) -> np.dtype:
+    from iree.runtime.array_interop import map_dtype_to_element_type
+
+    if not _DTYPES_BY_ELEMENT_TYPE:
+        for dt in (np.float32, np.float64, np.int32, np.int64, np.float16, np.int8, np.uint8, np.int16, np.bool_):
+            code = map_dtype_to_element_type(np.dtype(dt))
+            if code is not None:
+                _DTYPES_BY_ELEMENT_TYPE.setdefault(int(code), np.dtype(dt))
+    try:
+        return _DTYPES_BY_ELEMENT_TYPE[int(etype)]
+    except KeyError:
+        raise BackendError(f"the iree backend has no numpy dtype for element type {etype}") from None
+
+
+@hookimpl
+def hloforge_backends() -> list[type]:
+    return [IreeBackend]

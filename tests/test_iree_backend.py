@@ -1,0 +1,222 @@
+"""The IREE backend: compile cache, errors, donation, and the same train step as on XLA."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from hloforge.backends.base import Backend
+from hloforge.core.errors import BackendError
+from hloforge.core.modules import train_step_module
+from hloforge.core.registry import default_registry
+from hloforge.core.variant import Variant
+from hloforge.train.session import make_backend
+from hloforge.zoo import get_net
+
+pytest.importorskip("iree.compiler")
+pytest.importorskip("iree.runtime")
+
+from hloforge.backends.iree import IreeBackend, cache_key  # noqa: E402
+
+STEP = """module @step {
+  func.func public @main(%w: tensor<2x3xf32> {tf.aliasing_output = 0 : i32}, %g: tensor<2x3xf32>) -> (tensor<2x3xf32>, tensor<f32>) {
+    %lr = stablehlo.constant dense<1.000000e-01> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %lr, dims = [] : (tensor<f32>) -> tensor<2x3xf32>
+    %1 = stablehlo.multiply %0, %g : tensor<2x3xf32>
+    %2 = stablehlo.subtract %w, %1 : tensor<2x3xf32>
+    %zero = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %3 = stablehlo.reduce(%w init: %zero) applies stablehlo.add across dimensions = [0, 1] : (tensor<2x3xf32>, tensor<f32>) -> tensor<f32>
+    return %2, %3 : tensor<2x3xf32>, tensor<f32>
+  }
+}
+"""  # noqa: E501
+
+W = np.arange(6, dtype=np.float32).reshape(2, 3)
+G = np.ones((2, 3), np.float32)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HLOFORGE_CACHE_DIR", str(tmp_path))
+    return tmp_path / "iree"
+
+
+@pytest.fixture
+def iree(cache):
+    return IreeBackend()
+
+
+def rel(a, b) -> float:
+    a = np.concatenate([np.asarray(p, np.float64).ravel() for p in a])
+    b = np.concatenate([np.asarray(p, np.float64).ravel() for p in b])
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def test_interface_and_name(iree):
+    assert isinstance(iree, Backend) and isinstance(make_backend("xla"), Backend)
+    assert iree.backend_name().startswith("iree (llvm-cpu, compiler ")
+    assert "--iree-llvmcpu-target-cpu=host" in iree.flags
+
+
+def test_selected_by_name_and_env(cache, monkeypatch):
+    assert type(make_backend("iree")).__name__ == "IreeBackend"
+    monkeypatch.setenv("HLOFORGE_BACKEND", "iree")
+    assert make_backend().name == "iree"
+    monkeypatch.delenv("HLOFORGE_BACKEND")
+    assert make_backend().name == "xla"
+
+
+def test_missing_package_names_pip_package(monkeypatch):
+    monkeypatch.setitem(sys.modules, "iree.compiler", None)  # import now raises ImportError
+    with pytest.raises(BackendError, match="pip install iree-base-compiler iree-base-runtime"):
+        make_backend("iree")
+
+
+def test_step_runs_and_donation(iree):
+    exe = iree.compile(STEP)
+    assert exe.donated_inputs == (0,)
+    w, g = iree.to_device(W), iree.to_device(G)
+    new_w, total = iree.execute(exe, [w, g])
+    np.testing.assert_allclose(iree.to_host(new_w), W - 0.1)
+    # sum(w), not sum(w'): with the donation tie IREE 3.13 reads w after w' overwrote it (14.4)
+    assert float(iree.to_host(total)) == 15.0
+    assert w.is_deleted and not g.is_deleted  # donated: consumed, as on XLA
+    with pytest.raises(BackendError, match="donated .* argument 0"):
+        iree.execute(exe, [w, g])
+    # keep=[0]: the input survives, untouched, and the result is the same
+    w2 = iree.to_device(W)
+    out, _ = iree.execute(exe, [w2, g], keep=[0])
+    np.testing.assert_array_equal(iree.to_host(w2), W)
+    np.testing.assert_allclose(iree.to_host(out), W - 0.1)
+
+
+def test_aliasing_stripped_for_iree_only():
+    from hloforge.backends.iree.backend import strip_aliasing
+
+    text = "%a: tensor<2xf32> {tf.aliasing_output = 0 : i32}, %b: tensor<f32> {x = 1, tf.aliasing_output = 3 : i32}"
+    assert strip_aliasing(text) == "%a: tensor<2xf32>, %b: tensor<f32> {x = 1}"
+
+
+def test_to_host_is_a_copy(iree):
+    w = iree.to_device(W)
+    host = iree.to_host(w)
+    host += 1  # the CPU driver maps device memory; a view would write through
+    np.testing.assert_array_equal(iree.to_host(w), W)
+
+
+def test_wrong_dtype_or_shape_refused_before_execution(iree):
+    exe = iree.compile(STEP)
+    w = iree.to_device(W)
+    with pytest.raises(BackendError, match=r"argument 1 is IreeBuffer\(2x3 float64\).*2x3 float32"):
+        iree.execute(exe, [w, iree.to_device(G.astype(np.float64))])
+    with pytest.raises(BackendError, match=r"argument 1 is IreeBuffer\(3x2 float32\)"):
+        iree.execute(exe, [w, iree.to_device(G.reshape(3, 2))])
+    with pytest.raises(BackendError, match="takes 2 arguments, got 1"):
+        iree.execute(exe, [w])
+    assert not w.is_deleted  # refused before anything ran or was donated
+    np.testing.assert_array_equal(iree.to_host(w), W)
+
+
+def test_rejected_module_is_one_clear_error(iree, cache):
+    bad = STEP.replace("stablehlo.subtract %w, %1", "stablehlo.subtract %w, %g2")
+    with pytest.raises(BackendError) as info:
+        iree.compile(bad)
+    msg = str(info.value)
+    assert "iree-compile (llvm-cpu" in msg and "rejected the module" in msg
+    assert "%g2" in msg  # the compiler's own diagnostic
+    assert str(cache) in msg  # the artifact path
+    assert "module begins:\nmodule @step {" in msg
+    assert not list(cache.glob("*.vmfb")) and not list(cache.glob("*.tmp"))
+
+
+def test_cannot_do_is_loud(iree):
+    with pytest.raises(BackendError, match="one device only"):
+        iree.compile(STEP, num_replicas=2)
+    with pytest.raises(BackendError, match="cross-replica"):
+        iree.compile(STEP.replace("module @step {", "module @step attributes {mhlo.num_replicas = 2 : i32} {"))
+    xla = make_backend("xla")
+    with pytest.raises(BackendError, match="num_replicas=64"):
+        xla.compile(STEP, num_replicas=64)
+
+
+def test_cache_hit_does_not_recompile_and_changes_miss(cache, monkeypatch):
+    be = IreeBackend()
+    exe = be.compile(STEP)
+    assert not exe.cache_hit and be.stats["compiles"] == 1
+    files = list(cache.glob("*.vmfb"))
+    assert files == [exe.artifact]
+    mtime = exe.artifact.stat().st_mtime_ns
+
+    # a second backend (as a second run would) hits: no compiler invocation at all
+    be2 = IreeBackend()
+    with monkeypatch.context() as m:
+        m.setattr(be2.compiler, "compile_str", lambda *a, **k: pytest.fail("recompiled on a cache hit"))
+        exe2 = be2.compile(STEP)
+    assert exe2.cache_hit and be2.stats == {"compiles": 0, "hits": 1, "compile_s": 0.0}
+    assert exe2.artifact.stat().st_mtime_ns == mtime
+    out, _ = be2.execute(exe2, [be2.to_device(W), be2.to_device(G)])
+    np.testing.assert_allclose(be2.to_host(out), W - 0.1)
+
+    # a change in the text misses
+    exe3 = be.compile(STEP.replace("1.000000e-01", "2.000000e-01"))
+    assert not exe3.cache_hit and be.stats["compiles"] == 2 and exe3.artifact != exe.artifact
+    # ... and so does a change of flags or target (the target cross-compiles without its device)
+    be4 = IreeBackend(extra_flags=["--iree-llvmcpu-enable-ukernels=none"])
+    assert not be4.compile(STEP).cache_hit and be4.stats["compiles"] == 1
+    k = cache_key(STEP, "llvm-cpu", be.flags, be.version)
+    assert k != cache_key(STEP, "cuda", be.flags, be.version) != cache_key(STEP, "llvm-cpu", be.flags, "other")
+    cuda = IreeBackend(target="cuda")
+    path, hit = cuda.compile_artifact(STEP)
+    assert not hit and path.parent == cache and path != exe.artifact and path.stat().st_size > 0
+    assert cuda.compile_artifact(STEP) == (path, True)
+    assert not list(cache.glob("*.tmp"))
+
+
+def test_two_processes_share_the_cache(cache):
+    """Both compile the same module into one cache at once; atomic renames leave one whole artifact."""
+    script = textwrap.dedent(f"""
+        import numpy as np
+        from hloforge.backends.iree import IreeBackend
+        be = IreeBackend()
+        exe = be.compile({STEP!r})
+        w, g = be.to_device(np.zeros((2, 3), np.float32)), be.to_device(np.ones((2, 3), np.float32))
+        out, _ = be.execute(exe, [w, g])
+        assert abs(float(be.to_host(out).sum()) + 0.6) < 1e-5
+    """)
+    env = {**os.environ, "HLOFORGE_CACHE_DIR": str(cache.parent)}
+    procs = [subprocess.Popen([sys.executable, "-c", script], env=env, stderr=subprocess.PIPE) for _ in range(2)]
+    for p in procs:
+        assert p.wait(timeout=120) == 0, p.stderr.read().decode()
+    assert len(list(cache.glob("*.vmfb"))) == 1 and not list(cache.glob("*.tmp"))
+    assert IreeBackend().compile(STEP).cache_hit
+
+
+def one_step(backend, spec, batch, seed=5):
+    """One train step from a given init and batch: the raw module, no session."""
+    text, lay = train_step_module(spec, Variant("adam"), batch)
+    exe = backend.compile(text)
+    rng = np.random.default_rng(seed)
+    init = spec.init_params(seed)
+    opt = Variant("adam").make_optimizer(default_registry())
+    state = [opt.init_state(s)[k] for k in lay.state for _, s in lay.params]
+    sc = opt.host_scalars(1, 1e-3)
+    x = rng.standard_normal(lay.x_shape).astype(np.float32)
+    y = rng.integers(0, spec.num_classes, lay.y_shape).astype(np.int32)
+    host = [*init, *state, *(np.asarray(sc[k], np.float32) for k in lay.scalars), x, y]
+    outs = backend.execute(exe, [backend.to_device(np.asarray(a)) for a in host])
+    return [backend.to_host(o) for o in outs[:lay.n_params]], init, float(backend.to_host(outs[lay.loss_index]))
+
+
+@pytest.mark.parametrize(("net", "batch", "tol"), [("mnist-mlp", 16, 1e-5), ("mnist-cnn", 4, 1e-4)])
+def test_same_train_step_on_xla_and_iree(iree, net, batch, tol):
+    spec = get_net(net)
+    got, init, loss_i = one_step(iree, spec, batch)
+    want, _, loss_x = one_step(make_backend("xla"), spec, batch)
+    assert rel(got, init) > 1e-4  # the step moved θ
+    assert rel(got, want) < tol
+    assert abs(loss_i - loss_x) < 1e-5 * abs(loss_x)
