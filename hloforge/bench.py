@@ -509,7 +509,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(table(results, backends, dispatch))
     print(details(results, dispatch))
     if checks:
-        print("\nsanity (first-step loss, rtol %.0e):" % LOSS_RTOL)
+        print(f"\nsanity (first-step loss, rtol {LOSS_RTOL:.0e}):")
         for line, _ in checks:
             print("  " + line)
     if args.json:

@@ -168,7 +168,6 @@ def _reverse(b: Builder, op: TapeOp, g: Value) -> Cts:
 
 @rule("pad")
 def _pad(b: Builder, op: TapeOp, g: Value) -> Cts:
-    x = op.ins[0]
     lo, hi, it = op.attrs["low"], op.attrs["high"], op.attrs["interior"]
     if min(lo) < 0 or min(hi) < 0:
         raise UnsupportedSpec("the VJP of a negative pad is not implemented; pad with non-negative amounts")
@@ -356,7 +355,8 @@ def grad(b: Builder, outputs: Sequence[Value], cotangents: Sequence[Value], wrt:
             continue
         if op.op == "custom":
             assert op.bwd is not None
-            full = [c if c is not None else b.full(0.0, o.shape, o.dtype) for c, o in zip(out_cts, op.outs, strict=True)]
+            full = [c if c is not None else b.full(0.0, o.shape, o.dtype)
+                    for c, o in zip(out_cts, op.outs, strict=True)]
             in_cts = op.bwd(b, *full)
         else:
             (g,) = out_cts

@@ -319,7 +319,8 @@ class Builder:
                 f"interior = {_ints(interior)} : ({a.type}, {pv.type}) -> {t}")
         return self._emit("pad", (a,), t, text, low=tuple(low), high=tuple(high), interior=tuple(interior))
 
-    def slice(self, a: Value, start: Sequence[int], limit: Sequence[int], strides: Sequence[int] | None = None) -> Value:
+    def slice(self, a: Value, start: Sequence[int], limit: Sequence[int],
+              strides: Sequence[int] | None = None) -> Value:
         strides = list(strides) if strides is not None else [1] * a.type.rank
         shape = tuple(-(-(hi - lo) // s) for lo, hi, s in zip(start, limit, strides, strict=True))
         t = TensorType(shape, a.dtype)
@@ -376,7 +377,8 @@ class Builder:
             out[os_[2 + i]] = size
         if x.shape[ls[1]] != w.shape[rs[1]] * feature_groups:
             raise UnsupportedSpec(
-                f"convolution input has {x.shape[ls[1]]} channels, kernel expects {w.shape[rs[1]]}×{feature_groups} groups")
+                f"convolution input has {x.shape[ls[1]]} channels, kernel expects "
+                f"{w.shape[rs[1]]}×{feature_groups} groups")
         t = TensorType(tuple(out), x.dtype)
         dn = f"{_conv_labels(ls, 'b', 'f')}x{_conv_labels(rs, 'o', 'i')}->{_conv_labels(os_, 'b', 'f')}"
         pad = "[" + ", ".join(f"[{lo}, {hi}]" for lo, hi in padding) + "]"

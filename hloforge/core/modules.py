@@ -101,7 +101,8 @@ def label_type(loss: Loss, out_shape: Shape, dtype: str) -> tuple[Shape, str]:
 def train_step_layout(spec: NetSpec, opt: Optimizer, loss: Loss, batch: int, dtype: str = "f32") -> TrainStepLayout:
     walk = spec.walk()
     y_shape, y_dtype = label_type(loss, walk[-1].out_shape, dtype)
-    return TrainStepLayout(tuple(qualified_params(walk)), tuple(qualified_stats(walk)), opt.state, opt.scalars, (batch, *spec.input_shape),
+    return TrainStepLayout(tuple(qualified_params(walk)), tuple(qualified_stats(walk)), opt.state, opt.scalars,
+                           (batch, *spec.input_shape),
                            (batch, *y_shape), y_dtype)
 
 

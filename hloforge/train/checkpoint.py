@@ -55,7 +55,7 @@ def save_checkpoint(path: str, names: Sequence[str], tensors: Sequence[np.ndarra
     os.replace(tmp, path)
 
 
-def load_checkpoint(path: str, param_names: Sequence[str] | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+def load_checkpoint(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """All tensors by name and the decoded metadata; a truncated or foreign file is one clear error."""
     from safetensors import SafetensorError
     from safetensors.numpy import load

@@ -17,9 +17,9 @@ import os
 import re
 import threading
 import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
 import cffi
 import numpy as np
@@ -673,7 +673,7 @@ def _named_values(options: dict[str, int | str | bool | float]):
             raise BackendError(f"client option {name}={value!r} must be of type {want.__name__}")
     array = ffi.new("PJRT_NamedValue[]", len(options))
     keep: list[object] = [array]
-    for nv, (name, value) in zip(array, options.items()):
+    for nv, (name, value) in zip(array, options.items(), strict=False):
         name_c = ffi.new("char[]", name.encode())
         keep.append(name_c)
         nv.struct_size = _struct_size("PJRT_NamedValue")
@@ -1034,7 +1034,7 @@ class Executable:
             if spec is None or spec.shape is None:
                 continue
             shape_ok = len(spec.shape) == len(buf.shape) and all(
-                want is None or want == got for want, got in zip(spec.shape, buf.shape)
+                want is None or want == got for want, got in zip(spec.shape, buf.shape, strict=False)
             )
             if not shape_ok or (spec.dtype is not None and spec.dtype != buf.dtype):
                 raise BackendError(
