@@ -51,13 +51,13 @@ def _train(args: argparse.Namespace) -> None:
 
     given = {k: getattr(args, k) for k in TRAIN_FLAGS if getattr(args, k) is not None}
     cfg = load_config(args.config, **given) if args.config else TrainConfig(**given)
-    train(cfg, resume=args.resume, progress=not args.no_progress)
+    train(cfg, resume=args.resume, cross_backend=args.cross_backend, progress=not args.no_progress)
 
 
 def _eval(args: argparse.Namespace) -> None:
     from hloforge.train.trainer import evaluate_checkpoint
 
-    evaluate_checkpoint(args.run, backend=args.backend)
+    evaluate_checkpoint(args.run, backend=args.backend, region=args.region)
 
 
 def _compare(args: argparse.Namespace) -> None:
@@ -103,12 +103,15 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--run-dir")
     sp.add_argument("--tag")
     sp.add_argument("--resume", action="store_true", help="continue the run directory's checkpoint")
+    sp.add_argument("--cross-backend", action="store_true",
+                    help="with --resume: accept a checkpoint trained on another backend")
     sp.add_argument("--no-progress", action="store_true", help="no progress bar")
     sp.set_defaults(func=_train)
 
     sp = sub.add_parser("eval", help="score a run's checkpoint alone (the same top-1 the run printed)")
     sp.add_argument("run", help="a run directory or a checkpoint file")
-    sp.add_argument("--backend")
+    sp.add_argument("--backend", help="score on this backend (default: the one it trained on)")
+    sp.add_argument("--region", default="live", choices=("live", "ema"), help="live weights or the EMA shadow")
     sp.set_defaults(func=_eval)
 
     sp = sub.add_parser("compare", help="McNemar's exact test on two runs' eval bitmaps")

@@ -168,3 +168,18 @@ def test_bad_train_options(argv, needle, capsys, tmp_path, monkeypatch):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and needle in err, err
     assert not (tmp_path / "runs").exists()  # nothing written
+
+
+def test_cross_backend_resume_needs_the_flag(tmp_path):
+    pytest.importorskip("iree.runtime")
+    train(cfg(tmp_path, epochs=1), progress=False)
+    with pytest.raises(DataError, match="--cross-backend"):
+        train(cfg(tmp_path, epochs=2, backend="iree"), resume=True, progress=False)
+    m = train(cfg(tmp_path, epochs=2, backend="iree"), resume=True, cross_backend=True, progress=False)
+    assert m["epoch"] == 2 and m["top1"] > 0.9
+
+
+def test_eval_region_ema_is_refused_without_a_shadow(tmp_path, capsys):
+    train(cfg(tmp_path, epochs=1), progress=False)
+    assert main(["eval", str(tmp_path / "run"), "--region", "ema"]) == 2
+    assert "no EMA shadow" in capsys.readouterr().err

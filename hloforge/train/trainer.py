@@ -184,10 +184,10 @@ class Run:
         params, state = session.read_params(), session.read_state()
         ckpt.save_checkpoint(self.ckpt_path, names, params + state + self.running, self.meta(epoch, session.step))
 
-    def restore(self, session: TrainSession) -> int:
+    def restore(self, session: TrainSession, cross_backend: bool = False) -> int:
         """Load the run's checkpoint into the session; returns the epoch it ended."""
         tensors, meta = ckpt.load_checkpoint(self.ckpt_path)
-        check_matches(self.ckpt_path, meta, self.spec, self.variant, self.cfg.backend)
+        check_matches(self.ckpt_path, meta, self.spec, self.variant, self.cfg.backend, cross_backend)
         lay = session.layout
         pn = [n for n, _ in lay.params]
         try:
@@ -206,7 +206,7 @@ class Run:
                      warmup_steps=int(c.warmup_epochs * self.steps_per_epoch), schedule=c.schedule,
                      decay_rate=c.decay_rate, steps_per_epoch=self.steps_per_epoch)
 
-    def train(self, resume: bool = False) -> dict[str, Any]:
+    def train(self, resume: bool = False, cross_backend: bool = False) -> dict[str, Any]:
         cfg = self.cfg
         t0 = time.perf_counter()
         session = TrainSession(self.spec, self.variant, cfg.batch, self.backend, seed=cfg.seed)
@@ -214,7 +214,7 @@ class Run:
         compile_s = time.perf_counter() - t0
         start = 0
         if resume:
-            start = self.restore(session)
+            start = self.restore(session, cross_backend)
             if start >= cfg.epochs:
                 raise HloforgeError(f"run {self.dir} already finished: its checkpoint is at epoch {start} of "
                                     f"{cfg.epochs}; raise --epochs to train further")
@@ -334,13 +334,22 @@ def check_matches(path: str, meta: dict[str, Any], spec: NetSpec, variant: Varia
                         "pass --cross-backend to load it anyway")
 
 
-def train(cfg: TrainConfig, *, resume: bool = False, log: Callable[[str], None] = print,
-          progress: bool = True) -> dict[str, Any]:
-    return Run(cfg, log, progress, resume).train(resume=resume)
+def train(cfg: TrainConfig, *, resume: bool = False, cross_backend: bool = False,
+          log: Callable[[str], None] = print, progress: bool = True) -> dict[str, Any]:
+    """Train per `cfg`; `resume` continues the run directory's checkpoint, `cross_backend`
+    lets that checkpoint come from another backend (results then differ in the last bits)."""
+    return Run(cfg, log, progress, resume).train(resume=resume, cross_backend=cross_backend)
 
 
-def evaluate_checkpoint(path: str, backend: str | None = None, log: Callable[[str], None] = print) -> EvalResult:
-    """Score a run directory's (or a file's) checkpoint alone, with the training run's batching."""
+REGIONS = ("live", "ema")
+
+
+def evaluate_checkpoint(path: str, backend: str | None = None, region: str = "live",
+                        log: Callable[[str], None] = print) -> EvalResult:
+    """Score a run directory's (or a file's) checkpoint alone, with the training run's batching.
+    `region` picks the weights: the live ones, or the EMA shadow of an EMA variant."""
+    if region not in REGIONS:
+        raise UnsupportedSpec(f"region {region!r}; expected one of {list(REGIONS)}")
     file = os.path.join(path, CHECKPOINT) if os.path.isdir(path) else path
     tensors, meta = ckpt.load_checkpoint(file)
     cfg = TrainConfig(**meta["config"])
@@ -350,13 +359,17 @@ def evaluate_checkpoint(path: str, backend: str | None = None, log: Callable[[st
     spec = NetSpec.from_dict(meta["spec"], source=file)
     if spec != run.spec:
         raise DataError(f"checkpoint {file} holds a spec that differs from net {cfg.net!r} as defined now")
+    prefix = "param" if region == "live" else "ema"
     pn = [n for n, _ in spec.params()]
+    if region == "ema" and not any(k.startswith("ema/") for k in tensors):
+        raise DataError(f"checkpoint {file} has no EMA shadow (its variant {run.variant.slug!r} keeps none); "
+                        "use --region live")
     try:
-        params = [tensors[f"param/{n}"] for n in pn]
+        params = [tensors[f"{prefix}/{n}"] for n in pn]
         running = [tensors[f"stat/{n}"] for n in run.stat_names]
     except KeyError as e:
         raise DataError(f"checkpoint {file} lacks tensor {e.args[0]}") from None
     evaluator = ForwardSession(spec, cfg.batch, run.backend)
     res = evaluate(evaluator, [run.backend.to_device(p) for p in [*params, *running]], run.x_te, run.y_te)
-    log(f"{spec.name} epoch {meta['epoch']} on {run.backend.backend_name()}: test {res.line()}")
+    log(f"{spec.name} epoch {meta['epoch']} ({region}) on {run.backend.backend_name()}: test {res.line()}")
     return res
