@@ -14,7 +14,10 @@ from hloforge.core.errors import HloforgeError
 def _plugins(args: argparse.Namespace) -> None:
     from hloforge.core.registry import default_registry
 
-    rows = [(e.kind, e.name, e.distribution) for e in default_registry().entries()]
+    reg = default_registry()
+    rows = [(e.kind, e.name, e.distribution) for e in reg.entries()]
+    # A plugin that failed to load: its entry-point name, its distribution and why (see Registry.broken).
+    rows += [("broken", b.name, f"{b.distribution}  {b.error}") for b in reg.broken]
     w = max(len(r[1]) for r in rows)
     for kind, name, dist in rows:
         print(f"{kind:10} {name:{w}}  {dist}")
@@ -42,8 +45,8 @@ def _render(args: argparse.Namespace) -> None:
     print(f"rendered {spec.name} ({spec.param_count():,} params, batch {args.batch}) in {secs:.2f}s", file=sys.stderr)
 
 
-TRAIN_FLAGS = ("net", "data", "data_dir", "backend", "epochs", "batch", "optimizer", "lr", "schedule", "warmup_epochs",
-               "weight_decay", "label_smoothing", "seed", "run_dir", "tag")
+TRAIN_FLAGS = ("net", "data", "data_dir", "data_file", "backend", "epochs", "batch", "optimizer", "lr", "schedule",
+               "warmup_epochs", "weight_decay", "label_smoothing", "seed", "run_dir", "tag")
 
 
 def _train(args: argparse.Namespace) -> None:
@@ -58,6 +61,20 @@ def _eval(args: argparse.Namespace) -> None:
     from hloforge.train.trainer import evaluate_checkpoint
 
     evaluate_checkpoint(args.run, backend=args.backend, region=args.region)
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from hloforge.testing.verify import verify
+
+    return 1 if verify(args.names) else 0
+
+
+def _generate(args: argparse.Namespace) -> None:
+    from hloforge.train.generate import generate
+
+    generate(args.run, args.prompt, args.tokens, args.temperature, args.seed, args.backend,
+             out=lambda s: print(s, end="", flush=True))
+    print()
 
 
 def _compare(args: argparse.Namespace) -> None:
@@ -90,6 +107,7 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--config", help="a config.toml (e.g. a run's own); flags given here override it")
     sp.add_argument("--data", help="a dataset plugin (default digits, embedded)")
     sp.add_argument("--data-dir", help="where a file-based dataset reads from (e.g. mnist's IDX files)")
+    sp.add_argument("--data-file", help="a file-based dataset's file (text: a UTF-8 corpus; default pydoc topics)")
     sp.add_argument("--backend")
     sp.add_argument("--epochs", type=int)
     sp.add_argument("--batch", type=int)
@@ -114,6 +132,20 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--region", default="live", choices=("live", "ema"), help="live weights or the EMA shadow")
     sp.set_defaults(func=_eval)
 
+    sp = sub.add_parser("verify", help="gate every registered (or each named) plugin against its oracles; "
+                                       "exit 1 on any failure")
+    sp.add_argument("names", nargs="*", metavar="NAME", help="a plugin (conv2d, adam) or a distribution")
+    sp.set_defaults(func=_verify)
+
+    sp = sub.add_parser("generate", help="sample text from a trained character language model run")
+    sp.add_argument("run", help="a run directory or a checkpoint file")
+    sp.add_argument("--prompt", default="\n")
+    sp.add_argument("--tokens", type=int, default=200)
+    sp.add_argument("--temperature", type=float, default=0.8, help="0: always the most likely character")
+    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--backend", help="run on this backend (default: the one it trained on)")
+    sp.set_defaults(func=_generate)
+
     sp = sub.add_parser("compare", help="McNemar's exact test on two runs' eval bitmaps")
     sp.add_argument("run_a")
     sp.add_argument("run_b")
@@ -132,11 +164,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         args = parser().parse_args(["train"])
     try:
-        args.func(args)
+        rc = args.func(args)  # a command may return its exit status (verify: 1 on a failed gate)
     except HloforgeError as e:
         print(f"hloforge: error: {e}", file=sys.stderr)
         return 2
-    return 0
+    return int(rc or 0)
 
 
 if __name__ == "__main__":

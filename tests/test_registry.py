@@ -129,5 +129,5 @@ def test_trace_in_a_fresh_process() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "HLOFORGE_TRACE_PLUGINS": "1"})
     assert proc.returncode == 0, proc.stderr
-    assert "['crossEntropy', 'mse']" in proc.stdout
+    assert "['crossEntropy', 'mse', 'tokenCrossEntropy']" in proc.stdout
     assert "hloforge trace: hloforge_losses() -> [hloforge:hloforge.losses:ce]" in proc.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import numpy as np
 import pytest
@@ -14,6 +15,8 @@ from hloforge.zoo import get_net
 
 BACKENDS = ["xla", pytest.param("iree", marks=pytest.mark.skipif(
     importlib.util.find_spec("iree") is None, reason="iree packages not installed"))]
+if os.environ.get("HLOFORGE_BACKEND"):  # a per-backend run (tox -e py311-xla / py311-iree): that backend only
+    BACKENDS = [os.environ["HLOFORGE_BACKEND"]]
 
 
 @pytest.fixture(autouse=True)

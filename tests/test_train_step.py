@@ -60,9 +60,10 @@ def jax_reference(spec, params, xs, ys, tx, decay_mask):
 
 
 def run_both(net, optimizer, steps, lr, batch):
-    """Our train step on XLA, and jax autodiff of the plain references + optax in f32 and f64."""
+    """Our train step on $HLOFORGE_BACKEND (default XLA), and jax autodiff of the plain references + optax
+    in f32 and f64."""
     spec = get_net(net)
-    session = TrainSession(spec, Variant(optimizer), batch, make_backend("xla"), seed=3)
+    session = TrainSession(spec, Variant(optimizer), batch, make_backend(), seed=3)
     init = spec.init_params(3)
     rng = np.random.default_rng(0)
     xs = [rng.standard_normal((batch, *spec.input_shape)).astype(np.float32) for _ in range(steps)]
@@ -83,7 +84,11 @@ def run_both(net, optimizer, steps, lr, batch):
 def test_mnist_mlp_steps_equal_jax_and_optax(optimizer, steps, lr):
     got, ref32, _ = run_both("mnist-mlp", optimizer, steps, lr, 128)
     err = rel(flat(got), flat(ref32))
-    assert err <= 1e-6, f"mnist-mlp/{optimizer}: θ differs from jax+optax (f32) by {err:.2e} (norm-relative)"
+    # jax's own f32 program runs on XLA too, so on XLA the two agree to a few ulps; another compiler
+    # (IREE) rounds differently, and Adam's m/√v turns that into O(lr·ε) moves. The backend-independent
+    # claim is the next test's (no less accurate than jax f32 against the f64 oracle).
+    tol = 1e-6 if make_backend().name == "xla" else 1e-5
+    assert err <= tol, f"mnist-mlp/{optimizer}: θ differs from jax+optax (f32) by {err:.2e} (norm-relative)"
 
 
 @pytest.mark.parametrize("net,optimizer,steps,lr,batch", [

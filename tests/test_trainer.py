@@ -111,7 +111,8 @@ def test_resume_after_a_crash_mid_checkpoint_is_bit_identical(tmp_path):
         assert np.array_equal(a[k], b[k]), k
 
 
-def test_refusals(tmp_path, capsys):
+def test_refusals(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HLOFORGE_BACKEND", "xla")  # it checks an xla run is refused on iree, whatever the env says
     train(cfg(tmp_path, epochs=1), progress=False)
     run = str(tmp_path / "run")
     with pytest.raises(HloforgeError, match="already holds a checkpoint"):
@@ -170,8 +171,9 @@ def test_bad_train_options(argv, needle, capsys, tmp_path, monkeypatch):
     assert not (tmp_path / "runs").exists()  # nothing written
 
 
-def test_cross_backend_resume_needs_the_flag(tmp_path):
+def test_cross_backend_resume_needs_the_flag(tmp_path, monkeypatch):
     pytest.importorskip("iree.runtime")
+    monkeypatch.setenv("HLOFORGE_BACKEND", "xla")  # trained on xla, resumed on iree, whatever the env says
     train(cfg(tmp_path, epochs=1), progress=False)
     with pytest.raises(DataError, match="--cross-backend"):
         train(cfg(tmp_path, epochs=2, backend="iree"), resume=True, progress=False)

@@ -122,6 +122,16 @@ def _abs(b: Builder, op: TapeOp, g: Value) -> Cts:
     return (b.select(b.compare(x, zero, "GE"), g, b.negate(g)),)
 
 
+@rule("sine")
+def _sine(b: Builder, op: TapeOp, g: Value) -> Cts:
+    return (g * b.cosine(op.ins[0]),)
+
+
+@rule("cosine")
+def _cosine(b: Builder, op: TapeOp, g: Value) -> Cts:
+    return (b.negate(g * b.sine(op.ins[0])),)
+
+
 @rule("compare")
 def _compare(b: Builder, op: TapeOp, g: Value) -> Cts:
     return None, None
@@ -196,6 +206,42 @@ def _concatenate(b: Builder, op: TapeOp, g: Value) -> Cts:
     return cts
 
 
+@rule("dynamic_slice")
+def _dynamic_slice(b: Builder, op: TapeOp, g: Value) -> Cts:
+    x, *starts = op.ins
+    return (b.dynamic_update_slice(b.full(0.0, x.shape, x.dtype), g, starts), *[None] * len(starts))
+
+
+@rule("dynamic_update_slice")
+def _dynamic_update_slice(b: Builder, op: TapeOp, g: Value) -> Cts:
+    x, upd, *starts = op.ins
+    gx = b.dynamic_update_slice(g, b.full(0.0, upd.shape, upd.dtype), starts)
+    return (gx, b.dynamic_slice(g, starts, upd.shape), *[None] * len(starts))
+
+
+@rule("gather")
+def _gather(b: Builder, op: TapeOp, g: Value) -> Cts:
+    # The rows gathered go back where they came from, duplicates summed: a scatter-add into zeros.
+    x, idx = op.ins
+    a = op.attrs
+    gx = b.scatter_add(b.full(0.0, x.shape, x.dtype), idx, g, update_window_dims=a["offset_dims"],
+                       inserted_window_dims=a["collapsed_slice_dims"],
+                       scatter_dims_to_operand_dims=a["start_index_map"], index_vector_dim=a["index_vector_dim"])
+    return gx, None
+
+
+@rule("scatter_add")
+def _scatter_add(b: Builder, op: TapeOp, g: Value) -> Cts:
+    x, idx, upd = op.ins
+    a = op.attrs
+    window = iter(a["update_window_dims"])
+    sizes = [1 if d in a["inserted_window_dims"] else upd.shape[next(window)] for d in range(x.type.rank)]
+    gu = b.gather(g, idx, offset_dims=a["update_window_dims"], collapsed_slice_dims=a["inserted_window_dims"],
+                  start_index_map=a["scatter_dims_to_operand_dims"], index_vector_dim=a["index_vector_dim"],
+                  slice_sizes=sizes)
+    return g, None, gu
+
+
 # ----------------------------------------------------------------- contraction
 def _ranges_like(*xs: Sequence[int]) -> list[list[int]]:
     out, start = [], 0
@@ -205,8 +251,8 @@ def _ranges_like(*xs: Sequence[int]) -> list[list[int]]:
     return out
 
 
-def _dot_transpose_lhs(b: Builder, g: Value, x: Value, y: Value, contract: tuple, batch: tuple,
-                       swap_ans: bool = False) -> Value:
+def _dot_transpose_lhs(b: Builder, g: Value, x: Value, y: Value, contract: tuple[Sequence[int], Sequence[int]],
+                       batch: tuple[Sequence[int], Sequence[int]], swap_ans: bool = False) -> Value:
     (xc, yc), (xb, yb) = contract, batch
     x_kept = [d for d in range(x.type.rank) if d not in xc and d not in xb]
     y_kept = [d for d in range(y.type.rank) if d not in yc and d not in yb]
@@ -302,6 +348,13 @@ VJP["reduce_max"] = _reduce_extremum
 VJP["reduce_min"] = _reduce_extremum
 
 
+# ----------------------------------------------------------------- control flow
+@rule("while")
+def _while(b: Builder, op: TapeOp, g: Value) -> Cts:
+    raise UnsupportedSpec("stablehlo.while has no VJP rule: emit the loop inside Builder.custom_vjp with its own "
+                          "backward (as FlashAttention does)")
+
+
 # ----------------------------------------------------------------- custom closed forms
 @rule("custom")
 def _custom(b: Builder, op: TapeOp, g: Value) -> Cts:
@@ -358,11 +411,13 @@ def grad(b: Builder, outputs: Sequence[Value], cotangents: Sequence[Value], wrt:
             full = [c if c is not None else b.full(0.0, o.shape, o.dtype)
                     for c, o in zip(out_cts, op.outs, strict=True)]
             in_cts = op.bwd(b, *full)
+        elif len(op.outs) != 1:  # a multi-result op (while): its rule sees the first cotangent given
+            in_cts = VJP[op.op](b, op, next(c for c in out_cts if c is not None))
         else:
             (g,) = out_cts
             assert g is not None
             in_cts = VJP[op.op](b, op, g)
         in_cts = _maybe_fault(b, op, in_cts)
-        for v, c in zip(op.ins, in_cts, strict=False):
-            accumulate(v, c)
+        for v, ct in zip(op.ins, in_cts, strict=False):
+            accumulate(v, ct)
     return [cts.get(id(w)) or b.full(0.0, w.shape, w.dtype) for w in wrt]

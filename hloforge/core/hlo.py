@@ -204,7 +204,7 @@ class Builder:
 
     def constant(self, array: np.ndarray, dtype: str | None = None) -> Value:
         dt = dtype or self.dtype
-        a = np.ascontiguousarray(np.asarray(array, dtype=NUMPY_DTYPE[dt]))
+        a: np.ndarray = np.ascontiguousarray(np.asarray(array, dtype=NUMPY_DTYPE[dt]))
         t = TensorType(a.shape, dt)
         return self._emit("constant", (), t, f'stablehlo.constant dense<"0x{a.tobytes().hex().upper()}"> : {t}')
 
@@ -262,6 +262,12 @@ class Builder:
 
     def abs(self, a: Value) -> Value:
         return self._unary("abs", a)
+
+    def sine(self, a: Value) -> Value:
+        return self._unary("sine", a)
+
+    def cosine(self, a: Value) -> Value:
+        return self._unary("cosine", a)
 
     def compare(self, a: Value, b: Value, direction: str) -> Value:
         kind = "FLOAT" if a.dtype in FLOAT_DTYPES else "SIGNED"
@@ -341,6 +347,69 @@ class Builder:
         return self._emit("concatenate", tuple(xs), t, f"stablehlo.concatenate {names}, dim = {dim} : ({types}) -> {t}",
                           dim=dim)
 
+    def dynamic_slice(self, a: Value, starts: Sequence[Value], sizes: Sequence[int]) -> Value:
+        """`a[starts : starts + sizes]` with rank-0 integer start indices (clamped into range by StableHLO)."""
+        if len(starts) != a.type.rank or len(sizes) != a.type.rank:
+            raise UnsupportedSpec(f"dynamic_slice of {a.type} needs {a.type.rank} starts and sizes")
+        t = TensorType(tuple(sizes), a.dtype)
+        names = ", ".join(s.name for s in starts)
+        types = ", ".join(str(s.type) for s in starts)
+        text = f"stablehlo.dynamic_slice {a.name}, {names}, sizes = {_ints(sizes)} : ({a.type}, {types}) -> {t}"
+        return self._emit("dynamic_slice", (a, *starts), t, text, sizes=tuple(sizes))
+
+    def dynamic_update_slice(self, a: Value, update: Value, starts: Sequence[Value]) -> Value:
+        """`a` with `update` written at `starts` (rank-0 integer indices)."""
+        if len(starts) != a.type.rank or update.type.rank != a.type.rank:
+            raise UnsupportedSpec(f"dynamic_update_slice of {update.type} into {a.type}: ranks or starts differ")
+        names = ", ".join(s.name for s in starts)
+        types = ", ".join(str(s.type) for s in starts)
+        text = (f"stablehlo.dynamic_update_slice {a.name}, {update.name}, {names} : "
+                f"({a.type}, {update.type}, {types}) -> {a.type}")
+        return self._emit("dynamic_update_slice", (a, update, *starts), a.type, text)
+
+    def gather(self, a: Value, indices: Value, *, offset_dims: Sequence[int], collapsed_slice_dims: Sequence[int],
+               start_index_map: Sequence[int], index_vector_dim: int, slice_sizes: Sequence[int]) -> Value:
+        """stablehlo.gather (no operand batching dims): e.g. rows of a table, W[ids], with
+        offset_dims=[r], collapsed_slice_dims=[0], start_index_map=[0], index_vector_dim=r, ids [.., 1]."""
+        batch = [n for d, n in enumerate(indices.shape) if d != index_vector_dim]
+        offsets = [n for d, n in enumerate(slice_sizes) if d not in collapsed_slice_dims]
+        rank = len(batch) + len(offsets)
+        shape, bi, oi = [], iter(batch), iter(offsets)
+        for d in range(rank):
+            shape.append(next(oi) if d in offset_dims else next(bi))
+        t = TensorType(tuple(shape), a.dtype)
+        dn = (f"#stablehlo.gather<offset_dims = {_ints(offset_dims)}, collapsed_slice_dims = "
+              f"{_ints(collapsed_slice_dims)}, start_index_map = {_ints(start_index_map)}, "
+              f"index_vector_dim = {index_vector_dim}>")
+        text = (f'"stablehlo.gather"({a.name}, {indices.name}) <{{dimension_numbers = {dn}, '
+                f"indices_are_sorted = false, slice_sizes = array<i64: {', '.join(map(str, slice_sizes))}>}}> : "
+                f"({a.type}, {indices.type}) -> {t}")
+        return self._emit("gather", (a, indices), t, text, offset_dims=tuple(offset_dims),
+                          collapsed_slice_dims=tuple(collapsed_slice_dims), start_index_map=tuple(start_index_map),
+                          index_vector_dim=index_vector_dim, slice_sizes=tuple(slice_sizes))
+
+    def scatter_add(self, a: Value, indices: Value, updates: Value, *, update_window_dims: Sequence[int],
+                    inserted_window_dims: Sequence[int], scatter_dims_to_operand_dims: Sequence[int],
+                    index_vector_dim: int) -> Value:
+        """stablehlo.scatter with an add combiner: `a` plus every update at its index (duplicates summed)."""
+        x, y = self._fresh_arg(TensorType((), a.dtype)), self._fresh_arg(TensorType((), a.dtype))
+        s = self._fresh(TensorType((), a.dtype))
+        dn = (f"#stablehlo.scatter<update_window_dims = {_ints(update_window_dims)}, inserted_window_dims = "
+              f"{_ints(inserted_window_dims)}, scatter_dims_to_operand_dims = {_ints(scatter_dims_to_operand_dims)}, "
+              f"index_vector_dim = {index_vector_dim}>")
+        st = TensorType((), a.dtype)
+        text = (f'"stablehlo.scatter"({a.name}, {indices.name}, {updates.name}) <{{indices_are_sorted = false, '
+                f"scatter_dimension_numbers = {dn}, unique_indices = false}}> ({{\n"
+                f"      ^bb0({x.name}: {st}, {y.name}: {st}):\n"
+                f"        {s.name} = stablehlo.add {x.name}, {y.name} : {st}\n"
+                f"        stablehlo.return {s.name} : {st}\n"
+                f"    }}) : ({a.type}, {indices.type}, {updates.type}) -> {a.type}")
+        return self._emit("scatter_add", (a, indices, updates), a.type, text,
+                          update_window_dims=tuple(update_window_dims),
+                          inserted_window_dims=tuple(inserted_window_dims),
+                          scatter_dims_to_operand_dims=tuple(scatter_dims_to_operand_dims),
+                          index_vector_dim=index_vector_dim)
+
     # ----------------------------------------------------------------- contraction
     def dot_general(self, a: Value, b: Value, contract: tuple[Sequence[int], Sequence[int]],
                     batch: tuple[Sequence[int], Sequence[int]] = ((), ())) -> Value:
@@ -401,6 +470,54 @@ class Builder:
         text = (f"stablehlo.reduce({a.name} init: {iv.name}) applies stablehlo.{op} across dimensions = "
                 f"{_ints(sorted(dims))} : ({a.type}, {iv.type}) -> {t}")
         return self._emit(f"reduce_{kind}", (a,), t, text, dims=tuple(sorted(dims)))
+
+    # ----------------------------------------------------------------- control flow
+    def _fresh_arg(self, t: TensorType) -> Value:
+        """A region (block) argument: a fresh name that no other value of the module uses."""
+        v = Value(f"%r{self._n}", t, self)
+        self._n += 1
+        return v
+
+    def _region(self, types: Sequence[TensorType], fn: Callable[[Builder, list[Value]], Sequence[Value]],
+                names: Sequence[str] | None = None) -> tuple[list[Value], list[Value], list[str]]:
+        """Build a region with a child builder that shares this one's name counter (SSA names stay
+        unique module-wide); the child's tape is dropped: ops inside a region are not differentiated
+        by the walk (a loop lives inside a custom VJP). `names`: reuse these block-argument names."""
+        child = Builder(self.dtype, self.module_name)
+        child._n = self._n
+        args = [child._fresh_arg(t) for t in types] if names is None else \
+            [Value(nm, t, child) for nm, t in zip(names, types, strict=True)]
+        outs = list(fn(child, args))
+        self._n = child._n
+        return args, outs, child.lines
+
+    def while_(self, init: Sequence[Value], cond: Callable[[Builder, list[Value]], Value],
+               body: Callable[[Builder, list[Value]], Sequence[Value]]) -> list[Value]:
+        """stablehlo.while: `cond(b, carried) -> i1` and `body(b, carried) -> carried'`, each built with a
+        child builder `b` on the region's arguments. Everything the body reads must be carried (no
+        implicit captures). No VJP rule: differentiate a loop through `custom_vjp`."""
+        types = [v.type for v in init]
+        cargs, (pred,), clines = self._region(types, lambda cb, a: [cond(cb, a)])
+        bargs, bouts, blines = self._region(types, body, [a.name for a in cargs])
+        if pred.type != TensorType((), "i1"):
+            raise UnsupportedSpec(f"while cond must return tensor<i1>, got {pred.type}")
+        if [o.type for o in bouts] != types:
+            raise UnsupportedSpec("while body must return its carried types "
+                                  f"{[str(t) for t in types]}, got {[str(o.type) for o in bouts]}")
+        base = f"%{self._n}"
+        self._n += 1
+        n = len(init)
+        outs = [Value(base if n == 1 else f"{base}#{i}", t, self) for i, t in enumerate(types)]
+        tys = ", ".join(str(t) for t in types)
+        head = ", ".join(f"{a.name} = {v.name}" for a, v in zip(bargs, init, strict=True))
+        ind = "\n      "
+        text = (f"{base}{'' if n == 1 else f':{n}'} = stablehlo.while({head}) : {tys}\n    cond {{"
+                + ind + ind.join(clines) + f"{ind}stablehlo.return {pred.name} : {pred.type}\n    }} do {{"
+                + ind + ind.join(blines) + f"{ind}stablehlo.return {', '.join(o.name for o in bouts)} : {tys}"
+                + "\n    }")
+        self.lines.append(text)
+        self.tape.append(TapeOp("while", tuple(init), tuple(outs), {}))
+        return outs
 
     # ----------------------------------------------------------------- conveniences (compositions of the above)
     def sum(self, a: Value, dims: Sequence[int] | None = None) -> Value:

@@ -3,7 +3,9 @@
 A plugin is a module named by an entry point in one of the groups
 `hloforge.layers`, `hloforge.losses`, `hloforge.optimizers`,
 `hloforge.backends`, `hloforge.datasets`; it decorates functions with
-`hloforge.hookimpl`.
+`hloforge.core.hookspecs.hookimpl`. It may declare the plugin API it is written
+for as a module-level `HLOFORGE_PLUGIN_API = 1`; the registry refuses a plugin
+targeting another than `hloforge.PLUGIN_API_VERSION` (no declaration: the current one).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ def hloforge_losses() -> list[type]:
 
 @hookspec
 def hloforge_optimizers() -> list[type]:
-    """Return the optimizer classes this plugin provides (subclasses of `hloforge.core.spec.Optimizer`)."""
+    """Return the optimizer classes this plugin provides (subclasses of `hloforge.core.variant.Optimizer`)."""
 
 
 @hookspec

@@ -122,7 +122,8 @@ def train_step_module(spec: NetSpec, variant: Variant, batch: int, *, dtype: str
     logits, batch_stats = emit_layers(b, walk, x, params, train=True)
     loss_v = loss.forward(b, logits, y)
     grads = autodiff.grad(b, [loss_v], [b.full(1.0)], params)
-    new_params, new_state = [], {name: [] for name in lay.state}
+    new_params: list[Value] = []
+    new_state: dict[str, list[Value]] = {name: [] for name in lay.state}
     for i, (p, g) in enumerate(zip(params, grads, strict=True)):
         p2, s2 = opt.update(b, p, g, {n: state[n][i] for n in lay.state}, scalars, lay.params[i][1])
         new_params.append(p2)
@@ -176,7 +177,8 @@ def optimizer_step_module(params: Sequence[ParamSlot], opt: Optimizer, *, dtype:
           for k, name in enumerate(opt.state)}
     gs = [b.arg(s.shape) for s in params]
     sc = {name: b.arg(()) for name in opt.scalars}
-    new_p, new_s = [], {name: [] for name in opt.state}
+    new_p: list[Value] = []
+    new_s: dict[str, list[Value]] = {name: [] for name in opt.state}
     for i, slot in enumerate(params):
         p2, s2 = opt.update(b, ps[i], gs[i], {k: st[k][i] for k in opt.state}, sc, slot)
         new_p.append(p2)

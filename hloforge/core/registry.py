@@ -1,4 +1,10 @@
-"""The plugin registry: entry points loaded into a pluggy PluginManager, looked up by name."""
+"""The plugin registry: entry points loaded into a pluggy PluginManager, looked up by name.
+
+A plugin that cannot be loaded (its import raises, its hook raises or returns something
+that is not a component, or it declares another plugin API than `hloforge.PLUGIN_API_VERSION`)
+is not registered: it is recorded in `Registry.broken` with its distribution and the error,
+a `PluginLoadWarning` says so once, and every other plugin still loads.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,7 @@ import functools
 import inspect
 import os
 import sys
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from importlib.metadata import entry_points
 from typing import Any
@@ -13,6 +20,7 @@ from typing import Any
 import attrs
 import pluggy
 
+from hloforge import PLUGIN_API_VERSION
 from hloforge.core import hookspecs
 from hloforge.core.errors import PluginError, UnsupportedSpec
 
@@ -35,6 +43,23 @@ class Entry:
     plugin: str
 
 
+class PluginLoadWarning(UserWarning):
+    """A plugin was skipped (it is listed in `Registry.broken`); the others loaded."""
+
+
+@attrs.frozen
+class BrokenPlugin:
+    """A plugin that was not registered: `plugin` is "dist:group:entry-point", `error` one line."""
+
+    plugin: str
+    distribution: str
+    error: str
+
+    @property
+    def name(self) -> str:
+        return self.plugin.rsplit(":", 1)[-1]
+
+
 class Registry:
     def __init__(self, extra_plugins: tuple[tuple[Any, str], ...] = ()):
         """Load every entry point; `extra_plugins` (module, distribution) serve tests."""
@@ -43,10 +68,17 @@ class Registry:
         if os.environ.get("HLOFORGE_TRACE_PLUGINS") == "1":
             self.pm.add_hookcall_monitoring(_trace_before, _trace_after)
         self._dist: dict[str, str] = {}
+        self.broken: list[BrokenPlugin] = []
         for group, _, _ in KINDS.values():
             for ep in entry_points(group=group):
                 dist = ep.dist.name if ep.dist is not None else "?"
-                self._register(ep.load(), f"{dist}:{group}:{ep.name}", dist)
+                name = f"{dist}:{group}:{ep.name}"
+                try:
+                    module = ep.load()
+                except Exception as e:  # a third party's import error must not take the others down
+                    self._broken(name, dist, f"cannot import {ep.value!r}: {type(e).__name__}: {e}")
+                    continue
+                self._register(module, name, dist)
         for module, dist in extra_plugins:
             self._register(module, f"{dist}:{module.__name__}", dist)
         self._tables: dict[str, dict[str, Entry]] = {kind: {} for kind in KINDS}
@@ -56,15 +88,39 @@ class Registry:
                 # One plugin at a time, so each component keeps its distribution; through the hook caller
                 # (not impl.function()) so hook-call monitoring (HLOFORGE_TRACE_PLUGINS) sees every call.
                 others = [i.plugin for i in impls if i.plugin is not impl.plugin]
-                for result in self.pm.subset_hook_caller(hook, others)():
-                    for obj in result or ():
-                        self._add(Entry(kind, getattr(obj, attr), obj, self._dist[impl.plugin_name],
-                                        impl.plugin_name))
+                try:
+                    found = [Entry(kind, _component_name(obj, kind, attr), obj, self._dist[impl.plugin_name],
+                                   impl.plugin_name)
+                             for result in self.pm.subset_hook_caller(hook, others)() for obj in result or ()]
+                except Exception as e:
+                    self._broken(impl.plugin_name, self._dist[impl.plugin_name],
+                                 f"{hook}() failed: {type(e).__name__}: {e}")
+                    continue
+                for entry in found:
+                    self._add(entry)  # a name claimed twice is an error, never a skipped plugin
 
     def _register(self, module: Any, plugin_name: str, dist: str) -> None:
         if self.pm.get_plugin(plugin_name) is None and not self.pm.is_registered(module):
+            api = getattr(module, "HLOFORGE_PLUGIN_API", PLUGIN_API_VERSION)
+            if api != PLUGIN_API_VERSION:
+                self._broken(plugin_name, dist, f"module {module.__name__!r} targets hloforge plugin API {api!r}, "
+                                                f"but this hloforge provides plugin API {PLUGIN_API_VERSION}; "
+                                                f"install a release of {dist!r} made for plugin API "
+                                                f"{PLUGIN_API_VERSION} (or an hloforge that provides {api!r})")
+                return
             self.pm.register(module, name=plugin_name)
             self._dist[plugin_name] = dist
+
+    def _broken(self, plugin_name: str, dist: str, error: str) -> None:
+        if self.pm.get_plugin(plugin_name) is not None:
+            self.pm.unregister(name=plugin_name)  # its other hooks must not run either
+        for kind in getattr(self, "_tables", {}).values():  # drop what it registered under earlier hooks
+            for name in [n for n, e in kind.items() if e.plugin == plugin_name]:
+                del kind[name]
+        error = " ".join(error.split())  # one line
+        self.broken.append(BrokenPlugin(plugin_name, dist, error))
+        warnings.warn(f"hloforge plugin {plugin_name} (distribution {dist!r}) was not loaded: {error}",
+                      PluginLoadWarning, stacklevel=3)
 
     def _add(self, e: Entry) -> None:
         table = self._tables[e.kind]
@@ -81,7 +137,8 @@ class Registry:
         table = self._tables[kind]
         if name not in table:
             known = ", ".join(f"{n} ({e.distribution})" for n, e in sorted(table.items())) or "none"
-            raise PluginError(f"unknown {kind} {name!r}; registered: {known}")
+            broken = "".join(f"; not loaded: {b.plugin} ({b.error})" for b in self.broken)
+            raise PluginError(f"unknown {kind} {name!r}; registered: {known}{broken}")
         return table[name]
 
     def make(self, kind: str, name: str, **options: Any) -> Any:
@@ -106,6 +163,13 @@ class Registry:
         for kind in KINDS:
             for name in sorted(self._tables[kind]):
                 yield self._tables[kind][name]
+
+
+def _component_name(obj: Any, kind: str, attr: str) -> str:
+    name = getattr(obj, attr, None)
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"{obj!r} is not a {kind} component: it has no string attribute {attr!r}")
+    return name
 
 
 def _trace_before(hook_name: str, impls: Sequence[pluggy.HookImpl], kwargs: Mapping[str, object]) -> None:

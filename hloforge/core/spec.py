@@ -12,7 +12,7 @@ import math
 import re
 import tomllib
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import attrs
 import numpy as np
@@ -115,7 +115,7 @@ class Layer:
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"kind": self.kind}
-        for f in attrs.fields(type(self)):
+        for f in layer_fields(self):
             v = getattr(self, f.name)
             d[f.name] = list(v) if isinstance(v, tuple) else v
         return d
@@ -187,9 +187,11 @@ class NetSpec:
         if not self.layers:
             raise UnsupportedSpec(f"net {self.name!r} has no layers")
         out = walk_layers(self.layers, self.input_shape)
-        if out[-1].out_shape != (self.num_classes,):
+        last = out[-1].out_shape
+        # [classes], or per-token logits [T, classes] (a language model)
+        if last != (self.num_classes,) and not (len(last) == 2 and last[1] == self.num_classes):
             raise UnsupportedSpec(f"net {self.name!r} ends in shape {list(out[-1].out_shape)}, "
-                                  f"expected [{self.num_classes}] (num_classes)")
+                                  f"expected [{self.num_classes}] (num_classes) or [T, {self.num_classes}]")
         return out
 
     def params(self) -> list[tuple[str, ParamSlot]]:
@@ -244,7 +246,7 @@ class NetSpec:
                  f"num_classes = {self.num_classes}"]
         for i, layer in enumerate(self.layers):
             lines.append("\n[[layers]]")
-            defaults = {f.name: f.default for f in attrs.fields(type(layer))}
+            defaults = {f.name: f.default for f in layer_fields(layer)}
             for k, v in layer.to_dict().items():
                 if v is None:  # TOML has no null: omit it, which reads back as the field's default
                     if k not in defaults or defaults[k] is not None:
@@ -263,6 +265,11 @@ class NetSpec:
             raise UnsupportedSpec(f"{path}: not a valid spec file: {e}") from None
         return cls.from_dict(d, registry, source=path)
 
+
+
+def layer_fields(layer: Layer) -> tuple[attrs.Attribute[Any], ...]:
+    """A layer's options: the fields of its class (every Layer subclass is an attrs class; the base is not)."""
+    return tuple(attrs.fields(cast("type[attrs.AttrsInstance]", type(layer))))
 
 
 def walk_layers(layers: Sequence[Layer], in_shape: Shape) -> list[LayerShapes]:

@@ -3,6 +3,11 @@
 A run directory holds config.toml (the whole resolved config: `--config` on it
 reproduces the run), metrics.jsonl, checkpoint.safetensors, eval_correct.npz
 (the per-example bitmap of the last eval) and loss/accuracy plots.
+
+A net with per-token logits [T, vocab] is a language model: it trains with the per-token
+loss `tokenCrossEntropy` on a token dataset (`text`), and each epoch is scored in bits per
+character over every validation window (no bitmap; the banner prints the character-bigram
+baseline of the same corpus). Everything else — run directory, checkpoints, resume — is shared.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ class TrainConfig:
     net: str = "mnist-mlp"
     data: str = "digits"
     data_dir: str = ""
+    data_file: str = ""  # a file-based dataset's file (e.g. text's UTF-8 corpus)
     backend: str = ""  # empty: $HLOFORGE_BACKEND, else xla; the run records the resolved name
     epochs: int = 5
     batch: int = 64
@@ -54,12 +60,14 @@ class TrainConfig:
     tag: str = ""
     log_every: int = 50
 
-    def variant(self) -> Variant:
-        return Variant(self.optimizer, self.weight_decay, "crossEntropy", self.label_smoothing)
+    def variant(self, spec: NetSpec | None = None) -> Variant:
+        """The loss follows the net: per-token logits (a language model) train with tokenCrossEntropy."""
+        loss = "tokenCrossEntropy" if spec is not None and is_lm(spec) else "crossEntropy"
+        return Variant(self.optimizer, self.weight_decay, loss, self.label_smoothing)
 
     def scope(self, spec: NetSpec) -> str:
         """Net, variant, backend and tag: two arms of an ablation never share a run directory."""
-        return "_".join(p for p in (spec.ident, self.variant().slug, self.backend, self.tag) if p)
+        return "_".join(p for p in (spec.ident, self.variant(spec).slug, self.backend, self.tag) if p)
 
     def resolved_run_dir(self, spec: NetSpec, resume: bool = False) -> str:
         """An explicit run_dir as given; otherwise runs/<scope>, runs/<scope>_2, ...: a new run
@@ -106,6 +114,11 @@ def load_config(path: str, **overrides: Any) -> TrainConfig:
     return TrainConfig(**{**d, **overrides})
 
 
+def is_lm(spec: NetSpec) -> bool:
+    """A language model: its output is per-token logits [T, vocab]."""
+    return len(spec.walk()[-1].out_shape) == 2
+
+
 def bn_weight(momentum: float) -> float:
     """The weight the running statistics put on a new batch (seed 003): exactly 0.01 at the
     default 0.99, not 1 − 0.99 = 0.010000000000000009."""
@@ -135,6 +148,22 @@ class EvalResult:
                 f"top-5 {100 * self.top5 / self.n:.2f}%")
 
 
+@attrs.frozen
+class LMEvalResult:
+    bits_per_char: float
+    n: int  # targets scored
+
+    def line(self) -> str:
+        return f"{self.bits_per_char:.4f} bits/char ({self.n} chars)"
+
+
+def evaluate_lm(evaluator: ForwardSession, buffers: list[Any], x: np.ndarray, y: np.ndarray) -> LMEvalResult:
+    """Bits per character over every validation target (labels −1 are padding, not scored)."""
+    from hloforge.datasets.text import bits_per_char
+
+    return LMEvalResult(*bits_per_char(evaluator.logits(x, buffers), y))
+
+
 def evaluate(evaluator: ForwardSession, buffers: list[Any], x: np.ndarray, y: np.ndarray) -> EvalResult:
     """Every eval image scored exactly once, the short last batch included."""
     logits = evaluator.logits(x, buffers)
@@ -153,8 +182,17 @@ class Run:
         self.cfg, self.log, self.progress = cfg, log, progress
         reg = default_registry()
         self.spec = get_net(cfg.net)
-        self.variant = cfg.variant()
-        self.data = reg.make("dataset", cfg.data, **({"data_dir": cfg.data_dir} if cfg.data_dir else {}))
+        self.lm = is_lm(self.spec)
+        self.variant = cfg.variant(self.spec)
+        opts: dict[str, Any] = {"data_dir": cfg.data_dir} if cfg.data_dir else {}
+        if cfg.data_file:
+            opts["data_file"] = cfg.data_file
+        if self.lm:
+            if getattr(reg.get("dataset", cfg.data), "label_kind", "class") != "tokens":
+                raise DataError(f"net {self.spec.name!r} is a language model (per-token logits); dataset "
+                                f"{cfg.data!r} has no token labels — use --data text")
+            opts["seq_len"] = self.spec.input_shape[0]
+        self.data = reg.make("dataset", cfg.data, **opts)
         if self.data.num_classes != self.spec.num_classes:
             raise DataError(f"dataset {cfg.data!r} has {self.data.num_classes} classes, net {self.spec.name!r} "
                             f"has {self.spec.num_classes}")
@@ -226,6 +264,9 @@ class Run:
             f.write(cfg.to_toml())
         self.log(f"hloforge: {self.spec.name} ({self.spec.param_count():,} params) on {cfg.data} "
                  f"({len(self.x_tr)} train / {len(self.x_te)} test) | backend {self.backend.backend_name()}")
+        if self.lm and hasattr(self.data, "bigram_bits"):
+            self.log(f"  text {getattr(self.data, 'source', cfg.data)}: vocab {self.data.num_classes}, validation "
+                     f"character-bigram baseline {self.data.bigram_bits():.4f} bits/char")
         self.log(f"  {self.variant.slug}: lr {cfg.lr:g} {cfg.schedule}, batch {cfg.batch}, {cfg.epochs} epochs, "
                  f"run dir {self.dir} | compiled in {compile_s:.1f}s"
                  + (f" | resumed after epoch {start}" if start else ""))
@@ -262,6 +303,9 @@ class Run:
                 if bar is not None:
                     bar.close()
                 secs = time.perf_counter() - t
+                if self.lm:
+                    metrics = self._lm_epoch(evaluator, session, epoch, losses, secs, mlog, history)
+                    continue
                 res = evaluate(evaluator, self._eval_buffers(session), self.x_te, self.y_te)
                 lo, hi = wilson(res.top1, res.n)
                 metrics = {"kind": "epoch", "epoch": epoch, "step": session.step, "loss": float(np.mean(losses)),
@@ -281,6 +325,26 @@ class Run:
         finally:
             mlog.close()
         metrics["wall_s"] = time.perf_counter() - t0
+        return metrics
+
+    def _lm_epoch(self, evaluator: ForwardSession, session: TrainSession, epoch: int, losses: list[float],
+                  secs: float, mlog: Any, history: list[dict[str, Any]]) -> dict[str, Any]:
+        """A language model's epoch end: bits/char on every validation window, log, checkpoint, plot."""
+        cfg = self.cfg
+        res = evaluate_lm(evaluator, self._eval_buffers(session), self.x_te, self.y_te)
+        metrics: dict[str, Any] = {
+                   "kind": "epoch", "epoch": epoch, "step": session.step, "loss": float(np.mean(losses)),
+                   "lr": self.lr(session.step - 1), "val_bits_per_char": res.bits_per_char, "n": res.n,
+                   "tokens_per_s": self.steps_per_epoch * cfg.batch * self.spec.input_shape[0] / secs,
+                   "seconds": secs}
+        mlog.write(json.dumps(metrics) + "\n")
+        mlog.flush()
+        history.append(metrics)
+        self.save(session, epoch)
+        self.log(f"epoch {epoch}/{cfg.epochs}  loss {metrics['loss']:.4f} ({metrics['loss'] / math.log(2):.4f} "
+                 f"bits/char)  val {res.line()}  {metrics['tokens_per_s']:.0f} tok/s")
+        self._plot(history)
+        default_registry().pm.hook.hloforge_on_epoch_end(run=self, epoch=epoch, metrics=metrics)
         return metrics
 
     def _eval_buffers(self, session: TrainSession) -> list[Any]:
@@ -311,11 +375,15 @@ class Run:
         fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.5))
         a.plot(ep, [h["loss"] for h in history], marker="o")
         a.set(xlabel="epoch", ylabel="train loss", title=self.spec.name)
-        b.plot(ep, [100 * h["top1"] for h in history], marker="o", label="top-1")
-        b.fill_between(ep, [100 * h["top1_lo"] for h in history], [100 * h["top1_hi"] for h in history], alpha=0.2,
-                       label="95% Wilson")
-        b.set(xlabel="epoch", ylabel="test accuracy (%)")
-        b.legend()
+        if self.lm:
+            b.plot(ep, [h["val_bits_per_char"] for h in history], marker="o")
+            b.set(xlabel="epoch", ylabel="validation bits/char")
+        else:
+            b.plot(ep, [100 * h["top1"] for h in history], marker="o", label="top-1")
+            b.fill_between(ep, [100 * h["top1_lo"] for h in history], [100 * h["top1_hi"] for h in history],
+                           alpha=0.2, label="95% Wilson")
+            b.set(xlabel="epoch", ylabel="test accuracy (%)")
+            b.legend()
         fig.tight_layout()
         fig.savefig(os.path.join(self.dir, "curves.png"), dpi=90)
         plt.close(fig)
@@ -370,6 +438,10 @@ def evaluate_checkpoint(path: str, backend: str | None = None, region: str = "li
     except KeyError as e:
         raise DataError(f"checkpoint {file} lacks tensor {e.args[0]}") from None
     evaluator = ForwardSession(spec, cfg.batch, run.backend)
+    if run.lm:
+        lres = evaluate_lm(evaluator, [run.backend.to_device(p) for p in [*params, *running]], run.x_te, run.y_te)
+        log(f"{spec.name} epoch {meta['epoch']} ({region}) on {run.backend.backend_name()}: val {lres.line()}")
+        return lres  # type: ignore[return-value]
     res = evaluate(evaluator, [run.backend.to_device(p) for p in [*params, *running]], run.x_te, run.y_te)
     log(f"{spec.name} epoch {meta['epoch']} ({region}) on {run.backend.backend_name()}: test {res.line()}")
     return res

@@ -1,24 +1,74 @@
-"""Named nets. `get_net` also accepts a path to a TOML or JSON spec file."""
+"""Named nets. `get_net` also accepts a path to a TOML or JSON spec file.
+
+Every factory in NETS takes the keyword arguments `classes` and `input` (the input shape
+without the batch axis); the ImageNet nets default to 1000 classes at 3×224×224, the
+`-mini` ones to 10 classes at 1×28×28 (digits).
+"""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from hloforge.core.errors import UnsupportedSpec
 from hloforge.core.spec import NetSpec
-from hloforge.zoo import mnist
+from hloforge.zoo import convnext, efficientnet, mnist, mobilenet, resnet, tinygpt, vit
 
-NETS: dict[str, Callable[[], NetSpec]] = {
-    "mnist-linear": mnist.mnist_linear,
-    "mnist-mlp": mnist.mnist_mlp,
-    "mnist-cnn": mnist.mnist_cnn,
+
+def _fixed(factory: Callable[[], NetSpec]) -> Callable[..., NetSpec]:
+    """A net defined at one size: `classes`/`input` may only restate it."""
+
+    def make(classes: int | None = None, input: Sequence[int] | None = None) -> NetSpec:
+        spec = factory()
+        if (classes is not None and classes != spec.num_classes) or \
+                (input is not None and tuple(input) != spec.input_shape):
+            raise UnsupportedSpec(f"net {spec.name!r} is defined for {spec.num_classes} classes on input "
+                                  f"{list(spec.input_shape)} only")
+        return spec
+
+    return make
+
+
+NETS: dict[str, Callable[..., NetSpec]] = {
+    "mnist-linear": _fixed(mnist.mnist_linear),
+    "mnist-mlp": _fixed(mnist.mnist_mlp),
+    "mnist-cnn": _fixed(mnist.mnist_cnn),
+    "resnet18": resnet.resnet18,
+    "resnet34": resnet.resnet34,
+    "resnet50": resnet.resnet50,
+    "mobilenet_v2": mobilenet.mobilenet_v2,
+    "mobilenet_v3_large": mobilenet.mobilenet_v3_large,
+    "mobilenetv4_conv_small": mobilenet.mobilenetv4_conv_small,
+    "efficientnet_b0": efficientnet.efficientnet_b0,
+    "efficientnet_v2_s": efficientnet.efficientnet_v2_s,
+    "convnext_tiny": convnext.convnext_tiny,
+    "resnet-mini": resnet.resnet_mini,
+    "mobilenetv2-mini": mobilenet.mobilenetv2_mini,
+    "mobilenetv3-mini": mobilenet.mobilenetv3_mini,
+    "mobilenetv4-mini": mobilenet.mobilenetv4_mini,
+    "efficientnet-mini": efficientnet.efficientnet_mini,
+    "convnext-mini": convnext.convnext_mini,
+    "vit_tiny": vit.vit_tiny,
+    "vit-mini": vit.vit_mini,
+    "tinygpt-nano": tinygpt.tinygpt_nano,
+    "tinygpt-nano-flash": tinygpt.tinygpt_nano_flash,
+    "tinygpt-tiny": tinygpt.tinygpt_tiny,
+    "tinygpt-tiny-flash": tinygpt.tinygpt_tiny_flash,
 }
 
 
-def get_net(name: str) -> NetSpec:
+def get_net(name: str, classes: int | None = None, input: Sequence[int] | None = None) -> NetSpec:
+    """A named net (with `classes` / `input` overriding its defaults), or a spec file (as written)."""
     if name in NETS:
-        return NETS[name]()
+        kw: dict[str, Any] = {}
+        if classes is not None:
+            kw["classes"] = classes
+        if input is not None:
+            kw["input"] = tuple(input)
+        spec = NETS[name](**kw)
+        spec.walk()  # refuse an impossible size here, naming the layer
+        return spec
     if name.endswith((".toml", ".json")) and os.path.exists(name):
         return NetSpec.from_file(name)
     raise UnsupportedSpec(f"unknown net {name!r}; expected one of {sorted(NETS)} or a .toml/.json spec file")

@@ -1,4 +1,6 @@
-"""Dense (fully connected) layer on [B, n]: y = act(x·W + b), W stored [in, out]."""
+"""Dense (fully connected) layer on [B, n]: y = act(x·W + b), W stored [in, out].
+
+On tokens [B, N, D] (a per-example [N, D] input) it applies to the last axis: [B, N, units]."""
 
 from __future__ import annotations
 
@@ -23,18 +25,19 @@ class Dense(Layer):
 
     def out_shape(self, in_shape: Shape) -> Shape:
         check_act(self.act)
-        if len(in_shape) != 1:
-            raise UnsupportedSpec(f"dense takes a flat input [n], got {list(in_shape)}; add a flatten layer first")
+        if len(in_shape) not in (1, 2):
+            raise UnsupportedSpec(f"dense takes a flat input [n] or tokens [N, D], got {list(in_shape)}; "
+                                  "add a flatten layer first")
         if self.units <= 0:
             raise UnsupportedSpec(f"units must be positive, got {self.units}")
-        return (self.units,)
+        return (*in_shape[:-1], self.units)
 
     def param_slots(self, in_shape: Shape) -> tuple[ParamSlot, ...]:
-        w = ParamSlot("w", (in_shape[0], self.units), "glorot", True)
+        w = ParamSlot("w", (in_shape[-1], self.units), "glorot", True)
         return (w, ParamSlot("b", (self.units,), "zeros", False)) if self.bias else (w,)
 
     def forward(self, b: Builder, x: Value, params: Mapping[str, Value], ctx: Ctx) -> Value:
-        y = b.dot_general(x, params["w"], ([1], [0]))
+        y = b.dot_general(x, params["w"], ([x.type.rank - 1], [0]))
         if self.bias:
             y = y + b.broadcast_to(params["b"], y.shape)
         return emit_act(b, self.act, y)
@@ -47,7 +50,7 @@ class Dense(Layer):
 
     @classmethod
     def gate_cases(cls) -> list[tuple[Layer, Shape]]:
-        return [(cls(4, act="relu"), (6,)), (cls(3, bias=False, act="gelu"), (5,))]
+        return [(cls(4, act="relu"), (6,)), (cls(3, bias=False, act="gelu"), (5,)), (cls(3, act="gelu"), (2, 4))]
 
 
 @attrs.frozen

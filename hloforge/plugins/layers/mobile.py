@@ -63,7 +63,7 @@ class SqueezeExcite(Layer):
 
     @classmethod
     def gate_cases(cls) -> list[tuple[Layer, Shape]]:
-        return [(cls(2), (4, 3, 3)), (cls(3, act="swish", gate="hSigmoid"), (5, 2, 2))]
+        return [(cls(3), (4, 3, 3)), (cls(3, act="swish", gate="hSigmoid"), (5, 2, 2))]
 
 
 def _skip(ic: int, oc: int, stride: int) -> tuple[Part, ...] | None:
@@ -210,7 +210,7 @@ class MbConvV3(BlockLayer):
 
     @classmethod
     def gate_cases(cls) -> list[tuple[Layer, Shape]]:
-        return [(cls(4, mid=8, se=True), (4, 4, 4)), (cls(5, mid=3, k=5, stride=2, act="relu"), (3, 4, 4))]
+        return [(cls(4, mid=8, se=True), (4, 3, 3)), (cls(5, mid=3, k=5, stride=2, act="relu"), (3, 4, 4))]
 
 
 @attrs.frozen

@@ -102,11 +102,13 @@ def ref_batch_norm(params: Mapping[str, Any], x: Any, ctx: Ctx | None, eps: floa
     axes = tuple(d for d in range(x.ndim) if d != 1)
     bshape = [1] * x.ndim
     bshape[1] = -1
+    mean: Any
+    var: Any
     if is_train(ctx):
         mean = jnp.mean(x, axis=axes)
         var = jnp.mean(jnp.square(x - mean.reshape(bshape)), axis=axes)  # biased
         if ctx is not None:
-            ctx.batch_stats["mean"], ctx.batch_stats["var"] = mean, var
+            ctx.batch_stats["mean"], ctx.batch_stats["var"] = mean, var  # type: ignore[assignment]
     else:
         assert ctx is not None
         mean, var = ctx.running["mean"], ctx.running["var"]

@@ -1,0 +1,337 @@
+"""Attention: multi-head self-attention (`mhsa`) with dense SDPA or FlashAttention, and RoPE (`rope`).
+
+Tokens are [N, D] per example ([B, N, D] in the builder); heads split D into H × dh and the
+attention core works on [B, H, N, dh].
+
+* Dense SDPA materialises the [B, H, N, N] scores: softmax(Q·Kᵀ/√dh + mask)·V, differentiated
+  by the ordinary VJP rules (the row max is gradient-free, as in log-softmax).
+* FlashAttention (seed 001) is a tiled online softmax: a `stablehlo.while` over N/bk key blocks
+  that keeps only one [B, H, N, bk] score block live, carrying the running row max m, the
+  running denominator l and the unnormalised output; O = acc/l and the per-row log-sum-exp
+  lse = m + log l is saved. Its backward is a closed form (a `custom_vjp`), a second while over
+  key blocks that recomputes P_ij = exp(S_ij − lse) and uses D = rowsum(dO ⊙ O): dQ accumulates
+  over all blocks, dK and dV are written once per (disjoint) key block by dynamic_update_slice.
+  The block size is a divisor of N, at most 128 (`block=0`: the largest such divisor).
+* The causal mask puts a large finite negative on the scores above the diagonal (never −inf, so
+  no row can turn into NaN); each row keeps its diagonal, so every first key block has a live key.
+* RoPE (rotate-half form): x ⊙ cos + rotate_half(x) ⊙ sin with rotate_half([a, b]) = [−b, a],
+  cos/sin tables [N, dh] built in-graph from iota (θ_i = base^(−2i/dh), no giant constant). It
+  is a rotation, so its VJP is the rotation by −θ: the same op with sin negated (a custom_vjp).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from hloforge.core.errors import UnsupportedSpec
+from hloforge.core.hlo import Builder, Value
+from hloforge.core.hookspecs import hookimpl
+from hloforge.core.spec import Ctx, Layer, ParamSlot, Shape
+
+MASK = -1e30  # the causal mask's score: exp(MASK − m) is exactly 0 in f32 and f64
+ATTENTIONS = ("dense", "flash")
+
+
+def flash_block(n: int, block: int = 0) -> int:
+    """The key-block size: `block` if given (it must divide n and be ≤ 128), else the largest divisor of n ≤ 128."""
+    if block:
+        if block <= 0 or block > 128 or n % block:
+            raise UnsupportedSpec(f"flash block {block} must be a divisor of the sequence length {n}, at most 128")
+        return block
+    return max(d for d in range(1, min(n, 128) + 1) if n % d == 0)
+
+
+# ------------------------------------------------------------------ the attention cores (emitted)
+def _scores(b: Builder, q: Value, k: Value, scale: float) -> Value:
+    """Q·Kᵀ·scale: [B, H, Nq, dh] × [B, H, Nk, dh] → [B, H, Nq, Nk]."""
+    return b.dot_general(q, k, ([3], [3]), ([0, 1], [0, 1])) * scale
+
+
+def _causal(b: Builder, s: Value, key_offset: Value | None = None) -> Value:
+    """Mask scores [B, H, Nq, Nk] where key index (+ offset) > query index."""
+    nq, nk = s.shape[2], s.shape[3]
+    row = b.iota((nq, nk), 0)
+    col = b.iota((nq, nk), 1)
+    if key_offset is not None:
+        col = col + b.broadcast_in_dim(key_offset, (nq, nk), [])
+    keep = b.broadcast_in_dim(b.compare(col, row, "LE"), s.shape, [2, 3])
+    return b.select(keep, s, b.full(MASK, s.shape, s.dtype))
+
+
+def sdpa_dense(b: Builder, q: Value, k: Value, v: Value, causal: bool) -> Value:
+    """softmax(Q·Kᵀ/√dh + mask)·V with the whole [B, H, N, N] score matrix; derived backward."""
+    scale = 1.0 / math.sqrt(q.shape[3])
+    s = _scores(b, q, k, scale)
+    if causal:
+        s = _causal(b, s)
+    m = b.stop_gradient(b.reduce(s, [3], "max"))
+    e = b.exp(s - b.broadcast_in_dim(m, s.shape, [0, 1, 2]))
+    p = e / b.broadcast_in_dim(b.sum(e, [3]), s.shape, [0, 1, 2])
+    return b.dot_general(p, v, ([3], [2]), ([0, 1], [0, 1]))
+
+
+def _i32(b: Builder, v: int) -> Value:
+    return b.full(v, (), "i32")
+
+
+def flash_forward(b: Builder, q: Value, k: Value, v: Value, causal: bool, bk: int) -> tuple[Value, Value]:
+    """(O [B, H, N, dh], lse [B, H, N]) by the online softmax over N/bk key blocks."""
+    bsz, h, n, dh = q.shape
+    scale = 1.0 / math.sqrt(dh)
+    row = (bsz, h, n)
+
+    def cond(c: Builder, a: list[Value]) -> Value:
+        return c.compare(a[0], _i32(c, n // bk), "LT")
+
+    def body(c: Builder, a: list[Value]) -> list[Value]:
+        i, acc, m, den, q, k, v = a
+        start = i * _i32(c, bk)
+        z = _i32(c, 0)
+        kb = c.dynamic_slice(k, [z, z, start, z], (bsz, h, bk, dh))
+        vb = c.dynamic_slice(v, [z, z, start, z], (bsz, h, bk, dh))
+        s = _scores(c, q, kb, scale)
+        if causal:
+            s = _causal(c, s, start)
+        m_new = c.maximum(m, c.reduce(s, [3], "max"))
+        p = c.exp(s - c.broadcast_in_dim(m_new, s.shape, [0, 1, 2]))
+        alpha = c.exp(m - m_new)
+        den_new = den * alpha + c.sum(p, [3])
+        pv = c.dot_general(p, vb, ([3], [2]), ([0, 1], [0, 1]))
+        acc_new = acc * c.broadcast_in_dim(alpha, acc.shape, [0, 1, 2]) + pv
+        return [i + _i32(c, 1), acc_new, m_new, den_new, q, k, v]
+
+    init = [_i32(b, 0), b.full(0.0, q.shape, q.dtype), b.full(-math.inf, row, q.dtype), b.full(0.0, row, q.dtype),
+            q, k, v]
+    _, acc, m, den, *_ = b.while_(init, cond, body)
+    o = acc / b.broadcast_in_dim(den, q.shape, [0, 1, 2])
+    return o, m + b.log(den)
+
+
+def flash_backward(b: Builder, q: Value, k: Value, v: Value, o: Value, lse: Value, do: Value, causal: bool,
+                   bk: int) -> tuple[Value, Value, Value]:
+    """(dQ, dK, dV) by recomputing each key block's probabilities from lse (no [N, N] matrix)."""
+    bsz, h, n, dh = q.shape
+    scale = 1.0 / math.sqrt(dh)
+    dsum = b.sum(do * o, [3])  # D = rowsum(dO ⊙ O) [B, H, N]
+
+    def cond(c: Builder, a: list[Value]) -> Value:
+        return c.compare(a[0], _i32(c, n // bk), "LT")
+
+    def body(c: Builder, a: list[Value]) -> list[Value]:
+        i, dq, dk, dv, q, k, v, do, lse, dsum = a
+        start = i * _i32(c, bk)
+        z = _i32(c, 0)
+        at = [z, z, start, z]
+        kb = c.dynamic_slice(k, at, (bsz, h, bk, dh))
+        vb = c.dynamic_slice(v, at, (bsz, h, bk, dh))
+        s = _scores(c, q, kb, scale)
+        if causal:
+            s = _causal(c, s, start)
+        p = c.exp(s - c.broadcast_in_dim(lse, s.shape, [0, 1, 2]))  # [B, H, N, bk]
+        dvb = c.dot_general(p, do, ([2], [2]), ([0, 1], [0, 1]))  # Pᵀ·dO  [B, H, bk, dh]
+        dp = c.dot_general(do, vb, ([3], [3]), ([0, 1], [0, 1]))  # dO·Vᵀ [B, H, N, bk]
+        ds = p * (dp - c.broadcast_in_dim(dsum, s.shape, [0, 1, 2])) * scale
+        dq = dq + c.dot_general(ds, kb, ([3], [2]), ([0, 1], [0, 1]))
+        dkb = c.dot_general(ds, q, ([2], [2]), ([0, 1], [0, 1]))  # dSᵀ·Q [B, H, bk, dh]
+        dk = c.dynamic_update_slice(dk, dkb, at)
+        dv = c.dynamic_update_slice(dv, dvb, at)
+        return [i + _i32(c, 1), dq, dk, dv, q, k, v, do, lse, dsum]
+
+    zeros = b.full(0.0, q.shape, q.dtype)
+    init = [_i32(b, 0), zeros, zeros, zeros, q, k, v, do, lse, dsum]
+    _, dq, dk, dv, *_ = b.while_(init, cond, body)
+    return dq, dk, dv
+
+
+def flash_attention(b: Builder, q: Value, k: Value, v: Value, causal: bool, block: int = 0) -> Value:
+    """FlashAttention with its recompute backward as the custom VJP; lse is saved, not returned."""
+    bk = flash_block(q.shape[2], block)
+    saved: dict[str, Value] = {}
+
+    def fwd(q: Value, k: Value, v: Value) -> list[Value]:
+        o, lse = flash_forward(b, q, k, v, causal, bk)
+        saved.update(o=o, lse=lse)
+        return [o]
+
+    def bwd(b: Builder, do: Value) -> list[Value]:
+        return list(flash_backward(b, q, k, v, saved["o"], saved["lse"], do, causal, bk))
+
+    return b.custom_vjp(fwd, bwd, q, k, v)[0]
+
+
+def attention_core(b: Builder, q: Value, k: Value, v: Value, attention: str, causal: bool, block: int = 0) -> Value:
+    if attention == "flash":
+        return flash_attention(b, q, k, v, causal, block)
+    return sdpa_dense(b, q, k, v, causal)
+
+
+# ------------------------------------------------------------------ RoPE (emitted)
+def rope_tables(b: Builder, n: int, dh: int, base: float) -> tuple[Value, Value]:
+    """cos, sin [n, dh]: freqs[m, i] = m · base^(−2i/dh) for i < dh/2, tiled twice along dh."""
+    half = dh // 2
+    pos = b.iota((n, half), 0, b.dtype)
+    idx = b.iota((n, half), 1, b.dtype)
+    inv = b.exp(idx * (-2.0 * math.log(base) / dh))
+    f = b.concatenate([pos * inv, pos * inv], 1)
+    return b.stop_gradient(b.cosine(f)), b.stop_gradient(b.sine(f))
+
+
+def _rotate(b: Builder, x: Value, cos: Value, sin: Value) -> Value:
+    """x ⊙ cos + rotate_half(x) ⊙ sin on [..., N, dh] with [N, dh] tables."""
+    r = x.type.rank
+    half = x.shape[-1] // 2
+    lo = [0] * r
+    x1 = b.slice(x, lo, [*x.shape[:-1], half])
+    x2 = b.slice(x, [*lo[:-1], half], list(x.shape))
+    rot = b.concatenate([b.negate(x2), x1], r - 1)
+    return x * b.broadcast_in_dim(cos, x.shape, [r - 2, r - 1]) + rot * b.broadcast_in_dim(sin, x.shape, [r - 2, r - 1])
+
+
+def apply_rope(b: Builder, x: Value, base: float = 10000.0) -> Value:
+    """RoPE on [..., N, dh]; the VJP is the rotation by −θ (sin negated)."""
+    cos, sin = rope_tables(b, x.shape[-2], x.shape[-1], base)
+
+    def fwd(x: Value) -> list[Value]:
+        return [_rotate(b, x, cos, sin)]
+
+    def bwd(b: Builder, g: Value) -> list[Value]:
+        return [_rotate(b, g, cos, b.negate(sin))]
+
+    return b.custom_vjp(fwd, bwd, x)[0]
+
+
+# ------------------------------------------------------------------ the references (jax.numpy)
+def ref_rope(x: Any, base: float) -> Any:
+    import jax.numpy as jnp
+
+    n, dh = x.shape[-2], x.shape[-1]
+    theta = base ** (-jnp.arange(0, dh // 2, dtype=x.dtype) * 2.0 / dh)
+    ang = jnp.arange(n, dtype=x.dtype)[:, None] * theta[None, :]
+    c, s = jnp.cos(ang), jnp.sin(ang)
+    a, bb = x[..., : dh // 2], x[..., dh // 2:]
+    return jnp.concatenate([a * c - bb * s, bb * c + a * s], axis=-1)
+
+
+def ref_attention(q: Any, k: Any, v: Any, causal: bool) -> Any:
+    import jax
+    import jax.numpy as jnp
+
+    s = jnp.einsum("bhqd,bhkd->bhqk", q, k) / jnp.sqrt(q.shape[-1])
+    if causal:
+        n = q.shape[2]
+        s = jnp.where(jnp.tril(jnp.ones((n, n), bool)), s, -jnp.inf)
+    return jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(s, axis=-1), v)
+
+
+# ------------------------------------------------------------------ layers
+def _tokens(in_shape: Shape, kind: str) -> tuple[int, int]:
+    if len(in_shape) != 2:
+        raise UnsupportedSpec(f"{kind} takes tokens [N, D], got {list(in_shape)}")
+    return in_shape[0], in_shape[1]
+
+
+@attrs.frozen
+class MultiHeadSelfAttention(Layer):
+    """Self-attention on [N, D]: fused qkv projection [D, 3D] (+ bias), `heads` heads, optional RoPE on
+    q and k, dense SDPA or FlashAttention (`attention`), optional causal mask, output projection [D, D]."""
+
+    kind = "mhsa"
+    heads: int
+    attention: str = "dense"
+    causal: bool = False
+    rope: bool = False
+    rope_base: float = 10000.0
+    block: int = 0  # flash key-block size; 0: the largest divisor of N that is at most 128
+
+    def out_shape(self, in_shape: Shape) -> Shape:
+        n, d = _tokens(in_shape, self.kind)
+        if self.attention not in ATTENTIONS:
+            raise UnsupportedSpec(f"attention must be one of {list(ATTENTIONS)}, got {self.attention!r}")
+        if self.heads <= 0 or d % self.heads:
+            raise UnsupportedSpec(f"heads={self.heads} must divide the model width {d}")
+        if self.rope and (d // self.heads) % 2:
+            raise UnsupportedSpec(f"rope needs an even head width, got {d // self.heads}")
+        if self.rope_base <= 1.0:
+            raise UnsupportedSpec(f"rope_base must exceed 1, got {self.rope_base}")
+        if self.attention == "flash":
+            flash_block(n, self.block)
+        elif self.block:
+            raise UnsupportedSpec("block is a FlashAttention option; dense attention takes none")
+        return in_shape
+
+    def param_slots(self, in_shape: Shape) -> tuple[ParamSlot, ...]:
+        d = in_shape[1]
+        return (ParamSlot("qkv.w", (d, 3 * d), "glorot", True), ParamSlot("qkv.b", (3 * d,), "zeros", False),
+                ParamSlot("proj.w", (d, d), "glorot", True), ParamSlot("proj.b", (d,), "zeros", False))
+
+    def forward(self, b: Builder, x: Value, params: Mapping[str, Value], ctx: Ctx) -> Value:
+        bsz, n, d = x.shape
+        h, dh = self.heads, d // self.heads
+        qkv = b.dot_general(x, params["qkv.w"], ([2], [0])) + b.broadcast_to(params["qkv.b"], (bsz, n, 3 * d))
+        qkv = b.transpose(b.reshape(qkv, (bsz, n, 3, h, dh)), [2, 0, 3, 1, 4])  # [3, B, H, N, dh]
+        q, k, v = (b.reshape(b.slice(qkv, [i, 0, 0, 0, 0], [i + 1, bsz, h, n, dh]), (bsz, h, n, dh))
+                   for i in range(3))
+        if self.rope:
+            q, k = apply_rope(b, q, self.rope_base), apply_rope(b, k, self.rope_base)
+        o = attention_core(b, q, k, v, self.attention, self.causal, self.block)
+        o = b.reshape(b.transpose(o, [0, 2, 1, 3]), (bsz, n, d))
+        return b.dot_general(o, params["proj.w"], ([2], [0])) + b.broadcast_to(params["proj.b"], (bsz, n, d))
+
+    def reference(self, params: Mapping[str, Any], x: Any, ctx: Ctx | None) -> Any:
+        bsz, n, d = x.shape
+        h, dh = self.heads, d // self.heads
+        qkv = x @ params["qkv.w"] + params["qkv.b"]
+        q, k, v = (qkv[..., i * d:(i + 1) * d].reshape(bsz, n, h, dh).transpose(0, 2, 1, 3) for i in range(3))
+        if self.rope:
+            q, k = ref_rope(q, self.rope_base), ref_rope(k, self.rope_base)
+        o = ref_attention(q, k, v, self.causal).transpose(0, 2, 1, 3).reshape(bsz, n, d)
+        return o @ params["proj.w"] + params["proj.b"]
+
+    @classmethod
+    def gate_cases(cls) -> list[tuple[Layer, Shape]]:
+        return [(cls(2, causal=True, rope=True), (4, 4)),
+                (cls(1, attention="flash", causal=True, block=2), (4, 2)),
+                (cls(2, attention="flash", rope=True), (4, 4))]
+
+
+@attrs.frozen
+class Rope(Layer):
+    """RoPE alone on tokens [N, D] split into `heads` heads of width D/heads (no parameters)."""
+
+    kind = "rope"
+    heads: int = 1
+    base: float = 10000.0
+
+    def out_shape(self, in_shape: Shape) -> Shape:
+        n, d = _tokens(in_shape, self.kind)
+        if self.heads <= 0 or d % self.heads or (d // self.heads) % 2:
+            raise UnsupportedSpec(f"heads={self.heads} must split the width {d} into even head widths")
+        if self.base <= 1.0:
+            raise UnsupportedSpec(f"base must exceed 1, got {self.base}")
+        return in_shape
+
+    def forward(self, b: Builder, x: Value, params: Mapping[str, Value], ctx: Ctx) -> Value:
+        bsz, n, d = x.shape
+        h = self.heads
+        xh = b.transpose(b.reshape(x, (bsz, n, h, d // h)), [0, 2, 1, 3])
+        y = apply_rope(b, xh, self.base)
+        return b.reshape(b.transpose(y, [0, 2, 1, 3]), (bsz, n, d))
+
+    def reference(self, params: Mapping[str, Any], x: Any, ctx: Ctx | None) -> Any:
+        bsz, n, d = x.shape
+        h = self.heads
+        xh = x.reshape(bsz, n, h, d // h).transpose(0, 2, 1, 3)
+        return ref_rope(xh, self.base).transpose(0, 2, 1, 3).reshape(bsz, n, d)
+
+    @classmethod
+    def gate_cases(cls) -> list[tuple[Layer, Shape]]:
+        return [(cls(), (5, 4)), (cls(heads=2, base=100.0), (3, 8))]
+
+
+@hookimpl
+def hloforge_layers() -> list[type]:
+    return [MultiHeadSelfAttention, Rope]
