@@ -87,4 +87,4 @@ def test_train_default_job_learns_digits(tmp_path):
     top1 = float(last.split("top-1 ")[1].split("%")[0])
     assert top1 > 90.0, r.stdout
     r2 = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert r2.returncode == 0 and "run dir runs/mnist_mlp_adam_xla_2" in r2.stdout, r2.stderr
+    assert r2.returncode == 0 and f"run dir runs/mnist_mlp_adam_{expected}_2" in r2.stdout, r2.stderr

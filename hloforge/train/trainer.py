@@ -54,7 +54,9 @@ class TrainConfig:
     decay_rate: float = 0.97
     weight_decay: float | None = None
     label_smoothing: float = 0.0
-    bn_momentum: float = 0.99
+    # PyTorch's convention (running ← 0.9·running + 0.1·batch). Seed 003's 0.99 suits ImageNet-length
+    # runs; on a 22-step digits epoch it leaves eval normalising by near-initial statistics.
+    bn_momentum: float = 0.9
     seed: int = 0
     run_dir: str = ""
     tag: str = ""
