@@ -77,6 +77,12 @@ def _generate(args: argparse.Namespace) -> None:
     print()
 
 
+def _cam(args: argparse.Namespace) -> None:
+    from hloforge.train.cam import cam_run
+
+    cam_run(args.run, args.image, args.out, args.cls)
+
+
 def _compare(args: argparse.Namespace) -> None:
     from hloforge.train.compare import compare_runs
 
@@ -145,6 +151,13 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--seed", type=int, default=0)
     sp.add_argument("--backend", help="run on this backend (default: the one it trained on)")
     sp.set_defaults(func=_generate)
+
+    sp = sub.add_parser("cam", help="Grad-CAM heatmap of one image through a run's checkpoint")
+    sp.add_argument("run", help="a run directory or a checkpoint file")
+    sp.add_argument("image", help="test:N (the N-th eval image) or a .npy array of the net's input shape")
+    sp.add_argument("--out", default="cam.png")
+    sp.add_argument("--class", dest="cls", type=int, help="class to explain (default: the predicted one)")
+    sp.set_defaults(func=_cam)
 
     sp = sub.add_parser("compare", help="McNemar's exact test on two runs' eval bitmaps")
     sp.add_argument("run_a")

@@ -185,3 +185,12 @@ def test_eval_region_ema_is_refused_without_a_shadow(tmp_path, capsys):
     train(cfg(tmp_path, epochs=1), progress=False)
     assert main(["eval", str(tmp_path / "run"), "--region", "ema"]) == 2
     assert "no EMA shadow" in capsys.readouterr().err
+
+
+def test_cam_writes_a_heatmap_overlay(tmp_path, capsys):
+    train(cfg(tmp_path, net="mnist-cnn", epochs=1), progress=False)
+    out = tmp_path / "cam.png"
+    assert main(["cam", str(tmp_path / "run"), "test:3", "--out", str(out)]) == 0
+    assert out.stat().st_size > 1000 and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["cam", str(tmp_path / "run"), "test:9999", "--out", str(out)]) == 2
+    assert "expected test:N with 0 ≤ N < 360" in capsys.readouterr().err
