@@ -28,7 +28,7 @@ def _render(args: argparse.Namespace) -> None:
     from hloforge.core.variant import Variant
     from hloforge.zoo import get_net
 
-    spec = get_net(args.net)
+    spec = get_net(args.net, args.classes, args.input)
     variant = Variant(args.optimizer, args.weight_decay, args.loss, args.label_smoothing)
     os.makedirs(args.out, exist_ok=True)
     t = time.perf_counter()
@@ -45,7 +45,7 @@ def _render(args: argparse.Namespace) -> None:
     print(f"rendered {spec.name} ({spec.param_count():,} params, batch {args.batch}) in {secs:.2f}s", file=sys.stderr)
 
 
-TRAIN_FLAGS = ("net", "data", "data_dir", "data_file", "backend", "epochs", "batch", "optimizer", "lr", "schedule",
+TRAIN_FLAGS = ("net", "classes", "input", "data", "data_dir", "data_file", "backend", "epochs", "batch", "optimizer", "lr", "schedule",
                "warmup_epochs", "weight_decay", "label_smoothing", "seed", "run_dir", "tag")
 
 
@@ -89,6 +89,21 @@ def _compare(args: argparse.Namespace) -> None:
     compare_runs(args.run_a, args.run_b)
 
 
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(d) for d in text.replace("x", ",").split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a shape like 3,32,32, got {text!r}") from None
+    if not dims or min(dims) <= 0:
+        raise argparse.ArgumentTypeError(f"expected positive dimensions, got {text!r}")
+    return dims
+
+
+def net_opts(q: argparse.ArgumentParser) -> None:
+    q.add_argument("--classes", type=int, help="a zoo net's number of classes (default: its own)")
+    q.add_argument("--input", type=_shape, help="a zoo net's input shape without batch, e.g. 3,32,32")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hloforge", description=__doc__)
     sub = p.add_subparsers(dest="command")
@@ -105,12 +120,14 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", required=True)
     sp.add_argument("--batch", type=int, default=128)
     sp.add_argument("--loss", default="crossEntropy")
+    net_opts(sp)
     variant_opts(sp)
     sp.set_defaults(func=_render)
 
     sp = sub.add_parser("train", help="train a net (default: mnist-mlp on digits on XLA)")
     sp.add_argument("net", nargs="?", default=None, help="a zoo name or a .toml/.json spec (default mnist-mlp)")
     sp.add_argument("--config", help="a config.toml (e.g. a run's own); flags given here override it")
+    net_opts(sp)
     sp.add_argument("--data", help="a dataset plugin (default digits, embedded)")
     sp.add_argument("--data-dir", help="where a file-based dataset reads from (e.g. mnist's IDX files)")
     sp.add_argument("--data-file", help="a file-based dataset's file (text: a UTF-8 corpus; default pydoc topics)")

@@ -88,3 +88,12 @@ def test_train_default_job_learns_digits(tmp_path):
     assert top1 > 90.0, r.stdout
     r2 = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert r2.returncode == 0 and f"run dir runs/mnist_mlp_adam_{expected}_2" in r2.stdout, r2.stderr
+
+
+def test_classes_and_input_reshape_a_zoo_net(tmp_path, capsys):
+    assert main(["render", "resnet18", "--classes", "10", "--input", "3,32,32", "--out", str(tmp_path)]) == 0
+    assert "11,181,642 params" in capsys.readouterr().err  # 11,689,512 − 513·1000 + 513·10
+    assert "tensor<128x3x32x32xf32>" in (tmp_path / "resnet18_fwd.mlir").read_text()
+    with pytest.raises(SystemExit):  # argparse: exit 2 with the usage line
+        main(["render", "resnet18", "--input", "3,x", "--out", str(tmp_path)])
+    assert "expected a shape like 3,32,32" in capsys.readouterr().err

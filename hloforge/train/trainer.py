@@ -41,6 +41,8 @@ BITMAP = "eval_correct.npz"
 @attrs.frozen
 class TrainConfig:
     net: str = "mnist-mlp"
+    classes: int | None = None  # override a zoo net's class count
+    input: tuple[int, ...] | None = attrs.field(default=None, converter=lambda v: None if v is None else tuple(v))
     data: str = "digits"
     data_dir: str = ""
     data_file: str = ""  # a file-based dataset's file (e.g. text's UTF-8 corpus)
@@ -183,7 +185,7 @@ class Run:
         cfg = attrs.evolve(cfg, backend=self.backend.name)
         self.cfg, self.log, self.progress = cfg, log, progress
         reg = default_registry()
-        self.spec = get_net(cfg.net)
+        self.spec = get_net(cfg.net, cfg.classes, cfg.input)
         self.lm = is_lm(self.spec)
         self.variant = cfg.variant(self.spec)
         opts: dict[str, Any] = {"data_dir": cfg.data_dir} if cfg.data_dir else {}
