@@ -18,10 +18,12 @@ from hloforge.core.spec import (
     Layer,
     LayerShapes,
     Loss,
+    MaskSlot,
     NetSpec,
     ParamSlot,
     Shape,
     StatSlot,
+    qualified_masks,
     qualified_params,
     qualified_stats,
     walk_layers,
@@ -30,15 +32,18 @@ from hloforge.core.variant import Optimizer, Variant
 
 
 def emit_layers(b: Builder, walk: Sequence[LayerShapes], x: Value, params: Sequence[Value], *, train: bool,
-                running: Sequence[Value] = ()) -> tuple[Value, list[Value]]:
+                running: Sequence[Value] = (), masks: Sequence[Value] = ()) -> tuple[Value, list[Value]]:
     """The forward walk: each layer's ops, fed its own slots by name. Returns the output and,
     in training, the batch value of every stat slot (qualified_stats order); in eval the
-    running values come in through `running` in that same order."""
-    p_it, r_it = iter(params), iter(running)
+    running values come in through `running` in that same order. `masks` (qualified_masks
+    order) are given only by the train step and the gate's modules; without them a
+    dropout or drop-path layer is the identity."""
+    p_it, r_it, m_it = iter(params), iter(running), iter(masks)
     batch_stats: list[Value] = []
     for ls in walk:
         mine = {s.name: next(p_it) for s in ls.slots}
-        ctx = Ctx(train=train, running={} if train else {s.name: next(r_it) for s in ls.stats})
+        ctx = Ctx(train=train, running={} if train else {s.name: next(r_it) for s in ls.stats},
+                  masks={s.name: next(m_it) for s in ls.masks} if masks else {})
         x = ls.layer.forward(b, x, mine, ctx)
         want = (x.shape[0], *ls.out_shape)
         if x.shape != want:
@@ -65,12 +70,13 @@ def forward_module(spec: NetSpec, batch: int, *, dtype: str = "f32", eval_mode: 
 
 @attrs.frozen
 class TrainStepLayout:
-    """Inputs: θ…, then each state group (all m…, all v…), scalars…, x, y.
+    """Inputs: θ…, then each state group (all m…, all v…), scalars…, x, y, masks….
     Outputs: θ'…, state'… (same order), loss, batch stats… (qualified_stats order).
     Parameter and state inputs alias their outputs."""
 
     params: tuple[tuple[str, ParamSlot], ...]
     stats: tuple[tuple[str, StatSlot], ...]
+    masks: tuple[tuple[str, MaskSlot], ...]
     state: tuple[str, ...]
     scalars: tuple[str, ...]
     x_shape: Shape
@@ -101,7 +107,8 @@ def label_type(loss: Loss, out_shape: Shape, dtype: str) -> tuple[Shape, str]:
 def train_step_layout(spec: NetSpec, opt: Optimizer, loss: Loss, batch: int, dtype: str = "f32") -> TrainStepLayout:
     walk = spec.walk()
     y_shape, y_dtype = label_type(loss, walk[-1].out_shape, dtype)
-    return TrainStepLayout(tuple(qualified_params(walk)), tuple(qualified_stats(walk)), opt.state, opt.scalars,
+    return TrainStepLayout(tuple(qualified_params(walk)), tuple(qualified_stats(walk)), tuple(qualified_masks(walk)),
+                           opt.state, opt.scalars,
                            (batch, *spec.input_shape),
                            (batch, *y_shape), y_dtype)
 
@@ -119,7 +126,8 @@ def train_step_module(spec: NetSpec, variant: Variant, batch: int, *, dtype: str
     scalars = {name: b.arg(()) for name in lay.scalars}
     x = b.arg(lay.x_shape)
     y = b.arg(lay.y_shape, lay.y_dtype)
-    logits, batch_stats = emit_layers(b, walk, x, params, train=True)
+    masks = [b.arg((batch, *s.shape)) for _, s in lay.masks]
+    logits, batch_stats = emit_layers(b, walk, x, params, train=True, masks=masks)
     loss_v = loss.forward(b, logits, y)
     grads = autodiff.grad(b, [loss_v], [b.full(1.0)], params)
     new_params: list[Value] = []
@@ -135,25 +143,28 @@ def train_step_module(spec: NetSpec, variant: Variant, batch: int, *, dtype: str
 
 def vjp_module(layers: Sequence[Layer], in_shape: Shape, batch: int, *, dtype: str = "f32",
                name: str = "vjp") -> str:
-    """`@main(θ…, x, ḡ) -> (y, ∂θ…, ∂x)`: sums over the batch, no loss (composable nets take ḡ in)."""
+    """`@main(θ…, x, ḡ, masks…) -> (y, ∂θ…, ∂x)`: sums over the batch, no loss (composable nets
+    take ḡ in); the masks (if any layer has mask slots) are fixed inputs, not differentiated."""
     walk = walk_layers(layers, in_shape)
     b = Builder(dtype, name)
     params = [b.arg(s.shape) for _, s in qualified_params(walk)]
     x = b.arg((batch, *in_shape))
     gbar = b.arg((batch, *walk[-1].out_shape))
-    y, _ = emit_layers(b, walk, x, params, train=True)
+    masks = [b.arg((batch, *s.shape)) for _, s in qualified_masks(walk)]
+    y, _ = emit_layers(b, walk, x, params, train=True, masks=masks)
     cts = autodiff.grad(b, [y], [gbar], [*params, x])
     return b.module([y, *cts])
 
 
 def layers_forward_module(layers: Sequence[Layer], in_shape: Shape, batch: int, *, dtype: str = "f32",
                           name: str = "fwd") -> str:
-    """`@main(θ…, x) -> y` for a bare layer stack: what finite differences probe."""
+    """`@main(θ…, x, masks…) -> y` for a bare layer stack: what finite differences probe."""
     walk = walk_layers(layers, in_shape)
     b = Builder(dtype, name)
     params = [b.arg(s.shape) for _, s in qualified_params(walk)]
     x = b.arg((batch, *in_shape))
-    return b.module([emit_layers(b, walk, x, params, train=True)[0]])
+    masks = [b.arg((batch, *s.shape)) for _, s in qualified_masks(walk)]
+    return b.module([emit_layers(b, walk, x, params, train=True, masks=masks)[0]])
 
 
 def loss_module(loss: Loss, out_shape: Shape, batch: int, *, dtype: str = "f32") -> str:

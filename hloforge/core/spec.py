@@ -68,6 +68,28 @@ class StatSlot:
         return np.full(self.shape, self.init, np.float32)
 
 
+@attrs.frozen
+class MaskSlot:
+    """A per-example random input of the train step (a dropout or stochastic-depth mask), drawn
+    on the host every step — so the graph is deterministic and a resumed run redraws the same
+    masks — and absent elsewhere, where the layer is the identity. `shape` excludes the batch;
+    () is one scalar per example (drop path)."""
+
+    name: str
+    shape: Shape = attrs.field(converter=tuple)
+    rate: float = attrs.field(default=0.0)
+
+    @rate.validator
+    def _rate(self, attribute: Any, value: float) -> None:
+        if not 0.0 <= value < 1.0:
+            raise UnsupportedSpec(f"mask {self.name!r}: rate must be in [0, 1), got {value}")
+
+    def sample(self, rng: np.random.Generator, batch: int) -> np.ndarray:
+        """Inverted dropout: keep with probability 1 − rate, kept entries scaled by 1/(1 − rate)."""
+        keep = rng.random((batch, *self.shape)) >= self.rate
+        return (keep / (1.0 - self.rate)).astype(np.float32)
+
+
 @attrs.define
 class Ctx:
     """What a layer's forward may depend on besides its input and parameters.
@@ -79,6 +101,7 @@ class Ctx:
     train: bool = False
     running: Mapping[str, Value] = attrs.Factory(dict)
     batch_stats: dict[str, Value] = attrs.Factory(dict)
+    masks: Mapping[str, Value] = attrs.Factory(dict)  # the train step's per-example masks, by slot name
 
 
 class Layer:
@@ -99,6 +122,9 @@ class Layer:
         return ()
 
     def stat_slots(self, in_shape: Shape) -> tuple[StatSlot, ...]:
+        return ()
+
+    def mask_slots(self, in_shape: Shape) -> tuple[MaskSlot, ...]:
         return ()
 
     def forward(self, b: Builder, x: Value, params: Mapping[str, Value], ctx: Ctx) -> Value:
@@ -164,6 +190,7 @@ class LayerShapes:
     out_shape: Shape
     slots: tuple[ParamSlot, ...]
     stats: tuple[StatSlot, ...] = ()
+    masks: tuple[MaskSlot, ...] = ()
 
 
 def _shape(v: Sequence[int]) -> Shape:
@@ -280,12 +307,13 @@ def walk_layers(layers: Sequence[Layer], in_shape: Shape) -> list[LayerShapes]:
             nxt = layer.out_shape(shape)
             slots = layer.param_slots(shape)
             stats = layer.stat_slots(shape)
+            masks = layer.mask_slots(shape)
         except UnsupportedSpec as e:
             raise UnsupportedSpec(f"layer {i} ({_brief(layer)}) on input {list(shape)}: {e}") from None
         names = [s.name for s in slots]
         if len(set(names)) != len(names):
             raise UnsupportedSpec(f"layer {i} ({_brief(layer)}) declares a parameter name twice: {names}")
-        out.append(LayerShapes(i, layer, shape, nxt, slots, stats))
+        out.append(LayerShapes(i, layer, shape, nxt, slots, stats, masks))
         shape = nxt
     return out
 
@@ -293,6 +321,11 @@ def walk_layers(layers: Sequence[Layer], in_shape: Shape) -> list[LayerShapes]:
 def qualified_params(walk: Sequence[LayerShapes]) -> list[tuple[str, ParamSlot]]:
     """(qualified name, slot) in train-step order: layer by layer, slot by slot."""
     return [(f"{ls.index}.{s.name}", s) for ls in walk for s in ls.slots]
+
+
+def qualified_masks(walk: Sequence[LayerShapes]) -> list[tuple[str, MaskSlot]]:
+    """(qualified name, mask slot) in the order the train step takes them, after the labels."""
+    return [(f"{ls.index}.{s.name}", s) for ls in walk for s in ls.masks]
 
 
 def qualified_stats(walk: Sequence[LayerShapes]) -> list[tuple[str, StatSlot]]:

@@ -135,7 +135,8 @@ def _stat_layer_modules(layer: Layer, in_shape: Shape, batch: int, dtype: str, e
         running = [b.arg(s.shape) for s in walk[0].stats] if eval_mode else []
         x = b.arg((batch, *in_shape))
         gbar = b.arg((batch, *walk[-1].out_shape)) if with_vjp else None
-        y, stats = modules.emit_layers(b, walk, x, params, train=not eval_mode, running=running)
+        masks = [] if eval_mode else [b.arg((batch, *s.shape)) for s in walk[0].masks]
+        y, stats = modules.emit_layers(b, walk, x, params, train=not eval_mode, running=running, masks=masks)
         if gbar is None:
             texts.append(b.module([y]))
         else:
@@ -162,10 +163,13 @@ def gate_layer(layer: Layer, in_shape: Shape, *, batch: int = 2, seed: int = 0, 
     running = [s.init + rng.uniform(-0.5, 0.5, s.shape) for s in stats] if eval_mode else []
     inputs = [*params, *running, x]  # the differentiated inputs, in module order
     n_in = len(inputs)
+    # Dropout / drop-path masks: drawn once, fed to module and reference alike (training only).
+    masks = [] if eval_mode else [s.sample(rng, batch).astype(np.float64) for s in walk[0].masks]
+    by_name = {s.name: m for s, m in zip(walk[0].masks, masks, strict=False)}
 
     def reference(ps: list[Any], rs: list[Any], xv: Any, ctx: Ctx | None = None) -> Any:
         if ctx is None:
-            ctx = Ctx(train=True) if not eval_mode else \
+            ctx = Ctx(train=True, masks=by_name) if not eval_mode else \
                 Ctx(train=False, running={s.name: r for s, r in zip(stats, rs, strict=True)})
         return layer.reference({s.name: p for s, p in zip(slots, ps, strict=True)}, xv, ctx)
 
@@ -173,7 +177,7 @@ def gate_layer(layer: Layer, in_shape: Shape, *, batch: int = 2, seed: int = 0, 
     dps_ref, drs_ref, dx_ref = pullback(gbar)
     refs = [np.asarray(y_ref), *map(np.asarray, dps_ref), *map(np.asarray, drs_ref), np.asarray(dx_ref)]
     if stats and not eval_mode:
-        c = Ctx(train=True)
+        c = Ctx(train=True, masks=by_name)
         reference(params, running, x, c)
         refs += [np.asarray(c.batch_stats[s.name]) for s in stats]
 
@@ -190,14 +194,14 @@ def gate_layer(layer: Layer, in_shape: Shape, *, batch: int = 2, seed: int = 0, 
         else:
             vjp_text = modules.vjp_module([layer], in_shape, batch, dtype=dtype)
             fwd_text = modules.layers_forward_module([layer], in_shape, batch, dtype=dtype)
-        got = _run(vjp_text, [a.astype(npt) for a in inputs] + [gbar.astype(npt)])
+        got = _run(vjp_text, [a.astype(npt) for a in [*inputs, gbar, *masks]])
         errs[dtype] = max(zero_err(g, scale) if i in zero else rel_err(g, r)
                           for i, (g, r) in enumerate(zip(got, refs, strict=True)))
         if dtype == "f64":
             fwd = _client().compile(fwd_text)
 
             def run_fwd(ins: list[np.ndarray], exe: Any = fwd) -> np.ndarray:
-                return np.asarray(exe.run(ins)[0])
+                return np.asarray(exe.run([*ins, *masks])[0])
 
             try:
                 which = [i for i in range(n_in) if 1 + i not in zero]

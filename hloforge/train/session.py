@@ -64,23 +64,37 @@ class TrainSession:
         self._carried: list[Any] = carried if not resident else [backend.to_device(a) for a in carried]
         self._batch_stats: list[Any] = []  # the last step's batch statistics (device buffers), one per stat slot
         self.step = 0
+        self.seed = seed
 
     # -- the step --------------------------------------------------------------
 
-    def train_step(self, x: np.ndarray, y: np.ndarray, lr: float) -> float:
-        """One fused step (forward, loss, backward, update); returns the batch loss."""
+    def masks_for_step(self, step: int) -> list[np.ndarray]:
+        """The dropout / drop-path masks of 1-based step `step`: drawn from (seed, step) alone,
+        so a resumed run draws exactly the masks the uninterrupted run would have."""
+        rng = np.random.default_rng([self.seed, 0x6D61736B, step])
+        return [s.sample(rng, self.batch) for _, s in self.layout.masks]
+
+    def train_step(self, x: np.ndarray, y: np.ndarray, lr: float,
+                   masks: Sequence[np.ndarray] | None = None) -> float:
+        """One fused step (forward, loss, backward, update); returns the batch loss. `masks`
+        default to `masks_for_step` of this step."""
         lay, be = self.layout, self.backend
         if x.shape != lay.x_shape:
             raise DataError(f"train batch x has shape {list(x.shape)}, expected {list(lay.x_shape)}")
         if tuple(np.shape(y)) != lay.y_shape:
             raise DataError(f"train batch labels have shape {list(np.shape(y))}, expected {list(lay.y_shape)}")
         self.step += 1
+        if masks is None:
+            masks = self.masks_for_step(self.step)
+        if len(masks) != len(lay.masks):
+            raise DataError(f"the train step takes {len(lay.masks)} mask(s), got {len(masks)}")
         scalars = self.optimizer.host_scalars(self.step, lr)
         carried = self._carried if self.resident else [be.to_device(a) for a in self._carried]
         args = [*carried,
                 *(be.to_device(np.asarray(scalars[k], np.float32)) for k in lay.scalars),
                 be.to_device(np.ascontiguousarray(x, np.float32)),
-                be.to_device(np.ascontiguousarray(y).astype(np.int32 if lay.y_dtype == "i32" else np.float32))]
+                be.to_device(np.ascontiguousarray(y).astype(np.int32 if lay.y_dtype == "i32" else np.float32)),
+                *(be.to_device(np.asarray(m, np.float32)) for m in masks)]
         # The carried inputs are donated and consumed here; the session never touches them again.
         outs = be.execute(self.exe, args)
         new = outs[:lay.n_carried]

@@ -18,7 +18,7 @@ import attrs
 
 from hloforge.core.errors import UnsupportedSpec
 from hloforge.core.hlo import Builder, Value
-from hloforge.core.spec import Ctx, Layer, ParamSlot, Shape, StatSlot
+from hloforge.core.spec import Ctx, Layer, MaskSlot, ParamSlot, Shape, StatSlot
 from hloforge.plugins.layers.activation import check_act, emit_act, reference_act
 
 
@@ -34,6 +34,9 @@ class Block:
     # None: no skip connection; (): identity skip; otherwise the projection path.
     short: tuple[Part, ...] | None = None
     act: str = "identity"  # applied after the sum
+    # Stochastic depth: in training the main path is scaled per example by a host-drawn mask
+    # (MaskSlot "drop", kept with probability 1 − drop_path) before the skip is added.
+    drop_path: float = 0.0
 
 
 def is_train(ctx: Ctx | None) -> bool:
@@ -164,9 +167,15 @@ class BlockLayer(Layer):
             out += path_stats(blk.short or (), shape, prefix)
         return tuple(out)
 
+    def mask_slots(self, in_shape: Shape) -> tuple[MaskSlot, ...]:
+        return tuple(MaskSlot(prefix + "drop", (), blk.drop_path)
+                     for prefix, blk, _ in self._walk(in_shape) if blk.drop_path and blk.short is not None)
+
     def forward(self, b: Builder, x: Value, params: Mapping[str, Value], ctx: Ctx) -> Value:
         for prefix, blk, _ in self._walk(x.shape[1:]):
             y = path_forward(b, blk.main, x, params, ctx, prefix)
+            if prefix + "drop" in ctx.masks:
+                y = y * b.broadcast_in_dim(ctx.masks[prefix + "drop"], y.shape, [0])
             if blk.short is not None:
                 y = y + path_forward(b, blk.short, x, params, ctx, prefix)
             x = emit_act(b, blk.act, y)
@@ -175,6 +184,9 @@ class BlockLayer(Layer):
     def reference(self, params: Mapping[str, Any], x: Any, ctx: Ctx | None) -> Any:
         for prefix, blk, _ in self._walk(tuple(x.shape[1:])):
             y = path_reference(blk.main, params, x, ctx, prefix)
+            if ctx is not None and prefix + "drop" in ctx.masks:
+                m = ctx.masks[prefix + "drop"]
+                y = y * m.reshape(m.shape + (1,) * (y.ndim - 1))
             if blk.short is not None:
                 y = y + path_reference(blk.short, params, x, ctx, prefix)
             x = reference_act(blk.act, y)

@@ -156,6 +156,7 @@ class TransformerBlock(BlockLayer):
     eps: float = 1e-6
     final_norm: bool = False
     output: str = "sequence"
+    drop_path: float = 0.0  # stochastic depth on both residual branches
 
     def blocks(self, in_shape: Shape) -> list[tuple[str, Block]]:
         if len(in_shape) != 2:
@@ -168,9 +169,12 @@ class TransformerBlock(BlockLayer):
             raise UnsupportedSpec(f"mlp must be positive, got {self.mlp}")
         d = in_shape[1]
         attn = MultiHeadSelfAttention(self.heads, self.attention, self.causal, self.rope, block=self.block)
-        out = [("attn.", Block((Part("ln.", LayerNormLast(self.eps)), Part("mhsa.", attn)), short=())),
+        if not 0.0 <= self.drop_path < 1.0:
+            raise UnsupportedSpec(f"drop_path must be in [0, 1), got {self.drop_path}")
+        out = [("attn.", Block((Part("ln.", LayerNormLast(self.eps)), Part("mhsa.", attn)), short=(),
+                               drop_path=self.drop_path)),
                ("mlp.", Block((Part("ln.", LayerNormLast(self.eps)), Part("fc1.", Dense(self.mlp, act="gelu")),
-                               Part("fc2.", Dense(d))), short=()))]
+                               Part("fc2.", Dense(d))), short=(), drop_path=self.drop_path))]
         if self.final_norm:
             out.append(("", Block((Part("norm.", LayerNormLast(self.eps)),))))
         if self.output == "cls":
@@ -180,7 +184,7 @@ class TransformerBlock(BlockLayer):
     @classmethod
     def gate_cases(cls) -> list[tuple[Layer, Shape]]:
         return [(cls(2, 6, attention="flash", causal=True, rope=True, block=2), (4, 4)),
-                (cls(1, 4, final_norm=True, output="cls"), (3, 4))]
+                (cls(1, 4, final_norm=True, output="cls", drop_path=0.5), (3, 4))]
 
 
 @hookimpl
