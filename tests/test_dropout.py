@@ -12,9 +12,9 @@ from hloforge.core.variant import Variant
 from hloforge.plugins.layers.dense import Dense
 from hloforge.plugins.layers.dropout import Dropout
 from hloforge.plugins.layers.transformer import TransformerBlock
+from hloforge.testing.gate import gate_layer
 from hloforge.train.session import TrainSession, make_backend
 from hloforge.train.trainer import TrainConfig, train
-from hloforge.testing.gate import gate_layer
 
 
 def mlp_with_dropout(rate=0.3) -> NetSpec:
