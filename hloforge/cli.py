@@ -45,8 +45,8 @@ def _render(args: argparse.Namespace) -> None:
     print(f"rendered {spec.name} ({spec.param_count():,} params, batch {args.batch}) in {secs:.2f}s", file=sys.stderr)
 
 
-TRAIN_FLAGS = ("net", "classes", "input", "data", "data_dir", "data_file", "backend", "epochs", "batch", "optimizer", "lr", "schedule",
-               "warmup_epochs", "weight_decay", "label_smoothing", "seed", "run_dir", "tag")
+TRAIN_FLAGS = ("net", "classes", "input", "data", "data_dir", "data_file", "backend", "epochs", "batch",
+               "optimizer", "lr", "schedule", "warmup_epochs", "weight_decay", "label_smoothing", "seed", "run_dir", "tag")
 
 
 def _train(args: argparse.Namespace) -> None:
