@@ -46,7 +46,8 @@ def _render(args: argparse.Namespace) -> None:
 
 
 TRAIN_FLAGS = ("net", "classes", "input", "data", "data_dir", "data_file", "backend", "epochs", "batch",
-               "optimizer", "lr", "schedule", "warmup_epochs", "weight_decay", "label_smoothing", "seed", "run_dir", "tag")
+               "optimizer", "lr", "schedule", "warmup_epochs", "weight_decay", "label_smoothing", "seed",
+               "run_dir", "tag")
 
 
 def _train(args: argparse.Namespace) -> None:
