@@ -271,4 +271,5 @@ def test_hloforge_gate_runs_and_reports_third_party_failures(third_party: tuple[
     assert "gate failed for layer 'fakeScaleBad' from distribution 'hloforge-fake'" in out
     assert HEADER in out
     fail_rows = [ln for ln in out.splitlines() if ln.startswith("layer") and ln.rstrip().endswith("FAIL")]
-    assert len(fail_rows) == 1 and "fakeScaleBad" in fail_rows[0], out
+    # One failing case; under CI=true pytest prints the summary untruncated, so its row may repeat.
+    assert len(set(fail_rows)) == 1 and "fakeScaleBad" in fail_rows[0], out
