@@ -40,6 +40,8 @@ from typing import Any
 
 import numpy as np
 
+from hloforge.core.errors import UnsupportedSpec
+
 BACKENDS = ("hloforge-xla", "hloforge-iree", "jax.jit", "torch")
 DISPATCH_BACKENDS = ("hloforge-xla", "hloforge-iree", "jax.jit")
 DEFAULT_STEPS = {"mnist-mlp": 20, "mnist-linear": 20, "mnist-cnn": 10}
@@ -212,19 +214,19 @@ def torch_net(spec: Any, params: Sequence[np.ndarray]) -> Any:
         elif isinstance(layer, Conv2d):
             pads = resolve_padding(layer.pad, ls.in_shape[1:3], layer.k, layer.stride)
             if any(lo != hi for lo, hi in pads):
-                raise NotImplementedError(f"torch peer: asymmetric padding {pads} in layer {ls.index}")
+                raise UnsupportedSpec(f"torch peer: asymmetric padding {pads} in layer {ls.index}")
             m = nn.Conv2d(ls.in_shape[0], layer.out, layer.k, layer.stride, (pads[0][0], pads[1][0]),
                           groups=layer.groups, bias=layer.bias)
             copy(m.weight, mine["w"])  # OIHW on both sides
         elif isinstance(layer, MaxPool):
             pads = resolve_padding(layer.pad, ls.in_shape[1:3], layer.k, layer.s)
             if any(lo != hi for lo, hi in pads):
-                raise NotImplementedError(f"torch peer: asymmetric padding {pads} in layer {ls.index}")
+                raise UnsupportedSpec(f"torch peer: asymmetric padding {pads} in layer {ls.index}")
             m = nn.MaxPool2d(layer.k, layer.s, (pads[0][0], pads[1][0]))
         elif isinstance(layer, Flatten):
             m = nn.Flatten()
         else:
-            raise NotImplementedError(f"torch peer: no translation for layer {ls.index} ({layer.kind})")
+            raise UnsupportedSpec(f"torch peer: no translation for layer {ls.index} ({layer.kind})")
         if getattr(layer, "bias", False):
             copy(m.bias, mine["b"])
         mods.append(m)
