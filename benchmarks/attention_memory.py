@@ -97,10 +97,8 @@ def memory(ns: list[int]) -> list[dict[str, Any]]:
 def step_time(steps: int, warmup: int = 3, batch: int = 32) -> dict[str, float]:
     import jax
     import jax.numpy as jnp
-    import optax
 
-    from hloforge.bench import jax_forward
-    from hloforge.core.registry import default_registry
+    from hloforge.bench import jax_adam_step
     from hloforge.core.variant import Variant
     from hloforge.train.session import TrainSession, make_backend
     from hloforge.zoo import get_net
@@ -125,17 +123,7 @@ def step_time(steps: int, warmup: int = 3, batch: int = 32) -> dict[str, float]:
             ms.append(1e3 * (time.perf_counter() - s))
     out["hloforge-xla"] = statistics.median(ms)
 
-    adam = default_registry().make("optimizer", "adam")
-    forward = jax_forward(spec)
-    tx = optax.adam(lr, b1=adam.b1, b2=adam.b2, eps=adam.eps)
-
-    def loss_fn(ps: Any, x: Any, y: Any) -> Any:
-        return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(forward(ps, x), y))
-
-    def train_step(ps: Any, st: Any, x: Any, y: Any) -> Any:
-        loss, g = jax.value_and_grad(loss_fn)(ps, x, y)
-        upd, st = tx.update(g, st, ps)
-        return optax.apply_updates(ps, upd), st, loss
+    tx, train_step = jax_adam_step(spec, lr)
 
     params = [jnp.asarray(p) for p in spec.init_params(0)]
     state = [params, tx.init(params)]

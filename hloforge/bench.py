@@ -146,15 +146,15 @@ def jax_forward(spec: Any) -> Callable[[Sequence[Any], Any], Any]:
     return forward
 
 
-def make_jax(net: str, batch: int, lr: float, seed: int) -> tuple[float, StepFn, str]:
+def jax_adam_step(spec: Any, lr: float) -> tuple[Any, Callable[..., Any]]:
+    """The jax peer: (optax transform, train_step(θ, state, x, y) -> (θ', state', loss)) with
+    hloforge's Adam hyper-parameters and mean softmax cross-entropy over every label."""
     import jax
     import jax.numpy as jnp
     import optax
 
     from hloforge.core.registry import default_registry
-    from hloforge.zoo import get_net
 
-    spec = get_net(net)
     adam = default_registry().make("optimizer", "adam")
     forward = jax_forward(spec)
     tx = optax.adam(lr, b1=adam.b1, b2=adam.b2, eps=adam.eps)
@@ -166,6 +166,17 @@ def make_jax(net: str, batch: int, lr: float, seed: int) -> tuple[float, StepFn,
         loss, g = jax.value_and_grad(loss_fn)(ps, x, y)
         upd, st = tx.update(g, st, ps)
         return optax.apply_updates(ps, upd), st, loss
+
+    return tx, train_step
+
+
+def make_jax(net: str, batch: int, lr: float, seed: int) -> tuple[float, StepFn, str]:
+    import jax
+
+    from hloforge.zoo import get_net
+
+    spec = get_net(net)
+    tx, train_step = jax_adam_step(spec, lr)
 
     cpu = jax.devices("cpu")[0]
     params = [jax.device_put(np.asarray(p, np.float32), cpu) for p in spec.init_params(seed)]

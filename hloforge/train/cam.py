@@ -9,10 +9,7 @@ import numpy as np
 
 from hloforge.core.cam import gradcam, save_overlay
 from hloforge.core.errors import DataError
-from hloforge.core.spec import NetSpec
-from hloforge.train import checkpoint as ckpt
-from hloforge.train.session import make_backend
-from hloforge.train.trainer import CHECKPOINT, Run, TrainConfig
+from hloforge.train.trainer import Run, open_checkpoint
 
 
 def load_image(ref: str, run: Run) -> np.ndarray:
@@ -33,14 +30,12 @@ def load_image(ref: str, run: Run) -> np.ndarray:
 
 def cam_run(path: str, image_ref: str, out: str, class_index: int | None = None,
             log: Callable[[str], None] = print) -> np.ndarray:
-    file = os.path.join(path, CHECKPOINT) if os.path.isdir(path) else path
-    tensors, meta = ckpt.load_checkpoint(file)
-    run = Run(TrainConfig(**meta["config"]), log, progress=False)
-    spec = NetSpec.from_dict(meta["spec"], source=file)
-    image = load_image(image_ref, run).reshape(spec.input_shape)
-    params = [tensors[f"param/{n}"] for n, _ in spec.params()]
-    running = [tensors[f"stat/{n}"] for n, _ in spec.stats()]
-    heat = gradcam(spec, params, running, image, make_backend(run.cfg.backend), class_index)
+    oc = open_checkpoint(path, log=log)
+    spec = oc.spec
+    image = load_image(image_ref, oc.run).reshape(spec.input_shape)
+    params = oc.weights("param", [n for n, _ in spec.params()])
+    running = oc.weights("stat", [n for n, _ in spec.stats()])
+    heat = gradcam(spec, params, running, image, oc.run.backend, class_index)
     save_overlay(image, heat, out)
-    log(f"wrote {out} (Grad-CAM of {image_ref} through {spec.name}, epoch {meta['epoch']})")
+    log(f"wrote {out} (Grad-CAM of {image_ref} through {spec.name}, epoch {oc.meta['epoch']})")
     return heat

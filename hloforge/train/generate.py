@@ -9,38 +9,26 @@ the next token is drawn from softmax(logits at the last real position / temperat
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
-import attrs
 import numpy as np
 
 from hloforge.core.errors import DataError, UnsupportedSpec
-from hloforge.core.spec import NetSpec
-from hloforge.train import checkpoint as ckpt
 from hloforge.train.session import ForwardSession
 
 
 def generate(path: str, prompt: str = "\n", tokens: int = 200, temperature: float = 0.8, seed: int = 0,
              backend: str | None = None, out: Callable[[str], None] | None = None) -> str:
     """The prompt followed by `tokens` sampled characters; `out`, if given, receives each piece as it comes."""
-    from hloforge.train.trainer import CHECKPOINT, Run, TrainConfig
+    from hloforge.train.trainer import open_checkpoint
 
     if tokens < 0 or temperature < 0:
         raise UnsupportedSpec(f"tokens and temperature must be non-negative, got {tokens} and {temperature}")
-    file = os.path.join(path, CHECKPOINT) if os.path.isdir(path) else path
-    tensors, meta = ckpt.load_checkpoint(file)
-    cfg = TrainConfig(**meta["config"])
-    if backend and backend != cfg.backend:
-        cfg = attrs.evolve(cfg, backend=backend)
-    run = Run(cfg, log=lambda s: None, progress=False)
+    oc = open_checkpoint(path, backend, log=lambda s: None)
+    run, spec = oc.run, oc.spec
     if not run.lm or not hasattr(run.data, "encode"):
-        raise DataError(f"{file} is not a character language model run (net {run.spec.name!r} on {cfg.data!r})")
-    spec = NetSpec.from_dict(meta["spec"], source=file)
-    try:
-        params = [tensors[f"param/{n}"] for n, _ in spec.params()]
-    except KeyError as e:
-        raise DataError(f"checkpoint {file} lacks tensor {e.args[0]}") from None
+        raise DataError(f"{oc.file} is not a character language model run (net {spec.name!r} on {run.cfg.data!r})")
+    params = oc.weights("param", [n for n, _ in spec.params()])
     fwd = ForwardSession(spec, 1, run.backend)
     dev = [run.backend.to_device(p) for p in params]
     t = spec.input_shape[0]

@@ -71,6 +71,8 @@ class TrainSession:
     def masks_for_step(self, step: int) -> list[np.ndarray]:
         """The dropout / drop-path masks of 1-based step `step`: drawn from (seed, step) alone,
         so a resumed run draws exactly the masks the uninterrupted run would have."""
+        if not self.layout.masks:  # the per-step path: no generator for a net without masks
+            return []
         rng = np.random.default_rng([self.seed, 0x6D61736B, step])
         return [s.sample(rng, self.batch) for _, s in self.layout.masks]
 

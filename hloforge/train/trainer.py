@@ -18,7 +18,7 @@ import os
 import sys
 import time
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -416,12 +416,27 @@ def train(cfg: TrainConfig, *, resume: bool = False, cross_backend: bool = False
 REGIONS = ("live", "ema")
 
 
-def evaluate_checkpoint(path: str, backend: str | None = None, region: str = "live",
-                        log: Callable[[str], None] = print) -> EvalResult:
-    """Score a run directory's (or a file's) checkpoint alone, with the training run's batching.
-    `region` picks the weights: the live ones, or the EMA shadow of an EMA variant."""
-    if region not in REGIONS:
-        raise UnsupportedSpec(f"region {region!r}; expected one of {list(REGIONS)}")
+@attrs.frozen
+class OpenedCheckpoint:
+    """A checkpoint with the run that wrote it rebuilt: what eval, generate and cam start from."""
+
+    file: str
+    tensors: dict[str, np.ndarray]
+    meta: dict[str, Any]
+    run: Run
+    spec: NetSpec
+
+    def weights(self, prefix: str, names: Sequence[str]) -> list[np.ndarray]:
+        try:
+            return [self.tensors[f"{prefix}/{n}"] for n in names]
+        except KeyError as e:
+            raise DataError(f"checkpoint {self.file} lacks tensor {e.args[0]}") from None
+
+
+def open_checkpoint(path: str, backend: str | None = None,
+                    log: Callable[[str], None] = print) -> OpenedCheckpoint:
+    """A run directory's (or a file's) checkpoint, its run rebuilt from the stored config
+    (on `backend` if given), refused if the net as defined now differs from the stored spec."""
     file = os.path.join(path, CHECKPOINT) if os.path.isdir(path) else path
     tensors, meta = ckpt.load_checkpoint(file)
     cfg = TrainConfig(**meta["config"])
@@ -431,21 +446,28 @@ def evaluate_checkpoint(path: str, backend: str | None = None, region: str = "li
     spec = NetSpec.from_dict(meta["spec"], source=file)
     if spec != run.spec:
         raise DataError(f"checkpoint {file} holds a spec that differs from net {cfg.net!r} as defined now")
-    prefix = "param" if region == "live" else "ema"
-    pn = [n for n, _ in spec.params()]
-    if region == "ema" and not any(k.startswith("ema/") for k in tensors):
-        raise DataError(f"checkpoint {file} has no EMA shadow (its variant {run.variant.slug!r} keeps none); "
+    return OpenedCheckpoint(file, tensors, meta, run, spec)
+
+
+def evaluate_checkpoint(path: str, backend: str | None = None, region: str = "live",
+                        log: Callable[[str], None] = print) -> EvalResult:
+    """Score a run directory's (or a file's) checkpoint alone, with the training run's batching.
+    `region` picks the weights: the live ones, or the EMA shadow of an EMA variant."""
+    if region not in REGIONS:
+        raise UnsupportedSpec(f"region {region!r}; expected one of {list(REGIONS)}")
+    oc = open_checkpoint(path, backend, log)
+    run, spec, meta, cfg = oc.run, oc.spec, oc.meta, oc.run.cfg
+    if region == "ema" and not any(k.startswith("ema/") for k in oc.tensors):
+        raise DataError(f"checkpoint {oc.file} has no EMA shadow (its variant {run.variant.slug!r} keeps none); "
                         "use --region live")
-    try:
-        params = [tensors[f"{prefix}/{n}"] for n in pn]
-        running = [tensors[f"stat/{n}"] for n in run.stat_names]
-    except KeyError as e:
-        raise DataError(f"checkpoint {file} lacks tensor {e.args[0]}") from None
+    params = oc.weights("param" if region == "live" else "ema", [n for n, _ in spec.params()])
+    running = oc.weights("stat", run.stat_names)
     evaluator = ForwardSession(spec, cfg.batch, run.backend)
+    buffers = [run.backend.to_device(p) for p in [*params, *running]]
     if run.lm:
-        lres = evaluate_lm(evaluator, [run.backend.to_device(p) for p in [*params, *running]], run.x_te, run.y_te)
+        lres = evaluate_lm(evaluator, buffers, run.x_te, run.y_te)
         log(f"{spec.name} epoch {meta['epoch']} ({region}) on {run.backend.backend_name()}: val {lres.line()}")
         return lres  # type: ignore[return-value]
-    res = evaluate(evaluator, [run.backend.to_device(p) for p in [*params, *running]], run.x_te, run.y_te)
+    res = evaluate(evaluator, buffers, run.x_te, run.y_te)
     log(f"{spec.name} epoch {meta['epoch']} ({region}) on {run.backend.backend_name()}: test {res.line()}")
     return res
