@@ -247,3 +247,33 @@ def test_no_plugin_installed(monkeypatch):
     monkeypatch.setattr(pjrt, "_PLUGIN_FINDERS", [("some_pkg", lambda: None)])
     with pytest.raises(BackendError, match=r"HLOFORGE_PJRT_PLUGIN is unset.*some_pkg.*pip install fastatomstruct-xla-cpu"):
         find_plugin()
+
+
+def _address(client, buf) -> int:
+    from hloforge.backends.xla.pjrt import ffi
+
+    ptr = client._api.call("Buffer_UnsafePointer", "locating a buffer", buffer=buf._handle).buffer_pointer
+    return int(ffi.cast("uintptr_t", ptr))
+
+
+def test_borrowed_input_aliases_host_memory_and_keeps_it_alive(client):
+    raw = np.empty(4 * 300 + 64, np.uint8)
+    start = -raw.ctypes.data % 64
+    host = raw[start:start + 4 * 300].view(np.float32)
+    host[:] = np.arange(300)
+    buf = client.to_device(host, borrow=True)
+    assert _address(client, buf) == host.ctypes.data  # no copy
+    misaligned = np.frombuffer(raw[start + 4:start + 4 + 4 * 299].tobytes(), np.float32).copy()
+    misaligned_view = raw[start + 4:start + 4 + 4 * 299].view(np.float32)  # 4 bytes past a 64-byte boundary
+    misaligned_view[:] = misaligned
+    other = client.to_device(misaligned_view, borrow=True)
+    assert _address(client, other) % 64 == 0 and _address(client, other) != misaligned_view.ctypes.data
+    del raw, host, misaligned_view  # the buffers hold their host memory, not the caller
+    np.testing.assert_array_equal(buf.to_numpy(), np.arange(300, dtype=np.float32))
+    np.testing.assert_array_equal(other.to_numpy(), misaligned)
+    exe = client.compile(ADD.format(t="f32").replace("2x3x", "300x"))
+    (out,) = exe.execute([buf, buf])
+    np.testing.assert_array_equal(out.to_numpy(), 2 * np.arange(300, dtype=np.float32))
+    buf.delete()
+    other.delete()
+    assert buf.is_deleted and other.is_deleted

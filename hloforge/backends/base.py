@@ -47,8 +47,9 @@ class Backend(Protocol):
         and when `num_replicas` is more than the backend can run (never a quiet single-device run)."""
         ...
 
-    def to_device(self, array: np.ndarray) -> Any:
-        """Copy a host array to the (first) device."""
+    def to_device(self, array: np.ndarray, borrow: bool = False) -> Any:
+        """Copy a host array to the (first) device. `borrow=True` marks a one-execute input the
+        caller neither writes nor keeps: a backend may alias its memory instead of copying."""
         ...
 
     def to_host(self, buffer: Any) -> np.ndarray:

@@ -92,13 +92,15 @@ class TrainSession:
             raise DataError(f"the train step takes {len(lay.masks)} mask(s), got {len(masks)}")
         scalars = self.optimizer.host_scalars(self.step, lr)
         carried = self._carried if self.resident else [be.to_device(a) for a in self._carried]
-        args = [*carried,
-                *(be.to_device(np.asarray(scalars[k], np.float32)) for k in lay.scalars),
-                be.to_device(np.ascontiguousarray(x, np.float32)),
-                be.to_device(np.ascontiguousarray(y).astype(np.int32 if lay.y_dtype == "i32" else np.float32)),
-                *(be.to_device(np.asarray(m, np.float32)) for m in masks)]
+        # The per-step inputs live for this one execute: borrowed, not copied, where the backend can.
+        step_inputs = [*(be.to_device(np.asarray(scalars[k], np.float32), borrow=True) for k in lay.scalars),
+                       be.to_device(np.ascontiguousarray(x, np.float32), borrow=True),
+                       be.to_device(np.ascontiguousarray(y, np.int32 if lay.y_dtype == "i32" else np.float32),
+                                    borrow=True),
+                       *(be.to_device(np.asarray(m, np.float32), borrow=True) for m in masks)]
         # The carried inputs are donated and consumed here; the session never touches them again.
-        outs = be.execute(self.exe, args)
+        outs = be.execute(self.exe, [*carried, *step_inputs])
+        del step_inputs  # releases the borrowed host arrays
         new = outs[:lay.n_carried]
         self._carried = new if self.resident else [be.to_host(b) for b in new]
         self._batch_stats = outs[lay.loss_index + 1:]

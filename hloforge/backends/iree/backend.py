@@ -297,7 +297,7 @@ class IreeBackend:
 
     # -- buffers ---------------------------------------------------------------
 
-    def to_device(self, array: np.ndarray) -> IreeBuffer:
+    def to_device(self, array: np.ndarray, borrow: bool = False) -> IreeBuffer:  # always a copy
         from iree.runtime.array_interop import map_dtype_to_element_type
 
         host = np.asarray(array)

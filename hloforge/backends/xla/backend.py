@@ -26,8 +26,8 @@ class XlaBackend:
         """More replicas than the client has devices is a BackendError (from the binding)."""
         return self.client.compile(mlir_text, num_replicas)
 
-    def to_device(self, array: np.ndarray) -> DeviceBuffer:
-        return self.client.to_device(array)
+    def to_device(self, array: np.ndarray, borrow: bool = False) -> DeviceBuffer:
+        return self.client.to_device(array, borrow=borrow)
 
     def to_host(self, buffer: DeviceBuffer) -> np.ndarray:
         return buffer.to_numpy()

@@ -884,6 +884,7 @@ class DeviceBuffer:
         self.shape: tuple[int, ...] = shape
         self.dtype: np.dtype = dtype
         self._computed = False  # an execute output whose completion event was awaited
+        self._borrowed: tuple[np.ndarray, object] | None = None  # (host array, PJRT's done event)
         client._own(self)
 
     def _live(self, purpose: str):
@@ -948,6 +949,9 @@ class DeviceBuffer:
         self._gone = reason
         handle, self._handle = self._handle, None
         self._client._api.call("Buffer_Destroy", "destroying a buffer", buffer=handle)
+        if self._borrowed is not None:  # the host memory may go only when PJRT says it is done
+            done, self._borrowed = self._borrowed[1], None
+            self._client._api.await_event(done, "releasing a borrowed host array")
 
     def __del__(self) -> None:
         try:
@@ -966,6 +970,18 @@ _LAYOUT_TILED = ffi.typeof("PJRT_Buffer_MemoryLayout_Type").relements[
 _IMMUTABLE_UNTIL_TRANSFER_COMPLETES = ffi.typeof("PJRT_HostBufferSemantics").relements[
     "PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes"
 ]
+_IMMUTABLE_ZERO_COPY = ffi.typeof("PJRT_HostBufferSemantics").relements[
+    "PJRT_HostBufferSemantics_kImmutableZeroCopy"
+]
+_ZERO_COPY_ALIGN = 64  # XLA CPU aliases host memory only at its buffer alignment
+
+
+def _aligned_copy(host: np.ndarray) -> np.ndarray:
+    raw = np.empty(host.nbytes + _ZERO_COPY_ALIGN, np.uint8)
+    start = -raw.ctypes.data % _ZERO_COPY_ALIGN
+    out = raw[start:start + host.nbytes].view(host.dtype).reshape(host.shape)
+    out[...] = host
+    return out
 
 # -------------------------------------------------------------- executables ---
 
@@ -1253,8 +1269,13 @@ class Client:
         )
         return Executable(self, compiled.executable, parse_main_signature(mlir_text), num_replicas)
 
-    def to_device(self, array: np.ndarray, device: int = 0) -> DeviceBuffer:
-        """Copy a host array to ``self.devices[device]``."""
+    def to_device(self, array: np.ndarray, device: int = 0, borrow: bool = False) -> DeviceBuffer:
+        """Copy a host array to ``self.devices[device]``.
+
+        ``borrow=True`` (for a per-step input the caller frees after one execute): the buffer
+        aliases host memory where the plugin can (CPU, 64-byte aligned), skipping the transfer
+        thread's round trip; a misaligned array is first copied to an aligned one. The buffer
+        keeps its host array alive, and the caller must not write to ``array`` while it lives."""
         handle = self._live()
         if not 0 <= device < len(self.devices):
             raise BackendError(f"device {device} does not exist; this client has {len(self.devices)}")
@@ -1263,6 +1284,9 @@ class Client:
             host = host.astype(host.dtype.newbyteorder("="))
         if not host.flags.c_contiguous:  # (np.ascontiguousarray would turn 0-d into 1-d)
             host = host.copy(order="C")
+        borrow = borrow and self.platform_name == "cpu" and host.nbytes > 0
+        if borrow and host.ctypes.data % _ZERO_COPY_ALIGN:
+            host = _aligned_copy(host)
         buffer_type = _buffer_type(host.dtype)
         dims = ffi.new("int64_t[]", list(host.shape) or 1)
         doing = f"copying a {host.shape} {host.dtype} array to the device"
@@ -1274,11 +1298,15 @@ class Client:
             type=buffer_type,
             dims=dims,
             num_dims=host.ndim,
-            host_buffer_semantics=_IMMUTABLE_UNTIL_TRANSFER_COMPLETES,
+            host_buffer_semantics=_IMMUTABLE_ZERO_COPY if borrow else _IMMUTABLE_UNTIL_TRANSFER_COMPLETES,
             device=self.devices[device].handle,
         )
         buffer = DeviceBuffer(self, args.buffer, host.shape, host.dtype)  # owned from here, even if the wait fails
-        self._api.await_event(args.done_with_host_buffer, doing)  # `host` must live until now
+        if borrow:
+            # PJRT is done with `host` only once the buffer is gone: the buffer holds both.
+            buffer._borrowed = (host, args.done_with_host_buffer)
+        else:
+            self._api.await_event(args.done_with_host_buffer, doing)  # `host` must live until now
         return buffer
 
     def close(self) -> None:
