@@ -8,7 +8,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from hloforge.core.errors import HloforgeError
+from hloforge.core.errors import HloforgeError, UnsupportedSpec
 
 
 def _plugins(args: argparse.Namespace) -> None:
@@ -28,13 +28,15 @@ def _render(args: argparse.Namespace) -> None:
     from hloforge.core.variant import Variant
     from hloforge.zoo import get_net
 
-    spec = get_net(args.net, args.classes, args.input)
-    variant = Variant(args.optimizer, args.weight_decay, args.loss, args.label_smoothing)
+    variant = Variant(args.optimizer, args.weight_decay, args.loss, args.label_smoothing,
+                      **{k: getattr(args, k) for k in VARIANT_FLAGS if getattr(args, k) is not None})
+    spec = variant.apply_to(get_net(args.net, args.classes, args.input))  # the eval graph at the variant's BN ε
     os.makedirs(args.out, exist_ok=True)
     t = time.perf_counter()
+    eps = variant.eval_suffix
     files = {
-        f"{spec.ident}_fwd.mlir": forward_module(spec, args.batch),
-        f"{spec.ident}_fwd_eval.mlir": forward_module(spec, args.batch, eval_mode=True),
+        f"{spec.ident}_fwd{eps}.mlir": forward_module(spec, args.batch),
+        f"{spec.ident}_fwd_eval{eps}.mlir": forward_module(spec, args.batch, eval_mode=True),
         f"{spec.ident}_{variant.slug}_train_step.mlir": train_step_module(spec, variant, args.batch)[0],
     }
     secs = time.perf_counter() - t
@@ -45,14 +47,20 @@ def _render(args: argparse.Namespace) -> None:
     print(f"rendered {spec.name} ({spec.param_count():,} params, batch {args.batch}) in {secs:.2f}s", file=sys.stderr)
 
 
-TRAIN_FLAGS = ("net", "classes", "input", "data", "data_dir", "data_file", "backend", "epochs", "batch",
-               "optimizer", "lr", "schedule", "warmup_epochs", "weight_decay", "label_smoothing", "seed",
-               "run_dir", "tag")
+# The Variant's options beyond optimizer / weight decay / loss / label smoothing (`variant_flags`).
+VARIANT_FLAGS = ("ema", "accum", "clip", "mixup", "cutmix", "dropout", "drop_path", "bn_eps", "precision")
+TRAIN_FLAGS = ("net", "classes", "input", "data", "data_dir", "data_file", "workers", "augment", "backend", "epochs",
+               "batch", "optimizer", "lr", "schedule", "warmup_epochs", "weight_decay", "label_smoothing", "seed",
+               "run_dir", "tag", "replicas", "devices", "sync_bn", "loss", *VARIANT_FLAGS)
 
 
 def _train(args: argparse.Namespace) -> None:
     from hloforge.train.trainer import TrainConfig, load_config, train
 
+    if args.net_flag:
+        if args.net and args.net != args.net_flag:
+            raise UnsupportedSpec(f"two nets given: {args.net!r} and --net {args.net_flag!r}")
+        args.net = args.net_flag
     given = {k: getattr(args, k) for k in TRAIN_FLAGS if getattr(args, k) is not None}
     cfg = load_config(args.config, **given) if args.config else TrainConfig(**given)
     train(cfg, resume=args.resume, cross_backend=args.cross_backend, progress=not args.no_progress)
@@ -61,7 +69,8 @@ def _train(args: argparse.Namespace) -> None:
 def _eval(args: argparse.Namespace) -> None:
     from hloforge.train.trainer import evaluate_checkpoint
 
-    evaluate_checkpoint(args.run, backend=args.backend, region=args.region)
+    evaluate_checkpoint(args.run, backend=args.backend, region=args.region, replicas=args.replicas,
+                        devices=args.devices)
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -84,10 +93,48 @@ def _cam(args: argparse.Namespace) -> None:
     cam_run(args.run, args.image, args.out, args.cls)
 
 
+def _prepare(args: argparse.Namespace) -> None:
+    from hloforge.datasets.prepare import PREPARERS, prepare
+
+    opts = {o.name: getattr(args, o.name) for o in PREPARERS[args.dataset].options}
+    summary = prepare(args.dataset, args.src, args.out, **opts)
+    written = ", ".join(f"{os.path.join(args.out, f)} ({n} records)" for f, n in summary["records"].items())
+    print(f"prepared {args.dataset}: {written}")
+
+
+def prepare_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """`hloforge prepare NAME SRC OUT [options]`, one subcommand per entry of PREPARERS."""
+    from hloforge.datasets.prepare import PREPARERS
+
+    sp = sub.add_parser("prepare", help="build a dataset's binaries from its downloaded layout "
+                                        f"({', '.join(sorted(PREPARERS))})")
+    names = sp.add_subparsers(dest="dataset", required=True)
+    for name, prep in sorted(PREPARERS.items()):
+        q = names.add_parser(name, help=prep.help)
+        q.add_argument("src")
+        q.add_argument("out")
+        for o in prep.options:
+            q.add_argument("--" + o.name.replace("_", "-"), dest=o.name, type=o.type, default=o.default,
+                           help=f"{o.help} (default {o.default})")
+    sp.set_defaults(func=_prepare)
+
+
+def _detect(args: argparse.Namespace) -> None:
+    from hloforge.train.detection import detect_run
+
+    detect_run(args.run, args.image, args.out, index=args.index, score_min=args.score, backend=args.backend)
+
+
 def _compare(args: argparse.Namespace) -> None:
     from hloforge.train.compare import compare_runs
 
     compare_runs(args.run_a, args.run_b)
+
+
+def _sample(args: argparse.Namespace) -> None:
+    from hloforge.train.diffusion import sample_run
+
+    sample_run(args.run, args.n, args.out, args.seed, args.backend)
 
 
 def _shape(text: str) -> tuple[int, ...]:
@@ -98,6 +145,19 @@ def _shape(text: str) -> tuple[int, ...]:
     if not dims or min(dims) <= 0:
         raise argparse.ArgumentTypeError(f"expected positive dimensions, got {text!r}")
     return dims
+
+
+def variant_flags(q: argparse.ArgumentParser) -> None:
+    """The training-variant flags (hloforge.core.variant.Variant); unset ones keep the defaults."""
+    q.add_argument("--ema", type=float, metavar="DECAY", help="keep an EMA shadow of the weights (e.g. 0.9999)")
+    q.add_argument("--accum", type=int, metavar="K", help="accumulate gradients over K micro-batches per update")
+    q.add_argument("--clip", type=float, metavar="NORM", help="clip the global gradient norm to NORM")
+    q.add_argument("--mixup", type=float, metavar="A", help="mixup with λ ~ Beta(A, A), on the host (soft labels)")
+    q.add_argument("--cutmix", type=float, metavar="A", help="cutmix with λ ~ Beta(A, A), on the host (soft labels)")
+    q.add_argument("--dropout", type=float, metavar="P", help="classifier dropout before the last layer")
+    q.add_argument("--drop-path", type=float, metavar="P", help="stochastic depth on every block that has it")
+    q.add_argument("--bn-eps", type=float, metavar="EPS", help="BatchNorm ε of every BN layer (train and eval)")
+    q.add_argument("--precision", choices=("fp32", "fp8"), help="fp8: E4M3 weights and input, fp32 master")
 
 
 def net_opts(q: argparse.ArgumentParser) -> None:
@@ -123,16 +183,25 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--loss", default="crossEntropy")
     net_opts(sp)
     variant_opts(sp)
+    variant_flags(sp)
     sp.set_defaults(func=_render)
 
     sp = sub.add_parser("train", help="train a net (default: mnist-mlp on digits on XLA)")
     sp.add_argument("net", nargs="?", default=None, help="a zoo name or a .toml/.json spec (default mnist-mlp)")
+    sp.add_argument("--net", dest="net_flag", metavar="NET", help="the net, as a flag (the same as NET)")
     sp.add_argument("--config", help="a config.toml (e.g. a run's own); flags given here override it")
     net_opts(sp)
     sp.add_argument("--data", help="a dataset plugin (default digits, embedded)")
     sp.add_argument("--data-dir", help="where a file-based dataset reads from (e.g. mnist's IDX files)")
     sp.add_argument("--data-file", help="a file-based dataset's file (text: a UTF-8 corpus; default pydoc topics)")
+    sp.add_argument("--workers", type=int, help="stream batches from N producer processes (default 0: in process)")
+    sp.add_argument("--no-augment", dest="augment", action="store_const", const=False,
+                    help="train without the dataset's augmentation (crops become centre crops)")
     sp.add_argument("--backend")
+    sp.add_argument("--replicas", type=int, help="data-parallel over N devices (XLA); --batch is the global batch")
+    sp.add_argument("--devices", type=int, help="the XLA CPU plugin's device count (its default is 4)")
+    sp.add_argument("--sync-bn", action="store_const", const=True, dest="sync_bn",
+                    help="with --replicas: BN statistics over the global batch (default: each replica's own)")
     sp.add_argument("--epochs", type=int)
     sp.add_argument("--batch", type=int)
     sp.add_argument("--optimizer")
@@ -141,6 +210,9 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--warmup-epochs", type=float)
     sp.add_argument("--weight-decay", type=float)
     sp.add_argument("--label-smoothing", type=float)
+    sp.add_argument("--loss", help="a loss plugin (default: the net's and dataset's: crossEntropy, perPixelCE for "
+                                   "masks, mse for a DDPM)")
+    variant_flags(sp)
     sp.add_argument("--seed", type=int)
     sp.add_argument("--run-dir")
     sp.add_argument("--tag")
@@ -153,7 +225,10 @@ def parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("eval", help="score a run's checkpoint alone (the same top-1 the run printed)")
     sp.add_argument("run", help="a run directory or a checkpoint file")
     sp.add_argument("--backend", help="score on this backend (default: the one it trained on)")
-    sp.add_argument("--region", default="live", choices=("live", "ema"), help="live weights or the EMA shadow")
+    sp.add_argument("--region", default="live", choices=("live", "ema", "auto"),
+                    help="live weights, the EMA shadow, or auto (the shadow when the run kept one)")
+    sp.add_argument("--replicas", type=int, default=1, help="score sharded over N devices (XLA; same result)")
+    sp.add_argument("--devices", type=int, help="the XLA CPU plugin's device count (its default is 4)")
     sp.set_defaults(func=_eval)
 
     sp = sub.add_parser("verify", help="gate every registered (or each named) plugin against its oracles; "
@@ -177,10 +252,28 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--class", dest="cls", type=int, help="class to explain (default: the predicted one)")
     sp.set_defaults(func=_cam)
 
+    sp = sub.add_parser("detect", help="a detector run's boxes on one image, drawn to a PNG")
+    sp.add_argument("run", help="a run directory or a checkpoint file")
+    sp.add_argument("image", nargs="?", help="a PNG/JPEG file (or give --index)")
+    sp.add_argument("--index", type=int, help="take test image N of the run's dataset instead of a file")
+    sp.add_argument("--out", default="boxes.png")
+    sp.add_argument("--score", type=float, default=0.3, help="lowest score drawn")
+    sp.add_argument("--backend", help="run on this backend (default: the one it trained on)")
+    sp.set_defaults(func=_detect)
+
     sp = sub.add_parser("compare", help="McNemar's exact test on two runs' eval bitmaps")
     sp.add_argument("run_a")
     sp.add_argument("run_b")
     sp.set_defaults(func=_compare)
+
+    sp = sub.add_parser("sample", help="draw images from a DDPM run's checkpoint (ancestral sampling) as a PNG grid")
+    sp.add_argument("run", help="a run directory or a checkpoint file")
+    sp.add_argument("-n", type=int, default=16, help="how many images")
+    sp.add_argument("--out", default="grid.png")
+    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--backend", help="run on this backend (default: the one it trained on)")
+    sp.set_defaults(func=_sample)
+    prepare_parser(sub)
     sub.add_parser("bench", add_help=False, help="step time vs jax.jit and PyTorch (see `hloforge bench -h`)")
     return p
 

@@ -19,6 +19,7 @@ from hloforge.core.modules import label_type
 from hloforge.core.spec import Ctx, walk_layers
 from hloforge.losses.ce import CrossEntropy
 from hloforge.plugins.layers.compose import BlockLayer
+from hloforge.plugins.layers.fpn import FpnDetect
 from hloforge.plugins.optimizers.adam import Adam
 from hloforge.testing import HEADER, GateCase, GateResult, gate_cases, gate_loss, gate_optimizer
 from hloforge.testing.gate import TOL_JAX_F32, TOL_JAX_F64
@@ -33,7 +34,8 @@ BLOCK_FAULTS = {"custom", "convolution"}
 
 
 def _is_block(case: GateCase) -> bool:
-    return isinstance(case.obj, BlockLayer)
+    # fpnDetect composes residual stages, 1×1/3×3 convs and its closed-form neck: a block too.
+    return isinstance(case.obj, (BlockLayer, FpnDetect))
 
 
 def _fault_cases() -> list[GateCase]:

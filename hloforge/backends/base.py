@@ -16,6 +16,7 @@ the same, so a driver that reuses a donated input fails on either.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -24,7 +25,20 @@ import numpy as np
 from hloforge.backends.xla.pjrt import ArgSpec, parse_main_signature  # one definition, shared
 from hloforge.core.errors import BackendError
 
-__all__ = ["ArgSpec", "Backend", "BACKEND_ENV_VAR", "DEFAULT_BACKEND", "check_args", "parse_main_signature"]
+__all__ = ["ArgSpec", "Backend", "BACKEND_ENV_VAR", "CROSS_REPLICA_OPS", "DEFAULT_BACKEND", "check_args",
+           "cross_replica_op", "parse_main_signature"]
+
+#: StableHLO ops whose result depends on the other replicas, or on which replica runs them
+CROSS_REPLICA_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute",
+                     "collective_broadcast", "replica_id", "partition_id")
+_CROSS_REPLICA = re.compile(r"stablehlo\.(" + "|".join(CROSS_REPLICA_OPS) + r")\b")
+
+
+def cross_replica_op(mlir_text: str) -> str | None:
+    """The first cross-replica op in the text (e.g. "stablehlo.all_reduce"), or None."""
+    found = _CROSS_REPLICA.search(mlir_text)
+    return None if found is None else found.group(0)
+
 
 #: environment variable naming the backend when none is given (`--backend` wins over it)
 BACKEND_ENV_VAR = "HLOFORGE_BACKEND"
@@ -47,9 +61,14 @@ class Backend(Protocol):
         and when `num_replicas` is more than the backend can run (never a quiet single-device run)."""
         ...
 
-    def to_device(self, array: np.ndarray, borrow: bool = False) -> Any:
-        """Copy a host array to the (first) device. `borrow=True` marks a one-execute input the
-        caller neither writes nor keeps: a backend may alias its memory instead of copying."""
+    def to_device(self, array: np.ndarray, borrow: bool = False, device: int = 0) -> Any:
+        """Copy a host array to device `device` (replica `device` of a replicated executable).
+        `borrow=True` marks a one-execute input the caller neither writes nor keeps: a backend
+        may alias its memory instead of copying."""
+        ...
+
+    def device_count(self) -> int:
+        """How many devices this backend instance can run replicas on."""
         ...
 
     def to_host(self, buffer: Any) -> np.ndarray:
@@ -59,6 +78,13 @@ class Backend(Protocol):
     def execute(self, exe: Any, args: Sequence[Any], keep: Sequence[int] = ()) -> list[Any]:
         """Run on one device. Arguments of the wrong count, dtype or shape are refused before
         execution, naming the argument. Donated inputs are consumed unless listed in `keep`."""
+        ...
+
+    def execute_replicated(self, exe: Any, per_replica: Sequence[Sequence[Any]],
+                           keep: Sequence[int] = ()) -> list[list[Any]]:
+        """Run an executable compiled for N replicas: `per_replica[r]` are replica r's arguments,
+        on device r; returns each replica's outputs. A backend that cannot raises BackendError
+        (never a quiet run on one device)."""
         ...
 
 

@@ -348,6 +348,14 @@ VJP["reduce_max"] = _reduce_extremum
 VJP["reduce_min"] = _reduce_extremum
 
 
+# ----------------------------------------------------------------- collectives
+@rule("all_reduce")
+def _all_reduce(b: Builder, op: TapeOp, g: Value) -> Cts:
+    # Each replica differentiates its own loss; the sum over replicas of those losses reaches x_r
+    # through every replica's copy of the sum, so x_r's cotangent is the sum of the group's.
+    return (b.all_reduce([g], op.attrs["replica_groups"])[0],)
+
+
 # ----------------------------------------------------------------- control flow
 @rule("while")
 def _while(b: Builder, op: TapeOp, g: Value) -> Cts:

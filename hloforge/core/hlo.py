@@ -9,8 +9,9 @@ in autodiff.py, is easy to find.
 
 from __future__ import annotations
 
+import contextlib
 import struct
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -137,21 +138,50 @@ def _conv_labels(spec: tuple[int, ...], first: str, second: str) -> str:
 class Builder:
     """Builds one `func.func @main` of a module, in one dtype (f32 to train, f64 to gate)."""
 
-    def __init__(self, dtype: str = "f32", module_name: str = "hloforge"):
+    def __init__(self, dtype: str = "f32", module_name: str = "hloforge", target: str | None = None):
         if dtype not in FLOAT_DTYPES:
             raise UnsupportedSpec(f"builder dtype {dtype!r}; expected one of {FLOAT_DTYPES}")
         self.dtype = dtype
         self.module_name = module_name
+        # The backend this module is rendered for ("xla", "iree"; None: no backend in mind). Layers
+        # read it to choose their lowering strategy (core/strategy.py); the math never depends on it.
+        self.target = target
         self.args: list[tuple[Value, str]] = []
         self.lines: list[str] = []
         self.tape: list[TapeOp] = []
         self._n = 0
+        self._scope: str | None = None  # see name_scope
+        self._scope_n: dict[str, int] = {}
 
     # ----------------------------------------------------------------- plumbing
+    def _next_id(self) -> str:
+        """The next SSA id: the module's counter, or inside `name_scope` the scope's own."""
+        if self._scope is None:
+            self._n += 1
+            return str(self._n - 1)
+        k = self._scope_n.get(self._scope, 0)
+        self._scope_n[self._scope] = k + 1
+        return f"{self._scope}{k}"
+
+    @contextlib.contextmanager
+    def name_scope(self, prefix: str) -> Iterator[None]:
+        """Values made inside are named %<prefix>0, %<prefix>1, … from the scope's own counter, so
+        the module's numbering is what it would be without the block: cut the block out (and
+        map its results back to its operands) and the rest of the text is unchanged."""
+        outer, self._scope = self._scope, prefix
+        try:
+            yield
+        finally:
+            self._scope = outer
+
     def _fresh(self, t: TensorType) -> Value:
-        v = Value(f"%{self._n}", t, self)
-        self._n += 1
-        return v
+        return Value(f"%{self._next_id()}", t, self)
+
+    def comment(self, text: str) -> None:
+        """A `// text` line in the body: a marker a reader (or a test) can find the next block by."""
+        if "\n" in text:
+            raise UnsupportedSpec("a comment is one line")
+        self.lines.append(f"// {text}")
 
     def _emit(self, op: str, ins: Sequence[Value], t: TensorType, text: str, **attrs_: Any) -> Value:
         out = self._fresh(t)
@@ -471,19 +501,48 @@ class Builder:
                 f"{_ints(sorted(dims))} : ({a.type}, {iv.type}) -> {t}")
         return self._emit(f"reduce_{kind}", (a,), t, text, dims=tuple(sorted(dims)))
 
+    # ----------------------------------------------------------------- collectives
+    def all_reduce(self, xs: Sequence[Value], replica_groups: Sequence[Sequence[int]]) -> list[Value]:
+        """One stablehlo.all_reduce (add) of every `xs` across each group of replicas: each replica
+        gets the group's elementwise sum. One variadic op, so XLA runs one collective for all of
+        them; on the tape each operand is its own op (its VJP rule is one all_reduce)."""
+        if not xs:
+            return []
+        dtypes = {x.dtype for x in xs}
+        if len(dtypes) != 1:
+            raise UnsupportedSpec(f"all_reduce operands must share one element type, got {sorted(dtypes)}")
+        groups = tuple(tuple(int(r) for r in g) for g in replica_groups)
+        if not groups or len({len(g) for g in groups}) != 1:
+            raise UnsupportedSpec(f"all_reduce replica groups must be non-empty and of one size, got {groups}")
+        st = TensorType((), xs[0].dtype)
+        lhs, rhs = self._fresh_arg(st), self._fresh_arg(st)
+        total = f"%{self._next_id()}"
+        base = f"%{self._next_id()}"
+        outs = [Value(base if len(xs) == 1 else f"{base}#{i}", x.type, self) for i, x in enumerate(xs)]
+        rows = ", ".join(_ints(g) for g in groups)
+        types = ", ".join(str(x.type) for x in xs)
+        self.lines.append(
+            f'{base}{"" if len(xs) == 1 else f":{len(xs)}"} = "stablehlo.all_reduce"({", ".join(x.name for x in xs)}) '
+            f"<{{replica_groups = dense<[{rows}]> : tensor<{len(groups)}x{len(groups[0])}xi64>}}> ({{\n"
+            f"      ^bb0({lhs.name}: {st}, {rhs.name}: {st}):\n"
+            f"        {total} = stablehlo.add {lhs.name}, {rhs.name} : {st}\n"
+            f"        stablehlo.return {total} : {st}\n"
+            f"    }}) : ({types}) -> ({types})")
+        for x, o in zip(xs, outs, strict=True):
+            self.tape.append(TapeOp("all_reduce", (x,), (o,), {"replica_groups": groups}))
+        return outs
+
     # ----------------------------------------------------------------- control flow
     def _fresh_arg(self, t: TensorType) -> Value:
         """A region (block) argument: a fresh name that no other value of the module uses."""
-        v = Value(f"%r{self._n}", t, self)
-        self._n += 1
-        return v
+        return Value(f"%r{self._next_id()}", t, self)
 
     def _region(self, types: Sequence[TensorType], fn: Callable[[Builder, list[Value]], Sequence[Value]],
                 names: Sequence[str] | None = None) -> tuple[list[Value], list[Value], list[str]]:
         """Build a region with a child builder that shares this one's name counter (SSA names stay
         unique module-wide); the child's tape is dropped: ops inside a region are not differentiated
         by the walk (a loop lives inside a custom VJP). `names`: reuse these block-argument names."""
-        child = Builder(self.dtype, self.module_name)
+        child = Builder(self.dtype, self.module_name, self.target)
         child._n = self._n
         args = [child._fresh_arg(t) for t in types] if names is None else \
             [Value(nm, t, child) for nm, t in zip(names, types, strict=True)]

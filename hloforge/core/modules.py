@@ -6,11 +6,13 @@ result order; sessions, checkpoints and tests read it rather than restating it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import attrs
 
-from hloforge.core import autodiff
+from hloforge.core import autodiff, strategy
+from hloforge.core.errors import UnsupportedSpec
 from hloforge.core.hlo import FLOAT_DTYPES, Builder, Value
 from hloforge.core.registry import Registry, default_registry
 from hloforge.core.spec import (
@@ -28,39 +30,55 @@ from hloforge.core.spec import (
     qualified_stats,
     walk_layers,
 )
-from hloforge.core.variant import Optimizer, Variant
+from hloforge.core.variant import Optimizer, StateLayout, Variant, Wrappers
 
 
 def emit_layers(b: Builder, walk: Sequence[LayerShapes], x: Value, params: Sequence[Value], *, train: bool,
-                running: Sequence[Value] = (), masks: Sequence[Value] = ()) -> tuple[Value, list[Value]]:
+                running: Sequence[Value] = (), masks: Sequence[Value] = (),
+                sync_replicas: int = 1) -> tuple[Value, list[Value]]:
     """The forward walk: each layer's ops, fed its own slots by name. Returns the output and,
     in training, the batch value of every stat slot (qualified_stats order); in eval the
     running values come in through `running` in that same order. `masks` (qualified_masks
     order) are given only by the train step and the gate's modules; without them a
-    dropout or drop-path layer is the identity."""
+    dropout or drop-path layer is the identity. `sync_replicas` > 1: batch statistics are pooled
+    over that many replicas (sync BN; see Ctx). With strategy layout=nhwc (core/strategy.py)
+    images run NHWC through every stretch of layers that `supports_nhwc`, transposed at its ends."""
     p_it, r_it, m_it = iter(params), iter(running), iter(masks)
     batch_stats: list[Value] = []
+    skips: list[Value] = []  # the walk's skip stack (Layer.skip_out / skip_in), one list for every layer
+    net_input = x
+    nhwc = strategy.chosen("layout", b.target) == "nhwc"
+    layout = strategy.NCHW  # of x
     for ls in walk:
         mine = {s.name: next(p_it) for s in ls.slots}
+        here = strategy.NHWC if nhwc and len(ls.in_shape) == 3 and ls.layer.supports_nhwc(ls.in_shape) \
+            else strategy.NCHW
+        x, layout = strategy.to_layout(b, x, layout, here), here
         ctx = Ctx(train=train, running={} if train else {s.name: next(r_it) for s in ls.stats},
-                  masks={s.name: next(m_it) for s in ls.masks} if masks else {})
+                  masks={s.name: next(m_it) for s in ls.masks} if masks else {}, sync_replicas=sync_replicas,
+                  skips=skips, net_input=net_input, layout=layout)
         x = ls.layer.forward(b, x, mine, ctx)
-        want = (x.shape[0], *ls.out_shape)
+        want = strategy.physical((x.shape[0], *ls.out_shape), layout)
         if x.shape != want:
-            raise AssertionError(f"layer {ls.index} ({ls.layer.kind}) emitted {list(x.shape)}, declared {list(want)}")
+            raise AssertionError(f"layer {ls.index} ({ls.layer.kind}) emitted {list(x.shape)}, declared {list(want)}"
+                                 f" ({layout})")
+        if x.type.rank != 4:
+            layout = strategy.NCHW
         if train:
             missing = [s.name for s in ls.stats if s.name not in ctx.batch_stats]
             if missing:
                 raise AssertionError(f"layer {ls.index} ({ls.layer.kind}) did not report stats {missing}")
             batch_stats += [ctx.batch_stats[s.name] for s in ls.stats]
-    return x, batch_stats
+    return strategy.to_layout(b, x, layout, strategy.NCHW), batch_stats
 
 
-def forward_module(spec: NetSpec, batch: int, *, dtype: str = "f32", eval_mode: bool = False) -> str:
+def forward_module(spec: NetSpec, batch: int, *, dtype: str = "f32", eval_mode: bool = False,
+                   target: str | None = None) -> str:
     """`@main(x, θ…) -> logits` normalising with batch statistics; the eval form
-    `@main(x, θ…, running…) -> logits` takes every stat slot's running value instead."""
+    `@main(x, θ…, running…) -> logits` takes every stat slot's running value instead. `target`:
+    the backend it is rendered for (its layers' lowering strategies, core/strategy.py)."""
     walk = spec.walk()
-    b = Builder(dtype, f"{spec.ident}_fwd" + ("_eval" if eval_mode else ""))
+    b = Builder(dtype, f"{spec.ident}_fwd" + ("_eval" if eval_mode else ""), target)
     x = b.arg((batch, *spec.input_shape))
     params = [b.arg(s.shape) for _, s in qualified_params(walk)]
     running = [b.arg(s.shape) for _, s in qualified_stats(walk)] if eval_mode else []
@@ -70,8 +88,9 @@ def forward_module(spec: NetSpec, batch: int, *, dtype: str = "f32", eval_mode: 
 
 @attrs.frozen
 class TrainStepLayout:
-    """Inputs: θ…, then each state group (all m…, all v…), scalars…, x, y, masks….
-    Outputs: θ'…, state'… (same order), loss, batch stats… (qualified_stats order).
+    """Inputs: θ…, then each state group (all m…, all v…, then G… and E… when the variant's
+    wrappers keep them; `state` is `StateLayout.slots`), scalars… (`StateLayout.scalars`), x, y,
+    masks…. Outputs: θ'…, state'… (same order), loss, batch stats… (qualified_stats order).
     Parameter and state inputs alias their outputs."""
 
     params: tuple[tuple[str, ParamSlot], ...]
@@ -104,22 +123,35 @@ def label_type(loss: Loss, out_shape: Shape, dtype: str) -> tuple[Shape, str]:
     return y_shape, dtype if y_dtype in FLOAT_DTYPES else y_dtype
 
 
-def train_step_layout(spec: NetSpec, opt: Optimizer, loss: Loss, batch: int, dtype: str = "f32") -> TrainStepLayout:
+def train_step_layout(spec: NetSpec, opt: Optimizer, loss: Loss, batch: int, dtype: str = "f32",
+                      state: StateLayout | None = None) -> TrainStepLayout:
+    """`state` (default: the bare optimizer's) is the variant's `StateLayout`, read, never restated."""
     walk = spec.walk()
     y_shape, y_dtype = label_type(loss, walk[-1].out_shape, dtype)
+    st = state or StateLayout(tuple(opt.state), tuple(opt.scalars))
     return TrainStepLayout(tuple(qualified_params(walk)), tuple(qualified_stats(walk)), tuple(qualified_masks(walk)),
-                           opt.state, opt.scalars,
+                           st.slots, st.scalars,
                            (batch, *spec.input_shape),
                            (batch, *y_shape), y_dtype)
 
 
 def train_step_module(spec: NetSpec, variant: Variant, batch: int, *, dtype: str = "f32",
-                      registry: Registry | None = None) -> tuple[str, TrainStepLayout]:
+                      registry: Registry | None = None, replicas: int = 1,
+                      sync_bn: bool = False, target: str | None = None) -> tuple[str, TrainStepLayout]:
+    """The fused step at per-replica `batch`. `replicas` > 1 is the data-parallel step: the same
+    graph with the loss and every gradient averaged over the replicas (`replica_mean`) before
+    the optimizer, compiled for that many replicas. BN normalises with each replica's own batch
+    statistics unless `sync_bn`, which pools them over all replicas (forward and backward)."""
+    if replicas < 1:
+        raise UnsupportedSpec(f"replicas must be at least 1, got {replicas}")
+    if sync_bn and replicas == 1:
+        raise UnsupportedSpec("sync_bn pools BN statistics across replicas; it needs replicas > 1")
     reg = registry or default_registry()
+    spec = variant.apply_to(spec, reg)  # idempotent: dropout, drop_path and BN ε of the variant
     opt, loss = variant.make_optimizer(reg), variant.make_loss(reg)
-    lay = train_step_layout(spec, opt, loss, batch, dtype)
+    lay = train_step_layout(spec, opt, loss, batch, dtype, variant.state_layout(opt))
     walk = spec.walk()
-    b = Builder(dtype, f"{spec.ident}_{variant.slug}_train_step")
+    b = Builder(dtype, f"{spec.ident}_{variant.slug}_train_step", target)
     params = [b.arg(s.shape, alias_output=i) for i, (_, s) in enumerate(lay.params)]
     state = {name: [b.arg(s.shape, alias_output=lay.n_params * (1 + k) + i) for i, (_, s) in enumerate(lay.params)]
              for k, name in enumerate(lay.state)}
@@ -127,26 +159,61 @@ def train_step_module(spec: NetSpec, variant: Variant, batch: int, *, dtype: str
     x = b.arg(lay.x_shape)
     y = b.arg(lay.y_shape, lay.y_dtype)
     masks = [b.arg((batch, *s.shape)) for _, s in lay.masks]
-    logits, batch_stats = emit_layers(b, walk, x, params, train=True, masks=masks)
+    logits, batch_stats = emit_layers(b, walk, x, params, train=True, masks=masks,
+                                      sync_replicas=replicas if sync_bn else 1)
     loss_v = loss.forward(b, logits, y)
     grads = autodiff.grad(b, [loss_v], [b.full(1.0)], params)
-    new_params: list[Value] = []
-    new_state: dict[str, list[Value]] = {name: [] for name in lay.state}
-    for i, (p, g) in enumerate(zip(params, grads, strict=True)):
-        p2, s2 = opt.update(b, p, g, {n: state[n][i] for n in lay.state}, scalars, lay.params[i][1])
-        new_params.append(p2)
-        for n in lay.state:
-            new_state[n].append(s2[n])
+    if replicas > 1:
+        *grads, loss_v = replica_mean(b, [*grads, loss_v], replicas)
+    # The update (accumulation, clipping, the optimizer, the EMA shadow): the same emitter the gate checks.
+    new_params, new_state = variant.wrappers.emit_update(b, opt, [s for _, s in lay.params], params, grads, state,
+                                                         scalars)
     outs = new_params + [v for n in lay.state for v in new_state[n]] + [loss_v] + batch_stats
-    return b.module(outs), lay
+    return b.module(outs, num_replicas=replicas), lay
+
+
+REPLICA_MEAN_BEGIN = "replica mean over"  # the block's first line: `// replica mean over N replicas: %g… -> %ar…`
+REPLICA_MEAN_END = "replica mean: end"
+REPLICA_MEAN_SCOPE = "ar"
+
+
+def replica_mean(b: Builder, values: Sequence[Value], replicas: int) -> list[Value]:
+    """Each value averaged over replicas 0..N-1: one all_reduce (add) of them all, then ÷N. Emitted
+    as one marked block under its own name scope, so `strip_replica_mean` recovers the
+    single-replica text exactly — the check that the data-parallel step is that step plus this."""
+    groups = [list(range(replicas))]
+    with b.name_scope(REPLICA_MEAN_SCOPE):
+        start = len(b.lines)
+        sums = b.all_reduce(values, groups)
+        means = [s / float(replicas) for s in sums]
+    header = " ".join(v.name for v in values) + " -> " + " ".join(m.name for m in means)
+    b.lines.insert(start, f"// {REPLICA_MEAN_BEGIN} {replicas} replicas: {header}")
+    b.comment(REPLICA_MEAN_END)
+    return means
+
+
+def strip_replica_mean(text: str) -> str:
+    """`text` with its replica-mean block cut out, every use of a mean renamed back to the value
+    it averages, and one replica: a data-parallel render (without sync BN) becomes the
+    single-replica render of the same net at the same per-replica batch, byte for byte."""
+    lines = text.split("\n")
+    begin = [i for i, ln in enumerate(lines) if ln.strip().startswith(f"// {REPLICA_MEAN_BEGIN} ")]
+    if len(begin) != 1:
+        raise UnsupportedSpec(f"expected one replica-mean block, found {len(begin)}")
+    end = next(i for i in range(begin[0], len(lines)) if lines[i].strip() == f"// {REPLICA_MEAN_END}")
+    sources, _, means = lines[begin[0]].split(": ", 1)[1].partition(" -> ")
+    back = dict(zip(means.split(), sources.split(), strict=True))
+    rest = "\n".join(lines[:begin[0]] + lines[end + 1:])
+    rest = re.sub(rf"%{REPLICA_MEAN_SCOPE}\d+\b", lambda m: back.get(m.group(0), m.group(0)), rest)
+    return re.sub(r"mhlo\.num_replicas = \d+ : i32", "mhlo.num_replicas = 1 : i32", rest)
 
 
 def vjp_module(layers: Sequence[Layer], in_shape: Shape, batch: int, *, dtype: str = "f32",
-               name: str = "vjp") -> str:
+               name: str = "vjp", target: str | None = None) -> str:
     """`@main(θ…, x, ḡ, masks…) -> (y, ∂θ…, ∂x)`: sums over the batch, no loss (composable nets
     take ḡ in); the masks (if any layer has mask slots) are fixed inputs, not differentiated."""
     walk = walk_layers(layers, in_shape)
-    b = Builder(dtype, name)
+    b = Builder(dtype, name, target)
     params = [b.arg(s.shape) for _, s in qualified_params(walk)]
     x = b.arg((batch, *in_shape))
     gbar = b.arg((batch, *walk[-1].out_shape))
@@ -157,10 +224,10 @@ def vjp_module(layers: Sequence[Layer], in_shape: Shape, batch: int, *, dtype: s
 
 
 def layers_forward_module(layers: Sequence[Layer], in_shape: Shape, batch: int, *, dtype: str = "f32",
-                          name: str = "fwd") -> str:
+                          name: str = "fwd", target: str | None = None) -> str:
     """`@main(θ…, x, masks…) -> y` for a bare layer stack: what finite differences probe."""
     walk = walk_layers(layers, in_shape)
-    b = Builder(dtype, name)
+    b = Builder(dtype, name, target)
     params = [b.arg(s.shape) for _, s in qualified_params(walk)]
     x = b.arg((batch, *in_shape))
     masks = [b.arg((batch, *s.shape)) for _, s in qualified_masks(walk)]
@@ -179,20 +246,17 @@ def loss_module(loss: Loss, out_shape: Shape, batch: int, *, dtype: str = "f32")
 
 
 def optimizer_step_module(params: Sequence[ParamSlot], opt: Optimizer, *, dtype: str = "f32",
-                          name: str = "optimizer_step") -> str:
-    """`@main(θ…, state…, ∂θ…, scalars…) -> (θ'…, state'…)` for a gradient the caller assembled."""
+                          name: str = "optimizer_step", wrappers: Wrappers | None = None) -> str:
+    """`@main(θ…, state…, ∂θ…, scalars…) -> (θ'…, state'…)` for a gradient the caller assembled;
+    state and scalars as `wrappers.layout(opt)` says, the update emitted as the train step emits it."""
+    wr = wrappers or Wrappers()
+    lay = wr.layout(opt)
     b = Builder(dtype, name)
     n = len(params)
     ps = [b.arg(s.shape, alias_output=i) for i, s in enumerate(params)]
     st = {name: [b.arg(s.shape, alias_output=n * (1 + k) + i) for i, s in enumerate(params)]
-          for k, name in enumerate(opt.state)}
+          for k, name in enumerate(lay.slots)}
     gs = [b.arg(s.shape) for s in params]
-    sc = {name: b.arg(()) for name in opt.scalars}
-    new_p: list[Value] = []
-    new_s: dict[str, list[Value]] = {name: [] for name in opt.state}
-    for i, slot in enumerate(params):
-        p2, s2 = opt.update(b, ps[i], gs[i], {k: st[k][i] for k in opt.state}, sc, slot)
-        new_p.append(p2)
-        for k in opt.state:
-            new_s[k].append(s2[k])
-    return b.module(new_p + [v for k in opt.state for v in new_s[k]])
+    sc = {name: b.arg(()) for name in lay.scalars}
+    new_p, new_s = wr.emit_update(b, opt, params, ps, gs, st, sc)
+    return b.module(new_p + [v for k in lay.slots for v in new_s[k]])

@@ -102,6 +102,17 @@ class Ctx:
     running: Mapping[str, Value] = attrs.Factory(dict)
     batch_stats: dict[str, Value] = attrs.Factory(dict)
     masks: Mapping[str, Value] = attrs.Factory(dict)  # the train step's per-example masks, by slot name
+    # One walk's skip stack (see Layer.skip_out), shared by every layer's Ctx of that walk.
+    skips: list[Value] = attrs.Factory(list)
+    # The walk's own input, for a layer that reads it deep in the net (timeCondAdd's time channel);
+    # None where a layer runs alone, whose input is then the net's.
+    net_input: Value | None = None
+    # > 1 in a data-parallel train step with sync BN: batch statistics pool this many replicas' batches
+    sync_replicas: int = 1
+    # How the image activation handed to the layer is laid out: "NCHW" (the public layout) or
+    # "NHWC" (inside a net rendered with strategy layout=nhwc, for a layer whose
+    # `supports_nhwc` says so; the layer then returns NHWC too). Shapes in specs stay [C, H, W].
+    layout: str = "NCHW"
 
 
 class Layer:
@@ -114,6 +125,9 @@ class Layer:
     """
 
     kind: ClassVar[str]
+    # The lowering-strategy kinds (core/strategy.py) this layer's forward consults; the gate runs
+    # each of its cases once per choice of each.
+    strategy_kinds: ClassVar[tuple[str, ...]] = ()
 
     def out_shape(self, in_shape: Shape) -> Shape:
         raise NotImplementedError  # abstract
@@ -126,6 +140,22 @@ class Layer:
 
     def mask_slots(self, in_shape: Shape) -> tuple[MaskSlot, ...]:
         return ()
+
+    def skip_out(self, in_shape: Shape) -> Shape | None:
+        """The shape of the tensor this layer's forward pushes on `ctx.skips` (a U-Net encoder
+        level leaves its pre-pool features there), or None. The walk checks every pushed skip
+        is taken by exactly one later layer."""
+        return None
+
+    def skip_in(self, in_shape: Shape) -> Shape | None:
+        """The shape of the skip this layer's forward pops off `ctx.skips` (the most recent one
+        pushed), or None."""
+        return None
+
+    def supports_nhwc(self, in_shape: Shape) -> bool:
+        """Whether `forward` takes (and returns) an NHWC image when `ctx.layout` is "NHWC", so a
+        net rendered with layout=nhwc keeps NHWC through it instead of transposing around it."""
+        return False
 
     def forward(self, b: Builder, x: Value, params: Mapping[str, Value], ctx: Ctx) -> Value:
         raise NotImplementedError  # abstract
@@ -215,10 +245,20 @@ class NetSpec:
             raise UnsupportedSpec(f"net {self.name!r} has no layers")
         out = walk_layers(self.layers, self.input_shape)
         last = out[-1].out_shape
-        # [classes], or per-token logits [T, classes] (a language model)
-        if last != (self.num_classes,) and not (len(last) == 2 and last[1] == self.num_classes):
+        # [classes], per-token logits [T, classes] (a language model), or a map [classes, H, W]
+        # (per-pixel logits, a DDPM's predicted noise)
+        nc = self.num_classes
+        # A detection head (yolov1Head, fpnDetect) lays its output out itself and says its class count.
+        head: int | None = getattr(out[-1].layer, "head_classes", None)
+        if head is not None:
+            if head != nc:
+                raise UnsupportedSpec(f"net {self.name!r} ends in a {out[-1].layer.kind} head for {head} classes, "
+                                      f"but num_classes is {nc}")
+            return out
+        if not (last == (nc,) or (len(last) == 2 and last[1] == nc) or (len(last) == 3 and last[0] == nc)):
             raise UnsupportedSpec(f"net {self.name!r} ends in shape {list(out[-1].out_shape)}, "
-                                  f"expected [{self.num_classes}] (num_classes) or [T, {self.num_classes}]")
+                                  f"expected [{self.num_classes}] (num_classes), [T, {self.num_classes}] "
+                                  f"or [{self.num_classes}, H, W]")
         return out
 
     def params(self) -> list[tuple[str, ParamSlot]]:
@@ -302,19 +342,33 @@ def layer_fields(layer: Layer) -> tuple[attrs.Attribute[Any], ...]:
 def walk_layers(layers: Sequence[Layer], in_shape: Shape) -> list[LayerShapes]:
     out: list[LayerShapes] = []
     shape = tuple(in_shape)
+    skips: list[tuple[int, Shape]] = []  # (pushing layer, skip shape), the stack the forward will keep
     for i, layer in enumerate(layers):
         try:
             nxt = layer.out_shape(shape)
             slots = layer.param_slots(shape)
             stats = layer.stat_slots(shape)
             masks = layer.mask_slots(shape)
+            want, push = layer.skip_in(shape), layer.skip_out(shape)
+            if want is not None:
+                if not skips:
+                    raise UnsupportedSpec(f"takes a skip {list(want)} but no earlier layer left one")
+                j, got = skips.pop()
+                if got != want:
+                    raise UnsupportedSpec(f"takes a skip {list(want)} but the one layer {j} left is {list(got)}")
         except UnsupportedSpec as e:
             raise UnsupportedSpec(f"layer {i} ({_brief(layer)}) on input {list(shape)}: {e}") from None
+        if push is not None:
+            skips.append((i, push))
         names = [s.name for s in slots]
         if len(set(names)) != len(names):
             raise UnsupportedSpec(f"layer {i} ({_brief(layer)}) declares a parameter name twice: {names}")
         out.append(LayerShapes(i, layer, shape, nxt, slots, stats, masks))
         shape = nxt
+    if skips:
+        j, got = skips[-1]
+        raise UnsupportedSpec(f"layer {j} ({_brief(layers[j])}) leaves a skip {list(got)} that no later layer "
+                              "takes")
     return out
 
 

@@ -1,23 +1,37 @@
-"""The typed training variant and the optimizer base class.
+"""The typed training variant, its slug, the optimizer base class and the state layout.
 
-A Variant names everything that changes the train step's graph besides the
-net (optimizer, its options, the loss and its options). Its slug names the
-artifact, so two arms of an ablation never share a file (seed 002).
+A Variant names everything that changes a run besides the net: the optimizer and
+its wrappers (EMA shadow, gradient accumulation over k micro-batches, global-norm
+clipping), the loss and its options (label smoothing, soft labels from mixup /
+cutmix), dropout and stochastic depth, the BatchNorm ε and the precision. Its slug
+names artifacts, run directories and checkpoints, so two arms of an ablation never
+share a file (seed 002), and it parses back to the same Variant (`Variant.parse`).
+
+`StateLayout` is the ONE definition of what a train step carries besides θ: the
+optimizer's slots (m, v, …), then G (the accumulator) and E (the EMA shadow), each
+present only when its wrapper is on, and the rank-0 scalars. Seed 003: a consumer
+that sizes the state off a literal instead of this misaligns every parameter, or
+scores the accumulator as if it were weights; so the train step, the session, the
+checkpoint and the scorer all read it from here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+import re
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 import numpy as np
 
-from hloforge.core.spec import Loss, ParamSlot, sanitize
+from hloforge.core.errors import DataError, UnsupportedSpec
+from hloforge.core.spec import Loss, ParamSlot
 
 if TYPE_CHECKING:
     from hloforge.core.hlo import Builder, Value
     from hloforge.core.registry import Registry
+    from hloforge.core.spec import NetSpec
 
 
 @attrs.frozen
@@ -48,13 +62,15 @@ class Optimizer:
         """The step direction d (θ' = θ − lr·d before decay) and the new state."""
         raise NotImplementedError  # abstract
 
+    def decayed(self, p: Value, d: Value, slot: ParamSlot) -> Value:
+        """d plus the decoupled weight decay term, on the slots that take decay."""
+        return d + p * self.weight_decay if self.weight_decay and slot.decay else d
+
     def update(self, b: Builder, p: Value, g: Value, state: Mapping[str, Value], scalars: Mapping[str, Value],
                slot: ParamSlot) -> tuple[Value, dict[str, Value]]:
         d, new_state = self.direction(b, g, state, scalars)
-        lr = b.broadcast_to(scalars["lr"], p.shape)
-        if self.weight_decay and slot.decay:
-            d = d + p * self.weight_decay
-        return p - lr * d, new_state
+        d = self.decayed(p, d, slot)
+        return p - b.broadcast_to(scalars["lr"], p.shape) * d, new_state
 
     def optax_direction(self) -> Any:
         """The direction d as an optax transform (the gate's oracle), written with optax's own parts."""
@@ -72,30 +88,409 @@ class Optimizer:
         return [cls(), cls(weight_decay=0.1)]
 
 
+# ------------------------------------------------------------------ the wrappers and the state layout
+ACCUMULATOR = "G"  # the gradient accumulator's slot
+SHADOW = "E"  # the EMA shadow's slot
+ACCUM_APPLY = "accum_apply"  # 1 on the micro-batch that applies the update, else 0
+EMA_DECAY, EMA_WEIGHT = "ema_decay", "ema_weight"  # d and 1 − d, both from the host (1 − d in f32 loses bits)
+
+
+def ema_decay_at(decay: float, update: int) -> float:
+    """The shadow's decay for 0-based optimizer update `update`: min(d, (1 + t)/(10 + t)), a warm-up
+    so the shadow does not sit at the initialisation for the first ~1/(1 − d) steps."""
+    return min(decay, (1.0 + update) / (10.0 + update))
+
+
+@attrs.frozen
+class Wrappers:
+    """What wraps any optimizer: an EMA shadow of θ (decay, 0 = off), gradient accumulation over
+    `accum` micro-batches (1/k in the graph, the apply cadence from the host), and clipping of
+    the global gradient norm (0 = off)."""
+
+    ema: float = 0.0
+    accum: int = 1
+    clip: float = 0.0
+
+    def __attrs_post_init__(self) -> None:
+        if not (0.0 <= self.ema < 1.0):
+            raise UnsupportedSpec(f"ema decay must be in [0, 1) (0: no shadow), got {self.ema}")
+        if isinstance(self.accum, bool) or not isinstance(self.accum, int) or self.accum < 1:
+            raise UnsupportedSpec(f"accum must be a positive integer (micro-batches per update), got {self.accum!r}")
+        if not (self.clip >= 0.0 and math.isfinite(self.clip)):
+            raise UnsupportedSpec(f"clip must be a finite norm ≥ 0 (0: no clipping), got {self.clip}")
+
+    def layout(self, opt: Optimizer) -> StateLayout:
+        return StateLayout(tuple(opt.state), tuple(opt.scalars), self.accum, self.ema)
+
+    def label(self) -> str:
+        fields = [f for f in attrs.fields(Wrappers) if getattr(self, f.name) != f.default]
+        return ",".join(f"{f.name}={getattr(self, f.name)}" for f in fields)
+
+    # -- the graph ---------------------------------------------------------------
+    def emit_update(self, b: Builder, opt: Optimizer, slots: Sequence[ParamSlot], params: Sequence[Value],
+                    grads: Sequence[Value], state: Mapping[str, Sequence[Value]],
+                    scalars: Mapping[str, Value]) -> tuple[list[Value], dict[str, list[Value]]]:
+        """θ' and every state slot's new value (layout order) from θ, this micro-batch's gradients,
+        the state and the scalars: accumulate (G + g/k), clip the global norm, step the optimizer,
+        then move the shadow toward θ'. Under accumulation nothing but G moves until the host says
+        `accum_apply` = 1, and then G restarts at 0."""
+        lay = self.layout(opt)
+        n = len(params)
+        g_eff = list(grads)
+        if lay.accumulates:
+            g_eff = [acc + g * (1.0 / self.accum) for acc, g in zip(state[ACCUMULATOR], grads, strict=True)]
+        accumulated = g_eff  # what G carries on: the running sum, never its clipped form
+        if self.clip:
+            g_eff = clip_by_global_norm(b, g_eff, self.clip)
+        new_p: list[Value] = []
+        new_s: dict[str, list[Value]] = {k: [] for k in lay.slots}
+        for i in range(n):
+            p2, s2 = opt.update(b, params[i], g_eff[i], {k: state[k][i] for k in lay.optimizer_slots}, scalars,
+                                slots[i])
+            missing = set(lay.optimizer_slots) - set(s2)
+            if missing:
+                raise AssertionError(f"optimizer {opt.name!r} did not return state {sorted(missing)}")
+            new_p.append(p2)
+            for k in lay.optimizer_slots:
+                new_s[k].append(s2[k])
+        if lay.accumulates:
+            apply = b.compare(scalars[ACCUM_APPLY], b.full(0.5), "GT")
+
+            def gated(new: Value, old: Value) -> Value:
+                return b.select(b.broadcast_to(apply, new.shape), new, old)
+
+            new_p = [gated(q, p) for q, p in zip(new_p, params, strict=True)]
+            for k in lay.optimizer_slots:
+                new_s[k] = [gated(q, s) for q, s in zip(new_s[k], state[k], strict=True)]
+            new_s[ACCUMULATOR] = [gated(b.full(0.0, a.shape), a) for a in accumulated]
+        if lay.shadows:
+            d, w = scalars[EMA_DECAY], scalars[EMA_WEIGHT]
+            shadow = [e * b.broadcast_to(d, e.shape) + p * b.broadcast_to(w, p.shape)
+                      for e, p in zip(state[SHADOW], new_p, strict=True)]
+            if lay.accumulates:
+                shadow = [gated(e2, e) for e2, e in zip(shadow, state[SHADOW], strict=True)]
+            new_s[SHADOW] = shadow
+        return new_p, new_s
+
+    # -- the oracle ----------------------------------------------------------------
+    def optax_reference(self, opt: Optimizer, lr: float, decay_mask: Any) -> Any:
+        """The update (not the shadow) in optax: clip_by_global_norm before the optimizer, the whole
+        wrapped in MultiSteps under accumulation. The gate tracks the shadow with optax.ema."""
+        import optax
+
+        tx = opt.optax_reference(lr, decay_mask)
+        if self.clip:
+            tx = optax.chain(optax.clip_by_global_norm(self.clip), tx)
+        if self.accum > 1:
+            # accumulator_dtype None: the params' own (optax's default f32 would cap an f64 oracle at f32)
+            tx = optax.MultiSteps(tx, every_k_schedule=self.accum, accumulator_dtype=None)
+        return tx
+
+    @classmethod
+    def gate_cases(cls) -> list[Wrappers]:
+        """What the registry-wide gate runs every optimizer inside: all three wrappers composed (each
+        wrapper alone is gated in tests/test_optimizers.py)."""
+        return [cls(ema=0.99, accum=2, clip=1.5)]
+
+
+def clip_by_global_norm(b: Builder, grads: Sequence[Value], max_norm: float) -> list[Value]:
+    """g·(c/‖g‖) for every tensor when the global norm ‖g‖ (over all tensors) exceeds c; written
+    (g/‖g‖)·c with the same comparison as optax, so f64 agrees to the last bits."""
+    sq = [b.sum(g * g) for g in grads]
+    total = sq[0]
+    for s in sq[1:]:
+        total = total + s
+    norm = b.sqrt(total)
+    under = b.compare(norm, b.full(max_norm), "LT")
+    return [b.select(b.broadcast_to(under, g.shape), g, g / b.broadcast_to(norm, g.shape) * max_norm)
+            for g in grads]
+
+
+@attrs.frozen
+class StateLayout:
+    """The carried state: regions θ, the optimizer's slots, then G (accumulation on) and E (EMA on),
+    and the scalar inputs: the optimizer's (lr first), then `accum_apply`, then `ema_decay`,
+    `ema_weight`. G comes before E so a single-wrapper layout keeps its extra slot right after
+    the optimizer's, whichever wrapper it is (seed 003's ordering rule)."""
+
+    optimizer_slots: tuple[str, ...]
+    optimizer_scalars: tuple[str, ...]
+    accum: int = 1
+    ema: float = 0.0
+
+    def __attrs_post_init__(self) -> None:
+        clash = {ACCUMULATOR, SHADOW, "param"} & set(self.optimizer_slots)
+        if clash:
+            raise UnsupportedSpec(f"optimizer state slot name(s) {sorted(clash)} are reserved for the wrappers")
+
+    @property
+    def accumulates(self) -> bool:
+        return self.accum > 1
+
+    @property
+    def shadows(self) -> bool:
+        return self.ema > 0.0
+
+    @property
+    def slots(self) -> tuple[str, ...]:
+        """The state slots after θ, in train-step (and checkpoint) order."""
+        return (*self.optimizer_slots, *((ACCUMULATOR,) if self.accumulates else ()),
+                *((SHADOW,) if self.shadows else ()))
+
+    @property
+    def scalars(self) -> tuple[str, ...]:
+        return (*self.optimizer_scalars, *((ACCUM_APPLY,) if self.accumulates else ()),
+                *((EMA_DECAY, EMA_WEIGHT) if self.shadows else ()))
+
+    def region(self, slot: str) -> int:
+        """The 1-based position of a state slot after θ (θ is region 0); a missing one is an error."""
+        if slot not in self.slots:
+            raise UnsupportedSpec(f"this variant's state has no {slot!r} slot; its slots are {list(self.slots)}")
+        return 1 + self.slots.index(slot)
+
+    def applies(self, micro_step: int) -> bool:
+        """Whether 1-based micro-batch `micro_step` applies the accumulated update."""
+        return micro_step % self.accum == 0
+
+    def update_index(self, micro_step: int) -> int:
+        """The 0-based optimizer update that 1-based micro-batch `micro_step` contributes to."""
+        return (micro_step - 1) // self.accum
+
+    def host_scalars(self, opt: Optimizer, micro_step: int, lr: float) -> list[float]:
+        """The scalar inputs of 1-based micro-batch `micro_step`, in `scalars` order."""
+        u = self.update_index(micro_step)
+        vals = dict(opt.host_scalars(u + 1, lr))
+        if self.accumulates:
+            vals[ACCUM_APPLY] = 1.0 if self.applies(micro_step) else 0.0
+        if self.shadows:
+            d = ema_decay_at(self.ema, u)
+            vals[EMA_DECAY], vals[EMA_WEIGHT] = d, 1.0 - d
+        return [vals[k] for k in self.scalars]
+
+    def initial(self, opt: Optimizer, slots: Sequence[ParamSlot], params: Sequence[np.ndarray],
+                dtype: Any = np.float32) -> list[np.ndarray]:
+        """Every state slot's initial value, slot group by slot group: the optimizer's own init, G = 0,
+        E = θ (the shadow starts at the initialisation, as timm's ModelEma copies the model)."""
+        out: list[np.ndarray] = []
+        for k in self.slots:
+            for s, p in zip(slots, params, strict=True):
+                if k == ACCUMULATOR:
+                    out.append(np.zeros(s.shape, dtype))
+                elif k == SHADOW:
+                    out.append(np.array(p, dtype))
+                else:
+                    out.append(np.asarray(opt.init_state(s)[k], dtype))
+        return out
+
+    def tensor_names(self, param_names: Sequence[str]) -> list[str]:
+        """Checkpoint tensor names of θ and the state, in carried order."""
+        return [f"param/{n}" for n in param_names] + [f"state/{k}/{n}" for k in self.slots for n in param_names]
+
+    def check_slots(self, where: str, names: Sequence[str]) -> None:
+        """Refuse tensors (a checkpoint's names) whose state slots are not this layout's, naming the
+        missing and the extra ones: another layout would load misaligned, or not at all."""
+        have = sorted({n.split("/")[1] for n in names if n.startswith("state/")})
+        missing = [k for k in self.slots if k not in have]
+        extra = [k for k in have if k not in self.slots]
+        if missing or extra:
+            parts = ([f"missing slot(s) {missing}"] if missing else []) + ([f"extra slot(s) {extra}"] if extra else [])
+            raise DataError(f"{where} holds state slots {have}, but this variant's layout is "
+                                  f"{list(self.slots)}: {' and '.join(parts)}")
+
+
+# ------------------------------------------------------------------ the variant and its slug
+PRECISIONS = ("fp32", "fp8")
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9]*$")
+_NUMBER = re.compile(r"^[0-9][0-9pem]*$")
+
+
+def _encode(v: float) -> str:
+    """A float in slug characters: the shortest round-trip repr, '.' → p, '-' → m (1e-05 → 1em05)."""
+    r = repr(float(v))
+    if r.endswith(".0"):
+        r = r[:-2]
+    return r.replace("e+", "e").replace(".", "p").replace("-", "m")
+
+
+def _decode(s: str) -> float:
+    return float(s.replace("p", ".").replace("m", "-"))
+
+
+def _check_name(what: str, name: str) -> None:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise UnsupportedSpec(f"{what} name {name!r} cannot appear in a variant slug: expected a letter then "
+                              "letters and digits")
+
+
+def _unit(what: str, v: float) -> None:
+    if not (isinstance(v, (int, float)) and 0.0 <= v < 1.0):
+        raise UnsupportedSpec(f"{what} must be in [0, 1), got {v!r}")
+
+
 @attrs.frozen
 class Variant:
     optimizer: str = "adam"
     weight_decay: float | None = None  # None: the optimizer's own default
     loss: str = "crossEntropy"
     label_smoothing: float = 0.0
+    ema: float = 0.0  # EMA shadow decay; 0: no shadow
+    accum: int = 1  # micro-batches per optimizer update
+    clip: float = 0.0  # global gradient-norm clip; 0: none
+    mixup: float = 0.0  # Beta(α, α) of mixup on the host; 0: off
+    cutmix: float = 0.0  # Beta(α, α) of cutmix on the host; 0: off
+    dropout: float = 0.0  # classifier dropout (a Dropout before the last layer)
+    drop_path: float = 0.0  # stochastic depth on every layer with a drop_path option
+    bn_eps: float | None = None  # None: each BatchNorm's own ε
+    precision: str = "fp32"
+
+    def __attrs_post_init__(self) -> None:
+        _check_name("optimizer", self.optimizer)
+        _check_name("loss", self.loss)
+        if self.weight_decay is not None and not (self.weight_decay >= 0 and math.isfinite(self.weight_decay)):
+            raise UnsupportedSpec(f"weight_decay must be a finite number ≥ 0, got {self.weight_decay}")
+        for what in ("label_smoothing", "dropout", "drop_path"):
+            _unit(what, getattr(self, what))
+        for what in ("mixup", "cutmix"):
+            v = getattr(self, what)
+            if not (v >= 0 and math.isfinite(v)):
+                raise UnsupportedSpec(f"{what} α must be a finite number ≥ 0 (0: off), got {v}")
+        if self.bn_eps is not None and not (self.bn_eps > 0 and math.isfinite(self.bn_eps)):
+            raise UnsupportedSpec(f"bn_eps must be a positive number, got {self.bn_eps}")
+        if self.precision not in PRECISIONS:
+            raise UnsupportedSpec(f"precision {self.precision!r}; expected one of {list(PRECISIONS)}")
+        _ = self.wrappers  # validates ema, accum, clip
+
+    @property
+    def wrappers(self) -> Wrappers:
+        return Wrappers(self.ema, self.accum, self.clip)
+
+    @property
+    def soft_labels(self) -> bool:
+        """Mixing makes the labels soft: the train step takes float targets [B, C], label smoothing
+        included (applied on the host with the mixing)."""
+        return bool(self.mixup or self.cutmix)
+
+    # -- the slug --------------------------------------------------------------------
+    # (field, tag) in slug order; a value follows its tag. The loss and precision are spelled apart.
+    _TAGS: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("weight_decay", "wd"), ("label_smoothing", "ls"), ("ema", "ema"), ("accum", "acc"), ("clip", "clip"),
+        ("mixup", "mixup"), ("cutmix", "cutmix"), ("dropout", "do"), ("drop_path", "drop"), ("bn_eps", "eps"))
+    _LOSS_TAG: ClassVar[str] = "loss"
 
     @property
     def slug(self) -> str:
+        """`adam`, `lamb_wd0p02_ema0p9999_acc4_clip1_lossbce_fp8`: the optimizer, then each option
+        that differs from its default as tag + value (numbers: shortest repr, '.' → p, '-' → m)."""
         parts = [self.optimizer]
-        if self.weight_decay is not None:
-            parts.append(f"wd{self.weight_decay:g}")
+        for field, tag in self._TAGS:
+            v = getattr(self, field)
+            default = attrs.fields_dict(Variant)[field].default
+            if v != default or (field == "weight_decay" and v is not None):
+                parts.append(tag + (str(v) if field == "accum" else _encode(v)))
         if self.loss != "crossEntropy":
-            parts.append(self.loss)
-        if self.label_smoothing:
-            parts.append(f"ls{self.label_smoothing:g}")
-        return sanitize("_".join(parts))
+            parts.append(self._LOSS_TAG + self.loss)
+        if self.precision != "fp32":
+            parts.append(self.precision)
+        return "_".join(parts)
 
+    @property
+    def eval_suffix(self) -> str:
+        """The forward / eval artifacts' suffix: `_eps0p001` at a non-default BN ε (ε is baked into
+        every BN site, so a net trained at one ε is scored through an eval graph at the same ε)."""
+        return "" if self.bn_eps is None else "_eps" + _encode(self.bn_eps)
+
+    @classmethod
+    def parse(cls, slug: str) -> Variant:
+        """The Variant a slug names; anything that is not a slug this class renders is refused."""
+        parts = slug.split("_")
+        opts: dict[str, Any] = {"optimizer": parts[0]}
+        tags = dict((t, f) for f, t in cls._TAGS)
+        for part in parts[1:]:
+            value: Any
+            if part in PRECISIONS:
+                field, value = "precision", part
+            elif part.startswith(cls._LOSS_TAG) and _NAME.match(part[len(cls._LOSS_TAG):] or "_"):
+                field, value = "loss", part[len(cls._LOSS_TAG):]
+            else:
+                hit = [(t, f) for t, f in tags.items() if part.startswith(t) and _NUMBER.match(part[len(t):])]
+                if len(hit) != 1:
+                    raise UnsupportedSpec(f"variant slug {slug!r}: cannot read part {part!r}; expected one of the "
+                                          f"tags {sorted(tags)} followed by a number, 'loss<name>', or "
+                                          f"{list(PRECISIONS[1:])}")
+                tag, field = hit[0]
+                text = part[len(tag):]
+                try:
+                    value = int(text) if field == "accum" else _decode(text)
+                except ValueError:
+                    kind = "a whole number" if field == "accum" else "a number"
+                    raise UnsupportedSpec(f"variant slug {slug!r}: {part!r} needs {kind} after {tag!r}") from None
+            if field in opts:
+                raise UnsupportedSpec(f"variant slug {slug!r} sets {field} twice")
+            opts[field] = value
+        v = cls(**opts)
+        if v.slug != slug:  # e.g. a default spelled out, or parts out of order: not this class's rendering
+            raise UnsupportedSpec(f"variant slug {slug!r} is not canonical; this variant's slug is {v.slug!r}")
+        return v
+
+    # -- what the variant makes ------------------------------------------------------------
     def make_optimizer(self, registry: Registry) -> Optimizer:
         opts = {} if self.weight_decay is None else {"weight_decay": self.weight_decay}
         opt: Optimizer = registry.make("optimizer", self.optimizer, **opts)
         return opt
 
+    def state_layout(self, opt: Optimizer) -> StateLayout:
+        """The train step's carried state for this variant: the one place it is derived."""
+        return self.wrappers.layout(opt)
+
     def make_loss(self, registry: Registry) -> Loss:
-        opts = {"label_smoothing": self.label_smoothing} if self.label_smoothing else {}
+        cls = registry.get("loss", self.loss)
+        fields = {f.name for f in attrs.fields(cls)} if attrs.has(cls) else set()
+        opts: dict[str, Any] = {}
+        if self.soft_labels:
+            if "soft" not in fields:
+                raise UnsupportedSpec(f"loss {self.loss!r} takes no soft labels, so it cannot train with mixup or "
+                                      "cutmix")
+            opts["soft"] = True  # label smoothing then rides in the host's soft targets
+        elif self.label_smoothing:
+            opts["label_smoothing"] = self.label_smoothing
         loss: Loss = registry.make("loss", self.loss, **opts)
         return loss
+
+    def apply_to(self, spec: NetSpec, registry: Registry | None = None) -> NetSpec:
+        """The net this variant trains: classifier dropout before the last layer, drop_path on every
+        layer that has the option, and bn_eps on every layer with BatchNorm statistics. The eval
+        forward is rendered from this same net, so it normalises at the same ε. Idempotent, so the
+        train step may apply it to a net its caller already applied it to."""
+        from hloforge.core.spec import NetSpec, layer_fields, walk_layers
+
+        def has(layer: Any, option: str) -> bool:
+            return any(f.name == option for f in layer_fields(layer))
+
+        layers = list(spec.layers)
+        if self.bn_eps is not None:
+            walk = walk_layers(layers, spec.input_shape)
+            bn = [ls.index for ls in walk if ls.stats]
+            if not bn:
+                raise UnsupportedSpec(f"bn_eps {self.bn_eps:g}: net {spec.name!r} has no BatchNorm")
+            for i in bn:
+                if not has(layers[i], "eps"):
+                    raise UnsupportedSpec(f"bn_eps: layer {i} ({layers[i].kind}) has BatchNorm statistics but no "
+                                          "eps option")
+                layers[i] = attrs.evolve(layers[i], eps=self.bn_eps)  # type: ignore[misc]
+        if self.drop_path:
+            hit = [i for i, layer in enumerate(layers) if has(layer, "drop_path")]
+            if not hit:
+                raise UnsupportedSpec(f"drop_path {self.drop_path:g}: net {spec.name!r} has no layer with a "
+                                      "drop_path option")
+            for i in hit:
+                layers[i] = attrs.evolve(layers[i], drop_path=self.drop_path)  # type: ignore[misc]
+        if self.dropout:
+            from hloforge.core.registry import default_registry
+
+            drop = (registry or default_registry()).make("layer", "dropout", rate=self.dropout)
+            if len(layers) < 2 or layers[-2] != drop:  # idempotent: a net already given it keeps one
+                layers.insert(len(layers) - 1, drop)
+        if layers == list(spec.layers):
+            return spec
+        new: Any = layers  # (attrs' tuple converter confuses mypy about the element type)
+        return NetSpec(spec.name, spec.input_shape, new, spec.num_classes)

@@ -1,4 +1,5 @@
-"""Softmax cross-entropy with label smoothing (closed-form backward) and mean squared error."""
+"""Softmax cross-entropy with label smoothing or soft targets (closed-form backward), focal
+cross-entropy, and mean squared error."""
 
 from __future__ import annotations
 
@@ -28,26 +29,38 @@ def one_hot(b: Builder, y: Value, classes: int, dtype: str) -> Value:
     return b.select(hit, b.full(1.0, (n, classes), dtype), b.full(0.0, (n, classes), dtype))
 
 
+def check_soft(loss: Any) -> None:
+    """Soft targets carry their own smoothing (the host mixes and smooths them together)."""
+    if not 0.0 <= loss.label_smoothing < 1.0:
+        raise UnsupportedSpec(f"label_smoothing must be in [0, 1), got {loss.label_smoothing}")
+    if loss.soft and loss.label_smoothing:
+        raise UnsupportedSpec(f"{loss.name}: soft targets come smoothed from the host (train/mixing.py); "
+                              "label_smoothing must be 0 with soft=True")
+
+
 @attrs.frozen
 class CrossEntropy(Loss):
-    """mean_b −Σ_c t_c log softmax(z)_c with t = (1−ε)·onehot(y) + ε/C."""
+    """mean_b −Σ_c t_c log softmax(z)_c with t = (1−ε)·onehot(y) + ε/C; with `soft`, y is the
+    target distribution t itself ([B, C] floats: mixup / cutmix on the host)."""
 
     name = "crossEntropy"
-    label_smoothing: float = attrs.field(default=0.0)
+    label_kind = "class"  # soft targets too: they are mixed class labels, scored as classes
+    label_smoothing: float = 0.0
+    soft: bool = False
 
-    @label_smoothing.validator
-    def _check(self, attribute: Any, value: float) -> None:
-        if not 0.0 <= value < 1.0:
-            raise UnsupportedSpec(f"label_smoothing must be in [0, 1), got {value}")
+    def __attrs_post_init__(self) -> None:
+        check_soft(self)
 
     def check(self, out_shape: Shape) -> None:
         if len(out_shape) != 1:
-            raise UnsupportedSpec(f"crossEntropy takes logits [classes], got {list(out_shape)}")
+            raise UnsupportedSpec(f"{self.name} takes logits [classes], got {list(out_shape)}")
 
     def label_spec(self, out_shape: Shape) -> tuple[Shape, str]:
-        return (), "i32"
+        return (out_shape, "f32") if self.soft else ((), "i32")
 
     def targets(self, b: Builder, y: Value, classes: int, dtype: str) -> Value:
+        if self.soft:
+            return y if y.dtype == dtype else b.convert(y, dtype)
         t = one_hot(b, y, classes, dtype)
         eps = self.label_smoothing
         return t * (1.0 - eps) + eps / classes if eps else t
@@ -65,10 +78,13 @@ class CrossEntropy(Loss):
         return b.custom_vjp(fwd, bwd, logits)[0]
 
     def backward(self, b: Builder, logits: Value, y: Value, g: Value) -> Value:
-        """The closed form: the softmax Jacobian cancels the log, ∂L/∂z = (p − t)·ḡ/B."""
+        """The closed form: the softmax Jacobian cancels the log, ∂L/∂z = (p − t)·ḡ/B. Host soft
+        targets sum to 1 only to f32 rounding, so for them it is (p·Σt − t)·ḡ/B, the exact gradient."""
         n, c = logits.shape
         p = b.exp(log_softmax(b, logits))
         t = self.targets(b, y, c, logits.dtype)
+        if self.soft:
+            p = p * b.broadcast_in_dim(b.sum(t, [1]), (n, c), [0])
         return (p - t) * b.broadcast_to(g / float(n), (n, c))
 
     def reference(self, logits: Any, y: Any) -> Any:
@@ -76,15 +92,74 @@ class CrossEntropy(Loss):
         import jax.numpy as jnp
 
         c = logits.shape[1]
-        t = jax.nn.one_hot(y, c, dtype=logits.dtype) * (1 - self.label_smoothing) + self.label_smoothing / c
+        if self.soft:
+            t = y
+        else:
+            t = jax.nn.one_hot(y, c, dtype=logits.dtype) * (1 - self.label_smoothing) + self.label_smoothing / c
         return -jnp.mean(jnp.sum(t * jax.nn.log_softmax(logits, axis=1), axis=1))
+
+    def sample_labels(self, rng: np.random.Generator, batch: int, out_shape: Shape) -> np.ndarray:
+        if self.soft:
+            return sample_soft_targets(rng, batch, out_shape[0])
+        return rng.integers(0, out_shape[0], batch).astype(np.int32)
+
+    @classmethod
+    def gate_cases(cls) -> list[tuple[Loss, Shape]]:
+        return [(cls(), (5,)), (cls(label_smoothing=0.1), (7,)), (cls(soft=True), (6,))]
+
+
+def sample_soft_targets(rng: np.random.Generator, batch: int, classes: int) -> np.ndarray:
+    """Rows that sum to 1, as mixing makes them: two smoothed one-hots blended at a random λ."""
+    lam = rng.uniform(0.2, 0.8, (batch, 1))
+    a, b = (np.eye(classes)[rng.integers(0, classes, batch)] * 0.9 + 0.1 / classes for _ in range(2))
+    return (lam * a + (1 - lam) * b).astype(np.float32)
+
+
+@attrs.frozen
+class FocalCrossEntropy(Loss):
+    """Focal softmax cross-entropy (Lin et al.) for class labels: mean_b −(1 − p_y)^γ log p_y.
+    γ is a whole number (the weight is a product, so its gradient stays finite at p_y → 1);
+    γ = 0 is cross-entropy. The backward is derived."""
+
+    name = "focalCrossEntropy"
+    label_kind = "class"
+    gamma: int = 2
+
+    def __attrs_post_init__(self) -> None:
+        if isinstance(self.gamma, bool) or not isinstance(self.gamma, int) or self.gamma < 0:
+            raise UnsupportedSpec(f"{self.name}: gamma must be a whole number ≥ 0, got {self.gamma!r}")
+
+    def check(self, out_shape: Shape) -> None:
+        if len(out_shape) != 1:
+            raise UnsupportedSpec(f"{self.name} takes logits [classes], got {list(out_shape)}")
+
+    def label_spec(self, out_shape: Shape) -> tuple[Shape, str]:
+        return (), "i32"
+
+    def forward(self, b: Builder, logits: Value, y: Value) -> Value:
+        n, c = logits.shape
+        t = one_hot(b, y, c, logits.dtype)
+        logp = log_softmax(b, logits)
+        omp = 1.0 - b.exp(logp)
+        w = b.full(1.0, (n, c))
+        for _ in range(self.gamma):
+            w = w * omp
+        return b.sum(b.negate(t * w * logp)) / float(n)
+
+    def reference(self, logits: Any, y: Any) -> Any:
+        import jax
+        import jax.numpy as jnp
+
+        logp = jax.nn.log_softmax(logits, axis=1)
+        logp_y = jnp.take_along_axis(logp, y[:, None], axis=1)[:, 0]
+        return -jnp.mean((1.0 - jnp.exp(logp_y)) ** self.gamma * logp_y)
 
     def sample_labels(self, rng: np.random.Generator, batch: int, out_shape: Shape) -> np.ndarray:
         return rng.integers(0, out_shape[0], batch).astype(np.int32)
 
     @classmethod
     def gate_cases(cls) -> list[tuple[Loss, Shape]]:
-        return [(cls(), (5,)), (cls(label_smoothing=0.1), (7,))]
+        return [(cls(), (5,)), (cls(gamma=1), (4,)), (cls(gamma=0), (3,))]
 
 
 @attrs.frozen
@@ -117,4 +192,4 @@ class MeanSquaredError(Loss):
 
 @hookimpl
 def hloforge_losses() -> list[type]:
-    return [CrossEntropy, MeanSquaredError]
+    return [CrossEntropy, FocalCrossEntropy, MeanSquaredError]

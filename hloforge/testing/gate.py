@@ -9,7 +9,9 @@ For a layer or loss: build its VJP module, run it on XLA, and compare
 A layer with stat slots (batch norm) is gated twice: in training, where its reported batch
 statistics are compared too, and in eval mode, with running statistics fed in (and
 differentiated, so the eval path's every rule is checked).
-For an optimizer: several steps of its optimizer-step module against optax.
+For an optimizer: OPT_STEPS steps of its optimizer-step module against optax (≤ 1e-12 in f64,
+≤ 1e-6 in f32), alone and inside the wrappers (EMA shadow, MultiSteps accumulation,
+clip_by_global_norm); the module emits the update exactly as the train step does.
 
 A gate must be able to fail: `hloforge.core.autodiff.inject_fault` breaks one
 VJP rule and the tests see every gate go red.
@@ -24,13 +26,18 @@ from typing import Any
 import attrs
 import numpy as np
 
-from hloforge.core import modules
+from hloforge.core import modules, strategy
 from hloforge.core.spec import Ctx, Layer, Loss, ParamSlot, Shape, qualified_params, walk_layers
-from hloforge.core.variant import Optimizer
+from hloforge.core.variant import Optimizer, Wrappers, ema_decay_at
 
 TOL_JAX_F64 = 1e-9
 TOL_FD_F64 = 1e-6
 TOL_JAX_F32 = 1e-4
+# Optimizers (and their wrappers) against optax over OPT_STEPS updates: the update is elementwise
+# arithmetic, so it is held to the precision of the type itself.
+TOL_OPT_F64 = 1e-12
+TOL_OPT_F32 = 1e-6
+OPT_STEPS = 5
 FD_STEP = 1e-6
 ZERO_GRAD = 1e-12  # a reference gradient this small relative to the case's largest is structurally zero
 
@@ -46,13 +53,18 @@ class GateResult:
 
     @property
     def passed(self) -> bool:
-        return (self.err_jax_f64 <= TOL_JAX_F64 and self.err_fd_f64 <= TOL_FD_F64
-                and self.err_jax_f32 <= TOL_JAX_F32)
+        f64, f32 = tolerances(self.kind)
+        return self.err_jax_f64 <= f64 and self.err_fd_f64 <= TOL_FD_F64 and self.err_jax_f32 <= f32
 
     def row(self) -> str:
         mark = "pass" if self.passed else "FAIL"
         return (f"{self.kind:9} {self.name:16} {self.case:44} {self.err_jax_f64:9.1e} {self.err_fd_f64:9.1e} "
                 f"{self.err_jax_f32:9.1e}  {mark}")
+
+
+def tolerances(kind: str) -> tuple[float, float]:
+    """The (f64, f32) bound on the error against the oracle (jax, or optax for an optimizer)."""
+    return (TOL_OPT_F64, TOL_OPT_F32) if kind == "optimizer" else (TOL_JAX_F64, TOL_JAX_F32)
 
 
 HEADER = f"{'kind':9} {'name':16} {'case':44} {'jax f64':>9} {'fd f64':>9} {'jax f32':>9}"
@@ -242,35 +254,53 @@ def gate_loss(loss: Loss, out_shape: Shape, *, batch: int = 3, seed: int = 0) ->
 OPT_SLOTS = (ParamSlot("w", (3, 4), "glorot", True), ParamSlot("b", (4,), "zeros", False))
 
 
-def gate_optimizer(opt: Optimizer, *, steps: int = 3, lr: float = 0.05, seed: int = 0) -> GateResult:
-    """Run `steps` optimizer-step modules against optax on the same gradients (jax f64 reference)."""
-    _jax()
+def gate_optimizer(opt: Optimizer, *, steps: int = OPT_STEPS, lr: float = 0.05, seed: int = 0,
+                   wrappers: Wrappers | None = None) -> GateResult:
+    """`steps` updates of the optimizer-step module (the train step's update emitter) against optax on
+    the same gradients (jax, f64): θ, and the EMA shadow when `wrappers` keep one (optax.ema fed θ
+    after every update, at the host's warm-up decay). Under accumulation k, steps·k micro-batches.
+    Every third micro-batch's gradients are scaled down 20×, so a clip norm sees both of its branches,
+    and under accumulation a partial sum above the norm meets the accumulator."""
+    jax = _jax()
     import jax.numpy as jnp
+    import optax
 
+    wr = wrappers or Wrappers()
+    lay = wr.layout(opt)
     rng = np.random.default_rng(seed)
     params = [rng.standard_normal(s.shape) for s in OPT_SLOTS]
-    grads = [[rng.standard_normal(s.shape) for s in OPT_SLOTS] for _ in range(steps)]
-    tx = opt.optax_reference(lr, [s.decay for s in OPT_SLOTS])
+    micro = steps * wr.accum
+    grads = [[rng.standard_normal(s.shape) * (0.05 if t % 3 == 1 else 1.0) for s in OPT_SLOTS] for t in range(micro)]
+    tx = wr.optax_reference(opt, lr, [s.decay for s in OPT_SLOTS])
     ref = [jnp.asarray(p) for p in params]
     state = tx.init(ref)
-    for gs in grads:
-        upd, state = tx.update([jnp.asarray(g) for g in gs], state, ref)
+    update = jax.jit(tx.update)  # once: MultiSteps' lax.cond is slow to dispatch op by op
+    shadow = optax.ema(wr.ema or 0.5, debias=False).init(ref)._replace(ema=list(ref))  # E starts at θ
+    for t, gs in enumerate(grads, start=1):
+        upd, state = update([jnp.asarray(g) for g in gs], state, ref)
         ref = [p + u for p, u in zip(ref, upd, strict=True)]
+        if lay.shadows and lay.applies(t):
+            decay = ema_decay_at(wr.ema, lay.update_index(t))
+            _, shadow = optax.ema(decay, debias=False).update(ref, shadow)
+    refs = [*ref, *(shadow.ema if lay.shadows else [])]
     errs = {}
+    n = len(OPT_SLOTS)
     for dtype in ("f64", "f32"):
         npt = np.float64 if dtype == "f64" else np.float32
-        exe = _client().compile(modules.optimizer_step_module(list(OPT_SLOTS), opt, dtype=dtype))
+        exe = _client().compile(modules.optimizer_step_module(list(OPT_SLOTS), opt, dtype=dtype, wrappers=wr))
         try:
             ps = [p.astype(npt) for p in params]
-            st = [opt.init_state(s)[k].astype(npt) for k in opt.state for s in OPT_SLOTS]
+            st = lay.initial(opt, OPT_SLOTS, params, npt)
             for t, gs in enumerate(grads, start=1):
-                sc = [np.asarray(v, npt) for v in opt.host_scalars(t, lr).values()]
+                sc = [np.asarray(v, npt) for v in lay.host_scalars(opt, t, lr)]
                 outs = exe.run(ps + st + [g.astype(npt) for g in gs] + sc)
-                ps, st = outs[:len(ps)], outs[len(ps):]
+                ps, st = outs[:n], outs[n:]
         finally:
             exe.close()
-        errs[dtype] = max(rel_err(p, np.asarray(r)) for p, r in zip(ps, ref, strict=True))
-    return GateResult("optimizer", opt.name, _case_label(opt, ()), errs["f64"], 0.0, errs["f32"])
+        got = [*ps, *(st[(lay.region("E") - 1) * n:lay.region("E") * n] if lay.shadows else [])]
+        errs[dtype] = max(rel_err(p, np.asarray(r)) for p, r in zip(got, refs, strict=True))
+    case = _case_label(opt, ()) if wrappers is None else f"{wr.label()} {_case_label(opt, ())}"
+    return GateResult("optimizer", opt.name, case[:44], errs["f64"], 0.0, errs["f32"])
 
 
 # ------------------------------------------------------------------ everything registered
@@ -284,6 +314,9 @@ class GateCase:
     shape: Shape  # input shape (layer), output shape (loss), () (optimizer)
     distribution: str
     mode: str = "train"  # a layer with stat slots also gets an "eval" case (running statistics in)
+    wrappers: Wrappers | None = None  # an optimizer case run inside these wrappers (EMA, accumulation, clip)
+    # a layer case rendered with these lowering strategies forced (core/strategy.py), ((kind, choice), …)
+    strategy: tuple[tuple[str, str], ...] = ()
 
     @property
     def id(self) -> str:
@@ -291,14 +324,21 @@ class GateCase:
         d = self.obj.to_dict() if hasattr(self.obj, "to_dict") else attrs.asdict(self.obj)
         fields = ",".join(f"{k}={_compact(v)}" for k, v in d.items() if k != "kind")
         at = "@" + "x".join(str(n) for n in self.shape) if self.kind != "optimizer" else ""
-        return f"{self.kind}:{self.name}:{fields}{at}" + ("#eval" if self.mode == "eval" else "")
+        wrapped = f"+{self.wrappers.label()}" if self.wrappers is not None else ""
+        forced = "".join(f"~{k}={c}" for k, c in self.strategy)
+        return f"{self.kind}:{self.name}:{fields}{at}{wrapped}{forced}" + ("#eval" if self.mode == "eval" else "")
 
     def run(self) -> GateResult:
         if self.kind == "layer":
-            return gate_layer(self.obj, self.shape, mode=self.mode)
+            with strategy.forced(dict(self.strategy)):
+                res = gate_layer(self.obj, self.shape, mode=self.mode)
+            if not self.strategy:
+                return res
+            tag = " ".join(f"{k}={c}" for k, c in self.strategy)
+            return attrs.evolve(res, case=f"[{tag}] {res.case}"[:44])
         if self.kind == "loss":
             return gate_loss(self.obj, self.shape)
-        return gate_optimizer(self.obj)
+        return gate_optimizer(self.obj, wrappers=self.wrappers)
 
 
 def _compact(v: Any) -> str:
@@ -317,14 +357,28 @@ def gate_cases(registry: Any = None, names: Sequence[str] | None = None) -> list
         if names and e.name not in names:
             continue
         if e.kind == "layer":
+            # each case as rendered for no target (every strategy kind's first choice), then once
+            # per other choice of each strategy kind the layer consults (layout=nhwc only where the
+            # case takes NHWC at all: otherwise it renders the same module)
+            forcings = [()] + [((k, c),) for k in getattr(e.obj, "strategy_kinds", ())
+                               for c in strategy.kind(k).choices[1:]]
             for obj, shape in e.obj.gate_cases():
-                out.append(GateCase(e.kind, e.name, obj, tuple(shape), e.distribution))
-                if walk_layers([obj], tuple(shape))[0].stats:
-                    out.append(GateCase(e.kind, e.name, obj, tuple(shape), e.distribution, "eval"))
+                stats = bool(walk_layers([obj], tuple(shape))[0].stats)
+                nhwc = len(shape) == 3 and obj.supports_nhwc(tuple(shape))
+                for forced in forcings:
+                    if forced == (("layout", "nhwc"),) and not nhwc:
+                        continue
+                    out.append(GateCase(e.kind, e.name, obj, tuple(shape), e.distribution, strategy=forced))
+                    if stats:
+                        out.append(GateCase(e.kind, e.name, obj, tuple(shape), e.distribution, "eval",
+                                            strategy=forced))
         elif e.kind == "loss":
             out += [GateCase(e.kind, e.name, obj, tuple(shape), e.distribution) for obj, shape in e.obj.gate_cases()]
         elif e.kind == "optimizer":
-            out += [GateCase(e.kind, e.name, opt, (), e.distribution) for opt in e.obj.gate_cases()]
+            cases = e.obj.gate_cases()
+            out += [GateCase(e.kind, e.name, opt, (), e.distribution) for opt in cases]
+            # The wrappers compose with any optimizer: gated composed, on its first case.
+            out += [GateCase(e.kind, e.name, cases[0], (), e.distribution, wrappers=w) for w in Wrappers.gate_cases()]
     return out
 
 

@@ -58,8 +58,8 @@ class GateItem(pytest.Item):
 
             return "\n".join([
                 f"gate failed for {self.case.kind} {self.case.name!r} from distribution {self.case.distribution!r}",
-                f"tolerances: jax f64 ≤ {gate.TOL_JAX_F64:g}, fd f64 ≤ {gate.TOL_FD_F64:g}, "
-                f"jax f32 ≤ {gate.TOL_JAX_F32:g}",
+                f"tolerances: jax f64 ≤ {gate.tolerances(self.case.kind)[0]:g}, fd f64 ≤ {gate.TOL_FD_F64:g}, "
+                f"jax f32 ≤ {gate.tolerances(self.case.kind)[1]:g}",
                 gate.HEADER,
                 excinfo.value.result.row(),
             ])

@@ -15,7 +15,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hloforge.core.errors import PluginError
-from hloforge.testing.gate import TOL_FD_F64, TOL_JAX_F32, TOL_JAX_F64, GateCase, GateResult, gate_cases
+from hloforge.testing.gate import (
+    TOL_FD_F64,
+    TOL_JAX_F32,
+    TOL_JAX_F64,
+    TOL_OPT_F32,
+    TOL_OPT_F64,
+    GateCase,
+    GateResult,
+    gate_cases,
+)
 
 GATED = ("layer", "loss", "optimizer")
 COLUMNS = f"{'kind':9} {'name':16} {'distribution':20} {'case':44} {'jax f64':>9} {'fd f64':>9} {'jax f32':>9}  result"
@@ -62,7 +71,8 @@ def verify(names: Sequence[str] = (), registry: Any = None, out: Callable[[str],
     reg = registry or default_registry()
     cases, failed_rows = select(reg, names)
     t0 = time.perf_counter()
-    out(f"tolerances: jax f64 <= {TOL_JAX_F64:g}, fd f64 <= {TOL_FD_F64:g}, jax f32 <= {TOL_JAX_F32:g}")
+    out(f"tolerances: jax f64 <= {TOL_JAX_F64:g}, fd f64 <= {TOL_FD_F64:g}, jax f32 <= {TOL_JAX_F32:g}; "
+        f"optimizers against optax: f64 <= {TOL_OPT_F64:g}, f32 <= {TOL_OPT_F32:g}")
     out(COLUMNS)
     for row in failed_rows:
         out(row)

@@ -16,6 +16,7 @@ Sessions use only the backend interface of `hloforge.backends.base.Backend`.
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Hashable, Sequence
 from typing import Any
@@ -23,10 +24,11 @@ from typing import Any
 import numpy as np
 
 from hloforge.backends.base import BACKEND_ENV_VAR, DEFAULT_BACKEND
-from hloforge.core.errors import DataError
-from hloforge.core.modules import forward_module, train_step_module
+from hloforge.core.errors import DataError, UnsupportedSpec
+from hloforge.core.modules import TrainStepLayout, forward_module, train_step_module
 from hloforge.core.registry import Registry, default_registry
 from hloforge.core.spec import NetSpec
+from hloforge.core.strategy import target_of
 from hloforge.core.variant import Variant
 
 
@@ -36,7 +38,13 @@ def make_backend(name: str | None = None, registry: Registry | None = None, **op
     An unknown name is a PluginError listing the registered ones; a registered backend
     whose packages are missing raises BackendError naming what to pip install."""
     name = name or os.environ.get(BACKEND_ENV_VAR) or DEFAULT_BACKEND
-    return (registry or default_registry()).get("backend", name)(**options)
+    cls = (registry or default_registry()).get("backend", name)
+    accepted = inspect.signature(cls).parameters
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:  # e.g. `devices` (an XLA client's device count) asked of IREE
+        raise UnsupportedSpec(f"backend {name!r} takes no option {', '.join(unknown)} "
+                              f"(its options: {', '.join(accepted) or 'none'})")
+    return cls(**options)
 
 
 def _is_host(a: Any) -> bool:
@@ -48,11 +56,12 @@ class TrainSession:
                  params: Sequence[np.ndarray] | None = None, registry: Registry | None = None,
                  resident: bool = True):
         reg = registry or default_registry()
+        spec = variant.apply_to(spec, reg)  # the net this variant trains (dropout, drop_path, BN ε)
         self.spec, self.variant, self.batch, self.backend = spec, variant, batch, backend
         self.resident = resident
         self.optimizer = variant.make_optimizer(reg)
-        text, self.layout = train_step_module(spec, variant, batch, registry=reg)
-        self.exe = backend.compile(text)
+        self.state_layout = variant.state_layout(self.optimizer)  # what the carried state is, slot by slot
+        self.exe, self.layout = self._compile_step(reg)
         host = list(params) if params is not None else spec.init_params(seed)
         for (name, slot), p in zip(self.layout.params, host, strict=True):
             if tuple(p.shape) != slot.shape:
@@ -60,11 +69,22 @@ class TrainSession:
         slots = [s for _, s in self.layout.params]
         # [θ…, state group 0…, state group 1…]: the train step's carried inputs, in its order.
         carried = [np.asarray(p, np.float32) for p in host]
-        carried += [np.asarray(self.optimizer.init_state(s)[k], np.float32) for k in self.layout.state for s in slots]
-        self._carried: list[Any] = carried if not resident else [backend.to_device(a) for a in carried]
+        carried += self.state_layout.initial(self.optimizer, slots, host)
+        self._carried: list[Any] = []
+        self._place(carried)
         self._batch_stats: list[Any] = []  # the last step's batch statistics (device buffers), one per stat slot
         self.step = 0
         self.seed = seed
+
+    def _compile_step(self, registry: Registry) -> tuple[Any, TrainStepLayout]:
+        """The compiled train step and its layout (a data-parallel session compiles its own)."""
+        text, layout = train_step_module(self.spec, self.variant, self.batch, registry=registry,
+                                         target=target_of(self.backend))
+        return self.backend.compile(text), layout
+
+    def _place(self, carried: list[np.ndarray]) -> None:
+        """Make `carried` (host arrays in the step's carried order) the state: on the device if resident."""
+        self._carried = carried if not self.resident else [self.backend.to_device(a) for a in carried]
 
     # -- the step --------------------------------------------------------------
 
@@ -90,14 +110,9 @@ class TrainSession:
             masks = self.masks_for_step(self.step)
         if len(masks) != len(lay.masks):
             raise DataError(f"the train step takes {len(lay.masks)} mask(s), got {len(masks)}")
-        scalars = self.optimizer.host_scalars(self.step, lr)
         carried = self._carried if self.resident else [be.to_device(a) for a in self._carried]
         # The per-step inputs live for this one execute: borrowed, not copied, where the backend can.
-        step_inputs = [*(be.to_device(np.asarray(scalars[k], np.float32), borrow=True) for k in lay.scalars),
-                       be.to_device(np.ascontiguousarray(x, np.float32), borrow=True),
-                       be.to_device(np.ascontiguousarray(y, np.int32 if lay.y_dtype == "i32" else np.float32),
-                                    borrow=True),
-                       *(be.to_device(np.asarray(m, np.float32), borrow=True) for m in masks)]
+        step_inputs = [be.to_device(a, borrow=True) for a in self._step_host(x, y, lr, masks)]
         # The carried inputs are donated and consumed here; the session never touches them again.
         outs = be.execute(self.exe, [*carried, *step_inputs])
         del step_inputs  # releases the borrowed host arrays
@@ -105,6 +120,15 @@ class TrainSession:
         self._carried = new if self.resident else [be.to_host(b) for b in new]
         self._batch_stats = outs[lay.loss_index + 1:]
         return float(be.to_host(outs[lay.loss_index]))
+
+    def _step_host(self, x: np.ndarray, y: np.ndarray, lr: float, masks: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """This step's inputs after the carried state, as host arrays in layout order: the scalars (lr,
+        bias corrections, the accumulation apply flag, the EMA decay: StateLayout.scalars order),
+        x, the labels, the masks."""
+        scalars = self.state_layout.host_scalars(self.optimizer, self.step, lr)
+        return [*(np.asarray(v, np.float32) for v in scalars), np.ascontiguousarray(x, np.float32),
+                np.ascontiguousarray(y, np.int32 if self.layout.y_dtype == "i32" else np.float32),
+                *(np.ascontiguousarray(m, np.float32) for m in masks)]
 
     def load(self, params: Sequence[np.ndarray], state: Sequence[np.ndarray], step: int) -> None:
         """Replace θ and the optimizer state (e.g. from a checkpoint) and set the step counter."""
@@ -119,8 +143,7 @@ class TrainSession:
                 what = "parameter" if i < lay.n_params else f"state {lay.state[i // lay.n_params - 1]}"
                 raise DataError(f"load: {what} {names[i % lay.n_params]} has shape {list(np.shape(a))}, expected "
                                 f"{list(want[i % lay.n_params])}")
-        carried = [np.array(a, np.float32) for a in [*params, *state]]
-        self._carried = carried if not self.resident else [self.backend.to_device(a) for a in carried]
+        self._place([np.array(a, np.float32) for a in [*params, *state]])
         self._batch_stats = []
         self.step = int(step)
 
@@ -151,6 +174,24 @@ class TrainSession:
         """(θ, optimizer state): the whole carried state, for a checkpoint."""
         return self.read_params(), self.read_state()
 
+    def slot_buffers(self, slot: str) -> list[Any]:
+        """One state slot's tensors (e.g. "E", the EMA shadow) as the eval forward takes θ: device
+        buffers (a fresh push in the copying path). Located through the StateLayout, never a literal."""
+        n = self.layout.n_params
+        start = self.state_layout.region(slot) * n
+        part = self._carried[start:start + n]
+        return list(part) if self.resident else [self.backend.to_device(a) for a in part]
+
+    def replace_params(self, params: Sequence[np.ndarray]) -> None:
+        """Overwrite θ alone (the optimizer state stays): fp8 training swaps its quantized weights in
+        before a step and its fp32 master back after it."""
+        n = self.layout.n_params
+        if len(params) != n:
+            raise DataError(f"replace_params: got {len(params)} tensors, θ has {n}")
+        rest = self._carried[n:]
+        theta = [np.asarray(p, np.float32) for p in params]
+        self._carried = [*(theta if not self.resident else [self.backend.to_device(a) for a in theta]), *rest]
+
     def read_params_prefix(self, count: int | None = None) -> list[np.ndarray]:
         """The leading `count` θ tensors (default: all of θ, and none of the state)."""
         n = self.layout.n_params if count is None else count
@@ -171,18 +212,26 @@ class ForwardSession:
 
     def __init__(self, spec: NetSpec, batch: int, backend: Any):
         self.spec, self.batch, self.backend = spec, batch, backend
-        self.exe = backend.compile(forward_module(spec, batch, eval_mode=True))
+        self.exe = self._compile()
         self._held: list[Any] | None = None
         self._held_gen: Hashable | None = None
         self._held_src: list[Any] = []  # the host arrays seeded from (kept alive so their ids stay theirs)
         self.seeds = 0  # how many times parameters were pushed (hold mode or not)
+
+    def _compile(self) -> Any:
+        return self.backend.compile(forward_module(self.spec, self.batch, eval_mode=True,
+                                                   target=target_of(self.backend)))
+
+    def _push(self, params: Sequence[Any]) -> list[Any]:
+        """The parameters on the device: host arrays copied there, device buffers as they are."""
+        return [self.backend.to_device(np.asarray(p)) if _is_host(p) else p for p in params]
 
     def _device_params(self, params: Sequence[Any], gen: Hashable | None) -> list[Any]:
         if not any(_is_host(p) for p in params):
             return list(params)
         if gen is None:
             self.seeds += 1
-            return [self.backend.to_device(np.asarray(p)) if _is_host(p) else p for p in params]
+            return self._push(params)
         if self._held is not None and gen == self._held_gen:
             same = len(params) == len(self._held_src) and all(
                 p is q for p, q in zip(params, self._held_src, strict=True))
@@ -190,7 +239,7 @@ class ForwardSession:
                 raise DataError(f"ForwardSession hold mode: different parameters under the same generation token "
                                 f"{gen!r}; pass a new gen whenever the parameters change")
             return self._held
-        self._held = [self.backend.to_device(np.asarray(p)) if _is_host(p) else p for p in params]
+        self._held = self._push(params)
         self._held_gen, self._held_src = gen, list(params)
         self.seeds += 1
         return self._held

@@ -18,7 +18,7 @@ import os
 import sys
 import time
 import tomllib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -27,11 +27,16 @@ import numpy as np
 from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
 from hloforge.core.registry import default_registry
 from hloforge.core.spec import NetSpec
-from hloforge.core.variant import Variant
+from hloforge.core.variant import SHADOW, Variant
+from hloforge.datasets.stream import DataRef, Feed
 from hloforge.train import checkpoint as ckpt
+from hloforge.train import fp8
 from hloforge.train.metrics import eval_set_id, topk_correct, wilson
+from hloforge.train.mixing import Mixer
+from hloforge.train.parallel import DataParallelTrainSession, make_forward_session
 from hloforge.train.schedule import SCHEDULES, lr_at
 from hloforge.train.session import ForwardSession, TrainSession, make_backend
+from hloforge.train.tasks import make_task
 from hloforge.zoo import get_net
 
 CHECKPOINT = "checkpoint.safetensors"
@@ -46,7 +51,13 @@ class TrainConfig:
     data: str = "digits"
     data_dir: str = ""
     data_file: str = ""  # a file-based dataset's file (e.g. text's UTF-8 corpus)
+    workers: int = 0  # producer processes streaming the batches (seed 003); 0: drawn in process
+    augment: bool = True  # the dataset's training augmentation (crop, flip, ...), seeded per step
     backend: str = ""  # empty: $HLOFORGE_BACKEND, else xla; the run records the resolved name
+    # Data parallelism (hloforge.train.parallel): `batch` is the global batch, split over the replicas.
+    replicas: int = 1
+    devices: int | None = None  # the backend's device count (the XLA CPU plugin's cpu_device_count)
+    sync_bn: bool = False  # BN statistics over the global batch; default: each replica's own (replica 0's read)
     epochs: int = 5
     batch: int = 64
     optimizer: str = "adam"
@@ -56,6 +67,17 @@ class TrainConfig:
     decay_rate: float = 0.97
     weight_decay: float | None = None
     label_smoothing: float = 0.0
+    loss: str = ""  # empty: the one the net and dataset call for (hloforge.train.tasks.default_loss)
+    # the rest of the variant (hloforge.core.variant.Variant): wrappers, mixing, masks, BN ε, precision
+    ema: float = 0.0
+    accum: int = 1
+    clip: float = 0.0
+    mixup: float = 0.0
+    cutmix: float = 0.0
+    dropout: float = 0.0
+    drop_path: float = 0.0
+    bn_eps: float | None = None
+    precision: str = "fp32"
     # PyTorch's convention (running ← 0.9·running + 0.1·batch). Seed 003's 0.99 suits ImageNet-length
     # runs; on a 22-step digits epoch it leaves eval normalising by near-initial statistics.
     bn_momentum: float = 0.9
@@ -65,13 +87,19 @@ class TrainConfig:
     log_every: int = 50
 
     def variant(self, spec: NetSpec | None = None) -> Variant:
-        """The loss follows the net: per-token logits (a language model) train with tokenCrossEntropy."""
-        loss = "tokenCrossEntropy" if spec is not None and is_lm(spec) else "crossEntropy"
-        return Variant(self.optimizer, self.weight_decay, loss, self.label_smoothing)
+        """The loss: `loss` if given, else the net's and dataset's (tokenCrossEntropy for per-token logits,
+        crossEntropy for classes, perPixelCE for masks, mse for a DDPM: hloforge.train.tasks)."""
+        from hloforge.train.tasks import default_loss
+
+        loss = self.loss or ("crossEntropy" if spec is None else default_loss(spec, self.data))
+        return Variant(self.optimizer, self.weight_decay, loss, self.label_smoothing, ema=self.ema,
+                       accum=self.accum, clip=self.clip, mixup=self.mixup, cutmix=self.cutmix, dropout=self.dropout,
+                       drop_path=self.drop_path, bn_eps=self.bn_eps, precision=self.precision)
 
     def scope(self, spec: NetSpec) -> str:
         """Net, variant, backend and tag: two arms of an ablation never share a run directory."""
-        return "_".join(p for p in (spec.ident, self.variant(spec).slug, self.backend, self.tag) if p)
+        dp = f"dp{self.replicas}" + ("syncbn" if self.sync_bn else "") if self.replicas > 1 else ""
+        return "_".join(p for p in (spec.ident, self.variant(spec).slug, dp, self.backend, self.tag) if p)
 
     def resolved_run_dir(self, spec: NetSpec, resume: bool = False) -> str:
         """An explicit run_dir as given; otherwise runs/<scope>, runs/<scope>_2, ...: a new run
@@ -102,6 +130,14 @@ class TrainConfig:
             raise UnsupportedSpec(f"unknown schedule {self.schedule!r}; expected one of {list(SCHEDULES)}")
         if not 0.0 <= self.bn_momentum < 1.0:
             raise UnsupportedSpec(f"bn_momentum must be in [0, 1), got {self.bn_momentum}")
+        if self.replicas < 1 or (self.devices is not None and self.devices < 1):
+            raise UnsupportedSpec(f"replicas and devices must be positive, got replicas={self.replicas} "
+                                  f"devices={self.devices}")
+        if self.batch % self.replicas:
+            raise UnsupportedSpec(f"batch {self.batch} (the global batch) does not split evenly over "
+                                  f"{self.replicas} replicas")
+        if self.sync_bn and self.replicas == 1:
+            raise UnsupportedSpec("sync_bn pools BN statistics across replicas; it needs replicas > 1")
 
 
 def load_config(path: str, **overrides: Any) -> TrainConfig:
@@ -123,10 +159,14 @@ def is_lm(spec: NetSpec) -> bool:
     return len(spec.walk()[-1].out_shape) == 2
 
 
-def bn_weight(momentum: float) -> float:
+def bn_weight(momentum: float, accum: int = 1) -> float:
     """The weight the running statistics put on a new batch (seed 003): exactly 0.01 at the
-    default 0.99, not 1 − 0.99 = 0.010000000000000009."""
-    return 0.01 if momentum == 0.99 else 1.0 - momentum
+    default 0.99, not 1 − 0.99 = 0.010000000000000009. Under accumulation over k micro-batches the
+    statistics move once per MICRO-batch, so the momentum is k-th-rooted: k chained updates
+    compose to one update at `momentum` per optimizer step."""
+    if accum == 1:
+        return 0.01 if momentum == 0.99 else 1.0 - momentum
+    return 1.0 - momentum ** (1.0 / accum)
 
 
 def fit_input(x: np.ndarray, spec: NetSpec, data_name: str) -> np.ndarray:
@@ -175,19 +215,43 @@ def evaluate(evaluator: ForwardSession, buffers: list[Any], x: np.ndarray, y: np
     return EvalResult(int(c1.sum()), int(topk_correct(logits, y, 5).sum()), len(y), c1)
 
 
+def evaluate_stream(evaluator: ForwardSession, buffers: list[Any], batches: Iterable[tuple[np.ndarray, np.ndarray]],
+                    n_eval: int) -> EvalResult:
+    """The eval pass over streamed batches, in stream order. A pass that does not score the whole
+    split (a dropped tail) is an error, never a plausible accuracy over fewer images."""
+    c1, c5 = [np.zeros(0, bool)], [np.zeros(0, bool)]
+    for x, y in batches:
+        logits = evaluator.logits(x, buffers)
+        c1.append(topk_correct(logits, y, 1))
+        c5.append(topk_correct(logits, y, 5))
+    top1 = np.concatenate(c1)
+    if len(top1) != n_eval:
+        raise DataError(f"the streamed eval pass scored {len(top1)} images; the eval split has {n_eval}")
+    return EvalResult(int(top1.sum()), int(np.concatenate(c5).sum()), n_eval, top1)
+
+
 class Run:
     """One training run: its config, data, sessions and run directory."""
 
     def __init__(self, cfg: TrainConfig, log: Callable[[str], None] = print, progress: bool = True,
                  resume: bool = False):
         cfg.check()
-        self.backend = make_backend(cfg.backend or None)
+        self.backend = make_backend(cfg.backend or None, **({"devices": cfg.devices} if cfg.devices else {}))
         cfg = attrs.evolve(cfg, backend=self.backend.name)
         self.cfg, self.log, self.progress = cfg, log, progress
         reg = default_registry()
         self.spec = get_net(cfg.net, cfg.classes, cfg.input)
         self.lm = is_lm(self.spec)
         self.variant = cfg.variant(self.spec)
+        self.spec = self.variant.apply_to(self.spec)  # dropout, drop_path, BN ε: train and eval one net
+        self.mixer = (Mixer(self.spec.num_classes, self.variant.mixup, self.variant.cutmix, cfg.label_smoothing)
+                      if self.variant.soft_labels else None)
+        if self.mixer is not None:
+            self.mixer.check_input(self.spec.input_shape)
+        if self.variant.precision == "fp8":
+            fp8.check_variant(self.variant)
+            if cfg.replicas > 1:
+                raise UnsupportedSpec("precision fp8 runs on one replica (its master weights live on the host)")
         opts: dict[str, Any] = {"data_dir": cfg.data_dir} if cfg.data_dir else {}
         if cfg.data_file:
             opts["data_file"] = cfg.data_file
@@ -197,15 +261,24 @@ class Run:
                                 f"{cfg.data!r} has no token labels — use --data text")
             opts["seq_len"] = self.spec.input_shape[0]
         self.data = reg.make("dataset", cfg.data, **opts)
-        if self.data.num_classes != self.spec.num_classes:
+        x_te, self.y_te = self.data.arrays("test")
+        # what the loss's label kind trains: feed shape, train-step inputs, evaluation (LM: its own path)
+        self.task = None if self.lm else make_task(self)
+        if self.lm and self.data.num_classes != self.spec.num_classes:
             raise DataError(f"dataset {cfg.data!r} has {self.data.num_classes} classes, net {self.spec.name!r} "
                             f"has {self.spec.num_classes}")
-        x_tr, self.y_tr = self.data.arrays("train")
-        x_te, self.y_te = self.data.arrays("test")
-        self.x_tr, self.x_te = fit_input(x_tr, self.spec, cfg.data), fit_input(x_te, self.spec, cfg.data)
-        self.steps_per_epoch = len(self.x_tr) // cfg.batch
+        self.feed = Feed(self.data, DataRef(cfg.data, opts), batch=cfg.batch, seed=cfg.seed, workers=cfg.workers,
+                         augment=cfg.augment, input_shape=self.task.feed_shape if self.task else self.spec.input_shape)
+        self.x_te = self.task.fit_input(x_te) if self.task else fit_input(x_te, self.spec, cfg.data)
+        self.steps_per_epoch = self.feed.steps_per_epoch
         if self.steps_per_epoch == 0:
-            raise DataError(f"batch {cfg.batch} is larger than the {len(self.x_tr)}-image training split")
+            raise DataError(f"batch {cfg.batch} is larger than the {self.feed.n}-image training split"
+                            + (f" split over {cfg.workers} workers" if cfg.workers else ""))
+        if self.steps_per_epoch % self.variant.accum:
+            # An epoch must end on an applied update, or its checkpoint would hold a half-full accumulator.
+            raise UnsupportedSpec(f"accum {self.variant.accum}: the {self.steps_per_epoch} batches of an epoch do not "
+                                  f"divide into updates of {self.variant.accum} micro-batches; pick a batch size or "
+                                  "accum that divides them")
         self.dir = cfg.resolved_run_dir(self.spec, resume)
         self.stat_names = [n for n, _ in self.spec.stats()]
         self.running = [s.initial() for _, s in self.spec.stats()]
@@ -229,6 +302,7 @@ class Run:
     def restore(self, session: TrainSession, cross_backend: bool = False) -> int:
         """Load the run's checkpoint into the session; returns the epoch it ended."""
         tensors, meta = ckpt.load_checkpoint(self.ckpt_path)
+        session.state_layout.check_slots(f"checkpoint {self.ckpt_path}", list(tensors))
         check_matches(self.ckpt_path, meta, self.spec, self.variant, self.cfg.backend, cross_backend)
         lay = session.layout
         pn = [n for n, _ in lay.params]
@@ -242,17 +316,34 @@ class Run:
         return int(meta["epoch"])
 
     # ------------------------------------------------------------------ the loop
+    def step(self, session: TrainSession, x: np.ndarray, y: np.ndarray, lr: float) -> float:
+        """One micro-batch: mixed into soft targets on the host when the variant mixes, through the
+        E4M3 weights and input when its precision is fp8."""
+        if self.task is not None:
+            x, y = self.task.train_batch(x, y, session.step + 1)
+        if self.mixer is not None:
+            x, y = self.mixer.mix(x, y, self.cfg.seed, session.step + 1)
+        if self.variant.precision == "fp8":
+            return fp8.fp8_train_step(session, x, y, lr)
+        return session.train_step(x, y, lr)
+
     def lr(self, step: int) -> float:
-        c = self.cfg
-        return lr_at(step, base=c.lr, total_steps=c.epochs * self.steps_per_epoch,
-                     warmup_steps=int(c.warmup_epochs * self.steps_per_epoch), schedule=c.schedule,
-                     decay_rate=c.decay_rate, steps_per_epoch=self.steps_per_epoch)
+        """The learning rate of the micro-batch after `step` micro-batches: the schedule runs over
+        optimizer updates, one per `accum` micro-batches."""
+        c, k = self.cfg, self.variant.accum
+        per_epoch = self.steps_per_epoch // k
+        return lr_at(step // k, base=c.lr, total_steps=c.epochs * per_epoch,
+                     warmup_steps=int(c.warmup_epochs * per_epoch), schedule=c.schedule,
+                     decay_rate=c.decay_rate, steps_per_epoch=per_epoch)
 
     def train(self, resume: bool = False, cross_backend: bool = False) -> dict[str, Any]:
         cfg = self.cfg
         t0 = time.perf_counter()
-        session = TrainSession(self.spec, self.variant, cfg.batch, self.backend, seed=cfg.seed)
-        evaluator = ForwardSession(self.spec, cfg.batch, self.backend)
+        session = (TrainSession(self.spec, self.variant, cfg.batch, self.backend, seed=cfg.seed)
+                   if cfg.replicas == 1 else
+                   DataParallelTrainSession(self.spec, self.variant, cfg.batch, self.backend, seed=cfg.seed,
+                                            replicas=cfg.replicas, sync_bn=cfg.sync_bn))
+        evaluator = make_forward_session(self.spec, cfg.batch // cfg.replicas, self.backend, cfg.replicas)
         compile_s = time.perf_counter() - t0
         start = 0
         if resume:
@@ -267,28 +358,27 @@ class Run:
         with open(os.path.join(self.dir, "config.toml"), "w", encoding="utf-8") as f:
             f.write(cfg.to_toml())
         self.log(f"hloforge: {self.spec.name} ({self.spec.param_count():,} params) on {cfg.data} "
-                 f"({len(self.x_tr)} train / {len(self.x_te)} test) | backend {self.backend.backend_name()}")
+                 f"({self.feed.n} train / {len(self.x_te)} test) | backend {self.backend.backend_name()}")
         if self.lm and hasattr(self.data, "bigram_bits"):
             self.log(f"  text {getattr(self.data, 'source', cfg.data)}: vocab {self.data.num_classes}, validation "
                      f"character-bigram baseline {self.data.bigram_bits():.4f} bits/char")
-        self.log(f"  {self.variant.slug}: lr {cfg.lr:g} {cfg.schedule}, batch {cfg.batch}, {cfg.epochs} epochs, "
+        dp = (f" over {cfg.replicas} replicas" + (" (sync BN)" if cfg.sync_bn else "")) if cfg.replicas > 1 else ""
+        self.log(f"  {self.variant.slug}: lr {cfg.lr:g} {cfg.schedule}, batch {cfg.batch}{dp}, {cfg.epochs} epochs, "
                  f"run dir {self.dir} | compiled in {compile_s:.1f}s"
                  + (f" | resumed after epoch {start}" if start else ""))
-        w = bn_weight(cfg.bn_momentum)
+        w = bn_weight(cfg.bn_momentum, self.variant.accum)
         metrics: dict[str, Any] = {}
         history = self._history() if start else []
         mlog = open(os.path.join(self.dir, "metrics.jsonl"), "a" if start else "w", encoding="utf-8")
         try:
             for epoch in range(start + 1, cfg.epochs + 1):
-                order = np.random.default_rng([cfg.seed, epoch]).permutation(len(self.x_tr))
                 t = time.perf_counter()
                 losses = []
                 bar = self._bar(epoch)
-                for s in range(self.steps_per_epoch):
-                    idx = order[s * cfg.batch:(s + 1) * cfg.batch]
+                for s, (xb, yb) in enumerate(self.feed.epoch(epoch)):
                     step = session.step
                     lr = self.lr(step)
-                    loss = session.train_step(self.x_tr[idx], self.y_tr[idx], lr)
+                    loss = self.step(session, xb, yb, lr)
                     if not math.isfinite(loss):
                         raise HloforgeError(
                             f"loss is {loss} at step {step + 1} (epoch {epoch}, lr {lr:g}); stopped. The last good "
@@ -310,19 +400,26 @@ class Run:
                 if self.lm:
                     metrics = self._lm_epoch(evaluator, session, epoch, losses, secs, mlog, history)
                     continue
-                res = evaluate(evaluator, self._eval_buffers(session), self.x_te, self.y_te)
-                lo, hi = wilson(res.top1, res.n)
+                assert self.task is not None
+                ev = self.task.evaluate(evaluator, self._eval_buffers(session))
                 metrics = {"kind": "epoch", "epoch": epoch, "step": session.step, "loss": float(np.mean(losses)),
-                           "lr": self.lr(session.step - 1), "top1": res.top1 / res.n, "top1_lo": lo, "top1_hi": hi,
-                           "top5": res.top5 / res.n, "correct": res.top1, "n": res.n,
+                           "lr": self.lr(session.step - 1), **ev.metrics,
                            "images_per_s": self.steps_per_epoch * cfg.batch / secs, "seconds": secs}
+                ema_line = ""
+                if self.variant.ema and not self.feed.streams and not isinstance(session, DataParallelTrainSession):
+                    # The shadow, found through the state layout (never a literal region), with the live BN stats.
+                    shadow = [*session.slot_buffers(SHADOW), *(self.backend.to_device(r) for r in self.running)]
+                    ev_ema = self.task.evaluate(evaluator, shadow)
+                    metrics.update(self.task.ema_metrics(ev_ema))
+                    ema_line = f"  ema {ev_ema.line.removeprefix('test ')}"
                 mlog.write(json.dumps(metrics) + "\n")
                 mlog.flush()
                 history.append(metrics)
-                np.savez(os.path.join(self.dir, BITMAP), correct=res.correct, set_id=self.meta(0, 0)["eval_set"],
-                         epoch=epoch)
+                if ev.correct is not None:
+                    np.savez(os.path.join(self.dir, BITMAP), correct=ev.correct, set_id=self.meta(0, 0)["eval_set"],
+                             epoch=epoch)
                 self.save(session, epoch)
-                self.log(f"epoch {epoch}/{cfg.epochs}  loss {metrics['loss']:.4f}  test {res.line()}  "
+                self.log(f"epoch {epoch}/{cfg.epochs}  loss {metrics['loss']:.4f}  {ev.line}{ema_line}  "
                          f"{metrics['images_per_s']:.0f} img/s")
                 self._plot(history)
                 default_registry().pm.hook.hloforge_on_epoch_end(run=self, epoch=epoch, metrics=metrics)
@@ -352,6 +449,9 @@ class Run:
         return metrics
 
     def _eval_buffers(self, session: TrainSession) -> list[Any]:
+        if isinstance(session, DataParallelTrainSession):  # each replica scores with its own copy
+            return [[*theta, *(self.backend.to_device(s, device=r) for s in self.running)]
+                    for r, theta in enumerate(session.replica_params())]
         return [*session.params, *(self.backend.to_device(r) for r in self.running)]
 
     def _bar(self, epoch: int) -> Any:
@@ -382,6 +482,10 @@ class Run:
         if self.lm:
             b.plot(ep, [h["val_bits_per_char"] for h in history], marker="o")
             b.set(xlabel="epoch", ylabel="validation bits/char")
+        elif self.task is not None and self.task.kind != "class":
+            key, label = self.task.plot
+            b.plot(ep, [h[key] for h in history], marker="o")
+            b.set(xlabel="epoch", ylabel=label)
         else:
             b.plot(ep, [100 * h["top1"] for h in history], marker="o", label="top-1")
             b.fill_between(ep, [100 * h["top1_lo"] for h in history], [100 * h["top1_hi"] for h in history],
@@ -413,7 +517,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, cross_backend: bool = False
     return Run(cfg, log, progress, resume).train(resume=resume, cross_backend=cross_backend)
 
 
-REGIONS = ("live", "ema")
+REGIONS = ("live", "ema", "auto")
 
 
 @attrs.frozen
@@ -434,14 +538,17 @@ class OpenedCheckpoint:
 
 
 def open_checkpoint(path: str, backend: str | None = None,
-                    log: Callable[[str], None] = print) -> OpenedCheckpoint:
+                    log: Callable[[str], None] = print, devices: int | None = None) -> OpenedCheckpoint:
     """A run directory's (or a file's) checkpoint, its run rebuilt from the stored config
-    (on `backend` if given), refused if the net as defined now differs from the stored spec."""
+    (on `backend` if given, with `devices` devices if given), refused if the net as defined now
+    differs from the stored spec."""
     file = os.path.join(path, CHECKPOINT) if os.path.isdir(path) else path
     tensors, meta = ckpt.load_checkpoint(file)
     cfg = TrainConfig(**meta["config"])
     if backend and backend != cfg.backend:
         cfg = attrs.evolve(cfg, backend=backend)
+    if devices:
+        cfg = attrs.evolve(cfg, devices=devices)
     run = Run(cfg, log, progress=False)
     spec = NetSpec.from_dict(meta["spec"], source=file)
     if spec != run.spec:
@@ -450,24 +557,36 @@ def open_checkpoint(path: str, backend: str | None = None,
 
 
 def evaluate_checkpoint(path: str, backend: str | None = None, region: str = "live",
-                        log: Callable[[str], None] = print) -> EvalResult:
+                        log: Callable[[str], None] = print, replicas: int = 1,
+                        devices: int | None = None) -> EvalResult:
     """Score a run directory's (or a file's) checkpoint alone, with the training run's batching.
-    `region` picks the weights: the live ones, or the EMA shadow of an EMA variant."""
+    `region` picks the weights: the live ones, or the EMA shadow of an EMA variant. `replicas` > 1
+    scores sharded over that many devices (the training batch split over them), with the same
+    result as one device: the same eval loop, the logits gathered in row order."""
     if region not in REGIONS:
         raise UnsupportedSpec(f"region {region!r}; expected one of {list(REGIONS)}")
-    oc = open_checkpoint(path, backend, log)
+    oc = open_checkpoint(path, backend, log, devices)
     run, spec, meta, cfg = oc.run, oc.spec, oc.meta, oc.run.cfg
-    if region == "ema" and not any(k.startswith("ema/") for k in oc.tensors):
+    layout = run.variant.state_layout(run.variant.make_optimizer(default_registry()))
+    layout.check_slots(f"checkpoint {oc.file}", list(oc.tensors))
+    if region == "auto":  # the shadow when the variant keeps one: what its training run reported first
+        region = "ema" if layout.shadows else "live"
+    if region == "ema" and not layout.shadows:
         raise DataError(f"checkpoint {oc.file} has no EMA shadow (its variant {run.variant.slug!r} keeps none); "
                         "use --region live")
-    params = oc.weights("param" if region == "live" else "ema", [n for n, _ in spec.params()])
+    # θ or the shadow slot E, named through the state layout, never by position
+    params = oc.weights("param" if region == "live" else f"state/{SHADOW}", [n for n, _ in spec.params()])
     running = oc.weights("stat", run.stat_names)
-    evaluator = ForwardSession(spec, cfg.batch, run.backend)
-    buffers = [run.backend.to_device(p) for p in [*params, *running]]
+    evaluator = make_forward_session(spec, -(-cfg.batch // replicas), run.backend, replicas)
+    buffers = [*params, *running]  # host arrays: the session pushes them to its device(s) once
     if run.lm:
         lres = evaluate_lm(evaluator, buffers, run.x_te, run.y_te)
         log(f"{spec.name} epoch {meta['epoch']} ({region}) on {run.backend.backend_name()}: val {lres.line()}")
         return lres  # type: ignore[return-value]
+    if run.task is not None and run.task.kind != "class":
+        ev = run.task.evaluate(evaluator, buffers)
+        log(f"{spec.name} epoch {meta['epoch']} ({region}) on {run.backend.backend_name()}: {ev.line}")
+        return ev  # type: ignore[return-value]
     res = evaluate(evaluator, buffers, run.x_te, run.y_te)
     log(f"{spec.name} epoch {meta['epoch']} ({region}) on {run.backend.backend_name()}: test {res.line()}")
     return res

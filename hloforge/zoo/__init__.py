@@ -13,7 +13,7 @@ from typing import Any
 
 from hloforge.core.errors import UnsupportedSpec
 from hloforge.core.spec import NetSpec
-from hloforge.zoo import convnext, efficientnet, mnist, mobilenet, resnet, tinygpt, vit
+from hloforge.zoo import convnext, ddpm, efficientnet, mnist, mobilenet, resnet, tinygpt, unet, vit, yolo
 
 
 def _fixed(factory: Callable[[], NetSpec]) -> Callable[..., NetSpec]:
@@ -55,6 +55,13 @@ NETS: dict[str, Callable[..., NetSpec]] = {
     "tinygpt-nano-flash": tinygpt.tinygpt_nano_flash,
     "tinygpt-tiny": tinygpt.tinygpt_tiny,
     "tinygpt-tiny-flash": tinygpt.tinygpt_tiny_flash,
+    "unet": unet.unet,
+    "unet-mini": unet.unet_mini,
+    "ddpm-mini": ddpm.ddpm_mini,
+    "yolov1": yolo.yolov1,
+    "yolov1-mini": yolo.yolov1_mini,
+    "fpn-detector": yolo.fpn_detector,
+    "fpn-mini": yolo.fpn_mini,
 }
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from hloforge.backends.base import ArgSpec, check_args, parse_main_signature
+from hloforge.backends.base import CROSS_REPLICA_OPS, ArgSpec, check_args, parse_main_signature
 from hloforge.core.errors import BackendError
 from hloforge.core.hookspecs import hookimpl
 
@@ -134,9 +134,8 @@ def strip_aliasing(mlir_text: str) -> str:
 
 
 # Cross-replica work IREE's single-device path would quietly run on one device.
-_REPLICATED = re.compile(r"mhlo\.num_replicas\s*=\s*([2-9]|\d{2,})\b|stablehlo\.(all_reduce|all_gather|"
-                         r"reduce_scatter|all_to_all|collective_permute|collective_broadcast|replica_id|"
-                         r"partition_id)\b")
+_REPLICATED = re.compile(r"mhlo\.num_replicas\s*=\s*([2-9]|\d{2,})\b|stablehlo\.(" + "|".join(CROSS_REPLICA_OPS)
+                         + r")\b")
 
 
 class _Runtime:
@@ -297,7 +296,9 @@ class IreeBackend:
 
     # -- buffers ---------------------------------------------------------------
 
-    def to_device(self, array: np.ndarray, borrow: bool = False) -> IreeBuffer:  # always a copy
+    def to_device(self, array: np.ndarray, borrow: bool = False, device: int = 0) -> IreeBuffer:  # always a copy
+        if device != 0:
+            raise BackendError(f"device {device}: the iree backend drives one device only (device 0)")
         from iree.runtime.array_interop import map_dtype_to_element_type
 
         host = np.asarray(array)
@@ -322,6 +323,14 @@ class IreeBackend:
         return np.array(arr, dtype=buffer.dtype, copy=True).reshape(buffer.shape)
 
     # -- execute ---------------------------------------------------------------
+
+    def device_count(self) -> int:
+        return 1
+
+    def execute_replicated(self, exe: IreeExecutable, per_replica: Sequence[Sequence[IreeBuffer]],
+                           keep: Sequence[int] = ()) -> list[list[IreeBuffer]]:
+        raise BackendError(f"data-parallel execution over {len(per_replica)} replicas: the iree backend runs "
+                           "one device only and will not run it on one quietly (use --backend xla)")
 
     def execute(self, exe: IreeExecutable, args: Sequence[IreeBuffer], keep: Sequence[int] = ()) -> list[IreeBuffer]:
         if not isinstance(exe, IreeExecutable):

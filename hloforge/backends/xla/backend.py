@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hloforge.backends.xla.pjrt import Client, DeviceBuffer, Executable, default_client
+from hloforge.backends.xla.pjrt import Client, DeviceBuffer, Executable, client_with_devices, default_client
 from hloforge.core.hookspecs import hookimpl
 
 
@@ -15,8 +15,9 @@ class XlaBackend:
 
     name = "xla"
 
-    def __init__(self, client: Client | None = None):
-        self.client = client or default_client()
+    def __init__(self, client: Client | None = None, devices: int | None = None):
+        """`devices`: a client with that many devices (on the CPU plugin, exactly that many)."""
+        self.client = client or (default_client() if devices is None else client_with_devices(devices))
 
     def backend_name(self) -> str:
         """What is really loaded: the platform and the plugin file."""
@@ -26,14 +27,21 @@ class XlaBackend:
         """More replicas than the client has devices is a BackendError (from the binding)."""
         return self.client.compile(mlir_text, num_replicas)
 
-    def to_device(self, array: np.ndarray, borrow: bool = False) -> DeviceBuffer:
-        return self.client.to_device(array, borrow=borrow)
+    def to_device(self, array: np.ndarray, borrow: bool = False, device: int = 0) -> DeviceBuffer:
+        return self.client.to_device(array, device, borrow=borrow)
+
+    def device_count(self) -> int:
+        return len(self.client.devices)
 
     def to_host(self, buffer: DeviceBuffer) -> np.ndarray:
         return buffer.to_numpy()
 
     def execute(self, exe: Executable, args: Sequence[DeviceBuffer], keep: Sequence[int] = ()) -> list[DeviceBuffer]:
         return exe.execute(args, keep=keep)
+
+    def execute_replicated(self, exe: Executable, per_replica: Sequence[Sequence[DeviceBuffer]],
+                           keep: Sequence[int] = ()) -> list[list[DeviceBuffer]]:
+        return exe.execute_replicated(per_replica, keep=keep)
 
 
 @hookimpl

@@ -1020,6 +1020,16 @@ class Executable:
             )
         return self._execute_per_device([list(args)], keep)[0]
 
+    def execute_replicated(self, per_replica: Sequence[Sequence[DeviceBuffer]],
+                           keep: Sequence[int] = ()) -> list[list[DeviceBuffer]]:
+        """Run every replica at once: ``per_replica[r]`` are replica r's arguments, on
+        ``client.devices[r]`` (where :meth:`Client.compile` placed replica r); returns each
+        replica's outputs. Donation and ``keep`` apply to every replica alike."""
+        if len(per_replica) != self.num_replicas:
+            raise BackendError(f"this executable has {self.num_replicas} replica(s), got argument lists "
+                               f"for {len(per_replica)}")
+        return self._execute_per_device([list(args) for args in per_replica], keep)
+
     def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Convenience: copy ``arrays`` in, execute, copy the results out."""
         inputs = [self._client.to_device(np.asarray(a)) for a in arrays]
@@ -1353,8 +1363,32 @@ def default_client() -> Client:
         return _DEFAULT
 
 
+_BY_DEVICE_COUNT: dict[int, Client] = {}
+
+
+def client_with_devices(count: int) -> Client:
+    """A process-wide Client with at least `count` devices. On the CPU plugin it has exactly
+    `count` (its `cpu_device_count` create option; the plugin's own default is 4); any other
+    plugin has the devices it has, and too few is a BackendError."""
+    if count < 1:
+        raise BackendError(f"a client needs at least one device, not {count}")
+    base = default_client()
+    if len(base.devices) == count or (base.platform_name != "cpu" and len(base.devices) > count):
+        return base
+    if base.platform_name != "cpu":
+        raise BackendError(f"{count} devices asked for, but the {base.platform_name} plugin {base.plugin_path} "
+                           f"has {len(base.devices)}")
+    with _DEFAULT_LOCK:
+        client = _BY_DEVICE_COUNT.get(count)
+        if client is None or client._closed:
+            client = _BY_DEVICE_COUNT[count] = Client(base.plugin_path, {"cpu_device_count": count})
+        return client
+
+
 @atexit.register
 def _close_default_client() -> None:
+    for client in _BY_DEVICE_COUNT.values():
+        client.close()
     if _DEFAULT is not None:
         _DEFAULT.close()
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import attrs
 
+from hloforge.core import strategy
 from hloforge.core.errors import UnsupportedSpec
 from hloforge.core.hlo import Builder, Value
 from hloforge.core.spec import Ctx, Layer, MaskSlot, ParamSlot, Shape, StatSlot
@@ -46,10 +47,11 @@ def is_train(ctx: Ctx | None) -> bool:
 
 def sub_ctx(ctx: Ctx | None, prefix: str, stats: Sequence[StatSlot]) -> Ctx:
     """The part's own view of the block's context: its running values, by unprefixed name."""
+    layout = strategy.NCHW if ctx is None else ctx.layout
     if is_train(ctx):
-        return Ctx(train=True)
+        return Ctx(train=True, sync_replicas=1 if ctx is None else ctx.sync_replicas, layout=layout)
     assert ctx is not None
-    return Ctx(train=False, running={s.name: ctx.running[prefix + s.name] for s in stats})
+    return Ctx(train=False, running={s.name: ctx.running[prefix + s.name] for s in stats}, layout=layout)
 
 
 def lift_stats(ctx: Ctx | None, prefix: str, sub: Ctx, stats: Sequence[StatSlot]) -> None:
@@ -101,7 +103,7 @@ def path_stats(parts: Sequence[Part], shape: Shape, prefix: str) -> list[StatSlo
 def path_forward(b: Builder, parts: Sequence[Part], x: Value, params: Mapping[str, Value], ctx: Ctx,
                  prefix: str) -> Value:
     for p in parts:
-        shape = x.shape[1:]
+        shape = strategy.logical(x.shape, ctx.layout)[1:]
         pre = prefix + p.prefix
         stats = p.layer.stat_slots(shape)
         sub = sub_ctx(ctx, pre, stats)
@@ -126,6 +128,8 @@ class BlockLayer(Layer):
     """A layer made of blocks. Subclasses implement `blocks(in_shape)`: the (prefix, Block) list,
     raising UnsupportedSpec for options no input could satisfy; the shape walk here adds the
     block index to every refusal and checks each skip."""
+
+    strategy_kinds = ("layout",)  # gated NHWC where `supports_nhwc` (every part takes it)
 
     def blocks(self, in_shape: Shape) -> list[tuple[str, Block]]:
         raise NotImplementedError  # abstract
@@ -171,8 +175,15 @@ class BlockLayer(Layer):
         return tuple(MaskSlot(prefix + "drop", (), blk.drop_path)
                      for prefix, blk, _ in self._walk(in_shape) if blk.drop_path and blk.short is not None)
 
+    def supports_nhwc(self, in_shape: Shape) -> bool:
+        """NHWC through the block when every part of every path takes it (the sum, the drop-path
+        scale and the activation are layout-blind)."""
+        return all(p.layer.supports_nhwc(sh) for _, blk, shape in self._walk(in_shape)
+                   for path in (blk.main, blk.short or ())
+                   for p, sh in zip(path, path_shapes(path, shape), strict=False))
+
     def forward(self, b: Builder, x: Value, params: Mapping[str, Value], ctx: Ctx) -> Value:
-        for prefix, blk, _ in self._walk(x.shape[1:]):
+        for prefix, blk, _ in self._walk(strategy.logical(x.shape, ctx.layout)[1:]):
             y = path_forward(b, blk.main, x, params, ctx, prefix)
             if prefix + "drop" in ctx.masks:
                 y = y * b.broadcast_in_dim(ctx.masks[prefix + "drop"], y.shape, [0])

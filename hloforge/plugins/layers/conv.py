@@ -1,14 +1,28 @@
-"""2-D convolution on NCHW with OIHW kernels: strides, same/valid/explicit padding, groups."""
+"""2-D convolution on NCHW with OIHW kernels: strides, same/valid/explicit padding, groups.
+
+Every 2-D convolution of the layers (conv2d, convBn, depthwiseConvBn) is emitted by `conv2d`,
+in the form the strategy kind "conv2d" picks for the module's target (core/strategy.py):
+
+- "nchw": one NCHW/OIHW stablehlo.convolution; the backward is autodiff's (∂x and ∂w as the
+  dilated/batch-grouped convolutions XLA's own VJP uses). XLA is fastest on this form.
+- "nhwc": the conv in NHWC/HWIO between a transpose in and out, with a written-out backward
+  (a `Builder.custom_vjp`): ∂x as a forward-style NHWC conv of ḡ (stride-dilated) with the
+  flipped, in/out-swapped kernel, ∂w as k² shifted dot_generals Σ_{n,h,w} x[n, s·h+i, s·w+j, :]ᵀ ḡ.
+  IREE runs this form an order of magnitude faster than the NCHW one or the NHWC autodiff one
+  (conv 32→32 at 28², batch 128: see strategy notes in the report).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import itertools
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
 
+from hloforge.core import strategy
 from hloforge.core.errors import UnsupportedSpec
-from hloforge.core.hlo import Builder, Value
+from hloforge.core.hlo import Builder, ConvSpec, Value
 from hloforge.core.hookspecs import hookimpl
 from hloforge.core.spec import Ctx, Layer, ParamSlot, Shape
 from hloforge.plugins.layers.activation import check_act, emit_act, reference_act
@@ -35,9 +49,88 @@ def window_out(n: int, k: int, stride: int, pads: tuple[int, int]) -> int:
     return (n + pads[0] + pads[1] - k) // stride + 1
 
 
+CONV2D = strategy.declare("conv2d", ("nchw", "nhwc"), {"xla": "nchw", "iree": "nhwc"},
+                          "layout and backward of every 2-D convolution (see conv.py)")
+NHWC_HWIO: ConvSpec = ((0, 3, 1, 2), (3, 2, 0, 1), (0, 3, 1, 2))
+
+
+def conv2d(b: Builder, x: Value, w: Value, *, stride: int, pads: Sequence[tuple[int, int]], groups: int = 1,
+           layout: str = strategy.NCHW) -> Value:
+    """x [N, C, H, W] ⊛ w [O, C/groups, k, k] -> [N, O, OH, OW], in the form strategy "conv2d" picks;
+    an NHWC x (`layout`, inside a layout=nhwc net) gives an NHWC result, always in the NHWC form."""
+    if layout == strategy.NHWC:
+        return nhwc_conv2d(b, x, b.transpose(w, [2, 3, 1, 0]), stride=stride, pads=pads, groups=groups)
+    if strategy.chosen("conv2d", b.target) == "nchw":
+        return b.convolution(x, w, strides=(stride, stride), padding=pads, feature_groups=groups)
+    y = nhwc_conv2d(b, b.transpose(x, [0, 2, 3, 1]), b.transpose(w, [2, 3, 1, 0]), stride=stride, pads=pads,
+                    groups=groups)
+    return b.transpose(y, [0, 3, 1, 2])
+
+
+def nhwc_conv2d(b: Builder, x: Value, w: Value, *, stride: int, pads: Sequence[tuple[int, int]],
+                groups: int = 1) -> Value:
+    """x [N, H, W, C] ⊛ w [k, k, C/groups, O] -> [N, OH, OW, O], differentiated by `_nhwc_conv_bwd`."""
+    pads = [tuple(p) for p in pads]
+
+    def fwd(x: Value, w: Value) -> list[Value]:
+        return [b.convolution(x, w, strides=(stride, stride), padding=pads, feature_groups=groups, spec=NHWC_HWIO)]
+
+    def bwd(b: Builder, g: Value) -> list[Value]:
+        return [_nhwc_conv_dx(b, g, w, x.shape, stride, pads, groups), _nhwc_conv_dw(b, x, g, w.shape, stride, pads,
+                                                                                      groups)]
+
+    return b.custom_vjp(fwd, bwd, x, w)[0]
+
+
+def _nhwc_conv_dx(b: Builder, g: Value, w: Value, x_shape: Sequence[int], stride: int,
+                  pads: Sequence[tuple[int, int]], groups: int) -> Value:
+    """∂x: ḡ, dilated by the stride, in a stride-1 forward conv with the spatially flipped kernel
+    whose in and out channels are swapped within each group."""
+    k, cg, o = w.shape[0], w.shape[2], w.shape[3]
+    og = o // groups
+    # [k, k, Cg, G·Og] -> [k, k, Og, G·Cg]: per group the transposed channel map
+    wk = b.reshape(b.transpose(b.reshape(w, (k, k, cg, groups, og)), [0, 1, 4, 3, 2]), (k, k, og, groups * cg))
+    wk = b.reverse(wk, [0, 1])
+    before = [k - 1 - p[0] for p in pads]
+    # the dilated ḡ spans (OH−1)·s+1 rows; pad it so the stride-1 conv returns exactly H rows
+    after = [n + k - 1 - ((m - 1) * stride + 1) - bf for n, m, bf in zip(x_shape[1:3], g.shape[1:3], before,
+                                                                             strict=True)]
+    if stride == 1 and min(before + after) >= 0:
+        conv_pad = list(zip(before, after, strict=True))
+    else:  # interior padding dilates ḡ; a negative edge (rows the forward never read) crops it
+        g = b.pad(g, [0, *before, 0], [0, *after, 0], [0, stride - 1, stride - 1, 0])
+        conv_pad = [(0, 0), (0, 0)]
+    return b.convolution(g, wk, strides=(1, 1), padding=conv_pad, feature_groups=groups, spec=NHWC_HWIO)
+
+
+def _nhwc_conv_dw(b: Builder, x: Value, g: Value, w_shape: Sequence[int], stride: int,
+                  pads: Sequence[tuple[int, int]], groups: int) -> Value:
+    """∂w[i, j] = Σ_{n,h,w} x_pad[n, s·h+i, s·w+j, :]ᵀ ḡ[n, h, w, :] (per group): k² dot_generals
+    contracting batch and space, stacked to [k, k, Cg, O]."""
+    k, cg, o = w_shape[0], w_shape[2], w_shape[3]
+    og = o // groups
+    n, oh, ow = g.shape[0], g.shape[1], g.shape[2]
+    if any(lo or hi for lo, hi in pads):
+        x = b.pad(x, [0, pads[0][0], pads[1][0], 0], [0, pads[0][1], pads[1][1], 0])
+    gg = b.reshape(g, (n, oh, ow, groups, og)) if groups > 1 else g
+    taps = []
+    for i, j in itertools.product(range(k), repeat=2):
+        xs = b.slice(x, [0, i, j, 0], [n, i + (oh - 1) * stride + 1, j + (ow - 1) * stride + 1, x.shape[3]],
+                     [1, stride, stride, 1])
+        if groups == 1:
+            tap = b.dot_general(xs, gg, ((0, 1, 2), (0, 1, 2)))  # [C, O]
+        else:  # batch over the groups: [G, Cg, Og] -> [Cg, G·Og]
+            xs = b.reshape(xs, (n, oh, ow, groups, cg))
+            tap = b.dot_general(xs, gg, ((0, 1, 2), (0, 1, 2)), ((3,), (3,)))
+            tap = b.reshape(b.transpose(tap, [1, 0, 2]), (cg, o))
+        taps.append(b.reshape(tap, (1, cg, o)))
+    return b.reshape(b.concatenate(taps, 0), (k, k, cg, o))
+
+
 @attrs.frozen
 class Conv2d(Layer):
     kind = "conv2d"
+    strategy_kinds = ("conv2d", "layout")
     out: int
     k: int = 3
     stride: int = 1
@@ -65,12 +158,14 @@ class Conv2d(Layer):
         w = ParamSlot("w", (self.out, in_shape[0] // self.groups, self.k, self.k), "he_fan_out", True)
         return (w, ParamSlot("b", (self.out,), "zeros", False)) if self.bias else (w,)
 
+    def supports_nhwc(self, in_shape: Shape) -> bool:
+        return True
+
     def forward(self, b: Builder, x: Value, params: Mapping[str, Value], ctx: Ctx) -> Value:
-        pads = resolve_padding(self.pad, x.shape[2:4], self.k, self.stride)
-        y = b.convolution(x, params["w"], strides=(self.stride, self.stride), padding=pads,
-                          feature_groups=self.groups)
+        pads = resolve_padding(self.pad, strategy.logical(x.shape, ctx.layout)[2:4], self.k, self.stride)
+        y = conv2d(b, x, params["w"], stride=self.stride, pads=pads, groups=self.groups, layout=ctx.layout)
         if self.bias:
-            y = y + b.broadcast_in_dim(params["b"], y.shape, [1])
+            y = y + b.broadcast_in_dim(params["b"], y.shape, [strategy.channel_axis(ctx.layout, 4)])
         return emit_act(b, self.act, y)
 
     def reference(self, params: Mapping[str, Any], x: Any, ctx: Ctx) -> Any:
@@ -92,6 +187,7 @@ class Conv2d(Layer):
             (cls(4, k=3, stride=2, pad="same", bias=False), (2, 6, 5)),
             (cls(6, k=3, groups=2, act="swish"), (4, 5, 5)),
             (cls(3, k=3, groups=3, pad=1), (3, 5, 5)),  # depthwise
+            (cls(3, k=1, stride=2, pad=1), (2, 5, 5)),  # padding wider than the kernel: ∂x crops ḡ's dilation
         ]
 
 

@@ -22,29 +22,40 @@ from typing import Any
 
 import attrs
 
+from hloforge.core import strategy
 from hloforge.core.errors import UnsupportedSpec
 from hloforge.core.hlo import Builder, Value
 from hloforge.core.hookspecs import hookimpl
 from hloforge.core.spec import Ctx, Layer, ParamSlot, Shape, StatSlot
 from hloforge.plugins.layers.activation import check_act, emit_act, reference_act
 from hloforge.plugins.layers.compose import check_stride, image, is_train
+from hloforge.plugins.layers.conv import conv2d
 
 BN_EPS = 1e-5
 
 
 # ------------------------------------------------------------------ the normaliser (emitted)
 def normalize(b: Builder, x: Value, gamma: Value, beta: Value, reduce: Sequence[int], axis: int,
-              eps: float) -> tuple[Value, Value, Value]:
+              eps: float, replicas: int = 1) -> tuple[Value, Value, Value]:
     """(y, mean, biased var) with statistics over `reduce` and γ/β along `axis`; y carries the
-    closed-form backward, mean and var are reported values (no gradient flows through them)."""
+    closed-form backward, mean and var are reported values (no gradient flows through them).
+
+    `replicas` > 1 (sync BN in a data-parallel step): the statistics are over `reduce` of every
+    replica's x, M = replicas·m. The forward all-reduces Σx, then Σ(x − μ)²; the backward the two
+    sums Σĝ and Σĝ·x̂. Each replica seeds its own loss, so its ĝ is replicas × the cotangent of the
+    mean loss — the same factor on every replica, which the gradients' replica mean takes out."""
     shape, rank = x.shape, x.type.rank
     reduce = sorted(reduce)
     kept = [d for d in range(rank) if d not in reduce]
     others = [d for d in range(rank) if d != axis]
-    m = 1
+    m = replicas
     for d in reduce:
         m *= shape[d]
     saved: dict[str, Value] = {}
+    group = [list(range(replicas))]
+
+    def pooled(*sums: Value) -> list[Value]:
+        return b.all_reduce(sums, group) if replicas > 1 else list(sums)
 
     def along(v: Value) -> Value:
         return b.broadcast_in_dim(v, shape, [axis])
@@ -53,9 +64,11 @@ def normalize(b: Builder, x: Value, gamma: Value, beta: Value, reduce: Sequence[
         return b.broadcast_in_dim(v, shape, kept)
 
     def fwd(x: Value, gamma: Value, beta: Value) -> list[Value]:
-        mean = b.sum(x, reduce) / float(m)
+        (total,) = pooled(b.sum(x, reduce))
+        mean = total / float(m)
         xc = x - per_stat(mean)
-        var = b.sum(xc * xc, reduce) / float(m)
+        (squares,) = pooled(b.sum(xc * xc, reduce))
+        var = squares / float(m)
         istd = b.rsqrt(var + eps)
         xhat = xc * per_stat(istd)
         saved.update(mean=mean, var=var, istd=istd, xhat=xhat)
@@ -66,7 +79,7 @@ def normalize(b: Builder, x: Value, gamma: Value, beta: Value, reduce: Sequence[
         d_beta = b.sum(g, others)
         d_gamma = b.sum(g * xhat, others)
         gh = g * along(gamma)
-        s1, s2 = b.sum(gh, reduce), b.sum(gh * xhat, reduce)
+        s1, s2 = pooled(b.sum(gh, reduce), b.sum(gh * xhat, reduce))
         dx = per_stat(istd / float(m)) * (gh * float(m) - per_stat(s1) - xhat * per_stat(s2))
         return [dx, d_gamma, d_beta]
 
@@ -75,16 +88,19 @@ def normalize(b: Builder, x: Value, gamma: Value, beta: Value, reduce: Sequence[
 
 
 def batch_norm(b: Builder, x: Value, params: Mapping[str, Value], ctx: Ctx, eps: float) -> Value:
-    """BN over every axis but 1 ([B, C, H, W] or [B, C]): batch statistics in training (reported
-    as ctx.batch_stats["mean"/"var"]), running statistics in eval."""
+    """BN over every axis but the channel's ([B, C, H, W], [B, H, W, C] in an NHWC stretch, or
+    [B, C]): batch statistics in training (reported as ctx.batch_stats["mean"/"var"]), running
+    statistics in eval."""
     gamma, beta = params["gamma"], params["beta"]
+    axis = strategy.channel_axis(ctx.layout, x.type.rank)
     if ctx.train:
-        y, mean, var = normalize(b, x, gamma, beta, [d for d in range(x.type.rank) if d != 1], 1, eps)
+        y, mean, var = normalize(b, x, gamma, beta, [d for d in range(x.type.rank) if d != axis], axis, eps,
+                                 ctx.sync_replicas)
         ctx.batch_stats["mean"], ctx.batch_stats["var"] = mean, var
         return y
     scale = gamma * b.rsqrt(ctx.running["var"] + eps)
     shift = beta - ctx.running["mean"] * scale
-    return x * b.broadcast_in_dim(scale, x.shape, [1]) + b.broadcast_in_dim(shift, x.shape, [1])
+    return x * b.broadcast_in_dim(scale, x.shape, [axis]) + b.broadcast_in_dim(shift, x.shape, [axis])
 
 
 def bn_slots(c: int) -> tuple[ParamSlot, ParamSlot]:
@@ -135,8 +151,12 @@ class BatchNorm(Layer):
     """BN on [C, H, W] (statistics over batch and space) or [C] (over the batch), then `act`."""
 
     kind = "batchNorm"
+    strategy_kinds = ("layout",)
     eps: float = BN_EPS
     act: str = "identity"
+
+    def supports_nhwc(self, in_shape: Shape) -> bool:
+        return True
 
     def out_shape(self, in_shape: Shape) -> Shape:
         check_act(self.act)
@@ -239,6 +259,8 @@ class _ConvBnUnit(Layer):
     """conv (no bias: β follows) → batch norm → act; what ConvBn and DepthwiseConvBn share.
     `pad` None is PyTorch's (k−1)//2."""
 
+    strategy_kinds = ("conv2d", "layout")
+
     k: int
     stride: int
     act: str
@@ -278,10 +300,14 @@ class _ConvBnUnit(Layer):
     def stat_slots(self, in_shape: Shape) -> tuple[StatSlot, ...]:
         return bn_stats(self.out_channels(in_shape[0]))
 
+    def supports_nhwc(self, in_shape: Shape) -> bool:
+        return True
+
     def forward(self, b: Builder, x: Value, params: Mapping[str, Value], ctx: Ctx) -> Value:
         p = self.padding
-        y = b.convolution(x, params["w"], strides=(self.stride, self.stride), padding=[(p, p), (p, p)],
-                          feature_groups=self.group_count(x.shape[1]))
+        c = strategy.logical(x.shape, ctx.layout)[1]
+        y = conv2d(b, x, params["w"], stride=self.stride, pads=[(p, p), (p, p)], groups=self.group_count(c),
+                   layout=ctx.layout)
         return emit_act(b, self.act, batch_norm(b, y, params, ctx, self.eps))
 
     def reference(self, params: Mapping[str, Any], x: Any, ctx: Ctx | None) -> Any:

@@ -8,6 +8,7 @@ from typing import Any
 
 import attrs
 
+from hloforge.core import strategy
 from hloforge.core.errors import UnsupportedSpec
 from hloforge.core.hlo import Builder, Value
 from hloforge.core.hookspecs import hookimpl
@@ -18,6 +19,7 @@ from hloforge.plugins.layers.conv import resolve_padding, window_out
 @attrs.frozen
 class MaxPool(Layer):
     kind = "maxPool"
+    strategy_kinds = ("layout",)
     k: int = 2
     stride: int | None = None  # defaults to k
     pad: str | int = "valid"
@@ -38,17 +40,29 @@ class MaxPool(Layer):
             raise UnsupportedSpec(f"window {self.k} does not fit a {h}x{w} input")
         return (c, oh, ow)
 
+    def supports_nhwc(self, in_shape: Shape) -> bool:
+        return True
+
     def forward(self, b: Builder, x: Value, params: Mapping[str, Value], ctx: Ctx) -> Value:
         # The max of k² strided slices: every op has a plain VJP, and ties have measure zero.
-        pads = resolve_padding(self.pad, x.shape[2:4], self.k, self.s)
+        # The spatial axes are 2, 3 of NCHW and 1, 2 of NHWC.
+        sp = (1, 2) if ctx.layout == strategy.NHWC else (2, 3)
+        pads = resolve_padding(self.pad, tuple(x.shape[d] for d in sp), self.k, self.s)
+
+        def at(h: int, w: int, rest: int) -> list[int]:  # a per-axis list: h, w on the spatial axes
+            v = [rest] * 4
+            v[sp[0]], v[sp[1]] = h, w
+            return v
+
         if any(lo or hi for lo, hi in pads):
-            x = b.pad(x, [0, 0, pads[0][0], pads[1][0]], [0, 0, pads[0][1], pads[1][1]], value=-float("inf"))
-        n, c, h, w = x.shape
+            x = b.pad(x, at(pads[0][0], pads[1][0], 0), at(pads[0][1], pads[1][1], 0), value=-float("inf"))
+        h, w = x.shape[sp[0]], x.shape[sp[1]]
         oh, ow = window_out(h, self.k, self.s, (0, 0)), window_out(w, self.k, self.s, (0, 0))
         out = None
         for i, j in itertools.product(range(self.k), repeat=2):
-            v = b.slice(x, [0, 0, i, j], [n, c, i + (oh - 1) * self.s + 1, j + (ow - 1) * self.s + 1],
-                        [1, 1, self.s, self.s])
+            limit = list(x.shape)
+            limit[sp[0]], limit[sp[1]] = i + (oh - 1) * self.s + 1, j + (ow - 1) * self.s + 1
+            v = b.slice(x, at(i, j, 0), limit, at(self.s, self.s, 1))
             out = v if out is None else b.maximum(out, v)
         assert out is not None
         return out
@@ -69,14 +83,19 @@ class MaxPool(Layer):
 @attrs.frozen
 class GlobalAvgPool(Layer):
     kind = "globalAvgPool"
+    strategy_kinds = ("layout",)
 
     def out_shape(self, in_shape: Shape) -> Shape:
         if len(in_shape) != 3:
             raise UnsupportedSpec(f"globalAvgPool takes an image [C, H, W], got {list(in_shape)}")
         return (in_shape[0],)
 
+    def supports_nhwc(self, in_shape: Shape) -> bool:
+        return True
+
     def forward(self, b: Builder, x: Value, params: Mapping[str, Value], ctx: Ctx) -> Value:
-        return b.sum(x, [2, 3]) / float(x.shape[2] * x.shape[3])
+        sp = [1, 2] if ctx.layout == strategy.NHWC else [2, 3]
+        return b.sum(x, sp) / float(x.shape[sp[0]] * x.shape[sp[1]])
 
     def reference(self, params: Mapping[str, Any], x: Any, ctx: Ctx) -> Any:
         return x.mean(axis=(2, 3))

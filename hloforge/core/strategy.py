@@ -1,0 +1,167 @@
+"""Lowering strategies: the form a layer's ops take for the backend a module is rendered for.
+
+A layer's math is fixed; its *form* is not. The same convolution can be an NCHW conv with
+the backward autodiff derives, or an NHWC conv whose backward is written out (∂x as a
+forward-style conv with the flipped kernel, ∂w as k² shifted dot_generals) — equal to
+rounding, but one lowerer runs the first 10× faster and another the second (DESIGN.md, "The
+builder and the backward"). So a layer consults a *strategy kind* ("conv2d", "maxPool", …),
+declared here with its named choices and a default per target; the builder knows its target
+(`Builder.target`) and the layer asks `chosen(kind, b.target)`.
+
+Every choice is gated like any other backward: the gate runs each layer case once per
+choice of each kind the layer consults (`Layer.strategy_kinds`), under `forced`.
+
+Overrides, for the gate, tests and benchmarks: `with forced({"conv2d": "nhwc"}): …` renders
+every module built inside with that choice whatever the target, and the environment
+variable HLOFORGE_STRATEGY ("conv2d=nhwc,maxPool=select") does the same for a whole
+process (a context override wins over the environment).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+from collections.abc import Iterator, Mapping
+
+import attrs
+
+from hloforge.core.errors import UnsupportedSpec
+from hloforge.core.hlo import Builder, Value
+
+ENV_VAR = "HLOFORGE_STRATEGY"
+# The backends a module is rendered for (their registered names); None renders the portable
+# form: every kind's first choice.
+TARGETS = ("xla", "iree")
+
+
+@attrs.frozen
+class StrategyKind:
+    """One decision a layer makes at render time: its named choices (the first is the portable
+    form, what a module rendered for no target gets) and the choice per target."""
+
+    name: str
+    choices: tuple[str, ...]
+    defaults: Mapping[str, str] = attrs.field(factory=dict)
+    doc: str = ""
+
+    def __attrs_post_init__(self) -> None:
+        if not self.choices:
+            raise UnsupportedSpec(f"strategy kind {self.name!r} has no choices")
+        bad = {t: c for t, c in self.defaults.items() if c not in self.choices or t not in TARGETS}
+        if bad:
+            raise UnsupportedSpec(f"strategy kind {self.name!r}: defaults {bad} name an unknown target or choice; "
+                                  f"targets {list(TARGETS)}, choices {list(self.choices)}")
+
+    def default(self, target: str | None) -> str:
+        return self.defaults.get(target, self.choices[0]) if target is not None else self.choices[0]
+
+
+KINDS: dict[str, StrategyKind] = {}
+_forced: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar("hloforge_strategy", default=None)
+
+
+def declare(name: str, choices: tuple[str, ...], defaults: Mapping[str, str] | None = None,
+            doc: str = "") -> StrategyKind:
+    """Declare a strategy kind (once, where the layer that consults it is defined)."""
+    kind = StrategyKind(name, tuple(choices), dict(defaults or {}), doc)
+    if name in KINDS and KINDS[name] != kind:
+        raise UnsupportedSpec(f"strategy kind {name!r} is declared twice, differently")
+    KINDS[name] = kind
+    return kind
+
+
+def kind(name: str) -> StrategyKind:
+    try:
+        return KINDS[name]
+    except KeyError:
+        raise UnsupportedSpec(f"unknown strategy kind {name!r}; declared: {sorted(KINDS)}") from None
+
+
+def _check(choices: Mapping[str, str], where: str) -> dict[str, str]:
+    out = {}
+    for k, c in choices.items():
+        sk = kind(k)
+        if c not in sk.choices:
+            raise UnsupportedSpec(f"{where}: strategy {k}={c!r}; expected one of {list(sk.choices)}")
+        out[k] = c
+    return out
+
+
+def from_env() -> dict[str, str]:
+    """The HLOFORGE_STRATEGY overrides ("kind=choice,kind=choice"), checked."""
+    text = os.environ.get(ENV_VAR, "").strip()
+    if not text:
+        return {}
+    pairs = {}
+    for item in text.split(","):
+        k, sep, c = item.strip().partition("=")
+        if not sep or not k or not c:
+            raise UnsupportedSpec(f"{ENV_VAR}={text!r}: expected kind=choice[,kind=choice…]")
+        pairs[k] = c
+    return _check(pairs, ENV_VAR)
+
+
+def chosen(name: str, target: str | None) -> str:
+    """The choice of kind `name` for a module rendered for `target`: a `forced` override, else
+    HLOFORGE_STRATEGY, else the kind's default for that target."""
+    forced_now = _forced.get() or {}
+    if name in forced_now:
+        return forced_now[name]
+    env = from_env()
+    return env[name] if name in env else kind(name).default(target)
+
+
+@contextlib.contextmanager
+def forced(choices: Mapping[str, str]) -> Iterator[None]:
+    """Render with these choices (kind -> choice) whatever the target, inside the block."""
+    merged = {**(_forced.get() or {}), **_check(choices, "forced")}
+    token = _forced.set(merged)
+    try:
+        yield
+    finally:
+        _forced.reset(token)
+
+
+def table() -> list[tuple[str, str, dict[str, str]]]:
+    """(kind, its choices joined, the choice per target) for every declared kind: what a report prints."""
+    return [(k.name, ", ".join(k.choices), {t: k.default(t) for t in TARGETS}) for k in KINDS.values()]
+
+
+def target_of(backend: object) -> str | None:
+    """The render target of a backend instance: its registered name when strategies know it
+    ("xla", "iree"), else None (the portable form)."""
+    name = getattr(backend, "name", None)
+    return name if name in TARGETS else None
+
+
+# ----------------------------------------------------------------- the activation layout
+LAYOUT = declare("layout", ("nchw", "nhwc"), {"xla": "nchw", "iree": "nhwc"},
+                 "image activations between layers: NCHW throughout, or NHWC through every run of "
+                 "layers that supports it (one transpose at each end of the run)")
+NCHW, NHWC = "NCHW", "NHWC"
+_TO = {(NCHW, NHWC): (0, 2, 3, 1), (NHWC, NCHW): (0, 3, 1, 2)}
+
+
+def to_layout(b: Builder, x: Value, have: str, want: str) -> Value:
+    """x (a [N, ·, ·, ·] image in layout `have`) in layout `want`."""
+    return b.transpose(x, _TO[have, want]) if have != want else x
+
+
+def channel_axis(layout: str, rank: int) -> int:
+    """The channel axis of a batched activation: 3 of an NHWC image, else 1."""
+    return 3 if layout == NHWC and rank == 4 else 1
+
+
+def logical(shape: tuple[int, ...], layout: str) -> tuple[int, ...]:
+    """A batched activation's shape as the spec writes it ([N, C, H, W] for an NHWC image)."""
+    if layout == NHWC and len(shape) == 4:
+        return (shape[0], shape[3], shape[1], shape[2])
+    return shape
+
+
+def physical(shape: tuple[int, ...], layout: str) -> tuple[int, ...]:
+    """The inverse of `logical`: [N, C, H, W] as laid out in `layout`."""
+    if layout == NHWC and len(shape) == 4:
+        return (shape[0], shape[2], shape[3], shape[1])
+    return shape

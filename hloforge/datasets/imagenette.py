@@ -1,0 +1,85 @@
+"""`imagenette`: the counted-record binaries `hloforge prepare imagenette` writes.
+
+`data_dir/train.bin` and `data_dir/val.bin` (the `test` split) each hold a u32
+little-endian record count, then that many records of one label byte and 3·S² pixel
+bytes in CHW order (S² red, S² green, S² blue, rows top to bottom). The train images
+are stored at S = `train_size` (256) so training can random-crop them to `crop` (224);
+the val images are stored at S = `crop`, already centre-cropped. The file length is
+checked against 4 + count·(1 + 3·S²) before any record is read, so a train file read
+as val (or a file of another resolution) fails at load.
+
+Training batches: a random `crop`×`crop` window of the 256² image and a random
+horizontal flip; without augmentation the centre window (so the net still sees
+`crop`²). Every batch is then scaled to [0, 1] and standardised with the ImageNet
+mean and standard deviation.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from hloforge.core.errors import DataError
+from hloforge.core.hookspecs import hookimpl
+from hloforge.datasets.augment import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    CenterCrop,
+    Compose,
+    HorizontalFlip,
+    Normalize,
+    RandomCrop,
+    Transform,
+)
+from hloforge.datasets.records import COUNT_HEADER, RecordDataset, check_counted_records, check_labels, map_records
+
+TRAIN_SIZE, CROP, CLASSES = 256, 224, 10
+FILES = {"train": "train.bin", "test": "val.bin"}
+
+
+def record_bytes(side: int) -> int:
+    return 1 + 3 * side * side
+
+
+def read_counted_images(path: str, side: int, classes: int) -> tuple[np.ndarray, np.ndarray]:
+    """(images uint8 [N, 3, side, side] view of the file, labels int32 [N])."""
+    n = check_counted_records(path, record_bytes(side), f"1 label + 3·{side}² CHW pixel bytes")
+    rec = map_records(path, n, record_bytes(side), COUNT_HEADER.size)
+    labels = np.asarray(rec[:, 0], np.int32)
+    check_labels(path, labels, classes)
+    return rec[:, 1:].reshape(n, 3, side, side), labels
+
+
+class Imagenette(RecordDataset):
+    name = "imagenette"
+
+    def __init__(self, data_dir: str = "data/imagenette", train_size: int = TRAIN_SIZE, crop: int = CROP,
+                 classes: int = CLASSES):
+        super().__init__()
+        if not 0 < crop <= train_size:
+            raise DataError(f"imagenette: crop {crop} must be positive and at most train_size {train_size}")
+        if not 0 < classes <= 256:
+            raise DataError(f"imagenette: classes {classes} must be in 1..256 (labels are one byte)")
+        self.data_dir, self.train_size, self.crop, self.num_classes = data_dir, train_size, crop, classes
+        self.image_shape = (3, crop, crop)
+
+    def side(self, split: str) -> int:
+        return self.train_size if split == "train" else self.crop
+
+    def _load(self, split: str) -> tuple[np.ndarray, np.ndarray]:
+        return read_counted_images(os.path.join(self.data_dir, FILES[split]), self.side(split), self.num_classes)
+
+    def transform(self, split: str, augment: bool = False) -> Transform:
+        self._check_split(split)
+        norm = Normalize(IMAGENET_MEAN, IMAGENET_STD)
+        if split != "train":
+            return Compose((norm,))
+        if augment:
+            return Compose((RandomCrop(self.crop), HorizontalFlip(), norm))
+        return Compose((CenterCrop(self.crop), norm))
+
+
+@hookimpl
+def hloforge_datasets() -> list[type]:
+    return [Imagenette]

@@ -1,0 +1,269 @@
+"""`hloforge prepare NAME SRC OUT`: build a dataset's binaries from the layout users download.
+
+`PREPARERS` maps a dataset name to its `Preparer`: the function and its command-line options.
+Adding a dataset is one entry there; the CLI builds its subcommand from it.
+
+- imagenette: SRC is an extracted Imagenette (or any ImageNet-style) tree, `SRC/train/<class>/*.JPEG`
+  and `SRC/val/<class>/*.JPEG`. Classes are the train folders in sorted order (for Imagenette
+  the WordNet ids, so label 0 is n01440764, tench); val must use the same folders. Each image
+  is decoded with Pillow, converted to RGB and resized bilinearly to S×S (train S = 256, val
+  S = 224), and written as `OUT/train.bin` / `OUT/val.bin` in `hloforge.datasets.imagenette`'s
+  format, with `OUT/classes.json` naming the labels.
+- brats: SRC is MSD's `Task01_BrainTumour` (dataset.json, imagesTr/*.nii.gz 4D (X, Y, Z, 4),
+  labelsTr/*.nii.gz 3D), read with nibabel. The split is by patient (adjacent slices of one
+  brain are near-duplicates, so a slice-level split would leak): `val_frac` of the volumes,
+  drawn with `seed`, go to val. Each modality is z-scored over that volume's brain (nonzero)
+  voxels — over the whole volume the mostly-zero background would crush the tissue contrast —
+  then quantised (`brats.quantize`); the plane is centre-cropped (or zero-padded) to S×S.
+  Kept slices are those with at least `min_tumor_px` tumour voxels, every `stride`-th; 2.5D
+  (`context` K) stacks slices z−K·step … z+K·step, replicated at the volume ends, around the
+  same kept centres. Writes `OUT/train.bin`, `OUT/val.bin` in `hloforge.datasets.brats`'s
+  format and `OUT/split.json` (the volumes on each side and the options).
+
+- yolo: SRC in the YOLO txt layout (`SRC/images/{train,val}`, `SRC/labels/{train,val}`), written as
+  YOLOv1 records `OUT/train.bin`, `OUT/test.bin` (`hloforge.datasets.yolo`).
+
+Output files are written to a sibling temporary file and renamed, so an interrupted
+prepare leaves no truncated binary behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import attrs
+import numpy as np
+
+from hloforge.core.errors import DataError
+from hloforge.datasets import brats, imagenette, yolo
+from hloforge.datasets.records import COUNT_HEADER
+
+IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")
+
+
+@attrs.frozen
+class Option:
+    name: str  # the keyword argument; the flag is --name with - for _
+    type: type
+    default: Any
+    help: str
+
+
+@attrs.frozen
+class Preparer:
+    run: Callable[..., dict[str, Any]]  # run(src, out, **options) -> a summary; its "records" maps file -> count
+    help: str
+    options: tuple[Option, ...] = ()
+
+
+def write_counted(path: str, records: Iterable[bytes], record: int) -> int:
+    """A u32 LE count then the records, written to path.tmp and renamed over path; returns the count."""
+    tmp = path + ".tmp"
+    count = 0
+    try:
+        with open(tmp, "wb") as f:
+            f.write(COUNT_HEADER.pack(0))
+            for r in records:
+                if len(r) != record:
+                    raise DataError(f"{path}: record {count} is {len(r)} bytes, expected {record}")
+                f.write(r)
+                count += 1
+            f.seek(0)
+            f.write(COUNT_HEADER.pack(count))
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return count
+
+
+# ---------------------------------------------------------------------------------------- imagenette
+def _class_folders(split_dir: str) -> list[str]:
+    if not os.path.isdir(split_dir):
+        raise DataError(f"{split_dir} not found; expected class folders of images (SRC/train/<class>/*.JPEG)")
+    classes = sorted(d for d in os.listdir(split_dir) if os.path.isdir(os.path.join(split_dir, d)))
+    if not classes:
+        raise DataError(f"{split_dir} has no class folders")
+    return classes
+
+
+def _image_records(split_dir: str, classes: list[str], side: int) -> Iterator[bytes]:
+    from PIL import Image, UnidentifiedImageError
+
+    for label, cls in enumerate(classes):
+        folder = os.path.join(split_dir, cls)
+        for fname in sorted(os.listdir(folder)):
+            if not fname.lower().endswith(IMAGE_SUFFIXES):
+                continue
+            path = os.path.join(folder, fname)
+            try:
+                with Image.open(path) as im:
+                    rgb = im.convert("RGB").resize((side, side), Image.Resampling.BILINEAR)
+            except (OSError, UnidentifiedImageError) as e:
+                raise DataError(f"{path}: cannot decode it as an image ({e})") from None
+            chw = np.asarray(rgb, np.uint8).transpose(2, 0, 1)
+            yield bytes([label]) + chw.tobytes()
+
+
+def prepare_imagenette(src: str, out: str, train_size: int = imagenette.TRAIN_SIZE,
+                       val_size: int = imagenette.CROP) -> dict[str, Any]:
+    classes = _class_folders(os.path.join(src, "train"))
+    if len(classes) > 256:
+        raise DataError(f"{src}/train has {len(classes)} class folders; the format's one label byte holds 256")
+    val_classes = _class_folders(os.path.join(src, "val"))
+    if val_classes != classes:
+        extra = sorted(set(val_classes) - set(classes))
+        missing = sorted(set(classes) - set(val_classes))
+        raise DataError(f"{src}/val has class folders {extra} not in train and lacks {missing}; both splits must "
+                        "use the same classes")
+    os.makedirs(out, exist_ok=True)
+    summary: dict[str, Any] = {"classes": classes, "records": {}}
+    for split, fname, side in (("train", "train.bin", train_size), ("val", "val.bin", val_size)):
+        n = write_counted(os.path.join(out, fname), _image_records(os.path.join(src, split), classes, side),
+                          imagenette.record_bytes(side))
+        if n == 0:
+            raise DataError(f"{src}/{split}: no images ({', '.join(IMAGE_SUFFIXES)}) in its class folders")
+        summary["records"][fname] = n
+    with open(os.path.join(out, "classes.json"), "w", encoding="utf-8") as f:
+        json.dump(classes, f, indent=1)
+    return summary
+
+
+# ---------------------------------------------------------------------------------------- brats
+def znorm_brain(vol: np.ndarray) -> np.ndarray:
+    """z-score one modality over its nonzero (brain) voxels; background stays exactly 0."""
+    vol = np.asarray(vol, np.float32)
+    brain = vol != 0
+    out = np.zeros_like(vol)
+    if brain.any():
+        v = vol[brain]
+        sd = float(v.std()) or 1.0
+        out[brain] = (v - float(v.mean())) / sd
+    return out
+
+
+def fit_plane(a: np.ndarray, size: int) -> np.ndarray:
+    """Centre-crop or zero-pad the two leading (in-plane) axes to size × size."""
+    for axis in (0, 1):
+        cur = a.shape[axis]
+        if cur > size:
+            lo = (cur - size) // 2
+            a = np.take(a, range(lo, lo + size), axis=axis)
+        elif cur < size:
+            pad = [(0, 0)] * a.ndim
+            pad[axis] = ((size - cur) // 2, size - cur - (size - cur) // 2)
+            a = np.pad(a, pad)
+    return a
+
+
+def _read_nifti(path: str) -> np.ndarray:
+    import nibabel as nib
+
+    try:
+        return np.asarray(nib.load(path).dataobj)  # type: ignore[attr-defined]
+    except Exception as e:  # nibabel raises many types for a bad file; each becomes one line
+        raise DataError(f"{path}: cannot read it as NIfTI ({type(e).__name__}: {e})") from None
+
+
+def volume_records(img_path: str, lbl_path: str, size: int, context: int, context_step: int,
+                   min_tumor_px: int, stride: int) -> list[bytes]:
+    img, lbl = _read_nifti(img_path), _read_nifti(lbl_path)
+    m = len(brats.MODALITIES)
+    if img.ndim != 4 or img.shape[3] != m:
+        raise DataError(f"{img_path}: shape {list(img.shape)}, expected (X, Y, Z, {m}) modalities")
+    if lbl.shape != img.shape[:3]:
+        raise DataError(f"{lbl_path}: label shape {list(lbl.shape)} differs from the image's {list(img.shape[:3])}")
+    lbl = np.rint(lbl).astype(np.int64)
+    if lbl.min() < 0 or lbl.max() >= brats.CLASSES:
+        raise DataError(f"{lbl_path}: labels {lbl.min()}..{lbl.max()}, expected 0..{brats.CLASSES - 1}")
+    q = np.stack([brats.quantize(znorm_brain(img[..., c])) for c in range(m)], axis=-1)
+    q = fit_plane(q, size)  # (X, Y, Z, M)
+    lab = fit_plane(lbl.astype(np.uint8), size)  # (X, Y, Z)
+    depth = q.shape[2]
+    tumour = (lab > 0).reshape(-1, depth).sum(axis=0)
+    keep = [z for z in range(depth) if tumour[z] >= min_tumor_px][::stride]
+    offsets = [j * context_step for j in range(-context, context + 1)]
+    out = []
+    for z in keep:
+        # (X, Y, M) -> (M, Y, X): channel-first, row y, column x; neighbours replicated at the ends
+        planes = [q[:, :, min(max(z + o, 0), depth - 1), :].transpose(2, 1, 0) for o in offsets]
+        out.append(np.concatenate(planes).tobytes() + np.ascontiguousarray(lab[:, :, z].T).tobytes())
+    return out
+
+
+def _cases(src: str) -> list[str]:
+    meta_path = os.path.join(src, "dataset.json")
+    try:
+        with open(meta_path, encoding="utf-8") as f:
+            meta = json.load(f)
+        entries = meta["training"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DataError(f"{meta_path}: cannot read MSD's training list from it ({e})") from None
+    cases = sorted({os.path.basename(e["image"] if isinstance(e, dict) else e) for e in entries})
+    if not cases:
+        raise DataError(f"{meta_path} lists no training volumes")
+    return cases
+
+
+def prepare_brats(src: str, out: str, size: int = brats.NATIVE_SIZE, context: int = 0, context_step: int = 1,
+                  val_frac: float = 0.15, seed: int = 0, min_tumor_px: int = 1, stride: int = 2) -> dict[str, Any]:
+    if size <= 0 or size % 16:
+        raise DataError(f"brats size {size} is not a positive multiple of 16 (a depth-4 UNet halves it 4 times)")
+    if context < 0 or context_step < 1 or stride < 1 or min_tumor_px < 0 or not 0 < val_frac < 1:
+        raise DataError(f"brats: need context >= 0, context_step >= 1, stride >= 1, min_tumor_px >= 0 and "
+                        f"0 < val_frac < 1; got {context}, {context_step}, {stride}, {min_tumor_px}, {val_frac}")
+    cases = _cases(src)
+    if len(cases) < 2:
+        raise DataError(f"{src}: {len(cases)} training volume; a patient-level split needs at least 2")
+    order = np.random.default_rng(seed).permutation(len(cases))
+    n_val = min(len(cases) - 1, max(1, round(len(cases) * val_frac)))
+    val_set = {cases[i] for i in order[:n_val]}
+    split_cases = {"train": [c for c in cases if c not in val_set], "val": [c for c in cases if c in val_set]}
+    os.makedirs(out, exist_ok=True)
+    rec = brats.record_bytes(size, context)
+    summary: dict[str, Any] = {"size": size, "context": context, "context_step": context_step,
+                               "channels": brats.channels(context), "seed": seed, "val_frac": val_frac,
+                               "min_tumor_px": min_tumor_px, "stride": stride, "records": {}}
+    for split, chosen in split_cases.items():
+        def records(chosen: list[str] = chosen) -> Iterator[bytes]:
+            for case in chosen:
+                yield from volume_records(os.path.join(src, "imagesTr", case), os.path.join(src, "labelsTr", case),
+                                          size, context, context_step, min_tumor_px, stride)
+
+        summary[f"{split}_volumes"] = chosen
+        summary["records"][f"{split}.bin"] = write_counted(os.path.join(out, f"{split}.bin"), records(), rec)
+    with open(os.path.join(out, "split.json"), "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=1)
+    return summary
+
+
+PREPARERS: dict[str, Preparer] = {
+    "imagenette": Preparer(prepare_imagenette, "JPEG class folders (SRC/train, SRC/val) -> train.bin, val.bin", (
+        Option("train_size", int, imagenette.TRAIN_SIZE, "side of the stored train images (random-cropped later)"),
+        Option("val_size", int, imagenette.CROP, "side of the stored val images"),
+    )),
+    "brats": Preparer(prepare_brats, "MSD Task01_BrainTumour NIfTI -> train.bin, val.bin of 2D/2.5D slices", (
+        Option("size", int, brats.NATIVE_SIZE, "in-plane side (240 native, 224 the centre crop)"),
+        Option("context", int, 0, "2.5D: slices stacked on each side of the centre (0 = 2D)"),
+        Option("context_step", int, 1, "spacing of the context slices"),
+        Option("val_frac", float, 0.15, "fraction of volumes held out for val"),
+        Option("seed", int, 0, "seed of the patient-level split"),
+        Option("min_tumor_px", int, 1, "keep slices with at least this many tumour voxels (0: all)"),
+        Option("stride", int, 2, "keep every N-th qualifying slice"),
+    )),
+    "yolo": Preparer(yolo.prepare_yolo, "YOLO txt labels (SRC/images, SRC/labels) -> YOLOv1 train.bin, test.bin", (
+        Option("size", int, 224, "side of the stored images"),
+        Option("grid", int, 7, "YOLOv1 grid side"),
+        Option("boxes", int, 2, "box slots per cell"),
+        Option("classes", int, 20, "number of classes (labels 0..classes-1)"),
+    )),
+}
+
+
+def prepare(name: str, src: str, out: str, **options: Any) -> dict[str, Any]:
+    if name not in PREPARERS:
+        raise DataError(f"no preparer for {name!r}; available: {sorted(PREPARERS)}")
+    return PREPARERS[name].run(src, out, **options)

@@ -1,0 +1,102 @@
+"""Fixed-size binary records on disk: the length check every loader does before reading, and the
+record-dataset interface the trainer and the streaming producers share.
+
+A record dataset keeps its stored pixels as they are on disk (uint8, memory-mapped, so a
+producer touching one shard of a split reads only that shard) and says how a batch of them
+becomes what the net reads:
+
+- `records(split)` -> (stored images [N, C, H, W] uint8, labels int32 [N] or [N, H, W])
+- `transform(split, augment)` -> the `augment.Transform` from stored batch to float32 net input:
+  the training augmentation when `augment` is true on the train split, else the deterministic one
+- `arrays(split)` -> the whole split through the deterministic transform (what eval, `cam` and
+  any dataset-agnostic caller read)
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import numpy as np
+
+from hloforge.core.errors import DataError
+from hloforge.datasets.augment import Transform, apply_all
+
+COUNT_HEADER = struct.Struct("<I")  # the u32 little-endian record count of the counted formats
+
+
+def file_size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        raise DataError(f"{path} not found") from None
+
+
+def check_plain_records(path: str, record: int, what: str) -> int:
+    """The number of `record`-byte records in a headerless file; its length must be a positive multiple."""
+    size = file_size(path)
+    if size == 0 or size % record:
+        raise DataError(f"{path}: {size:,} bytes is not a whole number of {record:,}-byte {what} records "
+                        f"({size // record} records and {size % record} bytes over); truncated or not this format")
+    return size // record
+
+
+def check_counted_records(path: str, record: int, what: str, hint: str = "") -> int:
+    """The record count of a file holding a u32 LE count then `count` records of `record` bytes;
+    the file length must be exactly 4 + count·record, checked before any record is read."""
+    size = file_size(path)
+    if size < COUNT_HEADER.size:
+        raise DataError(f"{path}: {size} bytes is too short for the 4-byte record count")
+    with open(path, "rb") as f:
+        (count,) = COUNT_HEADER.unpack(f.read(COUNT_HEADER.size))
+    want = COUNT_HEADER.size + count * record
+    if size != want:
+        raise DataError(f"{path}: {size:,} bytes, but its header's {count:,} records of {record:,} bytes "
+                        f"({what}) need {want:,}; truncated, or not this format{hint}")
+    return count
+
+
+def map_records(path: str, count: int, record: int, offset: int) -> np.ndarray:
+    """A read-only [count, record] uint8 memory map (an empty array for an empty file)."""
+    if count == 0:
+        return np.zeros((0, record), np.uint8)
+    return np.memmap(path, np.uint8, mode="r", offset=offset, shape=(count, record))
+
+
+def check_labels(path: str, labels: np.ndarray, classes: int) -> None:
+    top = int(labels.max(initial=0))
+    if top >= classes:
+        raise DataError(f"{path}: label {top} out of range 0..{classes - 1}")
+
+
+class RecordDataset:
+    """Shared plumbing of the uint8 record datasets (cifar10, imagenette, brats)."""
+
+    name = ""
+    splits: tuple[str, ...] = ("train", "test")
+
+    def __init__(self) -> None:
+        self._records: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._arrays: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+    def _check_split(self, split: str) -> None:
+        if split not in self.splits:
+            raise DataError(f"{self.name} has no split {split!r}; expected one of {list(self.splits)}")
+
+    def _load(self, split: str) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def records(self, split: str) -> tuple[np.ndarray, np.ndarray]:
+        self._check_split(split)
+        if split not in self._records:
+            self._records[split] = self._load(split)
+        return self._records[split]
+
+    def transform(self, split: str, augment: bool = False) -> Transform:
+        raise NotImplementedError
+
+    def arrays(self, split: str) -> tuple[np.ndarray, np.ndarray]:
+        if split not in self._arrays:
+            x, y = self.records(split)
+            self._arrays[split] = apply_all(self.transform(split, augment=False), x, y)
+        return self._arrays[split]

@@ -1,0 +1,186 @@
+"""`yolo`: box detection records in the YOLOv1 format (seed 002), built by `hloforge prepare yolo`.
+
+On disk, `DIR/train.bin` and `DIR/test.bin`: a u32 little-endian record count, then records of
+
+    3·S² uint8        the RGB image, CHW
+    perCell·g² f32    the YOLOv1 target [perCell, g, g], perCell = boxes·5 + classes
+    g² f32            the per-cell object mask [g, g]
+    i32               nb, the number of boxes kept (at most MAX_BOXES)
+    MAX_BOXES × 20    per box: i32 class, f32 x0, y0, x1, y1 as fractions of the image (unused slots zero)
+
+(S = 224, g = 7, 30 channels: 157,728 bytes per record; the geometry is the dataset's options
+and the loader checks the file length against it before reading). The target is
+`hloforge.train.detection.encode_yolov1` of the boxes, the same encoding a trained YOLOv1
+head's labels use.
+
+`prepare_yolo(src, out)` reads the layout YOLO tools use (Ultralytics / converted VOC and
+VisDrone): `SRC/images/{train,val}/*.{jpg,jpeg,png}` with `SRC/labels/{train,val}/<stem>.txt`,
+one line `class cx cy w h` (fractions of the image) per box; an image without a label file
+has no boxes. Images are resized (squashed) bilinearly to S×S, which leaves fractional boxes
+unchanged. val becomes test.bin.
+
+`Yolo(data_dir)`: `arrays(split)` -> (x float32 [N, 3, S, S] = (pixels/255 − mean)/std with
+ImageNet's mean and std, labels [N, perCell + 1, g, g]: target then mask), `boxes(split)` ->
+rows (class, x0, y0, x1, y1) in pixels, `normalize(image01)` for a decoded image file.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterator
+
+import numpy as np
+
+from hloforge.core.errors import DataError
+from hloforge.core.hookspecs import hookimpl
+from hloforge.datasets.records import check_counted_records, map_records
+
+MAX_BOXES = 56
+BOX_ROW = struct.Struct("<iffff")
+MEAN = np.array([0.485, 0.456, 0.406], np.float32)
+STD = np.array([0.229, 0.224, 0.225], np.float32)
+SPLIT_FILES = {"train": "train.bin", "test": "test.bin"}
+SOURCE_SPLITS = {"train": "train", "test": "val"}
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+
+
+def record_size(size: int, grid: int, per_cell: int) -> int:
+    return 3 * size * size + 4 * per_cell * grid * grid + 4 * grid * grid + 4 + MAX_BOXES * BOX_ROW.size
+
+
+class Yolo:
+    name = "yolo"
+    label_kind = "boxes"
+    splits = tuple(SPLIT_FILES)
+
+    def __init__(self, data_dir: str = "data/yolo", size: int = 224, grid: int = 7, boxes: int = 2,
+                 classes: int = 20):
+        if min(size, grid, boxes, classes) < 1:
+            raise DataError(f"yolo: size, grid, boxes and classes must be positive, got {size}, {grid}, {boxes}, "
+                            f"{classes}")
+        self.data_dir, self.size, self.grid, self.boxes_per_cell = data_dir, size, grid, boxes
+        self.num_classes = classes
+        self.per_cell = 5 * boxes + classes
+        self.image_shape = (3, size, size)
+        self.record = record_size(size, grid, self.per_cell)
+        self._cache: dict[str, tuple[np.ndarray, np.ndarray, list[np.ndarray]]] = {}
+
+    def _load(self, split: str) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+        if split not in SPLIT_FILES:
+            raise DataError(f"yolo has no split {split!r}; expected one of {list(SPLIT_FILES)}")
+        if split in self._cache:
+            return self._cache[split]
+        path = os.path.join(self.data_dir, SPLIT_FILES[split])
+        hint = (f" (size {self.size}, grid {self.grid}, {self.per_cell} channels per cell: {self.record:,} bytes "
+                "per record; pass the options it was prepared with)")
+        count = check_counted_records(path, self.record, "yolo", hint)
+        raw = map_records(path, count, self.record, 4)
+        s2, cells = 3 * self.size ** 2, self.grid ** 2
+        images = raw[:, :s2].reshape(count, 3, self.size, self.size)
+        lab = np.ascontiguousarray(raw[:, s2:s2 + 4 * (self.per_cell + 1) * cells]).view("<f4")
+        labels = lab.reshape(count, self.per_cell + 1, self.grid, self.grid).astype(np.float32)
+        tail = s2 + 4 * (self.per_cell + 1) * cells
+        boxes = []
+        for n in range(count):
+            (nb,) = struct.unpack_from("<i", raw[n], tail)
+            if not 0 <= nb <= MAX_BOXES:
+                raise DataError(f"{path}: record {n} claims {nb} boxes; at most {MAX_BOXES} fit")
+            rows = [BOX_ROW.unpack_from(raw[n], tail + 4 + k * BOX_ROW.size) for k in range(nb)]
+            b = np.asarray(rows, np.float32).reshape(-1, 5)
+            b[:, 1:] *= self.size
+            boxes.append(b)
+        x = self.normalize(images.astype(np.float32) / 255.0)
+        self._cache[split] = (x, labels, boxes)
+        return self._cache[split]
+
+    def normalize(self, image01: np.ndarray) -> np.ndarray:
+        """RGB in [0, 1], channels first ([3, S, S] or [N, 3, S, S]), as the net reads it."""
+        shape = (3, 1, 1) if image01.ndim == 3 else (1, 3, 1, 1)
+        return ((image01 - MEAN.reshape(shape)) / STD.reshape(shape)).astype(np.float32)
+
+    def arrays(self, split: str) -> tuple[np.ndarray, np.ndarray]:
+        x, y, _ = self._load(split)
+        return x, y
+
+    def boxes(self, split: str) -> list[np.ndarray]:
+        return self._load(split)[2]
+
+
+# ---------------------------------------------------------------------------------------- prepare
+def read_label_file(path: str, classes: int) -> np.ndarray:
+    """Rows (class, cx, cy, w, h) of a YOLO txt label file; any malformed line is an error naming it."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for ln, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            parts = line.split()
+            try:
+                cls, cx, cy, w, h = int(parts[0]), *(float(v) for v in parts[1:5])
+                if len(parts) != 5:
+                    raise ValueError
+            except (ValueError, IndexError):
+                raise DataError(f"{path}:{ln}: expected 'class cx cy w h', got {line.strip()!r}") from None
+            if not 0 <= cls < classes:
+                raise DataError(f"{path}:{ln}: class {cls} is outside 0..{classes - 1} (--classes {classes})")
+            if w <= 0 or h <= 0 or not (0 <= cx <= 1 and 0 <= cy <= 1):
+                raise DataError(f"{path}:{ln}: box centre must lie in [0, 1] and its size be positive, "
+                                f"got {line.strip()!r}")
+            rows.append((cls, cx, cy, w, h))
+    return np.asarray(rows, np.float64).reshape(-1, 5)
+
+
+def _records(src: str, split: str, size: int, grid: int, boxes: int, classes: int) -> Iterator[bytes]:
+    from PIL import Image
+
+    from hloforge.train.detection import encode_yolov1
+
+    image_dir = os.path.join(src, "images", split)
+    label_dir = os.path.join(src, "labels", split)
+    if not os.path.isdir(image_dir):
+        raise DataError(f"{image_dir} not found; prepare yolo expects SRC/images/{{train,val}} and "
+                        "SRC/labels/{train,val}")
+    names = sorted(n for n in os.listdir(image_dir) if n.lower().endswith(IMAGE_SUFFIXES))
+    if not names:
+        raise DataError(f"{image_dir} holds no .jpg/.jpeg/.png images")
+    per_cell = 5 * boxes + classes
+    for name in names:
+        path = os.path.join(image_dir, name)
+        try:
+            img = Image.open(path).convert("RGB").resize((size, size), Image.BILINEAR)
+        except OSError as e:
+            raise DataError(f"{path}: cannot decode it ({e})") from None
+        label = os.path.join(label_dir, os.path.splitext(name)[0] + ".txt")
+        rows = read_label_file(label, classes) if os.path.exists(label) else np.zeros((0, 5))
+        xyxy = np.column_stack([rows[:, 0], rows[:, 1] - rows[:, 3] / 2, rows[:, 2] - rows[:, 4] / 2,
+                                rows[:, 1] + rows[:, 3] / 2, rows[:, 2] + rows[:, 4] / 2])
+        xyxy[:, 1:] = np.clip(xyxy[:, 1:], 0.0, 1.0)
+        target = np.zeros((per_cell + 1, grid, grid), np.float32)
+        for cls, *box in xyxy:
+            encode_yolov1(target, int(cls), np.asarray(box) * size, size, boxes)
+        kept = xyxy[:MAX_BOXES]
+        table = bytearray(MAX_BOXES * BOX_ROW.size)
+        for k, (cls, x0, y0, x1, y1) in enumerate(kept):
+            BOX_ROW.pack_into(table, k * BOX_ROW.size, int(cls), x0, y0, x1, y1)
+        chw = np.asarray(img, np.uint8).transpose(2, 0, 1)
+        yield (chw.tobytes() + target[:per_cell].astype("<f4").tobytes() + target[per_cell].astype("<f4").tobytes()
+               + struct.pack("<i", len(kept)) + bytes(table))
+
+
+def prepare_yolo(src: str, out: str, size: int = 224, grid: int = 7, boxes: int = 2,
+                 classes: int = 20) -> dict[str, object]:
+    from hloforge.datasets.prepare import write_counted
+
+    os.makedirs(out, exist_ok=True)
+    record = record_size(size, grid, 5 * boxes + classes)
+    counts = {}
+    for split, source in SOURCE_SPLITS.items():
+        path = os.path.join(out, SPLIT_FILES[split])
+        counts[path] = write_counted(path, _records(src, source, size, grid, boxes, classes), record)
+    return {"records": counts}
+
+
+@hookimpl
+def hloforge_datasets() -> list[type]:
+    return [Yolo]

@@ -1,0 +1,147 @@
+"""DDPM (Ho et al. 2020): the linear β schedule, noising on the host, ancestral sampling.
+
+The net predicts the noise ε from x_t and the time channel: its input is [C+1, H, W], the
+image and a plane filled with t/T (seed 001; the net's timeCondAdd layers read it), its output
+[C, H, W]. Training draws per image t ~ U{0 … T−1} and ε ~ N(0, I) from (seed, step) and
+feeds x_t = √ᾱ_t·x0 + √(1−ᾱ_t)·ε with the target ε (loss: per-pixel MSE). Sampling runs the
+eval forward module T times, from x_T ~ N(0, I):
+
+    x_{t−1} = (x_t − β_t/√(1−ᾱ_t)·ε̂) / √α_t + σ_t·z,   σ_t = √β_t, no noise at t = 0.
+
+`hloforge sample RUN -n 16 --out grid.png` writes the samples as a PNG grid, each channel
+mapped to [0, 1] through the test images' range of that channel.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import attrs
+import numpy as np
+
+from hloforge.core.errors import DataError, UnsupportedSpec
+from hloforge.core.spec import NetSpec
+
+TRAIN_STREAM = 0x64647071  # the (seed, TRAIN_STREAM, step) generator of the training t and ε
+EVAL_SEED = 0x65766C  # the fixed t and ε of the test-split noise MSE
+
+
+def is_time_conditioned(spec: NetSpec) -> bool:
+    """A net with a timeCondAdd layer is a DDPM's noise predictor."""
+    return len(spec.walk()[-1].out_shape) == 3 and any(layer.kind == "timeCondAdd" for layer in spec.layers)
+
+
+@attrs.frozen
+class LinearSchedule:
+    """β linear from beta_start to beta_end over `steps` (Ho et al.: 1e-4 … 0.02 over 1000)."""
+
+    steps: int = 1000
+    beta_start: float = 1e-4
+    beta_end: float = 0.02
+
+    @property
+    def betas(self) -> np.ndarray:
+        return np.linspace(self.beta_start, self.beta_end, self.steps, dtype=np.float64)
+
+    @property
+    def alphas(self) -> np.ndarray:
+        return 1.0 - self.betas
+
+    @property
+    def alpha_bar(self) -> np.ndarray:
+        return np.cumprod(self.alphas)
+
+
+def with_time_channel(x: np.ndarray, t: np.ndarray, steps: int) -> np.ndarray:
+    """[B, C, H, W] images and [B] timesteps → [B, C+1, H, W] f32, the last plane t/T."""
+    plane = np.broadcast_to((np.asarray(t, np.float64) / steps)[:, None, None, None], (len(x), 1, *x.shape[2:]))
+    return np.concatenate([x, plane], axis=1).astype(np.float32)
+
+
+def noised(x0: np.ndarray, t: np.ndarray, eps: np.ndarray, schedule: LinearSchedule) -> np.ndarray:
+    """The net's input for x0 noised to timesteps t with noise eps."""
+    ab = schedule.alpha_bar[t][:, None, None, None]
+    xt = np.sqrt(ab) * x0.astype(np.float64) + np.sqrt(1.0 - ab) * eps
+    return with_time_channel(xt, t, schedule.steps)
+
+
+def training_pair(x0: np.ndarray, rng: np.random.Generator, schedule: LinearSchedule) -> tuple[np.ndarray, np.ndarray]:
+    """(net input, target ε) for one batch of clean images."""
+    t = rng.integers(0, schedule.steps, len(x0))
+    eps = rng.standard_normal(x0.shape)
+    return noised(x0, t, eps, schedule), eps.astype(np.float32)
+
+
+def eval_pair(x0: np.ndarray, schedule: LinearSchedule) -> tuple[np.ndarray, np.ndarray]:
+    """The test split's fixed (net input, ε): the same t and ε every epoch and every run."""
+    return training_pair(x0, np.random.default_rng(EVAL_SEED), schedule)
+
+
+def ancestral_sample(predict: Callable[[np.ndarray], np.ndarray], n: int, shape: tuple[int, ...],
+                     schedule: LinearSchedule, rng: np.random.Generator) -> np.ndarray:
+    """n images [n, *shape] drawn by ancestral sampling; `predict` maps net inputs to ε̂."""
+    betas, alphas, ab = schedule.betas, schedule.alphas, schedule.alpha_bar
+    x = rng.standard_normal((n, *shape))
+    for t in range(schedule.steps - 1, -1, -1):
+        eps = predict(with_time_channel(x, np.full(n, t), schedule.steps)).astype(np.float64)
+        x = (x - betas[t] / math.sqrt(1.0 - ab[t]) * eps) / math.sqrt(alphas[t])
+        if t > 0:
+            x = x + math.sqrt(betas[t]) * rng.standard_normal(x.shape)
+    return x
+
+
+def to_unit(images: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Per channel, [lo, hi] → [0, 1], clipped."""
+    scale = np.where(hi > lo, hi - lo, 1.0)
+    return np.clip((images - lo[None, :, None, None]) / scale[None, :, None, None], 0.0, 1.0)
+
+
+def image_grid(images: np.ndarray, cols: int, zoom: int = 4, pad: int = 1) -> np.ndarray:
+    """[n, C, H, W] in [0, 1] (C 1 or 3) → one RGB image [rows·(H·zoom+pad)+pad, cols·(W·zoom+pad)+pad, 3]."""
+    n, c, h, w = images.shape
+    if c not in (1, 3):
+        raise UnsupportedSpec(f"a sample grid shows 1- or 3-channel images, got {c} channels")
+    rgb = np.repeat(images, 3, axis=1) if c == 1 else images
+    big = rgb.repeat(zoom, axis=2).repeat(zoom, axis=3).transpose(0, 2, 3, 1)
+    rows = -(-n // cols)
+    hh, ww = h * zoom, w * zoom
+    grid = np.ones((rows * (hh + pad) + pad, cols * (ww + pad) + pad, 3))
+    for i in range(n):
+        r, q = divmod(i, cols)
+        grid[pad + r * (hh + pad):pad + r * (hh + pad) + hh, pad + q * (ww + pad):pad + q * (ww + pad) + ww] = big[i]
+    return grid
+
+
+def sample_run(run_path: str, n: int = 16, out: str = "grid.png", seed: int = 0, backend: str | None = None,
+               log: Callable[[str], None] = print) -> np.ndarray:
+    """Draw n samples from a DDPM run's checkpoint through its eval forward module; write the grid
+    PNG to `out` and return the samples [n, C, H, W] (the data's standardised scale)."""
+    from hloforge.train.session import ForwardSession
+    from hloforge.train.tasks import DiffusionTask
+    from hloforge.train.trainer import open_checkpoint
+
+    if n < 1:
+        raise UnsupportedSpec(f"-n must be positive, got {n}")
+    oc = open_checkpoint(run_path, backend, log)
+    run, spec = oc.run, oc.spec
+    if not isinstance(run.task, DiffusionTask):
+        raise DataError(f"{oc.file} is a {spec.name!r} run trained with loss {run.variant.loss!r}, not a DDPM "
+                        "(a net with timeCondAdd trained on noise targets)")
+    params = oc.weights("param", [name for name, _ in spec.params()])
+    running = oc.weights("stat", run.stat_names)
+    evaluator = ForwardSession(spec, n, run.backend)
+    buffers = [run.backend.to_device(a) for a in [*params, *running]]
+    shape = tuple(spec.walk()[-1].out_shape)
+    x = ancestral_sample(lambda xin: evaluator.logits(xin, buffers), n, shape, run.task.schedule,
+                         np.random.default_rng(seed))
+    ref = np.asarray(run.x_te, np.float64)  # the test images, in the scale the net was trained on
+    lo, hi = ref.min(axis=(0, 2, 3)), ref.max(axis=(0, 2, 3))
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.imsave(out, image_grid(to_unit(x, lo, hi), cols=math.ceil(math.sqrt(n))))
+    log(f"{spec.name} epoch {oc.meta['epoch']}: {n} samples ({run.task.schedule.steps} ancestral steps) -> {out}")
+    return x

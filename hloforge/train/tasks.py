@@ -1,0 +1,309 @@
+"""Tasks: what a label kind means to the trainer.
+
+The loss's label kind picks the task (DESIGN: a dataset yields the label kind that picks the
+loss): class ids → classification, per-pixel masks → segmentation, a dense float target the
+shape of the output → diffusion (the noise ε a DDPM predicts). A task owns what the train step
+is fed (`train_batch`: the feed's batch, turned into the step's inputs), the per-epoch
+evaluation (a metrics dict for metrics.jsonl and one log line) and the metric the curves plot.
+
+Without `--loss`, `default_loss` asks each task in `TASKS` order whether the net and dataset
+are its own (a language model, per-token logits, keeps its own path in the trainer). A new
+task — detection — is a `Task` subclass added to `TASKS` with its label kind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import attrs
+import numpy as np
+
+from hloforge.core.errors import DataError, UnsupportedSpec
+from hloforge.core.hlo import FLOAT_DTYPES
+from hloforge.core.spec import Loss, NetSpec
+from hloforge.train import diffusion, segmentation
+from hloforge.train.metrics import wilson
+
+if TYPE_CHECKING:
+    from hloforge.train.session import ForwardSession
+
+
+@attrs.frozen
+class Evaluation:
+    metrics: dict[str, Any]  # what metrics.jsonl records, between the step fields and the throughput
+    line: str  # the epoch log line's score part
+    correct: np.ndarray | None = None  # classification's per-example bitmap (eval_correct.npz)
+
+
+def loss_label_kind(loss: Loss, out_shape: tuple[int, ...]) -> str:
+    """A loss's `label_kind`, or one read off its label spec: a class id, a mask, or a dense target."""
+    kind = getattr(loss, "label_kind", None)
+    if kind:
+        return str(kind)
+    shape, dtype = loss.label_spec(out_shape)
+    if dtype == "i32" and shape == ():
+        return "class"
+    if dtype == "i32" and len(out_shape) == 3 and tuple(shape) == tuple(out_shape[1:]):
+        return "mask"
+    if dtype in FLOAT_DTYPES and tuple(shape) == tuple(out_shape):
+        return "noise"
+    raise UnsupportedSpec(f"loss {loss.name!r} takes labels {list(shape)} {dtype} on outputs {list(out_shape)}; "
+                          f"no task trains with that (tasks: {sorted(TASKS)})")
+
+
+def eval_chunks(run: Any) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The eval split in the feed's order: streamed when the run streams, else in-memory chunks."""
+    if run.feed.streams:
+        yield from run.feed.eval_batches()
+        return
+    step = run.cfg.batch * 8
+    for i in range(0, len(run.y_te), step):
+        yield run.x_te[i:i + step], run.y_te[i:i + step]
+
+
+class Task:
+    kind: ClassVar[str]  # the label kind this task trains with
+    plot: ClassVar[tuple[str, str]]  # (metrics key, axis label) of the curves' right panel
+
+    def __init__(self, run: Any):
+        self.run = run
+        self.check()
+
+    @classmethod
+    def default_loss(cls, spec: NetSpec, data_cls: Any) -> str | None:
+        """The loss this task trains `spec` on the dataset class with, when it is this task's pair."""
+        raise NotImplementedError  # abstract
+
+    def check(self) -> None:
+        """Refuse a dataset the net cannot train on, with one line."""
+
+    @property
+    def feed_shape(self) -> tuple[int, ...]:
+        """The image shape the feed shapes the dataset's rows to."""
+        shape: tuple[int, ...] = self.run.spec.input_shape
+        return shape
+
+    def fit_input(self, x: np.ndarray) -> np.ndarray:
+        from hloforge.train.trainer import fit_input
+
+        return fit_input(x, self.run.spec, self.run.cfg.data)
+
+    def train_batch(self, x: np.ndarray, y: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """The train step's (x, labels) from the feed's batch, at 1-based step `step`."""
+        return x, y
+
+    def evaluate(self, evaluator: ForwardSession, buffers: list[Any]) -> Evaluation:
+        raise NotImplementedError  # abstract
+
+    def ema_metrics(self, ev: Evaluation) -> dict[str, Any]:
+        """The EMA shadow's scores, as metrics.jsonl records them beside the live ones."""
+        return {f"{k}_ema": v for k, v in ev.metrics.items() if k != "n"}
+
+
+class ClassificationTask(Task):
+    kind = "class"
+    plot = ("top1", "test accuracy")
+
+    @classmethod
+    def default_loss(cls, spec: NetSpec, data_cls: Any) -> str | None:
+        return "crossEntropy" if len(spec.walk()[-1].out_shape) == 1 else None
+
+    def check(self) -> None:
+        run = self.run
+        if run.data.num_classes != run.spec.num_classes:
+            raise DataError(f"dataset {run.cfg.data!r} has {run.data.num_classes} classes, net {run.spec.name!r} "
+                            f"has {run.spec.num_classes}")
+
+    def evaluate(self, evaluator: ForwardSession, buffers: list[Any]) -> Evaluation:
+        from hloforge.train.trainer import evaluate, evaluate_stream
+
+        run = self.run
+        res = (evaluate_stream(evaluator, buffers, run.feed.eval_batches(), len(run.y_te)) if run.feed.streams
+               else evaluate(evaluator, buffers, run.x_te, run.y_te))
+        lo, hi = wilson(res.top1, res.n)
+        metrics = {"top1": res.top1 / res.n, "top1_lo": lo, "top1_hi": hi, "top5": res.top5 / res.n,
+                   "correct": res.top1, "n": res.n}
+        return Evaluation(metrics, f"test {res.line()}", res.correct)
+
+    def ema_metrics(self, ev: Evaluation) -> dict[str, Any]:
+        return {"top1_ema": ev.metrics["top1"], "correct_ema": ev.metrics["correct"]}
+
+
+class SegmentationTask(Task):
+    """Per-pixel masks: mIoU, per-class IoU, pixel accuracy and region Dice (hloforge.train.segmentation)
+    over the dataset's `regions` (each foreground class alone if it names none)."""
+
+    kind = "mask"
+    plot = ("miou", "test mIoU")
+
+    @classmethod
+    def default_loss(cls, spec: NetSpec, data_cls: Any) -> str | None:
+        out = spec.walk()[-1].out_shape
+        return "perPixelCE" if len(out) == 3 and getattr(data_cls, "label_kind", "class") == "mask" else None
+
+    @property
+    def regions(self) -> segmentation.Regions:
+        data = self.run.data
+        regions: segmentation.Regions = getattr(data, "regions", None) or \
+            segmentation.default_regions(data.num_classes)
+        return regions
+
+    def check(self) -> None:
+        run = self.run
+        out = run.spec.walk()[-1].out_shape
+        if getattr(run.data, "label_kind", "class") != "mask":
+            raise DataError(f"net {run.spec.name!r} predicts per-pixel classes {list(out)}; dataset {run.cfg.data!r} "
+                            "has no per-pixel masks")
+        if run.data.num_classes != out[0]:
+            raise DataError(f"dataset {run.cfg.data!r} has {run.data.num_classes} mask classes, net "
+                            f"{run.spec.name!r} predicts {out[0]}")
+        if tuple(run.y_te.shape[1:]) != tuple(out[1:]):
+            raise DataError(f"dataset {run.cfg.data!r} gives masks of {list(run.y_te.shape[1:])}, net "
+                            f"{run.spec.name!r} predicts {list(out[1:])}")
+        segmentation.check_masks(run.y_te, run.data.num_classes, f"dataset {run.cfg.data!r} test split")
+        segmentation.check_regions(self.regions, run.data.num_classes)
+
+    def train_batch(self, x: np.ndarray, y: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:
+        # a label out of range would one-hot to nothing and train on a silently wrong target
+        segmentation.check_masks(y, self.run.data.num_classes, f"dataset {self.run.cfg.data!r} train batch {step}")
+        return x, y
+
+    def evaluate(self, evaluator: ForwardSession, buffers: list[Any]) -> Evaluation:
+        classes = self.run.data.num_classes
+        confs = [segmentation.confusion_matrices(y, np.argmax(evaluator.logits(x, buffers), axis=1), classes)
+                 for x, y in eval_chunks(self.run)]
+        n = sum(len(c) for c in confs)
+        if n != len(self.run.y_te):
+            raise DataError(f"the eval pass scored {n} images; the eval split has {len(self.run.y_te)}")
+        m = segmentation.scores(np.concatenate(confs), self.regions)
+        dice = "  ".join(f"{k} {m[f'dice/{k}']:.3f}" for k in self.regions)
+        line = f"test mIoU {m['miou']:.4f}  pixel acc {100 * m['pixel_acc']:.2f}%  Dice {dice}"
+        return Evaluation({**m, "n": n}, line)
+
+
+class DiffusionTask(Task):
+    """A DDPM: the feed's clean images x0 become (x_t with the time channel, ε) on the host, per
+    step from (seed, step); eval is the mean noise MSE over the test split at fixed seeded t and ε
+    (hloforge.train.diffusion)."""
+
+    kind = "noise"
+    plot = ("noise_mse", "test noise MSE")
+    schedule = diffusion.LinearSchedule()
+
+    @classmethod
+    def default_loss(cls, spec: NetSpec, data_cls: Any) -> str | None:
+        return "mse" if diffusion.is_time_conditioned(spec) else None
+
+    def check(self) -> None:
+        run = self.run
+        out = tuple(run.spec.walk()[-1].out_shape)
+        image = tuple(getattr(run.data, "image_shape", ()))
+        if image != out or tuple(run.spec.input_shape) != (out[0] + 1, *out[1:]):
+            raise DataError(f"a DDPM on {out[0]}-channel images {list(out[1:])} takes input "
+                            f"{[out[0] + 1, *out[1:]]} (the images and the time channel) and predicts {list(out)}; "
+                            f"net {run.spec.name!r} takes {list(run.spec.input_shape)}, dataset {run.cfg.data!r} "
+                            f"gives {list(image)}")
+
+    @property
+    def feed_shape(self) -> tuple[int, ...]:
+        shape: tuple[int, ...] = self.run.spec.walk()[-1].out_shape
+        return shape
+
+    def fit_input(self, x: np.ndarray) -> np.ndarray:
+        return x
+
+    def train_batch(self, x: np.ndarray, y: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:
+        rng = np.random.default_rng([self.run.cfg.seed, diffusion.TRAIN_STREAM, step])
+        return diffusion.training_pair(x, rng, self.schedule)
+
+    def evaluate(self, evaluator: ForwardSession, buffers: list[Any]) -> Evaluation:
+        x0 = np.concatenate([x for x, _ in eval_chunks(self.run)])
+        xin, eps = diffusion.eval_pair(x0, self.schedule)
+        mse = float(np.mean((evaluator.logits(xin, buffers).astype(np.float64) - eps) ** 2))
+        return Evaluation({"noise_mse": mse, "n": len(x0)},
+                          f"test noise MSE {mse:.4f} ({len(x0)} images, fixed timesteps)")
+
+
+class DetectionTask(Task):
+    """Boxes: the net's head (yolov1Head, fpnDetect) says how the dataset's boxes (`boxes(split)`,
+    rows (class, x0, y0, x1, y1) in pixels) become the loss's targets, encoded once per split;
+    eval is mAP@0.5 on the test split after decoding and per-class NMS (hloforge.train.detection)."""
+
+    kind = "boxes"
+    plot = ("map50", "test mAP@0.5")
+
+    @classmethod
+    def default_loss(cls, spec: NetSpec, data_cls: Any) -> str | None:
+        from hloforge.train.detection import DetectionHead
+
+        try:
+            return DetectionHead.of(spec).loss
+        except UnsupportedSpec:
+            return None
+
+    def check(self) -> None:
+        from hloforge.core.registry import default_registry
+        from hloforge.train.detection import DetectionHead, DetectionLabels
+
+        run = self.run
+        self.head = DetectionHead.of(run.spec)
+        if not hasattr(run.data, "boxes"):
+            raise DataError(f"net {run.spec.name!r} is a detector; dataset {run.cfg.data!r} has no boxes")
+        if run.cfg.workers:
+            raise DataError("a detector's targets are encoded in process from the dataset's boxes: use --workers 0")
+        image = tuple(getattr(run.data, "image_shape", run.spec.input_shape))
+        if image != tuple(run.spec.input_shape):
+            raise DataError(f"dataset {run.cfg.data!r} gives images {list(image)}, detector {run.spec.name!r} takes "
+                            f"{list(run.spec.input_shape)}")
+        boxes = getattr(run.variant.make_loss(default_registry()), "boxes", None)
+        if boxes is not None and boxes != self.head.layer.boxes:
+            raise DataError(f"loss yolov1 reads {boxes} box(es) per cell, net {run.spec.name!r}'s head has "
+                            f"{self.head.layer.boxes}")
+        self.truth = run.data.boxes("test")
+        # The feed and the eval read the encoded targets in place of the dataset's own labels.
+        run.data = DetectionLabels(run.data, self.head)
+        run.y_te = run.data.arrays("test")[1]
+
+    def evaluate(self, evaluator: ForwardSession, buffers: list[Any]) -> Evaluation:
+        from hloforge.train.detection import mean_ap
+
+        dets = [d for x, _ in eval_chunks(self.run) for d in self.head.decode(evaluator.logits(x, buffers))]
+        res = mean_ap(dets, self.truth)
+        metrics = {"map50": res.map, **{f"ap50/{c}": v for c, v in res.ap.items()}, "n": res.n_images}
+        return Evaluation(metrics, f"test {res.line()}")
+
+
+# In the order default_loss asks them: a time-conditioned net is a DDPM even on a dataset with masks,
+# and a detection head's grid [C, g, g] is not a per-pixel map.
+TASKS: dict[str, type[Task]] = {t.kind: t for t in (DiffusionTask, DetectionTask, SegmentationTask,
+                                                     ClassificationTask)}
+
+
+def default_loss(spec: NetSpec, data: str) -> str:
+    """The loss a net trains with on a dataset (by name) when none is asked for."""
+    if len(spec.walk()[-1].out_shape) == 2:
+        return "tokenCrossEntropy"  # per-token logits: a language model
+    from hloforge.core.registry import default_registry
+
+    data_cls = default_registry().get("dataset", data)
+    for task in TASKS.values():
+        loss = task.default_loss(spec, data_cls)
+        if loss:
+            return loss
+    raise UnsupportedSpec(f"no task trains net {spec.name!r} (output {list(spec.walk()[-1].out_shape)}) on dataset "
+                          f"{data!r} by default; pass --loss")
+
+
+def make_task(run: Any) -> Task:
+    """The task of the run's loss (its label kind), checked against the net and the dataset."""
+    from hloforge.core.registry import default_registry
+
+    loss = run.variant.make_loss(default_registry())
+    out = run.spec.walk()[-1].out_shape
+    loss.check(out)
+    kind = loss_label_kind(loss, out)
+    if kind not in TASKS:
+        raise UnsupportedSpec(f"loss {loss.name!r} takes {kind!r} labels; no task trains with those "
+                              f"(tasks: {sorted(TASKS)})")
+    return TASKS[kind](run)

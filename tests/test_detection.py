@@ -1,0 +1,306 @@
+"""Detection beyond the gate: the FPN neck probe (seed 001), the whole-detector probe, target
+encoding and decoding, per-class NMS and mAP@0.5 on perfect, random and mixed detections.
+
+Every layer and loss here is also gated by tests/test_gate.py (it iterates the registry):
+yolov1Head, fpnDetect, diou, yolov1, anchorYolo, fpnYolo.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hloforge.core import autodiff
+from hloforge.core.errors import DataError, UnsupportedSpec
+from hloforge.core.hlo import Builder
+from hloforge.core.spec import Ctx, NetSpec, qualified_params, walk_layers
+from hloforge.losses.detection import MultiScaleYoloLoss, Yolov1Loss
+from hloforge.plugins.layers.fpn import FpnDetect, Yolov1Head, neck_probe_module, ref_neck
+from hloforge.plugins.layers.norm import ConvBn
+from hloforge.train.detection import DetectionHead, average_precision, box_iou, mean_ap, nms
+
+jax = pytest.importorskip("jax")
+jax.config.update("jax_enable_x64", True)
+
+
+def _run(text: str, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    from hloforge.backends.xla import default_client
+
+    exe = default_client().compile(text)
+    try:
+        return [np.asarray(o) for o in exe.run(inputs)]
+    finally:
+        exe.close()
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(np.asarray(a) - np.asarray(b)) / max(np.linalg.norm(b), 1e-30))
+
+
+# ------------------------------------------------------------------ probes (f64)
+def test_fpn_neck_probe_matches_jax_and_finite_differences() -> None:
+    batch, oc, taps, g5 = 2, 3, (2, 4, 5), 2
+    rng = np.random.default_rng(0)
+    grids = (4 * g5, 2 * g5, g5)
+    cs = [rng.standard_normal((batch, c, g, g)) for c, g in zip(taps, grids, strict=True)]
+    ws = [rng.standard_normal((oc, c)) for c in taps]
+    ds = [rng.standard_normal((batch, oc, g, g)) for g in grids]
+    got = _run(neck_probe_module(batch, oc, taps, g5), [*cs, *ws, *ds])
+    ps, pullback = jax.vjp(ref_neck, *cs, *ws)
+    refs = [*ps, *pullback(tuple(ds))]
+    assert max(_rel(g, r) for g, r in zip(got, refs, strict=True)) < 1e-12
+    # Finite differences of the emitted forward ⟨P, dP⟩ along a random direction, per input.
+    fwd = neck_probe_module(batch, oc, taps, g5)
+    inputs = [*cs, *ws]
+    for i in range(6):
+        d = rng.standard_normal(inputs[i].shape)
+        vals = []
+        for sign in (1.0, -1.0):
+            moved = list(inputs)
+            moved[i] = inputs[i] + sign * 1e-6 * d
+            outs = _run(fwd, [*moved, *ds])[:3]
+            vals.append(sum(float(np.sum(o * g)) for o, g in zip(outs, ds, strict=True)))
+        fd = (vals[0] - vals[1]) / 2e-6
+        an = float(np.sum(got[3 + i] * d))
+        assert abs(fd - an) <= 1e-7 * max(abs(an), 1.0), (i, fd, an)
+
+
+def test_fpn_neck_fault_makes_the_probe_red() -> None:
+    batch, oc, taps, g5 = 1, 2, (2, 2, 3), 1
+    rng = np.random.default_rng(1)
+    grids = (4 * g5, 2 * g5, g5)
+    ins = [rng.standard_normal((batch, c, g, g)) for c, g in zip(taps, grids, strict=True)]
+    ins += [rng.standard_normal((oc, c)) for c in taps]
+    ds = [rng.standard_normal((batch, oc, g, g)) for g in grids]
+    with autodiff.inject_fault("custom") as calls:
+        text = neck_probe_module(batch, oc, taps, g5)
+    assert calls[0] == 1
+    got = _run(text, [*ins, *ds])
+    _, pullback = jax.vjp(ref_neck, *ins)
+    assert max(_rel(g, r) for g, r in zip(got[3:], pullback(tuple(ds)), strict=True)) > 1e-4
+
+
+ANCHORS = (((0.1, 0.15), (0.2, 0.1)), ((0.3, 0.3), (0.25, 0.4)), ((0.6, 0.5), (0.5, 0.7)))
+
+
+def test_whole_detector_probe_finite_differences() -> None:
+    """Seed 001's detector probe: neck + tower + heads + concat + multi-scale loss (γ = 0), every
+    parameter and input gradient of the emitted module against central differences in f64."""
+    layer, in_shape, batch = FpnDetect(2, ANCHORS, oc=3, c4=3, c5=3, tower=1), (2, 8, 8), 2
+    loss = MultiScaleYoloLoss(gamma=0.0)
+    walk = walk_layers([layer], in_shape)
+    slots = [s for _, s in qualified_params(walk)]
+    out_shape = walk[0].out_shape
+    b = Builder("f64", "detector_probe")
+    ps = [b.arg(s.shape) for s in slots]
+    x = b.arg((batch, *in_shape))
+    y = b.arg((batch, *out_shape))
+    ctx = Ctx(train=True)
+    lv = loss.forward(b, layer.forward(b, x, {s.name: p for s, p in zip(slots, ps, strict=True)}, ctx), y)
+    text = b.module([lv, *autodiff.grad(b, [lv], [b.full(1.0)], [*ps, x])])
+    rng = np.random.default_rng(2)
+    params = [rng.standard_normal(s.shape) * 0.5 for s in slots]
+    xs = rng.standard_normal((batch, *in_shape))
+    ys = loss.sample_labels(rng, batch, out_shape).astype(np.float64)
+    from hloforge.backends.xla import default_client
+
+    exe = default_client().compile(text)
+    try:
+        got = [np.asarray(o) for o in exe.run([*params, xs, ys])]
+        inputs = [*params, xs]
+        worst = 0.0
+        for i in range(len(inputs)):
+            d = rng.standard_normal(inputs[i].shape)
+            f = []
+            for sign in (1.0, -1.0):
+                moved = list(inputs)
+                moved[i] = inputs[i] + sign * 1e-6 * d
+                f.append(float(np.asarray(exe.run([*moved, ys])[0])))
+            fd, an = (f[0] - f[1]) / 2e-6, float(np.sum(got[1 + i] * d))
+            # relative, with a floor of 1: the loss is O(100), so f64 differences carry ~1e-8 of noise
+            worst = max(worst, abs(fd - an) / max(abs(an), abs(fd), 1.0))
+    finally:
+        exe.close()
+    assert len(slots) == 2 * 9 + 9 + 6 * 1  # two one-block residual stages (9 tensors each), 9 + 6·tower
+    assert worst < 1e-6
+
+
+def test_fpn_param_layout_is_the_seed_order() -> None:
+    (ls,) = walk_layers([FpnDetect(3, ANCHORS, oc=4, c4=4, c5=4, tower=2)], (3, 8, 8))
+    fpn = [s.name for s in ls.slots if not s.name.startswith(("c4.", "c5."))]
+    assert fpn[:3] == ["neck.n3", "neck.n4", "neck.n5"]
+    assert fpn[3:7] == ["tower.p3.0.w", "tower.p3.0.b", "tower.p3.1.w", "tower.p3.1.b"]
+    assert fpn[-6:] == ["head.h3", "head.h4", "head.h5", "head.b3", "head.b4", "head.b5"]
+    assert len(fpn) == 9 + 6 * 2
+    assert ls.out_shape == (8 * 8 + 4 * 4 + 2 * 2, 2, 8)  # P3 8×8, P4 4×4, P5 2×2; 2 anchors; 5 + 3
+
+
+def test_head_refusals() -> None:
+    with pytest.raises(UnsupportedSpec, match="same number"):
+        FpnDetect(2, (((0.1, 0.1),), ((0.2, 0.2), (0.3, 0.3)), ((0.5, 0.5),)))
+    with pytest.raises(UnsupportedSpec, match="divides by 4"):
+        walk_layers([FpnDetect(2, ANCHORS)], (3, 6, 6))
+    spec = NetSpec("det", (3, 8, 8), [ConvBn(4), Yolov1Head(3)], 4)
+    with pytest.raises(UnsupportedSpec, match="head for 3 classes, but num_classes is 4"):
+        spec.walk()
+    with pytest.raises(UnsupportedSpec, match="more than 10"):
+        Yolov1Loss().check((9, 7, 7))
+
+
+# ------------------------------------------------------------------ encoding and decoding
+def _perfect_raw(head: DetectionHead, targets: np.ndarray) -> np.ndarray:
+    """The raw output a perfect net would give for these targets (inverse of the decoder's maps)."""
+    if isinstance(head.layer, Yolov1Head):
+        return targets[:, :-1].copy()
+    t = targets.astype(np.float64)
+    raw = np.full(t.shape, -12.0)
+    obj = t[..., 4] > 0.5
+    off = np.clip(t[..., 0:2], 1e-6, 1 - 1e-6)
+    raw[..., 0:2] = np.log(off / (1 - off))
+    raw[..., 2:4] = np.log(np.where(obj[..., None], t[..., 2:4], 1.0))
+    raw[..., 4] = np.where(obj, 12.0, -12.0)
+    raw[..., 5:] = np.where(t[..., 5:] > 0.5, 12.0, -12.0)
+    return raw
+
+
+GT = [np.array([[0, 2, 3, 12, 14], [2, 20, 18, 30, 31]], np.float32),
+      np.array([[1, 5, 5, 25, 27]], np.float32),
+      np.zeros((0, 5), np.float32)]
+
+
+@pytest.mark.parametrize("head_layer", [Yolov1Head(3), FpnDetect(3, ANCHORS)], ids=["yolov1", "fpn"])
+def test_targets_round_trip_to_perfect_detections(head_layer) -> None:
+    trunk = [ConvBn(4, k=3, stride=4)] if isinstance(head_layer, Yolov1Head) else [ConvBn(4, k=3, stride=2)]
+    spec = NetSpec("det", (3, 32, 32), [*trunk, head_layer], 3)
+    head = DetectionHead.of(spec)
+    targets = head.targets(GT)
+    assert targets.shape[1:] == head.label_shape
+    dets = head.decode(_perfect_raw(head, targets), score_min=0.5)
+    assert [len(d) for d in dets] == [2, 1, 0]
+    for d, g in zip(dets, GT, strict=True):
+        if len(g):
+            order = np.argsort(d[:, 0])
+            np.testing.assert_allclose(d[order][:, 2:], g[:, 1:], atol=1e-4)
+            np.testing.assert_array_equal(d[order][:, 0], g[:, 0])
+    assert mean_ap(dets, GT).map == pytest.approx(1.0)
+
+
+def test_encoding_refuses_bad_boxes() -> None:
+    head = DetectionHead.of(NetSpec("det", (3, 32, 32), [ConvBn(4, k=3, stride=4), Yolov1Head(3)], 3))
+    with pytest.raises(DataError, match=r"classes must be integers in \[0, 3\)"):
+        head.targets([np.array([[3, 1, 1, 5, 5]])])
+    with pytest.raises(DataError, match="x1 > x0"):
+        head.targets([np.array([[0, 5, 1, 5, 5]])])
+
+
+# ------------------------------------------------------------------ NMS and mAP
+def test_nms_is_per_class_and_greedy() -> None:
+    d = np.array([[0, 0.9, 0, 0, 10, 10], [0, 0.8, 1, 1, 11, 11], [1, 0.7, 0, 0, 10, 10],
+                  [0, 0.6, 20, 20, 30, 30]])
+    kept = nms(d, 0.5)
+    np.testing.assert_array_equal(kept[:, 1], [0.9, 0.7, 0.6])  # the 0.8 box overlaps the 0.9 one of its class
+
+
+def test_box_iou() -> None:
+    assert box_iou([0, 0, 2, 2], [1, 0, 3, 2])[0, 0] == pytest.approx(1 / 3)
+    assert box_iou([0, 0, 1, 1], [2, 2, 3, 3])[0, 0] == 0.0
+
+
+def test_map_perfect_random_and_mixed() -> None:
+    gts = [np.array([[0, 0, 0, 10, 10], [1, 20, 20, 30, 30]]), np.array([[0, 5, 5, 15, 15]])]
+    perfect = [np.array([[0, 0.9, 0, 0, 10, 10], [1, 0.8, 20, 20, 30, 30]]), np.array([[0, 0.7, 5, 5, 15, 15]])]
+    assert mean_ap(perfect, gts).map == 1.0
+    rng = np.random.default_rng(0)
+    random = []
+    for _ in gts:
+        xy = rng.uniform(0, 90, (20, 2))
+        random.append(np.column_stack([rng.integers(0, 2, 20), rng.random(20), xy, xy + rng.uniform(2, 10, (20, 2))]))
+    assert mean_ap(random, gts).map < 0.1
+    # Mixed, class 0: ranked TP (0.9), FP (0.8), TP (0.6) over 2 truths → P = 1, 1/2, 2/3 at R = ½, ½, 1:
+    # envelope AP = ½·1 + ½·⅔ = 5/6. Class 1: its only detection misses (IoU < 0.5) → AP 0.
+    mixed = [np.array([[0, 0.9, 0, 0, 10, 10], [0, 0.8, 50, 50, 60, 60], [1, 0.5, 24, 24, 34, 34]]),
+             np.array([[0, 0.6, 5, 5, 15, 15]])]
+    res = mean_ap(mixed, gts)
+    assert res.ap[0] == pytest.approx(5 / 6)
+    assert res.ap[1] == 0.0
+    assert res.map == pytest.approx(5 / 12)
+
+
+def test_map_counts_duplicates_as_false_positives() -> None:
+    gts = [np.array([[0, 0, 0, 10, 10]])]
+    dets = [np.array([[0, 0.9, 0, 0, 10, 10], [0, 0.8, 0, 0, 10, 10]])]  # the second matches an already-used truth
+    assert mean_ap(dets, gts).map == 1.0  # recall hits 1 at precision 1 before the duplicate
+    dets = [np.array([[0, 0.9, 0, 0, 10, 10], [0, 0.95, 0, 0, 10, 10]])]
+    assert mean_ap(dets, gts).map == 1.0
+
+
+def test_all_point_ap() -> None:
+    assert average_precision(np.array([0.5, 1.0]), np.array([1.0, 0.5])) == pytest.approx(0.75)
+    assert average_precision(np.array([]), np.array([])) == 0.0
+
+
+# ------------------------------------------------------------------ the yolo dataset and prepare
+def _yolo_tree(root, n: int = 3) -> None:
+    from PIL import Image
+
+    rng = np.random.default_rng(3)
+    for split in ("train", "val"):
+        (root / "images" / split).mkdir(parents=True)
+        (root / "labels" / split).mkdir(parents=True)
+        for k in range(n):
+            Image.fromarray(rng.integers(0, 255, (40, 50, 3), dtype=np.uint8)).save(root / "images" / split / f"{k}.png")
+            if k:  # image 0 has no label file: no objects
+                (root / "labels" / split / f"{k}.txt").write_text(f"{k % 3} 0.55 0.4 0.3 0.2\n2 0.1 0.9 0.1 0.1\n")
+
+
+def test_prepare_yolo_round_trip(tmp_path) -> None:
+    from hloforge.cli import main
+    from hloforge.datasets.yolo import Yolo, record_size
+
+    _yolo_tree(tmp_path / "src")
+    out = tmp_path / "out"
+    assert main(["prepare", "yolo", str(tmp_path / "src"), str(out), "--size", "32", "--grid", "4",
+                 "--classes", "3"]) == 0
+    assert (out / "train.bin").stat().st_size == 4 + 3 * record_size(32, 4, 13)
+    data = Yolo(str(out), size=32, grid=4, classes=3)
+    x, y = data.arrays("test")
+    assert x.shape == (3, 3, 32, 32) and y.shape == (3, 14, 4, 4)
+    boxes = data.boxes("test")
+    assert [len(b) for b in boxes] == [0, 2, 2]
+    np.testing.assert_allclose(boxes[1][0], [1, 0.4 * 32, 0.3 * 32, 0.7 * 32, 0.5 * 32], atol=1e-4)
+    # The stored target is what the YOLOv1 head's encoder makes of the stored boxes.
+    head = DetectionHead.of(NetSpec("det", (3, 32, 32), [ConvBn(4, k=3, stride=8), Yolov1Head(3)], 3))
+    np.testing.assert_allclose(y, head.targets(boxes), atol=1e-5)  # boxes are stored as f32 fractions
+    # A file of the wrong geometry is refused before any record is read.
+    with pytest.raises(DataError, match="bytes per record"):
+        Yolo(str(out), size=32, grid=7, classes=3).arrays("train")
+
+
+def test_prepare_yolo_refuses_a_bad_label(tmp_path) -> None:
+    from hloforge.datasets.yolo import prepare_yolo
+
+    _yolo_tree(tmp_path / "src", n=2)
+    (tmp_path / "src" / "labels" / "train" / "1.txt").write_text("0 0.5 0.5 0.2\n")
+    with pytest.raises(DataError, match=r"1.txt:1: expected 'class cx cy w h'"):
+        prepare_yolo(str(tmp_path / "src"), str(tmp_path / "out"), size=32, grid=4, classes=3)
+    assert not (tmp_path / "out" / "train.bin").exists()
+
+
+# ------------------------------------------------------------------ end to end
+def test_train_and_detect_end_to_end(tmp_path) -> None:
+    from hloforge.cli import main
+
+    run = tmp_path / "run"
+    assert main(["train", "fpn-mini", "--data", "shapes", "--epochs", "1", "--batch", "64", "--run-dir", str(run),
+                 "--no-progress"]) == 0
+    import json
+
+    rows = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+    epoch = [r for r in rows if r.get("kind") == "epoch"][-1]
+    assert 0.0 <= epoch["map50"] <= 1.0 and epoch["n"] == 256
+    out = tmp_path / "boxes.png"
+    assert main(["detect", str(run), "--index", "0", "--out", str(out), "--score", "0.05"]) == 0
+    from PIL import Image
+
+    assert Image.open(out).size == (256, 256)
+    assert main(["detect", str(run), str(out)]) == 2  # shapes cannot normalise a file: one clear error
