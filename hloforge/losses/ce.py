@@ -138,7 +138,7 @@ class FocalCrossEntropy(Loss):
 
     def forward(self, b: Builder, logits: Value, y: Value) -> Value:
         n, c = logits.shape
-        t = one_hot(b, y, c, logits.dtype)
+        t = b.stop_gradient(one_hot(b, y, c, logits.dtype))  # labels: no cotangent flows into them
         logp = log_softmax(b, logits)
         omp = 1.0 - b.exp(logp)
         w = b.full(1.0, (n, c))

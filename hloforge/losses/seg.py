@@ -14,9 +14,10 @@ jax.vjp of the plain reference and finite differences. N = B·H·W pixels; p = s
 - perPixelFocal: FL_k = −(1 − p_t)^γ log p_t, loss = (1/N) Σ_k FL_k, with the per-pixel scalar
   A_k = γ p_t (1−p_t)^(γ−1) log p_t − (1−p_t)^γ and ∂FL_k/∂z_c = A_k (y_c − p_c). γ = 0 gives
   A = −1 exactly, so the loss and gradient are perPixelCE's bit for bit (the gradient by
-  that arithmetic; the loss because the weight, identically 1, is then left out). (1−p_t)^γ is exp(γ log max(1−p_t, 1e-6)); the clamp only engages on a
-  saturated softmax, where the pixel contributes ~nothing. The weight is differentiated, not
-  detached, so the gradient is the reported loss's.
+  that arithmetic; the loss because the weight, identically 1, is then left out).
+  (1−p_t)^γ is exp(γ log max(1−p_t, 1e-6)); the clamp only engages on a saturated softmax,
+  where the pixel contributes ~nothing. The weight is differentiated, not detached, so the
+  gradient is the reported loss's.
 """
 
 from __future__ import annotations

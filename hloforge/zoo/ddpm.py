@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hloforge.core.errors import UnsupportedSpec
-from hloforge.core.spec import NetSpec
+from hloforge.core.spec import Layer, NetSpec
 from hloforge.plugins.layers.conv import Conv2d
 from hloforge.plugins.layers.ddpm import TimeCondAdd
 from hloforge.plugins.layers.norm import ConvBn
@@ -24,7 +24,7 @@ def ddpm_mini(classes: int = 3, input: Sequence[int] = (4, 32, 32)) -> NetSpec:
         raise UnsupportedSpec(f"ddpm-mini on {classes}-channel images takes {classes + 1} input channels (the "
                               f"images and the time plane), got input {list(input)}")
     t = TimeCondAdd(NFREQ)
-    return NetSpec("ddpm-mini", input, [
+    layers: list[Layer] = [
         ConvBn(32), t,
         UnetDown(32), t,
         UnetDown(64), t,
@@ -32,4 +32,5 @@ def ddpm_mini(classes: int = 3, input: Sequence[int] = (4, 32, 32)) -> NetSpec:
         UnetUp(64), t,
         UnetUp(32),
         Conv2d(classes, k=1),
-    ], classes)
+    ]
+    return NetSpec("ddpm-mini", input, layers, classes)
