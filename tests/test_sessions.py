@@ -46,6 +46,31 @@ def test_resident_and_copying_paths_are_bit_identical(backend):
     assert not np.array_equal(p1[0], spec.init_params(1)[0])
 
 
+def test_borrowed_step_inputs_match_copied_ones_and_a_backend_without_borrow_still_trains():
+    """The session borrows per-step inputs (zero-copy on the XLA CPU client); a plugin backend whose
+    to_device predates the `borrow` keyword copies, with the same result."""
+
+    class CopyingXla:
+        def __init__(self) -> None:
+            self.inner = make_backend("xla")
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def to_device(self, array):
+            return self.inner.to_device(array)
+
+    spec = get_net("mnist-mlp")
+    data = batches(spec, 8, 3)
+    results = []
+    for be in (make_backend("xla"), CopyingXla()):
+        s = TrainSession(spec, Variant("adam"), 8, be, seed=1)
+        results.append(([s.train_step(x, y, 1e-3) for x, y in data], s.read_params()))
+    assert results[0][0] == results[1][0]
+    for a, b in zip(results[0][1], results[1][1], strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_read_back_and_load(backend):
     spec, be = get_net("mnist-linear"), make_backend(backend)

@@ -32,6 +32,23 @@ from hloforge.core.strategy import target_of
 from hloforge.core.variant import Variant
 
 
+def stage(backend: Any, array: np.ndarray) -> Any:
+    """`array` on the device for one execute: borrowed where the backend's `to_device` takes
+    `borrow` (the protocol's keyword; a plugin backend written without it copies)."""
+    to_device = backend.to_device
+    accepts = _BORROWS.get(type(backend))
+    if accepts is None:
+        try:
+            accepts = "borrow" in inspect.signature(to_device).parameters
+        except (TypeError, ValueError):
+            accepts = False
+        _BORROWS[type(backend)] = accepts
+    return to_device(array, borrow=True) if accepts else to_device(array)
+
+
+_BORROWS: dict[type, bool] = {}
+
+
 def make_backend(name: str | None = None, registry: Registry | None = None, **options: Any) -> Any:
     """An instance of the named backend; `name` None reads $HLOFORGE_BACKEND (default xla).
 
@@ -112,7 +129,7 @@ class TrainSession:
             raise DataError(f"the train step takes {len(lay.masks)} mask(s), got {len(masks)}")
         carried = self._carried if self.resident else [be.to_device(a) for a in self._carried]
         # The per-step inputs live for this one execute: borrowed, not copied, where the backend can.
-        step_inputs = [be.to_device(a, borrow=True) for a in self._step_host(x, y, lr, masks)]
+        step_inputs = [stage(be, a) for a in self._step_host(x, y, lr, masks)]
         # The carried inputs are donated and consumed here; the session never touches them again.
         outs = be.execute(self.exe, [*carried, *step_inputs])
         del step_inputs  # releases the borrowed host arrays
