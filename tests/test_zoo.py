@@ -33,7 +33,8 @@ PUBLISHED = {
     "convnext_tiny": 28_589_128,
     "mobilenetv4_conv_small": 3_774_024,
 }
-MINIS = [n for n in NETS if n.endswith("-mini")]
+# the digits classifiers (a segmenter, detector or DDPM -mini trains on shapes: tests/test_segmentation.py, ...)
+MINIS = [n for n in NETS if n.endswith("-mini") and len(get_net(n).walk()[-1].out_shape) == 1]
 
 
 @pytest.mark.parametrize("name", list(PUBLISHED))
@@ -74,9 +75,11 @@ def test_fixed_nets_keep_working_and_refuse_other_sizes() -> None:
 
 @pytest.mark.parametrize("name", [n for n in NETS if not n.startswith("mnist")])
 def test_every_net_renders_train_step_and_eval(name: str) -> None:
+    from hloforge.train.tasks import default_loss
+
     spec = get_net(name)
-    lm = len(spec.walk()[-1].out_shape) == 2  # a language model (per-token logits) trains with tokenCrossEntropy
-    variant = Variant("adam", loss="tokenCrossEntropy") if lm else Variant("adam")
+    # the loss the net trains with: tokenCrossEntropy for a language model, perPixelCE for a segmenter, ...
+    variant = Variant("adam", loss=default_loss(spec, "shapes"))
     text, lay = train_step_module(spec, variant, 2)
     assert len(lay.stats) == len(spec.stats())
     assert text.startswith(f"module @{spec.ident}_{variant.slug}_train_step")

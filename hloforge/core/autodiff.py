@@ -150,6 +150,11 @@ def _convert(b: Builder, op: TapeOp, g: Value) -> Cts:
     return (b.convert(g, x.dtype) if x.dtype in FLOAT_DTYPES else None,)
 
 
+@rule("optimization_barrier")
+def _optimization_barrier(b: Builder, op: TapeOp, g: Value) -> Cts:
+    return (g,)
+
+
 # ----------------------------------------------------------------- shape
 @rule("broadcast_in_dim")
 def _broadcast_in_dim(b: Builder, op: TapeOp, g: Value) -> Cts:

@@ -313,6 +313,13 @@ class Builder:
         t = TensorType(a.shape, dtype)
         return self._emit("convert", (a,), t, f"stablehlo.convert {a.name} : ({a.type}) -> {t}")
 
+    def optimization_barrier(self, a: Value) -> Value:
+        """`a` itself, but materialised: the compiler may not fuse its producer into its consumers.
+        (IREE fuses a transposed kernel into the convolution that reads it and then runs that
+        convolution ~10× slower; behind a barrier the transpose is one small copy.)"""
+        return self._emit("optimization_barrier", (a,), a.type,
+                          f"stablehlo.optimization_barrier {a.name} : {a.type}")
+
     # ----------------------------------------------------------------- shape
     def broadcast_in_dim(self, a: Value, shape: Sequence[int], dims: Sequence[int]) -> Value:
         t = TensorType(tuple(shape), a.dtype)

@@ -83,6 +83,7 @@ def diou_loss(b: Builder, pred: Value, tgt: Value, mask: Value, anchor: Anchor =
     s1 = (n, 1, gh, gw)
     dt = pred.dtype
     aw, ah = anchor
+    tgt, mask = b.stop_gradient(tgt), b.stop_gradient(mask)
     m = b.reshape(mask, s1)
     ci, cj = _cell_index(b, s1, 2, dt), _cell_index(b, s1, 3, dt)
     gx, gy, tw_rel, th_rel = (channels(b, tgt, k, k + 1) for k in range(4))
@@ -170,6 +171,7 @@ def anchor_yolo_loss(b: Builder, pred: Value, tgt: Value, anchors: Sequence[Anch
     """Σ over anchors of the anchor YOLO terms for one scale, pred/tgt [B, A·(5+NC), g, g] (not ÷ B)."""
     n, c, gh, gw = pred.shape
     per = c // len(anchors)
+    tgt = b.stop_gradient(tgt)  # labels are data: no backward ops for them
     total: Value | None = None
     for a, anchor in enumerate(anchors):
         base = a * per
@@ -312,6 +314,7 @@ class Yolov1Loss(Loss):
 
     def forward(self, b: Builder, logits: Value, y: Value) -> Value:
         n, per, gh, gw = logits.shape
+        y = b.stop_gradient(y)  # labels are data: no backward ops for them
         mask = channels(b, y, per, per + 1)
         eps = b.full(SQRT_EPS, mask.shape, logits.dtype)
         terms: list[Value] = []
@@ -499,9 +502,9 @@ class MultiScaleYoloLoss(Loss):
 
     @classmethod
     def gate_cases(cls) -> list[tuple[Loss, Shape]]:
-        # g5 = 1: P3 4×4, P4 2×2, P5 1×1 = 21 cells; two anchors of one class (6 channels each).
+        # g5 = 1: P3 4×4, P4 2×2, P5 1×1 = 21 cells; one anchor of one class (6 channels).
         # γ = 0 as in seed 001's whole-detector probe; anchorYolo's case runs the focal weight.
-        return [(cls(gamma=0.0), (21, 2, 6))]
+        return [(cls(gamma=0.0), (21, 1, 6))]
 
 
 @hookimpl

@@ -59,12 +59,17 @@ def conv2d(b: Builder, x: Value, w: Value, *, stride: int, pads: Sequence[tuple[
     """x [N, C, H, W] ⊛ w [O, C/groups, k, k] -> [N, O, OH, OW], in the form strategy "conv2d" picks;
     an NHWC x (`layout`, inside a layout=nhwc net) gives an NHWC result, always in the NHWC form."""
     if layout == strategy.NHWC:
-        return nhwc_conv2d(b, x, b.transpose(w, [2, 3, 1, 0]), stride=stride, pads=pads, groups=groups)
+        return nhwc_conv2d(b, x, hwio(b, w), stride=stride, pads=pads, groups=groups)
     if strategy.chosen("conv2d", b.target) == "nchw":
         return b.convolution(x, w, strides=(stride, stride), padding=pads, feature_groups=groups)
-    y = nhwc_conv2d(b, b.transpose(x, [0, 2, 3, 1]), b.transpose(w, [2, 3, 1, 0]), stride=stride, pads=pads,
+    y = nhwc_conv2d(b, b.optimization_barrier(b.transpose(x, [0, 2, 3, 1])), hwio(b, w), stride=stride, pads=pads,
                     groups=groups)
     return b.transpose(y, [0, 3, 1, 2])
+
+
+def hwio(b: Builder, w: Value) -> Value:
+    """The OIHW kernel as HWIO, materialised (IREE runs a conv whose kernel transpose it fused ~10× slower)."""
+    return b.optimization_barrier(b.transpose(w, [2, 3, 1, 0]))
 
 
 def nhwc_conv2d(b: Builder, x: Value, w: Value, *, stride: int, pads: Sequence[tuple[int, int]],
