@@ -64,6 +64,28 @@ def test_drop_path_declares_one_mask_per_residual_branch_and_is_gated():
     assert gate_layer(blk, (3, 4)).passed
 
 
+def test_drop_path_reaches_convnet_stages_with_a_skip():
+    """--drop-path on a ResNet / EfficientNet / ConvNeXt: one mask per block that has a skip, as in
+    timm (a ResNet block's projection is a skip; an MBConv block that strides has none), and the
+    variant's net trains."""
+    from hloforge.plugins.layers.mobile import MbConv
+    from hloforge.plugins.layers.residual import ResidualStage
+    from hloforge.zoo import get_net
+
+    stage = ResidualStage(8, n=3, stride=2, drop_path=0.2)
+    assert [s.name for s in stage.mask_slots((4, 8, 8))] == ["b0.drop", "b1.drop", "b2.drop"]
+    assert [s.name for s in MbConv(4, n=2, drop_path=0.2).mask_slots((4, 4, 4))] == ["b0.drop", "b1.drop"]
+    assert [s.name for s in MbConv(4, n=2, stride=2, drop_path=0.2).mask_slots((4, 4, 4))] == ["b1.drop"]
+    with pytest.raises(UnsupportedSpec, match="drop_path must be in"):
+        ResidualStage(8, drop_path=1.0).mask_slots((8, 4, 4))
+    spec = Variant("sgd", drop_path=0.1).apply_to(get_net("resnet-mini"))
+    session = TrainSession(spec, Variant("sgd", drop_path=0.1), 4, make_backend("xla"))
+    assert session.layout.masks
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, *spec.input_shape)).astype(np.float32)
+    assert np.isfinite(session.train_step(x, np.arange(4) % spec.num_classes, 0.01))
+
+
 def test_a_gate_that_ignores_the_mask_fails():
     class Leaky(Dropout):
         kind = "dropout"

@@ -37,7 +37,12 @@ class Block:
     act: str = "identity"  # applied after the sum
     # Stochastic depth: in training the main path is scaled per example by a host-drawn mask
     # (MaskSlot "drop", kept with probability 1 − drop_path) before the skip is added.
-    drop_path: float = 0.0
+    drop_path: float = attrs.field(default=0.0)
+
+    @drop_path.validator
+    def _check_drop_path(self, attribute: Any, value: float) -> None:
+        if not 0.0 <= value < 1.0:
+            raise UnsupportedSpec(f"drop_path must be in [0, 1), got {value}")
 
 
 def is_train(ctx: Ctx | None) -> bool:

@@ -63,6 +63,7 @@ class ConvNextStage(BlockLayer):
     k: int = 7
     expand: int = 4
     eps: float = 1e-6
+    drop_path: float = 0.0  # stochastic depth on each block that has a skip
 
     def blocks(self, in_shape: Shape) -> list[tuple[str, Block]]:
         c = image(in_shape, self.kind)[0]
@@ -76,7 +77,7 @@ class ConvNextStage(BlockLayer):
                           Part("norm.", norm),
                           Part("pw1.", Conv2d(self.expand * c, k=1, pad="valid", act="gelu")),
                           Part("pw2.", Conv2d(c, k=1, pad="valid")),
-                          Part("scale.", LayerScale())), ())
+                          Part("scale.", LayerScale())), (), drop_path=self.drop_path)
 
         return stage_blocks(self.n, make, in_shape, c)
 

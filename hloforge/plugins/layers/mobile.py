@@ -92,6 +92,7 @@ class InvertedResidual(BlockLayer):
     k: int = 3
     act: str = "relu6"
     eps: float = BN_EPS
+    drop_path: float = 0.0  # stochastic depth on each block that has a skip
 
     def blocks(self, in_shape: Shape) -> list[tuple[str, Block]]:
         _check_positive(expand=self.expand)
@@ -101,7 +102,7 @@ class InvertedResidual(BlockLayer):
             mid = ic * self.expand
             main = [Part("expand.", ConvBn(mid, k=1, act=self.act, eps=self.eps))] if self.expand != 1 else []
             main += [Part("dw.", DepthwiseConvBn(self.k, s, self.act, self.eps)), _project(self.out, self.eps)]
-            return Block(main, _skip(ic, self.out, s))
+            return Block(main, _skip(ic, self.out, s), drop_path=self.drop_path)
 
         return stage_blocks(self.n, make, in_shape, self.out)
 
@@ -124,6 +125,7 @@ class MbConv(BlockLayer):
     se_ratio: float = 0.25
     act: str = "swish"
     eps: float = BN_EPS
+    drop_path: float = 0.0  # stochastic depth on each block that has a skip
 
     def blocks(self, in_shape: Shape) -> list[tuple[str, Block]]:
         _check_positive(expand=self.expand)
@@ -137,13 +139,14 @@ class MbConv(BlockLayer):
             main.append(Part("dw.", DepthwiseConvBn(self.k, s, self.act, self.eps)))
             if self.se_ratio > 0:
                 main.append(Part("se.", SqueezeExcite(max(1, int(ic * self.se_ratio)), self.act, "sigmoid")))
-            return Block([*main, _project(self.out, self.eps)], _skip(ic, self.out, s))
+            return Block([*main, _project(self.out, self.eps)], _skip(ic, self.out, s), drop_path=self.drop_path)
 
         return stage_blocks(self.n, make, in_shape, self.out)
 
     @classmethod
     def gate_cases(cls) -> list[tuple[Layer, Shape]]:
-        return [(cls(4, n=2, k=3, expand=2), (4, 4, 4)), (cls(3, n=1, stride=2, k=5, expand=1), (8, 4, 4))]
+        return [(cls(4, n=2, k=3, expand=2), (4, 4, 4)), (cls(3, n=1, stride=2, k=5, expand=1), (8, 4, 4)),
+                (cls(4, n=2, k=3, expand=2, drop_path=0.25), (4, 4, 4))]
 
 
 @attrs.frozen
@@ -160,6 +163,7 @@ class FusedMbConv(BlockLayer):
     se_ratio: float = 0.0
     act: str = "swish"
     eps: float = BN_EPS
+    drop_path: float = 0.0  # stochastic depth on each block that has a skip
 
     def blocks(self, in_shape: Shape) -> list[tuple[str, Block]]:
         _check_positive(expand=self.expand)
@@ -176,7 +180,7 @@ class FusedMbConv(BlockLayer):
                 if self.se_ratio > 0:
                     main.append(Part("se.", SqueezeExcite(max(1, int(ic * self.se_ratio)), self.act, "sigmoid")))
                 main.append(_project(self.out, self.eps))
-            return Block(main, _skip(ic, self.out, s))
+            return Block(main, _skip(ic, self.out, s), drop_path=self.drop_path)
 
         return stage_blocks(self.n, make, in_shape, self.out)
 
@@ -198,6 +202,7 @@ class MbConvV3(BlockLayer):
     se: bool = False
     act: str = "hSwish"
     eps: float = BN_EPS
+    drop_path: float = 0.0  # stochastic depth on each block that has a skip
 
     def blocks(self, in_shape: Shape) -> list[tuple[str, Block]]:
         _check_positive(mid=self.mid)
@@ -206,7 +211,8 @@ class MbConvV3(BlockLayer):
         main.append(Part("dw.", DepthwiseConvBn(self.k, self.stride, self.act, self.eps)))
         if self.se:
             main.append(Part("se.", SqueezeExcite(make_divisible(self.mid // 4, 8), "relu", "hSigmoid")))
-        return [("", Block([*main, _project(self.out, self.eps)], _skip(ic, self.out, self.stride)))]
+        return [("", Block([*main, _project(self.out, self.eps)], _skip(ic, self.out, self.stride),
+                            drop_path=self.drop_path))]
 
     @classmethod
     def gate_cases(cls) -> list[tuple[Layer, Shape]]:
@@ -228,6 +234,7 @@ class Uib(BlockLayer):
     expand: float = 4.0
     act: str = "relu"
     eps: float = BN_EPS
+    drop_path: float = 0.0  # stochastic depth on each block that has a skip
 
     def blocks(self, in_shape: Shape) -> list[tuple[str, Block]]:
         _check_positive(expand=self.expand)
@@ -243,7 +250,8 @@ class Uib(BlockLayer):
         main.append(Part("expand.", ConvBn(make_divisible(ic * self.expand, 8), k=1, act=self.act, eps=self.eps)))
         if self.mid_k:
             main.append(Part("dwMid.", DepthwiseConvBn(self.mid_k, self.stride, self.act, self.eps)))
-        return [("", Block([*main, _project(self.out, self.eps)], _skip(ic, self.out, self.stride)))]
+        return [("", Block([*main, _project(self.out, self.eps)], _skip(ic, self.out, self.stride),
+                            drop_path=self.drop_path))]
 
     @classmethod
     def gate_cases(cls) -> list[tuple[Layer, Shape]]:

@@ -33,19 +33,20 @@ class ResidualStage(BlockLayer):
     stride: int = 1
     project: bool = True
     eps: float = BN_EPS
+    drop_path: float = 0.0  # stochastic depth on each block that has a skip
 
     def blocks(self, in_shape: Shape) -> list[tuple[str, Block]]:
         def make(i: int, ic: int) -> Block:
             s = self.stride if i == 0 else 1
             main = (Part("conv1.", ConvBn(self.out, k=3, stride=s, act="relu", eps=self.eps)),
                     Part("conv2.", ConvBn(self.out, k=3, act="identity", eps=self.eps)))
-            return Block(main, shortcut(ic, self.out, s, self.project, self.eps), "relu")
+            return Block(main, shortcut(ic, self.out, s, self.project, self.eps), "relu", self.drop_path)
 
         return stage_blocks(self.n, make, in_shape, self.out)
 
     @classmethod
     def gate_cases(cls) -> list[tuple[Layer, Shape]]:
-        return [(cls(4, n=1), (4, 4, 4)), (cls(4, n=2, stride=2), (2, 4, 4))]
+        return [(cls(4, n=1), (4, 4, 4)), (cls(4, n=2, stride=2), (2, 4, 4)), (cls(4, n=2, drop_path=0.5), (4, 4, 4))]
 
 
 @attrs.frozen
@@ -60,6 +61,7 @@ class BottleneckStage(BlockLayer):
     expansion: int = 4
     project: bool = True
     eps: float = BN_EPS
+    drop_path: float = 0.0  # stochastic depth on each block that has a skip
 
     def blocks(self, in_shape: Shape) -> list[tuple[str, Block]]:
         if self.expansion <= 0 or self.out % self.expansion:
@@ -71,7 +73,7 @@ class BottleneckStage(BlockLayer):
             main = (Part("conv1.", ConvBn(mid, k=1, act="relu", eps=self.eps)),
                     Part("conv2.", ConvBn(mid, k=3, stride=s, act="relu", eps=self.eps)),
                     Part("conv3.", ConvBn(self.out, k=1, act="identity", eps=self.eps)))
-            return Block(main, shortcut(ic, self.out, s, self.project, self.eps), "relu")
+            return Block(main, shortcut(ic, self.out, s, self.project, self.eps), "relu", self.drop_path)
 
         return stage_blocks(self.n, make, in_shape, self.out)
 
