@@ -46,6 +46,33 @@ BACKENDS = ("hloforge-xla", "hloforge-iree", "jax.jit", "torch")
 DISPATCH_BACKENDS = ("hloforge-xla", "hloforge-iree", "jax.jit")
 DEFAULT_STEPS = {"mnist-mlp": 20, "mnist-linear": 20, "mnist-cnn": 10}
 LOSS_RTOL = 1e-4
+# The issue-#11 suite: (net, per-step batch). A net is a zoo name, optionally with its input shape
+# ("vit-mini:3x32x32").
+SUITE = (("mnist-mlp", 128), ("mnist-cnn", 128), ("resnet18-cifar", 32), ("mobilenetv2-mini", 128),
+         ("vit-mini:3x32x32", 64))
+SGEMM_N = 2048
+
+
+def load_net(ref: str) -> Any:
+    """A zoo net by name, or `name:CxHxW` for the same net on another input shape."""
+    from hloforge.zoo import get_net
+
+    name, _, shape = ref.partition(":")
+    if not shape:
+        return get_net(name)
+    try:
+        dims = tuple(int(d) for d in shape.split("x"))
+    except ValueError:
+        raise UnsupportedSpec(f"net {ref!r}: the input shape after ':' must be CxHxW integers") from None
+    return get_net(name, input=dims)
+
+
+def strategy_table() -> list[tuple[str, str, dict[str, str]]]:
+    """The declared lowering-strategy kinds with their per-target choices (the layers declare them)."""
+    import hloforge.plugins.layers.conv  # noqa: F401 - declares "conv2d"
+    from hloforge.core import strategy
+
+    return strategy.table()
 
 
 @dataclass
@@ -117,9 +144,7 @@ StepFn = Callable[[np.ndarray, np.ndarray], float]
 def make_hloforge(net: str, backend: str, batch: int, lr: float, seed: int) -> tuple[float, StepFn, str]:
     from hloforge.core.variant import Variant
     from hloforge.train.session import TrainSession, make_backend
-    from hloforge.zoo import get_net
-
-    spec = get_net(net)
+    spec = load_net(net)
     be = make_backend(backend.removeprefix("hloforge-"))
     t = time.perf_counter()
     session = TrainSession(spec, Variant("adam"), batch, be, seed=seed)
@@ -173,9 +198,7 @@ def jax_adam_step(spec: Any, lr: float) -> tuple[Any, Callable[..., Any]]:
 def make_jax(net: str, batch: int, lr: float, seed: int) -> tuple[float, StepFn, str]:
     import jax
 
-    from hloforge.zoo import get_net
-
-    spec = get_net(net)
+    spec = load_net(net)
     tx, train_step = jax_adam_step(spec, lr)
 
     cpu = jax.devices("cpu")[0]
@@ -197,54 +220,126 @@ def make_jax(net: str, batch: int, lr: float, seed: int) -> tuple[float, StepFn,
 
 
 def torch_net(spec: Any, params: Sequence[np.ndarray]) -> Any:
-    """spec as a torch.nn.Sequential, with spec's parameters copied in."""
+    """spec as a torch.nn.Sequential, with spec's parameters copied in: dense, conv2d, max-pool,
+    flatten, global average pool, batch norm, convBn / depthwiseConvBn, and blocks of those
+    (residual stages, inverted residuals); anything else is an UnsupportedSpec naming the layer."""
+    from torch import nn
+
+    mods: list[nn.Module] = []
+    it = iter(params)
+    for ls in spec.walk():
+        mine = {s.name: next(it) for s in ls.slots}
+        try:
+            mods += _torch_layer(ls.layer, ls.in_shape, mine)
+        except UnsupportedSpec as e:
+            raise UnsupportedSpec(f"torch peer: layer {ls.index} ({ls.layer.kind}): {e}") from None
+    return nn.Sequential(*mods)
+
+
+def _torch_layer(layer: Any, in_shape: Sequence[int], mine: dict[str, np.ndarray]) -> list[Any]:
+    """One hloforge layer (its parameters by slot name) as torch modules, its activation included."""
     import torch
     from torch import nn
 
+    from hloforge.plugins.layers.compose import BlockLayer
     from hloforge.plugins.layers.conv import Conv2d, resolve_padding
     from hloforge.plugins.layers.dense import Dense, Flatten
-    from hloforge.plugins.layers.pool import MaxPool
+    from hloforge.plugins.layers.norm import BatchNorm, _ConvBnUnit
+    from hloforge.plugins.layers.pool import GlobalAvgPool, MaxPool
 
-    acts: dict[str, Callable[[], nn.Module]] = {
-        "relu": nn.ReLU, "sigmoid": nn.Sigmoid, "swish": nn.SiLU, "gelu": lambda: nn.GELU(approximate="tanh"),
-        "relu6": nn.ReLU6, "hSwish": nn.Hardswish, "hSigmoid": nn.Hardsigmoid,
-    }
-    mods: list[nn.Module] = []
-    it = iter(params)
+    act = _torch_act
 
     def copy(dst: torch.Tensor, src: np.ndarray) -> None:
         with torch.no_grad():
             dst.copy_(torch.from_numpy(np.ascontiguousarray(src, np.float32)))
 
-    for ls in spec.walk():
-        layer = ls.layer
-        mine = {s.name: next(it) for s in ls.slots}
-        if isinstance(layer, Dense):
-            m = nn.Linear(ls.in_shape[0], layer.units, bias=layer.bias)
-            copy(m.weight, mine["w"].T)  # ours is [in, out], torch's [out, in]
-        elif isinstance(layer, Conv2d):
-            pads = resolve_padding(layer.pad, ls.in_shape[1:3], layer.k, layer.stride)
-            if any(lo != hi for lo, hi in pads):
-                raise UnsupportedSpec(f"torch peer: asymmetric padding {pads} in layer {ls.index}")
-            m = nn.Conv2d(ls.in_shape[0], layer.out, layer.k, layer.stride, (pads[0][0], pads[1][0]),
-                          groups=layer.groups, bias=layer.bias)
-            copy(m.weight, mine["w"])  # OIHW on both sides
-        elif isinstance(layer, MaxPool):
-            pads = resolve_padding(layer.pad, ls.in_shape[1:3], layer.k, layer.s)
-            if any(lo != hi for lo, hi in pads):
-                raise UnsupportedSpec(f"torch peer: asymmetric padding {pads} in layer {ls.index}")
-            m = nn.MaxPool2d(layer.k, layer.s, (pads[0][0], pads[1][0]))
-        elif isinstance(layer, Flatten):
-            m = nn.Flatten()
-        else:
-            raise UnsupportedSpec(f"torch peer: no translation for layer {ls.index} ({layer.kind})")
-        if getattr(layer, "bias", False):
-            copy(m.bias, mine["b"])
-        mods.append(m)
-        act = getattr(layer, "act", "identity")
-        if act != "identity":
-            mods.append(acts[act]())
-    return nn.Sequential(*mods)
+    def bn(c: int, eps: float, rank: int) -> nn.Module:
+        m = (nn.BatchNorm2d if rank == 3 else nn.BatchNorm1d)(c, eps=eps)
+        copy(m.weight, mine["gamma"])
+        copy(m.bias, mine["beta"])
+        return m
+
+    m: nn.Module
+    if isinstance(layer, BlockLayer):
+        return [_torch_block(layer, in_shape, mine)]
+    if isinstance(layer, Dense):
+        m = nn.Linear(in_shape[0], layer.units, bias=layer.bias)
+        copy(m.weight, mine["w"].T)  # ours is [in, out], torch's [out, in]
+    elif isinstance(layer, Conv2d):
+        pads = resolve_padding(layer.pad, (in_shape[1], in_shape[2]), layer.k, layer.stride)
+        if any(lo != hi for lo, hi in pads):
+            raise UnsupportedSpec(f"asymmetric padding {pads}")
+        m = nn.Conv2d(in_shape[0], layer.out, layer.k, layer.stride, (pads[0][0], pads[1][0]),
+                      groups=layer.groups, bias=layer.bias)
+        copy(m.weight, mine["w"])  # OIHW on both sides
+    elif isinstance(layer, _ConvBnUnit):
+        c = in_shape[0]
+        oc, groups = layer.out_channels(c), layer.group_count(c)
+        conv = nn.Conv2d(c, oc, layer.k, layer.stride, layer.padding, groups=groups, bias=False)
+        copy(conv.weight, mine["w"])
+        return [conv, bn(oc, layer.eps, 3), *act(layer.act)]
+    elif isinstance(layer, BatchNorm):
+        return [bn(in_shape[0], layer.eps, len(in_shape)), *act(layer.act)]
+    elif isinstance(layer, MaxPool):
+        pads = resolve_padding(layer.pad, (in_shape[1], in_shape[2]), layer.k, layer.s)
+        if any(lo != hi for lo, hi in pads):
+            raise UnsupportedSpec(f"asymmetric padding {pads}")
+        m = nn.MaxPool2d(layer.k, layer.s, (pads[0][0], pads[1][0]))
+    elif isinstance(layer, Flatten):
+        m = nn.Flatten()
+    elif isinstance(layer, GlobalAvgPool):
+        return [nn.AdaptiveAvgPool2d(1), nn.Flatten()]
+    else:
+        raise UnsupportedSpec("no translation")
+    if getattr(layer, "bias", False):
+        copy(m.bias, mine["b"])
+    return [m, *act(getattr(layer, "act", "identity"))]
+
+
+def _torch_block(layer: Any, in_shape: Sequence[int], mine: dict[str, np.ndarray]) -> Any:
+    """A BlockLayer's blocks: main path (+ identity or projected skip), then the block's activation."""
+    from torch import nn
+
+    from hloforge.plugins.layers.compose import path_shapes
+
+    class Block(nn.Module):
+        def __init__(self, main: nn.Module, short: nn.Module | None, act: list[nn.Module]):
+            super().__init__()
+            self.main, self.short, self.act = main, short, nn.Sequential(*act)
+
+        def forward(self, x: Any) -> Any:
+            y = self.main(x)
+            return self.act(y if self.short is None else y + self.short(x))
+
+    def path(parts: Sequence[Any], shape: Sequence[int], prefix: str) -> nn.Module:
+        mods: list[nn.Module] = []
+        for p, sh in zip(parts, path_shapes(parts, tuple(shape)), strict=False):
+            pre = prefix + p.prefix
+            mods += _torch_layer(p.layer, sh, {s.name: mine[pre + s.name] for s in p.layer.param_slots(sh)})
+        return nn.Sequential(*mods)
+
+    blocks = []
+    for prefix, blk, shape in layer._walk(tuple(in_shape)):
+        if blk.drop_path:
+            raise UnsupportedSpec("drop path (host-drawn masks) has no torch peer here")
+        short = None if blk.short is None else path(blk.short, shape, prefix)
+        blocks.append(Block(path(blk.main, shape, prefix), short, _torch_act(blk.act)))
+    return nn.Sequential(*blocks)
+
+
+def _torch_act(name: str) -> list[Any]:
+    """The activation `name` as torch modules ([] for identity)."""
+    from torch import nn
+
+    acts: dict[str, Callable[[], nn.Module]] = {
+        "relu": nn.ReLU, "sigmoid": nn.Sigmoid, "swish": nn.SiLU, "gelu": lambda: nn.GELU(approximate="tanh"),
+        "relu6": nn.ReLU6, "hSwish": nn.Hardswish, "hSigmoid": nn.Hardsigmoid,
+    }
+    if name == "identity":
+        return []
+    if name not in acts:
+        raise UnsupportedSpec(f"activation {name!r} has no torch peer here")
+    return [acts[name]()]
 
 
 def make_torch(net: str, batch: int, lr: float, seed: int) -> tuple[float, StepFn, str]:
@@ -252,10 +347,9 @@ def make_torch(net: str, batch: int, lr: float, seed: int) -> tuple[float, StepF
     import torch.nn.functional as F
 
     from hloforge.core.registry import default_registry
-    from hloforge.zoo import get_net
 
     torch.set_num_threads(cpu_count())
-    spec = get_net(net)
+    spec = load_net(net)
     adam = default_registry().make("optimizer", "adam")
     t = time.perf_counter()
     model = torch_net(spec, spec.init_params(seed))
@@ -283,10 +377,8 @@ def make_step(net: str, backend: str, batch: int, lr: float, seed: int) -> tuple
 
 
 def measure(net: str, backend: str, batch: int, steps: int, warmup: int, lr: float, seed: int) -> Result:
-    from hloforge.zoo import get_net
-
     res = Result(net, backend, batch)
-    data = batches(get_net(net), batch, 4, seed)
+    data = batches(load_net(net), batch, 4, seed)
     res.compile_s, step, res.note = make_step(net, backend, batch, lr, seed)
     for i in range(max(warmup, 1)):  # the first warm-up step gives the first-step loss
         loss = step(*data[i % len(data)])
@@ -318,6 +410,53 @@ def measure_isolated(net: str, backend: str, batch: int, steps: int, warmup: int
         with open(out, encoding="utf-8") as f:
             d = json.load(f)
         return Result(d["net"], d["backend"], d["batch"], d["ms"], d["compile_s"], d["first_loss"], d["note"])
+
+
+# ------------------------------------------------------------ work and roofline ---
+
+
+def step_gflop(net: str, batch: int) -> float | None:
+    """GFLOP in one train step, as XLA's cost analysis counts the jax peer's step (the same math
+    on every backend); None without jax."""
+    try:
+        import jax
+    except ImportError:
+        return None
+    spec = load_net(net)
+    tx, train_step = jax_adam_step(spec, 1e-3)
+    params = [np.zeros(s.shape, np.float32) for _, s in spec.params()]
+    x = np.zeros((batch, *spec.input_shape), np.float32)
+    y = np.zeros((batch,), np.int32)
+    cost = jax.jit(train_step).lower(params, tx.init(params), x, y).cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    return float(cost["flops"]) / 1e9 if cost and "flops" in cost else None
+
+
+def sgemm_gflops(n: int = SGEMM_N, reps: int = 5) -> dict[str, float]:
+    """The measured f32 matmul roofline: best-of-`reps` GFLOP/s of an n³ product through numpy's
+    BLAS and (if installed) jax.jit; the larger is the roofline."""
+    a = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
+    out: dict[str, float] = {}
+
+    def best(f: Callable[[], Any]) -> float:
+        f()
+        times = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            f()
+            times.append(time.perf_counter() - t)
+        return 2 * n**3 / min(times) / 1e9
+
+    out["numpy"] = best(lambda: a @ a)
+    try:
+        import jax
+        import jax.numpy as jnp
+    except ImportError:
+        return out
+    dot = jax.jit(jnp.matmul)
+    ad = jax.device_put(a)
+    out["jax.jit"] = best(lambda: dot(ad, ad).block_until_ready())
+    return out
 
 
 # ------------------------------------------------------------------- dispatch ---
@@ -427,6 +566,35 @@ def table(results: Sequence[Result], backends: Sequence[str], dispatch: dict[str
     return "\n".join([fmt(head), "  ".join("-" * w for w in widths), *map(fmt, rows)])
 
 
+def throughput(results: Sequence[Result], backends: Sequence[str], gflop: dict[str, float | None],
+               roofline: float | None) -> str:
+    """Achieved GFLOP/s per net and backend (the step's FLOPs over its median time), with the
+    percentage of the sgemm roofline, and the ratios the issue asks for: best hloforge backend
+    over PyTorch eager, hloforge-xla over jax.jit."""
+    head = ["net", "GFLOP/step", *backends, "best hf / torch", "hf-xla / jax"]
+    rows = []
+    for net in dict.fromkeys(r.net for r in results):
+        mine = {r.backend: r.median_ms for r in results if r.net == net}
+        work = gflop.get(net)
+
+        def rate(ms: float | None, work: float | None = work) -> str:
+            if ms is None or work is None:
+                return "-"
+            g = work / (ms / 1e3)
+            return f"{g:.1f}" + (f" ({100 * g / roofline:.0f}%)" if roofline else "")
+
+        ours = [m for b, m in mine.items() if b.startswith("hloforge-") and m is not None]
+        torch_ms, jax_ms, xla_ms = mine.get("torch"), mine.get("jax.jit"), mine.get("hloforge-xla")
+        rows.append([net, f"{work:.2f}" if work is not None else "-", *(rate(mine.get(b)) for b in backends),
+                     f"{min(ours) / torch_ms:.2f}x" if ours and torch_ms else "-",
+                     f"{xla_ms / jax_ms:.2f}x" if xla_ms and jax_ms else "-"])
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+
+    def fmt(r: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+    return "\n".join([fmt(head), "  ".join("-" * w for w in widths), *map(fmt, rows)])
+
+
 def details(results: Sequence[Result], dispatch: dict[str, dict[str, Any]]) -> str:
     lines = ["", "per (net, backend): median / min ms per step over N timed steps, setup (compile) s, first loss"]
     for r in results:
@@ -452,7 +620,12 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hloforge bench", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nets", default="mnist-mlp,mnist-cnn", help="comma-separated zoo nets (or spec files)")
-    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--batch", type=int, default=None,
+                   help="per-step batch (default 128; with --suite each net's own: " +
+                   ", ".join(f"{n} {b}" for n, b in SUITE) + ")")
+    p.add_argument("--suite", action="store_true", help="benchmark the issue-#11 suite (overrides --nets)")
+    p.add_argument("--roofline", action=argparse.BooleanOptionalAction, default=True,
+                   help=f"measure the sgemm roofline ({SGEMM_N}³ f32) and report GFLOP/s against it")
     p.add_argument("--steps", type=int, default=None,
                    help=f"timed steps per (net, backend); default {DEFAULT_STEPS}, else 10")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps after compile (at least 1)")
@@ -471,14 +644,20 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    nets = [n for n in args.nets.split(",") if n]
+    nets = [n for n, _ in SUITE] if args.suite else [n for n in args.nets.split(",") if n]
+    suite_batch = dict(SUITE) if args.suite else {}
+    if args._child:  # the parent resolved the batch already
+        suite_batch = {}
+
+    def batch_of(net: str) -> int:
+        return args.batch or suite_batch.get(net) or 128
     backends = [b for b in args.backends.split(",") if b]
     bad = [b for b in backends if b not in BACKENDS]
     if bad:
         print(f"unknown backend(s) {bad}; expected a subset of {list(BACKENDS)}", file=sys.stderr)
         return 2
     if args._child:  # one measurement for measure_isolated
-        r = measure(nets[0], backends[0], args.batch, args.steps, args.warmup, args.lr, args.seed)
+        r = measure(nets[0], backends[0], batch_of(nets[0]), args.steps, args.warmup, args.lr, args.seed)
         with open(args._child, "w", encoding="utf-8") as f:
             json.dump(asdict(r), f)
         return 0
@@ -486,22 +665,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     isolate = {b for b in args.isolate.split(",") if b}
     notes = {b: unavailable(b) for b in backends}
     results: list[Result] = []
+    gflop: dict[str, float | None] = {}
     for net in nets:
         steps = args.steps or DEFAULT_STEPS.get(net, 10)
+        batch = batch_of(net)
+        try:
+            gflop[net] = step_gflop(net, batch)
+        except Exception:  # noqa: BLE001 - a net the jax peer cannot lower has no FLOP count; still time it
+            gflop[net] = None
         for b in backends:
             if notes[b]:
-                results.append(Result(net, b, args.batch, note=f"skipped: {notes[b]}"))
+                results.append(Result(net, b, batch, note=f"skipped: {notes[b]}"))
                 continue
-            print(f"[bench] {net} batch {args.batch} on {b}: compile, {args.warmup} warm-up, "
+            print(f"[bench] {net} batch {batch} on {b}: compile, {args.warmup} warm-up, "
                   f"{steps} timed steps", file=sys.stderr, flush=True)
             try:
                 if b in isolate:
-                    r = measure_isolated(net, b, args.batch, steps, args.warmup, args.lr, args.seed, args.cap_s)
+                    r = measure_isolated(net, b, batch, steps, args.warmup, args.lr, args.seed, args.cap_s)
                 else:
-                    r = measure(net, b, args.batch, steps, args.warmup, args.lr, args.seed)
+                    r = measure(net, b, batch, steps, args.warmup, args.lr, args.seed)
             except Exception as e:  # noqa: BLE001 - report the failure in the table, keep benchmarking
-                r = Result(net, b, args.batch, note=f"failed: {type(e).__name__}: {e}"[:300])
+                r = Result(net, b, batch, note=f"failed: {type(e).__name__}: {e}"[:300])
             results.append(r)
+    roof = sgemm_gflops() if args.roofline else {}
+    roofline = max(roof.values()) if roof else None
 
     dispatch: dict[str, dict[str, Any]] = {}
     if args.dispatch_calls > 0:
@@ -520,7 +707,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"hloforge bench: Adam train step, median ms/step (ratio to jax.jit); f32; {cpu_count()} CPU threads; "
           f"host batch in, loss out")
     print(table(results, backends, dispatch))
+    if roof:
+        print(f"\nachieved GFLOP/s (% of the sgemm roofline, {roofline:.1f} GFLOP/s: best of "
+              + ", ".join(f"{k} {v:.1f}" for k, v in roof.items()) + f" on {SGEMM_N}³ f32)")
+    else:
+        print("\nachieved GFLOP/s")
+    print(throughput(results, backends, gflop, roofline))
     print(details(results, dispatch))
+    forced = os.environ.get("HLOFORGE_STRATEGY")
+    print("\nlowering strategies (kind: choice per target" + (f"; forced by HLOFORGE_STRATEGY={forced}" if forced
+                                                              else "") + "):")
+    for kind, choices, per_target in strategy_table():
+        print(f"  {kind:8} {', '.join(f'{t}={c}' for t, c in per_target.items())}   (choices: {choices})")
     if checks:
         print(f"\nsanity (first-step loss, rtol {LOSS_RTOL:.0e}):")
         for line, _ in checks:
@@ -530,6 +728,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             json.dump({"config": {k: v for k, v in vars(args).items() if not k.startswith("_")},
                        "machine": {"platform": platform.platform(), "cpus": cpu_count(), **versions()},
                        "results": [r.to_dict() for r in results], "dispatch_us": dispatch,
+                       "gflop_per_step": gflop, "sgemm_gflops": roof,
+                       "strategies": {k: t for k, _, t in strategy_table()},
                        "sanity": [{"check": line, "ok": ok} for line, ok in checks]}, f, indent=2)
         print(f"\nwrote {args.json}")
     return 0 if all(ok for _, ok in checks) else 1

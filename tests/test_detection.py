@@ -248,7 +248,8 @@ def _yolo_tree(root, n: int = 3) -> None:
         (root / "images" / split).mkdir(parents=True)
         (root / "labels" / split).mkdir(parents=True)
         for k in range(n):
-            Image.fromarray(rng.integers(0, 255, (40, 50, 3), dtype=np.uint8)).save(root / "images" / split / f"{k}.png")
+            pixels = rng.integers(0, 255, (40, 50, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / "images" / split / f"{k}.png")
             if k:  # image 0 has no label file: no objects
                 (root / "labels" / split / f"{k}.txt").write_text(f"{k % 3} 0.55 0.4 0.3 0.2\n2 0.1 0.9 0.1 0.1\n")
 

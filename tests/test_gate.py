@@ -46,6 +46,8 @@ def _fault_cases() -> list[GateCase]:
             continue
         if c.mode == "eval" and c.name != "batchNorm":
             continue  # eval mode is plain ops; batchNorm's eval case stands for them
+        if c.strategy:
+            continue  # the lowering-strategy variants: tests/test_strategies.py breaks their backwards
         if _is_block(c):
             if c.name in seen:
                 continue

@@ -144,12 +144,8 @@ _TO = {(NCHW, NHWC): (0, 2, 3, 1), (NHWC, NCHW): (0, 3, 1, 2)}
 
 
 def to_layout(b: Builder, x: Value, have: str, want: str) -> Value:
-    """x (a [N, ·, ·, ·] image in layout `have`) in layout `want`, materialised: a transpose fused
-    into the conv or matmul that reads it is what makes IREE slow (or, with data tiling, fail)."""
-    if have == want:
-        return x
-    t = b.transpose(x, _TO[have, want])
-    return t if os.environ.get("H11_NOBAR") else b.optimization_barrier(t)
+    """x (a [N, ·, ·, ·] image in layout `have`) in layout `want`."""
+    return b.transpose(x, _TO[have, want]) if have != want else x
 
 
 def channel_axis(layout: str, rank: int) -> int:

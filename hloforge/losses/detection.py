@@ -191,7 +191,7 @@ def anchor_yolo_loss(b: Builder, pred: Value, tgt: Value, anchors: Sequence[Anch
         obj = b.sum(weight * bce)
         ce = b.negate(channels(b, tgt, base + 5, base + per) * _log_softmax_channels(b, channels(b, pred, base + 5,
                                                                                                    base + per)))
-        cls = b.sum(ce * b.broadcast_to(obj_t, ce.shape, [0, 1, 2, 3]))
+        cls = b.sum(ce * b.stop_gradient(b.broadcast_to(obj_t, ce.shape, [0, 1, 2, 3])))
         term = box * lambda_box + obj + cls
         total = term if total is None else total + term
     assert total is not None
@@ -321,7 +321,7 @@ class Yolov1Loss(Loss):
         for k in range(self.boxes):
             p = [channels(b, logits, BOX * k + i, BOX * k + i + 1) for i in range(BOX)]
             t = [channels(b, y, BOX * k + i, BOX * k + i + 1) for i in range(BOX)]
-            r = mask * t[4]  # box slot k is responsible here
+            r = b.stop_gradient(mask * t[4])  # box slot k is responsible here (data: no cotangent)
             d_xy = (p[0] - t[0]) * (p[0] - t[0]) + (p[1] - t[1]) * (p[1] - t[1])
             size = [b.sqrt(b.maximum(p[i], eps)) - b.sqrt(b.maximum(t[i], eps)) for i in (2, 3)]
             d_wh = size[0] * size[0] + size[1] * size[1]
@@ -329,7 +329,7 @@ class Yolov1Loss(Loss):
             terms += [b.sum(r * d_xy) * self.lambda_coord, b.sum(r * d_wh) * self.lambda_coord,
                       b.sum(r * (conf - 1.0) * (conf - 1.0)), b.sum((1.0 - r) * conf * conf) * self.lambda_noobj]
         dc = channels(b, logits, BOX * self.boxes, per) - channels(b, y, BOX * self.boxes, per)
-        terms.append(b.sum(dc * dc * b.broadcast_to(mask, dc.shape, [0, 1, 2, 3])))
+        terms.append(b.sum(dc * dc * b.stop_gradient(b.broadcast_to(mask, dc.shape, [0, 1, 2, 3]))))
         total = terms[0]
         for t_ in terms[1:]:
             total = total + t_

@@ -256,10 +256,11 @@ class DetectionTask(Task):
         if image != tuple(run.spec.input_shape):
             raise DataError(f"dataset {run.cfg.data!r} gives images {list(image)}, detector {run.spec.name!r} takes "
                             f"{list(run.spec.input_shape)}")
-        boxes = getattr(run.variant.make_loss(default_registry()), "boxes", None)
-        if boxes is not None and boxes != self.head.layer.boxes:
-            raise DataError(f"loss yolov1 reads {boxes} box(es) per cell, net {run.spec.name!r}'s head has "
-                            f"{self.head.layer.boxes}")
+        boxes, head_boxes = getattr(run.variant.make_loss(default_registry()), "boxes", None), \
+            getattr(self.head.layer, "boxes", None)
+        if boxes != head_boxes:  # the yolov1 loss reads the head's per-cell layout with its own `boxes`
+            raise DataError(f"loss {run.variant.loss!r} reads {boxes} box(es) per cell, net {run.spec.name!r}'s head "
+                            f"has {head_boxes}")
         self.truth = run.data.boxes("test")
         # The feed and the eval read the encoded targets in place of the dataset's own labels.
         run.data = DetectionLabels(run.data, self.head)

@@ -44,6 +44,7 @@ NETS: dict[str, Callable[..., NetSpec]] = {
     "efficientnet_v2_s": efficientnet.efficientnet_v2_s,
     "convnext_tiny": convnext.convnext_tiny,
     "resnet-mini": resnet.resnet_mini,
+    "resnet18-cifar": resnet.resnet18_cifar,
     "mobilenetv2-mini": mobilenet.mobilenetv2_mini,
     "mobilenetv3-mini": mobilenet.mobilenetv3_mini,
     "mobilenetv4-mini": mobilenet.mobilenetv4_mini,

@@ -34,6 +34,13 @@ def resnet50(classes: int = 1000, input: Sequence[int] = IMAGENET) -> NetSpec:
     return _resnet("resnet50", (3, 4, 6, 3), True, classes, input)
 
 
+def resnet18_cifar(classes: int = 10, input: Sequence[int] = (3, 32, 32)) -> NetSpec:
+    """ResNet-18 with the CIFAR stem (a 3×3 stride-1 convBn, no max-pool): 32 → 32 → 16 → 8 → 4."""
+    layers: list[Layer] = [ConvBn(64, k=3)]
+    layers += [ResidualStage(w, n=2, stride=1 if i == 0 else 2) for i, w in enumerate((64, 128, 256, 512))]
+    return NetSpec("resnet18-cifar", input, [*layers, GlobalAvgPool(), Dense(classes)], classes)
+
+
 def resnet_mini(classes: int = 10, input: Sequence[int] = (1, 28, 28)) -> NetSpec:
     """28×28 digits: 16-wide stem, three one-block stages (28 → 14 → 7)."""
     return NetSpec("resnet-mini", input, [

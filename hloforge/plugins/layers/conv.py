@@ -62,8 +62,7 @@ def conv2d(b: Builder, x: Value, w: Value, *, stride: int, pads: Sequence[tuple[
         return nhwc_conv2d(b, x, hwio(b, w), stride=stride, pads=pads, groups=groups)
     if strategy.chosen("conv2d", b.target) == "nchw":
         return b.convolution(x, w, strides=(stride, stride), padding=pads, feature_groups=groups)
-    y = nhwc_conv2d(b, b.optimization_barrier(b.transpose(x, [0, 2, 3, 1])), hwio(b, w), stride=stride, pads=pads,
-                    groups=groups)
+    y = nhwc_conv2d(b, b.transpose(x, [0, 2, 3, 1]), hwio(b, w), stride=stride, pads=pads, groups=groups)
     return b.transpose(y, [0, 3, 1, 2])
 
 

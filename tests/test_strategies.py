@@ -1,0 +1,210 @@
+"""Lowering strategies (core/strategy.py): the choice per target and its overrides, the NHWC
+stretch of a net, and every choice's backward.
+
+Each layer case is gated once per choice of each strategy kind the layer consults (f64 against
+jax.vjp, finite differences, f32: tests/test_gate.py runs them all). Here: those strategy gates go
+red for a broken written-out backward, whole train steps agree across forms, and the forms IREE
+gets by default compute on IREE what the gated forms compute on XLA.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from hloforge.core import strategy
+from hloforge.core.autodiff import inject_fault
+from hloforge.core.errors import UnsupportedSpec
+from hloforge.core.modules import forward_module, train_step_module, vjp_module
+from hloforge.core.registry import default_registry
+from hloforge.core.spec import NetSpec, Shape
+from hloforge.core.variant import Variant
+from hloforge.plugins.layers.conv import Conv2d
+from hloforge.plugins.layers.dense import Dense, Flatten
+from hloforge.plugins.layers.norm import BatchNorm, ConvBn, DepthwiseConvBn
+from hloforge.plugins.layers.pool import GlobalAvgPool, MaxPool
+from hloforge.plugins.layers.residual import ResidualStage
+from hloforge.testing.gate import HEADER, GateCase, gate_cases
+from hloforge.train.session import make_backend
+
+# conv (bias, relu) → max-pool → conv+BN → a strided residual stage with a projection → pool → dense:
+# one NHWC stretch from the first conv to the global pool.
+SMALL = NetSpec("strategy-small", (2, 8, 8), [
+    Conv2d(4, act="relu"), MaxPool(2), ConvBn(4), ResidualStage(6, n=1, stride=2), GlobalAvgPool(), Dense(3),
+], 3)
+# ... and one that leaves the stretch through a flatten, in the public NCHW order
+FLAT = NetSpec("strategy-flat", (1, 6, 6), [Conv2d(3, act="relu"), BatchNorm(), MaxPool(2), Flatten(), Dense(4)], 4)
+BOTH_NHWC = {"layout": "nhwc", "conv2d": "nhwc"}
+
+
+def test_defaults_per_target() -> None:
+    assert strategy.chosen("conv2d", "xla") == "nchw" and strategy.chosen("layout", "xla") == "nchw"
+    assert strategy.chosen("conv2d", "iree") == "nhwc" and strategy.chosen("layout", "iree") == "nhwc"
+    assert strategy.chosen("conv2d", None) == "nchw"  # no target: the portable form, every kind's first choice
+    assert strategy.target_of(make_backend("xla")) == "xla"
+
+
+def test_forced_and_environment_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
+    with strategy.forced({"conv2d": "nhwc"}):
+        assert strategy.chosen("conv2d", "xla") == "nhwc"
+        with strategy.forced({"layout": "nhwc"}):  # nested: both
+            assert strategy.chosen("layout", None) == "nhwc" and strategy.chosen("conv2d", None) == "nhwc"
+    assert strategy.chosen("conv2d", "xla") == "nchw"
+    monkeypatch.setenv(strategy.ENV_VAR, "conv2d=nhwc, layout=nhwc")
+    assert strategy.chosen("conv2d", "xla") == "nhwc" and strategy.chosen("layout", "xla") == "nhwc"
+    with strategy.forced({"conv2d": "nchw"}):  # a context override wins over the environment
+        assert strategy.chosen("conv2d", "iree") == "nchw"
+
+
+@pytest.mark.parametrize(("choices", "message"), [
+    ({"conv2d": "winograd"}, "expected one of ['nchw', 'nhwc']"),
+    ({"convolution": "nhwc"}, "unknown strategy kind 'convolution'"),
+])
+def test_bad_choice_is_one_clear_error(choices: dict[str, str], message: str,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(UnsupportedSpec, match=re.escape(message)):
+        with strategy.forced(choices):
+            pass
+    monkeypatch.setenv(strategy.ENV_VAR, ",".join(f"{k}={v}" for k, v in choices.items()))
+    with pytest.raises(UnsupportedSpec, match=re.escape(message)):
+        strategy.chosen("conv2d", "xla")
+    monkeypatch.setenv(strategy.ENV_VAR, "conv2d")
+    with pytest.raises(UnsupportedSpec, match="expected kind=choice"):
+        strategy.chosen("conv2d", "xla")
+
+
+def _step_text(spec: NetSpec, target: str | None, choices: dict[str, str] | None = None) -> str:
+    with strategy.forced(choices or {}):
+        return train_step_module(spec, Variant("adam"), 4, target=target)[0]
+
+
+def test_xla_renders_what_it_always_rendered() -> None:
+    """XLA's defaults are the portable forms, so its modules are unchanged by strategies."""
+    assert _step_text(SMALL, "xla") == _step_text(SMALL, None)
+    assert "stablehlo.optimization_barrier" not in _step_text(SMALL, "xla")
+
+
+def test_iree_render_transposes_once_at_each_edge() -> None:
+    assert "[b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f]" in _step_text(SMALL, "iree")  # NHWC / HWIO convolutions
+    # the image enters NHWC once and stays NHWC through every layer (the global pool ends the stretch)
+    text = forward_module(SMALL, 4, target="iree")
+    assert text.count("dims = [0, 2, 3, 1]") == 1 and text.count("dims = [0, 3, 1, 2]") == 0
+    # ... or leaves it once, before the flatten, so the dense layer sees the public NCHW order
+    flat = forward_module(FLAT, 4, target="iree")
+    assert flat.count("dims = [0, 2, 3, 1]") == 1 and flat.count("dims = [0, 3, 1, 2]") == 1
+
+
+def _one_step(backend: object, text: str, spec: NetSpec, seed: int = 0) -> list[np.ndarray]:
+    """θ', state', loss and batch statistics of one Adam step from spec's init on a fixed batch."""
+    lay = train_step_module(spec, Variant("adam"), 4)[1]
+    opt = Variant("adam").make_optimizer(default_registry())
+    rng = np.random.default_rng(seed)
+    init = spec.init_params(seed)
+    state = [opt.init_state(s)[k] for k in lay.state for _, s in lay.params]
+    sc = opt.host_scalars(1, 1e-2)
+    x = rng.standard_normal(lay.x_shape).astype(np.float32)
+    y = rng.integers(0, spec.num_classes, lay.y_shape).astype(np.int32)
+    host = [*init, *state, *(np.asarray(sc[k], np.float32) for k in lay.scalars), x, y]
+    be = backend
+    outs = be.execute(be.compile(text), [be.to_device(np.asarray(a)) for a in host])  # type: ignore[attr-defined]
+    return [np.asarray(be.to_host(o), np.float64) for o in outs]  # type: ignore[attr-defined]
+
+
+def _rel(a: list[np.ndarray], b: list[np.ndarray]) -> float:
+    return max(float(np.linalg.norm(p - q) / max(np.linalg.norm(q), 1e-30)) for p, q in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("spec", [SMALL, FLAT], ids=lambda s: s.name)
+@pytest.mark.parametrize("choices", [{"conv2d": "nhwc"}, {"layout": "nhwc"}, BOTH_NHWC], ids=str)
+def test_train_step_agrees_across_forms(spec: NetSpec, choices: dict[str, str]) -> None:
+    xla = make_backend("xla")
+    want = _one_step(xla, _step_text(spec, None), spec)
+    got = _one_step(xla, _step_text(spec, None, choices), spec)
+    assert _rel(got, want) < 1e-5
+
+
+# ------------------------------------------------------------------ the gate covers every choice
+def _cases(name: str) -> list[GateCase]:
+    return gate_cases(names=[name])
+
+
+def test_gate_runs_each_case_under_each_choice() -> None:
+    conv = _cases("conv2d")
+    base = [c for c in conv if not c.strategy]
+    for forced in (("conv2d", "nhwc"), ("layout", "nhwc")):
+        assert len([c for c in conv if c.strategy == (forced,)]) == len(base)
+    bn = _cases("batchNorm")
+    # layout=nhwc only where the case is an image (BN on [C] renders the same module either way)
+    assert {c.shape for c in bn if c.strategy} == {(3, 4, 5)}
+    assert all(c.id.endswith(("~layout=nhwc", "~layout=nhwc#eval")) for c in bn if c.strategy)
+
+
+def _pick(name: str, forced: tuple[tuple[str, str], ...], shape: Shape) -> GateCase:
+    return next(c for c in _cases(name) if c.strategy == forced and c.shape == shape and c.mode == "train")
+
+
+@pytest.mark.parametrize(("name", "forced", "shape"), [
+    ("conv2d", (("conv2d", "nhwc"),), (2, 7, 7)),
+    ("conv2d", (("layout", "nhwc"),), (2, 6, 5)),
+    ("depthwiseConvBn", (("layout", "nhwc"),), (2, 4, 4)),
+])
+def test_broken_written_out_backward_turns_the_gate_red(name: str, forced: tuple[tuple[str, str], ...],
+                                                        shape: Shape) -> None:
+    case = _pick(name, forced, shape)
+    assert case.run().passed
+    with inject_fault("custom") as calls:
+        result = case.run()
+    assert calls[0] > 0
+    assert not result.passed, f"\n{HEADER}\n{result.row()}"
+    with inject_fault("convolution") as calls:  # the NHWC form has no autodiff convolution to break
+        case.run()
+    assert calls[0] == 0
+
+
+def test_nhwc_max_pool_backward_is_gated() -> None:
+    case = _pick("maxPool", (("layout", "nhwc"),), (2, 7, 7))
+    with inject_fault("maximum") as calls:
+        result = case.run()
+    assert calls[0] > 0 and not result.passed
+
+
+# ------------------------------------------------------------------ IREE computes the gated forms
+IREE_LAYERS = [
+    (Conv2d(4, k=3, stride=2, pad="same", act="relu"), (3, 7, 6)),
+    (ConvBn(4, k=3, groups=2, act="hSwish"), (2, 5, 5)),
+    (DepthwiseConvBn(k=5, stride=2), (3, 6, 6)),
+    (MaxPool(3, 2, pad=1), (2, 7, 7)),
+    (ResidualStage(4, n=1, stride=2), (2, 6, 6)),
+]
+
+
+@pytest.mark.parametrize(("layer", "shape"), IREE_LAYERS, ids=lambda v: getattr(v, "kind", str(v)))
+def test_iree_default_forms_match_the_gated_xla_forms(layer: object, shape: Shape) -> None:
+    """IREE runs f32 only (no f64 gate there): its default forms must reproduce, on IREE, the
+    (y, ∂θ, ∂x) of the XLA-gated portable form — so every gated strategy is checked on both."""
+    pytest.importorskip("iree.runtime")
+    iree, xla = make_backend("iree"), make_backend("xla")
+    batch = 3
+    want_text = vjp_module([layer], shape, batch, target=None)  # type: ignore[list-item]
+    got_text = vjp_module([layer], shape, batch, target="iree")  # type: ignore[list-item]
+    assert got_text != want_text
+    sig = re.search(r"@main\((.*?)\) ->", want_text)
+    assert sig is not None
+    shapes = [tuple(int(d) for d in t.split("x")[:-1]) for t in re.findall(r"tensor<([0-9x]*)f32>", sig.group(1))]
+    rng = np.random.default_rng(0)
+    ins = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+
+    def run(be: object, text: str) -> list[np.ndarray]:
+        outs = be.execute(be.compile(text), [be.to_device(a) for a in ins])  # type: ignore[attr-defined]
+        return [np.asarray(be.to_host(o), np.float64) for o in outs]  # type: ignore[attr-defined]
+
+    assert _rel(run(iree, got_text), run(xla, want_text)) < 1e-5
+
+
+def test_iree_train_step_matches_xla() -> None:
+    pytest.importorskip("iree.runtime")
+    want = _one_step(make_backend("xla"), _step_text(SMALL, "xla"), SMALL)
+    got = _one_step(make_backend("iree"), _step_text(SMALL, "iree"), SMALL)
+    assert _rel(got, want) < 1e-5
