@@ -51,7 +51,8 @@ def _render(args: argparse.Namespace) -> None:
 VARIANT_FLAGS = ("ema", "accum", "clip", "mixup", "cutmix", "dropout", "drop_path", "bn_eps", "precision")
 TRAIN_FLAGS = ("net", "classes", "input", "data", "data_dir", "data_file", "workers", "augment", "backend", "epochs",
                "batch", "optimizer", "lr", "schedule", "warmup_epochs", "weight_decay", "label_smoothing", "seed",
-               "run_dir", "tag", "replicas", "devices", "sync_bn", "loss", *VARIANT_FLAGS)
+               "run_dir", "tag", "replicas", "devices", "sync_bn", "loss", *VARIANT_FLAGS, "data_options",
+               "diffusion_steps", "beta_start", "beta_end")
 
 
 def _train(args: argparse.Namespace) -> None:
@@ -194,6 +195,7 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--data", help="a dataset plugin (default digits, embedded)")
     sp.add_argument("--data-dir", help="where a file-based dataset reads from (e.g. mnist's IDX files)")
     sp.add_argument("--data-file", help="a file-based dataset's file (text: a UTF-8 corpus; default pydoc topics)")
+    sp.add_argument("--data-options", metavar="K=V,...", help="the dataset's own options, e.g. shapes: size=16,noise=0")
     sp.add_argument("--workers", type=int, help="stream batches from N producer processes (default 0: in process)")
     sp.add_argument("--no-augment", dest="augment", action="store_const", const=False,
                     help="train without the dataset's augmentation (crops become centre crops)")
@@ -213,6 +215,9 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--loss", help="a loss plugin (default: the net's and dataset's: crossEntropy, perPixelCE for "
                                    "masks, mse for a DDPM)")
     variant_flags(sp)
+    sp.add_argument("--diffusion-steps", type=int, help="a DDPM's T (default 1000)")
+    sp.add_argument("--beta-start", type=float, help="a DDPM's β_1 (default 1e-4), linear to --beta-end")
+    sp.add_argument("--beta-end", type=float, help="a DDPM's β_T (default 0.02)")
     sp.add_argument("--seed", type=int)
     sp.add_argument("--run-dir")
     sp.add_argument("--tag")

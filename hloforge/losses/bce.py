@@ -8,38 +8,16 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
-import numpy as np
 
-from hloforge.core.errors import UnsupportedSpec
 from hloforge.core.hlo import Builder, Value
 from hloforge.core.hookspecs import hookimpl
 from hloforge.core.spec import Loss, Shape
-from hloforge.losses.ce import check_soft, one_hot, sample_soft_targets
+from hloforge.losses.ce import ClassTargetLoss
 
 
 @attrs.frozen
-class BinaryCrossEntropy(Loss):
+class BinaryCrossEntropy(ClassTargetLoss):
     name = "bce"
-    label_kind = "class"  # soft targets too: they are mixed class labels, scored as classes
-    label_smoothing: float = 0.0
-    soft: bool = False
-
-    def __attrs_post_init__(self) -> None:
-        check_soft(self)
-
-    def check(self, out_shape: Shape) -> None:
-        if len(out_shape) != 1:
-            raise UnsupportedSpec(f"bce takes logits [classes], got {list(out_shape)}")
-
-    def label_spec(self, out_shape: Shape) -> tuple[Shape, str]:
-        return (out_shape, "f32") if self.soft else ((), "i32")
-
-    def targets(self, b: Builder, y: Value, classes: int, dtype: str) -> Value:
-        if self.soft:
-            return y if y.dtype == dtype else b.convert(y, dtype)
-        off = self.label_smoothing / classes
-        t = one_hot(b, y, classes, dtype)
-        return t * (1.0 - self.label_smoothing) + off if self.label_smoothing else t
 
     def forward(self, b: Builder, logits: Value, y: Value) -> Value:
         n, c = logits.shape
@@ -66,11 +44,6 @@ class BinaryCrossEntropy(Loss):
             off = self.label_smoothing / c
             t = jax.nn.one_hot(y, c, dtype=logits.dtype) * (1 - self.label_smoothing) + off
         return jnp.mean(-t * jax.nn.log_sigmoid(logits) - (1 - t) * jax.nn.log_sigmoid(-logits))
-
-    def sample_labels(self, rng: np.random.Generator, batch: int, out_shape: Shape) -> np.ndarray:
-        if self.soft:
-            return sample_soft_targets(rng, batch, out_shape[0])
-        return rng.integers(0, out_shape[0], batch).astype(np.int32)
 
     @classmethod
     def gate_cases(cls) -> list[tuple[Loss, Shape]]:

@@ -39,11 +39,11 @@ def check_soft(loss: Any) -> None:
 
 
 @attrs.frozen
-class CrossEntropy(Loss):
-    """mean_b −Σ_c t_c log softmax(z)_c with t = (1−ε)·onehot(y) + ε/C; with `soft`, y is the
-    target distribution t itself ([B, C] floats: mixup / cutmix on the host)."""
+class ClassTargetLoss(Loss):
+    """A loss on logits [classes] against class labels, or with `soft` against target
+    distributions [B, C] (mixup / cutmix mixed and smoothed on the host): the label handling that
+    crossEntropy and bce share. Label smoothing: t = (1−ε)·onehot(y) + ε/C."""
 
-    name = "crossEntropy"
     label_kind = "class"  # soft targets too: they are mixed class labels, scored as classes
     label_smoothing: float = 0.0
     soft: bool = False
@@ -64,6 +64,18 @@ class CrossEntropy(Loss):
         t = one_hot(b, y, classes, dtype)
         eps = self.label_smoothing
         return t * (1.0 - eps) + eps / classes if eps else t
+
+    def sample_labels(self, rng: np.random.Generator, batch: int, out_shape: Shape) -> np.ndarray:
+        if self.soft:
+            return sample_soft_targets(rng, batch, out_shape[0])
+        return rng.integers(0, out_shape[0], batch).astype(np.int32)
+
+
+@attrs.frozen
+class CrossEntropy(ClassTargetLoss):
+    """mean_b −Σ_c t_c log softmax(z)_c (targets: ClassTargetLoss)."""
+
+    name = "crossEntropy"
 
     def forward(self, b: Builder, logits: Value, y: Value) -> Value:
         n, c = logits.shape
@@ -97,11 +109,6 @@ class CrossEntropy(Loss):
         else:
             t = jax.nn.one_hot(y, c, dtype=logits.dtype) * (1 - self.label_smoothing) + self.label_smoothing / c
         return -jnp.mean(jnp.sum(t * jax.nn.log_softmax(logits, axis=1), axis=1))
-
-    def sample_labels(self, rng: np.random.Generator, batch: int, out_shape: Shape) -> np.ndarray:
-        if self.soft:
-            return sample_soft_targets(rng, batch, out_shape[0])
-        return rng.integers(0, out_shape[0], batch).astype(np.int32)
 
     @classmethod
     def gate_cases(cls) -> list[tuple[Loss, Shape]]:

@@ -189,7 +189,11 @@ class DiffusionTask(Task):
 
     kind = "noise"
     plot = ("noise_mse", "test noise MSE")
-    schedule = diffusion.LinearSchedule()
+
+    @property
+    def schedule(self) -> diffusion.LinearSchedule:
+        """The run's own β schedule (its config; an older run's, without one, the documented default)."""
+        return diffusion.LinearSchedule.of(self.run.cfg)
 
     @classmethod
     def default_loss(cls, spec: NetSpec, data_cls: Any) -> str | None:
@@ -197,6 +201,7 @@ class DiffusionTask(Task):
 
     def check(self) -> None:
         run = self.run
+        self.schedule  # noqa: B018 — refuse an impossible schedule before anything trains with it
         out = tuple(run.spec.walk()[-1].out_shape)
         image = tuple(getattr(run.data, "image_shape", ()))
         if image != out or tuple(run.spec.input_shape) != (out[0] + 1, *out[1:]):

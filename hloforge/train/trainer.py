@@ -27,7 +27,7 @@ import numpy as np
 from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
 from hloforge.core.registry import default_registry
 from hloforge.core.spec import NetSpec
-from hloforge.core.variant import SHADOW, Variant
+from hloforge.core.variant import SHADOW, Variant, ema_decay_at
 from hloforge.datasets.stream import DataRef, Feed
 from hloforge.train import checkpoint as ckpt
 from hloforge.train import fp8
@@ -51,6 +51,7 @@ class TrainConfig:
     data: str = "digits"
     data_dir: str = ""
     data_file: str = ""  # a file-based dataset's file (e.g. text's UTF-8 corpus)
+    data_options: str = ""  # the dataset's own options, "key=value,…" (e.g. shapes "size=16,noise=0")
     workers: int = 0  # producer processes streaming the batches (seed 003); 0: drawn in process
     augment: bool = True  # the dataset's training augmentation (crop, flip, ...), seeded per step
     backend: str = ""  # empty: $HLOFORGE_BACKEND, else xla; the run records the resolved name
@@ -68,6 +69,10 @@ class TrainConfig:
     weight_decay: float | None = None
     label_smoothing: float = 0.0
     loss: str = ""  # empty: the one the net and dataset call for (hloforge.train.tasks.default_loss)
+    # a DDPM's linear β schedule (hloforge.train.diffusion); sampling reads it back from the checkpoint
+    diffusion_steps: int = 1000
+    beta_start: float = 1e-4
+    beta_end: float = 0.02
     # the rest of the variant (hloforge.core.variant.Variant): wrappers, mixing, masks, BN ε, precision
     ema: float = 0.0
     accum: int = 1
@@ -152,6 +157,27 @@ def load_config(path: str, **overrides: Any) -> TrainConfig:
     if unknown:
         raise UnsupportedSpec(f"config {path}: unknown key(s) {unknown}; expected some of {sorted(known)}")
     return TrainConfig(**{**d, **overrides})
+
+
+def parse_data_options(text: str) -> dict[str, Any]:
+    """`data_options` ("size=16,noise=0") as the dataset's keyword arguments: each value an int,
+    else a float, else true/false, else the string as written."""
+    opts: dict[str, Any] = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        key, eq, raw = (s.strip() for s in item.partition("="))
+        if not eq or not key or not raw:
+            raise UnsupportedSpec(f"data option {item!r} is not key=value (data_options {text!r})")
+        value: Any = raw
+        for cast in (int, float):
+            try:
+                value = cast(raw)
+                break
+            except ValueError:
+                pass
+        else:
+            value = {"true": True, "false": False}.get(raw.lower(), raw)
+        opts[key] = value
+    return opts
 
 
 def is_lm(spec: NetSpec) -> bool:
@@ -255,6 +281,7 @@ class Run:
         opts: dict[str, Any] = {"data_dir": cfg.data_dir} if cfg.data_dir else {}
         if cfg.data_file:
             opts["data_file"] = cfg.data_file
+        opts.update(parse_data_options(cfg.data_options))
         if self.lm:
             if getattr(reg.get("dataset", cfg.data), "label_kind", "class") != "tokens":
                 raise DataError(f"net {self.spec.name!r} is a language model (per-token logits); dataset "
@@ -282,6 +309,11 @@ class Run:
         self.dir = cfg.resolved_run_dir(self.spec, resume)
         self.stat_names = [n for n, _ in self.spec.stats()]
         self.running = [s.initial() for _, s in self.spec.stats()]
+        self.state_layout = self.variant.state_layout(self.variant.make_optimizer(reg))
+        # The EMA shadow's BN statistics (seed 003's ema_bn): the running statistics averaged with the
+        # shadow's decay at the shadow's cadence, from the same start, so the shadow is scored with
+        # statistics that lag as its weights do (timm's ModelEma averages the BN buffers the same way).
+        self.shadow_running = [r.copy() for r in self.running] if self.state_layout.shadows else []
 
     # ------------------------------------------------------------------ checkpoints
     @property
@@ -295,9 +327,11 @@ class Run:
 
     def save(self, session: TrainSession, epoch: int) -> None:
         lay = session.layout
-        names = ckpt.tensor_names([n for n, _ in lay.params], lay.state, self.stat_names)
+        names = ckpt.tensor_names([n for n, _ in lay.params], lay.state, self.stat_names,
+                                  shadow_stats=self.state_layout.shadows)
         params, state = session.read_params(), session.read_state()
-        ckpt.save_checkpoint(self.ckpt_path, names, params + state + self.running, self.meta(epoch, session.step))
+        ckpt.save_checkpoint(self.ckpt_path, names, params + state + self.running + self.shadow_running,
+                             self.meta(epoch, session.step))
 
     def restore(self, session: TrainSession, cross_backend: bool = False) -> int:
         """Load the run's checkpoint into the session; returns the epoch it ended."""
@@ -309,9 +343,12 @@ class Run:
         try:
             params = [tensors[f"param/{n}"] for n in pn]
             state = [tensors[f"state/{k}/{n}"] for k in lay.state for n in pn]
-            self.running = [tensors[f"stat/{n}"] for n in self.stat_names]
+            self.running = [tensors[f"{ckpt.STATS}/{n}"] for n in self.stat_names]
         except KeyError as e:
             raise DataError(f"checkpoint {self.ckpt_path} lacks tensor {e.args[0]}; it is not of this net") from None
+        if self.state_layout.shadows:
+            self.shadow_running = ckpt.shadow_stats(tensors, self.stat_names, self.ckpt_path,
+                                                    "resuming would restart them; start a new run")
         session.load(params, state, meta["step"])
         return int(meta["epoch"])
 
@@ -326,6 +363,16 @@ class Run:
         if self.variant.precision == "fp8":
             return fp8.fp8_train_step(session, x, y, lr)
         return session.train_step(x, y, lr)
+
+    def _track_shadow_stats(self, micro_step: int) -> None:
+        """After 1-based micro-batch `micro_step` has moved the running statistics: when it applied an
+        update (so the shadow moved too), move the shadow's statistics toward them with the shadow's
+        decay for that update, min(d, (1 + t)/(10 + t))."""
+        lay = self.state_layout
+        if not self.shadow_running or not lay.applies(micro_step):
+            return
+        d = ema_decay_at(lay.ema, lay.update_index(micro_step))
+        self.shadow_running = [e * d + r * (1.0 - d) for e, r in zip(self.shadow_running, self.running, strict=True)]
 
     def lr(self, step: int) -> float:
         """The learning rate of the micro-batch after `step` micro-batches: the schedule runs over
@@ -386,6 +433,7 @@ class Run:
                     if self.stat_names:
                         self.running = [r * (1.0 - w) + b * w for r, b in
                                         zip(self.running, session.batch_stats(), strict=True)]
+                        self._track_shadow_stats(session.step)
                     losses.append(loss)
                     if bar is not None:
                         bar.update(1)
@@ -407,8 +455,8 @@ class Run:
                            "images_per_s": self.steps_per_epoch * cfg.batch / secs, "seconds": secs}
                 ema_line = ""
                 if self.variant.ema and not self.feed.streams and not isinstance(session, DataParallelTrainSession):
-                    # The shadow, found through the state layout (never a literal region), with the live BN stats.
-                    shadow = [*session.slot_buffers(SHADOW), *(self.backend.to_device(r) for r in self.running)]
+                    # The shadow, found through the state layout (never a literal region), with its own BN stats.
+                    shadow = [*session.slot_buffers(SHADOW), *(self.backend.to_device(r) for r in self.shadow_running)]
                     ev_ema = self.task.evaluate(evaluator, shadow)
                     metrics.update(self.task.ema_metrics(ev_ema))
                     ema_line = f"  ema {ev_ema.line.removeprefix('test ')}"
@@ -567,7 +615,7 @@ def evaluate_checkpoint(path: str, backend: str | None = None, region: str = "li
         raise UnsupportedSpec(f"region {region!r}; expected one of {list(REGIONS)}")
     oc = open_checkpoint(path, backend, log, devices)
     run, spec, meta, cfg = oc.run, oc.spec, oc.meta, oc.run.cfg
-    layout = run.variant.state_layout(run.variant.make_optimizer(default_registry()))
+    layout = run.state_layout
     layout.check_slots(f"checkpoint {oc.file}", list(oc.tensors))
     if region == "auto":  # the shadow when the variant keeps one: what its training run reported first
         region = "ema" if layout.shadows else "live"
@@ -576,7 +624,9 @@ def evaluate_checkpoint(path: str, backend: str | None = None, region: str = "li
                         "use --region live")
     # θ or the shadow slot E, named through the state layout, never by position
     params = oc.weights("param" if region == "live" else f"state/{SHADOW}", [n for n, _ in spec.params()])
-    running = oc.weights("stat", run.stat_names)
+    # each region with its own BN statistics: the live weights with the running ones, the shadow with its EMA
+    running = (oc.weights(ckpt.STATS, run.stat_names) if region == "live" else
+               ckpt.shadow_stats(oc.tensors, run.stat_names, oc.file, "score the live weights (--region live)"))
     evaluator = make_forward_session(spec, -(-cfg.batch // replicas), run.backend, replicas)
     buffers = [*params, *running]  # host arrays: the session pushes them to its device(s) once
     if run.lm:

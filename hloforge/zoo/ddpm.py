@@ -1,8 +1,13 @@
-"""`ddpm-mini`: a small U-Net noise predictor, time-conditioned by timeCondAdd after each level.
+"""`ddpm-mini`: a small U-Net noise predictor of timeResBlocks (no normalisation).
 
 Input [C+1, H, W] (the noised image and the t/T plane, hloforge.train.diffusion), output the
 predicted noise [C, H, W]; `classes` is C, the image channels (3 for shapes, 1 for digits with
-`--input 2,28,28`). H and W must divide by 4 (two levels).
+`--input 2,28,28`). H and W must divide by 4 (two levels):
+
+    conv3×3 → [res(w1) ×2, skip] → pool → [res(w2) ×2, skip] → pool → res(w2) ×2
+            → up, concat → res(w2) → up, concat → res(w1) → swish → conv3×3 to C
+
+Every timeResBlock adds the timestep embedding inside its residual branch.
 """
 
 from __future__ import annotations
@@ -11,26 +16,33 @@ from collections.abc import Sequence
 
 from hloforge.core.errors import UnsupportedSpec
 from hloforge.core.spec import Layer, NetSpec
+from hloforge.plugins.layers.activation import ACTIVATION_LAYERS
 from hloforge.plugins.layers.conv import Conv2d
-from hloforge.plugins.layers.ddpm import TimeCondAdd
-from hloforge.plugins.layers.norm import ConvBn
-from hloforge.plugins.layers.unet import UnetDown, UnetUp
+from hloforge.plugins.layers.ddpm import ACT, TimeResBlock
+from hloforge.plugins.layers.pool import MaxPool
+from hloforge.plugins.layers.unet import BilinearUpsample, Concat, PushSkip
 
-NFREQ = 4
+NFREQ = 6
+WIDTHS = (48, 96)
 
 
 def ddpm_mini(classes: int = 3, input: Sequence[int] = (4, 32, 32)) -> NetSpec:
     if input[0] != classes + 1:
         raise UnsupportedSpec(f"ddpm-mini on {classes}-channel images takes {classes + 1} input channels (the "
                               f"images and the time plane), got input {list(input)}")
-    t = TimeCondAdd(NFREQ)
+    w1, w2 = WIDTHS
+    act = next(a for a in ACTIVATION_LAYERS if a.kind == ACT)
+
+    def res(w: int) -> TimeResBlock:
+        return TimeResBlock(w, NFREQ)
+
     layers: list[Layer] = [
-        ConvBn(32), t,
-        UnetDown(32), t,
-        UnetDown(64), t,
-        ConvBn(128), t, ConvBn(128),
-        UnetUp(64), t,
-        UnetUp(32),
-        Conv2d(classes, k=1),
+        Conv2d(w1, k=3),
+        res(w1), res(w1), PushSkip(), MaxPool(2),
+        res(w2), res(w2), PushSkip(), MaxPool(2),
+        res(w2), res(w2),
+        BilinearUpsample(2), Concat(w2), res(w2),
+        BilinearUpsample(2), Concat(w1), res(w1),
+        act(), Conv2d(classes, k=3),
     ]
     return NetSpec("ddpm-mini", input, layers, classes)

@@ -1,4 +1,5 @@
-"""timeCondAdd: the DDPM timestep embedding, added to a feature map (seed 001).
+"""timeCondAdd: the DDPM timestep embedding, added to a feature map (seed 001); timeResBlock:
+a residual block with that embedding inside.
 
 A DDPM net's input carries the per-image timestep in its last channel: the host fills that
 plane with s = t / T (see `hloforge.train.diffusion.with_time_channel`). The layer reads s from
@@ -6,6 +7,15 @@ pixel (0, 0) of that channel of the *net's* input (`Ctx.net_input`; the layer's 
 when it runs alone), builds the 2·nfreq features [sin(π·2^k·s)…, cos(π·2^k·s)…] for
 k = 0 … nfreq−1 in-graph, projects them with a learned dense w [2·nfreq, C] + b [C], and adds
 the result to every pixel of its [C, H, W] input.
+
+timeResBlock(out) is the residual block of Ho et al.'s noise predictor without its GroupNorm:
+
+    h = conv1(swish(x)) + timeCondAdd;  y = skip(x) + conv2(swish(h))
+
+conv1 and conv2 3×3 "same" with bias, skip the identity when x has `out` channels and a 1×1
+conv otherwise. conv2 starts at zero (Goyal et al.'s zero-initialised residual branch), so a
+stack of blocks starts as its skips and trains stably with no normalisation: no batch
+statistics, so eval, EMA shadows and sampling see the very function that trained.
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ from hloforge.core.errors import UnsupportedSpec
 from hloforge.core.hlo import Builder, Value
 from hloforge.core.hookspecs import hookimpl
 from hloforge.core.spec import Ctx, Layer, ParamSlot, Shape
+from hloforge.plugins.layers.activation import emit_act, reference_act
 from hloforge.plugins.layers.compose import image
 from hloforge.plugins.layers.conv import Conv2d
 
@@ -72,6 +83,71 @@ class TimeCondAdd(Layer):
         return [(cls(nfreq=3), (4, 3, 3)), (SkipChain((Conv2d(5, k=3), cls(nfreq=2)), cls.kind), (3, 4, 4))]
 
 
+ACT = "swish"
+
+
+@attrs.frozen
+class TimeResBlock(Layer):
+    kind = "timeResBlock"
+    out: int
+    nfreq: int = 4
+
+    def _parts(self, in_shape: Shape) -> tuple[Conv2d, TimeCondAdd, Conv2d, Conv2d | None]:
+        if self.out <= 0:
+            raise UnsupportedSpec(f"out must be positive, got {self.out}")
+        skip = None if in_shape[0] == self.out else Conv2d(self.out, k=1)
+        return Conv2d(self.out, k=3), TimeCondAdd(self.nfreq), Conv2d(self.out, k=3), skip
+
+    def out_shape(self, in_shape: Shape) -> Shape:
+        c, h, w = image(in_shape, self.kind)
+        TimeCondAdd(self.nfreq).out_shape((self.out, h, w))
+        self._parts(in_shape)
+        return (self.out, h, w)
+
+    def param_slots(self, in_shape: Shape) -> tuple[ParamSlot, ...]:
+        conv1, time, conv2, skip = self._parts(in_shape)
+        mid = (self.out, *in_shape[1:])
+        slots = [attrs.evolve(s, name=f"conv1.{s.name}") for s in conv1.param_slots(in_shape)]
+        slots += [attrs.evolve(s, name=f"time.{s.name}") for s in time.param_slots(mid)]
+        slots += [attrs.evolve(s, name=f"conv2.{s.name}", init="zeros" if s.name == "w" else s.init)
+                  for s in conv2.param_slots(mid)]
+        if skip is not None:
+            slots += [attrs.evolve(s, name=f"skip.{s.name}") for s in skip.param_slots(in_shape)]
+        return tuple(slots)
+
+    @staticmethod
+    def _own(params: Mapping[str, Any], part: str) -> dict[str, Any]:
+        return {k.removeprefix(f"{part}."): v for k, v in params.items() if k.startswith(f"{part}.")}
+
+    def forward(self, b: Builder, x: Value, params: Mapping[str, Value], ctx: Ctx) -> Value:
+        conv1, time, conv2, skip = self._parts(tuple(x.shape[1:]))
+        # the time channel is the net's input's, or this block's own input's when it runs alone
+        tctx = attrs.evolve(ctx, net_input=ctx.net_input if ctx.net_input is not None else x)
+        h = conv1.forward(b, emit_act(b, ACT, x), self._own(params, "conv1"), ctx)
+        h = time.forward(b, h, self._own(params, "time"), tctx)
+        h = conv2.forward(b, emit_act(b, ACT, h), self._own(params, "conv2"), ctx)
+        return h + (x if skip is None else skip.forward(b, x, self._own(params, "skip"), ctx))
+
+    def reference(self, params: Mapping[str, Any], x: Any, ctx: Ctx | None) -> Any:
+        conv1, time, conv2, skip = self._parts(tuple(x.shape[1:]))
+        src = ctx.net_input if ctx is not None and ctx.net_input is not None else x
+        h = conv1.reference(self._own(params, "conv1"), reference_act(ACT, x), Ctx())
+        h = time.reference(self._own(params, "time"), h, Ctx(net_input=src))
+        h = conv2.reference(self._own(params, "conv2"), reference_act(ACT, h), Ctx())
+        return h + (x if skip is None else skip.reference(self._own(params, "skip"), x, Ctx()))
+
+    @classmethod
+    def gate_cases(cls) -> list[tuple[Layer, Shape]]:
+        from hloforge.plugins.layers.unet import SkipChain
+
+        # alone with a 1×1 skip (4 → 3 channels), and behind a conv with the identity skip (the
+        # time plane then read from the net's input, not the block's)
+        return [(cls(3, nfreq=2), (4, 4, 4)), (SkipChain((Conv2d(3, k=1), cls(3, nfreq=3)), cls.kind), (3, 4, 3))]
+
+
+TIME_CONDITIONED = frozenset({TimeCondAdd.kind, TimeResBlock.kind})  # the layers that read the time channel
+
+
 @hookimpl
 def hloforge_layers() -> list[type]:
-    return [TimeCondAdd]
+    return [TimeCondAdd, TimeResBlock]
