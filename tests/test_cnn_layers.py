@@ -76,7 +76,8 @@ def test_layers_report_stats_in_declared_order(case) -> None:
 # ------------------------------------------------------------------ bad input: one line, block and rule
 @pytest.mark.parametrize("layers, shape, expect", [
     ([ConvBn(8), ResidualStage(16, stride=2)], (1, 7, 7),
-     "layer 1 (residualStage(out=16, n=2, stride=2, project=True, eps=1e-05)) on input [8, 7, 7]: block 0: "
+     "layer 1 (residualStage(out=16, n=2, stride=2, project=True, eps=1e-05, drop_path=0.0)) on input [8, 7, 7]: "
+     "block 0: "
      "conv1: stride 2 does not divide the 7x7 input"),
     ([ResidualStage(16, n=1, project=False)], (8, 4, 4),
      "block 0: identity skip gives [8, 4, 4] but the main path gives [16, 4, 4]"),
