@@ -135,7 +135,7 @@ def _compare(args: argparse.Namespace) -> None:
 def _sample(args: argparse.Namespace) -> None:
     from hloforge.train.diffusion import sample_run
 
-    sample_run(args.run, args.n, args.out, args.seed, args.backend)
+    sample_run(args.run, args.n, args.out, args.seed, args.backend, args.region, args.clip)
 
 
 def _shape(text: str) -> tuple[int, ...]:
@@ -195,7 +195,9 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--data", help="a dataset plugin (default digits, embedded)")
     sp.add_argument("--data-dir", help="where a file-based dataset reads from (e.g. mnist's IDX files)")
     sp.add_argument("--data-file", help="a file-based dataset's file (text: a UTF-8 corpus; default pydoc topics)")
-    sp.add_argument("--data-options", metavar="K=V,...", help="the dataset's own options, e.g. shapes: size=16,noise=0")
+    sp.add_argument("--data-opt", dest="data_options", action="append", metavar="KEY=VALUE",
+                    help="a dataset option (repeatable; int, float, true/false or text), e.g. shapes: "
+                         "--data-opt size=48 --data-opt noise=0; kept with the run for eval, detect and sample")
     sp.add_argument("--workers", type=int, help="stream batches from N producer processes (default 0: in process)")
     sp.add_argument("--no-augment", dest="augment", action="store_const", const=False,
                     help="train without the dataset's augmentation (crops become centre crops)")
@@ -277,6 +279,10 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", default="grid.png")
     sp.add_argument("--seed", type=int, default=0)
     sp.add_argument("--backend", help="run on this backend (default: the one it trained on)")
+    sp.add_argument("--region", default="auto", choices=("live", "ema", "auto"),
+                    help="live weights, the EMA shadow, or auto (default: the shadow when the run kept one)")
+    sp.add_argument("--no-clip", dest="clip", action="store_false",
+                    help="leave each step's predicted clean image unclipped (default: clip it to the data's range)")
     sp.set_defaults(func=_sample)
     prepare_parser(sub)
     sub.add_parser("bench", add_help=False, help="step time vs jax.jit and PyTorch (see `hloforge bench -h`)")

@@ -147,6 +147,16 @@ def test_head_refusals() -> None:
         Yolov1Loss().check((9, 7, 7))
 
 
+def test_zoo_detector_grids() -> None:
+    from hloforge.zoo import get_net
+
+    full = get_net("yolov1")  # seed 001: ResNet-34 to a 7×7 grid, 2 boxes·5 + 20 classes per cell
+    assert full.input_shape == (3, 224, 224) and full.walk()[-1].out_shape == (30, 7, 7)
+    mini = get_net("yolov1-mini")  # stride 4 on shapes' 32×32: 8×8 cells of 4 px
+    assert mini.walk()[-1].out_shape == (13, 8, 8) and DetectionHead.of(mini).label_shape == (14, 8, 8)
+    assert get_net("fpn-mini").walk()[-1].out_shape == (8 * 8 + 4 * 4 + 2 * 2, 1, 8)
+
+
 # ------------------------------------------------------------------ encoding and decoding
 def _perfect_raw(head: DetectionHead, targets: np.ndarray) -> np.ndarray:
     """The raw output a perfect net would give for these targets (inverse of the decoder's maps)."""
@@ -287,21 +297,86 @@ def test_prepare_yolo_refuses_a_bad_label(tmp_path) -> None:
     assert not (tmp_path / "out" / "train.bin").exists()
 
 
-# ------------------------------------------------------------------ end to end
-def test_train_and_detect_end_to_end(tmp_path) -> None:
+# ------------------------------------------------------------------ shapes' normalize, dataset options
+def test_shapes_normalize_is_its_own_standardisation() -> None:
+    from hloforge.datasets.shapes import Shapes
+
+    ds = Shapes(size=24, n_train=24, n_test=8)
+    raw_test = ds._generate(1, 8)[0]  # split index 1: the test images as drawn, before standardising
+    x = ds.arrays("test")[0]
+    assert ds.normalize(raw_test).tobytes() == x.tobytes()  # the same float32 arithmetic, bit for bit
+    assert ds.normalize(raw_test[3]).tobytes() == x[3].tobytes()  # one image [3, S, S]
+    # An image file's bytes: within half a quantisation step, where the drawing is inside [0, 1].
+    as_bytes = (np.clip(raw_test, 0, 1) * 255).round().astype(np.uint8)
+    inside = (raw_test >= 0) & (raw_test <= 1)
+    err = np.abs(ds.normalize(as_bytes) - x) * ds.std
+    assert err[inside].max() <= 0.5 / 255 + 1e-6
+    with pytest.raises(DataError, match=r"normalises images \[3, 24, 24\]"):
+        ds.normalize(np.zeros((24, 24, 3), np.uint8))  # channels last
+    with pytest.raises(DataError, match="uint8 or float"):
+        ds.normalize(np.zeros((3, 24, 24), np.int32))
+
+
+def test_data_options_parse_store_and_merge(tmp_path) -> None:
+    from hloforge.train.trainer import TrainConfig, load_config, parse_data_options
+
+    opts = parse_data_options(("size=48", "noise=0.0", "flag=TRUE", "name=a b", "size=40"))
+    assert opts == {"size": 40, "noise": 0.0, "flag": True, "name": "a b"}  # a later key wins
+    assert type(opts["size"]) is int and type(opts["noise"]) is float
+    assert TrainConfig(data_options="size=16, noise=0").data_options == ("size=16", "noise=0")  # one string
+    cfg = TrainConfig(data="shapes", data_options=["size=16", "noise=0"])
+    (tmp_path / "c.toml").write_text(cfg.to_toml())
+    assert load_config(str(tmp_path / "c.toml")) == cfg
+    merged = load_config(str(tmp_path / "c.toml"), data_options=["noise=0.1"])
+    assert parse_data_options(merged.data_options) == {"size": 16, "noise": 0.1}
+    with pytest.raises(UnsupportedSpec, match="'size16' is not KEY=VALUE"):
+        parse_data_options(["size16"])
+
+
+def test_an_unknown_data_option_names_the_accepted_ones(tmp_path, capsys) -> None:
     from hloforge.cli import main
 
-    run = tmp_path / "run"
-    assert main(["train", "fpn-mini", "--data", "shapes", "--epochs", "1", "--batch", "64", "--run-dir", str(run),
-                 "--no-progress"]) == 0
+    assert main(["train", "yolov1-mini", "--data", "shapes", "--data-opt", "sizze=48", "--run-dir",
+                 str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "dataset 'shapes' does not take option(s) ['sizze']; its options are ['size', 'n_train'" in err
+    assert not (tmp_path / "r").exists()
+
+
+# ------------------------------------------------------------------ end to end
+def test_train_and_detect_end_to_end(tmp_path, capsys) -> None:
     import json
 
-    rows = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
-    epoch = [r for r in rows if r.get("kind") == "epoch"][-1]
-    assert 0.0 <= epoch["map50"] <= 1.0 and epoch["n"] == 256
-    out = tmp_path / "boxes.png"
-    assert main(["detect", str(run), "--index", "0", "--out", str(out), "--score", "0.05"]) == 0
     from PIL import Image
 
+    from hloforge.cli import main
+    from hloforge.datasets.shapes import Shapes
+    from hloforge.train.detection import load_image
+    from hloforge.train.trainer import open_checkpoint
+
+    run = tmp_path / "run"
+    assert main(["train", "fpn-mini", "--data", "shapes", "--data-opt", "n_train=512", "--data-opt", "n_test=40",
+                 "--epochs", "1", "--batch", "64", "--run-dir", str(run), "--no-progress"]) == 0
+    rows = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+    epoch = [r for r in rows if r.get("kind") == "epoch"][-1]
+    assert 0.0 <= epoch["map50"] <= 1.0 and epoch["n"] == 40  # scored on the optioned test split
+    out = tmp_path / "boxes.png"
+    assert main(["detect", str(run), "--index", "39", "--out", str(out), "--score", "0.05"]) == 0
     assert Image.open(out).size == (256, 256)
-    assert main(["detect", str(run), str(out)]) == 2  # shapes cannot normalise a file: one clear error
+    capsys.readouterr()
+    # detect rebuilt the run's dataset with its stored options: 40 test images, not the default 256
+    assert main(["detect", str(run), "--index", "40"]) == 2
+    assert "the run's test split has 40 images" in capsys.readouterr().err
+    # An image file, normalised as the run's dataset normalises its own images.
+    raw = Shapes(n_train=512, n_test=40)._generate(1, 1)[0][0]  # test image 0 as drawn
+    png = tmp_path / "shape.png"
+    Image.fromarray((np.clip(raw, 0, 1) * 255).round().astype(np.uint8).transpose(1, 2, 0)).save(png)
+    drawn = tmp_path / "file_boxes.png"
+    assert main(["detect", str(run), str(png), "--out", str(drawn), "--score", "0.05"]) == 0
+    assert Image.open(drawn).size == (256, 256)
+    assert f"written to {drawn}" in capsys.readouterr().out
+    data = open_checkpoint(str(run), log=lambda _: None).run.data
+    inside = (raw >= 0) & (raw <= 1)
+    err = np.abs(data.normalize(load_image(str(png), 32)) - data.arrays("test")[0][0]) * data.std[0]
+    assert err[inside].max() <= 0.5 / 255 + 1e-6

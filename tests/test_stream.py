@@ -291,3 +291,105 @@ def test_train_with_workers_streams_train_and_eval(cifar, tmp_path, monkeypatch)
     monkeypatch.setenv(FAULT_ENV, "tail")
     with pytest.raises(DataError, match="the streamed eval pass scored 12 images; the eval split has 14"):
         train(TrainConfig(**cfg, workers=2, run_dir=str(tmp_path / "faulty")), progress=False, log=lambda s: None)
+
+
+def test_a_streamed_run_never_loads_the_eval_split_whole(cifar, tmp_path, monkeypatch):
+    import json
+
+    from hloforge.train.trainer import TrainConfig, evaluate_checkpoint, open_checkpoint, train
+
+    def whole_split(self, split):  # producers read records; only a random-access consumer may ask for this
+        raise AssertionError(f"arrays({split!r}) loaded the whole split")
+
+    net = tmp_path / "cifar-linear.json"
+    net.write_text(json.dumps({"name": "cifar-linear", "input_shape": [3072], "num_classes": 10,
+                               "layers": [{"kind": "dense", "units": 10}]}))
+    with monkeypatch.context() as patch:
+        patch.setattr(cifar10.Cifar10, "arrays", whole_split)
+        m = train(TrainConfig(net=str(net), data="cifar10", data_dir=str(tmp_path), epochs=1, batch=BATCH, workers=1,
+                              run_dir=str(tmp_path / "r")), progress=False, log=lambda s: None)
+        assert m["n"] == 14
+        # the scorer streams the eval split as the training run did: the same number, still never loaded whole
+        assert evaluate_checkpoint(str(tmp_path / "r"), log=lambda s: None).top1 == m["correct"]
+        run = open_checkpoint(str(tmp_path / "r"), log=lambda s: None).run
+        with pytest.raises(AssertionError, match="loaded the whole split"):
+            run.x_te  # noqa: B018 — a consumer that needs random access (cam) is the one that loads it
+    x, y = cifar[0].arrays("test")
+    assert run.x_te.shape == (14, 3072) and np.array_equal(run.x_te, x.reshape(14, -1))
+    assert np.array_equal(run.y_te, y)
+
+
+def test_split_labels_are_the_transformed_labels_a_chunk_at_a_time(tmp_path, monkeypatch):
+    from hloforge.datasets import brats, stream
+
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (5, 4, 8, 8)).astype(np.uint8)
+    masks = rng.integers(0, 4, (5, 8, 8)).astype(np.uint8)
+    for name in ("train.bin", "val.bin"):
+        (tmp_path / name).write_bytes(struct.pack("<I", 5) + b"".join(
+            im.tobytes() + m.tobytes() for im, m in zip(images, masks, strict=True)))
+    ds = brats.Brats(str(tmp_path), size=8)
+    monkeypatch.setattr(stream, "LABEL_CHUNK", 2)  # 2 + 2 + 1: the short last chunk too
+    y = stream.split_labels(ds, "test")
+    assert y.dtype == np.int32 and np.array_equal(y, ds.arrays("test")[1]) and np.array_equal(y, masks)
+
+
+# ------------------------------------------------------------------ the producer's start-up
+def test_a_producer_imports_only_the_dataset_plugins(cifar, tmp_path):
+    """A producer rebuilds its dataset through the dataset plugins alone: no layer, loss or backend
+    module is imported, while the answers (and the errors) stay the full registry's."""
+    import subprocess
+
+    code = textwrap.dedent(f"""
+        import sys
+        from hloforge.core.errors import PluginError
+        from hloforge.datasets.stream import DataRef
+        ds = DataRef("cifar10", {{"data_dir": {str(tmp_path)!r}}}).make()
+        assert type(ds).__name__ == "Cifar10", ds
+        heavy = sorted(m for m in sys.modules if m.startswith(("hloforge.backends", "hloforge.plugins",
+                                                               "hloforge.losses", "hloforge.core.hlo", "jax")))
+        print(heavy)
+        try:
+            DataRef("imagenet").make()
+        except PluginError as e:
+            print(e)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    heavy, error = r.stdout.splitlines()
+    assert heavy == "[]", heavy
+    assert error.startswith("unknown dataset 'imagenet'; registered: ") and "cifar10 (hloforge)" in error
+
+
+def test_a_dataset_registered_under_another_group_still_reaches_the_producer(tmp_path):
+    """The dataset-only registry misses a dataset whose module is listed under another entry-point
+    group (the full registry sees its hook); the producer then asks the full registry."""
+    import subprocess
+
+    site = tmp_path / "site"
+    info = site / "oddplugin-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: oddplugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[hloforge.losses]\nodd = odd_plugin\n")
+    (site / "odd_plugin.py").write_text(textwrap.dedent("""
+        import numpy as np
+        from hloforge.core.hookspecs import hookimpl
+
+        class Odd:
+            name = "oddData"
+            num_classes = 2
+
+            def arrays(self, split):
+                return np.arange(12, dtype=np.float32).reshape(6, 2), np.array([0, 1] * 3, np.int32)
+
+        @hookimpl
+        def hloforge_datasets():
+            return [Odd]
+    """))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+    r = subprocess.run([sys.executable, "-m", "hloforge.datasets.stream", "--data", "oddData", "--split", "test",
+                        "--batch", "4", "--mode", "eval"], capture_output=True, env=env)
+    assert r.returncode == 0, r.stderr.decode()
+    # the preamble, a batch of 4 rows and the short one of 2: row count, int32 labels, 2 float32 each
+    assert len(r.stdout) == PREAMBLE.size + (4 + 4 * 4 + 4 * 8) + (4 + 2 * 4 + 2 * 8)
+    magic, version, batch, flat, classes, width = PREAMBLE.unpack(r.stdout[:PREAMBLE.size])
+    assert (magic, batch, flat, classes, width) == (MAGIC, 4, 2, 2, 1)

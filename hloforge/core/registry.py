@@ -61,15 +61,21 @@ class BrokenPlugin:
 
 
 class Registry:
-    def __init__(self, extra_plugins: tuple[tuple[Any, str], ...] = ()):
-        """Load every entry point; `extra_plugins` (module, distribution) serve tests."""
+    def __init__(self, extra_plugins: tuple[tuple[Any, str], ...] = (), kinds: Sequence[str] | None = None):
+        """Load every entry point; `extra_plugins` (module, distribution) serve tests. `kinds` (default
+        all) limits the registry to those kinds' entry-point groups: a process that only needs datasets
+        (a streaming producer) then imports no layer, loss or backend module."""
+        self.kinds = tuple(KINDS) if kinds is None else tuple(kinds)
+        unknown = sorted(set(self.kinds) - set(KINDS))
+        if unknown:
+            raise PluginError(f"unknown component kind(s) {unknown}; expected some of {list(KINDS)}")
         self.pm = pluggy.PluginManager("hloforge")
         self.pm.add_hookspecs(hookspecs)
         if os.environ.get("HLOFORGE_TRACE_PLUGINS") == "1":
             self.pm.add_hookcall_monitoring(_trace_before, _trace_after)
         self._dist: dict[str, str] = {}
         self.broken: list[BrokenPlugin] = []
-        for group, _, _ in KINDS.values():
+        for group, _, _ in (KINDS[kind] for kind in self.kinds):
             for ep in entry_points(group=group):
                 dist = ep.dist.name if ep.dist is not None else "?"
                 name = f"{dist}:{group}:{ep.name}"
@@ -82,7 +88,7 @@ class Registry:
         for module, dist in extra_plugins:
             self._register(module, f"{dist}:{module.__name__}", dist)
         self._tables: dict[str, dict[str, Entry]] = {kind: {} for kind in KINDS}
-        for kind, (_, hook, attr) in KINDS.items():
+        for kind, (_, hook, attr) in ((k, KINDS[k]) for k in self.kinds):
             impls = getattr(self.pm.hook, hook).get_hookimpls()
             for impl in impls:
                 # One plugin at a time, so each component keeps its distribution; through the hook caller
@@ -133,8 +139,13 @@ class Registry:
     def get(self, kind: str, name: str) -> Any:
         return self.entry(kind, name).obj
 
+    def _table(self, kind: str) -> dict[str, Entry]:
+        if kind not in self.kinds:
+            raise PluginError(f"this registry loads only the {list(self.kinds)} plugins, not {kind!r}")
+        return self._tables[kind]
+
     def entry(self, kind: str, name: str) -> Entry:
-        table = self._tables[kind]
+        table = self._table(kind)
         if name not in table:
             known = ", ".join(f"{n} ({e.distribution})" for n, e in sorted(table.items())) or "none"
             broken = "".join(f"; not loaded: {b.plugin} ({b.error})" for b in self.broken)
@@ -157,7 +168,7 @@ class Registry:
             raise UnsupportedSpec(f"{kind} {name!r}: {e}") from None
 
     def names(self, kind: str) -> list[str]:
-        return sorted(self._tables[kind])
+        return sorted(self._table(kind))
 
     def entries(self) -> Iterator[Entry]:
         for kind in KINDS:
@@ -189,3 +200,11 @@ def _trace_after(outcome: pluggy.Result[object], hook_name: str, impls: Sequence
 @functools.cache
 def default_registry() -> Registry:
     return Registry()
+
+
+@functools.cache
+def dataset_registry() -> Registry:
+    """The dataset plugins alone: what a streaming producer needs to rebuild its dataset. It finds
+    every dataset registered under the datasets entry-point group; a caller that misses a name here
+    asks `default_registry()`, which also sees a dataset a module registered under another group."""
+    return Registry(kinds=("dataset",))

@@ -125,8 +125,8 @@ class Layer:
     """
 
     kind: ClassVar[str]
-    # The lowering-strategy kinds (core/strategy.py) this layer's forward consults; the gate runs
-    # each of its cases once per choice of each.
+    # The lowering-strategy kinds (core/strategy.py) this layer's forward may consult; the gate runs
+    # each of its cases once per choice of each kind `strategies_for` names for that case.
     strategy_kinds: ClassVar[tuple[str, ...]] = ()
 
     def out_shape(self, in_shape: Shape) -> Shape:
@@ -151,6 +151,10 @@ class Layer:
         """The shape of the skip this layer's forward pops off `ctx.skips` (the most recent one
         pushed), or None."""
         return None
+
+    def strategies_for(self, in_shape: Shape) -> tuple[str, ...]:
+        """The strategy kinds the forward consults on this input (default: all of `strategy_kinds`)."""
+        return self.strategy_kinds
 
     def supports_nhwc(self, in_shape: Shape) -> bool:
         """Whether `forward` takes (and returns) an NHWC image when `ctx.layout` is "NHWC", so a

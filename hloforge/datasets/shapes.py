@@ -10,7 +10,8 @@ shape is redrawn, so every listed shape stays mostly visible.
 - `arrays(split)` -> (x float32 [N,3,S,S], masks int32 [N,S,S]): x standardised
   per channel with the training split's mean and standard deviation; masks
   hold `MASK_CLASSES` (0 background, 1 circle, 2 square, 3 triangle) of the
-  shape visible at each pixel.
+  shape visible at each pixel. `normalize(images)` applies that standardisation to other
+  images (an image file's bytes, for `hloforge detect`).
 - `boxes(split)` -> one float32 [k,5] array per image, rows (class, x0, y0, x1, y1)
   with `BOX_CLASSES` (0 circle, 1 square, 2 triangle) in drawing order. A box is
   the tight bound of the shape *as drawn* (all its pixels, including any an
@@ -107,10 +108,28 @@ class Shapes:
         self.image_shape = (3, size, size)
         raw = {split: self._generate(i, n) for i, (split, n) in enumerate((("train", n_train), ("test", n_test)))}
         train_x = raw["train"][0]
-        mean = train_x.mean(axis=(0, 2, 3), keepdims=True)
-        std = train_x.std(axis=(0, 2, 3), keepdims=True)
-        self._arrays = {s: (((x - mean) / std).astype(np.float32), m) for s, (x, m, _) in raw.items()}
+        # [1, 3, 1, 1] float32: the training split's per-channel statistics, what `normalize` applies
+        self.mean = train_x.mean(axis=(0, 2, 3), keepdims=True)
+        self.std = train_x.std(axis=(0, 2, 3), keepdims=True)
+        self._arrays = {s: (self.normalize(x), m) for s, (x, m, _) in raw.items()}
         self._boxes = {s: b for s, (_, _, b) in raw.items()}
+
+    def normalize(self, images: np.ndarray) -> np.ndarray:
+        """Images as the net reads them: [3, S, S] or [N, 3, S, S], floats on the generator's scale
+        (background and colours in [0, 1]) or uint8 bytes (÷ 255 first, as an image file decodes),
+        standardised with the training split's per-channel mean and standard deviation — the same
+        float32 arithmetic `arrays` applies to the generated images."""
+        a = np.asarray(images)
+        if a.ndim not in (3, 4) or tuple(a.shape[-3:]) != self.image_shape:
+            raise DataError(f"shapes normalises images [3, {self.size}, {self.size}] or [N, 3, {self.size}, "
+                            f"{self.size}] (channels first), got {list(a.shape)}")
+        if a.dtype == np.uint8:
+            a = a.astype(np.float32) / np.float32(255.0)
+        elif not np.issubdtype(a.dtype, np.floating):
+            raise DataError(f"shapes normalises uint8 or float images, got {a.dtype}")
+        a = a.astype(np.float32, copy=False)
+        mean, std = (self.mean, self.std) if a.ndim == 4 else (self.mean[0], self.std[0])
+        return ((a - mean) / std).astype(np.float32)
 
     def _generate(self, split_index: int, n: int) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
         rng = np.random.default_rng([self.seed, split_index])

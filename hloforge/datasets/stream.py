@@ -79,6 +79,22 @@ def split_view(data: Any, split: str, augment: bool) -> tuple[Any, np.ndarray, T
     return x, y, Compose(())
 
 
+LABEL_CHUNK = 256  # stored images transformed at a time while only the labels are kept
+
+
+def split_labels(data: Any, split: str) -> np.ndarray:
+    """A split's labels as its deterministic transform gives them (a mask may change dtype or size),
+    without the float split ever being whole in memory: a record dataset's stored rows go through the
+    transform a chunk at a time and only the labels are kept. An array dataset's split is already
+    in memory, so its labels are read off it."""
+    if not hasattr(data, "records"):
+        return np.asarray(data.arrays(split)[1])
+    x, y, t = split_view(data, split, augment=False)
+    parts = [t(np.asarray(x[i:i + LABEL_CHUNK]), np.asarray(y[i:i + LABEL_CHUNK]), step_rng(0))[1]
+             for i in range(0, len(x), LABEL_CHUNK)]
+    return np.concatenate(parts) if parts else np.asarray(y)
+
+
 @attrs.frozen
 class Layout:
     """What one row looks like on the wire and to the net."""
@@ -149,9 +165,18 @@ class DataRef:
     options: Mapping[str, Any] = attrs.field(factory=dict, converter=dict)
 
     def make(self) -> Any:
-        from hloforge.core.registry import default_registry
+        """The dataset, found through the dataset plugins alone (a producer's start-up then imports no
+        layer, loss or backend); a name they lack goes to the full registry, which gives the same
+        answer or error a training process gets."""
+        from hloforge.core.errors import PluginError
+        from hloforge.core.registry import dataset_registry, default_registry
 
-        return default_registry().make("dataset", self.name, **self.options)
+        registry = dataset_registry()
+        try:
+            registry.entry("dataset", self.name)
+        except PluginError:
+            registry = default_registry()
+        return registry.make("dataset", self.name, **self.options)
 
 
 def producer_command(ref: DataRef, split: str, batch: int, shard: int, shards: int, seed: int, epoch: int,

@@ -360,14 +360,12 @@ def gate_cases(registry: Any = None, names: Sequence[str] | None = None) -> list
             # each case as rendered for no target (every strategy kind's first choice), then once
             # per other choice of each strategy kind the layer consults (layout=nhwc only where the
             # case takes NHWC at all: otherwise it renders the same module)
-            forcings = [()] + [((k, c),) for k in getattr(e.obj, "strategy_kinds", ())
-                               for c in strategy.kind(k).choices[1:]]
             for obj, shape in e.obj.gate_cases():
                 stats = bool(walk_layers([obj], tuple(shape))[0].stats)
                 nhwc = len(shape) == 3 and obj.supports_nhwc(tuple(shape))
+                kinds = [k for k in obj.strategies_for(tuple(shape)) if k != "layout" or nhwc]
+                forcings = [()] + [((k, c),) for k in kinds for c in strategy.kind(k).choices[1:]]
                 for forced in forcings:
-                    if forced == (("layout", "nhwc"),) and not nhwc:
-                        continue
                     out.append(GateCase(e.kind, e.name, obj, tuple(shape), e.distribution, strategy=forced))
                     if stats:
                         out.append(GateCase(e.kind, e.name, obj, tuple(shape), e.distribution, "eval",

@@ -3,19 +3,34 @@
 The net predicts the noise ε from x_t and the time channel: its input is [C+1, H, W], the
 image and a plane filled with t/T (seed 001; the net's timeCondAdd layers read it), its output
 [C, H, W]. Training draws per image t ~ U{0 … T−1} and ε ~ N(0, I) from (seed, step) and
-feeds x_t = √ᾱ_t·x0 + √(1−ᾱ_t)·ε with the target ε (loss: per-pixel MSE). Sampling runs the
-eval forward module T times, from x_T ~ N(0, I):
+feeds x_t = √ᾱ_t·x0 + √(1−ᾱ_t)·ε with the target ε (loss: per-pixel MSE).
 
-    x_{t−1} = (x_t − β_t/√(1−ᾱ_t)·ε̂) / √α_t + σ_t·z,   σ_t = √β_t, no noise at t = 0.
+The schedule (T, β_1, β_T) is the run's config (`diffusion_steps`, `beta_start`, `beta_end`),
+stored in every checkpoint, so sampling always uses the schedule the run trained with; a run
+from before those keys existed reads the defaults, which are the schedule it trained with
+(Ho et al.'s 1e-4 … 0.02 over 1000 steps). Fewer steps want a wider range (T = 250:
+β up to 0.08) so x_T stays (nearly) pure noise; `LinearSchedule` refuses a schedule that
+leaves more than 5% of the signal at T.
+
+Sampling runs the eval forward module T times, from x_T ~ N(0, I), through the posterior
+q(x_{t−1} | x_t, x̂0) with x̂0 = (x_t − √(1−ᾱ_t)·ε̂)/√ᾱ_t:
+
+    x_{t−1} = √ᾱ_{t−1}·β_t/(1−ᾱ_t)·x̂0 + √α_t·(1−ᾱ_{t−1})/(1−ᾱ_t)·x_t + σ_t·z,   σ_t = √β_t,
+
+no noise at t = 0 (ᾱ_{−1} = 1). Unclipped this is exactly Ho et al.'s
+(x_t − β_t/√(1−ᾱ_t)·ε̂)/√α_t + σ_t·z; `hloforge sample` clips x̂0 to the training images'
+per-channel range first (as Ho et al.'s sampler clips to [−1, 1]; `--no-clip` turns it off).
 
 `hloforge sample RUN -n 16 --out grid.png` writes the samples as a PNG grid, each channel
-mapped to [0, 1] through the test images' range of that channel.
+mapped to [0, 1] through the training images' range of that channel, from the EMA shadow when
+the run kept one (`--region`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import attrs
 import numpy as np
@@ -34,13 +49,40 @@ def is_time_conditioned(spec: NetSpec) -> bool:
     return len(spec.walk()[-1].out_shape) == 3 and any(layer.kind in TIME_CONDITIONED for layer in spec.layers)
 
 
+def _probability(instance: Any, attribute: Any, value: float) -> None:
+    if not 0.0 < value < 1.0:
+        raise UnsupportedSpec(f"{attribute.name} is a noise variance per step, in (0, 1); got {value}")
+
+
+MAX_SIGNAL_AT_T = 0.05  # √ᾱ_T above this: x_T is not noise, and sampling from N(0, I) is off the model
+
+
 @attrs.frozen
 class LinearSchedule:
     """β linear from beta_start to beta_end over `steps` (Ho et al.: 1e-4 … 0.02 over 1000)."""
 
     steps: int = 1000
-    beta_start: float = 1e-4
-    beta_end: float = 0.02
+    beta_start: float = attrs.field(default=1e-4, validator=_probability)
+    beta_end: float = attrs.field(default=0.02, validator=_probability)
+
+    def __attrs_post_init__(self) -> None:
+        if self.steps < 2:
+            raise UnsupportedSpec(f"diffusion_steps must be at least 2, got {self.steps}")
+        if self.beta_end < self.beta_start:
+            raise UnsupportedSpec(f"beta_end {self.beta_end} is below beta_start {self.beta_start}; the linear "
+                                  "schedule adds noise at a rising rate")
+        signal = math.sqrt(float(self.alpha_bar[-1]))
+        if signal > MAX_SIGNAL_AT_T:
+            raise UnsupportedSpec(f"schedule {self.describe()} leaves √ᾱ_T = {signal:.3g} of the image at t = T "
+                                  f"(at most {MAX_SIGNAL_AT_T}); raise beta_end or diffusion_steps")
+
+    @classmethod
+    def of(cls, cfg: Any) -> LinearSchedule:
+        """A run's schedule, from its config (hloforge.train.trainer.TrainConfig)."""
+        return cls(cfg.diffusion_steps, cfg.beta_start, cfg.beta_end)
+
+    def describe(self) -> str:
+        return f"T {self.steps}, β {self.beta_start:g} … {self.beta_end:g}"
 
     @property
     def betas(self) -> np.ndarray:
@@ -81,13 +123,19 @@ def eval_pair(x0: np.ndarray, schedule: LinearSchedule) -> tuple[np.ndarray, np.
 
 
 def ancestral_sample(predict: Callable[[np.ndarray], np.ndarray], n: int, shape: tuple[int, ...],
-                     schedule: LinearSchedule, rng: np.random.Generator) -> np.ndarray:
-    """n images [n, *shape] drawn by ancestral sampling; `predict` maps net inputs to ε̂."""
+                     schedule: LinearSchedule, rng: np.random.Generator,
+                     clip: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """n images [n, *shape] drawn by ancestral sampling; `predict` maps net inputs to ε̂. `clip`,
+    per-channel (lo, hi), bounds each step's x̂0 (None: unclipped, Ho et al.'s update exactly)."""
     betas, alphas, ab = schedule.betas, schedule.alphas, schedule.alpha_bar
     x = rng.standard_normal((n, *shape))
     for t in range(schedule.steps - 1, -1, -1):
         eps = predict(with_time_channel(x, np.full(n, t), schedule.steps)).astype(np.float64)
-        x = (x - betas[t] / math.sqrt(1.0 - ab[t]) * eps) / math.sqrt(alphas[t])
+        x0 = (x - math.sqrt(1.0 - ab[t]) * eps) / math.sqrt(ab[t])
+        if clip is not None:
+            x0 = np.clip(x0, clip[0][:, None, None], clip[1][:, None, None])
+        ab_prev = ab[t - 1] if t > 0 else 1.0
+        x = (math.sqrt(ab_prev) * betas[t] * x0 + math.sqrt(alphas[t]) * (1.0 - ab_prev) * x) / (1.0 - ab[t])
         if t > 0:
             x = x + math.sqrt(betas[t]) * rng.standard_normal(x.shape)
     return x
@@ -116,9 +164,10 @@ def image_grid(images: np.ndarray, cols: int, zoom: int = 4, pad: int = 1) -> np
 
 
 def sample_run(run_path: str, n: int = 16, out: str = "grid.png", seed: int = 0, backend: str | None = None,
-               log: Callable[[str], None] = print) -> np.ndarray:
+               region: str = "auto", clip: bool = True, log: Callable[[str], None] = print) -> np.ndarray:
     """Draw n samples from a DDPM run's checkpoint through its eval forward module; write the grid
-    PNG to `out` and return the samples [n, C, H, W] (the data's standardised scale)."""
+    PNG to `out` and return the samples [n, C, H, W] (the data's standardised scale). `region`:
+    the live weights, the EMA shadow, or auto (the shadow when the run kept one)."""
     from hloforge.train.session import ForwardSession
     from hloforge.train.tasks import DiffusionTask
     from hloforge.train.trainer import open_checkpoint
@@ -129,21 +178,22 @@ def sample_run(run_path: str, n: int = 16, out: str = "grid.png", seed: int = 0,
     run, spec = oc.run, oc.spec
     if not isinstance(run.task, DiffusionTask):
         raise DataError(f"{oc.file} is a {spec.name!r} run trained with loss {run.variant.loss!r}, not a DDPM "
-                        "(a net with timeCondAdd trained on noise targets)")
-    params = oc.weights("param", [name for name, _ in spec.params()])
-    running = oc.weights("stat", run.stat_names)
+                        "(a net with time-conditioned layers, timeCondAdd or timeResBlock, trained on noise targets)")
+    region, params, running = oc.region_weights(region)  # θ or the EMA shadow, each with its own BN statistics
     evaluator = ForwardSession(spec, n, run.backend)
     buffers = [run.backend.to_device(a) for a in [*params, *running]]
     shape = tuple(spec.walk()[-1].out_shape)
-    x = ancestral_sample(lambda xin: evaluator.logits(xin, buffers), n, shape, run.task.schedule,
-                         np.random.default_rng(seed))
-    ref = np.asarray(run.x_te, np.float64)  # the test images, in the scale the net was trained on
+    ref = np.asarray(run.data.arrays("train")[0], np.float64)  # the scale the net was trained on
     lo, hi = ref.min(axis=(0, 2, 3)), ref.max(axis=(0, 2, 3))
+    schedule = run.task.schedule
+    x = ancestral_sample(lambda xin: evaluator.logits(xin, buffers), n, shape, schedule,
+                         np.random.default_rng(seed), (lo, hi) if clip else None)
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     plt.imsave(out, image_grid(to_unit(x, lo, hi), cols=math.ceil(math.sqrt(n))))
-    log(f"{spec.name} epoch {oc.meta['epoch']}: {n} samples ({run.task.schedule.steps} ancestral steps) -> {out}")
+    log(f"{spec.name} epoch {oc.meta['epoch']} ({region}): {n} samples ({schedule.steps} ancestral steps, "
+        f"{schedule.describe()}, x̂0 {'clipped to the data range' if clip else 'unclipped'}) -> {out}")
     return x

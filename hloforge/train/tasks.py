@@ -260,7 +260,7 @@ class DetectionTask(Task):
         image = tuple(getattr(run.data, "image_shape", run.spec.input_shape))
         if image != tuple(run.spec.input_shape):
             raise DataError(f"dataset {run.cfg.data!r} gives images {list(image)}, detector {run.spec.name!r} takes "
-                            f"{list(run.spec.input_shape)}")
+                            f"{list(run.spec.input_shape)}; a zoo net takes --input {','.join(map(str, image))}")
         boxes, head_boxes = getattr(run.variant.make_loss(default_registry()), "boxes", None), \
             getattr(self.head.layer, "boxes", None)
         if boxes != head_boxes:  # the yolov1 loss reads the head's per-cell layout with its own `boxes`

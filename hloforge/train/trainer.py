@@ -28,7 +28,7 @@ from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
 from hloforge.core.registry import default_registry
 from hloforge.core.spec import NetSpec
 from hloforge.core.variant import SHADOW, Variant, ema_decay_at
-from hloforge.datasets.stream import DataRef, Feed
+from hloforge.datasets.stream import DataRef, Feed, split_labels
 from hloforge.train import checkpoint as ckpt
 from hloforge.train import fp8
 from hloforge.train.metrics import eval_set_id, topk_correct, wilson
@@ -51,7 +51,9 @@ class TrainConfig:
     data: str = "digits"
     data_dir: str = ""
     data_file: str = ""  # a file-based dataset's file (e.g. text's UTF-8 corpus)
-    data_options: str = ""  # the dataset's own options, "key=value,…" (e.g. shapes "size=16,noise=0")
+    # the dataset's own options as "key=value" items (--data-opt, repeatable; e.g. shapes "size=48"):
+    # stored with the run, so eval, detect and sample rebuild the same dataset (parse_data_options)
+    data_options: tuple[str, ...] = attrs.field(default=(), converter=lambda v: option_items(v))
     workers: int = 0  # producer processes streaming the batches (seed 003); 0: drawn in process
     augment: bool = True  # the dataset's training augmentation (crop, flip, ...), seeded per step
     backend: str = ""  # empty: $HLOFORGE_BACKEND, else xla; the run records the resolved name
@@ -156,17 +158,26 @@ def load_config(path: str, **overrides: Any) -> TrainConfig:
     unknown = sorted(set(d) - known)
     if unknown:
         raise UnsupportedSpec(f"config {path}: unknown key(s) {unknown}; expected some of {sorted(known)}")
+    if "data_options" in overrides and "data_options" in d:  # --data-opt adds to the file's options (later wins)
+        overrides["data_options"] = (*option_items(d["data_options"]), *option_items(overrides["data_options"]))
     return TrainConfig(**{**d, **overrides})
 
 
-def parse_data_options(text: str) -> dict[str, Any]:
-    """`data_options` ("size=16,noise=0") as the dataset's keyword arguments: each value an int,
-    else a float, else true/false, else the string as written."""
+def option_items(v: Any) -> tuple[str, ...]:
+    """`data_options` as its "key=value" items: a list of them, or one "key=value,…" string."""
+    if isinstance(v, str):
+        return tuple(p.strip() for p in v.split(",") if p.strip())
+    return tuple(str(p).strip() for p in v)
+
+
+def parse_data_options(items: Any) -> dict[str, Any]:
+    """`data_options` ("key=value" items) as the dataset's keyword arguments, a later key over an
+    earlier one: each value an int, else a float, else true/false, else the string as written."""
     opts: dict[str, Any] = {}
-    for item in filter(None, (p.strip() for p in text.split(","))):
+    for item in option_items(items):
         key, eq, raw = (s.strip() for s in item.partition("="))
         if not eq or not key or not raw:
-            raise UnsupportedSpec(f"data option {item!r} is not key=value (data_options {text!r})")
+            raise UnsupportedSpec(f"data option {item!r} is not KEY=VALUE")
         value: Any = raw
         for cast in (int, float):
             try:
@@ -288,7 +299,11 @@ class Run:
                                 f"{cfg.data!r} has no token labels — use --data text")
             opts["seq_len"] = self.spec.input_shape[0]
         self.data = reg.make("dataset", cfg.data, **opts)
-        x_te, self.y_te = self.data.arrays("test")
+        x_te: np.ndarray | None = None
+        if cfg.workers:  # the eval streams too: its labels here, the float split only if a consumer asks (x_te)
+            self.y_te = split_labels(self.data, "test")
+        else:
+            x_te, self.y_te = self.data.arrays("test")
         # what the loss's label kind trains: feed shape, train-step inputs, evaluation (LM: its own path)
         self.task = None if self.lm else make_task(self)
         if self.lm and self.data.num_classes != self.spec.num_classes:
@@ -296,7 +311,7 @@ class Run:
                             f"has {self.spec.num_classes}")
         self.feed = Feed(self.data, DataRef(cfg.data, opts), batch=cfg.batch, seed=cfg.seed, workers=cfg.workers,
                          augment=cfg.augment, input_shape=self.task.feed_shape if self.task else self.spec.input_shape)
-        self.x_te = self.task.fit_input(x_te) if self.task else fit_input(x_te, self.spec, cfg.data)
+        self._x_te = None if x_te is None else self._fit_input(x_te)
         self.steps_per_epoch = self.feed.steps_per_epoch
         if self.steps_per_epoch == 0:
             raise DataError(f"batch {cfg.batch} is larger than the {self.feed.n}-image training split"
@@ -314,6 +329,17 @@ class Run:
         # shadow's decay at the shadow's cadence, from the same start, so the shadow is scored with
         # statistics that lag as its weights do (timm's ModelEma averages the BN buffers the same way).
         self.shadow_running = [r.copy() for r in self.running] if self.state_layout.shadows else []
+
+    def _fit_input(self, x: np.ndarray) -> np.ndarray:
+        return self.task.fit_input(x) if self.task else fit_input(x, self.spec, self.cfg.data)
+
+    @property
+    def x_te(self) -> np.ndarray:
+        """The eval split's inputs shaped for the net, in memory. A run that streams its eval (workers > 0)
+        never needs them; they load on first use, for the consumers that need random access (cam)."""
+        if self._x_te is None:
+            self._x_te = self._fit_input(self.data.arrays("test")[0])
+        return self._x_te
 
     # ------------------------------------------------------------------ checkpoints
     @property
@@ -405,7 +431,7 @@ class Run:
         with open(os.path.join(self.dir, "config.toml"), "w", encoding="utf-8") as f:
             f.write(cfg.to_toml())
         self.log(f"hloforge: {self.spec.name} ({self.spec.param_count():,} params) on {cfg.data} "
-                 f"({self.feed.n} train / {len(self.x_te)} test) | backend {self.backend.backend_name()}")
+                 f"({self.feed.n} train / {len(self.y_te)} test) | backend {self.backend.backend_name()}")
         if self.lm and hasattr(self.data, "bigram_bits"):
             self.log(f"  text {getattr(self.data, 'source', cfg.data)}: vocab {self.data.num_classes}, validation "
                      f"character-bigram baseline {self.data.bigram_bits():.4f} bits/char")
@@ -584,6 +610,25 @@ class OpenedCheckpoint:
         except KeyError as e:
             raise DataError(f"checkpoint {self.file} lacks tensor {e.args[0]}") from None
 
+    def region_weights(self, region: str) -> tuple[str, list[np.ndarray], list[np.ndarray]]:
+        """(the region, resolved; its θ; its BN statistics) for scoring or sampling: `live` is θ with the
+        running statistics, `ema` the shadow E (found through the state layout, never by position) with
+        the shadow's own statistics, `auto` the shadow when the variant keeps one."""
+        if region not in REGIONS:
+            raise UnsupportedSpec(f"region {region!r}; expected one of {list(REGIONS)}")
+        run, layout = self.run, self.run.state_layout
+        layout.check_slots(f"checkpoint {self.file}", list(self.tensors))
+        if region == "auto":  # the shadow when the variant keeps one: what its training run reported first
+            region = "ema" if layout.shadows else "live"
+        if region == "ema" and not layout.shadows:
+            raise DataError(f"checkpoint {self.file} has no EMA shadow (its variant {run.variant.slug!r} keeps "
+                            "none); use --region live")
+        names = [n for n, _ in self.spec.params()]
+        if region == "live":
+            return region, self.weights("param", names), self.weights(ckpt.STATS, run.stat_names)
+        return region, self.weights(f"state/{SHADOW}", names), \
+            ckpt.shadow_stats(self.tensors, run.stat_names, self.file, "use the live weights (--region live)")
+
 
 def open_checkpoint(path: str, backend: str | None = None,
                     log: Callable[[str], None] = print, devices: int | None = None) -> OpenedCheckpoint:
@@ -615,18 +660,8 @@ def evaluate_checkpoint(path: str, backend: str | None = None, region: str = "li
         raise UnsupportedSpec(f"region {region!r}; expected one of {list(REGIONS)}")
     oc = open_checkpoint(path, backend, log, devices)
     run, spec, meta, cfg = oc.run, oc.spec, oc.meta, oc.run.cfg
-    layout = run.state_layout
-    layout.check_slots(f"checkpoint {oc.file}", list(oc.tensors))
-    if region == "auto":  # the shadow when the variant keeps one: what its training run reported first
-        region = "ema" if layout.shadows else "live"
-    if region == "ema" and not layout.shadows:
-        raise DataError(f"checkpoint {oc.file} has no EMA shadow (its variant {run.variant.slug!r} keeps none); "
-                        "use --region live")
-    # θ or the shadow slot E, named through the state layout, never by position
-    params = oc.weights("param" if region == "live" else f"state/{SHADOW}", [n for n, _ in spec.params()])
     # each region with its own BN statistics: the live weights with the running ones, the shadow with its EMA
-    running = (oc.weights(ckpt.STATS, run.stat_names) if region == "live" else
-               ckpt.shadow_stats(oc.tensors, run.stat_names, oc.file, "score the live weights (--region live)"))
+    region, params, running = oc.region_weights(region)
     evaluator = make_forward_session(spec, -(-cfg.batch // replicas), run.backend, replicas)
     buffers = [*params, *running]  # host arrays: the session pushes them to its device(s) once
     if run.lm:
@@ -637,6 +672,8 @@ def evaluate_checkpoint(path: str, backend: str | None = None, region: str = "li
         ev = run.task.evaluate(evaluator, buffers)
         log(f"{spec.name} epoch {meta['epoch']} ({region}) on {run.backend.backend_name()}: {ev.line}")
         return ev  # type: ignore[return-value]
-    res = evaluate(evaluator, buffers, run.x_te, run.y_te)
+    # the training run's eval pass: streamed when it streamed (the split is never loaded whole)
+    res = (evaluate_stream(evaluator, buffers, run.feed.eval_batches(), len(run.y_te)) if run.feed.streams
+           else evaluate(evaluator, buffers, run.x_te, run.y_te))
     log(f"{spec.name} epoch {meta['epoch']} ({region}) on {run.backend.backend_name()}: test {res.line()}")
     return res

@@ -5,7 +5,7 @@ predicted noise [C, H, W]; `classes` is C, the image channels (3 for shapes, 1 f
 `--input 2,28,28`). H and W must divide by 4 (two levels):
 
     conv3×3 → [res(w1) ×2, skip] → pool → [res(w2) ×2, skip] → pool → res(w2) ×2
-            → up, concat → res(w2) → up, concat → res(w1) → swish → conv3×3 to C
+            → up, concat → res(w2) → up, concat → res(w1) → noiseHead (swish, conv3×3 to C, from zero)
 
 Every timeResBlock adds the timestep embedding inside its residual branch.
 """
@@ -16,14 +16,13 @@ from collections.abc import Sequence
 
 from hloforge.core.errors import UnsupportedSpec
 from hloforge.core.spec import Layer, NetSpec
-from hloforge.plugins.layers.activation import ACTIVATION_LAYERS
 from hloforge.plugins.layers.conv import Conv2d
-from hloforge.plugins.layers.ddpm import ACT, TimeResBlock
+from hloforge.plugins.layers.ddpm import NoiseHead, TimeResBlock
 from hloforge.plugins.layers.pool import MaxPool
 from hloforge.plugins.layers.unet import BilinearUpsample, Concat, PushSkip
 
 NFREQ = 6
-WIDTHS = (48, 96)
+WIDTHS = (32, 64)
 
 
 def ddpm_mini(classes: int = 3, input: Sequence[int] = (4, 32, 32)) -> NetSpec:
@@ -31,7 +30,6 @@ def ddpm_mini(classes: int = 3, input: Sequence[int] = (4, 32, 32)) -> NetSpec:
         raise UnsupportedSpec(f"ddpm-mini on {classes}-channel images takes {classes + 1} input channels (the "
                               f"images and the time plane), got input {list(input)}")
     w1, w2 = WIDTHS
-    act = next(a for a in ACTIVATION_LAYERS if a.kind == ACT)
 
     def res(w: int) -> TimeResBlock:
         return TimeResBlock(w, NFREQ)
@@ -43,6 +41,6 @@ def ddpm_mini(classes: int = 3, input: Sequence[int] = (4, 32, 32)) -> NetSpec:
         res(w2), res(w2),
         BilinearUpsample(2), Concat(w2), res(w2),
         BilinearUpsample(2), Concat(w1), res(w1),
-        act(), Conv2d(classes, k=3),
+        NoiseHead(classes),
     ]
     return NetSpec("ddpm-mini", input, layers, classes)

@@ -42,10 +42,12 @@ def fpn_detector(classes: int = 20, input: Sequence[int] = VOC) -> NetSpec:
 
 
 def yolov1_mini(classes: int = 3, input: Sequence[int] = SHAPES) -> NetSpec:
-    """32×32 → a 4×4 grid (stride 8): four small residual stages, a 3×3 conv, the YOLOv1 head."""
+    """32×32 → an 8×8 grid (stride 4, as fpn-mini's C3: shapes' boxes are 6–14 px, and a 4×4 grid
+    of 8-px cells localised them too coarsely), a 64-wide residual stage there, a 3×3 conv, the
+    YOLOv1 head (2 boxes)."""
     return NetSpec("yolov1-mini", input, [
-        ConvBn(16, k=3), ResidualStage(16, n=1), ResidualStage(32, n=1, stride=2), ResidualStage(48, n=1, stride=2),
-        ResidualStage(64, n=1, stride=2), Conv2d(64, k=3, act="relu"), Yolov1Head(classes, boxes=2)], classes)
+        ConvBn(16, k=3), ResidualStage(24, n=1, stride=2), ResidualStage(32, n=1, stride=2), ResidualStage(64, n=1),
+        Conv2d(64, k=3, act="relu"), Yolov1Head(classes, boxes=2)], classes)
 
 
 def fpn_mini(classes: int = 3, input: Sequence[int] = SHAPES) -> NetSpec:

@@ -16,6 +16,10 @@ conv1 and conv2 3×3 "same" with bias, skip the identity when x has `out` channe
 conv otherwise. conv2 starts at zero (Goyal et al.'s zero-initialised residual branch), so a
 stack of blocks starts as its skips and trains stably with no normalisation: no batch
 statistics, so eval, EMA shadows and sampling see the very function that trained.
+
+noiseHead(out): swish → 3×3 conv to the `out` image channels, the conv starting at zero — the
+predictor starts at ε̂ = 0 (loss 1) rather than at a fan-out-initialised conv from many channels
+to three, whose output starts tens of times the noise's scale.
 """
 
 from __future__ import annotations
@@ -145,9 +149,35 @@ class TimeResBlock(Layer):
         return [(cls(3, nfreq=2), (4, 4, 4)), (SkipChain((Conv2d(3, k=1), cls(3, nfreq=3)), cls.kind), (3, 4, 3))]
 
 
+@attrs.frozen
+class NoiseHead(Layer):
+    kind = "noiseHead"
+    out: int
+
+    def _conv(self) -> Conv2d:
+        return Conv2d(self.out, k=3)
+
+    def out_shape(self, in_shape: Shape) -> Shape:
+        image(in_shape, self.kind)
+        return self._conv().out_shape(in_shape)
+
+    def param_slots(self, in_shape: Shape) -> tuple[ParamSlot, ...]:
+        return tuple(attrs.evolve(s, init="zeros") for s in self._conv().param_slots(in_shape))
+
+    def forward(self, b: Builder, x: Value, params: Mapping[str, Value], ctx: Ctx) -> Value:
+        return self._conv().forward(b, emit_act(b, ACT, x), params, ctx)
+
+    def reference(self, params: Mapping[str, Any], x: Any, ctx: Ctx | None) -> Any:
+        return self._conv().reference(params, reference_act(ACT, x), Ctx())
+
+    @classmethod
+    def gate_cases(cls) -> list[tuple[Layer, Shape]]:
+        return [(cls(3), (5, 4, 3))]
+
+
 TIME_CONDITIONED = frozenset({TimeCondAdd.kind, TimeResBlock.kind})  # the layers that read the time channel
 
 
 @hookimpl
 def hloforge_layers() -> list[type]:
-    return [TimeCondAdd, TimeResBlock]
+    return [TimeCondAdd, TimeResBlock, NoiseHead]

@@ -29,7 +29,7 @@ from hloforge.core.hookspecs import hookimpl
 from hloforge.core.spec import Ctx, Layer, ParamSlot, Shape, StatSlot
 from hloforge.plugins.layers.activation import check_act, emit_act, reference_act
 from hloforge.plugins.layers.compose import check_stride, image, is_train
-from hloforge.plugins.layers.conv import conv2d
+from hloforge.plugins.layers.conv import conv2d, conv_strategies
 
 BN_EPS = 1e-5
 
@@ -259,7 +259,11 @@ class _ConvBnUnit(Layer):
     """conv (no bias: β follows) → batch norm → act; what ConvBn and DepthwiseConvBn share.
     `pad` None is PyTorch's (k−1)//2."""
 
-    strategy_kinds = ("conv2d", "layout")
+    strategy_kinds = ("conv2d", "layout", "depthwise")
+
+    def strategies_for(self, in_shape: Shape) -> tuple[str, ...]:
+        c = in_shape[0]
+        return conv_strategies(c, self.out_channels(c), self.group_count(c))
 
     k: int
     stride: int

@@ -8,12 +8,11 @@ from typing import Any
 
 import attrs
 
-from hloforge.core import strategy
 from hloforge.core.errors import UnsupportedSpec
 from hloforge.core.hlo import Builder, Value
 from hloforge.core.hookspecs import hookimpl
 from hloforge.core.spec import Ctx, Layer, Shape
-from hloforge.plugins.layers.conv import resolve_padding, window_out
+from hloforge.plugins.layers.conv import per_axis, resolve_padding, spatial_axes, window_out
 
 
 @attrs.frozen
@@ -45,14 +44,11 @@ class MaxPool(Layer):
 
     def forward(self, b: Builder, x: Value, params: Mapping[str, Value], ctx: Ctx) -> Value:
         # The max of k² strided slices: every op has a plain VJP, and ties have measure zero.
-        # The spatial axes are 2, 3 of NCHW and 1, 2 of NHWC.
-        sp = (1, 2) if ctx.layout == strategy.NHWC else (2, 3)
-        pads = resolve_padding(self.pad, tuple(x.shape[d] for d in sp), self.k, self.s)
+        sp = spatial_axes(ctx.layout)
+        pads = resolve_padding(self.pad, (x.shape[sp[0]], x.shape[sp[1]]), self.k, self.s)
 
-        def at(h: int, w: int, rest: int) -> list[int]:  # a per-axis list: h, w on the spatial axes
-            v = [rest] * 4
-            v[sp[0]], v[sp[1]] = h, w
-            return v
+        def at(h: int, w: int, rest: int) -> list[int]:
+            return per_axis(ctx.layout, h, w, rest)
 
         if any(lo or hi for lo, hi in pads):
             x = b.pad(x, at(pads[0][0], pads[1][0], 0), at(pads[0][1], pads[1][1], 0), value=-float("inf"))
@@ -94,7 +90,7 @@ class GlobalAvgPool(Layer):
         return True
 
     def forward(self, b: Builder, x: Value, params: Mapping[str, Value], ctx: Ctx) -> Value:
-        sp = [1, 2] if ctx.layout == strategy.NHWC else [2, 3]
+        sp = spatial_axes(ctx.layout)
         return b.sum(x, sp) / float(x.shape[sp[0]] * x.shape[sp[1]])
 
     def reference(self, params: Mapping[str, Any], x: Any, ctx: Ctx) -> Any:
