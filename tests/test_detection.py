@@ -345,6 +345,16 @@ def test_an_unknown_data_option_names_the_accepted_ones(tmp_path, capsys) -> Non
 
 
 # ------------------------------------------------------------------ end to end
+def test_a_detector_refuses_streaming_workers(tmp_path, capsys) -> None:
+    from hloforge.cli import main
+
+    assert main(["train", "fpn-mini", "--data", "shapes", "--data-opt", "n_train=64", "--data-opt", "n_test=8",
+                 "--workers", "1", "--run-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "encoded in process" in err and "--workers 0" in err
+    assert not (tmp_path / "r").exists()
+
+
 def test_train_and_detect_end_to_end(tmp_path, capsys) -> None:
     import json
 
