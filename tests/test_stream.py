@@ -273,6 +273,17 @@ def test_producer_refuses_a_bad_shard():
     assert r.returncode == 2 and "bad --shard '2/2'" in r.stderr
 
 
+def test_float_labels_are_refused_rather_than_truncated_to_int32():
+    class FloatLabels:
+        name, num_classes = "floaty", 2
+
+        def arrays(self, split):
+            return np.zeros((3, 1, 2, 2), np.float32), np.full((3, 4), 0.5, np.float32)
+
+    with pytest.raises(DataError, match="float32 labels; the producer stream carries integer labels only"):
+        layout_of(FloatLabels(), "train")
+
+
 # ------------------------------------------------------------------ the trainer
 def test_train_with_workers_streams_train_and_eval(cifar, tmp_path, monkeypatch):
     import json

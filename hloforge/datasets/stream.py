@@ -114,6 +114,9 @@ def layout_of(data: Any, split: str) -> Layout:
     if len(x) == 0:
         raise DataError(f"dataset {data.name!r} split {split!r} is empty")
     xb, yb = t(np.asarray(x[:1]), np.asarray(y[:1]), step_rng(0))
+    if not np.issubdtype(np.asarray(yb).dtype, np.integer):  # the wire carries labels as int32
+        raise DataError(f"dataset {data.name!r} split {split!r} has {np.asarray(yb).dtype} labels; the producer "
+                        "stream carries integer labels only (train it without --workers)")
     return Layout(math.prod(xb.shape[1:]), tuple(yb.shape[1:]), int(data.num_classes))
 
 
