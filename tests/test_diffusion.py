@@ -193,6 +193,14 @@ def test_shapes_noise_option_keeps_the_shapes_and_flattens_the_colours():
         Shapes(size=16, n_train=8, n_test=4, noise=-0.1)
 
 
+def test_shapes_max_shapes_option_draws_one_shape_per_image():
+    many, one = Shapes(size=16, n_train=32, n_test=4), Shapes(size=16, n_train=32, n_test=4, max_shapes=1)
+    assert max(len(b) for b in many.boxes("train")) > 1
+    assert all(len(b) == 1 for split in ("train", "test") for b in one.boxes(split))
+    with pytest.raises(DataError, match="max_shapes must be at least 1, got 0"):
+        Shapes(size=16, n_train=8, n_test=4, max_shapes=0)
+
+
 def test_the_net_and_dataset_pick_the_loss():
     assert default_loss(get_net("ddpm-mini"), "shapes") == "mse"  # time-conditioned: a DDPM, masks or not
     assert default_loss(get_net("unet-mini"), "shapes") == "perPixelCE"

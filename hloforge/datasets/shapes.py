@@ -2,10 +2,10 @@
 
 Each image is `size`×`size` RGB: a random dark background colour plus Gaussian
 noise (standard deviation `noise`, 0.05 by default; 0 keeps every background and shape flat,
-what a diffusion model should learn to draw), with 1–3 shapes drawn in order, each of a random kind (circle, square,
-upright triangle), size, position and bright colour. Later shapes are drawn
-over earlier ones; a placement that would hide more than half of an earlier
-shape is redrawn, so every listed shape stays mostly visible.
+what a diffusion model should learn to draw), with 1 to `max_shapes` (default 3) shapes drawn
+in order, each of a random kind (circle, square, upright triangle), size, position and bright
+colour. Later shapes are drawn over earlier ones; a placement that would hide more than half
+of an earlier shape is redrawn, so every listed shape stays mostly visible.
 
 - `arrays(split)` -> (x float32 [N,3,S,S], masks int32 [N,S,S]): x standardised
   per channel with the training split's mean and standard deviation; masks
@@ -56,14 +56,15 @@ def _shape_pixels(kind: str, cx: float, cy: float, half: float, size: int) -> np
     return inside_base & left & right
 
 
-def _draw_image(rng: np.random.Generator, size: int, noise: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _draw_image(rng: np.random.Generator, size: int, noise: float,
+                max_shapes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     background = rng.uniform(0.0, 0.35, 3)
     img = np.broadcast_to(background[:, None, None], (3, size, size)).copy()
     mask = np.zeros((size, size), np.int32)
     owner = np.full((size, size), -1, np.int32)  # index of the shape visible at each pixel
     drawn: list[np.ndarray] = []
     rows: list[list[float]] = []
-    for _ in range(int(rng.integers(1, MAX_SHAPES + 1))):
+    for _ in range(int(rng.integers(1, max_shapes + 1))):
         for _try in range(PLACEMENT_TRIES):
             kind = KINDS[int(rng.integers(len(KINDS)))]
             half = rng.uniform(0.1, 0.22) * size
@@ -97,14 +98,16 @@ class Shapes:
     splits = ("train", "test")
 
     def __init__(self, size: int = 32, n_train: int = 2048, n_test: int = 256, seed: int = 0,
-                 noise: float = 0.05):
+                 noise: float = 0.05, max_shapes: int = MAX_SHAPES):
         if size < MIN_SIZE:
             raise DataError(f"shapes size must be at least {MIN_SIZE}, got {size}")
         if not 0.0 <= noise < float("inf"):
             raise DataError(f"shapes noise is a standard deviation, at least 0, got {noise}")
+        if max_shapes < 1:
+            raise DataError(f"shapes max_shapes must be at least 1, got {max_shapes}")
         if n_train < 1 or n_test < 1:
             raise DataError(f"shapes needs at least one image per split, got n_train={n_train}, n_test={n_test}")
-        self.size, self.seed, self.noise = size, seed, noise
+        self.size, self.seed, self.noise, self.max_shapes = size, seed, noise, max_shapes
         self.image_shape = (3, size, size)
         raw = {split: self._generate(i, n) for i, (split, n) in enumerate((("train", n_train), ("test", n_test)))}
         train_x = raw["train"][0]
@@ -133,7 +136,8 @@ class Shapes:
 
     def _generate(self, split_index: int, n: int) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
         rng = np.random.default_rng([self.seed, split_index])
-        images, masks, boxes = zip(*(_draw_image(rng, self.size, self.noise) for _ in range(n)), strict=True)
+        images, masks, boxes = zip(*(_draw_image(rng, self.size, self.noise, self.max_shapes) for _ in range(n)),
+                                   strict=True)
         return np.stack(images), np.stack(masks), list(boxes)
 
     def _check_split(self, split: str) -> None:
