@@ -35,6 +35,7 @@ from hloforge.core.errors import BackendError, DataError, UnsupportedSpec
 from hloforge.core.modules import TrainStepLayout, forward_module, train_step_module
 from hloforge.core.registry import Registry
 from hloforge.core.spec import NetSpec
+from hloforge.core.strategy import target_of
 from hloforge.core.variant import Variant
 from hloforge.train.session import ForwardSession, TrainSession, _is_host
 
@@ -88,7 +89,7 @@ class DataParallelTrainSession(TrainSession):
 
     def _compile_step(self, registry: Registry) -> tuple[Any, TrainStepLayout]:
         text, layout = train_step_module(self.spec, self.variant, self.local_batch, registry=registry,
-                                         replicas=self.replicas, sync_bn=self.sync_bn)
+                                         replicas=self.replicas, sync_bn=self.sync_bn, target=target_of(self.backend))
         return self.backend.compile(text, num_replicas=self.replicas), layout
 
     def _place(self, carried: list[np.ndarray]) -> None:
@@ -173,7 +174,8 @@ class ShardedForwardSession(ForwardSession):
         self.global_batch = replicas * batch
 
     def _compile(self) -> Any:
-        return compile_sharded(self.backend, forward_module(self.spec, self.batch, eval_mode=True), self.replicas)
+        text = forward_module(self.spec, self.batch, eval_mode=True, target=target_of(self.backend))
+        return compile_sharded(self.backend, text, self.replicas)
 
     def _push(self, params: Sequence[Any]) -> list[Any]:
         if not all(_is_host(p) for p in params):
