@@ -973,15 +973,6 @@ _IMMUTABLE_UNTIL_TRANSFER_COMPLETES = ffi.typeof("PJRT_HostBufferSemantics").rel
 _IMMUTABLE_ZERO_COPY = ffi.typeof("PJRT_HostBufferSemantics").relements[
     "PJRT_HostBufferSemantics_kImmutableZeroCopy"
 ]
-_ZERO_COPY_ALIGN = 64  # XLA CPU aliases host memory only at its buffer alignment
-
-
-def _aligned_copy(host: np.ndarray) -> np.ndarray:
-    raw = np.empty(host.nbytes + _ZERO_COPY_ALIGN, np.uint8)
-    start = -raw.ctypes.data % _ZERO_COPY_ALIGN
-    out = raw[start:start + host.nbytes].view(host.dtype).reshape(host.shape)
-    out[...] = host
-    return out
 
 # -------------------------------------------------------------- executables ---
 
@@ -1283,9 +1274,9 @@ class Client:
         """Copy a host array to ``self.devices[device]``.
 
         ``borrow=True`` (for a per-step input the caller frees after one execute): the buffer
-        aliases host memory where the plugin can (CPU, 64-byte aligned), skipping the transfer
-        thread's round trip; a misaligned array is first copied to an aligned one. The buffer
-        keeps its host array alive, and the caller must not write to ``array`` while it lives."""
+        aliases host memory where the plugin can (CPU, 64-byte aligned; a misaligned array the
+        plugin copies itself), skipping the transfer thread's round trip. The buffer keeps its host array alive until PJRT is done with it, and the caller
+        must not write to ``array`` while it lives."""
         handle = self._live()
         if not 0 <= device < len(self.devices):
             raise BackendError(f"device {device} does not exist; this client has {len(self.devices)}")
@@ -1295,8 +1286,6 @@ class Client:
         if not host.flags.c_contiguous:  # (np.ascontiguousarray would turn 0-d into 1-d)
             host = host.copy(order="C")
         borrow = borrow and self.platform_name == "cpu" and host.nbytes > 0
-        if borrow and host.ctypes.data % _ZERO_COPY_ALIGN:
-            host = _aligned_copy(host)
         buffer_type = _buffer_type(host.dtype)
         dims = ffi.new("int64_t[]", list(host.shape) or 1)
         doing = f"copying a {host.shape} {host.dtype} array to the device"
