@@ -7,7 +7,10 @@ predicted noise [C, H, W]; `classes` is C, the image channels (3 for shapes, 1 f
     conv3×3 → [res(w1) ×2, skip] → pool → [res(w2) ×2, skip] → pool → res(w2) ×2
             → up, concat → res(w2) → up, concat → res(w1) → noiseHead (swish, conv3×3 to C, from zero)
 
-Every timeResBlock adds the timestep embedding inside its residual branch.
+Every timeResBlock adds the timestep embedding inside its residual branch. On 2 CPU cores,
+`--input 4,16,16` on shapes with `--data-opt size=16 --data-opt noise=0 --data-opt max_shapes=1
+--data-opt n_train=8192`, 40 epochs at batch 64, lr 2e-3, warmup 1, `--ema 0.999` trains in ~16 min to
+samples of one flat-coloured square, circle or triangle-like shape each.
 """
 
 from __future__ import annotations

@@ -1275,8 +1275,9 @@ class Client:
 
         ``borrow=True`` (for a per-step input the caller frees after one execute): the buffer
         aliases host memory where the plugin can (CPU, 64-byte aligned; a misaligned array the
-        plugin copies itself), skipping the transfer thread's round trip. The buffer keeps its host array alive until PJRT is done with it, and the caller
-        must not write to ``array`` while it lives."""
+        plugin copies itself), skipping the transfer thread's round trip. The buffer keeps its
+        host array alive until PJRT is done with it, and the caller must not write to ``array``
+        while it lives."""
         handle = self._live()
         if not 0 <= device < len(self.devices):
             raise BackendError(f"device {device} does not exist; this client has {len(self.devices)}")

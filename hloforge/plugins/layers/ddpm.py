@@ -1,5 +1,5 @@
 """timeCondAdd: the DDPM timestep embedding, added to a feature map (seed 001); timeResBlock:
-a residual block with that embedding inside.
+a residual block with that embedding inside; noiseHead: the noise predictor's output conv.
 
 A DDPM net's input carries the per-image timestep in its last channel: the host fills that
 plane with s = t / T (see `hloforge.train.diffusion.with_time_channel`). The layer reads s from
