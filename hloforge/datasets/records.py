@@ -14,6 +14,7 @@ becomes what the net reads:
 
 from __future__ import annotations
 
+import abc
 import os
 import struct
 
@@ -69,7 +70,7 @@ def check_labels(path: str, labels: np.ndarray, classes: int) -> None:
         raise DataError(f"{path}: label {top} out of range 0..{classes - 1}")
 
 
-class RecordDataset:
+class RecordDataset(abc.ABC):
     """Shared plumbing of the uint8 record datasets (cifar10, imagenette, brats)."""
 
     name = ""
@@ -83,8 +84,9 @@ class RecordDataset:
         if split not in self.splits:
             raise DataError(f"{self.name} has no split {split!r}; expected one of {list(self.splits)}")
 
+    @abc.abstractmethod
     def _load(self, split: str) -> tuple[np.ndarray, np.ndarray]:
-        raise NotImplementedError
+        """The split's stored uint8 images and its labels, read after the file-length checks."""
 
     def records(self, split: str) -> tuple[np.ndarray, np.ndarray]:
         self._check_split(split)
@@ -92,8 +94,9 @@ class RecordDataset:
             self._records[split] = self._load(split)
         return self._records[split]
 
+    @abc.abstractmethod
     def transform(self, split: str, augment: bool = False) -> Transform:
-        raise NotImplementedError
+        """The host transform from stored records to what the net reads (random only when `augment`)."""
 
     def arrays(self, split: str) -> tuple[np.ndarray, np.ndarray]:
         if split not in self._arrays:
