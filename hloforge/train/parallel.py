@@ -109,18 +109,14 @@ class DataParallelTrainSession(TrainSession):
                             f"(the global batch: {self.replicas} replicas × {self.local_batch})")
         if tuple(np.shape(y)) != want_y:
             raise DataError(f"train batch labels have shape {list(np.shape(y))}, expected {list(want_y)}")
-        self.step += 1
-        if masks is None:
-            masks = self.masks_for_step(self.step)
-        if len(masks) != len(lay.masks):
-            raise DataError(f"the train step takes {len(lay.masks)} mask(s), got {len(masks)}")
-        step_host = self._step_host(x, y, lr, masks)
-        placement = self.placement[lay.n_carried:]
+        masks = self._advance(masks)
+        # Each step input as one part per replica: the same array replicated, or its rows split.
+        parts = [[a] * self.replicas if p == REPLICATE else split_batch(a, self.replicas)
+                 for a, p in zip(self._step_host(x, y, lr, masks), self.placement[lay.n_carried:], strict=True)]
         per_replica = []
         for r in range(self.replicas):
             carried = self._replicas[r] if self.resident else [be.to_device(a, device=r) for a in self._carried]
-            inputs = [be.to_device(a if p == REPLICATE else split_batch(a, self.replicas)[r], borrow=True, device=r)
-                      for a, p in zip(step_host, placement, strict=True)]
+            inputs = [be.to_device(part[r], borrow=True, device=r) for part in parts]
             per_replica.append([*carried, *inputs])
         # The carried inputs are donated and consumed on every replica.
         outs = be.execute_replicated(self.exe, per_replica)

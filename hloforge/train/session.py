@@ -122,11 +122,7 @@ class TrainSession:
             raise DataError(f"train batch x has shape {list(x.shape)}, expected {list(lay.x_shape)}")
         if tuple(np.shape(y)) != lay.y_shape:
             raise DataError(f"train batch labels have shape {list(np.shape(y))}, expected {list(lay.y_shape)}")
-        self.step += 1
-        if masks is None:
-            masks = self.masks_for_step(self.step)
-        if len(masks) != len(lay.masks):
-            raise DataError(f"the train step takes {len(lay.masks)} mask(s), got {len(masks)}")
+        masks = self._advance(masks)
         carried = self._carried if self.resident else [be.to_device(a) for a in self._carried]
         # The per-step inputs live for this one execute: borrowed, not copied, where the backend can.
         step_inputs = [stage(be, a) for a in self._step_host(x, y, lr, masks)]
@@ -137,6 +133,15 @@ class TrainSession:
         self._carried = new if self.resident else [be.to_host(b) for b in new]
         self._batch_stats = outs[lay.loss_index + 1:]
         return float(be.to_host(outs[lay.loss_index]))
+
+    def _advance(self, masks: Sequence[np.ndarray] | None) -> Sequence[np.ndarray]:
+        """Count the step and return its masks (`masks_for_step` when not given), checked."""
+        self.step += 1
+        if masks is None:
+            masks = self.masks_for_step(self.step)
+        if len(masks) != len(self.layout.masks):
+            raise DataError(f"the train step takes {len(self.layout.masks)} mask(s), got {len(masks)}")
+        return masks
 
     def _step_host(self, x: np.ndarray, y: np.ndarray, lr: float, masks: Sequence[np.ndarray]) -> list[np.ndarray]:
         """This step's inputs after the carried state, as host arrays in layout order: the scalars (lr,
