@@ -129,7 +129,7 @@ def test_train_step_returns_batch_stats_in_qualified_order() -> None:
     x = rng.standard_normal(lay.x_shape)
     y = rng.integers(0, 3, lay.y_shape).astype(np.int32)
     state = [np.zeros(s.shape) for _ in lay.state for _, s in lay.params]
-    outs = _run(text, [*params, *state, *[np.asarray(0.0)] * len(lay.scalars), x, y])
+    outs = _run(text, [*params, *state, np.zeros(len(lay.scalars)), x, y])
     got_stats = outs[lay.loss_index + 1:]
     assert len(got_stats) == len(lay.stats) == len(spec.stats())
 

@@ -204,10 +204,9 @@ def one_step(backend, spec, batch, seed=5):
     init = spec.init_params(seed)
     opt = Variant("adam").make_optimizer(default_registry())
     state = [opt.init_state(s)[k] for k in lay.state for _, s in lay.params]
-    sc = opt.host_scalars(1, 1e-3)
     x = rng.standard_normal(lay.x_shape).astype(np.float32)
     y = rng.integers(0, spec.num_classes, lay.y_shape).astype(np.int32)
-    host = [*init, *state, *(np.asarray(sc[k], np.float32) for k in lay.scalars), x, y]
+    host = [*init, *state, Variant("adam").state_layout(opt).host_schedule(opt, 1, 1e-3), x, y]
     outs = backend.execute(exe, [backend.to_device(np.asarray(a)) for a in host])
     return [backend.to_host(o) for o in outs[:lay.n_params]], init, float(backend.to_host(outs[lay.loss_index]))
 

@@ -125,7 +125,7 @@ def run_module(opt, params, grads, lr=0.1):
     exe = default_client().compile(optimizer_step_module(slots, opt, dtype="f64"))
     try:
         st = lay.initial(opt, slots, params, np.float64)
-        outs = exe.run([*params, *st, *grads, *(np.float64(v) for v in lay.host_scalars(opt, 1, lr))])
+        outs = exe.run([*params, *st, *grads, lay.host_schedule(opt, 1, lr, np.float64)])
     finally:
         exe.close()
     return [np.asarray(o) for o in outs[:len(params)]]

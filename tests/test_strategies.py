@@ -110,10 +110,9 @@ def _one_step(backend: object, text: str, spec: NetSpec, seed: int = 0) -> list[
     rng = np.random.default_rng(seed)
     init = spec.init_params(seed)
     state = [opt.init_state(s)[k] for k in lay.state for _, s in lay.params]
-    sc = opt.host_scalars(1, 1e-2)
     x = rng.standard_normal(lay.x_shape).astype(np.float32)
     y = rng.integers(0, spec.num_classes, lay.y_shape).astype(np.int32)
-    host = [*init, *state, *(np.asarray(sc[k], np.float32) for k in lay.scalars), x, y]
+    host = [*init, *state, Variant("adam").state_layout(opt).host_schedule(opt, 1, 1e-2), x, y]
     be = backend
     outs = be.execute(be.compile(text), [be.to_device(np.asarray(a)) for a in host])  # type: ignore[attr-defined]
     return [np.asarray(be.to_host(o), np.float64) for o in outs]  # type: ignore[attr-defined]

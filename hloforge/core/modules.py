@@ -89,9 +89,10 @@ def forward_module(spec: NetSpec, batch: int, *, dtype: str = "f32", eval_mode: 
 @attrs.frozen
 class TrainStepLayout:
     """Inputs: θ…, then each state group (all m…, all v…, then G… and E… when the variant's
-    wrappers keep them; `state` is `StateLayout.slots`), scalars… (`StateLayout.scalars`), x, y,
-    masks…. Outputs: θ'…, state'… (same order), loss, batch stats… (qualified_stats order).
-    Parameter and state inputs alias their outputs."""
+    wrappers keep them; `state` is `StateLayout.slots`), the schedule (one vector of the scalars
+    `StateLayout.scalars` names, in that order: see `schedule_input`), x, y, masks…. Outputs:
+    θ'…, state'… (same order), loss, batch stats… (qualified_stats order). Parameter and state
+    inputs alias their outputs."""
 
     params: tuple[tuple[str, ParamSlot], ...]
     stats: tuple[tuple[str, StatSlot], ...]
@@ -135,6 +136,14 @@ def train_step_layout(spec: NetSpec, opt: Optimizer, loss: Loss, batch: int, dty
                            (batch, *y_shape), y_dtype)
 
 
+def schedule_input(b: Builder, names: Sequence[str]) -> dict[str, Value]:
+    """The per-step scalars (lr, bias corrections, …) as ONE vector input, `names` in order, each
+    sliced out by name: one host→device transfer per step instead of one per scalar (a transfer
+    costs more than the compute of a small step's scalars; `StateLayout.host_schedule` packs it)."""
+    vec = b.arg((len(names),))
+    return {name: b.reshape(b.slice(vec, [i], [i + 1]), ()) for i, name in enumerate(names)}
+
+
 def train_step_module(spec: NetSpec, variant: Variant, batch: int, *, dtype: str = "f32",
                       registry: Registry | None = None, replicas: int = 1,
                       sync_bn: bool = False, target: str | None = None) -> tuple[str, TrainStepLayout]:
@@ -155,7 +164,7 @@ def train_step_module(spec: NetSpec, variant: Variant, batch: int, *, dtype: str
     params = [b.arg(s.shape, alias_output=i) for i, (_, s) in enumerate(lay.params)]
     state = {name: [b.arg(s.shape, alias_output=lay.n_params * (1 + k) + i) for i, (_, s) in enumerate(lay.params)]
              for k, name in enumerate(lay.state)}
-    scalars = {name: b.arg(()) for name in lay.scalars}
+    scalars = schedule_input(b, lay.scalars)
     x = b.arg(lay.x_shape)
     y = b.arg(lay.y_shape, lay.y_dtype)
     masks = [b.arg((batch, *s.shape)) for _, s in lay.masks]
@@ -247,8 +256,8 @@ def loss_module(loss: Loss, out_shape: Shape, batch: int, *, dtype: str = "f32")
 
 def optimizer_step_module(params: Sequence[ParamSlot], opt: Optimizer, *, dtype: str = "f32",
                           name: str = "optimizer_step", wrappers: Wrappers | None = None) -> str:
-    """`@main(θ…, state…, ∂θ…, scalars…) -> (θ'…, state'…)` for a gradient the caller assembled;
-    state and scalars as `wrappers.layout(opt)` says, the update emitted as the train step emits it."""
+    """`@main(θ…, state…, ∂θ…, schedule) -> (θ'…, state'…)` for a gradient the caller assembled;
+    state and schedule as `wrappers.layout(opt)` says, the update emitted as the train step emits it."""
     wr = wrappers or Wrappers()
     lay = wr.layout(opt)
     b = Builder(dtype, name)
@@ -257,6 +266,6 @@ def optimizer_step_module(params: Sequence[ParamSlot], opt: Optimizer, *, dtype:
     st = {name: [b.arg(s.shape, alias_output=n * (1 + k) + i) for i, s in enumerate(params)]
           for k, name in enumerate(lay.slots)}
     gs = [b.arg(s.shape) for s in params]
-    sc = {name: b.arg(()) for name in lay.scalars}
+    sc = schedule_input(b, lay.scalars)
     new_p, new_s = wr.emit_update(b, opt, params, ps, gs, st, sc)
     return b.module(new_p + [v for k in lay.slots for v in new_s[k]])

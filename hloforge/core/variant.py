@@ -9,7 +9,8 @@ share a file (seed 002), and it parses back to the same Variant (`Variant.parse`
 
 `StateLayout` is the ONE definition of what a train step carries besides θ: the
 optimizer's slots (m, v, …), then G (the accumulator) and E (the EMA shadow), each
-present only when its wrapper is on, and the rank-0 scalars. Seed 003: a consumer
+present only when its wrapper is on, and the per-step scalars (packed into one schedule
+vector input). Seed 003: a consumer
 that sizes the state off a literal instead of this misaligns every parameter, or
 scores the accumulator as if it were weights; so the train step, the session, the
 checkpoint and the scorer all read it from here.
@@ -39,8 +40,8 @@ class Optimizer:
     """Base of optimizer plugins: attrs frozen subclasses whose fields are the options.
 
     `state` names the per-parameter state tensors (in train-step order),
-    `scalars` the rank-0 runtime inputs (lr first), so one compiled step
-    serves a whole schedule. Weight decay is decoupled (w ← w − lr·wd·w) and
+    `scalars` the runtime scalars (lr first; the step takes them packed into one
+    schedule vector), so one compiled step serves a whole schedule. Weight decay is decoupled (w ← w − lr·wd·w) and
     applies only to slots with `decay=True`.
     """
 
@@ -266,6 +267,11 @@ class StateLayout:
             d = ema_decay_at(self.ema, u)
             vals[EMA_DECAY], vals[EMA_WEIGHT] = d, 1.0 - d
         return [vals[k] for k in self.scalars]
+
+    def host_schedule(self, opt: Optimizer, micro_step: int, lr: float, dtype: Any = np.float32) -> np.ndarray:
+        """The train step's schedule input for 1-based micro-batch `micro_step`: `host_scalars` packed
+        in `scalars` order (`hloforge.core.modules.schedule_input` unpacks it)."""
+        return np.asarray(self.host_scalars(opt, micro_step, lr), dtype)
 
     def initial(self, opt: Optimizer, slots: Sequence[ParamSlot], params: Sequence[np.ndarray],
                 dtype: Any = np.float32) -> list[np.ndarray]:

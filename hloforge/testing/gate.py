@@ -292,8 +292,7 @@ def gate_optimizer(opt: Optimizer, *, steps: int = OPT_STEPS, lr: float = 0.05, 
             ps = [p.astype(npt) for p in params]
             st = lay.initial(opt, OPT_SLOTS, params, npt)
             for t, gs in enumerate(grads, start=1):
-                sc = [np.asarray(v, npt) for v in lay.host_scalars(opt, t, lr)]
-                outs = exe.run(ps + st + [g.astype(npt) for g in gs] + sc)
+                outs = exe.run([*ps, *st, *(g.astype(npt) for g in gs), lay.host_schedule(opt, t, lr, npt)])
                 ps, st = outs[:n], outs[n:]
         finally:
             exe.close()

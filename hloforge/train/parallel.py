@@ -43,10 +43,10 @@ SHARD, REPLICATE = "shard", "replicate"
 
 
 def step_placement(layout: TrainStepLayout) -> list[str]:
-    """Per train-step input, in layout order: θ, optimizer state and the scalars are replicated;
+    """Per train-step input, in layout order: θ, optimizer state and the schedule are replicated;
     x, the labels and the masks (everything per example) are sharded. Stated by role, not
     guessed from shapes: a parameter that happens to be batch-sized must not be split."""
-    return [REPLICATE] * (layout.n_carried + len(layout.scalars)) + [SHARD] * (2 + len(layout.masks))
+    return [REPLICATE] * (layout.n_carried + 1) + [SHARD] * (2 + len(layout.masks))
 
 
 def require_replicas(backend: Any, replicas: int, what: str) -> None:

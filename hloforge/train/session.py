@@ -2,9 +2,9 @@
 
 A TrainSession owns the train step and θ, optimizer state and the last batch
 statistics on the device. Each step feeds θ and state back as donated inputs
-(updated in place on XLA and on IREE) and moves only x, the labels and the
-rank-0 schedule scalars. `read_params` (θ) / `read_state` (optimizer state) /
-`read_all` are the copies back, once per epoch; `read_params_prefix` copies the
+(updated in place on XLA and on IREE) and moves only x, the labels and one
+schedule vector (lr, bias corrections, …). `read_params` (θ) / `read_state`
+(optimizer state) / `read_all` are the copies back, once per epoch; `read_params_prefix` copies the
 leading θ tensors alone for a caller that needs them more often.
 
 `resident=False` is the copying path: θ and state go back to the host after every
@@ -144,11 +144,10 @@ class TrainSession:
         return masks
 
     def _step_host(self, x: np.ndarray, y: np.ndarray, lr: float, masks: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """This step's inputs after the carried state, as host arrays in layout order: the scalars (lr,
-        bias corrections, the accumulation apply flag, the EMA decay: StateLayout.scalars order),
+        """This step's inputs after the carried state, as host arrays in layout order: the schedule
+        (lr, bias corrections, the accumulation apply flag, the EMA decay: StateLayout.scalars order),
         x, the labels, the masks."""
-        scalars = self.state_layout.host_scalars(self.optimizer, self.step, lr)
-        return [*(np.asarray(v, np.float32) for v in scalars), np.ascontiguousarray(x, np.float32),
+        return [self.state_layout.host_schedule(self.optimizer, self.step, lr), np.ascontiguousarray(x, np.float32),
                 np.ascontiguousarray(y, np.int32 if self.layout.y_dtype == "i32" else np.float32),
                 *(np.ascontiguousarray(m, np.float32) for m in masks)]
 
