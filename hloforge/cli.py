@@ -52,7 +52,7 @@ VARIANT_FLAGS = ("ema", "accum", "clip", "mixup", "cutmix", "dropout", "drop_pat
 TRAIN_FLAGS = ("net", "classes", "input", "data", "data_dir", "data_file", "workers", "augment", "backend", "epochs",
                "batch", "optimizer", "lr", "schedule", "warmup_epochs", "weight_decay", "label_smoothing", "seed",
                "run_dir", "tag", "replicas", "devices", "sync_bn", "loss", *VARIANT_FLAGS, "data_options",
-               "diffusion_steps", "beta_start", "beta_end")
+               "diffusion_steps", "beta_start", "beta_end", "autotune")
 
 
 def _train(args: argparse.Namespace) -> None:
@@ -227,6 +227,9 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--cross-backend", action="store_true",
                     help="with --resume: accept a checkpoint trained on another backend")
     sp.add_argument("--no-progress", action="store_true", help="no progress bar")
+    sp.add_argument("--autotune", action="store_const", const=True,
+                    help="time each layer's lowering strategies on the backend once and keep the fastest "
+                         "(cached; also HLOFORGE_AUTOTUNE=1); the run's config records the choices")
     sp.set_defaults(func=_train)
 
     sp = sub.add_parser("eval", help="score a run's checkpoint alone (the same top-1 the run printed)")

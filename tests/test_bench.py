@@ -80,3 +80,26 @@ def test_throughput_table_reports_gflops_roofline_and_ratios():
     row = text.splitlines()[2].split()
     # 0.1 GFLOP in 2 ms is 50 GFLOP/s, half the roofline; best hloforge 2 ms over torch 5; xla 2 over jax 1
     assert row[:4] == ["n", "0.10", "50.0", "(50%)"] and row[-2:] == ["0.40x", "2.00x"]
+
+
+def test_suite_vit_is_the_issues_at_batch_64():
+    (net, batch), = [(n, b) for n, b in bench.SUITE if n.startswith("vit")]
+    spec = bench.load_net(net)
+    assert spec.name == "vit-cifar" and batch == 64  # its size: tests/test_zoo.py
+
+
+def test_torch_and_jax_peers_of_a_vit_follow_hloforge_step_by_step():
+    """Patch embedding, LayerNorm, attention (our qkv head split), tanh-GELU MLP, final LN, class
+    token and head translate to torch and to the jax references: the same loss on three Adam steps
+    over one batch, so the forward and the gradients agree, not just the initial logits."""
+    pytest.importorskip("torch")
+    net = "vit-mini:3x16x16"  # patch 4: 16 patches + a class token, D 32, 2 heads, 4 blocks
+    x, y = bench.batches(bench.load_net(net), 4, 1, 0)[0]
+    losses = {}
+    for backend in ("hloforge-xla", "jax.jit", "torch"):
+        _, step, _ = bench.make_step(net, backend, 4, 1e-3, 0)
+        losses[backend] = [step(x, y) for _ in range(3)]
+    ours = losses["hloforge-xla"]
+    assert ours[2] < ours[1] < ours[0]
+    for backend in ("jax.jit", "torch"):
+        assert losses[backend] == pytest.approx(ours, rel=bench.LOSS_RTOL), backend

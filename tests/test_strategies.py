@@ -87,10 +87,31 @@ def _step_text(spec: NetSpec, target: str | None, choices: dict[str, str] | None
 
 
 def test_xla_renders_what_it_always_rendered() -> None:
-    """XLA's defaults are the portable forms but for depthwise convs, so a net without them
-    renders for XLA exactly what it rendered before strategies."""
-    assert _step_text(SMALL, "xla") == _step_text(SMALL, None)
-    assert "stablehlo.optimization_barrier" not in _step_text(SMALL, "xla")
+    """The target reaches a render only through the strategy kinds: with every kind whose XLA
+    default is not its portable form forced to that form (max pools and batch norms among them,
+    pool.py, norm.py), a net renders for XLA exactly what it renders for no target."""
+    portable = {k.name: k.choices[0] for k in strategy.KINDS.values() if k.default("xla") != k.choices[0]}
+    assert {"maxPool", "bnReduce"} <= set(portable)
+    assert _step_text(SMALL, "xla", portable) == _step_text(SMALL, None)
+    assert _step_text(SMALL, "xla") != _step_text(SMALL, None)
+    # XLA's only barriers are the in-backward update's (one per parameter); IREE's conv transposes take none there
+    assert "stablehlo.optimization_barrier" not in _step_text(SMALL, "xla", {"update": "after_backward"})
+
+
+@pytest.mark.parametrize("target", ["xla", "iree"])
+def test_a_plan_of_the_defaults_renders_what_no_plan_renders(target: str) -> None:
+    """The per-layer hook (strategy.tuned, emit_layers' in_layer) changes nothing unless a plan
+    chooses otherwise: every layer given its target's default choice of every per-layer kind it
+    may consult renders byte for byte what the untuned render gives."""
+    for spec in (SMALL, MOBILE):
+        plain, plain_eval = _step_text(spec, target), forward_module(spec, 4, eval_mode=True, target=target)
+        kinds = [k for k in strategy.KINDS.values() if k.per_layer]
+        plan = {(ls.layer, ls.in_shape): {k.name: k.default(target) for k in kinds} for ls in spec.walk()}
+        with strategy.tuned(plan):
+            assert _step_text(spec, target) == plain
+            assert forward_module(spec, 4, eval_mode=True, target=target) == plain_eval
+        with strategy.tuned({}):
+            assert _step_text(spec, target) == plain
 
 
 def test_iree_render_transposes_once_at_each_edge() -> None:
@@ -140,6 +161,8 @@ def _rel_step(got: list[np.ndarray], want: list[np.ndarray], spec: NetSpec) -> f
 @pytest.mark.parametrize(("spec", "choices"), [
     *((net, c) for net in (SMALL, FLAT) for c in ({"conv2d": "nhwc"}, {"layout": "nhwc"}, BOTH_NHWC)),
     (MOBILE, {"depthwise": "shifted"}), (MOBILE, {"depthwise": "shifted", "layout": "nhwc"}), (MOBILE, BOTH_NHWC),
+    *((net, {"maxPool": p, "bnReduce": "fused", **nhwc}) for net in (SMALL, FLAT) for p in ("select", "window")
+      for nhwc in ({}, BOTH_NHWC)),
 ], ids=str)
 def test_train_step_agrees_across_forms(spec: NetSpec, choices: dict[str, str]) -> None:
     xla = make_backend("xla")
@@ -164,8 +187,14 @@ def test_gate_runs_each_case_under_each_choice() -> None:
     assert len([c for c in dw if c.strategy == (("depthwise", "shifted"),)]) == len([c for c in dw if not c.strategy])
     bn = _cases("batchNorm")
     # layout=nhwc only where the case is an image (BN on [C] renders the same module either way)
-    assert {c.shape for c in bn if c.strategy} == {(3, 4, 5)}
-    assert all(c.id.endswith(("~layout=nhwc", "~layout=nhwc#eval")) for c in bn if c.strategy)
+    laid_out = [c for c in bn if c.strategy and c.strategy[0][0] == "layout"]
+    assert {c.shape for c in laid_out} == {(3, 4, 5)}
+    assert all(c.id.endswith(("~layout=nhwc", "~layout=nhwc#eval")) for c in laid_out)
+    # ... every other choice of every kind on every case (bnReduce, maxPool: pool.py, norm.py)
+    assert {c.shape for c in bn if c.strategy == (("bnReduce", "fused"),)} == {(3, 4, 5), (6,)}
+    pools = _cases("maxPool")
+    plain = len([c for c in pools if not c.strategy])
+    assert all(len([c for c in pools if c.strategy == (("maxPool", f),)]) == plain for f in ("select", "window"))
 
 
 def _pick(name: str, forced: tuple[tuple[str, str], ...], shape: Shape) -> GateCase:

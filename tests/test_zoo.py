@@ -117,3 +117,12 @@ def test_mini_nets_learn_digits(name: str, tmp_path) -> None:
     m = train(TrainConfig(net=name, epochs=6, batch=64, lr=3e-3, bn_momentum=0.9, run_dir=str(tmp_path),
                           log_every=0), progress=False, log=lambda s: None)
     assert m["top1"] >= 0.9
+
+
+def test_vit_cifar_is_the_issue_11_benchmark_vit() -> None:
+    spec = get_net("vit-cifar")
+    assert spec.input_shape == (3, 32, 32) and spec.num_classes == 10
+    assert spec.walk()[0].out_shape == (65, 128)  # patch 4: 8×8 patches + the class token
+    # patch embed 3·16·128 + 128 + 128 (cls) + 65·128 (pos) = 14,720; per block: 2 LNs 512, qkv 49,536,
+    # proj 16,512, fc1 33,024, fc2 32,896 = 132,480, ×6; final LN 256; head 1,290
+    assert spec.param_count() == 14_720 + 6 * 132_480 + 256 + 1_290 == 811_146

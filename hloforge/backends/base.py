@@ -16,8 +16,10 @@ the same, so a driver that reuses a donated input fails on either.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
@@ -25,8 +27,8 @@ import numpy as np
 from hloforge.backends.xla.pjrt import ArgSpec, parse_main_signature  # one definition, shared
 from hloforge.core.errors import BackendError
 
-__all__ = ["ArgSpec", "Backend", "BACKEND_ENV_VAR", "CROSS_REPLICA_OPS", "DEFAULT_BACKEND", "check_args",
-           "cross_replica_op", "parse_main_signature"]
+__all__ = ["ArgSpec", "Backend", "BACKEND_ENV_VAR", "CACHE_ENV_VAR", "CROSS_REPLICA_OPS", "DEFAULT_BACKEND",
+           "backend_fingerprint", "cache_root", "check_args", "cross_replica_op", "parse_main_signature"]
 
 #: StableHLO ops whose result depends on the other replicas, or on which replica runs them
 CROSS_REPLICA_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute",
@@ -43,6 +45,21 @@ def cross_replica_op(mlir_text: str) -> str | None:
 #: environment variable naming the backend when none is given (`--backend` wins over it)
 BACKEND_ENV_VAR = "HLOFORGE_BACKEND"
 DEFAULT_BACKEND = "xla"
+#: environment variable naming the root of hloforge's on-disk caches (IREE artifacts, autotune decisions)
+CACHE_ENV_VAR = "HLOFORGE_CACHE_DIR"
+
+
+def cache_root() -> Path:
+    """$HLOFORGE_CACHE_DIR, else ~/.cache/hloforge: each cache is a subdirectory of it."""
+    explicit = os.environ.get(CACHE_ENV_VAR)
+    return Path(explicit) if explicit else Path.home() / ".cache" / "hloforge"
+
+
+def backend_fingerprint(backend: Any) -> str:
+    """What a compiled program's speed depends on besides its text (compiler and plugin versions,
+    flags): a backend's optional `fingerprint()`, else its `backend_name()`."""
+    fingerprint = getattr(backend, "fingerprint", None)
+    return str(fingerprint()) if callable(fingerprint) else str(backend.backend_name())
 
 
 @runtime_checkable

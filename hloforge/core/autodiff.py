@@ -9,6 +9,7 @@ input, None meaning zero.
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
@@ -359,6 +360,81 @@ VJP["reduce_max"] = _reduce_extremum
 VJP["reduce_min"] = _reduce_extremum
 
 
+def _window_offsets(window: Sequence[int]) -> list[tuple[int, ...]]:
+    """Every position inside a window, in row-major order (the order ties are broken in)."""
+    return list(itertools.product(*(range(w) for w in window)))
+
+
+def _window_slice(b: Builder, xp: Value, offset: Sequence[int], strides: Sequence[int],
+                  out_shape: Sequence[int]) -> Value:
+    """The element at `offset` of every window of the (padded) xp: one strided slice, out-shaped."""
+    limit = [o + (m - 1) * s + 1 for o, m, s in zip(offset, out_shape, strides, strict=True)]
+    return b.slice(xp, offset, limit, strides)
+
+
+def _scatter_windows(b: Builder, parts: Sequence[Value], x: Value, window: Sequence[int], strides: Sequence[int],
+                     padding: Sequence[tuple[int, int]]) -> Value:
+    """x's cotangent from one out-shaped cotangent per window offset (`_window_offsets` order): each
+    part goes back to the positions its offset read. Windows that tile (window = stride) interleave
+    the parts with one reshape; overlapping ones add one strided pad per part."""
+    out, rank = parts[0].shape, x.type.rank
+    padded = [n + lo + hi for n, (lo, hi) in zip(x.shape, padding, strict=True)]
+    if list(window) == list(strides):
+        wdims = [d for d in range(rank) if window[d] > 1]
+        stacked = b.concatenate([b.reshape(p, (*out, 1)) for p in parts], rank)
+        stacked = b.reshape(stacked, (*out, *(window[d] for d in wdims)))
+        perm = [i for d in range(rank) for i in ([d, rank + wdims.index(d)] if d in wdims else [d])]
+        tiled = b.reshape(b.transpose(stacked, perm), [m * w for m, w in zip(out, window, strict=True)])
+        # the last rows of a padded x that no window reaches get nothing
+        gp = b.pad(tiled, [0] * rank, [n - m * w for n, m, w in zip(padded, out, window, strict=True)])
+    else:
+        gp_: Value | None = None
+        for offset, part in zip(_window_offsets(window), parts, strict=True):
+            high = [n - o - (m - 1) * s - 1 for n, o, m, s in zip(padded, offset, out, strides, strict=True)]
+            spread = b.pad(part, offset, high, [s - 1 for s in strides])
+            gp_ = spread if gp_ is None else b.add(gp_, spread)
+        assert gp_ is not None
+        gp = gp_
+    if any(lo or hi for lo, hi in padding):
+        gp = b.slice(gp, [lo for lo, _ in padding], [lo + n for (lo, _), n in zip(padding, x.shape, strict=True)])
+    return gp
+
+
+@rule("reduce_window_sum")
+def _reduce_window_sum(b: Builder, op: TapeOp, g: Value) -> Cts:
+    window = op.attrs["window"]
+    return (_scatter_windows(b, [g] * len(_window_offsets(window)), op.ins[0], window, op.attrs["strides"],
+                             op.attrs["padding"]),)
+
+
+def window_extremum_vjp(b: Builder, x: Value, y: Value, g: Value, window: Sequence[int], strides: Sequence[int],
+                        padding: Sequence[tuple[int, int]], fill: float) -> Value:
+    """x's cotangent for y = the max (or min) of every window of x padded with `fill`, by
+    compare/select, no select_and_scatter: walking the window offsets in row-major order, each
+    window's cotangent ḡ goes to the FIRST position equal to its extremum (jax's and PyTorch's tie
+    rule; a ReLU'd input ties at 0 often). `left` is what each window has not yet given away."""
+    xp = b.pad(x, [lo for lo, _ in padding], [hi for _, hi in padding], value=fill) \
+        if any(lo or hi for lo, hi in padding) else x
+    zero, left, parts = b.full(0.0, g.shape, g.dtype), g, []
+    offsets = _window_offsets(window)
+    for k, offset in enumerate(offsets):
+        hit = b.compare(_window_slice(b, xp, offset, strides, y.shape), y, "EQ")
+        parts.append(b.select(hit, left, zero))
+        if k + 1 < len(offsets):
+            left = b.select(hit, zero, left)
+    return _scatter_windows(b, parts, x, window, strides, padding)
+
+
+def _reduce_window_extremum(b: Builder, op: TapeOp, g: Value) -> Cts:
+    fill = -np.inf if op.op == "reduce_window_max" else np.inf
+    return (window_extremum_vjp(b, op.ins[0], op.outs[0], g, op.attrs["window"], op.attrs["strides"],
+                                op.attrs["padding"], fill),)
+
+
+VJP["reduce_window_max"] = _reduce_window_extremum
+VJP["reduce_window_min"] = _reduce_window_extremum
+
+
 # ----------------------------------------------------------------- collectives
 @rule("all_reduce")
 def _all_reduce(b: Builder, op: TapeOp, g: Value) -> Cts:
@@ -408,6 +484,22 @@ def _maybe_fault(b: Builder, op: TapeOp, cts: Cts) -> Cts:
 # ----------------------------------------------------------------- the walk
 def grad(b: Builder, outputs: Sequence[Value], cotangents: Sequence[Value], wrt: Sequence[Value]) -> list[Value]:
     """Emit ∂(Σ⟨outputs, cotangents⟩)/∂wrt into `b`; a `wrt` the outputs do not reach gets zeros."""
+    return _walk(b, outputs, cotangents, wrt, None)[0]
+
+
+def grad_sequenced(b: Builder, outputs: Sequence[Value], cotangents: Sequence[Value], wrt: Sequence[Value],
+                   on_final: Callable[[int, Value], Sequence[Value]]) -> tuple[list[Value], dict[int, list[Value]]]:
+    """`grad`, calling `on_final(i, ∂wrt[i])` the moment the walk has finished wrt[i]'s gradient. Its
+    values (e.g. that parameter's optimizer update) and every cotangent the rest of the walk reads
+    pass through one optimization barrier, so the rest of the backward waits for them: the update
+    runs while its gradient is hot, and the gradient's buffer is free for the rest. Returns the
+    gradients and, per i, the hook's values as they come out of the barrier (a wrt the outputs do
+    not reach is never finished: the caller handles it from the zero gradient)."""
+    return _walk(b, outputs, cotangents, wrt, on_final)
+
+
+def _walk(b: Builder, outputs: Sequence[Value], cotangents: Sequence[Value], wrt: Sequence[Value],
+          on_final: Callable[[int, Value], Sequence[Value]] | None) -> tuple[list[Value], dict[int, list[Value]]]:
     cts: dict[int, Value] = {}
 
     def accumulate(v: Value, c: Value | None) -> None:
@@ -421,11 +513,21 @@ def grad(b: Builder, outputs: Sequence[Value], cotangents: Sequence[Value], wrt:
     for o, c in zip(outputs, cotangents, strict=True):
         accumulate(o, c)
     tape = list(b.tape)  # the backward's own ops are appended as we go; walk only the forward's
+    index = {id(w): i for i, w in enumerate(wrt)}
+    uses: dict[int, int] = {}  # how many forward ops not yet walked read each wrt
+    for op in tape:
+        for v in op.ins:
+            if id(v) in index:
+                uses[id(v)] = uses.get(id(v), 0) + 1
+    unwalked = {id(o) for op in tape for o in op.outs}  # values whose producer the walk has not reached
+    finished: dict[int, list[Value]] = {}
     for op in reversed(tape):
+        for o in op.outs:
+            unwalked.discard(id(o))
         out_cts = [cts.get(id(o)) for o in op.outs]
         if all(c is None for c in out_cts):
-            continue
-        if op.op == "custom":
+            in_cts: Cts = ()
+        elif op.op == "custom":
             assert op.bwd is not None
             full = [c if c is not None else b.full(0.0, o.shape, o.dtype)
                     for c, o in zip(out_cts, op.outs, strict=True)]
@@ -436,7 +538,21 @@ def grad(b: Builder, outputs: Sequence[Value], cotangents: Sequence[Value], wrt:
             (g,) = out_cts
             assert g is not None
             in_cts = VJP[op.op](b, op, g)
-        in_cts = _maybe_fault(b, op, in_cts)
-        for v, ct in zip(op.ins, in_cts, strict=False):
-            accumulate(v, ct)
-    return [cts.get(id(w)) or b.full(0.0, w.shape, w.dtype) for w in wrt]
+        if in_cts:
+            in_cts = _maybe_fault(b, op, in_cts)
+            for v, ct in zip(op.ins, in_cts, strict=False):
+                accumulate(v, ct)
+        for v in op.ins:
+            if id(v) not in index:
+                continue
+            uses[id(v)] -= 1
+            if on_final is None or uses[id(v)] or id(v) not in cts or index[id(v)] in finished:
+                continue
+            hooked = list(on_final(index[id(v)], cts[id(v)]))
+            # What the rest of the walk reads: cotangents of values not yet walked, and unfinished gradients.
+            live = [k for k in cts if k in unwalked or uses.get(k, 0) > 0]
+            through = b.optimization_barriers([*hooked, *(cts[k] for k in live)])
+            finished[index[id(v)]] = through[:len(hooked)]
+            for k, c in zip(live, through[len(hooked):], strict=True):
+                cts[k] = c
+    return [cts.get(id(w)) or b.full(0.0, w.shape, w.dtype) for w in wrt], finished

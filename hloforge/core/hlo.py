@@ -10,6 +10,7 @@ in autodiff.py, is easy to find.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -208,11 +209,18 @@ class Builder:
         bwd: Callable[..., Sequence[Value | None]],
         *ins: Value,
     ) -> list[Value]:
-        """Emit `fwd(*ins)`, but differentiate it with the closed-form `bwd(b, *out_cts)`."""
+        """Emit `fwd(*ins)`, but differentiate it with the closed-form `bwd(b, *out_cts)`. `bwd` runs
+        in the context variables of this call (the lowering strategies in force for the layer that
+        emitted the forward: core/strategy.py), not in those of the later `autodiff.grad`."""
         start = len(self.tape)
         outs = list(fwd(*ins))
         del self.tape[start:]
-        self.tape.append(TapeOp("custom", tuple(ins), tuple(outs), {}, bwd))
+        at_forward = contextvars.copy_context()
+
+        def bwd_at_forward(*args: Any) -> Sequence[Value | None]:
+            return at_forward.run(bwd, *args)
+
+        self.tape.append(TapeOp("custom", tuple(ins), tuple(outs), {}, bwd_at_forward))
         return outs
 
     def module(self, outputs: Sequence[Value], *, num_replicas: int = 1) -> str:
@@ -319,6 +327,20 @@ class Builder:
         convolution ~10× slower; behind a barrier the transpose is one small copy.)"""
         return self._emit("optimization_barrier", (a,), a.type,
                           f"stablehlo.optimization_barrier {a.name} : {a.type}")
+
+    def optimization_barriers(self, xs: Sequence[Value]) -> list[Value]:
+        """`xs` themselves, as ONE barrier: nothing that reads an output starts before every input is
+        computed (how a train step sequences each parameter's update before the rest of the backward).
+        On the tape each operand is its own identity op."""
+        if len(xs) < 2:
+            return [self.optimization_barrier(x) for x in xs]
+        base = f"%{self._next_id()}"
+        outs = [Value(f"{base}#{i}", x.type, self) for i, x in enumerate(xs)]
+        names, types = ", ".join(x.name for x in xs), ", ".join(str(x.type) for x in xs)
+        self.lines.append(f"{base}:{len(xs)} = stablehlo.optimization_barrier {names} : {types}")
+        for x, o in zip(xs, outs, strict=True):
+            self.tape.append(TapeOp("optimization_barrier", (x,), (o,), {}))
+        return outs
 
     # ----------------------------------------------------------------- shape
     def broadcast_in_dim(self, a: Value, shape: Sequence[int], dims: Sequence[int]) -> Value:
@@ -507,6 +529,65 @@ class Builder:
         text = (f"stablehlo.reduce({a.name} init: {iv.name}) applies stablehlo.{op} across dimensions = "
                 f"{_ints(sorted(dims))} : ({a.type}, {iv.type}) -> {t}")
         return self._emit(f"reduce_{kind}", (a,), t, text, dims=tuple(sorted(dims)))
+
+    def reduce_sums(self, xs: Sequence[Value], dims: Sequence[int]) -> list[Value]:
+        """The sums of every `xs` (one shape) over `dims` as ONE variadic stablehlo.reduce: a
+        single pass over the data however many sums. On the tape each operand is its own
+        reduce_sum (its VJP rule is a broadcast)."""
+        if len(xs) < 2:
+            return [self.sum(x, dims) for x in xs]
+        if len({x.type for x in xs}) != 1:
+            raise UnsupportedSpec(f"reduce_sums operands must share one type, got {[str(x.type) for x in xs]}")
+        dims = sorted(dims)
+        n, st = len(xs), TensorType((), xs[0].dtype)
+        inits = [self.stop_gradient(self.full(0.0, (), st.dtype)) for _ in xs]
+        accs, vals = [self._fresh_arg(st) for _ in xs], [self._fresh_arg(st) for _ in xs]
+        sums = [f"%{self._next_id()}" for _ in xs]
+        base = f"%{self._next_id()}"
+        t = TensorType(tuple(m for i, m in enumerate(xs[0].shape) if i not in dims), st.dtype)
+        outs = [Value(f"{base}#{i}", t, self) for i in range(n)]
+        adds = "".join(f"        {s} = stablehlo.add {a.name}, {v.name} : {st}\n"
+                       for s, a, v in zip(sums, accs, vals, strict=True))
+        self.lines.append(
+            f'{base}:{n} = "stablehlo.reduce"({", ".join(v.name for v in [*xs, *inits])}) '
+            f"<{{dimensions = array<i64{': ' if dims else ''}{', '.join(map(str, dims))}>}}> ({{\n"
+            f"      ^bb0({', '.join(f'{a.name}: {st}' for a in [*accs, *vals])}):\n{adds}"
+            f"        stablehlo.return {', '.join(sums)} : {', '.join([str(st)] * n)}\n"
+            f"    }}) : ({', '.join([str(xs[0].type)] * n + [str(st)] * n)}) -> ({', '.join([str(t)] * n)})")
+        for x, o in zip(xs, outs, strict=True):
+            self.tape.append(TapeOp("reduce_sum", (x,), (o,), {"dims": tuple(dims)}))
+        return outs
+
+    def reduce_window(self, a: Value, window: Sequence[int], strides: Sequence[int],
+                      padding: Sequence[tuple[int, int]], kind: str = "max") -> Value:
+        """stablehlo.reduce_window: `kind` ("sum", "max", "min") over every window of sizes `window`
+        moved by `strides` over `a` padded with the reducer's identity (−inf for max)."""
+        op, init = self._REDUCERS[kind]
+        rank = a.type.rank
+        if not len(window) == len(strides) == len(padding) == rank:
+            raise UnsupportedSpec(f"reduce_window on {a.type} needs {rank} window sizes, strides and pads, got "
+                                  f"{list(window)}, {list(strides)}, {list(padding)}")
+        if min(window) < 1 or min(strides) < 1 or min(p for pair in padding for p in pair) < 0:
+            raise UnsupportedSpec(f"reduce_window: window {list(window)} and strides {list(strides)} must be "
+                                  f"positive, padding {[list(p) for p in padding]} non-negative")
+        shape = tuple((n + lo + hi - w) // s + 1
+                      for n, w, s, (lo, hi) in zip(a.shape, window, strides, padding, strict=True))
+        if min(shape) <= 0:
+            raise UnsupportedSpec(f"reduce_window {a.type}: window {list(window)} does not fit")
+        iv = self.stop_gradient(self.full(init, (), a.dtype))
+        st, t = iv.type, TensorType(shape, a.dtype)
+        lhs, rhs = self._fresh_arg(st), self._fresh_arg(st)
+        res = f"%{self._next_id()}"
+        pads = ", ".join(f"[{lo}, {hi}]" for lo, hi in padding)
+        text = (f'"stablehlo.reduce_window"({a.name}, {iv.name}) <{{padding = dense<[{pads}]> : tensor<{rank}x2xi64>, '
+                f"window_dimensions = array<i64: {', '.join(map(str, window))}>, "
+                f"window_strides = array<i64: {', '.join(map(str, strides))}>}}> ({{\n"
+                f"      ^bb0({lhs.name}: {st}, {rhs.name}: {st}):\n"
+                f"        {res} = stablehlo.{op} {lhs.name}, {rhs.name} : {st}\n"
+                f"        stablehlo.return {res} : {st}\n"
+                f"    }}) : ({a.type}, {st}) -> {t}")
+        return self._emit(f"reduce_window_{kind}", (a,), t, text, window=tuple(window), strides=tuple(strides),
+                          padding=tuple((int(lo), int(hi)) for lo, hi in padding))
 
     # ----------------------------------------------------------------- collectives
     def all_reduce(self, xs: Sequence[Value], replica_groups: Sequence[Sequence[int]]) -> list[Value]:

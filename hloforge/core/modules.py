@@ -57,7 +57,8 @@ def emit_layers(b: Builder, walk: Sequence[LayerShapes], x: Value, params: Seque
         ctx = Ctx(train=train, running={} if train else {s.name: next(r_it) for s in ls.stats},
                   masks={s.name: next(m_it) for s in ls.masks} if masks else {}, sync_replicas=sync_replicas,
                   skips=skips, net_input=net_input, layout=layout)
-        x = ls.layer.forward(b, x, mine, ctx)
+        with strategy.in_layer(ls.layer, ls.in_shape):  # a `strategy.tuned` plan's choices for this layer
+            x = ls.layer.forward(b, x, mine, ctx)
         want = strategy.physical((x.shape[0], *ls.out_shape), layout)
         if x.shape != want:
             raise AssertionError(f"layer {ls.index} ({ls.layer.kind}) emitted {list(x.shape)}, declared {list(want)}"
@@ -171,12 +172,24 @@ def train_step_module(spec: NetSpec, variant: Variant, batch: int, *, dtype: str
     logits, batch_stats = emit_layers(b, walk, x, params, train=True, masks=masks,
                                       sync_replicas=replicas if sync_bn else 1)
     loss_v = loss.forward(b, logits, y)
-    grads = autodiff.grad(b, [loss_v], [b.full(1.0)], params)
-    if replicas > 1:
-        *grads, loss_v = replica_mean(b, [*grads, loss_v], replicas)
-    # The update (accumulation, clipping, the optimizer, the EMA shadow): the same emitter the gate checks.
-    new_params, new_state = variant.wrappers.emit_update(b, opt, [s for _, s in lay.params], params, grads, state,
-                                                         scalars)
+    slots = [s for _, s in lay.params]
+    # Clipping needs every gradient's norm, and a data-parallel step their replica means, before any update.
+    if strategy.chosen(strategy.UPDATE.name, target) == "in_backward" and not variant.wrappers.clip and replicas == 1:
+        def update_one(i: int, g: Value) -> list[Value]:
+            p2, s2 = variant.wrappers.emit_update(b, opt, [slots[i]], [params[i]], [g],
+                                                  {k: [state[k][i]] for k in lay.state}, scalars)
+            return [p2[0], *(s2[k][0] for k in lay.state)]
+
+        grads, finished = autodiff.grad_sequenced(b, [loss_v], [b.full(1.0)], params, update_one)
+        updated = [finished.get(i) or update_one(i, g) for i, g in enumerate(grads)]  # (a θ the loss never reaches)
+        new_params = [u[0] for u in updated]
+        new_state = {k: [u[1 + j] for u in updated] for j, k in enumerate(lay.state)}
+    else:
+        grads = autodiff.grad(b, [loss_v], [b.full(1.0)], params)
+        if replicas > 1:
+            *grads, loss_v = replica_mean(b, [*grads, loss_v], replicas)
+        # The update (accumulation, clipping, the optimizer, the EMA shadow): the same emitter the gate checks.
+        new_params, new_state = variant.wrappers.emit_update(b, opt, slots, params, grads, state, scalars)
     outs = new_params + [v for n in lay.state for v in new_state[n]] + [loss_v] + batch_stats
     return b.module(outs, num_replicas=replicas), lay
 

@@ -15,6 +15,13 @@ Overrides, for the gate, tests and benchmarks: `with forced({"conv2d": "nhwc"}):
 every module built inside with that choice whatever the target, and the environment
 variable HLOFORGE_STRATEGY ("conv2d=nhwc,maxPool=select") does the same for a whole
 process (a context override wins over the environment).
+
+Per-layer choices: `with tuned(plan): …` renders each layer whose (layer, input shape) the plan
+names with that layer's own choices (what hloforge.train.autotune measured); `emit_layers` marks
+the layer being emitted (`in_layer`). Precedence, first that names the kind wins: `forced`,
+HLOFORGE_STRATEGY, the plan's choice for the layer being emitted, the target's default. A kind
+declared `per_layer=False` ("layout") is decided once per net, outside any layer, and no plan
+may name it.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Hashable, Iterator, Mapping
 
 import attrs
 
@@ -44,6 +51,8 @@ class StrategyKind:
     choices: tuple[str, ...]
     defaults: Mapping[str, str] = attrs.field(factory=dict)
     doc: str = ""
+    # False: consulted once per net, outside any layer (the activation layout), so not tuned per layer
+    per_layer: bool = True
 
     def __attrs_post_init__(self) -> None:
         if not self.choices:
@@ -59,12 +68,21 @@ class StrategyKind:
 
 KINDS: dict[str, StrategyKind] = {}
 _forced: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar("hloforge_strategy", default=None)
+# A layer as a plan names it: the (frozen, hashable) layer instance and its input shape without the batch.
+LayerKey = tuple[Hashable, tuple[int, ...]]
+Plan = Mapping[LayerKey, Mapping[str, str]]
+_plan: contextvars.ContextVar[Plan | None] = contextvars.ContextVar("hloforge_strategy_plan", default=None)
+# The plan's choices for the layer being emitted (set by `in_layer` around its forward).
+_layer: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar("hloforge_strategy_layer",
+                                                                                  default=None)
+_consulted: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar("hloforge_strategy_consulted",
+                                                                             default=None)
 
 
 def declare(name: str, choices: tuple[str, ...], defaults: Mapping[str, str] | None = None,
-            doc: str = "") -> StrategyKind:
+            doc: str = "", *, per_layer: bool = True) -> StrategyKind:
     """Declare a strategy kind (once, where the layer that consults it is defined)."""
-    kind = StrategyKind(name, tuple(choices), dict(defaults or {}), doc)
+    kind = StrategyKind(name, tuple(choices), dict(defaults or {}), doc, per_layer)
     if name in KINDS and KINDS[name] != kind:
         raise UnsupportedSpec(f"strategy kind {name!r} is declared twice, differently")
     KINDS[name] = kind
@@ -104,12 +122,24 @@ def from_env() -> dict[str, str]:
 
 def chosen(name: str, target: str | None) -> str:
     """The choice of kind `name` for a module rendered for `target`: a `forced` override, else
-    HLOFORGE_STRATEGY, else the kind's default for that target."""
+    HLOFORGE_STRATEGY, else the `tuned` plan's choice for the layer being emitted, else the
+    kind's default for that target."""
+    seen = _consulted.get()
+    if seen is not None:
+        seen.add(name)
     forced_now = _forced.get() or {}
     if name in forced_now:
         return forced_now[name]
     env = from_env()
-    return env[name] if name in env else kind(name).default(target)
+    if name in env:
+        return env[name]
+    mine = _layer.get()
+    return mine[name] if mine is not None and name in mine else kind(name).default(target)
+
+
+def pinned() -> set[str]:
+    """The kinds a `forced` block or HLOFORGE_STRATEGY fixes here: a plan's choice for them is never used."""
+    return set(_forced.get() or {}) | set(from_env())
 
 
 @contextlib.contextmanager
@@ -121,6 +151,56 @@ def forced(choices: Mapping[str, str]) -> Iterator[None]:
         yield
     finally:
         _forced.reset(token)
+
+
+@contextlib.contextmanager
+def tuned(plan: Plan) -> Iterator[None]:
+    """Render each layer the plan names ((layer, input shape) -> {kind: choice}) with its own
+    choices, inside the block (under `forced` and HLOFORGE_STRATEGY; see `chosen`)."""
+    checked = {}
+    for (layer, shape), choices in plan.items():
+        where = f"tuned choices of {getattr(layer, 'kind', type(layer).__name__)} at {list(shape)}"
+        net_wide = [k for k in choices if not kind(k).per_layer]
+        if net_wide:
+            raise UnsupportedSpec(f"{where}: strategy kind(s) {net_wide} are decided once per net, not per layer")
+        checked[layer, tuple(shape)] = _check(choices, where)
+    token = _plan.set(checked)
+    try:
+        yield
+    finally:
+        _plan.reset(token)
+
+
+@contextlib.contextmanager
+def in_layer(layer: Hashable, in_shape: tuple[int, ...]) -> Iterator[None]:
+    """Emit the layer `layer` (input shape `in_shape`, no batch) with the plan's choices for it.
+    A layer the plan does not name keeps the enclosing layer's (a stack a layer emits inside
+    itself renders in its parent's form). The form of a closed-form backward is fixed when its
+    forward is emitted (`Builder.custom_vjp` runs it in the forward's context)."""
+    plan = _plan.get()
+    try:
+        mine = plan.get((layer, tuple(in_shape))) if plan else None
+    except TypeError:  # an unhashable layer (a list-valued option) cannot be in a plan
+        mine = None
+    if mine is None:
+        yield
+        return
+    token = _layer.set(mine)
+    try:
+        yield
+    finally:
+        _layer.reset(token)
+
+
+@contextlib.contextmanager
+def consulted() -> Iterator[set[str]]:
+    """The names of the kinds `chosen` is asked about inside the block (what a render depends on)."""
+    seen: set[str] = set()
+    token = _consulted.set(seen)
+    try:
+        yield seen
+    finally:
+        _consulted.reset(token)
 
 
 def table() -> list[tuple[str, str, dict[str, str]]]:
@@ -138,7 +218,14 @@ def target_of(backend: object) -> str | None:
 # ----------------------------------------------------------------- the activation layout
 LAYOUT = declare("layout", ("nchw", "nhwc"), {"xla": "nchw", "iree": "nhwc"},
                  "image activations between layers: NCHW throughout, or NHWC through every run of "
-                 "layers that supports it (one transpose at each end of the run)")
+                 "layers that supports it (one transpose at each end of the run)", per_layer=False)
+# ----------------------------------------------------------------- the train step's update
+UPDATE = declare("update", ("after_backward", "in_backward"), {"xla": "in_backward", "iree": "after_backward"},
+                 "the optimizer update after the whole backward, or each parameter's update the moment its "
+                 "gradient is final, sequenced before the rest of the backward by an optimization barrier "
+                 "(the same math; the gradient is used while hot; not with clipping or data parallel)",
+                 per_layer=False)
+
 NCHW, NHWC = "NCHW", "NHWC"
 _TO = {(NCHW, NHWC): (0, 2, 3, 1), (NHWC, NCHW): (0, 3, 1, 2)}
 

@@ -29,8 +29,8 @@ from hloforge.core.registry import default_registry
 from hloforge.core.spec import NetSpec
 from hloforge.core.variant import SHADOW, Variant, ema_decay_at
 from hloforge.datasets.stream import DataRef, Feed, split_labels
+from hloforge.train import autotune, fp8
 from hloforge.train import checkpoint as ckpt
-from hloforge.train import fp8
 from hloforge.train.metrics import eval_set_id, topk_correct, wilson
 from hloforge.train.mixing import Mixer
 from hloforge.train.parallel import DataParallelTrainSession, make_forward_session
@@ -92,6 +92,11 @@ class TrainConfig:
     run_dir: str = ""
     tag: str = ""
     log_every: int = 50
+    # Per-layer lowering strategies timed on the backend at render time (hloforge.train.autotune; also
+    # $HLOFORGE_AUTOTUNE=1). A tuned run records its choices in `tuned` ("layer index:kind=choice,…"),
+    # which a config that has them applies as they are, untimed: `--config` re-renders the same modules.
+    autotune: bool = False
+    tuned: tuple[str, ...] = attrs.field(default=(), converter=lambda v: (v,) if isinstance(v, str) else tuple(v))
 
     def variant(self, spec: NetSpec | None = None) -> Variant:
         """The loss: `loss` if given, else the net's and dataset's (tokenCrossEntropy for per-token logits,
@@ -411,12 +416,17 @@ class Run:
 
     def train(self, resume: bool = False, cross_backend: bool = False) -> dict[str, Any]:
         cfg = self.cfg
+        tuning = autotune.resolve(self.spec, cfg.batch // cfg.replicas, self.backend, autotune=cfg.autotune,
+                                  recorded=cfg.tuned)
+        if tuning is not None:  # the config records that tuning was on and what it chose
+            cfg = self.cfg = attrs.evolve(cfg, autotune=True, tuned=tuning.records())
         t0 = time.perf_counter()
-        session = (TrainSession(self.spec, self.variant, cfg.batch, self.backend, seed=cfg.seed)
-                   if cfg.replicas == 1 else
-                   DataParallelTrainSession(self.spec, self.variant, cfg.batch, self.backend, seed=cfg.seed,
-                                            replicas=cfg.replicas, sync_bn=cfg.sync_bn))
-        evaluator = make_forward_session(self.spec, cfg.batch // cfg.replicas, self.backend, cfg.replicas)
+        with autotune.rendering(tuning):
+            session = (TrainSession(self.spec, self.variant, cfg.batch, self.backend, seed=cfg.seed)
+                       if cfg.replicas == 1 else
+                       DataParallelTrainSession(self.spec, self.variant, cfg.batch, self.backend, seed=cfg.seed,
+                                                replicas=cfg.replicas, sync_bn=cfg.sync_bn))
+            evaluator = make_forward_session(self.spec, cfg.batch // cfg.replicas, self.backend, cfg.replicas)
         compile_s = time.perf_counter() - t0
         start = 0
         if resume:
@@ -439,6 +449,8 @@ class Run:
         self.log(f"  {self.variant.slug}: lr {cfg.lr:g} {cfg.schedule}, batch {cfg.batch}{dp}, {cfg.epochs} epochs, "
                  f"run dir {self.dir} | compiled in {compile_s:.1f}s"
                  + (f" | resumed after epoch {start}" if start else ""))
+        if tuning is not None:
+            self.log(f"  {tuning.summary()}")
         w = bn_weight(cfg.bn_momentum, self.variant.accum)
         metrics: dict[str, Any] = {}
         history = self._history() if start else []

@@ -52,6 +52,7 @@ NETS: dict[str, Callable[..., NetSpec]] = {
     "convnext-mini": convnext.convnext_mini,
     "vit_tiny": vit.vit_tiny,
     "vit-mini": vit.vit_mini,
+    "vit-cifar": vit.vit_cifar,
     "tinygpt-nano": tinygpt.tinygpt_nano,
     "tinygpt-nano-flash": tinygpt.tinygpt_nano_flash,
     "tinygpt-tiny": tinygpt.tinygpt_tiny,

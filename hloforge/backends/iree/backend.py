@@ -24,11 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from hloforge.backends.base import CROSS_REPLICA_OPS, ArgSpec, check_args, parse_main_signature
+from hloforge.backends.base import CROSS_REPLICA_OPS, ArgSpec, cache_root, check_args, parse_main_signature
 from hloforge.core.errors import BackendError
 from hloforge.core.hookspecs import hookimpl
 
-CACHE_ENV_VAR = "HLOFORGE_CACHE_DIR"
 TARGET_ENV_VAR = "HLOFORGE_IREE_TARGET"
 GPU_ARCH_ENV_VAR = "HLOFORGE_IREE_GPU_ARCH"
 PIP_HINT = "pip install iree-base-compiler iree-base-runtime  (or: pip install 'hloforge[iree]')"
@@ -77,9 +76,7 @@ def _dist_version(dist: str) -> str:
 
 
 def default_cache_dir() -> Path:
-    explicit = os.environ.get(CACHE_ENV_VAR)
-    root = Path(explicit) if explicit else Path.home() / ".cache" / "hloforge"
-    return root / "iree"
+    return cache_root() / "iree"
 
 
 def cache_key(mlir_text: str, target: str, flags: Sequence[str], version: str) -> str:
@@ -234,6 +231,10 @@ class IreeBackend:
 
     def backend_name(self) -> str:
         return f"iree ({self.target}, compiler {_dist_version('iree-base-compiler')}, driver {self.driver})"
+
+    def fingerprint(self) -> str:
+        """What a program's speed depends on besides its text: target, compiler revision and flags."""
+        return f"iree {self.target} {self.version} flags {' '.join(self.flags)}"
 
     # -- compile ---------------------------------------------------------------
 

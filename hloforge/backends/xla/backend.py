@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -22,6 +23,17 @@ class XlaBackend:
     def backend_name(self) -> str:
         """What is really loaded: the platform and the plugin file."""
         return f"xla ({self.client.platform_name}, {self.client.plugin_path})"
+
+    def fingerprint(self) -> str:
+        """What a program's speed depends on besides its text: the plugin file (an upgrade in place
+        changes its size or time), its platform version, the device count."""
+        c = self.client
+        try:
+            st = os.stat(c.plugin_path)
+            build = f"{st.st_size} bytes {st.st_mtime_ns}"
+        except OSError:
+            build = "?"
+        return f"xla {c.platform_name} {c.platform_version} {c.plugin_path} ({build}) devices {len(c.devices)}"
 
     def compile(self, mlir_text: str, num_replicas: int = 1) -> Executable:
         """More replicas than the client has devices is a BackendError (from the binding)."""

@@ -8,6 +8,17 @@ the mean and variance ops:
     x̂ = (x − μ)·σ⁻¹,  σ⁻¹ = rsqrt(var + ε),  y = γ·x̂ + β          (M = elements per statistic)
     ∂β = Σ ḡ,  ∂γ = Σ ḡ·x̂,  ∂x = σ⁻¹/M · (M·ĝ − Σ_R ĝ − x̂·Σ_R ĝ·x̂),  ĝ = γ·ḡ
 
+Batch norm takes the form the strategy kind "bnReduce" picks for the module's target:
+
+- "twoPass": the forward reads x for Σx, again for Σ(x − μ)², and the backward reduces Σḡ, Σḡ·x̂
+  (for ∂β, ∂γ) and Σĝ, Σĝ·x̂ (for ∂x) as four sums.
+- "fused": one variadic reduce of Σd and Σd² with d = x − K, K each statistic's first element of
+  x (a shift: the textbook E[x²] − E[x]² cancels catastrophically once |μ| ≫ σ, while
+  Σd² − (Σd)²/m about a sample of the data loses only what |K − μ| ~ σ costs, and a constant
+  channel gives exactly 0); and one variadic reduce of Σḡ, Σḡ·x̂, from which Σĝ = γ·Σḡ and
+  Σĝ·x̂ = γ·Σḡ·x̂. Sync BN pools each replica's mean, then its sum of squares about the pooled
+  mean (M2_r + m·(μ_r − μ)², Chan's combination): two small all-reduces, as the two-pass form.
+
 Batch norm uses the BIASED batch variance (divide by M) to normalise, and reports that same
 biased variance as its batch statistic; the trainer's running average (weight 0.01) is
 therefore an average of biased variances (PyTorch would average the unbiased one; the two
@@ -32,22 +43,30 @@ from hloforge.plugins.layers.compose import check_stride, image, is_train
 from hloforge.plugins.layers.conv import conv2d, conv_strategies
 
 BN_EPS = 1e-5
+BN_REDUCE = strategy.declare("bnReduce", ("twoPass", "fused"), {"xla": "fused", "iree": "fused"},
+                             "batch-norm statistics and backward sums in two passes each, or one variadic "
+                             "reduce each (see norm.py)")
 
 
 # ------------------------------------------------------------------ the normaliser (emitted)
 def normalize(b: Builder, x: Value, gamma: Value, beta: Value, reduce: Sequence[int], axis: int,
-              eps: float, replicas: int = 1) -> tuple[Value, Value, Value]:
+              eps: float, replicas: int = 1, fused: bool = False) -> tuple[Value, Value, Value]:
     """(y, mean, biased var) with statistics over `reduce` and γ/β along `axis`; y carries the
     closed-form backward, mean and var are reported values (no gradient flows through them).
 
     `replicas` > 1 (sync BN in a data-parallel step): the statistics are over `reduce` of every
     replica's x, M = replicas·m. The forward all-reduces Σx, then Σ(x − μ)²; the backward the two
     sums Σĝ and Σĝ·x̂. Each replica seeds its own loss, so its ĝ is replicas × the cotangent of the
-    mean loss — the same factor on every replica, which the gradients' replica mean takes out."""
+    mean loss — the same factor on every replica, which the gradients' replica mean takes out.
+
+    `fused`: the one-pass forms of the module docstring (bnReduce=fused; batch norm only)."""
     shape, rank = x.shape, x.type.rank
     reduce = sorted(reduce)
     kept = [d for d in range(rank) if d not in reduce]
     others = [d for d in range(rank) if d != axis]
+    if fused and others != reduce:
+        raise UnsupportedSpec(f"the fused normaliser is batch norm's: statistics over every axis but {axis}, "
+                              f"got {reduce}")
     m = replicas
     for d in reduce:
         m *= shape[d]
@@ -63,7 +82,29 @@ def normalize(b: Builder, x: Value, gamma: Value, beta: Value, reduce: Sequence[
     def per_stat(v: Value) -> Value:
         return b.broadcast_in_dim(v, shape, kept)
 
+    def fused_stats(x: Value) -> tuple[Value, Value]:
+        local = m // replicas
+        shift = b.reshape(b.slice(x, [0] * rank, [1 if d in reduce else n for d, n in enumerate(shape)]),
+                          [shape[d] for d in kept])
+        d = x - per_stat(shift)
+        s1, s2 = b.reduce_sums([d, d * d], reduce)
+        # the replica's own mean and sum of squares about it, then Chan's pooling (a no-op alone)
+        local_mean = shift + s1 / float(local)
+        zero = b.full(0.0, s2.shape, s2.dtype)
+        local_m2 = b.maximum(s2 - s1 * s1 / float(local), zero)
+        (means,) = pooled(local_mean)
+        mean = means / float(replicas)
+        apart = local_mean - mean
+        (m2,) = pooled(local_m2 + apart * apart * float(local))
+        return mean, m2 / float(m)
+
     def fwd(x: Value, gamma: Value, beta: Value) -> list[Value]:
+        if fused:
+            mean, var = fused_stats(x)
+            istd = b.rsqrt(var + eps)
+            xhat = (x - per_stat(mean)) * per_stat(istd)
+            saved.update(mean=mean, var=var, istd=istd, xhat=xhat)
+            return [xhat * along(gamma) + along(beta)]
         (total,) = pooled(b.sum(x, reduce))
         mean = total / float(m)
         xc = x - per_stat(mean)
@@ -74,7 +115,19 @@ def normalize(b: Builder, x: Value, gamma: Value, beta: Value, reduce: Sequence[
         saved.update(mean=mean, var=var, istd=istd, xhat=xhat)
         return [xhat * along(gamma) + along(beta)]
 
+    def bwd_fused(b: Builder, g: Value) -> list[Value]:
+        # batch norm (γ/β along the one axis not reduced): ∂β, ∂γ are the sums Σḡ, Σḡ·x̂ over the
+        # statistics' own axes, so one variadic reduce gives all four sums
+        xhat, istd = saved["xhat"], saved["istd"]
+        d_beta, d_gamma = b.reduce_sums([g, g * xhat], reduce)
+        s1, s2 = pooled(d_beta * gamma, d_gamma * gamma)
+        gh = g * along(gamma)
+        dx = per_stat(istd) * (gh - per_stat(s1 / float(m)) - xhat * per_stat(s2 / float(m)))
+        return [dx, d_gamma, d_beta]
+
     def bwd(b: Builder, g: Value) -> list[Value]:
+        if fused:
+            return bwd_fused(b, g)
         xhat, istd = saved["xhat"], saved["istd"]
         d_beta = b.sum(g, others)
         d_gamma = b.sum(g * xhat, others)
@@ -95,7 +148,7 @@ def batch_norm(b: Builder, x: Value, params: Mapping[str, Value], ctx: Ctx, eps:
     axis = strategy.channel_axis(ctx.layout, x.type.rank)
     if ctx.train:
         y, mean, var = normalize(b, x, gamma, beta, [d for d in range(x.type.rank) if d != axis], axis, eps,
-                                 ctx.sync_replicas)
+                                 ctx.sync_replicas, strategy.chosen("bnReduce", b.target) == "fused")
         ctx.batch_stats["mean"], ctx.batch_stats["var"] = mean, var
         return y
     scale = gamma * b.rsqrt(ctx.running["var"] + eps)
@@ -151,7 +204,7 @@ class BatchNorm(Layer):
     """BN on [C, H, W] (statistics over batch and space) or [C] (over the batch), then `act`."""
 
     kind = "batchNorm"
-    strategy_kinds = ("layout",)
+    strategy_kinds = ("layout", "bnReduce")
     eps: float = BN_EPS
     act: str = "identity"
 
@@ -259,11 +312,11 @@ class _ConvBnUnit(Layer):
     """conv (no bias: β follows) → batch norm → act; what ConvBn and DepthwiseConvBn share.
     `pad` None is PyTorch's (k−1)//2."""
 
-    strategy_kinds = ("conv2d", "layout", "depthwise")
+    strategy_kinds = ("conv2d", "layout", "depthwise", "bnReduce")
 
     def strategies_for(self, in_shape: Shape) -> tuple[str, ...]:
         c = in_shape[0]
-        return conv_strategies(c, self.out_channels(c), self.group_count(c))
+        return (*conv_strategies(c, self.out_channels(c), self.group_count(c)), "bnReduce")
 
     k: int
     stride: int

@@ -1,4 +1,19 @@
-"""Pooling: maxPool (kernel and stride independent, seed 001) and globalAvgPool, on NCHW."""
+"""Pooling: maxPool (kernel and stride independent, seed 001) and globalAvgPool, on NCHW.
+
+maxPool takes the form the strategy kind "maxPool" picks for the module's target:
+
+- "slices": the max of k² strided slices folded with `maximum`; autodiff's backward of that chain
+  (a compare and two selects per fold, every tie to the earlier slice).
+- "select": the same forward, with a written-out backward (a `Builder.custom_vjp`): per window
+  offset a compare of its slice with the max and a select (autodiff.window_extremum_vjp), the
+  parts interleaved back by one reshape when the windows tile — no select_and_scatter, and none
+  of the k² full-size pads the slices' own VJPs add up.
+- "window": one stablehlo.reduce_window max, differentiated by the builder's rule for it (the same
+  compare/select backward).
+
+All three send a window's cotangent to the FIRST position (row-major in the window) equal to its max,
+jax's and PyTorch's rule; a ReLU'd input ties at 0 often, so this is checked exactly.
+"""
 
 from __future__ import annotations
 
@@ -8,17 +23,23 @@ from typing import Any
 
 import attrs
 
+from hloforge.core import strategy
+from hloforge.core.autodiff import window_extremum_vjp
 from hloforge.core.errors import UnsupportedSpec
 from hloforge.core.hlo import Builder, Value
 from hloforge.core.hookspecs import hookimpl
 from hloforge.core.spec import Ctx, Layer, Shape
 from hloforge.plugins.layers.conv import per_axis, resolve_padding, spatial_axes, window_out
 
+MAX_POOL = strategy.declare("maxPool", ("slices", "select", "window"), {"xla": "select", "iree": "select"},
+                            "max pooling as k² strided slices folded with maximum, differentiated by autodiff "
+                            "or by compare/select; or one reduce_window (see pool.py)")
+
 
 @attrs.frozen
 class MaxPool(Layer):
     kind = "maxPool"
-    strategy_kinds = ("layout",)
+    strategy_kinds = ("layout", "maxPool")
     k: int = 2
     stride: int | None = None  # defaults to k
     pad: str | int = "valid"
@@ -43,22 +64,33 @@ class MaxPool(Layer):
         return True
 
     def forward(self, b: Builder, x: Value, params: Mapping[str, Value], ctx: Ctx) -> Value:
-        # The max of k² strided slices: every op has a plain VJP, and ties have measure zero.
         sp = spatial_axes(ctx.layout)
         pads = resolve_padding(self.pad, (x.shape[sp[0]], x.shape[sp[1]]), self.k, self.s)
+        edges = [(0, 0)] * 4
+        edges[sp[0]], edges[sp[1]] = pads[0], pads[1]
+        window, strides = per_axis(ctx.layout, self.k, self.k, 1), per_axis(ctx.layout, self.s, self.s, 1)
+        form = strategy.chosen("maxPool", b.target)
+        if form == "window":
+            return b.reduce_window(x, window, strides, edges, "max")
+        if form == "select":
+            def bwd(b: Builder, g: Value) -> list[Value]:
+                return [window_extremum_vjp(b, x, y, g, window, strides, edges, -float("inf"))]
 
-        def at(h: int, w: int, rest: int) -> list[int]:
-            return per_axis(ctx.layout, h, w, rest)
+            (y,) = b.custom_vjp(lambda x: [self._slices_max(b, x, edges, window, strides)], bwd, x)
+            return y
+        return self._slices_max(b, x, edges, window, strides)
 
-        if any(lo or hi for lo, hi in pads):
-            x = b.pad(x, at(pads[0][0], pads[1][0], 0), at(pads[0][1], pads[1][1], 0), value=-float("inf"))
-        h, w = x.shape[sp[0]], x.shape[sp[1]]
-        oh, ow = window_out(h, self.k, self.s, (0, 0)), window_out(w, self.k, self.s, (0, 0))
+    def _slices_max(self, b: Builder, x: Value, edges: list[tuple[int, int]], window: list[int],
+                    strides: list[int]) -> Value:
+        """The max of the k² strided slices of x padded with −inf, folded in row-major window order
+        (`maximum`'s VJP sends a tie to its first operand: the earlier slice)."""
+        if any(lo or hi for lo, hi in edges):
+            x = b.pad(x, [lo for lo, _ in edges], [hi for _, hi in edges], value=-float("inf"))
+        out_shape = [(n - w) // s + 1 for n, w, s in zip(x.shape, window, strides, strict=True)]
         out = None
-        for i, j in itertools.product(range(self.k), repeat=2):
-            limit = list(x.shape)
-            limit[sp[0]], limit[sp[1]] = i + (oh - 1) * self.s + 1, j + (ow - 1) * self.s + 1
-            v = b.slice(x, at(i, j, 0), limit, at(self.s, self.s, 1))
+        for offset in itertools.product(*(range(w) for w in window)):
+            limit = [o + (m - 1) * s + 1 for o, m, s in zip(offset, out_shape, strides, strict=True)]
+            v = b.slice(x, list(offset), limit, strides)
             out = v if out is None else b.maximum(out, v)
         assert out is not None
         return out
@@ -73,7 +105,8 @@ class MaxPool(Layer):
 
     @classmethod
     def gate_cases(cls) -> list[tuple[Layer, Shape]]:
-        return [(cls(2), (2, 6, 6)), (cls(3, 2, pad=1), (2, 7, 7)), (cls(3, 2), (1, 8, 8))]
+        return [(cls(2), (2, 6, 6)), (cls(3, 2, pad=1), (2, 7, 7)), (cls(3, 2), (1, 8, 8)),
+                (cls(2, pad="same"), (2, 5, 5))]
 
 
 @attrs.frozen
