@@ -277,3 +277,28 @@ def test_borrowed_input_aliases_host_memory_and_keeps_it_alive(client):
     buf.delete()
     other.delete()
     assert buf.is_deleted and other.is_deleted
+
+
+def test_the_xla_scheduler_is_chosen_per_process_and_a_bad_name_is_refused(monkeypatch):
+    import os
+    import subprocess
+    import sys
+
+    from hloforge.backends.xla import pjrt
+
+    monkeypatch.setenv(pjrt.SCHEDULER_ENV_VAR, "fastest")
+    with pytest.raises(BackendError, match="HLOFORGE_XLA_SCHEDULER='fastest'; expected one of concurrent, sequential"):
+        pjrt.xla_scheduler()
+    probe = ("import os; from hloforge.train.session import make_backend; b = make_backend('xla'); "
+             "b.compile('func.func @main(%a: tensor<f32>) -> tensor<f32> { return %a : tensor<f32> }'); "
+             "print(b.backend_name()); print(b.fingerprint()); print(os.environ.get('XLA_FLAGS', ''))")
+    for env, flags, used in (({"HLOFORGE_XLA_SCHEDULER": "sequential"}, "scheduler=false", "sequential"),
+                             ({"HLOFORGE_XLA_SCHEDULER": "sequential",  # the user's own setting of the flag wins
+                               "XLA_FLAGS": "--xla_cpu_enable_concurrency_optimized_scheduler=true"}, "scheduler=true",
+                              "concurrent")):
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                             env={k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS",)} | env).stdout
+        name, fingerprint, xla_flags = out.strip().split("\n")
+        assert ("sequential scheduler" in name) == (used == "sequential")
+        assert fingerprint.endswith(f"scheduler {used}")
+        assert xla_flags.endswith(flags) and xla_flags.count("optimized_scheduler") == 1

@@ -22,7 +22,9 @@ class XlaBackend:
 
     def backend_name(self) -> str:
         """What is really loaded: the platform and the plugin file."""
-        return f"xla ({self.client.platform_name}, {self.client.plugin_path})"
+        sched = self.client._api.scheduler
+        return f"xla ({self.client.platform_name}, {self.client.plugin_path}" + (
+            f", {sched} scheduler)" if sched != "concurrent" else ")")
 
     def fingerprint(self) -> str:
         """What a program's speed depends on besides its text: the plugin file (an upgrade in place
@@ -33,7 +35,8 @@ class XlaBackend:
             build = f"{st.st_size} bytes {st.st_mtime_ns}"
         except OSError:
             build = "?"
-        return f"xla {c.platform_name} {c.platform_version} {c.plugin_path} ({build}) devices {len(c.devices)}"
+        return (f"xla {c.platform_name} {c.platform_version} {c.plugin_path} ({build}) devices {len(c.devices)} "
+                f"scheduler {c._api.scheduler}")
 
     def compile(self, mlir_text: str, num_replicas: int = 1) -> Executable:
         """More replicas than the client has devices is a BackendError (from the binding)."""
