@@ -716,7 +716,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dispatch-calls", type=int, default=2000, help="0 skips the dispatch measurement")
-    p.add_argument("--isolate", default="hloforge-iree",
+    # Every backend in a process of its own by default: XLA (jaxlib's and the plugin's), IREE and
+    # PyTorch each keep worker threads that spin after a step and slowed whichever ran next in one process.
+    p.add_argument("--isolate", default=",".join(BACKENDS),
                    help="backends measured in a child process killed after --cap-s (comma-separated; '' for none)")
     p.add_argument("--cap-s", type=float, default=600.0, help="time cap per isolated (net, backend), seconds")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
