@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from iree_forms import layer_vjp_on_iree_and_xla
 
 from hloforge.backends.xla import default_client
 from hloforge.core import strategy
@@ -27,7 +28,6 @@ from hloforge.plugins.layers.dense import Dense, Flatten
 from hloforge.plugins.layers.norm import BatchNorm, ConvBn, normalize
 from hloforge.plugins.layers.pool import MaxPool
 from hloforge.testing.gate import HEADER, GateCase, gate_cases
-from hloforge.train.session import make_backend
 
 
 def run(text: str, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -263,21 +263,6 @@ def test_iree_runs_each_form_as_xla_runs_the_portable_one(layer: Layer, shape: S
     """IREE has no f64: each form, rendered for IREE (NHWC inside), must reproduce in f32 the
     (y, ∂θ, ∂x) of the XLA-gated portable form."""
     pytest.importorskip("iree.runtime")
-    iree, xla = make_backend("iree"), make_backend("xla")
-    batch = 3
-    want_text = vjp_module([layer], shape, batch, target=None)
-    with strategy.forced(choice):
-        got_text = vjp_module([layer], shape, batch, target="iree")
-    sig = re.search(r"@main\((.*?)\) ->", want_text)
-    assert sig is not None
-    shapes = [tuple(int(d) for d in t.split("x")[:-1]) for t in re.findall(r"tensor<([0-9x]*)f32>", sig.group(1))]
-    rng = np.random.default_rng(0)
-    ins = [rng.standard_normal(s).astype(np.float32) for s in shapes]
-
-    def outs(be: Any, text: str) -> list[np.ndarray]:
-        res = be.execute(be.compile(text), [be.to_device(a) for a in ins])
-        return [np.asarray(be.to_host(o), np.float64) for o in res]
-
-    got, want = outs(iree, got_text), outs(xla, want_text)
+    _, _, got, want = layer_vjp_on_iree_and_xla(layer, shape, choice)
     for g, w in zip(got, want, strict=True):
         assert np.linalg.norm(g - w) <= 1e-5 * max(np.linalg.norm(w), 1e-30)

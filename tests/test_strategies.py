@@ -13,11 +13,12 @@ import re
 
 import numpy as np
 import pytest
+from iree_forms import layer_vjp_on_iree_and_xla
 
 from hloforge.core import strategy
 from hloforge.core.autodiff import inject_fault
 from hloforge.core.errors import UnsupportedSpec
-from hloforge.core.modules import forward_module, train_step_module, vjp_module
+from hloforge.core.modules import forward_module, train_step_module
 from hloforge.core.registry import default_registry
 from hloforge.core.spec import NetSpec, Shape
 from hloforge.core.variant import Variant
@@ -242,22 +243,9 @@ def test_iree_default_forms_match_the_gated_xla_forms(layer: object, shape: Shap
     """IREE runs f32 only (no f64 gate there): its default forms must reproduce, on IREE, the
     (y, ∂θ, ∂x) of the XLA-gated portable form — so every gated strategy is checked on both."""
     pytest.importorskip("iree.runtime")
-    iree, xla = make_backend("iree"), make_backend("xla")
-    batch = 3
-    want_text = vjp_module([layer], shape, batch, target=None)  # type: ignore[list-item]
-    got_text = vjp_module([layer], shape, batch, target="iree")  # type: ignore[list-item]
+    got_text, want_text, got, want = layer_vjp_on_iree_and_xla(layer, shape)
     assert got_text != want_text
-    sig = re.search(r"@main\((.*?)\) ->", want_text)
-    assert sig is not None
-    shapes = [tuple(int(d) for d in t.split("x")[:-1]) for t in re.findall(r"tensor<([0-9x]*)f32>", sig.group(1))]
-    rng = np.random.default_rng(0)
-    ins = [rng.standard_normal(s).astype(np.float32) for s in shapes]
-
-    def run(be: object, text: str) -> list[np.ndarray]:
-        outs = be.execute(be.compile(text), [be.to_device(a) for a in ins])  # type: ignore[attr-defined]
-        return [np.asarray(be.to_host(o), np.float64) for o in outs]  # type: ignore[attr-defined]
-
-    assert _rel(run(iree, got_text), run(xla, want_text)) < 1e-5
+    assert _rel(got, want) < 1e-5
 
 
 def test_iree_train_step_matches_xla() -> None:
