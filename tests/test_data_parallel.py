@@ -356,12 +356,15 @@ def test_cli_dp_training_and_sharded_eval_print_the_same_top1(tmp_path, capsys):
                  "--run-dir", run, "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "over 2 replicas" in out
-    trained = re.search(r"test top-1 (\S+)", out).group(1)
-    tops = []
+    counts = [int(re.search(r"test top-1 .*?\((\d+)/360\)", out).group(1))]
     for replicas in ("1", "2", "4"):
         assert main(["eval", run, "--replicas", replicas, "--devices", "4"]) == 0
-        tops.append(re.search(r"test top-1 (\S+ \[[^]]+\] \(\d+/\d+\))", capsys.readouterr().out).group(1))
-    assert len(set(tops)) == 1 and tops[0].startswith(trained)
+        counts.append(int(re.search(r"test top-1 .*?\((\d+)/360\)", capsys.readouterr().out).group(1)))
+    # The same images right at every replica count, up to one: this run has one test image whose two
+    # top logits tie to float rounding, and the per-replica batch (32, 16, 8) and the client's thread
+    # count change the rounding (seen: 325 and 326). Row order and the ragged tail are checked exactly
+    # by the ShardedForwardSession tests above; a sharding bug moves far more than one image.
+    assert max(counts) - min(counts) <= 1, counts
     assert main(["train", "mnist-linear", "--epochs", "1", "--replicas", "3", "--batch", "30", "--devices", "2",
                  "--run-dir", str(tmp_path / "r3")]) == 2
     assert "needs 3 devices" in capsys.readouterr().err
