@@ -128,7 +128,6 @@ class TrainSession:
         step_inputs = [stage(be, a) for a in self._step_host(x, y, lr, masks)]
         # The carried inputs are donated and consumed here; the session never touches them again.
         outs = be.execute(self.exe, [*carried, *step_inputs])
-        del step_inputs  # releases the borrowed host arrays
         new = outs[:lay.n_carried]
         self._carried = new if self.resident else [be.to_host(b) for b in new]
         self._batch_stats = outs[lay.loss_index + 1:]
