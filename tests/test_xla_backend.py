@@ -279,26 +279,64 @@ def test_borrowed_input_aliases_host_memory_and_keeps_it_alive(client):
     assert buf.is_deleted and other.is_deleted
 
 
-def test_the_xla_scheduler_is_chosen_per_process_and_a_bad_name_is_refused(monkeypatch):
+def test_the_xla_scheduler_is_read_from_the_environment_and_a_bad_name_is_refused(monkeypatch):
+    from hloforge.backends.xla import pjrt
+
+    for value, want in (("", None), ("auto", None), ("sequential", "sequential"), ("concurrent", "concurrent")):
+        monkeypatch.setenv(pjrt.SCHEDULER_ENV_VAR, value)
+        assert pjrt.xla_scheduler() == want
+    monkeypatch.setenv(pjrt.SCHEDULER_ENV_VAR, "fastest")
+    with pytest.raises(BackendError, match="HLOFORGE_XLA_SCHEDULER='fastest'; expected auto, concurrent, sequential"):
+        pjrt.xla_scheduler()
+    with pytest.raises(BackendError, match="XLA scheduler 'fastest'; expected one of concurrent, sequential"):
+        pjrt.default_client().compile(IDENTITY, scheduler="fastest")
+
+
+IDENTITY = "func.func @main(%a: tensor<f32>) -> tensor<f32> { return %a : tensor<f32> }"
+CONV = """func.func @main(%x: tensor<1x1x4x4xf32>, %w: tensor<1x1x3x3xf32>) -> tensor<1x1x2x2xf32> {
+  %0 = stablehlo.convolution(%x, %w) dim_numbers = [b, f, 0, 1]x[o, i, 0, 1]->[b, f, 0, 1], window = {}
+    {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<1x1x4x4xf32>, tensor<1x1x3x3xf32>) -> tensor<1x1x2x2xf32>
+  return %0 : tensor<1x1x2x2xf32>
+}"""
+
+
+def test_each_executable_gets_its_own_scheduler_and_xla_really_uses_it(tmp_path):
+    """In a child process that dumps XLA's debug options per module: a module without a convolution
+    is compiled with the memory-optimized (sequential) schedule, one with a convolution with the
+    concurrent one, a forced choice applies to both, and a scheduler in the user's XLA_FLAGS wins."""
     import os
     import subprocess
     import sys
 
+    probe = ("import sys; from hloforge.train.session import make_backend; b = make_backend('xla'); "
+             "print([b.compile(t).scheduler for t in sys.argv[1:]]); print(b.backend_name()); print(b.fingerprint())")
+
+    def run(tag: str, env: dict[str, str]) -> tuple[list[str], str, str, list[str]]:
+        dump = tmp_path / tag
+        base = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "HLOFORGE_XLA_SCHEDULER")}
+        flags = f"--xla_dump_to={dump} " + env.pop("XLA_FLAGS", "")
+        out = subprocess.run([sys.executable, "-c", probe, IDENTITY, CONV], capture_output=True, text=True,
+                             check=True, env=base | env | {"XLA_FLAGS": flags}).stdout.strip().split("\n")
+        used = [p.read_text() for p in sorted(dump.glob("*.debug_options"))]  # module_0000 (IDENTITY), 0001 (CONV)
+        return eval(out[0]), out[1], out[2], used
+
+    got, name, fingerprint, used = run("auto", {})
+    assert got == ["sequential", "concurrent"]
+    assert "MEMORY_OPTIMIZED" in used[0] and "CONCURRENCY_OPTIMIZED" in used[1]
+    assert "scheduler)" not in name and fingerprint.endswith("scheduler auto")
+    got, name, fingerprint, used = run("forced", {"HLOFORGE_XLA_SCHEDULER": "sequential"})
+    assert got == ["sequential", "sequential"] and all("MEMORY_OPTIMIZED" in u for u in used)
+    assert name.endswith("sequential scheduler)") and fingerprint.endswith("scheduler sequential")
+    user = "--xla_cpu_scheduler_type=CPU_SCHEDULER_TYPE_CONCURRENCY_OPTIMIZED"
+    got, name, fingerprint, used = run("user", {"HLOFORGE_XLA_SCHEDULER": "sequential", "XLA_FLAGS": user})
+    assert got == ["XLA_FLAGS", "XLA_FLAGS"] and all("CONCURRENCY_OPTIMIZED" in u for u in used)
+    assert name.endswith("XLA_FLAGS scheduler)") and fingerprint.endswith("scheduler XLA_FLAGS")
+
+
+def test_a_compile_option_xla_does_not_know_is_its_error_not_a_silent_default():
     from hloforge.backends.xla import pjrt
 
-    monkeypatch.setenv(pjrt.SCHEDULER_ENV_VAR, "fastest")
-    with pytest.raises(BackendError, match="HLOFORGE_XLA_SCHEDULER='fastest'; expected one of concurrent, sequential"):
-        pjrt.xla_scheduler()
-    probe = ("import os; from hloforge.train.session import make_backend; b = make_backend('xla'); "
-             "b.compile('func.func @main(%a: tensor<f32>) -> tensor<f32> { return %a : tensor<f32> }'); "
-             "print(b.backend_name()); print(b.fingerprint()); print(os.environ.get('XLA_FLAGS', ''))")
-    for env, flags, used in (({"HLOFORGE_XLA_SCHEDULER": "sequential"}, "scheduler=false", "sequential"),
-                             ({"HLOFORGE_XLA_SCHEDULER": "sequential",  # the user's own setting of the flag wins
-                               "XLA_FLAGS": "--xla_cpu_enable_concurrency_optimized_scheduler=true"}, "scheduler=true",
-                              "concurrent")):
-        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
-                             env={k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS",)} | env).stdout
-        name, fingerprint, xla_flags = out.strip().split("\n")
-        assert ("sequential scheduler" in name) == (used == "sequential")
-        assert fingerprint.endswith(f"scheduler {used}")
-        assert xla_flags.endswith(flags) and xla_flags.count("optimized_scheduler") == 1
+    with pytest.raises(BackendError, match="No such compile option: 'xla_no_such_option'"):
+        pjrt.default_client().compile(IDENTITY, overrides={"xla_no_such_option": True})
+    with pytest.raises(BackendError, match="expected bool, int, float or str"):
+        pjrt.compile_options(overrides={"xla_cpu_scheduler_type": None})  # type: ignore[dict-item]

@@ -15,6 +15,7 @@ import functools
 import importlib.util
 import os
 import re
+import struct
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -547,7 +548,6 @@ class Api:
         self.path = path
         self._api = get_api()
         self._fns: dict[str, Callable] = {}  # PJRT_<name> function pointers, looked up once
-        self.scheduler = "concurrent"  # the XLA CPU scheduler its XLA was loaded with (see load_api)
         version = self._api.pjrt_api_version
         self.version: tuple[int, int] = (version.major_version, version.minor_version)
         # Major 0 is the only ABI the declarations above describe.
@@ -625,36 +625,37 @@ _APIS_LOCK = threading.Lock()
 
 
 SCHEDULER_ENV_VAR = "HLOFORGE_XLA_SCHEDULER"
-# XLA's CPU HLO scheduler, chosen per process (XLA reads its flags once). XLA's default orders for
-# concurrency between independent ops; on 2 cores that cost mnist-mlp's step 13% (1.82 vs 1.58 ms,
-# jax.jit 1.52) but helped the convnets 8–9% (mnist-cnn 105 vs 114 ms, resnet-mini 95 vs 104).
-_SCHEDULER_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler"
-SCHEDULERS: dict[str, str | None] = {"concurrent": None, "sequential": f"{_SCHEDULER_FLAG}=false"}
+# XLA's CPU HLO scheduler, chosen per executable (DebugOptions.xla_cpu_scheduler_type, passed as a
+# compile option override). "concurrent" orders independent ops to run side by side; "sequential"
+# (XLA's memory-optimized list schedule) runs them one after another.
+SCHEDULERS = {"concurrent": "CPU_SCHEDULER_TYPE_CONCURRENCY_OPTIMIZED",
+              "sequential": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"}
+_SCHEDULER_OPTION = "xla_cpu_scheduler_type"
+# XLA_FLAGS spellings that choose the scheduler for the whole process (the second is the deprecated one).
+_SCHEDULER_FLAGS = ("--xla_cpu_scheduler_type", "--xla_cpu_enable_concurrency_optimized_scheduler")
 
 
-def xla_scheduler() -> str:
-    """The scheduler $HLOFORGE_XLA_SCHEDULER asks for (default "concurrent", XLA's own)."""
-    name = os.environ.get(SCHEDULER_ENV_VAR, "").strip() or "concurrent"
-    if name not in SCHEDULERS:
-        raise BackendError(f"{SCHEDULER_ENV_VAR}={name!r}; expected one of {', '.join(SCHEDULERS)}")
-    return name
+def xla_scheduler() -> str | None:
+    """The scheduler $HLOFORGE_XLA_SCHEDULER asks for; None (unset or "auto"): the backend's choice."""
+    name = os.environ.get(SCHEDULER_ENV_VAR, "").strip() or "auto"
+    if name != "auto" and name not in SCHEDULERS:
+        raise BackendError(f"{SCHEDULER_ENV_VAR}={name!r}; expected auto, {', '.join(SCHEDULERS)}")
+    return None if name == "auto" else name
+
+
+def scheduler_in_xla_flags() -> bool:
+    """Whether the user's XLA_FLAGS choose the scheduler (then they win over any per-executable choice)."""
+    return any(flag in os.environ.get("XLA_FLAGS", "") for flag in _SCHEDULER_FLAGS)
 
 
 def load_api(path: str) -> Api:
-    """The process-wide Api for ``path``: PJRT plugins must be initialized only once. The plugin's
-    XLA reads XLA_FLAGS at its first use, so the scheduler is settled here, before it loads."""
+    """The process-wide Api for ``path``: PJRT plugins must be initialized only once."""
     # XLA logs every client option it applies at INFO to stderr; a user who wants it sets this to 0.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     key = os.path.realpath(path)
     with _APIS_LOCK:
         if key not in _APIS:
-            flag = SCHEDULERS[xla_scheduler()]
-            user_flags = os.environ.get("XLA_FLAGS", "")
-            if flag is not None and _SCHEDULER_FLAG not in user_flags:  # a setting in the user's XLA_FLAGS wins
-                os.environ["XLA_FLAGS"] = f"{user_flags} {flag}".strip()
             _APIS[key] = Api(path)
-            _APIS[key].scheduler = ("sequential" if f"{_SCHEDULER_FLAG}=false" in os.environ.get("XLA_FLAGS", "")
-                                    else "concurrent")
         return _APIS[key]
 
 
@@ -739,6 +740,9 @@ _ASSIGNMENT_REPLICA_COUNT = 1
 _ASSIGNMENT_COMPUTATION_COUNT = 2
 _ASSIGNMENT_COMPUTATION_DEVICES = 3
 _COMPUTATION_DEVICE_REPLICA_IDS = 1
+_COMPILE_OPTIONS_ENV_OPTION_OVERRIDES = 7  # map<string, OptionOverrideProto>: DebugOptions by field name
+_MAP_KEY, _MAP_VALUE = 1, 2
+_OVERRIDE_STRING, _OVERRIDE_BOOL, _OVERRIDE_INT, _OVERRIDE_DOUBLE = 1, 2, 3, 4
 
 
 def _varint(value: int) -> bytes:
@@ -762,15 +766,30 @@ def _bytes_field(number: int, payload: bytes) -> bytes:
     return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
+def _option_override(value: bool | int | float | str) -> bytes:
+    """One OptionOverrideProto (its oneof picked by the Python type)."""
+    if isinstance(value, bool):  # before int: bool is an int subclass
+        return _int_field(_OVERRIDE_BOOL, int(value))
+    if isinstance(value, int):
+        return _int_field(_OVERRIDE_INT, value)
+    if isinstance(value, float):
+        return _varint(_OVERRIDE_DOUBLE << 3 | 1) + struct.pack("<d", value)
+    if isinstance(value, str):
+        return _bytes_field(_OVERRIDE_STRING, value.encode())
+    raise BackendError(f"compile option value {value!r}: expected bool, int, float or str")
+
+
 def compile_options(
     num_replicas: int = 1,
     num_partitions: int = 1,
     device_assignment: Sequence[Sequence[int]] | None = None,
+    overrides: dict[str, bool | int | float | str] | None = None,
 ) -> bytes:
     """A serialized CompileOptionsProto.
 
     ``device_assignment[replica][partition]`` is a device id; without it XLA picks the
-    default assignment for ``num_replicas`` x ``num_partitions``.
+    default assignment for ``num_replicas`` x ``num_partitions``. ``overrides`` set XLA
+    DebugOptions fields by name for this executable alone (jax's ``compiler_options``).
     """
     build = (
         _int_field(_BUILD_DEVICE_ORDINAL, -1)  # -1: not pinned to one device ordinal
@@ -792,7 +811,11 @@ def compile_options(
                 _ASSIGNMENT_COMPUTATION_DEVICES, _bytes_field(_COMPUTATION_DEVICE_REPLICA_IDS, ids)
             )
         build += _bytes_field(_BUILD_DEVICE_ASSIGNMENT, assignment)
-    return _bytes_field(_COMPILE_OPTIONS_EXECUTABLE_BUILD_OPTIONS, build)
+    out = _bytes_field(_COMPILE_OPTIONS_EXECUTABLE_BUILD_OPTIONS, build)
+    for name, value in sorted((overrides or {}).items()):
+        entry = _bytes_field(_MAP_KEY, name.encode()) + _bytes_field(_MAP_VALUE, _option_override(value))
+        out += _bytes_field(_COMPILE_OPTIONS_ENV_OPTION_OVERRIDES, entry)
+    return out
 
 
 # ------------------------------------------------------- signature of @main ---
@@ -1027,6 +1050,8 @@ class Executable:
         self._output_types: list[tuple[tuple[int, ...], np.dtype]] | None = None
         #: the parameters of @main as read from the text (None: not recognized)
         self.input_specs = signature
+        #: the XLA scheduler it was compiled with (None: XLA's default; "XLA_FLAGS": the user's)
+        self.scheduler: str | None = None
         #: indices of inputs the module donates (`tf.aliasing_output`)
         self.donated_inputs: tuple[int, ...] = tuple(
             i for i, spec in enumerate(signature or ()) if spec.aliasing_output is not None
@@ -1292,16 +1317,27 @@ class Client:
     def _own(self, child: DeviceBuffer | Executable) -> None:
         self._owned.add(child)
 
-    def compile(self, mlir_text: str, num_replicas: int = 1) -> Executable:
-        """Compile StableHLO text for ``num_replicas`` replicas (one per device)."""
+    def compile(self, mlir_text: str, num_replicas: int = 1, scheduler: str | None = None,
+                overrides: dict[str, bool | int | float | str] | None = None) -> Executable:
+        """Compile StableHLO text for ``num_replicas`` replicas (one per device). ``scheduler``
+        (a name in SCHEDULERS) orders its ops, unless the user's XLA_FLAGS choose one; ``overrides``
+        are further XLA DebugOptions for this executable (see compile_options)."""
         handle = self._live()
         if num_replicas < 1 or num_replicas > len(self.devices):
             raise BackendError(
                 f"num_replicas={num_replicas}, but the {self.platform_name} client has "
                 f"{len(self.devices)} device(s)"
             )
+        overrides = dict(overrides or {})
+        if scheduler is not None:
+            if scheduler not in SCHEDULERS:
+                raise BackendError(f"XLA scheduler {scheduler!r}; expected one of {', '.join(SCHEDULERS)}")
+            if scheduler_in_xla_flags():
+                scheduler = "XLA_FLAGS"
+            else:
+                overrides[_SCHEDULER_OPTION] = SCHEDULERS[scheduler]
         assignment = [[d.id] for d in self.devices[:num_replicas]] if num_replicas > 1 else None
-        options = compile_options(num_replicas, 1, assignment)
+        options = compile_options(num_replicas, 1, assignment, overrides)
         code = mlir_text.encode()
         code_c = ffi.new("char[]", code)
         fmt = b"mlir"
@@ -1319,7 +1355,9 @@ class Client:
             compile_options=options_c,
             compile_options_size=len(options),
         )
-        return Executable(self, compiled.executable, parse_main_signature(mlir_text), num_replicas)
+        exe = Executable(self, compiled.executable, parse_main_signature(mlir_text), num_replicas)
+        exe.scheduler = scheduler
+        return exe
 
     def to_device(self, array: np.ndarray, device: int = 0, borrow: bool = False) -> DeviceBuffer:
         """Copy a host array to ``self.devices[device]``.
