@@ -118,6 +118,7 @@ def test_malformed_module_reports_the_parser_message(client):
 def test_wrong_arguments_are_rejected_before_execution(client):
     exe = client.compile(ADD.format(t="f32"))
     good = client.to_device(np.zeros((2, 3), np.float32))
+    exe.execute([good, good])  # accepted once: the check's fast path must still refuse what follows
     # (3, 2) f32 has the right byte size, which is all the CPU plugin checks.
     for bad, why in [
         (np.zeros((3, 2), np.float32), r"argument 1 is DeviceBuffer\(3x2 float32\).*2x3 float32"),
