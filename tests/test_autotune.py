@@ -34,6 +34,10 @@ NET = NetSpec("autotune-tiny", (2, 6, 6), [
     Conv2d(3, act="relu"), Conv2d(3, act="relu"), Conv2d(3, act="relu"), Flatten(), Dense(3),
 ], 3)
 NHWC_CONV = "[b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f]"  # the convolution spec of the "nhwc" form
+# These tests tune "conv2d", the kind that decides a conv's form inside an NCHW net. XLA's nets are
+# NHWC by default (there every conv is NHWC and conv2d is moot), so the activation layout and the
+# NHWC conv's backward are pinned: conv2d then has exactly two forms, as these tests count them.
+PINNED = "layout=nchw,convGrad=written"
 
 
 def timed_as(seconds: Callable[[Candidate], float], calls: list[str] | None = None) -> autotune.Prepare:
@@ -61,7 +65,7 @@ def xla() -> object:
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.delenv(strategy.ENV_VAR, raising=False)
+    monkeypatch.setenv(strategy.ENV_VAR, PINNED)
     monkeypatch.delenv(autotune.ENV_VAR, raising=False)
     monkeypatch.setenv("HLOFORGE_CACHE_DIR", str(tmp_path))
 
@@ -181,9 +185,19 @@ def test_moot_and_pinned_kinds_are_not_timed(xla: object, tmp_path: Path, monkey
     iree_like = Renamed(xla, "pretend")
     iree_like.name = "iree"  # type: ignore[misc]
     convs = NetSpec("autotune-convs", (2, 6, 6), [Conv2d(3), Conv2d(3), Flatten(), Dense(3)], 3)
+    monkeypatch.setenv(strategy.ENV_VAR, "convGrad=written")  # IREE's own layout (NHWC); its backward pinned
     assert autotune.tune(convs, BATCH, iree_like, cache_dir=tmp_path, prepare=no_timing).decisions == []
-    monkeypatch.setenv(strategy.ENV_VAR, "conv2d=nhwc")  # fixed by the environment: it would win anyway
+    monkeypatch.setenv(strategy.ENV_VAR, f"{PINNED},conv2d=nhwc")  # fixed by the environment: it would win anyway
     assert autotune.tune(convs, BATCH, xla, cache_dir=tmp_path, prepare=no_timing).decisions == []
+
+
+def test_xla_s_nhwc_convs_tune_their_backward(xla: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In XLA's default (NHWC) net a conv's form is its backward: autodiff's (the default) or written out."""
+    monkeypatch.delenv(strategy.ENV_VAR)
+    calls: list[str] = []
+    res = autotune.tune(NET, BATCH, xla, cache_dir=tmp_path, prepare=slow_when("convGrad", "autodiff", calls))
+    assert sorted(calls) == sorted(["convGrad=autodiff", "convGrad=written"] * 2)  # two layers, two forms
+    assert [dict(d.choices) for d in res.decisions] == [{"convGrad": "written"}] * 3
 
 
 def test_kinds_consulted_inside_a_block_are_found(xla: object, tmp_path: Path) -> None:
@@ -223,7 +237,7 @@ def test_precedence_forced_then_environment_then_plan_then_default(monkeypatch: 
     with strategy.tuned({(ls.layer, ls.in_shape): {"conv2d": "nhwc"}}):
         with strategy.in_layer(ls.layer, ls.in_shape):
             assert strategy.chosen("conv2d", "xla") == "nhwc"  # the plan over the target's default
-            monkeypatch.setenv(strategy.ENV_VAR, "conv2d=nchw")
+            monkeypatch.setenv(strategy.ENV_VAR, f"{PINNED},conv2d=nchw")
             assert strategy.chosen("conv2d", "xla") == "nchw"  # the environment over the plan
             with strategy.forced({"conv2d": "nhwc"}):
                 assert strategy.chosen("conv2d", "iree") == "nhwc"  # forced over everything

@@ -47,8 +47,9 @@ BOTH_NHWC = {"layout": "nhwc", "conv2d": "nhwc"}
 
 
 def test_defaults_per_target() -> None:
-    assert strategy.chosen("conv2d", "xla") == "nchw" and strategy.chosen("layout", "xla") == "nchw"
+    assert strategy.chosen("layout", "xla") == "nhwc" and strategy.chosen("convGrad", "xla") == "autodiff"
     assert strategy.chosen("conv2d", "iree") == "nhwc" and strategy.chosen("layout", "iree") == "nhwc"
+    assert strategy.chosen("convGrad", "iree") == "written"
     assert strategy.chosen("conv2d", None) == "nchw"  # no target: the portable form, every kind's first choice
     assert strategy.target_of(make_backend("xla")) == "xla"
 
@@ -162,6 +163,7 @@ def _rel_step(got: list[np.ndarray], want: list[np.ndarray], spec: NetSpec) -> f
 @pytest.mark.parametrize(("spec", "choices"), [
     *((net, c) for net in (SMALL, FLAT) for c in ({"conv2d": "nhwc"}, {"layout": "nhwc"}, BOTH_NHWC)),
     (MOBILE, {"depthwise": "shifted"}), (MOBILE, {"depthwise": "shifted", "layout": "nhwc"}), (MOBILE, BOTH_NHWC),
+    *((net, {**c, "convGrad": "autodiff"}) for net in (SMALL, FLAT, MOBILE) for c in ({"layout": "nhwc"}, BOTH_NHWC)),
     *((net, {"maxPool": p, "bnReduce": "fused", **nhwc}) for net in (SMALL, FLAT) for p in ("select", "window")
       for nhwc in ({}, BOTH_NHWC)),
 ], ids=str)
@@ -182,15 +184,20 @@ def test_gate_runs_each_case_under_each_choice() -> None:
     base = [c for c in conv if not c.strategy]
     for forced in (("conv2d", "nhwc"), ("layout", "nhwc")):
         assert len([c for c in conv if c.strategy == (forced,)]) == len(base)
+    # ... and as each target renders it: XLA's NHWC convs differentiated by autodiff, IREE's written out
+    xla_default = {("convGrad", "autodiff"), ("layout", "nhwc")}
+    assert len([c for c in conv if xla_default <= set(c.strategy) and len(c.strategy) > 1]) == len(base)
+    assert len([c for c in conv if c.strategy == (("conv2d", "nhwc"), ("layout", "nhwc"))]) == len(base)
     # depthwise=shifted only where the conv is depthwise (one case of conv2d's, every depthwiseConvBn's)
     assert [c.shape for c in conv if c.strategy == (("depthwise", "shifted"),)] == [(3, 5, 5)]
     dw = _cases("depthwiseConvBn")
     assert len([c for c in dw if c.strategy == (("depthwise", "shifted"),)]) == len([c for c in dw if not c.strategy])
     bn = _cases("batchNorm")
     # layout=nhwc only where the case is an image (BN on [C] renders the same module either way)
-    laid_out = [c for c in bn if c.strategy and c.strategy[0][0] == "layout"]
+    laid_out = [c for c in bn if c.strategy == (("layout", "nhwc"),)]
     assert {c.shape for c in laid_out} == {(3, 4, 5)}
     assert all(c.id.endswith(("~layout=nhwc", "~layout=nhwc#eval")) for c in laid_out)
+    assert {c.shape for c in bn if c.strategy == (("layout", "nhwc"), ("bnReduce", "fused"))} == {(3, 4, 5)}  # IREE's
     # ... every other choice of every kind on every case (bnReduce, maxPool: pool.py, norm.py)
     assert {c.shape for c in bn if c.strategy == (("bnReduce", "fused"),)} == {(3, 4, 5), (6,)}
     pools = _cases("maxPool")

@@ -216,7 +216,7 @@ def target_of(backend: object) -> str | None:
 
 
 # ----------------------------------------------------------------- the activation layout
-LAYOUT = declare("layout", ("nchw", "nhwc"), {"xla": "nchw", "iree": "nhwc"},
+LAYOUT = declare("layout", ("nchw", "nhwc"), {"xla": "nhwc", "iree": "nhwc"},
                  "image activations between layers: NCHW throughout, or NHWC through every run of "
                  "layers that supports it (one transpose at each end of the run)", per_layer=False)
 # ----------------------------------------------------------------- the train step's update

@@ -358,12 +358,19 @@ def gate_cases(registry: Any = None, names: Sequence[str] | None = None) -> list
         if e.kind == "layer":
             # each case as rendered for no target (every strategy kind's first choice), then once
             # per other choice of each strategy kind the layer consults (layout=nhwc only where the
-            # case takes NHWC at all: otherwise it renders the same module)
+            # case takes NHWC at all: otherwise it renders the same module), then as each target
+            # renders it by default where that combines several (convGrad=autodiff acts only
+            # inside an NHWC conv: XLA's layout=nhwc + convGrad=autodiff)
             for obj, shape in e.obj.gate_cases():
                 stats = bool(walk_layers([obj], tuple(shape))[0].stats)
                 nhwc = len(shape) == 3 and obj.supports_nhwc(tuple(shape))
                 kinds = [k for k in obj.strategies_for(tuple(shape)) if k != "layout" or nhwc]
                 forcings = [()] + [((k, c),) for k in kinds for c in strategy.kind(k).choices[1:]]
+                for target in strategy.TARGETS:
+                    defaults = tuple((k, d) for k in kinds
+                                     if (d := strategy.kind(k).default(target)) != strategy.kind(k).choices[0])
+                    if len(defaults) > 1 and defaults not in forcings:
+                        forcings.append(defaults)
                 for forced in forcings:
                     out.append(GateCase(e.kind, e.name, obj, tuple(shape), e.distribution, strategy=forced))
                     if stats:

@@ -314,7 +314,7 @@ class _ConvBnUnit(Layer):
     """conv (no bias: β follows) → batch norm → act; what ConvBn and DepthwiseConvBn share.
     `pad` None is PyTorch's (k−1)//2."""
 
-    strategy_kinds = ("conv2d", "layout", "depthwise", "bnReduce")
+    strategy_kinds = ("conv2d", "layout", "convGrad", "depthwise", "bnReduce")
 
     def strategies_for(self, in_shape: Shape) -> tuple[str, ...]:
         c = in_shape[0]
