@@ -50,8 +50,10 @@ def timed_as(seconds: Callable[[Candidate], float], calls: list[str] | None = No
 
 
 def slow_when(kind: str, choice: str, calls: list[str] | None = None) -> autotune.Prepare:
-    """Every candidate with kind=choice takes 5 s, the rest 1 s."""
-    return timed_as(lambda c: 5.0 if (kind, choice) in c.choices else 1.0, calls)
+    """Every candidate with kind=choice takes 5 s, the rest 1 s; the whole net with the plan 0.5 s
+    (the plan's check passes)."""
+    return timed_as(lambda c: 0.5 if ("plan", "tuned") in c.choices else 5.0 if (kind, choice) in c.choices
+                    else 1.0, calls)
 
 
 def no_timing(c: Candidate) -> autotune.Run:
@@ -96,7 +98,8 @@ def test_the_default_stays_unless_beaten_by_the_margin(xla: object, tmp_path: Pa
 def test_second_call_is_answered_by_the_cache(xla: object, tmp_path: Path) -> None:
     calls: list[str] = []
     first = autotune.tune(NET, BATCH, xla, cache_dir=tmp_path, prepare=slow_when("conv2d", "nchw", calls))
-    assert sorted(calls) == ["conv2d=nchw", "conv2d=nchw", "conv2d=nhwc", "conv2d=nhwc"]  # two layers, two forms
+    # two layers, two forms; then the whole net with the plan and with the defaults
+    assert sorted(calls) == ["conv2d=nchw", "conv2d=nchw", "conv2d=nhwc", "conv2d=nhwc", "plan=defaults", "plan=tuned"]
     again = autotune.tune(NET, BATCH, xla, cache_dir=tmp_path, prepare=no_timing)
     assert again.plan == first.plan and [d.source for d in again.decisions] == ["cached", "cached", "reused"]
 
@@ -137,7 +140,8 @@ def test_a_changed_key_misses(xla: object, tmp_path: Path, monkeypatch: pytest.M
 def test_a_damaged_cache_entry_warns_and_is_timed_again(xla: object, tmp_path: Path, damage: str) -> None:
     autotune.tune(NET, BATCH, xla, cache_dir=tmp_path, prepare=slow_when("conv2d", "nchw"))
     files = sorted(tmp_path.glob("*.json"))
-    assert len(files) == 2
+    assert len(files) == 3  # two layers and the whole net's check
+    files = [f for f in files if "whole net" not in f.read_text()]
     victim = files[0]
     if damage == "not json":
         victim.write_text('{"key": {"format": 1, "lay')  # cut short
@@ -149,9 +153,36 @@ def test_a_damaged_cache_entry_warns_and_is_timed_again(xla: object, tmp_path: P
     calls: list[str] = []
     with pytest.warns(AutotuneCacheWarning, match=re.escape(str(victim))):
         res = autotune.tune(NET, BATCH, xla, cache_dir=tmp_path, prepare=slow_when("conv2d", "nhwc", calls))
-    assert len(calls) == 2 and "nchw" in conv_choices(res)  # the damaged layer re-timed under the new timer
+    # the damaged layer re-timed under the new timer, then the whole net under the plan that changed with it
+    assert calls == ["conv2d=nchw", "conv2d=nhwc", "plan=defaults", "plan=tuned"] and "nchw" in conv_choices(res)
     entry = json.loads(victim.read_text())  # ... and its entry rewritten whole
     assert entry["choice"] == "conv2d=nchw"
+
+
+def test_a_plan_the_whole_net_does_not_confirm_is_dropped(xla: object, tmp_path: Path) -> None:
+    """Every layer alone runs faster in NHWC, the whole net does not: the defaults stay, the
+    decisions are reported, nothing is recorded for a replay, and the verdict is cached."""
+    calls: list[str] = []
+    timer = timed_as(lambda c: {("plan", "tuned"): 2.0, ("plan", "defaults"): 1.0}.get(
+        c.choices[0], 5.0 if ("conv2d", "nchw") in c.choices else 1.0), calls)
+    res = autotune.tune(NET, BATCH, xla, cache_dir=tmp_path, prepare=timer)
+    assert res.rejected and res.plan == {} and res.records() == ()
+    assert conv_choices(res) == ["nhwc"] * 3 and res.whole_net_ms == {"plan=defaults": 1000.0, "plan=tuned": 2000.0}
+    assert res.summary() == ("autotune: the layers' choices ran the whole net no faster (2000.0 vs 1000.0 ms for the "
+                             "defaults, forward and backward): kept the defaults")
+    assert calls.count("plan=tuned") == 1
+    with autotune.rendering(res):
+        assert train_step_module(NET, Variant("adam"), BATCH, target="xla")[0] == \
+            train_step_module(NET, Variant("adam"), BATCH, target="xla")[0]
+    again = autotune.tune(NET, BATCH, xla, cache_dir=tmp_path, prepare=no_timing)
+    assert again.rejected and again.plan == {} and again.whole_net_ms == res.whole_net_ms
+
+
+def test_a_plan_of_the_defaults_is_not_checked_on_the_whole_net(xla: object, tmp_path: Path) -> None:
+    calls: list[str] = []
+    res = autotune.tune(NET, BATCH, xla, cache_dir=tmp_path, prepare=slow_when("conv2d", "nhwc", calls))
+    assert conv_choices(res) == ["nchw"] * 3 and not res.rejected and res.whole_net_ms == {}
+    assert not any(label.startswith("plan=") for label in calls)
 
 
 def test_a_form_the_backend_refuses_is_left_out(xla: object, tmp_path: Path) -> None:
@@ -196,7 +227,7 @@ def test_xla_s_nhwc_convs_tune_their_backward(xla: object, tmp_path: Path, monke
     monkeypatch.delenv(strategy.ENV_VAR)
     calls: list[str] = []
     res = autotune.tune(NET, BATCH, xla, cache_dir=tmp_path, prepare=slow_when("convGrad", "autodiff", calls))
-    assert sorted(calls) == sorted(["convGrad=autodiff", "convGrad=written"] * 2)  # two layers, two forms
+    assert sorted(calls) == sorted(["convGrad=autodiff", "convGrad=written"] * 2 + ["plan=defaults", "plan=tuned"])
     assert [dict(d.choices) for d in res.decisions] == [{"convGrad": "written"}] * 3
 
 
@@ -293,6 +324,8 @@ def test_tuned_train_step_matches_the_untuned_one(xla: object, tmp_path: Path) -
 
     @timed_as
     def defaults_slow(c: Candidate) -> float:  # every layer gets a form XLA would not get by default
+        if c.choices[0][0] == "plan":  # ... and the whole net confirms it
+            return 0.5 if c.choices == (("plan", "tuned"),) else 1.0
         return sum(5.0 if choice == strategy.kind(k).default("xla") else 1.0 for k, choice in c.choices)
 
     res = autotune.tune(spec, BATCH, xla, cache_dir=tmp_path, prepare=defaults_slow)

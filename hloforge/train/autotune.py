@@ -14,6 +14,12 @@ the CPU model and core count, and a digest of the candidate programs themselves 
 emitter, compiler or machine re-times instead of reusing a stale answer, and an unchanged one
 renders instantly and deterministically.
 
+Layers alone can mislead (a form faster on its own can be slower between its neighbours), so a
+plan that changes anything is then checked on the whole net: its forward and backward rendered
+with the plan and with the defaults, timed the same way; unless the plan is `MARGIN` faster there
+too, the defaults stay (that verdict is cached like a layer's). `--autotune` never makes a net
+slower than its defaults by more than the noise.
+
 The result is a `strategy.tuned` plan: render inside `with strategy.tuned(result.plan):`. Kinds
 a `forced` block or HLOFORGE_STRATEGY fixes are not tuned (they win over a plan anyway), and kinds
 decided once per net ("layout") never are.
@@ -60,6 +66,8 @@ MARGIN = 0.05
 CACHE_FORMAT = 1  # bump when an entry's layout changes: old entries then miss instead of misreading
 
 Choices = tuple[tuple[str, str], ...]  # (kind, choice) pairs, sorted by kind
+# The two whole-net candidates of a plan's check, by label.
+TUNED, DEFAULTS = "plan=tuned", "plan=defaults"
 
 
 class AutotuneCacheWarning(UserWarning):
@@ -97,21 +105,33 @@ class Decision:
 
 @attrs.define
 class TuneResult:
-    """What a tuning pass decided: the plan to render with and one decision per tuned layer."""
+    """What a tuning pass decided: the plan to render with and one decision per tuned layer.
+    `whole_net_ms`: the whole net's fwd+bwd with the layers' choices ("plan=tuned") and with the
+    defaults ("plan=defaults"), when the choices changed anything; `rejected`: they did not make
+    the whole net faster, so the plan is empty (the decisions stay, for the summary)."""
 
     plan: dict[strategy.LayerKey, dict[str, str]]
     decisions: list[Decision]
     seconds: float
     from_config: bool = False
+    whole_net_ms: Mapping[str, float] = attrs.field(factory=dict)
+    rejected: bool = False
 
     def records(self) -> tuple[str, ...]:
-        """The decisions as a run's config keeps them: "index:kind=choice[,kind=choice]" per layer."""
+        """The decisions as a run's config keeps them: "index:kind=choice[,kind=choice]" per layer
+        (none when the whole net rejected them: a replay renders the defaults, as this run did)."""
+        if self.rejected:
+            return ()
         return tuple(f"{d.index}:" + ",".join(f"{k}={c}" for k, c in d.choices) for d in self.decisions)
 
     def summary(self) -> str:
         """One line: how many layers, how they were decided, and the choices per kind."""
         if not self.decisions:
             return "autotune: no layer has a per-layer strategy choice here"
+        if self.rejected:
+            t = self.whole_net_ms
+            return (f"autotune: the layers' choices ran the whole net no faster ({t.get(TUNED, 0.0):.1f} vs "
+                    f"{t.get(DEFAULTS, 0.0):.1f} ms for the defaults, forward and backward): kept the defaults")
         per_kind: dict[str, Counter[str]] = {}
         for d in self.decisions:
             for k, c in d.choices:
@@ -236,8 +256,14 @@ def runner_on(backend: Any, seed: int = 0) -> Prepare:
 # ------------------------------------------------------------------ the cache
 def cache_key(ls: LayerShapes, batch: int, dtype: str, backend: Any, cands: Sequence[Candidate]) -> dict[str, Any]:
     """Everything a layer's timing depends on, readable; its sha256 names the cache file."""
+    return cache_key_for(ls.layer.to_dict(), ls.in_shape, batch, dtype, backend, cands)
+
+
+def cache_key_for(what: Mapping[str, Any], in_shape: Sequence[int], batch: int, dtype: str, backend: Any,
+                  cands: Sequence[Candidate]) -> dict[str, Any]:
+    """The key of a timing of `what` (a layer's or a net's dict) at `in_shape`: see cache_key."""
     programs = hashlib.sha256("\0".join(sorted(c.text for c in cands)).encode()).hexdigest()
-    return {"format": CACHE_FORMAT, "layer": ls.layer.to_dict(), "in_shape": list(ls.in_shape), "batch": batch,
+    return {"format": CACHE_FORMAT, "layer": dict(what), "in_shape": list(in_shape), "batch": batch,
             "dtype": dtype, "backend": getattr(backend, "name", type(backend).__name__),
             "backend_version": backend_fingerprint(backend), "cpu": cpu_model(),
             "candidates": sorted(c.label for c in cands), "programs": programs}
@@ -298,7 +324,7 @@ def write_entry(path: Path, key: Mapping[str, Any], winner: Candidate, times_ms:
 
 
 # ------------------------------------------------------------------ tuning a net
-def _time_all(ls: LayerShapes, cands: Sequence[Candidate], prepare: Prepare,
+def _time_all(what: str, cands: Sequence[Candidate], prepare: Prepare,
               reps: int) -> tuple[dict[str, float], Candidate]:
     """Each candidate's median time (ms) and the winner: the fastest, unless the default form (the
     first) is within `MARGIN` of it. Every candidate is made ready and run once (a warm-up), then
@@ -316,11 +342,9 @@ def _time_all(ls: LayerShapes, cands: Sequence[Candidate], prepare: Prepare,
         else:
             runs[c.label] = run
     if not runs:
-        raise BackendError(f"autotune: the backend ran no form of layer {ls.index} ({ls.layer.kind}): "
-                           + "; ".join(refused))
+        raise BackendError(f"autotune: the backend ran no form of {what}: " + "; ".join(refused))
     if refused:
-        warnings.warn(AutotuneCandidateWarning(f"autotune: layer {ls.index} ({ls.layer.kind}) left out "
-                                               + "; ".join(refused)), stacklevel=3)
+        warnings.warn(AutotuneCandidateWarning(f"autotune: {what} left out " + "; ".join(refused)), stacklevel=3)
     samples: dict[str, list[float]] = {label: [] for label in runs}
     for _ in range(max(reps, 1)):
         for label, run in runs.items():
@@ -365,13 +389,44 @@ def tune(spec: NetSpec, batch: int, backend: Any, *, dtype: str = "f32",
             source = "cached"
         else:
             source = "timed"
-            times, winner = _time_all(ls, cands, ready, reps)
+            times, winner = _time_all(f"layer {ls.index} ({ls.layer.kind})", cands, ready, reps)
             write_entry(path, key, winner, times)
         d = Decision(ls.index, ls.layer.kind, tuple(ls.in_shape), winner.choices, source, times)
         done[key_here] = d
         decisions.append(d)
         plan[key_here] = dict(winner.choices)
-    return TuneResult(plan, decisions, time.perf_counter() - t0)
+    whole_net_ms, rejected = _check_whole_net(spec, batch, dtype, target, plan, backend, where, ready, reps)
+    return TuneResult({} if rejected else plan, decisions, time.perf_counter() - t0, whole_net_ms=whole_net_ms,
+                      rejected=rejected)
+
+
+def _check_whole_net(spec: NetSpec, batch: int, dtype: str, target: str | None,
+                     plan: Mapping[strategy.LayerKey, Mapping[str, str]], backend: Any, where: Path,
+                     ready: Prepare, reps: int) -> tuple[dict[str, float], bool]:
+    """The whole net's fwd+bwd under the plan against the defaults (cached like a layer's decision):
+    ({label: ms}, whether the plan is rejected). Nothing to check when the plan renders the defaults."""
+
+    def render(p: Mapping[strategy.LayerKey, Mapping[str, str]]) -> str:
+        with strategy.tuned({k: dict(v) for k, v in p.items()}):
+            return vjp_module(spec.layers, spec.input_shape, batch, dtype=dtype, name="autotune_net", target=target)
+
+    try:
+        defaults = Candidate((("plan", "defaults"),), render({}))
+        tuned = Candidate((("plan", "tuned"),), render(plan))
+    except UnsupportedSpec:  # a net the bare layer stack cannot render: the layers' word stands
+        return {}, False
+    if tuned.text == defaults.text:
+        return {}, False
+    cands = [defaults, tuned]  # the defaults first: they stay unless the plan is MARGIN faster
+    key = {**cache_key_for(spec.to_dict(), spec.input_shape, batch, dtype, backend, cands), "check": "whole net"}
+    path = entry_path(where, key)
+    winner = read_entry(path, key, cands)
+    if winner is not None:
+        times = json.loads(path.read_text(encoding="utf-8")).get("times_ms", {})
+    else:
+        times, winner = _time_all(f"the whole net {spec.name!r}", cands, ready, reps)
+        write_entry(path, key, winner, times)
+    return dict(times), winner is defaults
 
 
 def from_records(spec: NetSpec, records: Sequence[str]) -> TuneResult:
