@@ -474,24 +474,32 @@ def measure(net: str, backend: str, batch: int, steps: int, warmup: int, lr: flo
     return res
 
 
+def _in_child(flag: str, args: Sequence[str], cap_s: float) -> dict[str, Any] | str:
+    """`python -m hloforge.bench <flag> OUT <args>` in a child process killed after cap_s seconds:
+    the JSON it wrote to OUT, or a note saying why there is none."""
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "r.json")
+        try:
+            proc = subprocess.run([sys.executable, "-m", "hloforge.bench", flag, out, *args], capture_output=True,
+                                  text=True, timeout=cap_s)
+        except subprocess.TimeoutExpired:
+            return f"skipped: compile + steps exceeded the {cap_s:g} s cap"
+        if proc.returncode != 0 or not os.path.exists(out):
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+            return f"failed: {tail[0][:200]}"
+        with open(out, encoding="utf-8") as f:
+            data: dict[str, Any] = json.load(f)
+            return data
+
+
 def measure_isolated(net: str, backend: str, batch: int, steps: int, warmup: int, lr: float, seed: int,
                      cap_s: float) -> Result:
     """`measure` in a child process killed after cap_s seconds (a compile that runs away)."""
-    with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "r.json")
-        cmd = [sys.executable, "-m", "hloforge.bench", "--_child", out, "--nets", net, "--backends", backend,
-               "--batch", str(batch), "--steps", str(steps), "--warmup", str(warmup), "--lr", repr(lr),
-               "--seed", str(seed)]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=cap_s)
-        except subprocess.TimeoutExpired:
-            return Result(net, backend, batch, note=f"skipped: compile + steps exceeded the {cap_s:g} s cap")
-        if proc.returncode != 0 or not os.path.exists(out):
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-            return Result(net, backend, batch, note=f"failed: {tail[0][:200]}")
-        with open(out, encoding="utf-8") as f:
-            d = json.load(f)
-        return Result(d["net"], d["backend"], d["batch"], d["ms"], d["compile_s"], d["first_loss"], d["note"])
+    d = _in_child("--_child", ["--nets", net, "--backends", backend, "--batch", str(batch), "--steps", str(steps),
+                               "--warmup", str(warmup), "--lr", repr(lr), "--seed", str(seed)], cap_s)
+    if isinstance(d, str):
+        return Result(net, backend, batch, note=d)
+    return Result(d["net"], d["backend"], d["batch"], d["ms"], d["compile_s"], d["first_loss"], d["note"])
 
 
 # ------------------------------------------------------------ work and roofline ---
@@ -726,6 +734,7 @@ def parser() -> argparse.ArgumentParser:
                    help="render hloforge's steps with autotuned per-layer strategies (the same as "
                         "HLOFORGE_AUTOTUNE=1; the tuning time is not in the compile time)")
     p.add_argument("--_child", help=argparse.SUPPRESS)  # internal: write one Result as JSON and exit
+    p.add_argument("--_dispatch_child", help=argparse.SUPPRESS)  # internal: write one dispatch timing and exit
     return p
 
 
@@ -751,6 +760,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         r = measure(nets[0], backends[0], batch_of(nets[0]), args.steps, args.warmup, args.lr, args.seed)
         with open(args._child, "w", encoding="utf-8") as f:
             json.dump(asdict(r), f)
+        return 0
+    if args._dispatch_child:  # one dispatch timing, for the isolated dispatch measurement
+        c, us = dispatch_us(backends[0], args.dispatch_calls)
+        with open(args._dispatch_child, "w", encoding="utf-8") as f:
+            json.dump({"us": us, "compile_s": c, "calls": args.dispatch_calls}, f)
         return 0
 
     isolate = {b for b in args.isolate.split(",") if b}
@@ -789,8 +803,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 continue
             print(f"[bench] dispatch on {b}: {args.dispatch_calls} calls", file=sys.stderr, flush=True)
             try:
-                c, us = dispatch_us(b, args.dispatch_calls)
-                dispatch[b] = {"us": us, "compile_s": c, "calls": args.dispatch_calls}
+                if b in isolate:  # like the steps: another runtime's spinning threads would slow it
+                    got = _in_child("--_dispatch_child", ["--backends", b, "--dispatch-calls",
+                                                          str(args.dispatch_calls)], args.cap_s)
+                    dispatch[b] = {"note": got} if isinstance(got, str) else got
+                else:
+                    c, us = dispatch_us(b, args.dispatch_calls)
+                    dispatch[b] = {"us": us, "compile_s": c, "calls": args.dispatch_calls}
             except Exception as e:  # noqa: BLE001
                 dispatch[b] = {"note": f"failed: {type(e).__name__}: {e}"[:300]}
 
