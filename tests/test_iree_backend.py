@@ -196,6 +196,30 @@ def test_two_processes_share_the_cache(cache):
     assert IreeBackend().compile(STEP).cache_hit
 
 
+def test_runtime_flags_are_set_once_and_a_bad_one_is_one_clear_error(monkeypatch):
+    """In child processes (IREE's runtime flags are process-wide, read before the first device)."""
+    from hloforge.backends.iree import backend as iree_backend
+
+    script = textwrap.dedent(f"""
+        import numpy as np
+        from hloforge.backends.iree import IreeBackend
+        be = IreeBackend()
+        print(be.fingerprint())
+        out, _ = be.execute(be.compile({STEP!r}), [be.to_device(np.zeros((2, 3), np.float32)),
+                                                  be.to_device(np.ones((2, 3), np.float32))])
+    """)
+    env = {k: v for k, v in os.environ.items() if k != iree_backend.RUNTIME_FLAGS_ENV_VAR}
+    default = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert default.returncode == 0 and default.stdout.strip().endswith("runtime --task_worker_spin_us=50")
+    bad = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env={**env, iree_backend.RUNTIME_FLAGS_ENV_VAR: "--no_such_flag=1"})
+    assert bad.returncode != 0
+    assert ("BackendError: IREE refused the runtime flags --no_such_flag=1 ($HLOFORGE_IREE_RUNTIME_FLAGS): "
+            in bad.stderr and "'no_such_flag' not recognized" in bad.stderr)
+    monkeypatch.setenv(iree_backend.RUNTIME_FLAGS_ENV_VAR, "")
+    assert iree_backend.runtime_flags() == ()  # empty: IREE's own defaults
+
+
 def one_step(backend, spec, batch, seed=5):
     """One train step from a given init and batch: the raw module, no session."""
     text, lay = train_step_module(spec, Variant("adam"), batch)
