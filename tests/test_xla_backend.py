@@ -305,12 +305,14 @@ def test_each_executable_gets_its_own_scheduler_and_xla_really_uses_it(tmp_path)
     """In a child process that dumps XLA's debug options per module: a module without a convolution
     is compiled with the memory-optimized (sequential) schedule, one with a convolution with the
     concurrent one, a forced choice applies to both, and a scheduler in the user's XLA_FLAGS wins."""
+    import json
     import os
     import subprocess
     import sys
 
-    probe = ("import sys; from hloforge.train.session import make_backend; b = make_backend('xla'); "
-             "print([b.compile(t).scheduler for t in sys.argv[1:]]); print(b.backend_name()); print(b.fingerprint())")
+    probe = ("import json, sys; from hloforge.train.session import make_backend; b = make_backend('xla'); "
+             "print(json.dumps([b.compile(t).scheduler for t in sys.argv[1:]])); print(b.backend_name()); "
+             "print(b.fingerprint())")
 
     def run(tag: str, env: dict[str, str]) -> tuple[list[str], str, str, list[str]]:
         dump = tmp_path / tag
@@ -319,7 +321,7 @@ def test_each_executable_gets_its_own_scheduler_and_xla_really_uses_it(tmp_path)
         out = subprocess.run([sys.executable, "-c", probe, IDENTITY, CONV], capture_output=True, text=True,
                              check=True, env=base | env | {"XLA_FLAGS": flags}).stdout.strip().split("\n")
         used = [p.read_text() for p in sorted(dump.glob("*.debug_options"))]  # module_0000 (IDENTITY), 0001 (CONV)
-        return eval(out[0]), out[1], out[2], used
+        return json.loads(out[0]), out[1], out[2], used
 
     got, name, fingerprint, used = run("auto", {})
     assert got == ["sequential", "concurrent"]

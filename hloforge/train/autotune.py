@@ -66,8 +66,9 @@ MARGIN = 0.05
 CACHE_FORMAT = 1  # bump when an entry's layout changes: old entries then miss instead of misreading
 
 Choices = tuple[tuple[str, str], ...]  # (kind, choice) pairs, sorted by kind
-# The two whole-net candidates of a plan's check, by label.
-TUNED, DEFAULTS = "plan=tuned", "plan=defaults"
+# The two whole-net candidates of a plan's check: the net with the layers' choices, and with the defaults.
+TUNED: Choices = (("plan", "tuned"),)
+DEFAULTS: Choices = (("plan", "defaults"),)
 
 
 class AutotuneCacheWarning(UserWarning):
@@ -76,6 +77,11 @@ class AutotuneCacheWarning(UserWarning):
 
 class AutotuneCandidateWarning(UserWarning):
     """The backend refused a candidate form of a layer (it did not compile or run); the others competed."""
+
+
+def label_of(choices: Choices) -> str:
+    """"kind=choice,kind=choice": how a candidate is named in the cache, the timings and the summary."""
+    return ",".join(f"{k}={c}" for k, c in choices)
 
 
 @attrs.frozen
@@ -87,7 +93,7 @@ class Candidate:
 
     @property
     def label(self) -> str:
-        return ",".join(f"{k}={c}" for k, c in self.choices)
+        return label_of(self.choices)
 
 
 @attrs.frozen
@@ -122,7 +128,7 @@ class TuneResult:
         (none when the whole net rejected them: a replay renders the defaults, as this run did)."""
         if self.rejected:
             return ()
-        return tuple(f"{d.index}:" + ",".join(f"{k}={c}" for k, c in d.choices) for d in self.decisions)
+        return tuple(f"{d.index}:{label_of(d.choices)}" for d in self.decisions)
 
     def summary(self) -> str:
         """One line: how many layers, how they were decided, and the choices per kind."""
@@ -130,8 +136,9 @@ class TuneResult:
             return "autotune: no layer has a per-layer strategy choice here"
         if self.rejected:
             t = self.whole_net_ms
-            return (f"autotune: the layers' choices ran the whole net no faster ({t.get(TUNED, 0.0):.1f} vs "
-                    f"{t.get(DEFAULTS, 0.0):.1f} ms for the defaults, forward and backward): kept the defaults")
+            return (f"autotune: the layers' choices ran the whole net no faster ({t.get(label_of(TUNED), 0.0):.1f} "
+                    f"vs {t.get(label_of(DEFAULTS), 0.0):.1f} ms for the defaults, forward and backward): kept the "
+                    "defaults")
         per_kind: dict[str, Counter[str]] = {}
         for d in self.decisions:
             for k, c in d.choices:
@@ -277,9 +284,11 @@ def entry_path(cache_dir: Path, key: Mapping[str, Any]) -> Path:
     return cache_dir / f"{hashlib.sha256(_canonical(key).encode()).hexdigest()}.json"
 
 
-def read_entry(path: Path, key: Mapping[str, Any], cands: Sequence[Candidate]) -> Candidate | None:
-    """The cached winner for `key`, or None on a miss. An entry that is unreadable, or that names
-    another key or no candidate of this layer, warns (naming the file) and counts as a miss."""
+def read_entry(path: Path, key: Mapping[str, Any],
+               cands: Sequence[Candidate]) -> tuple[Candidate, dict[str, float]] | None:
+    """The cached winner for `key` and the times it was chosen on, or None on a miss. An entry that
+    is unreadable, or that names another key or no candidate of this layer, warns (naming the file)
+    and counts as a miss."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -297,7 +306,8 @@ def read_entry(path: Path, key: Mapping[str, Any], cands: Sequence[Candidate]) -
             found = next((c for c in cands if c.label == label), None)
             if found is None:
                 raise ValueError(f"its choice {label!r} is none of {[c.label for c in cands]}")
-            return found
+            times = entry.get("times_ms", {})
+            return found, dict(times) if isinstance(times, dict) else {}
         except ValueError as e:  # json.JSONDecodeError is a ValueError
             why = str(e)
     warnings.warn(AutotuneCacheWarning(f"autotune cache entry {path} is damaged ({why}); timing the layer again"),
@@ -382,15 +392,7 @@ def tune(spec: NetSpec, batch: int, backend: Any, *, dtype: str = "f32",
         if not cands:
             continue
         key = cache_key(ls, batch, dtype, backend, cands)
-        path = entry_path(where, key)
-        winner = read_entry(path, key, cands)
-        times: dict[str, float] = {}
-        if winner is not None:
-            source = "cached"
-        else:
-            source = "timed"
-            times, winner = _time_all(f"layer {ls.index} ({ls.layer.kind})", cands, ready, reps)
-            write_entry(path, key, winner, times)
+        winner, times, source = _decide(f"layer {ls.index} ({ls.layer.kind})", key, cands, where, ready, reps)
         d = Decision(ls.index, ls.layer.kind, tuple(ls.in_shape), winner.choices, source, times)
         done[key_here] = d
         decisions.append(d)
@@ -411,22 +413,28 @@ def _check_whole_net(spec: NetSpec, batch: int, dtype: str, target: str | None,
             return vjp_module(spec.layers, spec.input_shape, batch, dtype=dtype, name="autotune_net", target=target)
 
     try:
-        defaults = Candidate((("plan", "defaults"),), render({}))
-        tuned = Candidate((("plan", "tuned"),), render(plan))
+        defaults = Candidate(DEFAULTS, render({}))
+        tuned = Candidate(TUNED, render(plan))
     except UnsupportedSpec:  # a net the bare layer stack cannot render: the layers' word stands
         return {}, False
     if tuned.text == defaults.text:
         return {}, False
     cands = [defaults, tuned]  # the defaults first: they stay unless the plan is MARGIN faster
     key = {**cache_key_for(spec.to_dict(), spec.input_shape, batch, dtype, backend, cands), "check": "whole net"}
+    winner, times, _ = _decide(f"the whole net {spec.name!r}", key, cands, where, ready, reps)
+    return times, winner is defaults
+
+
+def _decide(what: str, key: Mapping[str, Any], cands: Sequence[Candidate], where: Path, ready: Prepare,
+            reps: int) -> tuple[Candidate, dict[str, float], str]:
+    """(winner, times in ms, "cached" | "timed"): the cache's answer for `key`, else timed and stored."""
     path = entry_path(where, key)
-    winner = read_entry(path, key, cands)
-    if winner is not None:
-        times = json.loads(path.read_text(encoding="utf-8")).get("times_ms", {})
-    else:
-        times, winner = _time_all(f"the whole net {spec.name!r}", cands, ready, reps)
-        write_entry(path, key, winner, times)
-    return dict(times), winner is defaults
+    hit = read_entry(path, key, cands)
+    if hit is not None:
+        return hit[0], hit[1], "cached"
+    times, winner = _time_all(what, cands, ready, reps)
+    write_entry(path, key, winner, times)
+    return winner, times, "timed"
 
 
 def from_records(spec: NetSpec, records: Sequence[str]) -> TuneResult:

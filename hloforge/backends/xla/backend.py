@@ -13,7 +13,7 @@ from hloforge.backends.xla.pjrt import (
     Executable,
     client_with_devices,
     default_client,
-    scheduler_in_xla_flags,
+    forced_scheduler,
     xla_scheduler,
 )
 from hloforge.core.hookspecs import hookimpl
@@ -39,7 +39,7 @@ class XlaBackend:
 
     def backend_name(self) -> str:
         """What is really loaded: the platform and the plugin file (and a scheduler forced for all)."""
-        forced = "XLA_FLAGS" if scheduler_in_xla_flags() else xla_scheduler()
+        forced = forced_scheduler()
         return f"xla ({self.client.platform_name}, {self.client.plugin_path}" + (
             f", {forced} scheduler)" if forced else ")")
 
@@ -53,7 +53,7 @@ class XlaBackend:
         except OSError:
             build = "?"
         return (f"xla {c.platform_name} {c.platform_version} {c.plugin_path} ({build}) devices {len(c.devices)} "
-                f"scheduler {'XLA_FLAGS' if scheduler_in_xla_flags() else xla_scheduler() or 'auto'}")
+                f"scheduler {forced_scheduler() or 'auto'}")
 
     def compile(self, mlir_text: str, num_replicas: int = 1) -> Executable:
         """More replicas than the client has devices is a BackendError (from the binding)."""

@@ -663,6 +663,12 @@ def scheduler_in_xla_flags() -> bool:
     return any(flag in os.environ.get("XLA_FLAGS", "") for flag in _SCHEDULER_FLAGS)
 
 
+def forced_scheduler() -> str | None:
+    """The scheduler every executable of the process gets: "XLA_FLAGS" (the user's), a name from
+    $HLOFORGE_XLA_SCHEDULER, or None (each executable's own, the backend's rule)."""
+    return "XLA_FLAGS" if scheduler_in_xla_flags() else xla_scheduler()
+
+
 def load_api(path: str) -> Api:
     """The process-wide Api for ``path``: PJRT plugins must be initialized only once."""
     # XLA logs every client option it applies at INFO to stderr; a user who wants it sets this to 0.
@@ -1069,8 +1075,7 @@ class Executable:
         self.num_replicas = num_replicas
         self._output_types: list[tuple[tuple[int, ...], np.dtype]] | None = None
         self._passed: list[tuple[object, ...]] | None = None  # what the last accepted arguments were
-        self._options: dict[tuple[int, ...], object] = {}
-        self._option_arrays: list[object] = []
+        self._options: dict[tuple[int, ...], tuple[object, object]] = {}  # keep-set -> (options, its array)
         #: the parameters of @main as read from the text (None: not recognized)
         self.input_specs = signature
         #: the XLA scheduler it was compiled with (None: XLA's default; "XLA_FLAGS": the user's)
@@ -1125,16 +1130,15 @@ class Executable:
     def _options_keeping(self, keep: Sequence[int]):
         """PJRT_ExecuteOptions with ``keep`` not donated (PJRT only reads them: made once per keep set)."""
         key = tuple(sorted(set(keep)))
-        options = self._options.get(key)
-        if options is None:
+        made = self._options.get(key)
+        if made is None:
             non_donatable = ffi.new("int64_t[]", list(key) or 1)
             options = ffi.new("PJRT_ExecuteOptions*")
             options.struct_size = _struct_size("PJRT_ExecuteOptions")
             options.non_donatable_input_indices = non_donatable
             options.num_non_donatable_input_indices = len(key)
-            self._options[key] = options
-            self._option_arrays.append(non_donatable)  # the options point into it
-        return options
+            made = self._options[key] = (options, non_donatable)  # the options point into the array
+        return made[0]
 
     def _check_args(self, args: Sequence[DeviceBuffer]) -> None:
         try:  # the steady state: the same kinds of live buffers as the last call that passed
