@@ -553,11 +553,12 @@ def sgemm_gflops(n: int = SGEMM_N, reps: int = 5) -> dict[str, float]:
 
 
 def dispatch_us(backend: str, calls: int, warmup: int = 20) -> tuple[float, float]:
-    """(compile seconds, median µs per call) of `a + 1` on a scalar: host→device, execute, device→host."""
+    """(compile seconds, median µs per call) of `a + 1` on a scalar: host→device (the way a session
+    stages its per-step inputs), execute, device→host."""
     one = np.float32(1.0)
     if backend.startswith("hloforge-"):
         from hloforge.core.hlo import Builder
-        from hloforge.train.session import make_backend
+        from hloforge.train.session import InputStager, make_backend
 
         b = Builder("f32", "dispatch")
         a = b.arg(())
@@ -566,9 +567,11 @@ def dispatch_us(backend: str, calls: int, warmup: int = 20) -> tuple[float, floa
         t = time.perf_counter()
         exe = be.compile(text)
         compile_s = time.perf_counter() - t
+        inputs = InputStager(be)
+        host = [np.asarray(one)]
 
         def call() -> float:
-            return float(be.to_host(be.execute(exe, [be.to_device(np.asarray(one))])[0]))
+            return float(be.to_host(be.execute(exe, inputs(host))[0]))
     elif backend == "jax.jit":
         import jax
 
@@ -719,6 +722,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=None,
                    help=f"timed steps per (net, backend); default {DEFAULT_STEPS}, else 10")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps after compile (at least 1)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="measure each net's backends this many times, alternating, and pool the steps: "
+                        "a ratio then compares steps from the same stretches of time")
     p.add_argument("--backends", default=",".join(BACKENDS),
                    help=f"comma-separated subset of {', '.join(BACKENDS)}; unavailable ones are skipped with a note")
     p.add_argument("--lr", type=float, default=1e-3)
@@ -778,20 +784,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             gflop[net] = step_gflop(net, batch)
         except Exception:  # noqa: BLE001 - a net the jax peer cannot lower has no FLOP count; still time it
             gflop[net] = None
-        for b in backends:
-            if notes[b]:
-                results.append(Result(net, b, batch, note=f"skipped: {notes[b]}"))
-                continue
-            print(f"[bench] {net} batch {batch} on {b}: compile, {args.warmup} warm-up, "
-                  f"{steps} timed steps", file=sys.stderr, flush=True)
-            try:
-                if b in isolate:
-                    r = measure_isolated(net, b, batch, steps, args.warmup, args.lr, args.seed, args.cap_s)
+        pooled: dict[str, Result] = {}
+        for rnd in range(args.rounds):  # backends alternate, so a slow spell of the machine hits them alike
+            for b in backends:
+                if notes[b]:
+                    pooled.setdefault(b, Result(net, b, batch, note=f"skipped: {notes[b]}"))
+                    continue
+                if b in pooled and not pooled[b].ms:  # failed in an earlier round: once is enough
+                    continue
+                print(f"[bench] {net} batch {batch} on {b}: compile, {args.warmup} warm-up, {steps} timed steps"
+                      + (f" (round {rnd + 1}/{args.rounds})" if args.rounds > 1 else ""), file=sys.stderr, flush=True)
+                try:
+                    if b in isolate:
+                        r = measure_isolated(net, b, batch, steps, args.warmup, args.lr, args.seed, args.cap_s)
+                    else:
+                        r = measure(net, b, batch, steps, args.warmup, args.lr, args.seed)
+                except Exception as e:  # noqa: BLE001 - report the failure in the table, keep benchmarking
+                    r = Result(net, b, batch, note=f"failed: {type(e).__name__}: {e}"[:300])
+                if b in pooled:  # a later round: its steps join the first round's (compile and loss stay)
+                    pooled[b].ms += r.ms
                 else:
-                    r = measure(net, b, batch, steps, args.warmup, args.lr, args.seed)
-            except Exception as e:  # noqa: BLE001 - report the failure in the table, keep benchmarking
-                r = Result(net, b, batch, note=f"failed: {type(e).__name__}: {e}"[:300])
-            results.append(r)
+                    pooled[b] = r
+        results += [pooled[b] for b in backends]
     roof = sgemm_gflops() if args.roofline else {}
     roofline = max(roof.values()) if roof else None
 

@@ -14,7 +14,7 @@ pytest.importorskip("optax")
 
 def test_bench_tiny_writes_table_and_json(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    rc = bench.main(["--nets", "mnist-linear", "--batch", "8", "--steps", "2", "--warmup", "1",
+    rc = bench.main(["--nets", "mnist-linear", "--batch", "8", "--steps", "2", "--warmup", "1", "--rounds", "2",
                      "--backends", "hloforge-xla,jax.jit", "--dispatch-calls", "20", "--json", str(out)])
     assert rc == 0
     text = capsys.readouterr().out
@@ -26,7 +26,7 @@ def test_bench_tiny_writes_table_and_json(tmp_path, capsys):
     assert set(rows) == {"hloforge-xla", "jax.jit"}
     for r in rows.values():
         assert r["net"] == "mnist-linear" and r["batch"] == 8
-        assert len(r["ms"]) == 2 and all(t > 0 for t in r["ms"]) and r["median_ms"] > 0
+        assert len(r["ms"]) == 2 * 2 and all(t > 0 for t in r["ms"]) and r["median_ms"] > 0  # both rounds' steps
         assert r["compile_s"] > 0 and r["first_loss"] > 0
     ref = rows["hloforge-xla"]["first_loss"]
     assert abs(rows["jax.jit"]["first_loss"] - ref) <= 1e-4 * ref

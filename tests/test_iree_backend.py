@@ -95,6 +95,21 @@ def test_step_runs_and_donation(iree):
     np.testing.assert_allclose(iree.to_host(out), W - 0.1)
 
 
+def test_an_input_slot_is_rewritten_in_place(iree):
+    exe = iree.compile(STEP)
+    g = iree.input_slot((2, 3), np.dtype(np.float32))
+    for scale in (1.0, 2.0, -3.0):  # each write is what the next execute reads: never a stale copy
+        new_w, _ = iree.execute(exe, [iree.to_device(W), g.write(G * np.float32(scale))])
+        np.testing.assert_allclose(iree.to_host(new_w), W - 0.1 * scale, rtol=1e-6)
+        assert not g.buffer.is_deleted
+    with pytest.raises(BackendError, match=r"holds a float32 array of shape \[2, 3\]; got float32 \[3\]"):
+        g.write(np.zeros(3, np.float32))
+    w = iree.input_slot((2, 3), np.dtype(np.float32))  # as a donated input it is consumed; the next write says so
+    iree.execute(exe, [w.write(W), iree.to_device(G)])
+    with pytest.raises(BackendError, match="donated .* argument 0"):
+        w.write(W)
+
+
 def test_aliasing_stripped_for_iree_only():
     from hloforge.backends.iree.backend import strip_aliasing
 

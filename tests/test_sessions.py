@@ -46,29 +46,46 @@ def test_resident_and_copying_paths_are_bit_identical(backend):
     assert not np.array_equal(p1[0], spec.init_params(1)[0])
 
 
-def test_borrowed_step_inputs_match_copied_ones_and_a_backend_without_borrow_still_trains():
-    """The session borrows per-step inputs (zero-copy on the XLA CPU client); a plugin backend whose
-    to_device predates the `borrow` keyword copies, with the same result."""
+def test_step_inputs_in_slots_borrowed_or_copied_train_alike():
+    """On the XLA CPU client a session writes its per-step inputs into input slots (no new buffer
+    per step); a backend without slots borrows them (zero-copy where aligned), or copies when its
+    to_device predates the `borrow` keyword. Every way trains to the same bits."""
 
-    class CopyingXla:
+    class Borrowing:  # a backend without input slots
+        input_slot = None
+
         def __init__(self) -> None:
-            self.inner = make_backend("xla")
+            self.inner, self.pushed = make_backend("xla"), 0
 
         def __getattr__(self, name):
             return getattr(self.inner, name)
 
+        def to_device(self, array, borrow=False):
+            self.pushed += 1
+            return self.inner.to_device(array, borrow=borrow)
+
+    class Copying(Borrowing):
         def to_device(self, array):
+            self.pushed += 1
             return self.inner.to_device(array)
+
+    class Slotted(Borrowing):
+        def input_slot(self, shape, dtype):
+            return self.inner.input_slot(shape, dtype)
 
     spec = get_net("mnist-mlp")
     data = batches(spec, 8, 3)
     results = []
-    for be in (make_backend("xla"), CopyingXla()):
+    for be in (Slotted(), Borrowing(), Copying()):
         s = TrainSession(spec, Variant("adam"), 8, be, seed=1)
+        placed = be.pushed  # θ and the optimizer state
         results.append(([s.train_step(x, y, 1e-3) for x, y in data], s.read_params()))
-    assert results[0][0] == results[1][0]
-    for a, b in zip(results[0][1], results[1][1], strict=True):
-        np.testing.assert_array_equal(a, b)
+        per_step = (be.pushed - placed) / len(data)
+        assert per_step == (0 if isinstance(be, Slotted) else 3)  # schedule vector, x, labels
+    for losses, params in results[1:]:
+        assert losses == results[0][0]
+        for a, b in zip(params, results[0][1], strict=True):
+            np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -110,7 +127,7 @@ def test_bad_batch_is_refused():
 
 
 class CountingBackend:
-    """Wraps a backend and counts host→device copies."""
+    """Wraps a backend and counts host→device copies (into a new buffer or an input slot)."""
 
     def __init__(self, inner):
         self.inner, self.pushed = inner, 0
@@ -122,6 +139,19 @@ class CountingBackend:
     def to_device(self, a):
         self.pushed += 1
         return self.inner.to_device(a)
+
+    def input_slot(self, shape, dtype):
+        slot = getattr(self.inner, "input_slot", lambda *_: None)(shape, dtype)
+        return None if slot is None else CountingSlot(self, slot)
+
+
+class CountingSlot:
+    def __init__(self, counter, slot):
+        self.counter, self.slot = counter, slot
+
+    def write(self, a):
+        self.counter.pushed += 1
+        return self.slot.write(a)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -280,6 +280,40 @@ def test_borrowed_input_aliases_host_memory_and_keeps_it_alive(client):
     assert buf.is_deleted and other.is_deleted
 
 
+def test_an_input_slot_is_rewritten_in_place_and_read_row_major(client):
+    from hloforge.backends.xla.backend import XlaBackend
+
+    be = XlaBackend(client)
+    exe = client.compile(DOT.format(t="f32"))
+    a = be.input_slot((2, 3), np.dtype(np.float32))
+    b = client.to_device(_rng_array((3, 4), np.float32, seed=1))
+    first = a.buffer
+    for seed in range(3):  # each write is what the next execute reads: the slot is rewritten, never stale
+        host = _rng_array((2, 3), np.float32, seed=10 + seed)  # not symmetric: a layout mix-up shows
+        (out,) = exe.execute([a.write(host), b])
+        np.testing.assert_allclose(out.to_numpy(), host @ b.to_numpy(), rtol=1e-6)
+        assert a.buffer is first and not first.is_deleted
+    with pytest.raises(BackendError, match=r"holds a float32 array of shape \[2, 3\]; got float64 \[2, 3\]"):
+        a.write(np.zeros((2, 3)))
+    with pytest.raises(BackendError, match=r"shape \[2, 3\]; got float32 \[3, 2\]"):
+        a.write(np.zeros((3, 2), np.float32))
+    # donated by an execute, the slot is gone: the next write says so instead of writing freed memory
+    step = client.compile(STEP)
+    w = be.input_slot((2, 3), np.dtype(np.float32))
+    step.execute([w.write(np.ones((2, 3), np.float32)), client.to_device(np.ones((2, 3), np.float32))])
+    with pytest.raises(BackendError, match="donated .* argument 0"):
+        w.write(np.ones((2, 3), np.float32))
+
+
+def test_an_input_slot_of_a_closed_client_refuses_the_write():
+    from hloforge.backends.xla.backend import XlaBackend
+
+    with Client() as own:
+        slot = XlaBackend(own).input_slot((4,), np.dtype(np.float32))
+    with pytest.raises(BackendError, match="closed Client"):
+        slot.write(np.zeros(4, np.float32))
+
+
 def test_the_xla_scheduler_is_read_from_the_environment_and_a_bad_name_is_refused(monkeypatch):
     from hloforge.backends.xla import pjrt
 

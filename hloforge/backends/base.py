@@ -28,7 +28,7 @@ from hloforge.backends.xla.pjrt import ArgSpec, parse_main_signature  # one defi
 from hloforge.core.errors import BackendError
 
 __all__ = ["ArgSpec", "Backend", "BACKEND_ENV_VAR", "CACHE_ENV_VAR", "CROSS_REPLICA_OPS", "DEFAULT_BACKEND",
-           "backend_fingerprint", "cache_root", "check_args", "cross_replica_op", "parse_main_signature"]
+           "InputSlot", "backend_fingerprint", "cache_root", "check_args", "cross_replica_op", "parse_main_signature"]
 
 #: StableHLO ops whose result depends on the other replicas, or on which replica runs them
 CROSS_REPLICA_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute",
@@ -103,6 +103,32 @@ class Backend(Protocol):
         on device r; returns each replica's outputs. A backend that cannot raises BackendError
         (never a quiet run on one device)."""
         ...
+
+
+class InputSlot:
+    """A per-call input the host rewrites in place: one device buffer of a fixed shape and dtype
+    (a batch, its labels, the schedule vector) instead of a new buffer every call, where the
+    device's memory is the host's (a CPU): `write` is one memcpy, no runtime call, no buffer to
+    make or destroy (mnist-mlp's three step inputs on XLA: 50–80 µs less per step). A backend
+    offers them through an optional `input_slot(shape, dtype)` (None where it cannot).
+
+    `buffer` is the backend's buffer, `memory` a numpy array over its storage, `keepalive` what
+    must live as long as that array (a mapping). Safe because an execute returns only when the
+    computation is done: a write between executes never races one that reads the slot. Pass the
+    buffer only as an input that is not donated (an execute that donates it consumes it; the next
+    write says so)."""
+
+    def __init__(self, buffer: Any, memory: np.ndarray, keepalive: object = None):
+        self.buffer, self._memory, self._keepalive = buffer, memory, keepalive
+
+    def write(self, array: np.ndarray) -> Any:
+        """`array` copied into the slot (same shape and dtype); returns the slot's buffer."""
+        self.buffer._live("write into it")  # a consumed buffer's memory is not ours to write
+        if array.shape != self._memory.shape or array.dtype != self._memory.dtype:
+            raise BackendError(f"this input slot holds a {self._memory.dtype} array of shape "
+                               f"{list(self._memory.shape)}; got {array.dtype} {list(array.shape)}")
+        np.copyto(self._memory, array, casting="no")
+        return self.buffer
 
 
 def check_args(specs: Sequence[ArgSpec] | None, args: Sequence[tuple[tuple[int, ...], np.dtype]],

@@ -49,6 +49,25 @@ def stage(backend: Any, array: np.ndarray) -> Any:
 _BORROWS: dict[type, bool] = {}
 
 
+class InputStager:
+    """One call site's per-call inputs (the same shapes every call) on the device: written into
+    the backend's input slots where it has them (`input_slot(shape, dtype)`: XLA on the CPU, one
+    memcpy each), else staged per call (`stage`)."""
+
+    def __init__(self, backend: Any):
+        self.backend = backend
+        self._slots: list[Any] | None = None  # None: not made yet; []: the backend has none
+
+    def __call__(self, host: Sequence[np.ndarray]) -> list[Any]:
+        if self._slots is None:
+            make = getattr(self.backend, "input_slot", None)
+            slots = [make(a.shape, a.dtype) for a in host] if callable(make) else []
+            self._slots = slots if all(s is not None for s in slots) else []
+        if self._slots:
+            return [slot.write(a) for slot, a in zip(self._slots, host, strict=True)]
+        return [stage(self.backend, a) for a in host]
+
+
 def make_backend(name: str | None = None, registry: Registry | None = None, **options: Any) -> Any:
     """An instance of the named backend; `name` None reads $HLOFORGE_BACKEND (default xla).
 
@@ -89,6 +108,7 @@ class TrainSession:
         carried += self.state_layout.initial(self.optimizer, slots, host)
         self._carried: list[Any] = []
         self._place(carried)
+        self._step_inputs = InputStager(backend)
         self._batch_stats: list[Any] = []  # the last step's batch statistics (device buffers), one per stat slot
         self.step = 0
         self.seed = seed
@@ -124,8 +144,7 @@ class TrainSession:
             raise DataError(f"train batch labels have shape {list(np.shape(y))}, expected {list(lay.y_shape)}")
         masks = self._advance(masks)
         carried = self._carried if self.resident else [be.to_device(a) for a in self._carried]
-        # The per-step inputs live for this one execute: borrowed, not copied, where the backend can.
-        step_inputs = [stage(be, a) for a in self._step_host(x, y, lr, masks)]
+        step_inputs = self._step_inputs(self._step_host(x, y, lr, masks))
         # The carried inputs are donated and consumed here; the session never touches them again.
         outs = be.execute(self.exe, [*carried, *step_inputs])
         new = outs[:lay.n_carried]
@@ -236,6 +255,7 @@ class ForwardSession:
         self._held: list[Any] | None = None
         self._held_gen: Hashable | None = None
         self._held_src: list[Any] = []  # the host arrays seeded from (kept alive so their ids stay theirs)
+        self._x_in = InputStager(backend)
         self.seeds = 0  # how many times parameters were pushed (hold mode or not)
 
     def _compile(self) -> Any:
@@ -274,6 +294,6 @@ class ForwardSession:
             n = len(chunk)
             if n < self.batch:
                 chunk = np.concatenate([chunk, np.zeros((self.batch - n, *chunk.shape[1:]), np.float32)])
-            res = self.backend.execute(self.exe, [self.backend.to_device(chunk), *dev], keep=keep)
+            res = self.backend.execute(self.exe, [*self._x_in([chunk]), *dev], keep=keep)
             out.append(self.backend.to_host(res[0])[:n])
         return np.concatenate(out)

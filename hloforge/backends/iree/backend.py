@@ -24,7 +24,14 @@ from typing import Any
 
 import numpy as np
 
-from hloforge.backends.base import CROSS_REPLICA_OPS, ArgSpec, cache_root, check_args, parse_main_signature
+from hloforge.backends.base import (
+    CROSS_REPLICA_OPS,
+    ArgSpec,
+    InputSlot,
+    cache_root,
+    check_args,
+    parse_main_signature,
+)
 from hloforge.core.errors import BackendError
 from hloforge.core.hookspecs import hookimpl
 
@@ -342,6 +349,15 @@ class IreeBackend:
             memory_type=rt.MemoryType.DEVICE_LOCAL, allowed_usage=rt.BufferUsage.DEFAULT,
             device=self.device, buffer=host, element_type=etype)
         return IreeBuffer(self, view, tuple(host.shape), host.dtype)
+
+    def input_slot(self, shape: tuple[int, ...], dtype: np.dtype) -> InputSlot | None:
+        """A fixed input buffer the host rewrites per call (see InputSlot): the buffer mapped once,
+        on a CPU driver (local-task, local-sync), where device memory is host memory; else None."""
+        if not self.driver.startswith("local-"):
+            return None
+        buffer = self.to_device(np.zeros(shape, dtype))
+        mapping = buffer._view.map()
+        return InputSlot(buffer, mapping.asarray(tuple(shape), np.dtype(dtype)), keepalive=mapping)
 
     def to_host(self, buffer: IreeBuffer) -> np.ndarray:
         if not isinstance(buffer, IreeBuffer):

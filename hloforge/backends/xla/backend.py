@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from hloforge.backends.base import InputSlot
 from hloforge.backends.xla.pjrt import (
     Client,
     DeviceBuffer,
@@ -61,6 +62,14 @@ class XlaBackend:
 
     def to_device(self, array: np.ndarray, borrow: bool = False, device: int = 0) -> DeviceBuffer:
         return self.client.to_device(array, device, borrow=borrow)
+
+    def input_slot(self, shape: tuple[int, ...], dtype: np.dtype) -> InputSlot | None:
+        """A fixed input buffer the host rewrites per call (see InputSlot): on the CPU, where a
+        PJRT buffer made from a host array is that array's layout in host memory; else None."""
+        if self.client.platform_name != "cpu":
+            return None
+        buffer = self.client.to_device(np.zeros(shape, dtype))
+        return InputSlot(buffer, buffer._host_memory())
 
     def device_count(self) -> int:
         return len(self.client.devices)

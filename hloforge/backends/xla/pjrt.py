@@ -987,15 +987,20 @@ class DeviceBuffer:
         )
         return self._client._device_of(args.device)
 
+    def _host_memory(self) -> np.ndarray:
+        """The buffer's own memory as a numpy array (on the CPU a buffer is host memory). Dense
+        row-major is right for a rank ≤ 1 array, and for a buffer made from a host array (PJRT's
+        default layout); valid while the buffer lives."""
+        ptr = self._client._api.call("Buffer_UnsafePointer", "locating a buffer", buffer=self._live("map it"))
+        size = self.dtype.itemsize * math.prod(self.shape)
+        return np.frombuffer(ffi.buffer(ffi.cast("char*", ptr.buffer_pointer), size), self.dtype).reshape(self.shape)
+
     def to_numpy(self) -> np.ndarray:
         handle = self._live("copy it to the host")
         if self._computed and len(self.shape) <= 1 and self._client.platform_name == "cpu":
             # A CPU buffer is host memory and a rank ≤ 1 array has one layout: copy it directly,
             # skipping the transfer thread's round trip (~40 µs for a scalar loss).
-            ptr = self._client._api.call("Buffer_UnsafePointer", "locating a buffer", buffer=handle)
-            return np.frombuffer(ffi.buffer(ffi.cast("char*", ptr.buffer_pointer),
-                                            self.dtype.itemsize * math.prod(self.shape)),
-                                 self.dtype).reshape(self.shape).copy()
+            return self._host_memory().copy()
         out = np.empty(self.shape, self.dtype)
         # Ask for a dense row-major host copy, whatever the device layout is.
         minor_to_major = ffi.new("int64_t[]", list(reversed(range(len(self.shape)))))
