@@ -47,7 +47,7 @@ BOTH_NHWC = {"layout": "nhwc", "conv2d": "nhwc"}
 
 
 def test_defaults_per_target() -> None:
-    assert strategy.chosen("layout", "xla") == "nhwc" and strategy.chosen("convGrad", "xla") == "autodiff"
+    assert strategy.chosen("layout", "xla") == "nhwc" and strategy.chosen("convGrad", "xla") == "chunked"
     assert strategy.chosen("conv2d", "iree") == "nhwc" and strategy.chosen("layout", "iree") == "nhwc"
     assert strategy.chosen("convGrad", "iree") == "written"
     assert strategy.chosen("conv2d", None) == "nchw"  # no target: the portable form, every kind's first choice
@@ -184,8 +184,8 @@ def test_gate_runs_each_case_under_each_choice() -> None:
     base = [c for c in conv if not c.strategy]
     for forced in (("conv2d", "nhwc"), ("layout", "nhwc")):
         assert len([c for c in conv if c.strategy == (forced,)]) == len(base)
-    # ... and as each target renders it: XLA's NHWC convs differentiated by autodiff, IREE's written out
-    xla_default = {("convGrad", "autodiff"), ("layout", "nhwc")}
+    # ... and as each target renders it: XLA's NHWC convs with the chunked ∂w, IREE's written out
+    xla_default = {("convGrad", "chunked"), ("layout", "nhwc")}
     assert len([c for c in conv if xla_default <= set(c.strategy) and len(c.strategy) > 1]) == len(base)
     assert len([c for c in conv if c.strategy == (("conv2d", "nhwc"), ("layout", "nhwc"))]) == len(base)
     # depthwise=shifted only where the conv is depthwise (one case of conv2d's, every depthwiseConvBn's)
@@ -225,6 +225,40 @@ def test_broken_written_out_backward_turns_the_gate_red(name: str, forced: tuple
     with inject_fault("convolution") as calls:  # the NHWC form has no autodiff convolution to break
         case.run()
     assert calls[0] == 0
+
+
+CHUNKED_XLA = (("layout", "nhwc"), ("convGrad", "chunked"))  # XLA's default combination
+
+
+@pytest.fixture
+def chunk_everything(monkeypatch: pytest.MonkeyPatch) -> None:
+    """convGrad=chunked splits ∂w only at batch > 8 on images of ≥ 14² pixels; the gate's cases
+    (batch 2, a few pixels) take the chunked path only with the thresholds lowered: chunks of one."""
+    from hloforge.plugins.layers import conv
+
+    monkeypatch.setattr(conv, "DW_CHUNK", 1)
+    monkeypatch.setattr(conv, "DW_CHUNK_MIN_PIXELS", 1)
+
+
+@pytest.mark.parametrize("name", ["conv2d", "convBn"])
+def test_chunked_kernel_gradient_is_gated_and_a_broken_one_turns_it_red(chunk_everything: None, name: str) -> None:
+    cases = [c for c in _cases(name) if set(CHUNKED_XLA) <= set(c.strategy)]  # (a depthwise one: shifted too)
+    assert cases and len(cases) == len([c for c in _cases(name) if not c.strategy])
+    for case in cases:  # f64 against jax.vjp of the reference and finite differences, then f32
+        result = case.run()
+        assert result.passed, f"\n{HEADER}\n{result.row()}"
+    with inject_fault("custom") as calls:  # the chunked backward is a custom VJP: break it, the gate sees it
+        result = cases[0].run()
+    assert calls[0] > 0 and not result.passed
+
+
+@pytest.mark.parametrize("spec", [SMALL, FLAT], ids=lambda s: s.name)
+def test_chunked_train_step_matches_autodiff(chunk_everything: None, spec: NetSpec) -> None:
+    xla = make_backend("xla")
+    chunked = _step_text(spec, None, dict(CHUNKED_XLA))
+    assert chunked != _step_text(spec, None, {"layout": "nhwc", "convGrad": "autodiff"})  # it did split
+    want = _one_step(xla, _step_text(spec, None), spec)
+    assert _rel_step(_one_step(xla, chunked, spec), want, spec) < 1e-5
 
 
 def test_nhwc_max_pool_backward_is_gated() -> None:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -311,33 +312,41 @@ def _merge_axis_into(b: Builder, x: Value, src: int, dst: int) -> Value:
 @rule("convolution")
 def _convolution(b: Builder, op: TapeOp, g: Value) -> Cts:
     x, w = op.ins
-    a = op.attrs
-    ls, rs, os_ = a["spec"]
-    strides, padding = a["strides"], a["padding"]
-    lhs_dil, rhs_dil, groups = a["lhs_dilation"], a["rhs_dilation"], a["feature_groups"]
-    if a["batch_groups"] != 1:
+    if op.attrs["batch_groups"] != 1:
         raise UnsupportedSpec("the VJP of a batch-grouped convolution is not implemented")
-    x_sp = [x.shape[d] for d in ls[2:]]
-    w_sp = [w.shape[d] for d in rs[2:]]
-    g_sp = [g.shape[d] for d in os_[2:]]
+    return conv_input_grad(b, g, w, x.shape, op.attrs), conv_kernel_grad(b, x, g, w.shape, op.attrs)
 
-    # ∂x: convolve g (dilated by the stride) with the spatially flipped, in/out-swapped kernel.
+
+def conv_input_grad(b: Builder, g: Value, w: Value, x_shape: Sequence[int], attrs: Mapping[str, Any]) -> Value:
+    """∂x of a convolution (`attrs` as `Builder.convolution` records them): g, dilated by the
+    stride, convolved with the spatially flipped, in/out-swapped kernel."""
+    ls, rs, os_ = attrs["spec"]
+    padding, groups = attrs["padding"], attrs["feature_groups"]
     wk = w
     if groups > 1:
         wk = _merge_axis_into(b, _split_axis(b, w, rs[0], groups), rs[0], rs[1])
-    lhs_d, rhs_d, out_d = _dilate(x_sp, lhs_dil), _dilate(w_sp, rhs_dil), _dilate(g_sp, strides)
+    lhs_d = _dilate([x_shape[d] for d in ls[2:]], attrs["lhs_dilation"])
+    rhs_d = _dilate([w.shape[d] for d in rs[2:]], attrs["rhs_dilation"])
+    out_d = _dilate([g.shape[d] for d in os_[2:]], attrs["strides"])
     before = [k - p[0] - 1 for k, p in zip(rhs_d, padding, strict=True)]
     after = [n + k - 1 - o - bf for n, k, o, bf in zip(lhs_d, rhs_d, out_d, before, strict=True)]
-    gx = b.convolution(g, b.reverse(wk, list(rs[2:])), strides=lhs_dil, padding=list(zip(before, after, strict=True)),
-                       lhs_dilation=strides, rhs_dilation=rhs_dil, feature_groups=groups,
-                       spec=(os_, _spec_t(rs), ls))
+    return b.convolution(g, b.reverse(wk, list(rs[2:])), strides=attrs["lhs_dilation"],
+                         padding=list(zip(before, after, strict=True)), lhs_dilation=attrs["strides"],
+                         rhs_dilation=attrs["rhs_dilation"], feature_groups=groups, spec=(os_, _spec_t(rs), ls))
 
-    # ∂w: correlate x with g; the feature groups become batch groups.
+
+def conv_kernel_grad(b: Builder, x: Value, g: Value, w_shape: Sequence[int], attrs: Mapping[str, Any]) -> Value:
+    """∂w of a convolution: x correlated with g (the feature groups become batch groups)."""
+    ls, rs, os_ = attrs["spec"]
+    padding = attrs["padding"]
+    lhs_d = _dilate([x.shape[d] for d in ls[2:]], attrs["lhs_dilation"])
+    rhs_d = _dilate([w_shape[d] for d in rs[2:]], attrs["rhs_dilation"])
+    out_d = _dilate([g.shape[d] for d in os_[2:]], attrs["strides"])
     hi = [o - n + (k - p[0] - 1) for o, n, k, p in zip(out_d, lhs_d, rhs_d, padding, strict=True)]
-    gw = b.convolution(x, g, strides=rhs_dil, padding=[(p[0], h) for p, h in zip(padding, hi, strict=True)],
-                       lhs_dilation=lhs_dil, rhs_dilation=strides, batch_groups=groups,
-                       spec=(_spec_t(ls), _spec_t(os_), _spec_t(rs)))
-    return gx, gw
+    pads = [(p[0], h) for p, h in zip(padding, hi, strict=True)]
+    return b.convolution(x, g, strides=attrs["rhs_dilation"], padding=pads, lhs_dilation=attrs["lhs_dilation"],
+                         rhs_dilation=attrs["strides"],
+                         batch_groups=attrs["feature_groups"], spec=(_spec_t(ls), _spec_t(os_), _spec_t(rs)))
 
 
 # ----------------------------------------------------------------- reduction
