@@ -803,6 +803,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     r = Result(net, b, batch, note=f"failed: {type(e).__name__}: {e}"[:300])
                 if b in pooled:  # a later round: its steps join the first round's (compile and loss stay)
                     pooled[b].ms += r.ms
+                    if not r.ms:  # said, not dropped: the median is then over the rounds that ran
+                        pooled[b].note = "; ".join(n for n in (pooled[b].note, f"round {rnd + 1} {r.note}") if n)
                 else:
                     pooled[b] = r
         results += [pooled[b] for b in backends]

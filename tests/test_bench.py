@@ -35,6 +35,24 @@ def test_bench_tiny_writes_table_and_json(tmp_path, capsys):
     assert all(c["ok"] for c in data["sanity"])
 
 
+def test_a_round_that_fails_is_said_and_the_others_still_count(monkeypatch, tmp_path):
+    calls = []
+
+    def measure(net, backend, batch, steps, warmup, lr, seed):
+        calls.append(backend)
+        if len(calls) == 2:
+            raise RuntimeError("the machine fell over")
+        return bench.Result(net, backend, batch, [1.0] * steps, 0.1, 2.0)
+
+    monkeypatch.setattr(bench, "measure", measure)
+    out = tmp_path / "r.json"
+    bench.main(["--nets", "mnist-linear", "--batch", "4", "--steps", "2", "--rounds", "3", "--isolate", "",
+                "--backends", "hloforge-xla", "--dispatch-calls", "0", "--no-roofline", "--json", str(out)])
+    (row,) = json.loads(out.read_text())["results"]
+    assert calls == ["hloforge-xla"] * 3 and len(row["ms"]) == 2 * 2
+    assert row["note"] == "round 2 failed: RuntimeError: the machine fell over"
+
+
 def test_bench_skips_unavailable_backend_with_a_note(monkeypatch, capsys):
     monkeypatch.setattr(bench, "hloforge_backend_names", lambda: ["xla"])
     rc = bench.main(["--nets", "mnist-linear", "--batch", "4", "--steps", "1", "--warmup", "1",
