@@ -224,7 +224,7 @@ LAYOUT = declare("layout", ("nchw", "nhwc"), {"xla": "nhwc", "iree": "nhwc"},
 # optimized HLO), so on XLA `in_backward` is only the order of the emitted ops: mnist-mlp 1.70 vs
 # 1.70 ms, mnist-cnn 78.1 vs 79.7 (interleaved in one process). A real data dependency in its place
 # (the update reading an element of each later cotangent) removed XLA's copies of the donated θ but
-# serialised the step: mnist-mlp 2.14 vs 1.54 ms, mnist-cnn 83 vs 76, resnet18-cifar 528 vs 503.
+# serialised the step: mnist-mlp 2.14 vs 1.54 ms, mnist-cnn 83 vs 76, resnet18-cifar 508–528 vs 503.
 UPDATE = declare("update", ("after_backward", "in_backward"), {"xla": "in_backward", "iree": "after_backward"},
                  "the optimizer update after the whole backward, or each parameter's update the moment its "
                  "gradient is final, sequenced before the rest of the backward by an optimization barrier "
