@@ -147,9 +147,10 @@ _REPLICATED = re.compile(r"mhlo\.num_replicas\s*=\s*([2-9]|\d{2,})\b|stablehlo\.
 
 RUNTIME_FLAGS_ENV_VAR = "HLOFORGE_IREE_RUNTIME_FLAGS"
 # IREE runtime flags, set once per process before the first device. A task-system worker that spins
-# 50 µs for the next dispatch before it sleeps: mnist-mlp's step 2.07–2.20 ms and a+1 18–21 µs in five
-# processes, against 2.2–4.0 ms and 29–70 µs at IREE's default (which ran either way by process);
-# mnist-cnn 85–87 vs 84–88 ms (no change); spinning 20 µs left dispatch bimodal, 200 µs slowed the MLP.
+# 50 µs for the next dispatch before it sleeps: mnist-mlp's step 2.07–2.20 ms in every process, against
+# 2.2–4.0 ms at IREE's default (which ran either way by process); mnist-cnn 85–87 vs 84–88 ms (no
+# change). The a+1 dispatch stays bimodal by process at 50 µs (16–18 µs or 50–75); spinning 150–200 µs
+# steadies it (28–37 µs) but slows the MLP step (2.21–2.47 ms), 20 and 100 µs leave it bimodal.
 DEFAULT_RUNTIME_FLAGS = ("--task_worker_spin_us=50",)
 
 

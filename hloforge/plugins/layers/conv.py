@@ -167,11 +167,12 @@ def nhwc_conv2d(b: Builder, x: Value, w: Value, *, stride: int, pads: Sequence[t
     """x [N, H, W, C] ⊛ w [k, k, C/groups, O] -> [N, OH, OW, O], differentiated as "convGrad" says."""
     pads = [tuple(p) for p in pads]
     form = strategy.chosen("convGrad", b.target)
-    oh, ow = (window_out(n, w.shape[0], stride, p) for n, p in zip(x.shape[1:3], pads, strict=True))
-    if form == "autodiff" or (form == "chunked" and (x.shape[0] <= DW_CHUNK or oh * ow < DW_CHUNK_MIN_PIXELS)):
-        return b.convolution(x, w, strides=(stride, stride), padding=pads, feature_groups=groups, spec=NHWC_HWIO)
     if form == "chunked":
-        return _conv_dw_chunked(b, x, w, stride, pads, groups)
+        oh, ow = (window_out(n, w.shape[0], stride, p) for n, p in zip(x.shape[1:3], pads, strict=True))
+        if x.shape[0] > DW_CHUNK and oh * ow >= DW_CHUNK_MIN_PIXELS:
+            return _conv_dw_chunked(b, x, w, stride, pads, groups)
+    if form in ("autodiff", "chunked"):  # (a chunked conv whose batch or image is small: autodiff's as it is)
+        return b.convolution(x, w, strides=(stride, stride), padding=pads, feature_groups=groups, spec=NHWC_HWIO)
 
     def fwd(x: Value, w: Value) -> list[Value]:
         return [b.convolution(x, w, strides=(stride, stride), padding=pads, feature_groups=groups, spec=NHWC_HWIO)]
