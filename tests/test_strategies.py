@@ -232,11 +232,12 @@ CHUNKED_XLA = (("layout", "nhwc"), ("convGrad", "chunked"))  # XLA's default com
 
 @pytest.fixture
 def chunk_everything(monkeypatch: pytest.MonkeyPatch) -> None:
-    """convGrad=chunked splits ∂w only at batch > 8 on images of ≥ 14² pixels; the gate's cases
-    (batch 2, a few pixels) take the chunked path only with the thresholds lowered: chunks of one."""
+    """convGrad=chunked splits ∂w only on images of ≥ 14² pixels, into chunks sized to the cache;
+    the gate's cases (batch 2, a few pixels) take the chunked path only with the thresholds
+    lowered: chunks of one."""
     from hloforge.plugins.layers import conv
 
-    monkeypatch.setattr(conv, "DW_CHUNK", 1)
+    monkeypatch.setattr(conv, "DW_CHUNK_BYTES", 1)
     monkeypatch.setattr(conv, "DW_CHUNK_MIN_PIXELS", 1)
 
 
@@ -250,6 +251,23 @@ def test_chunked_kernel_gradient_is_gated_and_a_broken_one_turns_it_red(chunk_ev
     with inject_fault("custom") as calls:  # the chunked backward is a custom VJP: break it, the gate sees it
         result = cases[0].run()
     assert calls[0] > 0 and not result.passed
+
+
+def test_chunked_kernel_gradient_sizes_its_chunks_to_the_cache() -> None:
+    from hloforge.plugins.layers.conv import DW_CHUNK_BYTES, dw_chunk
+
+    # (x, ḡ) NHWC -> examples per chunk: the largest power of two whose x and ḡ fit in 1 MiB
+    assert dw_chunk((32, 32, 32, 64), (32, 32, 32, 64), "f32") == 2  # resnet18-cifar's first stage
+    assert dw_chunk((128, 28, 28, 32), (128, 28, 28, 32), "f32") == 4  # mnist-cnn's second conv
+    assert dw_chunk((128, 28, 28, 1), (128, 28, 28, 32), "f32") == 8
+    assert dw_chunk((32, 32, 32, 64), (32, 16, 16, 128), "f32") == 2  # strided: x's image counts
+    assert dw_chunk((128, 28, 28, 32), (128, 28, 28, 32), "f64") == 2  # twice the bytes, half the chunk
+    assert dw_chunk((1024, 224, 224, 64), (1024, 224, 224, 64), "f32") == 1  # one example over the budget
+    for x, g in [((32, 8, 8, 256), (32, 8, 8, 256)),  # an image under 14²: the batch whole
+                 ((4, 28, 28, 32), (4, 28, 28, 32))]:  # one chunk would be the whole batch
+        assert dw_chunk(x, g, "f32") is None
+    chunk = dw_chunk((128, 28, 28, 32), (128, 28, 28, 32), "f32")
+    assert chunk is not None and 2 * chunk * 2 * 28 * 28 * 32 * 4 > DW_CHUNK_BYTES >= chunk * 2 * 28 * 28 * 32 * 4
 
 
 @pytest.mark.parametrize("spec", [SMALL, FLAT], ids=lambda s: s.name)

@@ -14,8 +14,8 @@ An NHWC conv's backward is what the kind "convGrad" picks:
   IREE runs this form an order of magnitude faster than the NCHW one or the NHWC autodiff one
   (conv 32→32 at 28², batch 128: ~0.1 s against ~0.8 s for fwd+∂x+∂w), once its kernel
   transpose is materialised (`hwio`).
-- "chunked": autodiff's, but ∂w summed over batch chunks of DW_CHUNK examples where the output
-  image is large (XLA's default: its ∂w convolution is up to 5× faster on a chunk; see DW_CHUNK).
+- "chunked": autodiff's, but ∂w summed over chunks of a few examples where the output image is
+  large (XLA's default: its ∂w convolution is up to 3× faster on a chunk; see `dw_chunk`).
 - "autodiff": autodiff's, as for "nchw". XLA runs NHWC convolutions and their autodiff VJPs at
   its best (64→64 at 32², batch 32: fwd 5.5, ∂x 5.4, ∂w 17.9 ms; NCHW 6.7, 6.7, 17.4), and the
   NHWC stretch spares the BN/ReLU between them XLA's NCHW↔NHWC relayouts: whole train steps,
@@ -33,14 +33,16 @@ A depthwise conv (groups = in = out channels) first consults the kind "depthwise
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
+import numpy as np
 
 from hloforge.core import autodiff, strategy
 from hloforge.core.errors import UnsupportedSpec
-from hloforge.core.hlo import Builder, ConvSpec, Value
+from hloforge.core.hlo import NUMPY_DTYPE, Builder, ConvSpec, Value
 from hloforge.core.hookspecs import hookimpl
 from hloforge.core.spec import Ctx, Layer, ParamSlot, Shape
 from hloforge.plugins.layers.activation import check_act, emit_act, reference_act
@@ -68,22 +70,36 @@ def window_out(n: int, k: int, stride: int, pads: tuple[int, int]) -> int:
 
 
 # ∂w of a convolution is x correlated with ḡ, a convolution whose kernel is ḡ's whole image. XLA's
-# CPU runs it up to 5× faster on 8 examples at a time than on 128 when that image is large (alone,
-# ms, batch 128: 32→32 at 28² 16.7 → 12.9, 1→32 at 28² 5.5 → 1.0, 64→64 at 14² 18.1 → 7.0; batch 32:
-# 64→64 at 32² 21.0 → 16.4, 128→128 at 16² 12.8 → 9.4), but slower on small ones (512→512 at 4²:
-# 8.8 → 18.4). So "chunked" splits the batch only where ḡ has at least DW_CHUNK_MIN_PIXELS pixels
-# (14²). Whole steps, chunked against autodiff (interleaved): mnist-cnn 72.4 vs 78.6 ms,
-# resnet18-cifar 488 vs 503 (528 when its 8² and 4² convs were chunked too), mobilenetv2-mini 242 vs
-# 251, resnet-mini 79 vs 85.
-DW_CHUNK = 8
+# CPU runs it far faster on a few examples at a time than on the whole batch when that image is
+# large, fastest when a chunk's x and ḡ together fill about one core's L2 cache (1 MiB here, Zen 4)
+# (alone, ms, chunk of examples: batch 32, 64→64 at 32²: 32 19.7, 8 17.9, 4 11.0, 2 7.5, 1 12.4;
+# batch 128, 32→32 at 28²: 8 12.8, 4 7.8, 2 10.6, 1 15.0; batch 32, 128→128 at 16²: 32 13.8, 8 9.4,
+# 4 9.4, 2 9.0), but slower on small images (512→512 at 4²: 8.8 whole, 18.4 in chunks of 8). So
+# "chunked" splits the batch only where ḡ has at least DW_CHUNK_MIN_PIXELS pixels (14²), into
+# chunks of the largest power of two whose x and ḡ fit in DW_CHUNK_BYTES (`dw_chunk`).
+# Whole steps, chunked (then in fixed chunks of 8) against autodiff (interleaved): mnist-cnn 72.4 vs
+# 78.6 ms, resnet18-cifar 488 vs 503 (528 when its 8² and 4² convs were chunked too),
+# mobilenetv2-mini 242 vs 251, resnet-mini 79 vs 85.
+DW_CHUNK_BYTES = 1 << 20
 DW_CHUNK_MIN_PIXELS = 14 * 14
+
+
+def dw_chunk(x_shape: Sequence[int], g_shape: Sequence[int], dtype: str) -> int | None:
+    """The examples per chunk of a "chunked" ∂w for NHWC x and ḡ of these shapes, or None where
+    the batch is not split (ḡ's image below DW_CHUNK_MIN_PIXELS, or one chunk would be the batch)."""
+    n, oh, ow = g_shape[0], g_shape[1], g_shape[2]
+    if oh * ow < DW_CHUNK_MIN_PIXELS:
+        return None
+    per_example = (math.prod(x_shape[1:]) + math.prod(g_shape[1:])) * np.dtype(NUMPY_DTYPE[dtype]).itemsize
+    chunk = 1 << max(0, (DW_CHUNK_BYTES // per_example).bit_length() - 1)
+    return chunk if chunk < n else None
 CONV2D = strategy.declare("conv2d", ("nchw", "nhwc"), {"xla": "nchw", "iree": "nhwc"},
                           "the layout of a 2-D convolution in an NCHW net (see conv.py)")
 CONV_GRAD = strategy.declare("convGrad", ("written", "autodiff", "chunked"), {"xla": "chunked", "iree": "written"},
                              "the backward of an NHWC convolution: written out (∂x a forward-style conv, ∂w k² "
                              "shifted dots), autodiff's (the backend's own transposed convolutions), or autodiff's "
-                             f"with ∂w summed over chunks of {DW_CHUNK} examples where ḡ is at least "
-                             f"{DW_CHUNK_MIN_PIXELS} pixels")
+                             f"with ∂w summed over batch chunks whose x and ḡ fit in {DW_CHUNK_BYTES >> 20} MiB "
+                             f"where ḡ is at least {DW_CHUNK_MIN_PIXELS} pixels")
 DEPTHWISE = strategy.declare("depthwise", ("conv", "shifted"), {"xla": "shifted", "iree": "conv"},
                              "a depthwise conv as a convolution, or as k² shifted per-channel products")
 
@@ -169,8 +185,9 @@ def nhwc_conv2d(b: Builder, x: Value, w: Value, *, stride: int, pads: Sequence[t
     form = strategy.chosen("convGrad", b.target)
     if form == "chunked":
         oh, ow = (window_out(n, w.shape[0], stride, p) for n, p in zip(x.shape[1:3], pads, strict=True))
-        if x.shape[0] > DW_CHUNK and oh * ow >= DW_CHUNK_MIN_PIXELS:
-            return _conv_dw_chunked(b, x, w, stride, pads, groups)
+        chunk = dw_chunk(x.shape, (x.shape[0], oh, ow, w.shape[3]), x.dtype)
+        if chunk is not None:
+            return _conv_dw_chunked(b, x, w, stride, pads, groups, chunk)
     if form in ("autodiff", "chunked"):  # (a chunked conv whose batch or image is small: autodiff's as it is)
         return b.convolution(x, w, strides=(stride, stride), padding=pads, feature_groups=groups, spec=NHWC_HWIO)
 
@@ -185,9 +202,9 @@ def nhwc_conv2d(b: Builder, x: Value, w: Value, *, stride: int, pads: Sequence[t
 
 
 def _conv_dw_chunked(b: Builder, x: Value, w: Value, stride: int, pads: Sequence[tuple[int, int]],
-                     groups: int) -> Value:
+                     groups: int, chunk: int) -> Value:
     """The NHWC conv with autodiff's ∂x, and its ∂w as the sum of autodiff's ∂w over batch chunks
-    of DW_CHUNK examples (the last one may be shorter)."""
+    of `chunk` examples (the last one may be shorter)."""
     conv: dict[str, Any] = {}
 
     def fwd(x: Value, w: Value) -> list[Value]:
@@ -198,8 +215,8 @@ def _conv_dw_chunked(b: Builder, x: Value, w: Value, stride: int, pads: Sequence
     def bwd(b: Builder, g: Value) -> list[Value]:
         n = x.shape[0]
         dw = None
-        for lo in range(0, n, DW_CHUNK):
-            hi = min(lo + DW_CHUNK, n)
+        for lo in range(0, n, chunk):
+            hi = min(lo + chunk, n)
             part = autodiff.conv_kernel_grad(b, b.slice(x, [lo, 0, 0, 0], [hi, *x.shape[1:]]),
                                              b.slice(g, [lo, 0, 0, 0], [hi, *g.shape[1:]]), w.shape, conv)
             dw = part if dw is None else dw + part

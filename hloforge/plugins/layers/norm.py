@@ -43,8 +43,11 @@ from hloforge.plugins.layers.compose import check_stride, image, is_train
 from hloforge.plugins.layers.conv import conv2d, conv_strategies
 
 BN_EPS = 1e-5
-# XLA keeps two passes: fused was 6% faster on resnet18-cifar but 2× slower on mobilenetv2-mini
-# (553 vs 276 ms/step); which layers gain is the autotuner's call (it picks fused on resnet18's).
+# XLA keeps two passes: its CPU compiler splits a single reduce into partial sums it runs in
+# parallel, but runs a variadic one on one thread. With the backward's Σĝ, Σĝ·x̂ taken from ∂β, ∂γ
+# (below) two-pass is the faster form in whole steps (resnet18-cifar 451 vs 458 ms fused,
+# mobilenetv2-mini 234 vs 398; fused in 4 parallel partials 455 and 347); which layers gain is
+# the autotuner's call.
 BN_REDUCE = strategy.declare("bnReduce", ("twoPass", "fused"), {"xla": "twoPass", "iree": "fused"},
                              "batch-norm statistics and backward sums in two passes each, or one variadic "
                              "reduce each (see norm.py)")
@@ -134,7 +137,10 @@ def normalize(b: Builder, x: Value, gamma: Value, beta: Value, reduce: Sequence[
         d_beta = b.sum(g, others)
         d_gamma = b.sum(g * xhat, others)
         gh = g * along(gamma)
-        s1, s2 = pooled(b.sum(gh, reduce), b.sum(gh * xhat, reduce))
+        if others == reduce:  # batch norm: Σĝ = γ·Σḡ and Σĝ·x̂ = γ·Σḡ·x̂, two full passes fewer
+            s1, s2 = pooled(d_beta * gamma, d_gamma * gamma)
+        else:
+            s1, s2 = pooled(b.sum(gh, reduce), b.sum(gh * xhat, reduce))
         dx = per_stat(istd / float(m)) * (gh * float(m) - per_stat(s1) - xhat * per_stat(s2))
         return [dx, d_gamma, d_beta]
 
