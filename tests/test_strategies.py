@@ -253,6 +253,22 @@ def test_chunked_kernel_gradient_is_gated_and_a_broken_one_turns_it_red(chunk_ev
     assert calls[0] > 0 and not result.passed
 
 
+def test_shifted_depthwise_backward_is_gated_and_a_broken_one_turns_it_red() -> None:
+    """depthwise=shifted (XLA's default) differentiates in closed form: its ∂x, ∂w face the gate in
+    both layouts, at stride 1 and 2 (depthwiseConvBn's cases), and breaking it turns the gate red."""
+    cases = [c for name in ("conv2d", "depthwiseConvBn") for c in _cases(name)
+             if ("depthwise", "shifted") in c.strategy]
+    assert {dict(c.strategy).get("layout", "nchw") for c in cases} == {"nchw", "nhwc"}
+    assert {c.obj.stride for c in cases if c.name == "depthwiseConvBn"} == {1, 2}
+    for case in cases:  # f64 against jax.vjp of the reference and finite differences, then f32
+        result = case.run()
+        assert result.passed, f"\n{HEADER}\n{result.row()}"
+    plain = next(c for c in cases if c.name == "conv2d" and c.mode == "train")  # no BN: the only custom VJP
+    with inject_fault("custom") as calls:
+        result = plain.run()
+    assert calls[0] > 0 and not result.passed
+
+
 def test_chunked_kernel_gradient_sizes_its_chunks_to_the_cache() -> None:
     from hloforge.plugins.layers.conv import DW_CHUNK_BYTES, dw_chunk
 
