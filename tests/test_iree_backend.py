@@ -222,10 +222,26 @@ def test_runtime_flags_are_set_once_and_a_bad_one_is_one_clear_error(monkeypatch
         print(be.fingerprint())
         out, _ = be.execute(be.compile({STEP!r}), [be.to_device(np.zeros((2, 3), np.float32)),
                                                   be.to_device(np.ones((2, 3), np.float32))])
+        import os, pathlib
+        workers = [int(t.name) for t in pathlib.Path("/proc/self/task").iterdir()
+                   if (t / "comm").read_text().startswith("iree-worker")]
+        print("workers", len(workers), "nicer by", sorted({{os.getpriority(os.PRIO_PROCESS, w) - os.getpriority(
+            os.PRIO_PROCESS, 0) for w in workers}}))
     """)
-    env = {k: v for k, v in os.environ.items() if k != iree_backend.RUNTIME_FLAGS_ENV_VAR}
+    env = {k: v for k, v in os.environ.items()
+           if k not in (iree_backend.RUNTIME_FLAGS_ENV_VAR, iree_backend.WORKER_NICE_ENV_VAR)}
     default = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
-    assert default.returncode == 0 and default.stdout.strip().endswith("runtime --task_worker_spin_us=50")
+    fingerprint, workers = default.stdout.strip().splitlines()
+    assert default.returncode == 0 and fingerprint.endswith("runtime --task_worker_spin_us=50 worker nice 1")
+    # the task-system workers run one step nicer than the caller (see DEFAULT_WORKER_NICE); 0 leaves them
+    assert workers.startswith("workers ") and workers.endswith("nicer by [1]") and workers != "workers 0 nicer by []"
+    left = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={**env, iree_backend.WORKER_NICE_ENV_VAR: "0"})
+    assert left.returncode == 0 and left.stdout.strip().endswith("nicer by [0]")
+    bad_nice = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                              env={**env, iree_backend.WORKER_NICE_ENV_VAR: "-5"})
+    assert bad_nice.returncode != 0
+    assert "BackendError: HLOFORGE_IREE_WORKER_NICE='-5': expected a niceness step from 0 to 19" in bad_nice.stderr
     bad = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                          env={**env, iree_backend.RUNTIME_FLAGS_ENV_VAR: "--no_such_flag=1"})
     assert bad.returncode != 0
