@@ -211,6 +211,15 @@ def test_two_processes_share_the_cache(cache):
     assert IreeBackend().compile(STEP).cache_hit
 
 
+def test_an_artifact_with_another_abi_is_refused_in_one_line(cache):
+    """execute passes @main a wait and a signal fence (EXECUTION_FLAGS); a module compiled to IREE's
+    synchronous ABI (a later flag wins) would take them as arguments it does not have."""
+    be = IreeBackend(cache_dir=cache, extra_flags=["--iree-execution-model=async-internal"])
+    with pytest.raises(BackendError, match=r"has the synchronous ABI; execute expects coarse-fences \(compile "
+                                           r"with --iree-execution-model=async-external\)"):
+        be.compile(STEP)
+
+
 def test_runtime_flags_are_set_once_and_a_bad_one_is_one_clear_error(monkeypatch):
     """In child processes (IREE's runtime flags are process-wide, read before the first device)."""
     from hloforge.backends.iree import backend as iree_backend
