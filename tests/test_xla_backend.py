@@ -370,6 +370,20 @@ def test_each_executable_gets_its_own_scheduler_and_xla_really_uses_it(tmp_path)
     assert name.endswith("XLA_FLAGS scheduler)") and fingerprint.endswith("scheduler XLA_FLAGS")
 
 
+def test_the_auto_scheduler_is_concurrent_for_convnets_and_sequential_for_dots():
+    from hloforge.backends.xla.backend import auto_scheduler
+    from hloforge.core.modules import train_step_module
+    from hloforge.core.variant import Variant
+    from hloforge.zoo import get_net
+
+    def step(name: str) -> str:
+        return train_step_module(get_net(name), Variant("adam"), 2, target="xla")[0]
+
+    assert auto_scheduler(step("mnist-cnn")) == auto_scheduler(CONV) == "concurrent"
+    # a ViT's patch embedding is a convolution, but its dots are most of the program
+    assert auto_scheduler(step("vit-cifar")) == auto_scheduler(step("mnist-mlp")) == "sequential"
+
+
 def test_a_compile_option_xla_does_not_know_is_its_error_not_a_silent_default():
     from hloforge.backends.xla import pjrt
 
