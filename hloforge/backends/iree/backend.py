@@ -55,8 +55,9 @@ TARGETS: dict[str, tuple[str, str | None, str | None]] = {
 # faster within this shared machine's noise — so it stays off.
 CPU_FLAGS = ("--iree-llvmcpu-target-cpu=host", "--iree-llvmcpu-enable-ukernels=all")
 # Every target: @main takes a wait fence and a signal fence, and `execute` waits on the signal fence
-# itself. The synchronous ABI awaits inside the VM, through IREE's proactor thread: one more thread to
-# wake per call (a+1 dispatch 50–70 µs in most processes, against ~10 µs awaited here).
+# itself. The synchronous ABI awaits inside the VM, through IREE's proactor thread, one more thread to
+# wake per call: a+1 on a bare invocation 50–70 µs in most processes with it, 10.2–10.8 µs in 10 of
+# 12 awaited here (the rest: DEFAULT_WORKER_NICE).
 EXECUTION_FLAGS = ("--iree-execution-model=async-external",)
 ABI_MODEL = "coarse-fences"  # what that flag makes of @main (its reflection says so)
 

@@ -80,7 +80,8 @@ def window_out(n: int, k: int, stride: int, pads: tuple[int, int]) -> int:
 # chunks of the largest power of two whose x and ḡ fit in DW_CHUNK_BYTES (`dw_chunk`).
 # Whole steps, chunked (then in fixed chunks of 8) against autodiff (interleaved): mnist-cnn 72.4 vs
 # 78.6 ms, resnet18-cifar 488 vs 503 (528 when its 8² and 4² convs were chunked too),
-# mobilenetv2-mini 242 vs 251, resnet-mini 79 vs 85.
+# mobilenetv2-mini 242 vs 251, resnet-mini 79 vs 85; chunks sized to the cache against chunks of 8:
+# resnet18-cifar 490 vs 503, mnist-cnn 74.2 vs 74.2, resnet-mini 77.0 vs 77.8.
 DW_CHUNK_BYTES = 1 << 20
 DW_CHUNK_MIN_PIXELS = 14 * 14
 
@@ -94,6 +95,8 @@ def dw_chunk(x_shape: Sequence[int], g_shape: Sequence[int], dtype: str) -> int 
     per_example = (math.prod(x_shape[1:]) + math.prod(g_shape[1:])) * np.dtype(NUMPY_DTYPE[dtype]).itemsize
     chunk = 1 << max(0, (DW_CHUNK_BYTES // per_example).bit_length() - 1)
     return chunk if chunk < n else None
+
+
 CONV2D = strategy.declare("conv2d", ("nchw", "nhwc"), {"xla": "nchw", "iree": "nhwc"},
                           "the layout of a 2-D convolution in an NCHW net (see conv.py)")
 CONV_GRAD = strategy.declare("convGrad", ("written", "autodiff", "chunked"), {"xla": "chunked", "iree": "written"},
