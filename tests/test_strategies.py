@@ -30,6 +30,7 @@ from hloforge.plugins.layers.pool import GlobalAvgPool, MaxPool
 from hloforge.plugins.layers.residual import ResidualStage
 from hloforge.testing.gate import HEADER, GateCase, gate_cases
 from hloforge.train.session import make_backend
+from hloforge.zoo import get_net
 
 # conv (bias, relu) → max-pool → conv+BN → a strided residual stage with a projection → pool → dense:
 # one NHWC stretch from the first conv to the global pool.
@@ -44,6 +45,8 @@ MOBILE = NetSpec("strategy-mobile", (2, 8, 8), [
     InvertedResidual(4, n=1, expand=2), GlobalAvgPool(), Dense(3),
 ], 3)
 BOTH_NHWC = {"layout": "nhwc", "conv2d": "nhwc"}
+# ... and a small ViT (dense attention), for the attention backward's forms
+ATTN = get_net("vit-mini", classes=3, input=(1, 8, 8))
 
 
 def test_defaults_per_target() -> None:
@@ -268,6 +271,37 @@ def test_shifted_depthwise_backward_is_gated_and_a_broken_one_turns_it_red() -> 
     with inject_fault("custom") as calls:
         result = plain.run()
     assert calls[0] > 0 and not result.passed
+
+
+def test_closed_form_attention_backward_is_gated_and_a_broken_one_turns_it_red() -> None:
+    """sdpaGrad=closed (both targets' default): dense attention differentiated by FlashAttention's
+    closed form over one key block. The registry's dense case faces the gate under it; so do plain
+    ones (no RoPE, whose own custom VJP would hide which one broke), and breaking it turns them red."""
+    from hloforge.plugins.layers.attention import MultiHeadSelfAttention
+
+    registered = [c for c in _cases("mhsa") if c.strategy]
+    assert registered and all(c.strategy == (("sdpaGrad", "closed"),) and c.obj.attention == "dense"
+                              for c in registered)  # flash consults nothing
+    closed = (("sdpaGrad", "closed"),)
+    plain = [GateCase("layer", "mhsa", MultiHeadSelfAttention(2, causal=causal), (5, 4), "hloforge", strategy=closed)
+             for causal in (False, True)]
+    for case in [*registered, *plain]:  # f64 against jax.vjp of the reference and finite differences, then f32
+        result = case.run()
+        assert result.passed, f"\n{HEADER}\n{result.row()}"
+    # a train step in it has autodiff's gradients: Adam's first moment is (1 − β1)·∂θ (θ' would not
+    # do: the key bias's gradient is 0 in exact arithmetic, and Adam scales its rounding to ±lr)
+    xla = make_backend("xla")
+    lay = train_step_module(ATTN, Variant("adam"), 4)[1]
+    first_moment = slice(lay.n_params, 2 * lay.n_params)
+    text = _step_text(ATTN, None, dict(closed))
+    assert text != _step_text(ATTN, None)  # it is another form
+    got, want = _one_step(xla, text, ATTN), _one_step(xla, _step_text(ATTN, None), ATTN)
+    assert _rel(got[first_moment], want[first_moment]) < 1e-5
+    assert _rel([got[lay.loss_index]], [want[lay.loss_index]]) < 1e-6
+    for case in plain:
+        with inject_fault("custom") as calls:
+            result = case.run()
+        assert calls[0] > 0 and not result.passed
 
 
 def test_chunked_kernel_gradient_sizes_its_chunks_to_the_cache() -> None:
