@@ -163,8 +163,11 @@ def depthwise_shifted(b: Builder, x: Value, w: Value, *, stride: int, pads: Sequ
     hw = [x.shape[d] for d in sp]
     out_hw = [window_out(n, k, stride, p) for n, p in zip(hw, pads, strict=True)]
 
+    taps: dict[tuple[int, int], Value] = {}  # x's tap views, the forward's and ∂w's
+
     def fwd(x: Value, w: Value) -> list[Value]:
-        return [_shifted_sum(b, _shifted_taps(b, x, k, stride, pads, out_hw, layout), w, layout, flip=False)]
+        taps.update(_shifted_taps(b, x, k, stride, pads, out_hw, layout))
+        return [_shifted_sum(b, taps, w, layout, flip=False)]
 
     def bwd(b: Builder, g: Value) -> list[Value]:
         lo = [k - 1 - p[0] for p in pads]
@@ -174,7 +177,6 @@ def depthwise_shifted(b: Builder, x: Value, w: Value, *, stride: int, pads: Sequ
         gp = b.pad(g, per_axis(layout, lo[0], lo[1], 0), per_axis(layout, hi[0], hi[1], 0),
                    per_axis(layout, stride - 1, stride - 1, 0))
         dx = _shifted_sum(b, _shifted_taps(b, gp, k, 1, [(0, 0), (0, 0)], hw, layout), w, layout, flip=True)
-        taps = _shifted_taps(b, x, k, stride, pads, out_hw, layout)
         sums = _batch_sums(b, [taps[i, j] * g for i, j in itertools.product(range(k), repeat=2)],
                            strategy.channel_axis(layout, 4))
         c = w.shape[0]
