@@ -32,6 +32,7 @@ from hloforge.backends.base import (
     check_args,
     parse_main_signature,
 )
+from hloforge.backends.host_memory import host_memory_description, retain_freed_host_memory
 from hloforge.core.errors import BackendError
 from hloforge.core.hookspecs import hookimpl
 
@@ -218,6 +219,7 @@ class _Runtime:
                                        f"(${RUNTIME_FLAGS_ENV_VAR}): {e}") from None
                 cls._flags_set = True
             if driver not in cls._configs:
+                retain_freed_host_memory()  # before the device starts the threads that allocate its buffers
                 nice, before = worker_nice(), _thread_ids()
                 try:
                     cls._configs[driver] = runtime.Config(driver)
@@ -311,7 +313,7 @@ class IreeBackend:
     def fingerprint(self) -> str:
         """What a program's speed depends on besides its text: target, compiler revision and flags."""
         return (f"iree {self.target} {self.version} flags {' '.join(self.flags)} runtime {' '.join(runtime_flags())} "
-                f"worker nice {worker_nice()}")
+                f"worker nice {worker_nice()} {host_memory_description()}")
 
     # -- compile ---------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from hloforge.backends.base import InputSlot
+from hloforge.backends.host_memory import host_memory_description
 from hloforge.backends.xla.pjrt import (
     Client,
     DeviceBuffer,
@@ -56,7 +57,7 @@ class XlaBackend:
         except OSError:
             build = "?"
         return (f"xla {c.platform_name} {c.platform_version} {c.plugin_path} ({build}) devices {len(c.devices)} "
-                f"scheduler {forced_scheduler() or 'auto'}")
+                f"scheduler {forced_scheduler() or 'auto'} {host_memory_description()}")
 
     def compile(self, mlir_text: str, num_replicas: int = 1) -> Executable:
         """More replicas than the client has devices is a BackendError (from the binding)."""

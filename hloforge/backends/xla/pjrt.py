@@ -26,6 +26,7 @@ from pathlib import Path
 import cffi
 import numpy as np
 
+from hloforge.backends.host_memory import retain_freed_host_memory
 from hloforge.core.errors import BackendError
 
 # ------------------------------------------------------------ C declarations ---
@@ -1311,6 +1312,7 @@ class Client:
     ):
         self._closed = True  # until the PJRT client exists
         self._owned: weakref.WeakSet = weakref.WeakSet()
+        retain_freed_host_memory()  # before the client starts the threads that allocate its buffers
         self.plugin_path = plugin_path or find_plugin()
         self._api = load_api(self.plugin_path)
         options, keep_alive = _named_values(create_options or {})
