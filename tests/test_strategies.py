@@ -167,6 +167,7 @@ def _rel_step(got: list[np.ndarray], want: list[np.ndarray], spec: NetSpec) -> f
     *((net, c) for net in (SMALL, FLAT) for c in ({"conv2d": "nhwc"}, {"layout": "nhwc"}, BOTH_NHWC)),
     (MOBILE, {"depthwise": "shifted"}), (MOBILE, {"depthwise": "shifted", "layout": "nhwc"}), (MOBILE, BOTH_NHWC),
     *((net, {**c, "convGrad": "autodiff"}) for net in (SMALL, FLAT, MOBILE) for c in ({"layout": "nhwc"}, BOTH_NHWC)),
+    (MOBILE, {"layout": "nhwc", "pointwise": "dot"}),
     *((net, {"maxPool": p, "bnReduce": "fused", **nhwc}) for net in (SMALL, FLAT) for p in ("select", "window")
       for nhwc in ({}, BOTH_NHWC)),
 ], ids=str)
@@ -190,10 +191,11 @@ def test_gate_runs_each_case_under_each_choice() -> None:
     # ... and as each target renders it: XLA's NHWC convs with the chunked ∂w, IREE's written out
     xla_default = {("convGrad", "chunked"), ("layout", "nhwc")}
     assert len([c for c in conv if xla_default <= set(c.strategy) and len(c.strategy) > 1]) == len(base)
-    iree = (("conv2d", "nhwc"), ("layout", "nhwc"))  # (+ depthwise=shifted on the depthwise case)
-    assert len([c for c in conv if c.strategy in (iree, (*iree, ("depthwise", "shifted")))]) == len(base)
-    # depthwise=shifted only where the conv is depthwise (one case of conv2d's, every depthwiseConvBn's)
-    assert [c.shape for c in conv if c.strategy == (("depthwise", "shifted"),)] == [(3, 5, 5)]
+    iree = (("conv2d", "nhwc"), ("layout", "nhwc"))  # (+ depthwise=shifted or pointwise=dot where it applies)
+    iree_forms = (iree, (*iree, ("depthwise", "shifted")), (*iree, ("pointwise", "dot")))
+    assert len([c for c in conv if c.strategy in iree_forms]) == len(base)
+    # depthwise=shifted only where the conv is depthwise (three cases of conv2d's, every depthwiseConvBn's)
+    assert [c.obj.stride for c in conv if c.strategy == (("depthwise", "shifted"),)] == [1, 2, 3]
     dw = _cases("depthwiseConvBn")
     assert len([c for c in dw if c.strategy == (("depthwise", "shifted"),)]) == len([c for c in dw if not c.strategy])
     bn = _cases("batchNorm")
@@ -271,6 +273,33 @@ def test_shifted_depthwise_backward_is_gated_and_a_broken_one_turns_it_red() -> 
     with inject_fault("custom") as calls:
         result = plain.run()
     assert calls[0] > 0 and not result.passed
+
+
+def test_pointwise_dot_backward_is_gated_and_a_broken_one_turns_it_red() -> None:
+    """pointwise=dot (XLA's default): a 1×1 stride-1 ungrouped unpadded NHWC conv as a GEMM with a
+    closed-form backward. Only such convs consult it; their cases face the gate as XLA renders them,
+    and breaking the closed form turns the gate red."""
+    from hloforge.plugins.layers.conv import Conv2d
+    from hloforge.plugins.layers.norm import ConvBn
+
+    assert "pointwise" in Conv2d(4, k=1).strategies_for((3, 5, 5))
+    for other in (Conv2d(4, k=1, stride=2), Conv2d(4, k=1, pad=1), Conv2d(4, k=1, groups=2), Conv2d(4, k=3)):
+        assert "pointwise" not in other.strategies_for((4, 5, 5))
+    assert "pointwise" in ConvBn(4, k=1).strategies_for((3, 5, 5))
+    assert "pointwise" not in ConvBn(4, k=3).strategies_for((3, 5, 5))
+    cases = [c for name in ("conv2d", "convBn") for c in _cases(name)
+             if ("pointwise", "dot") in c.strategy and ("layout", "nhwc") in c.strategy]
+    assert {c.name for c in cases} == {"conv2d", "convBn"}
+    for case in cases:  # f64 against jax.vjp of the reference and finite differences, then f32
+        result = case.run()
+        assert result.passed, f"\n{HEADER}\n{result.row()}"
+    plain = next(c for c in cases if c.name == "conv2d" and c.mode == "train")  # no BN: the only custom VJP
+    with inject_fault("custom") as calls:
+        result = plain.run()
+    assert calls[0] > 0 and not result.passed
+    with inject_fault("convolution") as calls:  # no convolution left in it
+        plain.run()
+    assert calls[0] == 0
 
 
 def test_closed_form_attention_backward_is_gated_and_a_broken_one_turns_it_red() -> None:

@@ -40,7 +40,7 @@ from hloforge.core.hookspecs import hookimpl
 from hloforge.core.spec import Ctx, Layer, ParamSlot, Shape, StatSlot
 from hloforge.plugins.layers.activation import check_act, emit_act, reference_act
 from hloforge.plugins.layers.compose import check_stride, image, is_train
-from hloforge.plugins.layers.conv import conv2d, conv_strategies
+from hloforge.plugins.layers.conv import conv2d, conv_strategies, is_pointwise
 
 BN_EPS = 1e-5
 # XLA keeps two passes: its CPU compiler splits a single reduce into partial sums it runs in
@@ -320,11 +320,12 @@ class _ConvBnUnit(Layer):
     """conv (no bias: β follows) → batch norm → act; what ConvBn and DepthwiseConvBn share.
     `pad` None is PyTorch's (k−1)//2."""
 
-    strategy_kinds = ("conv2d", "layout", "convGrad", "depthwise", "bnReduce")
+    strategy_kinds = ("conv2d", "layout", "convGrad", "depthwise", "pointwise", "bnReduce")
 
     def strategies_for(self, in_shape: Shape) -> tuple[str, ...]:
-        c = in_shape[0]
-        return (*conv_strategies(c, self.out_channels(c), self.group_count(c)), "bnReduce")
+        c, groups = in_shape[0], self.group_count(in_shape[0])
+        pointwise = is_pointwise(self.k, self.stride, groups, [(self.padding, self.padding)] * 2)
+        return (*conv_strategies(c, self.out_channels(c), groups, pointwise), "bnReduce")
 
     k: int
     stride: int
