@@ -215,3 +215,66 @@ def test_ten_steps_agree_across_backends():
             s.train_step(x, y, 1e-3)
         got[name] = np.concatenate([p.ravel() for p in s.read_params()])
     assert np.linalg.norm(got["xla"] - got["iree"]) / np.linalg.norm(got["xla"]) < 1e-4
+
+
+# ------------------------------------------------------------------ parameter storage (paramLayout)
+def _tiny_convnet():
+    from hloforge.core.spec import NetSpec
+    from hloforge.plugins.layers.conv import Conv2d
+    from hloforge.plugins.layers.dense import Dense
+    from hloforge.plugins.layers.norm import ConvBn
+    from hloforge.plugins.layers.pool import GlobalAvgPool
+
+    return NetSpec("storage-net", (2, 6, 6), (ConvBn(4, k=3), Conv2d(5, k=1, act="relu"), Conv2d(3, k=3, stride=2),
+                                               GlobalAvgPool(), Dense(3)), 3)
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "layoutbound"])
+def test_stored_hwio_kernels_train_as_declared_ones_and_read_back_declared(optimizer, monkeypatch):
+    """XLA's steps carry conv kernels HWIO (paramLayout=hwio): the module's θ and state inputs are
+    HWIO, yet the host sees OIHW everywhere (init, read_params/read_state, load, the forward), and
+    the steps match paramLayout=public's. An optimizer that is not `layout_free` gets its tensors
+    in their declared layout (here one whose step reverses ḡ along the declared last axis, so it
+    moves another weight if handed a stored kernel): the same numbers again."""
+    from hloforge.core import strategy
+    from hloforge.core.modules import HWIO
+    from hloforge.core.registry import default_registry
+    from hloforge.core.variant import Optimizer
+
+    reg = default_registry()
+    if optimizer == "layoutbound":
+        import attrs
+
+        @attrs.frozen
+        class LayoutBound(Optimizer):
+            name = "layoutbound"
+
+            def direction(self, b, g, state, scalars):
+                return (b.reverse(g, [g.type.rank - 1]) if g.type.rank else g), {}
+        monkeypatch.setattr(reg, "get", lambda kind, name, _get=reg.get: LayoutBound if name == optimizer else
+                            _get(kind, name))
+    spec, be = _tiny_convnet(), make_backend("xla")
+    assert strategy.kind("paramLayout").default("xla") == "hwio"
+    data = batches(spec, 4, 3)
+    runs = {}
+    for form in ("hwio", "public"):
+        with strategy.forced({"paramLayout": form}):
+            s = TrainSession(spec, Variant(optimizer), 4, be, seed=2, registry=reg)
+            kernels = [i for i, (_, slot) in enumerate(s.layout.params) if len(slot.shape) == 4]
+            assert [s.layout.storage[i] for i in kernels] == [HWIO if form == "hwio" else None] * 3
+            np.testing.assert_array_equal(s.read_params()[kernels[1]], spec.init_params(2)[kernels[1]])
+            losses = [s.train_step(x, y, 1e-2) for x, y in data]
+            fwd = ForwardSession(spec, 4, be)
+            stats = [st.initial() for _, st in spec.stats()]
+            logits = fwd.logits(data[0][0], [*s.params, *(be.to_device(a) for a in stats)])
+            np.testing.assert_allclose(fwd.logits(data[0][0], [*s.read_params(), *stats]), logits, rtol=1e-6)
+            runs[form] = (losses, s.read_params(), s.read_state(), logits, s)
+    (l1, p1, st1, z1, hw), (l2, p2, st2, z2, _) = runs["hwio"], runs["public"]
+    np.testing.assert_allclose(l1, l2, rtol=1e-5)
+    for a, b in zip([*p1, *st1], [*p2, *st2], strict=True):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(z1, z2, rtol=1e-4, atol=1e-6)
+    hw.load(p2, st2, 3)  # declared arrays in, declared arrays out
+    for a, b in zip([*hw.read_params(), *hw.read_state()], [*p2, *st2], strict=True):
+        np.testing.assert_array_equal(a, b)

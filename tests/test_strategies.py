@@ -18,7 +18,7 @@ from iree_forms import layer_vjp_on_iree_and_xla
 from hloforge.core import strategy
 from hloforge.core.autodiff import inject_fault
 from hloforge.core.errors import UnsupportedSpec
-from hloforge.core.modules import forward_module, train_step_module
+from hloforge.core.modules import Storage, forward_module, host_declared, host_stored, train_step_module
 from hloforge.core.registry import default_registry
 from hloforge.core.spec import NetSpec, Shape
 from hloforge.core.variant import Variant
@@ -129,8 +129,9 @@ def test_iree_render_transposes_once_at_each_edge() -> None:
     assert flat.count("dims = [0, 2, 3, 1]") == 1 and flat.count("dims = [0, 3, 1, 2]") == 1
 
 
-def _one_step(backend: object, text: str, spec: NetSpec, seed: int = 0) -> list[np.ndarray]:
-    """θ', state', loss and batch statistics of one Adam step from spec's init on a fixed batch."""
+def _one_step(backend: object, text: str, spec: NetSpec, seed: int = 0, storage: Storage = ()) -> list[np.ndarray]:
+    """θ', state', loss and batch statistics of one Adam step from spec's init on a fixed batch
+    (θ and state carried as `storage` says: a target's render, `TrainStepLayout.storage`)."""
     lay = train_step_module(spec, Variant("adam"), 4)[1]
     opt = Variant("adam").make_optimizer(default_registry())
     rng = np.random.default_rng(seed)
@@ -138,10 +139,11 @@ def _one_step(backend: object, text: str, spec: NetSpec, seed: int = 0) -> list[
     state = [opt.init_state(s)[k] for k in lay.state for _, s in lay.params]
     x = rng.standard_normal(lay.x_shape).astype(np.float32)
     y = rng.integers(0, spec.num_classes, lay.y_shape).astype(np.int32)
-    host = [*init, *state, Variant("adam").state_layout(opt).host_schedule(opt, 1, 1e-2), x, y]
+    host = [*host_stored([*init, *state], storage), Variant("adam").state_layout(opt).host_schedule(opt, 1, 1e-2), x, y]
     be = backend
     outs = be.execute(be.compile(text), [be.to_device(np.asarray(a)) for a in host])  # type: ignore[attr-defined]
-    return [np.asarray(be.to_host(o), np.float64) for o in outs]  # type: ignore[attr-defined]
+    got = [np.asarray(be.to_host(o), np.float64) for o in outs]  # type: ignore[attr-defined]
+    return [*host_declared(got[:lay.n_carried], storage), *got[lay.n_carried:]]
 
 
 def _rel(a: list[np.ndarray], b: list[np.ndarray]) -> float:
@@ -388,7 +390,20 @@ def test_iree_default_forms_match_the_gated_xla_forms(layer: object, shape: Shap
 
 
 def test_iree_train_step_matches_xla() -> None:
+    """Each backend's default render (conv kernels carried HWIO), and IREE's with them carried as
+    declared: one step's θ', state, loss and statistics agree, read back in the declared layout."""
     pytest.importorskip("iree.runtime")
-    want = _one_step(make_backend("xla"), _step_text(SMALL, "xla"), SMALL)
-    got = _one_step(make_backend("iree"), _step_text(SMALL, "iree"), SMALL)
-    assert _rel_step(got, want, SMALL) < 1e-5
+
+    def rendered(target: str, choices: dict[str, str]) -> tuple[str, Storage]:
+        with strategy.forced(choices):
+            text, lay = train_step_module(SMALL, Variant("adam"), 4, target=target)
+        return text, lay.storage
+
+    xla_text, xla_storage = rendered("xla", {})
+    want = _one_step(make_backend("xla"), xla_text, SMALL, storage=xla_storage)
+    iree = make_backend("iree")
+    for choices in ({}, {"paramLayout": "public"}):
+        text, storage = rendered("iree", choices)
+        assert (storage == xla_storage) == (not choices)
+        got = _one_step(iree, text, SMALL, storage=storage)
+        assert _rel_step(got, want, SMALL) < 1e-5

@@ -10,6 +10,7 @@ import re
 from collections.abc import Sequence
 
 import attrs
+import numpy as np
 
 from hloforge.core import autodiff, strategy
 from hloforge.core.errors import UnsupportedSpec
@@ -73,15 +74,64 @@ def emit_layers(b: Builder, walk: Sequence[LayerShapes], x: Value, params: Seque
     return strategy.to_layout(b, x, layout, strategy.NCHW), batch_stats
 
 
+# ------------------------------------------------------------------ parameter storage
+#: the axes a 4-D parameter (a conv kernel, OIHW) is stored in under paramLayout=hwio
+HWIO = (2, 3, 1, 0)
+Storage = tuple[tuple[int, ...] | None, ...]
+
+
+def param_storage(params: Sequence[tuple[str, ParamSlot]], target: str | None) -> Storage:
+    """How the compiled modules of `target` carry each parameter: the axis permutation of its
+    declared layout it is stored in, or None for the declared layout (strategy paramLayout)."""
+    hwio = strategy.chosen(strategy.PARAM_LAYOUT.name, target) == "hwio"
+    return tuple(HWIO if hwio and len(s.shape) == 4 else None for _, s in params)
+
+
+def stored_shape(shape: Shape, perm: tuple[int, ...] | None) -> Shape:
+    return shape if perm is None else tuple(shape[a] for a in perm)
+
+
+def stored_view(b: Builder, v: Value, perm: tuple[int, ...] | None) -> Value:
+    """A stored parameter (or a tensor of its shape) in its declared layout."""
+    return v if perm is None else b.transpose(v, [int(a) for a in np.argsort(perm)])
+
+
+def to_stored(b: Builder, v: Value, perm: tuple[int, ...] | None) -> Value:
+    """A tensor in a parameter's declared layout, as that parameter is stored."""
+    return v if perm is None else b.transpose(v, list(perm))
+
+
+def host_stored(arrays: Sequence[np.ndarray], storage: Storage) -> list[np.ndarray]:
+    """Host arrays in their declared layouts, as the modules carry them (storage[i % len] for the
+    i-th: parameters, then each optimizer-state group of one tensor per parameter)."""
+    n = len(storage)
+    return [a if n == 0 or storage[i % n] is None else np.ascontiguousarray(np.transpose(a, storage[i % n]))
+            for i, a in enumerate(arrays)]
+
+
+def host_declared(arrays: Sequence[np.ndarray], storage: Storage, start: int = 0) -> list[np.ndarray]:
+    """Stored arrays (the `start`-th first, counted as in `host_stored`) back in their declared layouts."""
+    n = len(storage)
+    out = []
+    for i, a in enumerate(arrays, start):
+        perm = storage[i % n] if n else None
+        out.append(a if perm is None else np.ascontiguousarray(np.transpose(a, np.argsort(perm))))
+    return out
+
+
 def forward_module(spec: NetSpec, batch: int, *, dtype: str = "f32", eval_mode: bool = False,
                    target: str | None = None) -> str:
     """`@main(x, θ…) -> logits` normalising with batch statistics; the eval form
     `@main(x, θ…, running…) -> logits` takes every stat slot's running value instead. `target`:
-    the backend it is rendered for (its layers' lowering strategies, core/strategy.py)."""
+    the backend it is rendered for (its layers' lowering strategies, core/strategy.py; θ stored
+    as `param_storage` says)."""
     walk = spec.walk()
     b = Builder(dtype, f"{spec.ident}_fwd" + ("_eval" if eval_mode else ""), target)
     x = b.arg((batch, *spec.input_shape))
-    params = [b.arg(s.shape) for _, s in qualified_params(walk)]
+    slots = qualified_params(walk)
+    storage = param_storage(slots, target)
+    params = [stored_view(b, b.arg(stored_shape(s.shape, perm)), perm)
+              for (_, s), perm in zip(slots, storage, strict=True)]
     running = [b.arg(s.shape) for _, s in qualified_stats(walk)] if eval_mode else []
     y, _ = emit_layers(b, walk, x, params, train=not eval_mode, running=running)
     return b.module([y])
@@ -93,7 +143,8 @@ class TrainStepLayout:
     wrappers keep them; `state` is `StateLayout.slots`), the schedule (one vector of the scalars
     `StateLayout.scalars` names, in that order: see `schedule_input`), x, y, masks…. Outputs:
     θ'…, state'… (same order), loss, batch stats… (qualified_stats order). Parameter and state
-    inputs alias their outputs."""
+    inputs alias their outputs. Each parameter and its state tensors are carried as `storage`
+    says (`param_storage`; the host converts with `host_stored` / `host_declared`)."""
 
     params: tuple[tuple[str, ParamSlot], ...]
     stats: tuple[tuple[str, StatSlot], ...]
@@ -103,6 +154,7 @@ class TrainStepLayout:
     x_shape: Shape
     y_shape: Shape
     y_dtype: str
+    storage: Storage = ()
 
     @property
     def n_params(self) -> int:
@@ -126,15 +178,16 @@ def label_type(loss: Loss, out_shape: Shape, dtype: str) -> tuple[Shape, str]:
 
 
 def train_step_layout(spec: NetSpec, opt: Optimizer, loss: Loss, batch: int, dtype: str = "f32",
-                      state: StateLayout | None = None) -> TrainStepLayout:
+                      state: StateLayout | None = None, target: str | None = None) -> TrainStepLayout:
     """`state` (default: the bare optimizer's) is the variant's `StateLayout`, read, never restated."""
     walk = spec.walk()
     y_shape, y_dtype = label_type(loss, walk[-1].out_shape, dtype)
     st = state or StateLayout(tuple(opt.state), tuple(opt.scalars))
-    return TrainStepLayout(tuple(qualified_params(walk)), tuple(qualified_stats(walk)), tuple(qualified_masks(walk)),
+    params = tuple(qualified_params(walk))
+    return TrainStepLayout(params, tuple(qualified_stats(walk)), tuple(qualified_masks(walk)),
                            st.slots, st.scalars,
                            (batch, *spec.input_shape),
-                           (batch, *y_shape), y_dtype)
+                           (batch, *y_shape), y_dtype, param_storage(params, target))
 
 
 def schedule_input(b: Builder, names: Sequence[str]) -> dict[str, Value]:
@@ -159,25 +212,38 @@ def train_step_module(spec: NetSpec, variant: Variant, batch: int, *, dtype: str
     reg = registry or default_registry()
     spec = variant.apply_to(spec, reg)  # idempotent: dropout, drop_path and BN ε of the variant
     opt, loss = variant.make_optimizer(reg), variant.make_loss(reg)
-    lay = train_step_layout(spec, opt, loss, batch, dtype, variant.state_layout(opt))
+    lay = train_step_layout(spec, opt, loss, batch, dtype, variant.state_layout(opt), target)
     walk = spec.walk()
     b = Builder(dtype, f"{spec.ident}_{variant.slug}_train_step", target)
-    params = [b.arg(s.shape, alias_output=i) for i, (_, s) in enumerate(lay.params)]
-    state = {name: [b.arg(s.shape, alias_output=lay.n_params * (1 + k) + i) for i, (_, s) in enumerate(lay.params)]
+    shapes = [stored_shape(s.shape, perm) for (_, s), perm in zip(lay.params, lay.storage, strict=True)]
+    params = [b.arg(shape, alias_output=i) for i, shape in enumerate(shapes)]
+    state = {name: [b.arg(shape, alias_output=lay.n_params * (1 + k) + i) for i, shape in enumerate(shapes)]
              for k, name in enumerate(lay.state)}
     scalars = schedule_input(b, lay.scalars)
     x = b.arg(lay.x_shape)
     y = b.arg(lay.y_shape, lay.y_dtype)
     masks = [b.arg((batch, *s.shape)) for _, s in lay.masks]
-    logits, batch_stats = emit_layers(b, walk, x, params, train=True, masks=masks,
+    views = [stored_view(b, p, perm) for p, perm in zip(params, lay.storage, strict=True)]
+    logits, batch_stats = emit_layers(b, walk, x, views, train=True, masks=masks,
                                       sync_replicas=replicas if sync_bn else 1)
     loss_v = loss.forward(b, logits, y)
     slots = [s for _, s in lay.params]
+
+    def emit_update(idx: Sequence[int], grads: Sequence[Value]) -> tuple[list[Value], dict[str, list[Value]]]:
+        """The variant's update of parameters `idx` (stored) from their gradients (stored). An
+        optimizer that is not `layout_free` gets every tensor in its declared layout."""
+        perms = [lay.storage[i] if not opt.layout_free else None for i in idx]
+        p2, s2 = variant.wrappers.emit_update(
+            b, opt, [slots[i] for i in idx], [stored_view(b, params[i], q) for i, q in zip(idx, perms, strict=True)],
+            [stored_view(b, g, q) for g, q in zip(grads, perms, strict=True)],
+            {k: [stored_view(b, state[k][i], q) for i, q in zip(idx, perms, strict=True)] for k in lay.state}, scalars)
+        return ([to_stored(b, v, q) for v, q in zip(p2, perms, strict=True)],
+                {k: [to_stored(b, v, q) for v, q in zip(s2[k], perms, strict=True)] for k in lay.state})
+
     # Clipping needs every gradient's norm, and a data-parallel step their replica means, before any update.
     if strategy.chosen(strategy.UPDATE.name, target) == "in_backward" and not variant.wrappers.clip and replicas == 1:
         def update_one(i: int, g: Value) -> list[Value]:
-            p2, s2 = variant.wrappers.emit_update(b, opt, [slots[i]], [params[i]], [g],
-                                                  {k: [state[k][i]] for k in lay.state}, scalars)
+            p2, s2 = emit_update([i], [g])
             return [p2[0], *(s2[k][0] for k in lay.state)]
 
         grads, finished = autodiff.grad_sequenced(b, [loss_v], [b.full(1.0)], params, update_one)
@@ -189,7 +255,7 @@ def train_step_module(spec: NetSpec, variant: Variant, batch: int, *, dtype: str
         if replicas > 1:
             *grads, loss_v = replica_mean(b, [*grads, loss_v], replicas)
         # The update (accumulation, clipping, the optimizer, the EMA shadow): the same emitter the gate checks.
-        new_params, new_state = variant.wrappers.emit_update(b, opt, slots, params, grads, state, scalars)
+        new_params, new_state = emit_update(range(lay.n_params), grads)
     outs = new_params + [v for n in lay.state for v in new_state[n]] + [loss_v] + batch_stats
     return b.module(outs, num_replicas=replicas), lay
 

@@ -232,6 +232,19 @@ UPDATE = declare("update", ("after_backward", "in_backward"), {"xla": "in_backwa
                  "XLA's CPU compiler drops the barrier)",
                  per_layer=False)
 
+# ----------------------------------------------------------------- the carried parameters
+# An NHWC conv takes its kernel HWIO. Carried OIHW, every step transposed each conv kernel in (for
+# the forward and ∂x) and its gradient out (XLA fused that transpose into the optimizer update,
+# 3–4 ms per 512×512×3×3 kernel); carried HWIO, the transposes cancel. Whole steps on XLA (the same
+# inputs, interleaved in one process): resnet18-cifar 372 vs 414 ms, mobilenetv2-mini 95 vs 102,
+# mnist-cnn 57 vs 58; on IREE (sessions, alternating processes): mobilenetv2-mini 96 vs 128–130,
+# resnet18-cifar 588 vs 652, mnist-cnn 80.5 vs 85.4, vit-cifar 148 vs 149.
+PARAM_LAYOUT = declare("paramLayout", ("public", "hwio"), {"xla": "hwio", "iree": "hwio"},
+                       "how the compiled steps carry each 4-D parameter (a conv kernel, declared OIHW): as "
+                       "declared, or stored HWIO (axes 2, 3, 1, 0), the NHWC conv's own kernel layout; the "
+                       "host (init, checkpoints, read_params) always sees the declared layout",
+                       per_layer=False)
+
 NCHW, NHWC = "NCHW", "NHWC"
 _TO = {(NCHW, NHWC): (0, 2, 3, 1), (NHWC, NCHW): (0, 3, 1, 2)}
 

@@ -48,6 +48,10 @@ class Optimizer:
     name: ClassVar[str]
     state: ClassVar[tuple[str, ...]] = ()
     scalars: ClassVar[tuple[str, ...]] = ("lr",)
+    #: the update treats each tensor as a bag of elements (elementwise, or whole-tensor norms), so a
+    #: train step may hand it tensors in their stored axis order (paramLayout); else it gets them
+    #: in their declared layout, transposed there and back every step
+    layout_free: ClassVar[bool] = False
 
     weight_decay: float = 0.0
 

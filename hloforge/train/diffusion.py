@@ -181,12 +181,12 @@ def sample_run(run_path: str, n: int = 16, out: str = "grid.png", seed: int = 0,
                         "(a net with time-conditioned layers, timeCondAdd or timeResBlock, trained on noise targets)")
     region, params, running = oc.region_weights(region)  # θ or the EMA shadow, each with its own BN statistics
     evaluator = ForwardSession(spec, n, run.backend)
-    buffers = [run.backend.to_device(a) for a in [*params, *running]]
+    weights = [*params, *running]
     shape = tuple(spec.walk()[-1].out_shape)
     ref = np.asarray(run.data.arrays("train")[0], np.float64)  # the scale the net was trained on
     lo, hi = ref.min(axis=(0, 2, 3)), ref.max(axis=(0, 2, 3))
     schedule = run.task.schedule
-    x = ancestral_sample(lambda xin: evaluator.logits(xin, buffers), n, shape, schedule,
+    x = ancestral_sample(lambda xin: evaluator.logits(xin, weights, gen=0), n, shape, schedule,
                          np.random.default_rng(seed), (lo, hi) if clip else None)
     import matplotlib
 

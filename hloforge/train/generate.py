@@ -30,7 +30,6 @@ def generate(path: str, prompt: str = "\n", tokens: int = 200, temperature: floa
         raise DataError(f"{oc.file} is not a character language model run (net {spec.name!r} on {run.cfg.data!r})")
     params = oc.weights("param", [n for n, _ in spec.params()])
     fwd = ForwardSession(spec, 1, run.backend)
-    dev = [run.backend.to_device(p) for p in params]
     t = spec.input_shape[0]
     ids = list(run.data.encode(prompt or "\n"))
     rng = np.random.default_rng(seed)
@@ -41,7 +40,7 @@ def generate(path: str, prompt: str = "\n", tokens: int = 200, temperature: floa
         ctx = ids[-t:]
         x = np.zeros((1, t), np.float32)
         x[0, :len(ctx)] = ctx
-        z = fwd.logits(x, dev)[0, len(ctx) - 1].astype(np.float64)
+        z = fwd.logits(x, params, gen=0)[0, len(ctx) - 1].astype(np.float64)  # θ pushed once, held
         if temperature == 0:
             nxt = int(np.argmax(z))
         else:

@@ -134,7 +134,7 @@ class DataParallelTrainSession(TrainSession):
         """θ as replica `replica` holds it (resident only): every replica's equals replica 0's."""
         if not self.resident:
             raise DataError("the copying path keeps one host copy of θ, not one per replica")
-        return self._host(self._replicas[replica][:self.layout.n_params])
+        return self._declared(self._replicas[replica][:self.layout.n_params])
 
     def replica_params(self) -> list[list[Any]]:
         """θ on every replica's device (replica r's list first pushed to device r): what a
@@ -176,7 +176,8 @@ class ShardedForwardSession(ForwardSession):
     def _push(self, params: Sequence[Any]) -> list[Any]:
         if not all(_is_host(p) for p in params):
             raise DataError("ShardedForwardSession takes host arrays, or one list of device buffers per replica")
-        return [[self.backend.to_device(np.asarray(p), device=r) for p in params] for r in range(self.replicas)]
+        return [[self.backend.to_device(self._stored(i, p), device=r) for i, p in enumerate(params)]
+                for r in range(self.replicas)]
 
     def logits(self, x: np.ndarray, params: Sequence[Any], gen: Hashable | None = None) -> np.ndarray:
         """Logits for all rows of x, in row order (params: θ… then any running statistics)."""

@@ -25,7 +25,14 @@ import numpy as np
 
 from hloforge.backends.base import BACKEND_ENV_VAR, DEFAULT_BACKEND
 from hloforge.core.errors import DataError, UnsupportedSpec
-from hloforge.core.modules import TrainStepLayout, forward_module, train_step_module
+from hloforge.core.modules import (
+    TrainStepLayout,
+    forward_module,
+    host_declared,
+    host_stored,
+    param_storage,
+    train_step_module,
+)
 from hloforge.core.registry import Registry, default_registry
 from hloforge.core.spec import NetSpec
 from hloforge.core.strategy import target_of
@@ -107,7 +114,7 @@ class TrainSession:
         carried = [np.asarray(p, np.float32) for p in host]
         carried += self.state_layout.initial(self.optimizer, slots, host)
         self._carried: list[Any] = []
-        self._place(carried)
+        self._place(host_stored(carried, self.layout.storage))
         self._step_inputs = InputStager(backend)
         self._batch_stats: list[Any] = []  # the last step's batch statistics (device buffers), one per stat slot
         self.step = 0
@@ -182,7 +189,7 @@ class TrainSession:
                 what = "parameter" if i < lay.n_params else f"state {lay.state[i // lay.n_params - 1]}"
                 raise DataError(f"load: {what} {names[i % lay.n_params]} has shape {list(np.shape(a))}, expected "
                                 f"{list(want[i % lay.n_params])}")
-        self._place([np.array(a, np.float32) for a in [*params, *state]])
+        self._place(host_stored([np.array(a, np.float32) for a in [*params, *state]], self.layout.storage))
         self._batch_stats = []
         self.step = int(step)
 
@@ -191,9 +198,15 @@ class TrainSession:
     def _host(self, items: Sequence[Any]) -> list[np.ndarray]:
         return [np.array(a) if _is_host(a) else self.backend.to_host(a) for a in items]
 
+    def _declared(self, items: Sequence[Any], start: int = 0) -> list[np.ndarray]:
+        """Carried tensors from position `start` copied to the host, in their declared layouts."""
+        return host_declared(self._host(items), self.layout.storage, start)
+
     @property
     def params(self) -> list[Any]:
-        """θ as device buffers, for a ForwardSession (in the copying path, a fresh push per call)."""
+        """θ as device buffers, stored as the step carries them (`layout.storage`: what a
+        ForwardSession on the same backend takes), for a ForwardSession (in the copying path, a
+        fresh push per call)."""
         theta = self._carried[:self.layout.n_params]
         return list(theta) if self.resident else [self.backend.to_device(a) for a in theta]
 
@@ -202,12 +215,12 @@ class TrainSession:
         return self._host(self._batch_stats)
 
     def read_params(self) -> list[np.ndarray]:
-        """θ, copied to the host (layout.params order)."""
-        return self._host(self._carried[:self.layout.n_params])
+        """θ, copied to the host (layout.params order, declared layouts)."""
+        return self._declared(self._carried[:self.layout.n_params])
 
     def read_state(self) -> list[np.ndarray]:
         """The optimizer state, copied to the host: each group of layout.state in turn, one per θ."""
-        return self._host(self._carried[self.layout.n_params:])
+        return self._declared(self._carried[self.layout.n_params:], self.layout.n_params)
 
     def read_all(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """(θ, optimizer state): the whole carried state, for a checkpoint."""
@@ -228,7 +241,7 @@ class TrainSession:
         if len(params) != n:
             raise DataError(f"replace_params: got {len(params)} tensors, θ has {n}")
         rest = self._carried[n:]
-        theta = [np.asarray(p, np.float32) for p in params]
+        theta = host_stored([np.asarray(p, np.float32) for p in params], self.layout.storage)
         self._carried = [*(theta if not self.resident else [self.backend.to_device(a) for a in theta]), *rest]
 
     def read_params_prefix(self, count: int | None = None) -> list[np.ndarray]:
@@ -236,7 +249,7 @@ class TrainSession:
         n = self.layout.n_params if count is None else count
         if not 0 <= n <= self.layout.n_params:
             raise DataError(f"read_params_prefix({count}): θ has {self.layout.n_params} tensors")
-        return self._host(self._carried[:n])
+        return self._declared(self._carried[:n])
 
 
 class ForwardSession:
@@ -251,6 +264,8 @@ class ForwardSession:
 
     def __init__(self, spec: NetSpec, batch: int, backend: Any):
         self.spec, self.batch, self.backend = spec, batch, backend
+        # how the module takes θ (host arrays come in declared layouts and are stored so when pushed)
+        self.storage = param_storage(spec.params(), target_of(backend))
         self.exe = self._compile()
         self._held: list[Any] | None = None
         self._held_gen: Hashable | None = None
@@ -263,8 +278,13 @@ class ForwardSession:
                                                    target=target_of(self.backend)))
 
     def _push(self, params: Sequence[Any]) -> list[Any]:
-        """The parameters on the device: host arrays copied there, device buffers as they are."""
-        return [self.backend.to_device(np.asarray(p)) if _is_host(p) else p for p in params]
+        """The parameters on the device: host arrays stored and copied there, device buffers as they are."""
+        return [self.backend.to_device(self._stored(i, p)) if _is_host(p) else p for i, p in enumerate(params)]
+
+    def _stored(self, i: int, p: Any) -> np.ndarray:
+        """The i-th module parameter (θ…, then running statistics) from the host, as the module takes it."""
+        perm = self.storage[i] if i < len(self.storage) else None
+        return np.asarray(p) if perm is None else np.ascontiguousarray(np.transpose(p, perm))
 
     def _device_params(self, params: Sequence[Any], gen: Hashable | None) -> list[Any]:
         if not any(_is_host(p) for p in params):

@@ -15,6 +15,7 @@ from hloforge.core.variant import Optimizer
 @attrs.frozen
 class Adam(Optimizer):
     name: ClassVar[str] = "adam"
+    layout_free: ClassVar[bool] = True  # elementwise
     state: ClassVar[tuple[str, ...]] = ("m", "v")
     scalars: ClassVar[tuple[str, ...]] = ("lr", "bc1", "bc2")
     b1: float = 0.9

@@ -22,6 +22,7 @@ def norm(b: Builder, x: Value) -> Value:
 @attrs.frozen
 class Lamb(Adam):
     name: ClassVar[str] = "lamb"
+    layout_free: ClassVar[bool] = True  # elementwise, and whole-tensor norms
     eps: float = 1e-6
 
     def update(self, b: Builder, p: Value, g: Value, state: Mapping[str, Value], scalars: Mapping[str, Value],

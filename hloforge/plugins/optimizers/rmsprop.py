@@ -19,6 +19,7 @@ from hloforge.core.variant import Optimizer
 @attrs.frozen
 class RMSProp(Optimizer):
     name: ClassVar[str] = "rmsprop"
+    layout_free: ClassVar[bool] = True  # elementwise
     state: ClassVar[tuple[str, ...]] = ("m", "v")  # m: the momentum buffer, v: the mean square
     rho: float = 0.9
     momentum: float = 0.9

@@ -16,6 +16,7 @@ from hloforge.core.variant import Optimizer
 @attrs.frozen
 class SGD(Optimizer):
     name: ClassVar[str] = "sgd"
+    layout_free: ClassVar[bool] = True  # elementwise
 
     def direction(self, b: Builder, g: Value, state: Mapping[str, Value],
                   scalars: Mapping[str, Value]) -> tuple[Value, dict[str, Value]]:
@@ -33,6 +34,7 @@ class Momentum(Optimizer):
     PyTorch use). The velocity is the `m` slot."""
 
     name: ClassVar[str] = "momentum"
+    layout_free: ClassVar[bool] = True  # elementwise
     state: ClassVar[tuple[str, ...]] = ("m",)
     momentum: float = 0.9
     nesterov: bool = False
