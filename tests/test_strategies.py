@@ -268,13 +268,21 @@ def test_shifted_depthwise_backward_is_gated_and_a_broken_one_turns_it_red() -> 
              if ("depthwise", "shifted") in c.strategy]
     assert {dict(c.strategy).get("layout", "nchw") for c in cases} == {"nchw", "nhwc"}
     assert {c.obj.stride for c in cases if c.name == "depthwiseConvBn"} == {1, 2}
-    for case in cases:  # f64 against jax.vjp of the reference and finite differences, then f32
+    _pass_then_break_the_plain_conv(cases)
+
+
+def _pass_then_break_the_plain_conv(cases: list[GateCase]) -> GateCase:
+    """Every case passes the gate (f64 against jax.vjp of the reference and finite differences,
+    then f32); with the custom VJPs broken, the plain conv2d train case (no BN: its only custom
+    VJP is the form under test) fails it. Returns that case."""
+    for case in cases:
         result = case.run()
         assert result.passed, f"\n{HEADER}\n{result.row()}"
-    plain = next(c for c in cases if c.name == "conv2d" and c.mode == "train")  # no BN: the only custom VJP
+    plain = next(c for c in cases if c.name == "conv2d" and c.mode == "train")
     with inject_fault("custom") as calls:
         result = plain.run()
     assert calls[0] > 0 and not result.passed
+    return plain
 
 
 def test_pointwise_dot_backward_is_gated_and_a_broken_one_turns_it_red() -> None:
@@ -292,13 +300,7 @@ def test_pointwise_dot_backward_is_gated_and_a_broken_one_turns_it_red() -> None
     cases = [c for name in ("conv2d", "convBn") for c in _cases(name)
              if ("pointwise", "dot") in c.strategy and ("layout", "nhwc") in c.strategy]
     assert {c.name for c in cases} == {"conv2d", "convBn"}
-    for case in cases:  # f64 against jax.vjp of the reference and finite differences, then f32
-        result = case.run()
-        assert result.passed, f"\n{HEADER}\n{result.row()}"
-    plain = next(c for c in cases if c.name == "conv2d" and c.mode == "train")  # no BN: the only custom VJP
-    with inject_fault("custom") as calls:
-        result = plain.run()
-    assert calls[0] > 0 and not result.passed
+    plain = _pass_then_break_the_plain_conv(cases)
     with inject_fault("convolution") as calls:  # no convolution left in it
         plain.run()
     assert calls[0] == 0
