@@ -87,13 +87,17 @@ def param_storage(params: Sequence[tuple[str, ParamSlot]], target: str | None) -
     return tuple(HWIO if hwio and len(s.shape) == 4 else None for _, s in params)
 
 
+def _inverse(perm: Sequence[int]) -> list[int]:
+    return [int(a) for a in np.argsort(perm)]
+
+
 def stored_shape(shape: Shape, perm: tuple[int, ...] | None) -> Shape:
     return shape if perm is None else tuple(shape[a] for a in perm)
 
 
 def stored_view(b: Builder, v: Value, perm: tuple[int, ...] | None) -> Value:
     """A stored parameter (or a tensor of its shape) in its declared layout."""
-    return v if perm is None else b.transpose(v, [int(a) for a in np.argsort(perm)])
+    return v if perm is None else b.transpose(v, _inverse(perm))
 
 
 def to_stored(b: Builder, v: Value, perm: tuple[int, ...] | None) -> Value:
@@ -101,22 +105,23 @@ def to_stored(b: Builder, v: Value, perm: tuple[int, ...] | None) -> Value:
     return v if perm is None else b.transpose(v, list(perm))
 
 
+def host_relaid(a: np.ndarray, perm: Sequence[int] | None) -> np.ndarray:
+    """A host array with its axes permuted by `perm` (None: as it is)."""
+    return np.asarray(a) if perm is None else np.ascontiguousarray(np.transpose(a, perm))
+
+
 def host_stored(arrays: Sequence[np.ndarray], storage: Storage) -> list[np.ndarray]:
     """Host arrays in their declared layouts, as the modules carry them (storage[i % len] for the
     i-th: parameters, then each optimizer-state group of one tensor per parameter)."""
     n = len(storage)
-    return [a if n == 0 or storage[i % n] is None else np.ascontiguousarray(np.transpose(a, storage[i % n]))
-            for i, a in enumerate(arrays)]
+    return [host_relaid(a, storage[i % n] if n else None) for i, a in enumerate(arrays)]
 
 
 def host_declared(arrays: Sequence[np.ndarray], storage: Storage, start: int = 0) -> list[np.ndarray]:
     """Stored arrays (the `start`-th first, counted as in `host_stored`) back in their declared layouts."""
     n = len(storage)
-    out = []
-    for i, a in enumerate(arrays, start):
-        perm = storage[i % n] if n else None
-        out.append(a if perm is None else np.ascontiguousarray(np.transpose(a, np.argsort(perm))))
-    return out
+    perms = [storage[i % n] if n else None for i in range(start, start + len(arrays))]
+    return [host_relaid(a, None if q is None else _inverse(q)) for a, q in zip(arrays, perms, strict=True)]
 
 
 def forward_module(spec: NetSpec, batch: int, *, dtype: str = "f32", eval_mode: bool = False,

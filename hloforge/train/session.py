@@ -29,6 +29,7 @@ from hloforge.core.modules import (
     TrainStepLayout,
     forward_module,
     host_declared,
+    host_relaid,
     host_stored,
     param_storage,
     train_step_module,
@@ -283,8 +284,7 @@ class ForwardSession:
 
     def _stored(self, i: int, p: Any) -> np.ndarray:
         """The i-th module parameter (θ…, then running statistics) from the host, as the module takes it."""
-        perm = self.storage[i] if i < len(self.storage) else None
-        return np.asarray(p) if perm is None else np.ascontiguousarray(np.transpose(p, perm))
+        return host_relaid(p, self.storage[i] if i < len(self.storage) else None)
 
     def _device_params(self, params: Sequence[Any], gen: Hashable | None) -> list[Any]:
         if not any(_is_host(p) for p in params):
