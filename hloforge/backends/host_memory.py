@@ -40,6 +40,10 @@ _lock = threading.Lock()
 _applied: bool | None = None  # None until first asked; then whether glibc took the settings
 
 
+def _glibc() -> bool:
+    return platform.libc_ver()[0] == "glibc"
+
+
 def host_memory_policy() -> str:
     """$HLOFORGE_HOST_MEMORY: "retain" (the default) or "release"; anything else is one error line."""
     text = os.environ.get(ENV_VAR, DEFAULT_POLICY).strip().lower()
@@ -58,7 +62,7 @@ def retain_freed_host_memory() -> bool:
     with _lock:
         if _applied is None:
             _applied = False
-            if platform.libc_ver()[0] == "glibc":
+            if _glibc():
                 mallopt = ctypes.CDLL(None).mallopt
                 mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
                 _applied = all(mallopt(param, value) == 1 for param, value in
@@ -68,6 +72,5 @@ def retain_freed_host_memory() -> bool:
 
 def host_memory_description() -> str:
     """For a backend's fingerprint: the allocator policy its steps run under."""
-    retained = _applied if _applied is not None else (
-        host_memory_policy() == "retain" and platform.libc_ver()[0] == "glibc")
+    retained = _applied if _applied is not None else host_memory_policy() == "retain" and _glibc()
     return f"host memory {'retained' if retained else 'released'}"
