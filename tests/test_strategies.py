@@ -261,6 +261,31 @@ def test_chunked_kernel_gradient_is_gated_and_a_broken_one_turns_it_red(chunk_ev
     assert calls[0] > 0 and not result.passed
 
 
+def test_flipped_data_input_gradient_is_gated_and_a_broken_one_turns_it_red(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a stride-1 conv's kernel outweighs its activations, the chunked form (XLA's) takes ∂x
+    on flipped ḡ with an unflipped kernel. Its gate case (asymmetric padding) passes as XLA renders
+    it, and leaving out the final flip turns it red."""
+    from hloforge.plugins.layers import conv
+
+    assert conv.flips_data_for_dx((32, 4, 4, 512), (3, 3, 512, 512), 1, 1)  # resnet18-cifar's last stage
+    assert not conv.flips_data_for_dx((32, 32, 32, 64), (3, 3, 64, 64), 1, 1)  # ... and its first
+    assert not conv.flips_data_for_dx((32, 4, 4, 512), (3, 3, 512, 512), 2, 1)
+    assert not conv.flips_data_for_dx((32, 4, 4, 512), (3, 3, 256, 512), 1, 2)
+    case = next(c for c in _cases("conv2d") if c.shape == (8, 3, 4) and c.strategy == CHUNKED_XLA
+                and c.mode == "train")
+    assert case.run().passed
+    real = conv._conv_dx_flipping_data
+
+    def unflipped(b, g, w, pads):  # type: ignore[no-untyped-def]
+        dx = real(b, g, w, pads)
+        return b.reverse(dx, [1, 2])  # undoes the last flip
+
+    monkeypatch.setattr(conv, "_conv_dx_flipping_data", unflipped)
+    result = case.run()
+    assert not result.passed, f"\n{HEADER}\n{result.row()}"
+
+
 def test_shifted_depthwise_backward_is_gated_and_a_broken_one_turns_it_red() -> None:
     """depthwise=shifted (XLA's default) differentiates in closed form: its ∂x, ∂w face the gate in
     both layouts, at stride 1 and 2 (depthwiseConvBn's cases), and breaking it turns the gate red."""

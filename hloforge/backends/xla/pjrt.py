@@ -567,6 +567,8 @@ class Api:
                 f"least {_API_SIZE_NEEDED} bytes (it was written against 0.{HEADER_MINOR})"
             )
         self.call("Plugin_Initialize", "initializing the PJRT plugin")
+        self._destroy = self._api.PJRT_Buffer_Destroy
+        self._destroy_type, self._destroy_size = _args_type("Buffer_Destroy")
         self.attributes = self._plugin_attributes()
 
     def args(self, name: str, **fields):
@@ -593,6 +595,15 @@ class Api:
         if error != ffi.NULL:
             raise self.take_error(error, doing)
         return args
+
+    def destroy_buffer(self, handle) -> None:
+        """PJRT_Buffer_Destroy: `call` without its generic field loop. A step releases every
+        donated input (mnist-mlp: 18 a step), and the general path cost 1.9 µs a call against
+        0.7 µs here; that was half of what kept the MLP's step behind jax.jit's."""
+        args = ffi.new(self._destroy_type)
+        args.struct_size = self._destroy_size
+        args.buffer = handle
+        self.check(self._destroy(args), "destroying a buffer")
 
     def check(self, error, doing: Doing) -> None:
         if error != ffi.NULL:
@@ -1038,7 +1049,7 @@ class DeviceBuffer:
             return
         self._gone, self._gone_arg = reason, arg
         handle, self._handle = self._handle, None
-        self._client._api.call("Buffer_Destroy", "destroying a buffer", buffer=handle)
+        self._client._api.destroy_buffer(handle)
         if self._borrowed is not None:  # the host memory may go only when PJRT says it is done
             done, self._borrowed = self._borrowed[1], None
             self._client._api.await_event(done, "releasing a borrowed host array")
