@@ -24,8 +24,9 @@ from hloforge.core.hlo import Builder
 from hloforge.core.modules import train_step_module, vjp_module
 from hloforge.core.spec import Layer, NetSpec, Shape
 from hloforge.core.variant import Variant
+from hloforge.plugins.layers import norm
 from hloforge.plugins.layers.dense import Dense, Flatten
-from hloforge.plugins.layers.norm import BatchNorm, ConvBn, normalize
+from hloforge.plugins.layers.norm import BatchNorm, ConvBn, blocked_sum, normalize
 from hloforge.plugins.layers.pool import MaxPool
 from hloforge.testing.gate import HEADER, GateCase, gate_cases
 
@@ -170,13 +171,57 @@ def test_broken_backward_of_each_form_turns_its_gate_red(name: str, forced: tupl
     assert calls[0] == 0
 
 
+# ------------------------------------------------------------------ blocked BN sums
+@pytest.mark.parametrize(("shape", "dims", "stages"), [
+    ((128, 28, 28, 16), [0, 1, 2], 2),  # mobilenetv2-mini's BN: 128 = 4 blocks of 32
+    ((64, 40, 3), [0, 1], 2),  # two long axes, 40 = 2 blocks of 20
+    ((3, 66, 5), [1], 2),  # 66 = 3 blocks of 22
+    ((37, 28, 5), [0, 1], 1),  # 37 has no divisor in 8..32: one plain sum
+    ((32, 32, 8), [0, 1], 1),  # nothing over 32: one plain sum
+])
+def test_blocked_sum_is_the_sum(shape: tuple[int, ...], dims: list[int], stages: int) -> None:
+    x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    b = Builder("f32")
+    total = blocked_sum(b, b.arg(shape), dims)
+    text = b.module([total])
+    assert text.count("stablehlo.reduce") == stages and text.count("optimization_barrier") == stages - 1
+    (got,) = run(text, [x])
+    np.testing.assert_allclose(got, x.astype(np.float64).sum(tuple(dims)), rtol=1e-5, atol=1e-4)
+
+
+def test_blocked_bn_is_gated_and_a_wrong_block_sum_turns_it_red(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bnReduce=blocked (XLA's default) renders BN's sums in blocks where an axis is over 32 (the
+    (2, 3, 40) case) and the two-pass module elsewhere; its gate case goes red when the blocked
+    sums are wrong (the first block left out)."""
+    def step(shape: Shape, form: str) -> str:
+        with strategy.forced({"bnReduce": form}):
+            return train_step_module(NetSpec("bn", shape, [BatchNorm(), Flatten(), Dense(2)], 2),
+                                     Variant("sgd"), 2)[0]
+
+    assert step((3, 4, 5), "blocked") == step((3, 4, 5), "twoPass")
+    assert "optimization_barrier" in step((2, 3, 40), "blocked") and step((2, 3, 40), "twoPass") != step(
+        (2, 3, 40), "blocked")
+    case = _case("batchNorm", (("bnReduce", "blocked"),), (2, 3, 40))
+    assert case.run().passed
+    real = norm.blocked_sum
+
+    def short(b: Builder, x: Any, dims: Sequence[int]) -> Any:
+        hi = list(x.shape)
+        hi[3] -= 20  # (x is [2, 2, 3, 40]: the last axis, the one split into blocks of 20)
+        return real(b, b.slice(x, [0] * len(hi), hi), dims) if len(hi) == 4 and x.shape[3] == 40 else real(b, x, dims)
+
+    monkeypatch.setattr(norm, "blocked_sum", short)
+    result = case.run()
+    assert not result.passed, f"\n{HEADER}\n{result.row()}"
+
+
 # ------------------------------------------------------------------ fused BN statistics
 def _stats(x: np.ndarray, fused: bool, replicas: int = 1) -> tuple[np.ndarray, np.ndarray]:
     b = Builder("f32")
     xv = b.arg(x.shape)
     c = x.shape[1]
     gamma, beta = b.full(1.0, (c,)), b.full(0.0, (c,))
-    _, mean, var = normalize(b, xv, gamma, beta, [0, 2, 3], 1, 1e-5, fused=fused)
+    _, mean, var = normalize(b, xv, gamma, beta, [0, 2, 3], 1, 1e-5, form="fused" if fused else "twoPass")
     got = run(b.module([mean, var]), [x])
     return got[0], got[1]
 
@@ -207,7 +252,7 @@ def test_the_fused_normaliser_refuses_what_is_not_batch_norm() -> None:
     b = Builder("f32")
     x = b.arg((2, 3, 4, 4))
     with pytest.raises(UnsupportedSpec, match=r"statistics over every axis but 1, got \[2, 3\]"):
-        normalize(b, x, b.arg((3,)), b.arg((3,)), [2, 3], 1, 1e-5, fused=True)
+        normalize(b, x, b.arg((3,)), b.arg((3,)), [2, 3], 1, 1e-5, form="fused")
 
 
 def test_sync_bn_in_the_fused_form_equals_the_global_batch() -> None:

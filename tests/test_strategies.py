@@ -203,11 +203,14 @@ def test_gate_runs_each_case_under_each_choice() -> None:
     bn = _cases("batchNorm")
     # layout=nhwc only where the case is an image (BN on [C] renders the same module either way)
     laid_out = [c for c in bn if c.strategy == (("layout", "nhwc"),)]
-    assert {c.shape for c in laid_out} == {(3, 4, 5)}
+    images = {(3, 4, 5), (2, 3, 40)}
+    assert {c.shape for c in laid_out} == images
     assert all(c.id.endswith(("~layout=nhwc", "~layout=nhwc#eval")) for c in laid_out)
-    assert {c.shape for c in bn if c.strategy == (("layout", "nhwc"), ("bnReduce", "fused"))} == {(3, 4, 5)}  # IREE's
+    assert {c.shape for c in bn if c.strategy == (("layout", "nhwc"), ("bnReduce", "fused"))} == images  # IREE's
+    assert {c.shape for c in bn if c.strategy == (("layout", "nhwc"), ("bnReduce", "blocked"))} == images  # XLA's
     # ... every other choice of every kind on every case (bnReduce, maxPool: pool.py, norm.py)
-    assert {c.shape for c in bn if c.strategy == (("bnReduce", "fused"),)} == {(3, 4, 5), (6,)}
+    for form in ("fused", "blocked"):
+        assert {c.shape for c in bn if c.strategy == (("bnReduce", form),)} == {*images, (6,)}
     pools = _cases("maxPool")
     plain = len([c for c in pools if not c.strategy])
     assert all(len([c for c in pools if c.strategy == (("maxPool", f),)]) == plain for f in ("select", "window"))
