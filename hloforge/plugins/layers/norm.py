@@ -48,14 +48,13 @@ from hloforge.plugins.layers.compose import check_stride, image, is_train
 from hloforge.plugins.layers.conv import conv2d, conv_strategies, is_pointwise
 
 BN_EPS = 1e-5
-# XLA keeps two passes: its CPU compiler splits a single reduce into partial sums it runs in
+# XLA takes two passes: its CPU compiler splits a single reduce into partial sums it runs in
 # parallel, but runs a variadic one on one thread. With the backward's Σĝ, Σĝ·x̂ taken from ∂β, ∂γ
-# (below) two-pass is the faster form in whole steps (resnet18-cifar 451 vs 458 ms fused,
-# mobilenetv2-mini 234 vs 398; fused in 4 parallel partials 455 and 347); which layers gain is
-# the autotuner's call.
-# Blocked (two-pass in blocks of ≤ 32): mobilenetv2-mini 70.2 vs 84.0 and 69.9 vs 84.0 ms a step
-# (interleaved, both orders); where no reduced axis is over 32 (resnet18-cifar at batch 32) it
-# renders the two-pass module.
+# (below) two-pass was the faster form in whole steps (resnet18-cifar 451 vs 458 ms fused,
+# mobilenetv2-mini 234 vs 398; fused in 4 parallel partials 455 and 347), and blocked two-pass is
+# faster again where an axis is over 32: mobilenetv2-mini (batch 128) 70.2 vs 84.0 and 69.9 vs
+# 84.0 ms a step (interleaved, both orders). Where none is (resnet18-cifar at batch 32) blocked
+# renders the two-pass module. Which layers gain otherwise is the autotuner's call.
 BN_REDUCE = strategy.declare("bnReduce", ("twoPass", "fused", "blocked"), {"xla": "blocked", "iree": "fused"},
                              "batch-norm statistics and backward sums in two passes each, one variadic reduce "
                              "each, or two passes summing blocks of at most 32 along each axis first (see norm.py)")
