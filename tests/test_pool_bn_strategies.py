@@ -24,9 +24,8 @@ from hloforge.core.hlo import Builder
 from hloforge.core.modules import train_step_module, vjp_module
 from hloforge.core.spec import Layer, NetSpec, Shape
 from hloforge.core.variant import Variant
-from hloforge.plugins.layers import norm
 from hloforge.plugins.layers.dense import Dense, Flatten
-from hloforge.plugins.layers.norm import BatchNorm, ConvBn, blocked_sum, normalize
+from hloforge.plugins.layers.norm import BatchNorm, ConvBn, normalize
 from hloforge.plugins.layers.pool import MaxPool
 from hloforge.testing.gate import HEADER, GateCase, gate_cases
 
@@ -182,7 +181,7 @@ def test_broken_backward_of_each_form_turns_its_gate_red(name: str, forced: tupl
 def test_blocked_sum_is_the_sum(shape: tuple[int, ...], dims: list[int], stages: int) -> None:
     x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
     b = Builder("f32")
-    total = blocked_sum(b, b.arg(shape), dims)
+    total = b.blocked_sum(b.arg(shape), dims)
     text = b.module([total])
     assert text.count("stablehlo.reduce") == stages and text.count("optimization_barrier") == stages - 1
     (got,) = run(text, [x])
@@ -192,7 +191,7 @@ def test_blocked_sum_is_the_sum(shape: tuple[int, ...], dims: list[int], stages:
 def test_blocked_bn_is_gated_and_a_wrong_block_sum_turns_it_red(monkeypatch: pytest.MonkeyPatch) -> None:
     """bnReduce=blocked (XLA's default) renders BN's sums in blocks where an axis is over 32 (the
     (2, 3, 40) case) and the two-pass module elsewhere; its gate case goes red when the blocked
-    sums are wrong (the first block left out)."""
+    sums are wrong (the last block left out)."""
     def step(shape: Shape, form: str) -> str:
         with strategy.forced({"bnReduce": form}):
             return train_step_module(NetSpec("bn", shape, [BatchNorm(), Flatten(), Dense(2)], 2),
@@ -203,14 +202,14 @@ def test_blocked_bn_is_gated_and_a_wrong_block_sum_turns_it_red(monkeypatch: pyt
         (2, 3, 40), "blocked")
     case = _case("batchNorm", (("bnReduce", "blocked"),), (2, 3, 40))
     assert case.run().passed
-    real = norm.blocked_sum
+    real = Builder.blocked_sum
 
     def short(b: Builder, x: Any, dims: Sequence[int]) -> Any:
         hi = list(x.shape)
-        hi[3] -= 20  # (x is [2, 2, 3, 40]: the last axis, the one split into blocks of 20)
-        return real(b, b.slice(x, [0] * len(hi), hi), dims) if len(hi) == 4 and x.shape[3] == 40 else real(b, x, dims)
+        hi[-1] -= 20  # the last axis, which (2, 3, 40) splits into blocks of 20
+        return real(b, b.slice(x, [0] * len(hi), hi), dims) if x.shape[-1] == 40 else real(b, x, dims)
 
-    monkeypatch.setattr(norm, "blocked_sum", short)
+    monkeypatch.setattr(Builder, "blocked_sum", short)
     result = case.run()
     assert not result.passed, f"\n{HEADER}\n{result.row()}"
 

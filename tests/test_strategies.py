@@ -45,6 +45,7 @@ MOBILE = NetSpec("strategy-mobile", (2, 8, 8), [
     InvertedResidual(4, n=1, expand=2), GlobalAvgPool(), Dense(3),
 ], 3)
 BOTH_NHWC = {"layout": "nhwc", "conv2d": "nhwc"}
+WIDE = NetSpec("strategy-wide", (1, 3, 40), [Conv2d(4, act="relu"), BatchNorm(), Flatten(), Dense(3)], 3)
 # ... and a small ViT (dense attention), for the attention backward's forms
 ATTN = get_net("vit-mini", classes=3, input=(1, 8, 8))
 
@@ -178,6 +179,23 @@ def test_train_step_agrees_across_forms(spec: NetSpec, choices: dict[str, str]) 
     want = _one_step(xla, _step_text(spec, None), spec)
     got = _one_step(xla, _step_text(spec, None, choices), spec)
     assert _rel_step(got, want, spec) < 1e-5
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_blocked_broadcast_sums_give_the_same_step(layout: str) -> None:
+    """sums=blocked (XLA's default): the sums autodiff takes for a broadcast's gradient (here the
+    conv's bias, over an image 40 wide) go in blocks of 20 first; the train step (BN blocked too)
+    is the one-sum step's to rounding."""
+    plain = _step_text(WIDE, None, {"layout": layout})
+    blocked = _step_text(WIDE, None, {"layout": layout, "sums": "blocked"})
+    barriers = plain.count("optimization_barrier")  # (none but the written NHWC conv's kernel transpose)
+    assert blocked.count("optimization_barrier") == barriers + 1
+    both = _step_text(WIDE, None, {"layout": layout, "sums": "blocked", "bnReduce": "blocked"})
+    assert both.count("optimization_barrier") == barriers + 5  # and BN's Σx, Σ(x − μ)², Σḡ, Σḡ·x̂
+    xla = make_backend("xla")
+    want = _one_step(xla, plain, WIDE)
+    for text in (blocked, both):
+        assert _rel_step(_one_step(xla, text, WIDE), want, WIDE) < 1e-5
 
 
 # ------------------------------------------------------------------ the gate covers every choice

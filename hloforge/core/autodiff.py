@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from hloforge.core import strategy
 from hloforge.core.errors import UnsupportedSpec
 from hloforge.core.hlo import FLOAT_DTYPES, Builder, TapeOp, Value
 
@@ -164,8 +165,10 @@ def _broadcast_in_dim(b: Builder, op: TapeOp, g: Value) -> Cts:
     dims = op.attrs["dims"]
     summed = [d for d in range(g.type.rank) if d not in dims]
     summed += [d for i, d in enumerate(dims) if x.shape[i] == 1 and g.shape[d] != 1]
-    r = b.sum(g, sorted(summed)) if summed else g
-    return (b.reshape(r, x.shape),)
+    if not summed:
+        return (b.reshape(g, x.shape),)
+    blocked = strategy.chosen("sums", b.target) == "blocked"
+    return (b.reshape(b.blocked_sum(g, summed) if blocked else b.sum(g, sorted(summed)), x.shape),)
 
 
 @rule("reshape")

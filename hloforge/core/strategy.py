@@ -245,6 +245,15 @@ PARAM_LAYOUT = declare("paramLayout", ("public", "hwio"), {"xla": "hwio", "iree"
                        "host (init, checkpoints, read_params) always sees the declared layout",
                        per_layer=False)
 
+# ----------------------------------------------------------------- the backward's broadcast sums
+# The transpose of a broadcast is a sum: every bias's, LayerNorm γ/β's and scale's gradient. Blocked
+# (Builder.blocked_sum) where an axis is over 32, XLA hands it to YNNPACK instead of its own
+# reduce-window loop: vit-cifar (batch 64, 65 tokens) 113.5 vs 119.2 ms a step, mnist-mlp 1.56 vs
+# 1.56 and 1.62 vs 1.62 (interleaved, both orders).
+SUMS = declare("sums", ("plain", "blocked"), {"xla": "blocked", "iree": "plain"},
+               "the sums autodiff takes for a broadcast's gradient (a bias's, a norm's γ/β): one reduce, or "
+               "within blocks of at most 32 along each long axis first", per_layer=False)
+
 NCHW, NHWC = "NCHW", "NHWC"
 _TO = {(NCHW, NHWC): (0, 2, 3, 1), (NHWC, NCHW): (0, 3, 1, 2)}
 

@@ -12,7 +12,7 @@ Batch norm takes the form the strategy kind "bnReduce" picks for the module's ta
 
 - "twoPass": the forward reads x for Σx, again for Σ(x − μ)², and the backward reduces Σḡ, Σḡ·x̂
   (for ∂β, ∂γ) and Σĝ, Σĝ·x̂ (for ∂x) as four sums.
-- "blocked": two-pass, each sum taken in two stages (`blocked_sum`): within blocks of at most 32
+- "blocked": two-pass, each sum taken in two stages (`Builder.blocked_sum`): within blocks of at most 32
   along every reduced axis, then across the blocks. XLA's CPU compiler rewrites a reduction with
   an axis longer than 32 into a reduce-window its own loop emitter runs; one whose axes are all
   short it hands to YNNPACK's reduction, 2–4× faster (Σ(x − μ)² over [128, 28, 28, 64]: 1.4 ms
@@ -58,37 +58,9 @@ BN_EPS = 1e-5
 BN_REDUCE = strategy.declare("bnReduce", ("twoPass", "fused", "blocked"), {"xla": "blocked", "iree": "fused"},
                              "batch-norm statistics and backward sums in two passes each, one variadic reduce "
                              "each, or two passes summing blocks of at most 32 along each axis first (see norm.py)")
-SUM_BLOCK = 32  # XLA's CPU TreeReductionRewriter's window: a reduced axis longer than this is rewritten
-MIN_SUM_BLOCK = 8  # a shorter block leaves the long stage to the second sum: no better than one
 
 
 # ------------------------------------------------------------------ the normaliser (emitted)
-def blocked_sum(b: Builder, x: Value, dims: Sequence[int]) -> Value:
-    """Σ x over `dims` in two stages: within blocks along each reduced axis longer than SUM_BLOCK
-    (split as (n/q, q), q the largest divisor of n in MIN_SUM_BLOCK..SUM_BLOCK), then across the
-    blocks, behind an optimization barrier (XLA's simplifier would merge the two reduces back into
-    one). One plain sum where no axis is that long, or one has no such divisor."""
-    dims = sorted(dims)
-    shape: list[int] = []
-    inner: list[int] = []  # the first stage's axes (of the split shape)
-    outer: list[int] = []  # the block axes, which the second stage sums
-    for d, n in enumerate(x.shape):
-        if d in dims and n > SUM_BLOCK:
-            q = next((q for q in range(SUM_BLOCK, MIN_SUM_BLOCK - 1, -1) if n % q == 0), None)
-            if q is None:
-                return b.sum(x, dims)
-            outer.append(len(shape))
-            shape.append(n // q)
-        if d in dims:
-            inner.append(len(shape))
-        shape.append(n if d not in dims or n <= SUM_BLOCK else q)
-    if not outer:
-        return b.sum(x, dims)
-    partial = b.sum(b.reshape(x, shape), inner)
-    left = [a for a in range(len(shape)) if a not in inner]  # the partial sums' axes
-    return b.sum(b.optimization_barrier(partial), [left.index(a) for a in outer])
-
-
 def normalize(b: Builder, x: Value, gamma: Value, beta: Value, reduce: Sequence[int], axis: int,
               eps: float, replicas: int = 1, form: str = "twoPass") -> tuple[Value, Value, Value]:
     """(y, mean, biased var) with statistics over `reduce` and γ/β along `axis`; y carries the
@@ -117,7 +89,7 @@ def normalize(b: Builder, x: Value, gamma: Value, beta: Value, reduce: Sequence[
     group = [list(range(replicas))]
 
     def total_of(b: Builder, v: Value, dims: Sequence[int]) -> Value:
-        return blocked_sum(b, v, dims) if form == "blocked" else b.sum(v, dims)
+        return b.blocked_sum(v, dims) if form == "blocked" else b.sum(v, dims)
 
     def pooled(*sums: Value) -> list[Value]:
         return b.all_reduce(sums, group) if replicas > 1 else list(sums)
