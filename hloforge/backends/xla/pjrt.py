@@ -599,7 +599,7 @@ class Api:
     def destroy_buffer(self, handle) -> None:
         """PJRT_Buffer_Destroy: `call` without its generic field loop. A step releases every
         donated input (mnist-mlp: 18 a step), and the general path cost 1.9 µs a call against
-        0.7 µs here; that was half of what kept the MLP's step behind jax.jit's."""
+        0.7 µs here (10 000 calls each)."""
         args = ffi.new(self._destroy_type)
         args.struct_size = self._destroy_size
         args.buffer = handle
