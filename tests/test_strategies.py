@@ -18,7 +18,7 @@ from iree_forms import layer_vjp_on_iree_and_xla
 from hloforge.core import strategy
 from hloforge.core.autodiff import inject_fault
 from hloforge.core.errors import UnsupportedSpec
-from hloforge.core.modules import Storage, forward_module, host_declared, host_stored, train_step_module
+from hloforge.core.modules import Storage, forward_module, host_declared, host_stored, train_step_module, vjp_module
 from hloforge.core.registry import default_registry
 from hloforge.core.spec import NetSpec, Shape
 from hloforge.core.variant import Variant
@@ -34,6 +34,7 @@ from hloforge.zoo import get_net
 
 # conv (bias, relu) → max-pool → conv+BN → a strided residual stage with a projection → pool → dense:
 # one NHWC stretch from the first conv to the global pool.
+# (its residual stage's 2² conv, kernel 3× x at batch 4, is an im2col GEMM in XLA's chunked form)
 SMALL = NetSpec("strategy-small", (2, 8, 8), [
     Conv2d(4, act="relu"), MaxPool(2), ConvBn(4), ResidualStage(6, n=1, stride=2), GlobalAvgPool(), Dense(3),
 ], 3)
@@ -303,6 +304,32 @@ def test_flipped_data_input_gradient_is_gated_and_a_broken_one_turns_it_red(
         return b.reverse(dx, [1, 2])  # undoes the last flip
 
     monkeypatch.setattr(conv, "_conv_dx_flipping_data", unflipped)
+    result = case.run()
+    assert not result.passed, f"\n{HEADER}\n{result.row()}"
+
+
+def test_im2col_gemm_conv_is_gated_and_a_broken_one_turns_it_red(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a conv's kernel is at least twice its input, the chunked form (XLA's) runs it as one
+    im2col GEMM with autodiff's backward. Its gate case (stride 2, padding (0, 1)) renders no
+    convolution and passes as XLA renders it; taps laid out against the kernel's order turn it red."""
+    from hloforge.plugins.layers import conv
+
+    assert conv.gemm_outruns_conv((32, 4, 4, 512), (3, 3, 512, 512), 1)  # resnet18-cifar's last stage
+    assert conv.gemm_outruns_conv((32, 8, 8, 256), (3, 3, 256, 512), 1)  # ... and the stride-2 conv into it
+    assert not conv.gemm_outruns_conv((32, 8, 8, 256), (3, 3, 256, 256), 1)  # the stage before: the conv's
+    assert not conv.gemm_outruns_conv((32, 4, 4, 512), (1, 1, 512, 512), 1)  # pointwise: its own kind
+    assert not conv.gemm_outruns_conv((32, 4, 4, 512), (3, 3, 256, 512), 2)
+    case = next(c for c in _cases("conv2d") if c.shape == (4, 4, 4) and c.strategy == CHUNKED_XLA)
+    with strategy.forced(dict(CHUNKED_XLA)):
+        text = vjp_module([case.obj], case.shape, 2)
+    assert "stablehlo.convolution" not in text and "stablehlo.dot_general" in text
+    assert case.run().passed
+    real = conv._shifted_taps
+
+    def reversed_taps(*args):  # type: ignore[no-untyped-def]
+        return dict(reversed(real(*args).items()))
+
+    monkeypatch.setattr(conv, "_shifted_taps", reversed_taps)
     result = case.run()
     assert not result.passed, f"\n{HEADER}\n{result.row()}"
 

@@ -15,7 +15,9 @@ An NHWC conv's backward is what the kind "convGrad" picks:
   (conv 32→32 at 28², batch 128: ~0.1 s against ~0.8 s for fwd+∂x+∂w), once its kernel
   transpose is materialised (`hwio`).
 - "chunked": autodiff's, but ∂w summed over chunks of a few examples where the output image is
-  large (XLA's default: its ∂w convolution is up to 3× faster on a chunk; see `dw_chunk`).
+  large (XLA's default: its ∂w convolution is up to 3× faster on a chunk; see `dw_chunk`), ∂x on
+  flipped activations where the kernel outweighs them (`flips_data_for_dx`), and the whole conv
+  one im2col GEMM where the kernel outweighs its input GEMM_KERNEL_RATIO times (`gemm_outruns_conv`).
 - "autodiff": autodiff's, as for "nchw". XLA runs NHWC convolutions and their autodiff VJPs at
   its best (64→64 at 32², batch 32: fwd 5.5, ∂x 5.4, ∂w 17.9 ms; NCHW 6.7, 6.7, 17.4), and the
   NHWC stretch spares the BN/ReLU between them XLA's NCHW↔NHWC relayouts: whole train steps,
@@ -93,6 +95,13 @@ def window_out(n: int, k: int, stride: int, pads: tuple[int, int]) -> int:
 DW_CHUNK_BYTES = 1 << 20
 DW_CHUNK_MIN_PIXELS = 14 * 14
 
+# XLA's CPU runs a convolution whose kernel outweighs its activations below its GEMM speed, most of
+# all the backward: resnet18-cifar's last stage, batch 32, ms fwd / ∂x / ∂w, conv (∂x on flipped ḡ)
+# against the im2col GEMM with autodiff's backward: 512→512 at 4², 7.1 / 8.3 / 7.9 vs 6.0 / 5.7 /
+# 7.4; 256→512 at 8² stride 2, 3.6 / 5.1 / 4.9 vs 3.2 / 3.4 / 3.7. Where the kernel is about the
+# activations' size the conv still wins: 256→256 at 8², 5.7 / 6.2 / 8.7 vs 6.9 / 5.7 / 9.0.
+GEMM_KERNEL_RATIO = 2
+
 
 def dw_chunk(x_shape: Sequence[int], g_shape: Sequence[int], dtype: str) -> int | None:
     """The examples per chunk of a "chunked" ∂w for NHWC x and ḡ of these shapes, or None where
@@ -111,8 +120,9 @@ CONV_GRAD = strategy.declare("convGrad", ("written", "autodiff", "chunked"), {"x
                              "the backward of an NHWC convolution: written out (∂x a forward-style conv, ∂w k² "
                              "shifted dots), autodiff's (the backend's own transposed convolutions), or autodiff's "
                              f"with ∂w summed over batch chunks whose x and ḡ fit in {DW_CHUNK_BYTES >> 20} MiB "
-                             f"where ḡ is at least {DW_CHUNK_MIN_PIXELS} pixels, and ∂x taken on flipped "
-                             "activations where the kernel outweighs them")
+                             f"where ḡ is at least {DW_CHUNK_MIN_PIXELS} pixels, ∂x taken on flipped "
+                             "activations where the kernel outweighs them, and the conv an im2col GEMM "
+                             f"where the kernel is at least {GEMM_KERNEL_RATIO}× its input")
 POINTWISE = strategy.declare("pointwise", ("conv", "dot"), {"xla": "dot", "iree": "dot"},
                              "a 1×1 stride-1 conv in NHWC as a convolution, or as the GEMM over its pixels it is")
 DEPTHWISE = strategy.declare("depthwise", ("conv", "shifted"), {"xla": "shifted", "iree": "shifted"},
@@ -312,6 +322,8 @@ def nhwc_conv2d(b: Builder, x: Value, w: Value, *, stride: int, pads: Sequence[t
         if form == "chunked":
             oh, ow = (window_out(n, w.shape[0], stride, p) for n, p in zip(x.shape[1:3], pads, strict=True))
             chunk = dw_chunk(x.shape, (x.shape[0], oh, ow, w.shape[3]), x.dtype)
+        if form == "chunked" and gemm_outruns_conv(x.shape, w.shape, groups):
+            return im2col_conv(b, x, w, stride, pads)
         flip = form == "chunked" and flips_data_for_dx(x.shape, w.shape, stride, groups)
         if chunk is None and not flip:
             return b.convolution(x, w, strides=(stride, stride), padding=pads, feature_groups=groups, spec=NHWC_HWIO)
@@ -368,6 +380,24 @@ def _conv_autodiff_parts(b: Builder, x: Value, w: Value, stride: int, pads: Sequ
         return [dx, dw]
 
     return b.custom_vjp(fwd, bwd, x, w)[0]
+
+
+def gemm_outruns_conv(x_shape: Sequence[int], w_shape: Sequence[int], groups: int) -> bool:
+    """Whether the chunked form (XLA's) runs an NHWC conv as an im2col GEMM (`im2col_conv`): an
+    ungrouped k×k conv (k > 1) whose kernel is at least GEMM_KERNEL_RATIO × its input."""
+    return groups == 1 and w_shape[0] > 1 and math.prod(w_shape) >= GEMM_KERNEL_RATIO * math.prod(x_shape)
+
+
+def im2col_conv(b: Builder, x: Value, w: Value, stride: int, pads: Sequence[tuple[int, int]]) -> Value:
+    """x [N, H, W, C] ⊛ w [k, k, C, O] as one GEMM: the k² strided views of the padded x side by side
+    on the channel axis ([N, OH, OW, k²·C], taps in w's (i, j) order) times w as [k²·C, O], with
+    autodiff's backward: ∂x the GEMM ḡ·wᵀ with its k² column blocks padded back into place and
+    summed, ∂w one GEMM of the views and ḡ over the batch and pixels."""
+    k, c, o = w.shape[0], w.shape[2], w.shape[3]
+    out_hw = [window_out(n, k, stride, p) for n, p in zip(x.shape[1:3], pads, strict=True)]
+    taps = _shifted_taps(b, x, k, stride, pads, out_hw, strategy.NHWC)
+    cols = b.concatenate(list(taps.values()), 3)
+    return b.dot_general(cols, b.reshape(w, (k * k * c, o)), ([3], [0]))
 
 
 def flips_data_for_dx(x_shape: Sequence[int], w_shape: Sequence[int], stride: int, groups: int) -> bool:
@@ -497,6 +527,7 @@ class Conv2d(Layer):
         return [
             (cls(4, k=3, act="relu"), (3, 6, 6)),
             (cls(8, k=2, act="relu"), (8, 3, 4)),  # kernel over activations: chunked ∂x on flipped ḡ; pads (0, 1)
+            (cls(8, k=3, stride=2, act="relu"), (4, 4, 4)),  # kernel 2¼× x: chunked is an im2col GEMM; pads (0, 1)
             (cls(4, k=3, stride=2, pad="valid"), (2, 7, 7)),
             (cls(4, k=3, stride=2, pad="same", bias=False), (2, 6, 5)),
             (cls(6, k=3, groups=2, act="swish"), (4, 5, 5)),
