@@ -464,6 +464,19 @@ def test_iree_default_forms_match_the_gated_xla_forms(layer: object, shape: Shap
     assert _rel(got, want) < 1e-5
 
 
+@pytest.mark.parametrize(("layer", "shape", "form"), [
+    (Conv2d(8, k=2, act="relu"), (8, 3, 4), "stablehlo.reverse"),  # ∂x on flipped ḡ (and the result)
+    (Conv2d(8, k=3, stride=2, act="relu"), (4, 4, 4), "stablehlo.dot_general"),  # the im2col GEMM
+], ids=["flipped-dx", "im2col"])
+def test_xla_s_chunked_forms_compute_the_gated_form_on_iree(layer: object, shape: Shape, form: str) -> None:
+    """The chunked form's shape rules (XLA's default) rendered for IREE at the gate's batch: the
+    same (y, ∂θ, ∂x) there as the portable form on XLA, so these forms are checked on both backends."""
+    pytest.importorskip("iree.runtime")
+    got_text, want_text, got, want = layer_vjp_on_iree_and_xla(layer, shape, {"convGrad": "chunked"}, batch=2)
+    assert got_text.count(form) > want_text.count(form)  # the rule applied
+    assert _rel(got, want) < 1e-5
+
+
 def test_iree_train_step_matches_xla() -> None:
     """Each backend's default render (conv kernels carried HWIO), and IREE's with them carried as
     declared: one step's θ', state, loss and statistics agree, read back in the declared layout."""
