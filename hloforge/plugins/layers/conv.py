@@ -100,6 +100,7 @@ DW_CHUNK_MIN_PIXELS = 14 * 14
 # against the im2col GEMM with autodiff's backward: 512→512 at 4², 7.1 / 8.3 / 7.9 vs 6.0 / 5.7 /
 # 7.4; 256→512 at 8² stride 2, 3.6 / 5.1 / 4.9 vs 3.2 / 3.4 / 3.7. Where the kernel is about the
 # activations' size the conv still wins: 256→256 at 8², 5.7 / 6.2 / 8.7 vs 6.9 / 5.7 / 9.0.
+# resnet18-cifar's step with its last stage so: 326 vs 343 and 337 vs 347 ms (interleaved, both orders).
 GEMM_KERNEL_RATIO = 2
 
 
@@ -317,13 +318,13 @@ def nhwc_conv2d(b: Builder, x: Value, w: Value, *, stride: int, pads: Sequence[t
     if is_pointwise(w.shape[0], stride, groups, pads) and strategy.chosen("pointwise", b.target) == "dot":
         return pointwise_dot(b, x, w)
     form = strategy.chosen("convGrad", b.target)
+    if form == "chunked" and gemm_outruns_conv(x.shape, w.shape, groups):
+        return im2col_conv(b, x, w, stride, pads)
     if form in ("autodiff", "chunked"):
         chunk = None
         if form == "chunked":
             oh, ow = (window_out(n, w.shape[0], stride, p) for n, p in zip(x.shape[1:3], pads, strict=True))
             chunk = dw_chunk(x.shape, (x.shape[0], oh, ow, w.shape[3]), x.dtype)
-        if form == "chunked" and gemm_outruns_conv(x.shape, w.shape, groups):
-            return im2col_conv(b, x, w, stride, pads)
         flip = form == "chunked" and flips_data_for_dx(x.shape, w.shape, stride, groups)
         if chunk is None and not flip:
             return b.convolution(x, w, strides=(stride, stride), padding=pads, feature_groups=groups, spec=NHWC_HWIO)
@@ -405,8 +406,8 @@ def flips_data_for_dx(x_shape: Sequence[int], w_shape: Sequence[int], stride: in
     the kernel outweighs x and ḡ. A stride-1 ungrouped NHWC conv only (XLA's stride-2 ∂x is its
     own base-dilated conv). XLA fuses autodiff's flip of the kernel into its in/out transpose and
     runs the pair ~4× slower than either alone (3·3·512·512: 2.2 ms against 0.5 and 0.2), hence
-    the factor. resnet18-cifar's 256- and 512-channel stages flip: 338 vs 342 and 357 vs 362 ms
-    a step (interleaved, both orders)."""
+    the factor. resnet18-cifar's 256- and 512-channel stages flipped: 338 vs 342 and 357 vs 362 ms
+    a step (interleaved, both orders); its 512-channel stage is now an im2col GEMM instead."""
     g_elems = math.prod(x_shape[:3]) * w_shape[3]
     return stride == 1 and groups == 1 and 4 * math.prod(w_shape) > math.prod(x_shape) + g_elems
 
