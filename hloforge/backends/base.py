@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
-from hloforge.backends.xla.pjrt import ArgSpec, parse_main_signature  # one definition, shared
+from hloforge.backends.signature import ArgSpec, parse_main_signature  # one definition, shared
 from hloforge.core.errors import BackendError
 
 __all__ = ["ArgSpec", "Backend", "BACKEND_ENV_VAR", "CACHE_ENV_VAR", "CROSS_REPLICA_OPS", "DEFAULT_BACKEND",
