@@ -369,7 +369,8 @@ def parser() -> argparse.ArgumentParser:
 
     sp = _command(sub, "train", help="train a net (default: mnist-mlp on digits on XLA)")
     sp.add_argument("net", nargs="?", default=None, help="a zoo name or a .toml/.json spec (default mnist-mlp)")
-    sp.add_argument("--net", dest="net_flag", metavar="NET", help="the net, as a flag (the same as NET; default mnist-mlp)")
+    sp.add_argument("--net", dest="net_flag", metavar="NET",
+                    help="the net, as a flag (the same as NET; default mnist-mlp)")
     sp.add_argument("--config", help="a config.toml (e.g. a run's own); flags given here override it (default: none)")
     net_opts(sp)
     sp.add_argument("--data", help="a dataset plugin (`hloforge plugins` lists them)")
@@ -542,7 +543,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"hloforge: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except MemoryError as e:  # a size asked for (a batch, an input shape) that does not fit, not a bug
-        print(f"hloforge: error: out of host memory ({_one_line(e)}); ask for a smaller batch or input", file=sys.stderr)
+        print(f"hloforge: error: out of host memory ({_one_line(e)}); ask for a smaller batch or input",
+              file=sys.stderr)
         return EXIT_BAD_INPUT
     except Exception as e:
         if debug:
