@@ -91,7 +91,7 @@ def _eval(args: argparse.Namespace) -> None:
 def _verify(args: argparse.Namespace) -> int:
     from hloforge.testing.verify import verify
 
-    return 1 if verify(args.names) else 0
+    return EXIT_FAILED if verify(args.names) else EXIT_OK
 
 
 def _generate(args: argparse.Namespace) -> None:

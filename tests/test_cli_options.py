@@ -46,7 +46,8 @@ def _typed_options() -> list[tuple[tuple[str, ...], str, argparse.Action]]:
 OPTIONS = _typed_options()
 # the edges every option is tried with: zero, negative, nan, inf, huge, non-numeric, and a few plain ones
 EDGES = ["0", "-0", "-1", "1", "2", "0.5", "1.5", "1e-3", "nan", "-nan", "inf", "-inf", "1e400", "1e39", "3e38",
-         str(I64_MAX), str(I64_MAX + 1), "9" * 30, "9" * 40, "1e3", "0x10", "", " ", "abc", "1,2", "3,32,32", "1_000", "٣"]
+         str(I64_MAX), str(I64_MAX + 1), "9" * 30, "9" * 40, "1e3", "0x10", "", " ", "abc", "1,2", "3,32,32",
+         "1_000", "٣"]
 
 
 def attempt(path: tuple[str, ...], flag: str, value: str) -> tuple[argparse.Namespace | None, str]:
