@@ -1,16 +1,24 @@
-"""The `hloforge` command: plugins, render, train, and one-line errors with exit code 2."""
+"""The `hloforge` command: plugins, render, train, its help and version, and its exit codes (0 ok,
+1 a failed check, 2 usage, 3 bad input in one line, 4 an internal error with its traceback's file)."""
 
 from __future__ import annotations
 
+import argparse
+import importlib.metadata
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from hloforge import cli
 from hloforge.backends.xla import default_client
-from hloforge.cli import main
+from hloforge.cli import EXIT_CODES, main, parser
+from hloforge.core.variant import Variant
+from hloforge.train.trainer import TrainConfig
+from hloforge.zoo import NETS, get_net
 
 BUILTINS = {
     "layer": {"dense", "conv2d", "flatten", "maxPool", "globalAvgPool", "relu", "relu6", "gelu", "swish",
@@ -59,9 +67,9 @@ def test_render_from_a_toml_spec(tmp_path, capsys):
     (["render", "mnist-mlp", "--out", "x", "--loss", "mse", "--label-smoothing", "0.1"], "label_smoothing"),
     (["train", "--data", "imagenet"], "unknown dataset 'imagenet'"),
 ])
-def test_bad_input_is_one_line_and_exit_2(argv, needle, capsys, tmp_path, monkeypatch):
+def test_bad_input_is_one_line_and_exit_3(argv, needle, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert main(argv) == 2
+    assert main(argv) == 3
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and needle in err, err
 
@@ -70,9 +78,10 @@ def test_shape_mismatch_names_the_layer(tmp_path, capsys):
     spec = tmp_path / "bad.json"
     spec.write_text(json.dumps({"name": "bad", "input_shape": [1, 8, 8], "num_classes": 10,
                                 "layers": [{"kind": "conv2d", "out": 4}, {"kind": "dense", "units": 10}]}))
-    assert main(["render", str(spec), "--out", str(tmp_path / "o")]) == 2
+    assert main(["render", str(spec), "--out", str(tmp_path / "o")]) == 3
     err = capsys.readouterr().err
     assert "layer 1 (dense(" in err and "flatten" in err
+    assert not (tmp_path / "o").exists()  # a refused net writes nothing
 
 
 def test_train_default_job_learns_digits(tmp_path):
@@ -94,6 +103,121 @@ def test_classes_and_input_reshape_a_zoo_net(tmp_path, capsys):
     assert main(["render", "resnet18", "--classes", "10", "--input", "3,32,32", "--out", str(tmp_path)]) == 0
     assert "11,181,642 params" in capsys.readouterr().err  # 11,689,512 − 513·1000 + 513·10
     assert "tensor<128x3x32x32xf32>" in (tmp_path / "resnet18_fwd.mlir").read_text()
-    with pytest.raises(SystemExit):  # argparse: exit 2 with the usage line
-        main(["render", "resnet18", "--input", "3,x", "--out", str(tmp_path)])
-    assert "expected a shape like 3,32,32" in capsys.readouterr().err
+    assert main(["render", "resnet18", "--input", "3,x", "--out", str(tmp_path)]) == 2  # argparse: usage
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "argument --input: expected a shape like 3,32,32" in err, err
+
+
+# The loss `train` picks for each zoo family on its own dataset (README), where it is not crossEntropy.
+FAMILY_LOSS = {"tinygpt": ("tokenCrossEntropy", "text"), "unet": ("perPixelCE", "shapes"),
+               "ddpm": ("mse", "shapes"), "yolov1": ("yolov1", "shapes"), "fpn": ("fpnYolo", "shapes")}
+
+
+@pytest.mark.parametrize("net", sorted(NETS))
+def test_every_zoo_net_renders_with_the_loss_train_picks(net, tmp_path, capsys):
+    """render builds the train step with the loss `train` would (tasks.default_loss), not always
+    crossEntropy: unet, ddpm-mini and the language models were refused before."""
+    loss, data = next((v for k, v in FAMILY_LOSS.items() if net.startswith(k)), ("crossEntropy", "digits"))
+    spec = get_net(net)
+    assert TrainConfig(net=net, data=data).variant(spec).loss == loss  # what `hloforge train NET --data DATA` uses
+    assert main(["render", net, "--out", str(tmp_path), "--batch", "1"]) == 0
+    slug = Variant(loss=loss).slug
+    assert (tmp_path / f"{spec.ident}_{slug}_train_step.mlir").exists(), sorted(p.name for p in tmp_path.iterdir())
+    assert len(list(tmp_path.iterdir())) == 3
+
+
+def test_render_data_picks_the_loss_on_that_dataset(tmp_path, capsys):
+    # unet-mini on digits (no masks) has no default loss: the same refusal `train` gives
+    assert main(["render", "unet-mini", "--data", "digits", "--out", str(tmp_path / "o")]) == 3
+    assert "pass --loss" in capsys.readouterr().err and not (tmp_path / "o").exists()
+    assert main(["render", "unet-mini", "--data", "shapes", "--out", str(tmp_path / "o"), "--batch", "1"]) == 0
+
+
+def test_bare_hloforge_prints_help_and_runs_nothing(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "hloforge.cli"], capture_output=True, text=True, timeout=120,
+                       cwd=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.startswith("usage: hloforge") and "train" in r.stderr and "exit codes:" in r.stderr
+    assert list(tmp_path.iterdir()) == []  # no runs/: it used to start the default training run
+
+
+def test_version_is_the_distribution_metadata(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"hloforge {importlib.metadata.version('hloforge')}"
+
+
+def _parsers(p: argparse.ArgumentParser, path: str = "hloforge"):
+    """Every parser under `p` (sub-commands, and prepare's datasets), with its command line."""
+    yield path, p
+    for a in p._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for name, q in a.choices.items():
+                yield from _parsers(q, f"{path} {name}")
+
+
+def test_every_flag_has_help_and_shows_its_default():
+    from hloforge import bench
+
+    checked = 0
+    for path, p in [*_parsers(parser()), ("hloforge bench", bench.parser())]:
+        fmt = p._get_formatter()
+        for a in p._actions:
+            if isinstance(a, argparse._HelpAction | argparse._VersionAction | argparse._SubParsersAction) or \
+                    a.help == argparse.SUPPRESS:  # bench's internal child-process flags
+                continue
+            name = "/".join(a.option_strings) or a.dest
+            assert a.help and a.help.strip(), f"{path} {name} has no help text"
+            text = fmt._expand_help(a)  # what -h prints for it, the formatter's default included
+            takes_value = a.nargs != 0  # a switch (--resume) says what it does, not a default
+            optional = bool(a.option_strings) or a.nargs in ("?", "*")
+            if takes_value and optional and not a.required:
+                assert "default" in text, f"{path} {name}: its help does not show its default: {text!r}"
+            checked += 1
+    assert checked > 100  # every subcommand's flags were walked, prepare's datasets' included
+
+
+def test_exit_codes_are_documented_in_help_and_readme(capsys):
+    assert main(["-h"]) == 0
+    out = capsys.readouterr().out
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = readme.split("## Exit codes", 1)[1].split("\n## ", 1)[0]
+    for code in EXIT_CODES:
+        assert f"\n  {code:<5}" in out, f"hloforge -h does not list exit code {code}"
+        assert f"| {code} |" in section, f"README's Exit codes section does not list {code}"
+
+
+def _boom(args):
+    raise RuntimeError("an invariant broke\nsecond line")
+
+
+def test_internal_error_is_one_line_naming_the_traceback_file(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HLOFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("HLOFORGE_DEBUG", raising=False)
+    monkeypatch.setattr(cli, "_plugins", _boom)
+    assert main(["plugins"]) == 4
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "internal error: RuntimeError: an invariant broke" in err, err
+    path = Path(err.split("the full traceback is in ")[1].split(",")[0])
+    assert path.parent == tmp_path / "cache" / "tracebacks"
+    text = path.read_text()
+    assert "Traceback (most recent call last)" in text and "_boom" in text and "second line" in text
+    monkeypatch.setenv("HLOFORGE_DEBUG", "1")  # the traceback itself, on stderr
+    assert main(["plugins"]) == 4
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "_boom" in err
+
+
+def test_interrupt_is_one_line_and_exit_130(capsys, monkeypatch):
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_plugins", interrupted)
+    assert main(["plugins"]) == 130
+    assert capsys.readouterr().err.strip() == "hloforge: interrupted"
+
+
+def test_a_file_that_cannot_be_written_is_bad_input(tmp_path, capsys):
+    (tmp_path / "f").write_text("")  # --out is a file: the directory cannot be made
+    assert main(["render", "mnist-linear", "--out", str(tmp_path / "f" / "o"), "--batch", "1"]) == 3
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(tmp_path / "f") in err, err

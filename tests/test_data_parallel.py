@@ -366,5 +366,5 @@ def test_cli_dp_training_and_sharded_eval_print_the_same_top1(tmp_path, capsys):
     # by the ShardedForwardSession tests above; a sharding bug moves far more than one image.
     assert max(counts) - min(counts) <= 1, counts
     assert main(["train", "mnist-linear", "--epochs", "1", "--replicas", "3", "--batch", "30", "--devices", "2",
-                 "--run-dir", str(tmp_path / "r3")]) == 2
+                 "--run-dir", str(tmp_path / "r3")]) == 3
     assert "needs 3 devices" in capsys.readouterr().err

@@ -337,7 +337,7 @@ def test_an_unknown_data_option_names_the_accepted_ones(tmp_path, capsys) -> Non
     from hloforge.cli import main
 
     assert main(["train", "yolov1-mini", "--data", "shapes", "--data-opt", "sizze=48", "--run-dir",
-                 str(tmp_path / "r")]) == 2
+                 str(tmp_path / "r")]) == 3
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "dataset 'shapes' does not take option(s) ['sizze']; its options are ['size', 'n_train'" in err
@@ -349,7 +349,7 @@ def test_a_detector_refuses_streaming_workers(tmp_path, capsys) -> None:
     from hloforge.cli import main
 
     assert main(["train", "fpn-mini", "--data", "shapes", "--data-opt", "n_train=64", "--data-opt", "n_test=8",
-                 "--workers", "1", "--run-dir", str(tmp_path / "r")]) == 2
+                 "--workers", "1", "--run-dir", str(tmp_path / "r")]) == 3
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "encoded in process" in err and "--workers 0" in err
     assert not (tmp_path / "r").exists()
@@ -376,7 +376,7 @@ def test_train_and_detect_end_to_end(tmp_path, capsys) -> None:
     assert Image.open(out).size == (256, 256)
     capsys.readouterr()
     # detect rebuilt the run's dataset with its stored options: 40 test images, not the default 256
-    assert main(["detect", str(run), "--index", "40"]) == 2
+    assert main(["detect", str(run), "--index", "40"]) == 3
     assert "the run's test split has 40 images" in capsys.readouterr().err
     # An image file, normalised as the run's dataset normalises its own images.
     raw = Shapes(n_train=512, n_test=40)._generate(1, 1)[0][0]  # test image 0 as drawn

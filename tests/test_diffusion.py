@@ -248,7 +248,7 @@ def test_train_a_tiny_ddpm_and_sample_a_grid(tmp_path, capsys):
     ema = sample_run(str(run_dir), 2, str(tmp_path / "ema.png"), region="ema", clip=False, log=lambda _: None)
     assert live.shape == (2, 3, 16, 16) and not np.allclose(live, ema)  # the shadow is other weights
     # a DDPM's input is its images and the time plane: shapes at 32² does not fit this 16² net
-    assert main(["train", str(path), "--data", "shapes", "--run-dir", str(tmp_path / "r2")]) == 2
+    assert main(["train", str(path), "--data", "shapes", "--run-dir", str(tmp_path / "r2")]) == 3
     assert ("a DDPM on 3-channel images [16, 16] takes input [4, 16, 16] (the images and the time channel) and "
             "predicts [3, 16, 16]; net 'ddpm-tiny' takes [4, 16, 16], dataset 'shapes' gives [3, 32, 32]") in \
         capsys.readouterr().err
@@ -257,5 +257,5 @@ def test_train_a_tiny_ddpm_and_sample_a_grid(tmp_path, capsys):
     assert main(["train", str(path), *data, "--epochs", "1", "--batch", "32", "--diffusion-steps", "40",
                  "--beta-start", "1e-3", "--beta-end", "0.4", "--run-dir", str(plain), "--no-progress"]) == 0
     capsys.readouterr()
-    assert main(["sample", str(plain), "-n", "1", "--region", "ema", "--out", str(tmp_path / "x.png")]) == 2
+    assert main(["sample", str(plain), "-n", "1", "--region", "ema", "--out", str(tmp_path / "x.png")]) == 3
     assert "has no EMA shadow" in capsys.readouterr().err

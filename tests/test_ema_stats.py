@@ -89,7 +89,7 @@ def test_the_shadow_is_scored_with_its_own_bn_stats_and_a_checkpoint_without_the
             evaluate_checkpoint(str(run_dir), region=region, log=lambda s: None)
     assert evaluate_checkpoint(str(run_dir), region="live", log=lambda s: None).top1 == m["correct"]
     capsys.readouterr()
-    assert main(["eval", str(run_dir), "--region", "ema"]) == 2
+    assert main(["eval", str(run_dir), "--region", "ema"]) == 3
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--region live" in err, err
     with pytest.raises(DataError, match="no BatchNorm statistics for its EMA shadow"):

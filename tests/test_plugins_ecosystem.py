@@ -194,7 +194,7 @@ def test_verify_fails_on_broken_plugins_and_unknown_names(troubled_site: Path) -
     assert any(r.startswith("broken") and "hloforge-future" in r and "FAIL" in r for r in rows), proc.stdout
     assert rows[-1] == "verify: 1 passed, 1 failed"
     proc = hloforge_cli(env, "verify", "noSuchLayer")
-    assert proc.returncode == 2 and "no plugin or distribution named ['noSuchLayer']" in proc.stderr
+    assert proc.returncode == 3 and "no plugin or distribution named ['noSuchLayer']" in proc.stderr
 
 
 # ------------------------------------------------------------------ the example distribution

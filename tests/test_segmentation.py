@@ -226,10 +226,10 @@ def test_train_and_eval_a_tiny_unet_on_shapes(tmp_path, capsys):
     assert not (run_dir / "eval_correct.npz").exists()  # a per-image bitmap is classification's
     assert main(["eval", str(run_dir)]) == 0
     assert f"test mIoU {epoch['miou']:.4f}" in capsys.readouterr().out
-    assert main(["train", "--net", str(path), "--data", "digits", "--run-dir", str(tmp_path / "r2")]) == 2
+    assert main(["train", "--net", str(path), "--data", "digits", "--run-dir", str(tmp_path / "r2")]) == 3
     assert "no task trains net 'unet-tiny' (output [4, 32, 32]) on dataset 'digits' by default; pass --loss" in \
         capsys.readouterr().err
     assert main(["train", "--net", str(path), "--data", "digits", "--loss", "dice", "--run-dir",
-                 str(tmp_path / "r3")]) == 2
+                 str(tmp_path / "r3")]) == 3
     assert "predicts per-pixel classes [4, 32, 32]; dataset 'digits' has no per-pixel masks" in \
         capsys.readouterr().err

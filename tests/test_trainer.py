@@ -133,7 +133,7 @@ def test_refusals(tmp_path, capsys, monkeypatch):
     path = os.path.join(run, CHECKPOINT)
     data = open(path, "rb").read()
     open(path, "wb").write(data[: len(data) // 3])
-    assert main(["eval", run]) == 2
+    assert main(["eval", run]) == 3
     assert "truncated" in capsys.readouterr().err
 
 
@@ -145,7 +145,7 @@ def test_compare_refuses_different_eval_sets(tmp_path, capsys):
     z = dict(np.load(tmp_path / "b" / "eval_correct.npz"))
     z["set_id"] = np.array("digits:test:360:0000")
     np.savez(tmp_path / "b" / "eval_correct.npz", **z)
-    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 2
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 3
     assert "different eval sets" in capsys.readouterr().err
 
 
@@ -157,15 +157,15 @@ def test_nan_loss_stops_with_the_step_and_keeps_the_checkpoint(tmp_path):
     assert meta["epoch"] == 1 and math.isfinite(meta["step"])
 
 
-@pytest.mark.parametrize("argv,needle", [
-    (["train", "--epochs", "0"], "epochs and batch must be positive"),
-    (["train", "--lr", "-1"], "lr must be a positive number"),
-    (["train", "--config", "/nonexistent.toml"], "cannot read it as TOML"),
-    (["train", "--batch", "5000"], "larger than the 1437-image training split"),
+@pytest.mark.parametrize("argv,rc,needle", [
+    (["train", "--epochs", "0"], 2, "argument --epochs: expected an integer ≥ 1, got '0'"),  # usage (argparse)
+    (["train", "--lr", "-1"], 2, "argument --lr: expected a finite number > 0"),
+    (["train", "--config", "/nonexistent.toml"], 3, "cannot read it as TOML"),  # bad input (HloforgeError)
+    (["train", "--batch", "5000"], 3, "larger than the 1437-image training split"),
 ])
-def test_bad_train_options(argv, needle, capsys, tmp_path, monkeypatch):
+def test_bad_train_options(argv, rc, needle, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert main(argv) == 2
+    assert main(argv) == rc
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and needle in err, err
     assert not (tmp_path / "runs").exists()  # nothing written
@@ -183,7 +183,7 @@ def test_cross_backend_resume_needs_the_flag(tmp_path, monkeypatch):
 
 def test_eval_region_ema_is_refused_without_a_shadow(tmp_path, capsys):
     train(cfg(tmp_path, epochs=1), progress=False)
-    assert main(["eval", str(tmp_path / "run"), "--region", "ema"]) == 2
+    assert main(["eval", str(tmp_path / "run"), "--region", "ema"]) == 3
     assert "no EMA shadow" in capsys.readouterr().err
 
 
@@ -192,5 +192,5 @@ def test_cam_writes_a_heatmap_overlay(tmp_path, capsys):
     out = tmp_path / "cam.png"
     assert main(["cam", str(tmp_path / "run"), "test:3", "--out", str(out)]) == 0
     assert out.stat().st_size > 1000 and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert main(["cam", str(tmp_path / "run"), "test:9999", "--out", str(out)]) == 2
+    assert main(["cam", str(tmp_path / "run"), "test:9999", "--out", str(out)]) == 3
     assert "expected test:N with 0 ≤ N < 360" in capsys.readouterr().err

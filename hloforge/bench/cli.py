@@ -52,7 +52,8 @@ from hloforge.bench.timing import _in_child, dispatch_us, measure, measure_isola
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hloforge bench", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--nets", default="mnist-mlp,mnist-cnn", help="comma-separated zoo nets (or spec files)")
+    p.add_argument("--nets", default="mnist-mlp,mnist-cnn",
+                   help="comma-separated zoo nets (or spec files; default %(default)s)")
     p.add_argument("--batch", type=int, default=None,
                    help="per-step batch (default 128; with --suite each net's own: " +
                    ", ".join(f"{n} {b}" for n, b in SUITE) + ")")
@@ -61,21 +62,26 @@ def parser() -> argparse.ArgumentParser:
                    help=f"measure the sgemm roofline ({SGEMM_N}³ f32) and report GFLOP/s against it")
     p.add_argument("--steps", type=int, default=None,
                    help=f"timed steps per (net, backend); default {DEFAULT_STEPS}, else 10")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps after compile (at least 1)")
+    p.add_argument("--warmup", type=int, default=3,
+                   help="untimed steps after compile (at least 1; default %(default)s)")
     p.add_argument("--rounds", type=int, default=1,
                    help="measure each net's backends this many times, alternating, and pool the steps: "
-                        "a ratio then compares steps from the same stretches of time")
+                        "a ratio then compares steps from the same stretches of time (default %(default)s)")
     p.add_argument("--backends", default=",".join(BACKENDS),
-                   help=f"comma-separated subset of {', '.join(BACKENDS)}; unavailable ones are skipped with a note")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dispatch-calls", type=int, default=2000, help="0 skips the dispatch measurement")
+                   help=f"comma-separated subset of {', '.join(BACKENDS)}; unavailable ones are skipped with a note "
+                        "(default: all)")
+    p.add_argument("--lr", type=float, default=1e-3, help="the steps' learning rate (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seeds the weights and the batch (default %(default)s)")
+    p.add_argument("--dispatch-calls", type=int, default=2000,
+                   help="0 skips the dispatch measurement (default %(default)s)")
     # Every backend in a process of its own by default: XLA (jaxlib's and the plugin's), IREE and
     # PyTorch each keep worker threads that spin after a step and slowed whichever ran next in one process.
     p.add_argument("--isolate", default=",".join(BACKENDS),
-                   help="backends measured in a child process killed after --cap-s (comma-separated; '' for none)")
-    p.add_argument("--cap-s", type=float, default=600.0, help="time cap per isolated (net, backend), seconds")
-    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+                   help="backends measured in a child process killed after --cap-s (comma-separated; '' for none; "
+                        "default: all)")
+    p.add_argument("--cap-s", type=float, default=600.0,
+                   help="time cap per isolated (net, backend), seconds (default %(default)s)")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON (default: not written)")
     p.add_argument("--autotune", action="store_true",
                    help="render hloforge's steps with autotuned per-layer strategies (the same as "
                         "HLOFORGE_AUTOTUNE=1; the tuning time is not in the compile time)")

@@ -140,7 +140,8 @@ class SegmentationTask(Task):
     @classmethod
     def default_loss(cls, spec: NetSpec, data_cls: Any) -> str | None:
         out = spec.walk()[-1].out_shape
-        return "perPixelCE" if len(out) == 3 and getattr(data_cls, "label_kind", "class") == "mask" else None
+        masks = data_cls is None or getattr(data_cls, "label_kind", "class") == "mask"  # None: the net alone
+        return "perPixelCE" if len(out) == 3 and masks else None
 
     @property
     def regions(self) -> segmentation.Regions:
@@ -286,19 +287,21 @@ TASKS: dict[str, type[Task]] = {t.kind: t for t in (DiffusionTask, DetectionTask
                                                      ClassificationTask)}
 
 
-def default_loss(spec: NetSpec, data: str) -> str:
-    """The loss a net trains with on a dataset (by name) when none is asked for."""
+def default_loss(spec: NetSpec, data: str | None) -> str:
+    """The loss a net trains with on a dataset (by name) when none is asked for; `data` None: the
+    net's own, read off its output alone (what `hloforge render` builds without --data)."""
     if len(spec.walk()[-1].out_shape) == 2:
         return "tokenCrossEntropy"  # per-token logits: a language model
     from hloforge.core.registry import default_registry
 
-    data_cls = default_registry().get("dataset", data)
+    data_cls = None if data is None else default_registry().get("dataset", data)
     for task in TASKS.values():
         loss = task.default_loss(spec, data_cls)
         if loss:
             return loss
-    raise UnsupportedSpec(f"no task trains net {spec.name!r} (output {list(spec.walk()[-1].out_shape)}) on dataset "
-                          f"{data!r} by default; pass --loss")
+    on = f" on dataset {data!r}" if data is not None else ""
+    raise UnsupportedSpec(f"no task trains net {spec.name!r} (output {list(spec.walk()[-1].out_shape)}){on} by "
+                          "default; pass --loss")
 
 
 def make_task(run: Any) -> Task:
