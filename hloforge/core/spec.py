@@ -1,4 +1,4 @@
-"""A net is data: NetSpec, the Layer base, ParamSlot, the shape walk and initialisation.
+"""A net is data: NetSpec, ParamSlot, the shape walk and initialisation (the Layer and Loss bases: contracts).
 
 Shapes in a spec exclude the batch axis; the builder sees [B, *shape].
 `ParamSlot` is the one definition the train-step signature, initialisation,
@@ -12,15 +12,19 @@ import math
 import re
 import tomllib
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
 
+# the bases live with the other contracts; re-exported so `from hloforge.core.spec import Layer` keeps working
+from hloforge.core.contracts import Layer as Layer
+from hloforge.core.contracts import Loss as Loss
+from hloforge.core.contracts import layer_fields as layer_fields
 from hloforge.core.errors import PluginError, UnsupportedSpec
 
 if TYPE_CHECKING:
-    from hloforge.core.hlo import Builder, Value
+    from hloforge.core.hlo import Value
     from hloforge.core.registry import Registry
 
 Shape = tuple[int, ...]
@@ -115,102 +119,6 @@ class Ctx:
     layout: str = "NCHW"
 
 
-class Layer:
-    """Base of layer plugins: attrs frozen subclasses whose fields are the layer's options.
-
-    A subclass sets `kind` (its registered name) and implements `out_shape`,
-    `forward` and `reference`; `param_slots` when it has parameters.
-    `forward` raises `UnsupportedSpec(reason)`-free code: every refusal belongs in
-    `out_shape`, which the shape walk calls first.
-    """
-
-    kind: ClassVar[str]
-    # The lowering-strategy kinds (core/strategy.py) this layer's forward may consult; the gate runs
-    # each of its cases once per choice of each kind `strategies_for` names for that case.
-    strategy_kinds: ClassVar[tuple[str, ...]] = ()
-
-    def out_shape(self, in_shape: Shape) -> Shape:
-        raise NotImplementedError  # abstract
-
-    def param_slots(self, in_shape: Shape) -> tuple[ParamSlot, ...]:
-        return ()
-
-    def stat_slots(self, in_shape: Shape) -> tuple[StatSlot, ...]:
-        return ()
-
-    def mask_slots(self, in_shape: Shape) -> tuple[MaskSlot, ...]:
-        return ()
-
-    def skip_out(self, in_shape: Shape) -> Shape | None:
-        """The shape of the tensor this layer's forward pushes on `ctx.skips` (a U-Net encoder
-        level leaves its pre-pool features there), or None. The walk checks every pushed skip
-        is taken by exactly one later layer."""
-        return None
-
-    def skip_in(self, in_shape: Shape) -> Shape | None:
-        """The shape of the skip this layer's forward pops off `ctx.skips` (the most recent one
-        pushed), or None."""
-        return None
-
-    def strategies_for(self, in_shape: Shape) -> tuple[str, ...]:
-        """The strategy kinds the forward consults on this input (default: all of `strategy_kinds`)."""
-        return self.strategy_kinds
-
-    def supports_nhwc(self, in_shape: Shape) -> bool:
-        """Whether `forward` takes (and returns) an NHWC image when `ctx.layout` is "NHWC", so a
-        net rendered with layout=nhwc keeps NHWC through it instead of transposing around it."""
-        return False
-
-    def forward(self, b: Builder, x: Value, params: Mapping[str, Value], ctx: Ctx) -> Value:
-        raise NotImplementedError  # abstract
-
-    def reference(self, params: Mapping[str, Any], x: Any, ctx: Ctx) -> Any:
-        """The same map in plain jax.numpy, written independently of the builder (the gate's oracle)."""
-        raise NotImplementedError  # abstract
-
-    @classmethod
-    def gate_cases(cls) -> list[tuple[Layer, Shape]]:
-        """Instances and input shapes (no batch) on which the gate checks this layer."""
-        return []
-
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"kind": self.kind}
-        for f in layer_fields(self):
-            v = getattr(self, f.name)
-            d[f.name] = list(v) if isinstance(v, tuple) else v
-        return d
-
-
-class Loss:
-    """Base of loss plugins: attrs frozen subclasses whose fields are the loss's options.
-
-    `forward` maps logits [B, *out] and labels to a scalar (mean over the batch).
-    """
-
-    name: ClassVar[str]
-
-    def label_spec(self, out_shape: Shape) -> tuple[Shape, str]:
-        """Per-example label shape (no batch) and element type ('i32' class ids, 'f32' targets)."""
-        raise NotImplementedError  # abstract
-
-    def check(self, out_shape: Shape) -> None:
-        """Raise UnsupportedSpec if this loss cannot apply to outputs of this shape."""
-
-    def forward(self, b: Builder, logits: Value, y: Value) -> Value:
-        raise NotImplementedError  # abstract
-
-    def reference(self, logits: Any, y: Any) -> Any:
-        raise NotImplementedError  # abstract
-
-    def sample_labels(self, rng: np.random.Generator, batch: int, out_shape: Shape) -> np.ndarray:
-        """Labels the gate feeds this loss."""
-        raise NotImplementedError  # abstract
-
-    @classmethod
-    def gate_cases(cls) -> list[tuple[Loss, Shape]]:
-        return []
-
-
 def sanitize(name: str) -> str:
     """A string as an MLIR identifier: lower-case, every non-alphanumeric character replaced by _."""
     return re.sub(r"[^a-z0-9]", "_", name.lower())
@@ -253,7 +161,7 @@ class NetSpec:
         # (per-pixel logits, a DDPM's predicted noise)
         nc = self.num_classes
         # A detection head (yolov1Head, fpnDetect) lays its output out itself and says its class count.
-        head: int | None = getattr(out[-1].layer, "head_classes", None)
+        head = out[-1].layer.head_classes
         if head is not None:
             if head != nc:
                 raise UnsupportedSpec(f"net {self.name!r} ends in a {out[-1].layer.kind} head for {head} classes, "
@@ -335,12 +243,6 @@ class NetSpec:
         except (ValueError, tomllib.TOMLDecodeError) as e:
             raise UnsupportedSpec(f"{path}: not a valid spec file: {e}") from None
         return cls.from_dict(d, registry, source=path)
-
-
-
-def layer_fields(layer: Layer) -> tuple[attrs.Attribute[Any], ...]:
-    """A layer's options: the fields of its class (every Layer subclass is an attrs class; the base is not)."""
-    return tuple(attrs.fields(cast("type[attrs.AttrsInstance]", type(layer))))
 
 
 def walk_layers(layers: Sequence[Layer], in_shape: Shape) -> list[LayerShapes]:
