@@ -10,7 +10,6 @@ import textwrap
 import numpy as np
 import pytest
 
-from hloforge.backends.base import Backend
 from hloforge.core.errors import BackendError
 from hloforge.core.modules import train_step_module
 from hloforge.core.registry import default_registry
@@ -57,8 +56,7 @@ def rel(a, b) -> float:
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-def test_interface_and_name(iree):
-    assert isinstance(iree, Backend) and isinstance(make_backend("xla"), Backend)
+def test_interface_and_name(iree):  # the Backend protocol itself: tests/test_backend_conformance.py
     assert iree.backend_name().startswith("iree (llvm-cpu, compiler ")
     assert "--iree-llvmcpu-target-cpu=host" in iree.flags
 
@@ -115,13 +113,6 @@ def test_aliasing_stripped_for_iree_only():
 
     text = "%a: tensor<2xf32> {tf.aliasing_output = 0 : i32}, %b: tensor<f32> {x = 1, tf.aliasing_output = 3 : i32}"
     assert strip_aliasing(text) == "%a: tensor<2xf32>, %b: tensor<f32> {x = 1}"
-
-
-def test_to_host_is_a_copy(iree):
-    w = iree.to_device(W)
-    host = iree.to_host(w)
-    host += 1  # the CPU driver maps device memory; a view would write through
-    np.testing.assert_array_equal(iree.to_host(w), W)
 
 
 def test_wrong_dtype_or_shape_refused_before_execution(iree):
