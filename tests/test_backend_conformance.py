@@ -98,6 +98,36 @@ def test_a_third_party_backend_is_checked_by_name(xla):
     assert all(r.passed for r in results), [r.line() for r in results if not r.passed]
 
 
+class OneDeviceOnly:
+    """A backend with only the required members (docs/plugins.md's example): one device, no replicas."""
+
+    name: ClassVar[str] = "oneDevice"
+
+    def __init__(self) -> None:
+        self.be = Wrapped.inner
+
+    def backend_name(self) -> str:
+        return "one device"
+
+    def compile(self, mlir_text: str, num_replicas: int = 1) -> Any:
+        if num_replicas != 1:
+            raise BackendError(f"num_replicas={num_replicas}: this backend runs one device")
+        return self.be.compile(mlir_text)
+
+    def to_device(self, array: np.ndarray, borrow: bool = False) -> Any:
+        return self.be.to_device(array, borrow)
+
+    def to_host(self, buffer: Any) -> np.ndarray:
+        return np.asarray(self.be.to_host(buffer))
+
+    def execute(self, exe: Any, args: Any, keep: Any = ()) -> list[Any]:
+        return list(self.be.execute(exe, args, keep=keep))
+
+
+def test_the_replica_members_are_optional(xla):
+    assert [r.line() for r in run_conformance(OneDeviceOnly()) if not r.passed] == []
+
+
 class ViewToHost(Wrapped):
     """to_host hands out one cached array per buffer: a write to it shows on the next read."""
 

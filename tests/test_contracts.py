@@ -55,8 +55,8 @@ def test_every_contract_member_is_documented():
         declared["Layer"]
     assert {"name", "label_kind", "label_spec", "sample_labels"} <= declared["Loss"]
     assert {"name", "state", "scalars", "layout_free", "weight_decay"} <= declared["Optimizer"]
-    assert {"name", "backend_name", "compile", "to_device", "to_host", "execute", "execute_replicated"} <= \
-        declared["Backend"]
+    assert {"name", "backend_name", "compile", "to_device", "to_host", "execute"} <= declared["Backend"]
+    assert {"device_count", "execute_replicated", "fingerprint", "input_slot"} <= declared["BackendExtras"]
     assert {"name", "num_classes", "splits", "label_kind", "image_shape", "regions", "arrays"} <= declared["Dataset"]
 
 

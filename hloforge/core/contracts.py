@@ -271,10 +271,6 @@ class Backend(Protocol):
         may alias its memory instead of copying."""
         ...
 
-    def device_count(self) -> int:
-        """How many devices this backend instance can run replicas on."""
-        ...
-
     def to_host(self, buffer: Any) -> np.ndarray:
         """A host copy of a device buffer (a copy: later in-place updates do not show through)."""
         ...
@@ -284,17 +280,24 @@ class Backend(Protocol):
         execution, naming the argument. Donated inputs are consumed unless listed in `keep`."""
         ...
 
-    def execute_replicated(self, exe: Any, per_replica: Sequence[Sequence[Any]],
-                           keep: Sequence[int] = ()) -> list[list[Any]]:
-        """Run an executable compiled for N replicas: `per_replica[r]` are replica r's arguments,
-        on device r; returns each replica's outputs. A backend that cannot raises BackendError
-        (never a quiet run on one device)."""
-        ...
 
 
 class BackendExtras(Protocol):
     """What a backend may add to `Backend`. Each is optional: its readers look it up with `getattr`
-    and fall back as said (so these are not members of the runtime-checkable `Backend`)."""
+    or `hasattr` and fall back as said (so these are not members of the runtime-checkable `Backend`)."""
+
+    def device_count(self) -> int:
+        """How many devices this backend instance can run replicas on. Default 1 (a backend without it
+        is one device, and data-parallel runs on it are refused). Read by `hloforge.train.parallel`."""
+        ...
+
+    def execute_replicated(self, exe: Any, per_replica: Sequence[Sequence[Any]],
+                           keep: Sequence[int] = ()) -> list[list[Any]]:
+        """Run an executable compiled for N replicas: `per_replica[r]` are replica r's arguments,
+        on device r (placed there by `to_device(array, device=r)`); returns each replica's outputs.
+        A backend that cannot raises BackendError (never a quiet run on one device). Read by the
+        data-parallel session (`hloforge.train.parallel`)."""
+        ...
 
     def fingerprint(self) -> str:
         """What a compiled program's speed depends on besides its text (compiler and plugin
