@@ -23,7 +23,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from hloforge.core.hlo import Builder, Value
-    from hloforge.core.spec import Ctx, MaskSlot, ParamSlot, Shape, StatSlot
+    from hloforge.core.slots import Ctx, MaskSlot, ParamSlot, Shape, StatSlot
 
 __all__ = ["Backend", "BackendExtras", "BoxSource", "Dataset", "Executable", "Layer", "Loss", "Optimizer",
            "RecordSource", "TextSource", "layer_fields"]
