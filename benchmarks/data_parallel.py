@@ -89,7 +89,7 @@ def probe() -> dict[str, Any]:
 
     callbacks = {k: recorder(k) for k in ("kv_get", "kv_try_get", "kv_put")}
     options = {"cpu_device_count": 1, "node_id": 1, "num_nodes": 2}
-    array, keep = pjrt._named_values(options)
+    array, keep = pjrt.api._named_values(options)
     created = api.call("Client_Create", "creating a client with a KV store", create_options=array,
                        num_options=len(options), **{f"{k}_callback": pjrt.ffi.cast("void*", c)
                                                     for k, c in callbacks.items()})

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from hloforge import bench
+from hloforge.core.errors import UnsupportedSpec
 
 pytest.importorskip("jax")
 pytest.importorskip("optax")
@@ -44,7 +45,7 @@ def test_a_round_that_fails_is_said_and_the_others_still_count(monkeypatch, tmp_
             raise RuntimeError("the machine fell over")
         return bench.Result(net, backend, batch, [1.0] * steps, 0.1, 2.0)
 
-    monkeypatch.setattr(bench, "measure", measure)
+    monkeypatch.setattr(bench.cli, "measure", measure)
     out = tmp_path / "r.json"
     bench.main(["--nets", "mnist-linear", "--batch", "4", "--steps", "2", "--rounds", "3", "--isolate", "",
                 "--backends", "hloforge-xla", "--dispatch-calls", "0", "--no-roofline", "--json", str(out)])
@@ -54,7 +55,7 @@ def test_a_round_that_fails_is_said_and_the_others_still_count(monkeypatch, tmp_
 
 
 def test_bench_skips_unavailable_backend_with_a_note(monkeypatch, capsys):
-    monkeypatch.setattr(bench, "hloforge_backend_names", lambda: ["xla"])
+    monkeypatch.setattr(bench.common, "hloforge_backend_names", lambda: ["xla"])
     rc = bench.main(["--nets", "mnist-linear", "--batch", "4", "--steps", "1", "--warmup", "1",
                      "--backends", "hloforge-iree", "--dispatch-calls", "5"])
     assert rc == 0
@@ -77,7 +78,7 @@ def test_torch_peer_matches_first_step_loss():
 
 def test_net_reference_with_an_input_shape():
     assert bench.load_net("vit-mini:3x32x32").input_shape == (3, 32, 32)
-    with pytest.raises(bench.UnsupportedSpec, match="CxHxW"):
+    with pytest.raises(UnsupportedSpec, match="CxHxW"):
         bench.load_net("vit-mini:3xbig")
 
 

@@ -115,6 +115,14 @@ def test_aliasing_stripped_for_iree_only():
     assert strip_aliasing(text) == "%a: tensor<2xf32>, %b: tensor<f32> {x = 1}"
 
 
+def test_the_iree_backend_loads_no_pjrt_module():
+    """The signature parsing it shares with XLA is backend-neutral: importing it loads no PJRT cffi
+    declarations (a fresh process: this one has loaded the XLA backend already)."""
+    script = "import sys, hloforge.backends.iree.backend; print([m for m in sys.modules if 'pjrt' in m])"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]"
+
+
 def test_wrong_dtype_or_shape_refused_before_execution(iree):
     exe = iree.compile(STEP)
     w = iree.to_device(W)

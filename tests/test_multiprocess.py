@@ -73,7 +73,7 @@ def plugin_child(rank: int, plugin: str) -> dict:
         return record
 
     callbacks = {slot: recorder(slot) for slot in ("kv_get", "kv_try_get", "kv_put")}
-    options, keep = pjrt._named_values({"cpu_device_count": 1, "process_id": rank})
+    options, keep = pjrt.api._named_values({"cpu_device_count": 1, "process_id": rank})
     client = api.call("Client_Create", "creating a client with a KV store", create_options=options,
                       num_options=2, **{f"{slot}_callback": pjrt.ffi.cast("void*", cb)
                                         for slot, cb in callbacks.items()}).client
@@ -100,7 +100,7 @@ def compile_all_reduce(api, client, assignment: list[list[int]]) -> str | None:
 
     code, fmt = pjrt.ffi.new("char[]", ALL_REDUCE.encode()), pjrt.ffi.new("char[]", b"mlir")
     program = pjrt.ffi.new("PJRT_Program*")
-    program.struct_size = pjrt._struct_size("PJRT_Program")
+    program.struct_size = pjrt.declarations._struct_size("PJRT_Program")
     program.code, program.code_size = code, len(ALL_REDUCE.encode())
     program.format, program.format_size = fmt, 4
     options = pjrt.compile_options(2, 1, assignment)

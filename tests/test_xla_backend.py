@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from hloforge.backends.signature import parse_main_signature
 from hloforge.backends.xla import Client, DeviceBuffer, default_client, find_plugin
-from hloforge.backends.xla.pjrt import PLUGIN_ENV_VAR, compile_options, parse_main_signature
+from hloforge.backends.xla.pjrt import PLUGIN_ENV_VAR, compile_options
 from hloforge.core.errors import BackendError
 
 ADD = """module @add {{
@@ -245,7 +246,7 @@ def test_no_plugin_installed(monkeypatch):
     from hloforge.backends.xla import pjrt
 
     monkeypatch.delenv(PLUGIN_ENV_VAR, raising=False)
-    monkeypatch.setattr(pjrt, "_PLUGIN_FINDERS", [("some_pkg", lambda: None)])
+    monkeypatch.setattr(pjrt.discovery, "_PLUGIN_FINDERS", [("some_pkg", lambda: None)])
     with pytest.raises(BackendError, match=r"HLOFORGE_PJRT_PLUGIN is unset.*some_pkg.*pip install fastatomstruct-xla-cpu"):
         find_plugin()
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from hloforge.backends.xla.pjrt import ArgSpec, parse_main_signature  # one definition, shared
+from hloforge.backends.signature import ArgSpec, parse_main_signature  # one definition, shared
 from hloforge.core.contracts import Backend  # the protocol lives with the other contracts; re-exported here
 from hloforge.core.errors import BackendError
 

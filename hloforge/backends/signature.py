@@ -1,0 +1,113 @@
+"""The signature of a StableHLO module's ``@main``, read from its text: what every backend checks
+arguments against (no runtime, no cffi: the IREE backend uses it as the XLA one does)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+# numpy dtype <-> PJRT_Buffer_Type <-> MLIR element type: the one table of that fact.
+DTYPES: list[tuple[np.dtype, str, str]] = [
+    (np.dtype(np.bool_), "PRED", "i1"),
+    (np.dtype(np.int8), "S8", "i8"),
+    (np.dtype(np.int16), "S16", "i16"),
+    (np.dtype(np.int32), "S32", "i32"),
+    (np.dtype(np.int64), "S64", "i64"),
+    (np.dtype(np.uint8), "U8", "ui8"),
+    (np.dtype(np.uint16), "U16", "ui16"),
+    (np.dtype(np.uint32), "U32", "ui32"),
+    (np.dtype(np.uint64), "U64", "ui64"),
+    (np.dtype(np.float16), "F16", "f16"),
+    (np.dtype(np.float32), "F32", "f32"),
+    (np.dtype(np.float64), "F64", "f64"),
+    (np.dtype(np.complex64), "C64", "complex<f32>"),
+    (np.dtype(np.complex128), "C128", "complex<f64>"),
+]
+try:  # numpy has no bfloat16; ml_dtypes (a jax dependency) supplies it when present.
+    import ml_dtypes
+
+    DTYPES.append((np.dtype(ml_dtypes.bfloat16), "BF16", "bf16"))
+except ImportError:  # pragma: no cover - depends on the environment
+    pass
+
+_DTYPE_OF_MLIR = {mlir: dt for dt, _, mlir in DTYPES}
+
+
+@dataclass(frozen=True)
+class ArgSpec:
+    """One parameter of the module's ``@main``, as read from the StableHLO text."""
+
+    shape: tuple[int | None, ...] | None  # None: not a ranked tensor; a None dim is dynamic
+    dtype: np.dtype | None  # None: an element type hloforge has no dtype for
+    aliasing_output: int | None  # `tf.aliasing_output`: the output this input is donated to
+
+    def describe(self) -> str:
+        if self.shape is None:
+            return "a non-tensor value"
+        dims = "x".join("?" if d is None else str(d) for d in self.shape)
+        return f"{dims or 'scalar'} {self.dtype}"
+
+
+_MAIN = re.compile(r"func\.func\s+(?:public\s+)?@main\s*\(")
+_OPEN, _CLOSE = "(<[{", ")>]}"
+
+
+def _split_top_level(text: str, start: int, stop_char: str) -> tuple[list[str], int]:
+    """Split text[start:] at top-level commas up to the unmatched ``stop_char``."""
+    parts, depth, begin, i = [], 0, start, start
+    while i < len(text):
+        ch = text[i]
+        if ch == '"':  # skip string attribute values
+            i = text.index('"', i + 1)
+            while text[i - 1] == "\\":
+                i = text.index('"', i + 1)
+        elif text.startswith("->", i):
+            i += 1
+        elif ch in _OPEN:
+            depth += 1
+        elif ch in _CLOSE:
+            if depth == 0 and ch == stop_char:
+                parts.append(text[begin:i])
+                return [p for p in parts if p.strip()], i
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[begin:i])
+            begin = i + 1
+        i += 1
+    raise ValueError("unbalanced brackets")
+
+
+def _tensor_spec(type_text: str) -> tuple[tuple[int | None, ...] | None, np.dtype | None]:
+    type_text = type_text.strip()
+    if not (type_text.startswith("tensor<") and type_text.endswith(">")):
+        return None, None
+    inner, _ = _split_top_level(type_text, len("tensor<"), ">")
+    match = re.fullmatch(r"((?:(?:\d+|\?)x)*)(.+)", inner[0].strip())  # inner[1:] = encoding
+    if match is None:
+        return None, None
+    dims = tuple(None if d == "?" else int(d) for d in match.group(1).split("x")[:-1])
+    return dims, _DTYPE_OF_MLIR.get(match.group(2).strip())
+
+
+def parse_main_signature(mlir_text: str) -> list[ArgSpec] | None:
+    """The parameters of ``@main``; None when the text has no recognizable ``@main``."""
+    match = _MAIN.search(mlir_text)
+    if match is None:
+        return None
+    try:
+        params, _ = _split_top_level(mlir_text, match.end(), ")")
+        specs = []
+        for param in params:
+            # "%arg0: tensor<2x3xf32> {tf.aliasing_output = 0 : i32}"
+            _, _, rest = param.partition(":")
+            type_text, _, attrs = rest.strip().partition(" {")
+            if not attrs and "{" in type_text:
+                type_text, _, attrs = type_text.partition("{")
+            shape, dtype = _tensor_spec(type_text)
+            alias = re.search(r"tf\.aliasing_output\s*=\s*(\d+)", attrs)
+            specs.append(ArgSpec(shape, dtype, int(alias.group(1)) if alias else None))
+        return specs
+    except ValueError:
+        return None

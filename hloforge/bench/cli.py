@@ -1,0 +1,201 @@
+"""Step-time benchmark: hloforge's fused train step against jax.jit and PyTorch eager.
+
+For each net it times one Adam train step as a user pays it — host batch in,
+loss (a Python float) out — and reports the median ms/step after a warm-up,
+with compile time reported separately:
+
+- ``hloforge-xla`` / ``hloforge-iree``: a `TrainSession` on that backend
+  (device-resident θ and optimizer state, one fused step per call, including
+  the host→device copy of x, y and the read-back of the loss);
+- ``jax.jit``: ``value_and_grad`` + ``optax.adam`` of the same net written with
+  the layers' own jax.numpy ``reference`` functions, θ and optimizer state
+  donated, f32;
+- ``torch``: the torch.nn equivalent in eager mode with ``torch.optim.Adam``.
+
+All start from ``spec.init_params(seed)`` and see the same batches, so their
+first-step losses must agree (printed as a sanity check; a mismatch fails).
+It also measures dispatch overhead: µs per call of a 1-element graph
+(``a + 1``) including the scalar's trip to the device and back.
+
+jax, optax and torch are benchmark peers only (extra ``bench``); never
+imported on the training path.
+
+    python -m hloforge.bench --nets mnist-mlp,mnist-cnn --batch 128 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+from hloforge.bench.common import (
+    BACKENDS,
+    DEFAULT_STEPS,
+    DISPATCH_BACKENDS,
+    LOSS_RTOL,
+    SGEMM_N,
+    SUITE,
+    Result,
+    cpu_count,
+    unavailable,
+)
+from hloforge.bench.report import details, sanity, strategy_table, table, throughput, versions
+from hloforge.bench.timing import _in_child, dispatch_us, measure, measure_isolated, sgemm_gflops, step_gflop
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hloforge bench", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nets", default="mnist-mlp,mnist-cnn", help="comma-separated zoo nets (or spec files)")
+    p.add_argument("--batch", type=int, default=None,
+                   help="per-step batch (default 128; with --suite each net's own: " +
+                   ", ".join(f"{n} {b}" for n, b in SUITE) + ")")
+    p.add_argument("--suite", action="store_true", help="benchmark the issue-#11 suite (overrides --nets)")
+    p.add_argument("--roofline", action=argparse.BooleanOptionalAction, default=True,
+                   help=f"measure the sgemm roofline ({SGEMM_N}³ f32) and report GFLOP/s against it")
+    p.add_argument("--steps", type=int, default=None,
+                   help=f"timed steps per (net, backend); default {DEFAULT_STEPS}, else 10")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps after compile (at least 1)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="measure each net's backends this many times, alternating, and pool the steps: "
+                        "a ratio then compares steps from the same stretches of time")
+    p.add_argument("--backends", default=",".join(BACKENDS),
+                   help=f"comma-separated subset of {', '.join(BACKENDS)}; unavailable ones are skipped with a note")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dispatch-calls", type=int, default=2000, help="0 skips the dispatch measurement")
+    # Every backend in a process of its own by default: XLA (jaxlib's and the plugin's), IREE and
+    # PyTorch each keep worker threads that spin after a step and slowed whichever ran next in one process.
+    p.add_argument("--isolate", default=",".join(BACKENDS),
+                   help="backends measured in a child process killed after --cap-s (comma-separated; '' for none)")
+    p.add_argument("--cap-s", type=float, default=600.0, help="time cap per isolated (net, backend), seconds")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    p.add_argument("--autotune", action="store_true",
+                   help="render hloforge's steps with autotuned per-layer strategies (the same as "
+                        "HLOFORGE_AUTOTUNE=1; the tuning time is not in the compile time)")
+    p.add_argument("--_child", help=argparse.SUPPRESS)  # internal: write one Result as JSON and exit
+    p.add_argument("--_dispatch_child", help=argparse.SUPPRESS)  # internal: write one dispatch timing and exit
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    nets = [n for n, _ in SUITE] if args.suite else [n for n in args.nets.split(",") if n]
+    suite_batch = dict(SUITE) if args.suite else {}
+    if args._child:  # the parent resolved the batch already
+        suite_batch = {}
+
+    def batch_of(net: str) -> int:
+        return args.batch or suite_batch.get(net) or 128
+    backends = [b for b in args.backends.split(",") if b]
+    bad = [b for b in backends if b not in BACKENDS]
+    if bad:
+        print(f"unknown backend(s) {bad}; expected a subset of {list(BACKENDS)}", file=sys.stderr)
+        return 2
+    if args.autotune:  # through the environment, so isolated children tune too
+        from hloforge.train.autotune import ENV_VAR as AUTOTUNE_ENV_VAR
+
+        os.environ[AUTOTUNE_ENV_VAR] = "1"
+    if args._child:  # one measurement for measure_isolated
+        r = measure(nets[0], backends[0], batch_of(nets[0]), args.steps, args.warmup, args.lr, args.seed)
+        with open(args._child, "w", encoding="utf-8") as f:
+            json.dump(asdict(r), f)
+        return 0
+    if args._dispatch_child:  # one dispatch timing, for the isolated dispatch measurement
+        c, us = dispatch_us(backends[0], args.dispatch_calls)
+        with open(args._dispatch_child, "w", encoding="utf-8") as f:
+            json.dump({"us": us, "compile_s": c, "calls": args.dispatch_calls}, f)
+        return 0
+
+    isolate = {b for b in args.isolate.split(",") if b}
+    notes = {b: unavailable(b) for b in backends}
+    results: list[Result] = []
+    gflop: dict[str, float | None] = {}
+    for net in nets:
+        steps = args.steps or DEFAULT_STEPS.get(net, 10)
+        batch = batch_of(net)
+        try:
+            gflop[net] = step_gflop(net, batch)
+        except Exception:  # noqa: BLE001 - a net the jax peer cannot lower has no FLOP count; still time it
+            gflop[net] = None
+        pooled: dict[str, Result] = {}
+        for rnd in range(args.rounds):  # backends alternate, so a slow spell of the machine hits them alike
+            for b in backends:
+                if notes[b]:
+                    pooled.setdefault(b, Result(net, b, batch, note=f"skipped: {notes[b]}"))
+                    continue
+                if b in pooled and not pooled[b].ms:  # failed in an earlier round: once is enough
+                    continue
+                print(f"[bench] {net} batch {batch} on {b}: compile, {args.warmup} warm-up, {steps} timed steps"
+                      + (f" (round {rnd + 1}/{args.rounds})" if args.rounds > 1 else ""), file=sys.stderr, flush=True)
+                try:
+                    if b in isolate:
+                        r = measure_isolated(net, b, batch, steps, args.warmup, args.lr, args.seed, args.cap_s)
+                    else:
+                        r = measure(net, b, batch, steps, args.warmup, args.lr, args.seed)
+                except Exception as e:  # noqa: BLE001 - report the failure in the table, keep benchmarking
+                    r = Result(net, b, batch, note=f"failed: {type(e).__name__}: {e}"[:300])
+                if b in pooled:  # a later round: its steps join the first round's (compile and loss stay)
+                    pooled[b].ms += r.ms
+                    if not r.ms:  # said, not dropped: the median is then over the rounds that ran
+                        pooled[b].note = "; ".join(n for n in (pooled[b].note, f"round {rnd + 1} {r.note}") if n)
+                else:
+                    pooled[b] = r
+        results += [pooled[b] for b in backends]
+    roof = sgemm_gflops() if args.roofline else {}
+    roofline = max(roof.values()) if roof else None
+
+    dispatch: dict[str, dict[str, Any]] = {}
+    if args.dispatch_calls > 0:
+        for b in (b for b in backends if b in DISPATCH_BACKENDS):
+            if notes[b]:
+                dispatch[b] = {"note": f"skipped: {notes[b]}"}
+                continue
+            print(f"[bench] dispatch on {b}: {args.dispatch_calls} calls", file=sys.stderr, flush=True)
+            try:
+                if b in isolate:  # like the steps: another runtime's spinning threads would slow it
+                    got = _in_child("--_dispatch_child", ["--backends", b, "--dispatch-calls",
+                                                          str(args.dispatch_calls)], args.cap_s)
+                    dispatch[b] = {"note": got} if isinstance(got, str) else got
+                else:
+                    c, us = dispatch_us(b, args.dispatch_calls)
+                    dispatch[b] = {"us": us, "compile_s": c, "calls": args.dispatch_calls}
+            except Exception as e:  # noqa: BLE001
+                dispatch[b] = {"note": f"failed: {type(e).__name__}: {e}"[:300]}
+
+    checks = sanity(results)
+    print(f"hloforge bench: Adam train step, median ms/step (ratio to jax.jit); f32; {cpu_count()} CPU threads; "
+          f"host batch in, loss out")
+    print(table(results, backends, dispatch))
+    if roof:
+        print(f"\nachieved GFLOP/s (% of the sgemm roofline, {roofline:.1f} GFLOP/s: best of "
+              + ", ".join(f"{k} {v:.1f}" for k, v in roof.items()) + f" on {SGEMM_N}³ f32)")
+    else:
+        print("\nachieved GFLOP/s")
+    print(throughput(results, backends, gflop, roofline))
+    print(details(results, dispatch))
+    forced = os.environ.get("HLOFORGE_STRATEGY")
+    print("\nlowering strategies (kind: choice per target" + (f"; forced by HLOFORGE_STRATEGY={forced}" if forced
+                                                              else "") + "):")
+    for kind, choices, per_target in strategy_table():
+        print(f"  {kind:8} {', '.join(f'{t}={c}' for t, c in per_target.items())}   (choices: {choices})")
+    if checks:
+        print(f"\nsanity (first-step loss, rtol {LOSS_RTOL:.0e}):")
+        for line, _ in checks:
+            print("  " + line)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"config": {k: v for k, v in vars(args).items() if not k.startswith("_")},
+                       "machine": {"platform": platform.platform(), "cpus": cpu_count(), **versions()},
+                       "results": [r.to_dict() for r in results], "dispatch_us": dispatch,
+                       "gflop_per_step": gflop, "sgemm_gflops": roof,
+                       "strategies": {k: t for k, _, t in strategy_table()},
+                       "sanity": [{"check": line, "ok": ok} for line, ok in checks]}, f, indent=2)
+        print(f"\nwrote {args.json}")
+    return 0 if all(ok for _, ok in checks) else 1

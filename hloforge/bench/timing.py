@@ -1,0 +1,188 @@
+"""The measurements: a train step per backend timed (in this process or a child one killed after
+a cap), the work of a step and the sgemm roofline, and the dispatch overhead of one call."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from hloforge.bench.common import BACKENDS, SGEMM_N, Result, StepFn, batches, load_net
+from hloforge.bench.peers_jax import jax_adam_step, make_jax
+from hloforge.bench.peers_torch import make_torch
+
+
+def make_hloforge(net: str, backend: str, batch: int, lr: float, seed: int) -> tuple[float, StepFn, str]:
+    from hloforge.core.variant import Variant
+    from hloforge.train import autotune
+    from hloforge.train.session import TrainSession, make_backend
+    spec = load_net(net)
+    be = make_backend(backend.removeprefix("hloforge-"))
+    tuning = autotune.resolve(spec, batch, be)  # on with --autotune / $HLOFORGE_AUTOTUNE; not in compile_s
+    t = time.perf_counter()
+    with autotune.rendering(tuning):
+        session = TrainSession(spec, Variant("adam"), batch, be, seed=seed)
+    compile_s = time.perf_counter() - t
+    # IREE keeps compiled artifacts on disk: a cache hit did not really compile.
+    note = "setup was a compile-cache hit" if getattr(session.exe, "cache_hit", False) else ""
+    if tuning is not None:
+        note = "; ".join(n for n in (note, tuning.summary()) if n)
+
+    def step(x: np.ndarray, y: np.ndarray) -> float:
+        return session.train_step(x, y, lr)
+
+    return compile_s, step, note
+
+
+def make_step(net: str, backend: str, batch: int, lr: float, seed: int) -> tuple[float, StepFn, str]:
+    if backend.startswith("hloforge-"):
+        return make_hloforge(net, backend, batch, lr, seed)
+    if backend == "jax.jit":
+        return make_jax(net, batch, lr, seed)
+    if backend == "torch":
+        return make_torch(net, batch, lr, seed)
+    raise ValueError(f"unknown benchmark backend {backend!r}; expected one of {BACKENDS}")
+
+
+def measure(net: str, backend: str, batch: int, steps: int, warmup: int, lr: float, seed: int) -> Result:
+    res = Result(net, backend, batch)
+    data = batches(load_net(net), batch, 4, seed)
+    res.compile_s, step, res.note = make_step(net, backend, batch, lr, seed)
+    for i in range(max(warmup, 1)):  # the first warm-up step gives the first-step loss
+        loss = step(*data[i % len(data)])
+        if i == 0:
+            res.first_loss = loss
+    for i in range(steps):
+        x, y = data[(warmup + i) % len(data)]
+        t = time.perf_counter()
+        step(x, y)
+        res.ms.append((time.perf_counter() - t) * 1e3)
+    return res
+
+
+def _in_child(flag: str, args: Sequence[str], cap_s: float) -> dict[str, Any] | str:
+    """`python -m hloforge.bench <flag> OUT <args>` in a child process killed after cap_s seconds:
+    the JSON it wrote to OUT, or a note saying why there is none."""
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "r.json")
+        try:
+            proc = subprocess.run([sys.executable, "-m", "hloforge.bench", flag, out, *args], capture_output=True,
+                                  text=True, timeout=cap_s)
+        except subprocess.TimeoutExpired:
+            return f"skipped: compile + steps exceeded the {cap_s:g} s cap"
+        if proc.returncode != 0 or not os.path.exists(out):
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+            return f"failed: {tail[0][:200]}"
+        with open(out, encoding="utf-8") as f:
+            data: dict[str, Any] = json.load(f)
+            return data
+
+
+def measure_isolated(net: str, backend: str, batch: int, steps: int, warmup: int, lr: float, seed: int,
+                     cap_s: float) -> Result:
+    """`measure` in a child process killed after cap_s seconds (a compile that runs away)."""
+    d = _in_child("--_child", ["--nets", net, "--backends", backend, "--batch", str(batch), "--steps", str(steps),
+                               "--warmup", str(warmup), "--lr", repr(lr), "--seed", str(seed)], cap_s)
+    if isinstance(d, str):
+        return Result(net, backend, batch, note=d)
+    return Result(d["net"], d["backend"], d["batch"], d["ms"], d["compile_s"], d["first_loss"], d["note"])
+
+
+# ------------------------------------------------------------ work and roofline ---
+
+
+def step_gflop(net: str, batch: int) -> float | None:
+    """GFLOP in one train step, as XLA's cost analysis counts the jax peer's step (the same math
+    on every backend); None without jax."""
+    try:
+        import jax
+    except ImportError:
+        return None
+    spec = load_net(net)
+    tx, train_step = jax_adam_step(spec, 1e-3)
+    params = [np.zeros(s.shape, np.float32) for _, s in spec.params()]
+    x = np.zeros((batch, *spec.input_shape), np.float32)
+    y = np.zeros((batch,), np.int32)
+    cost = jax.jit(train_step).lower(params, tx.init(params), x, y).cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    return float(cost["flops"]) / 1e9 if cost and "flops" in cost else None
+
+
+def sgemm_gflops(n: int = SGEMM_N, reps: int = 5) -> dict[str, float]:
+    """The measured f32 matmul roofline: best-of-`reps` GFLOP/s of an n³ product through numpy's
+    BLAS and (if installed) jax.jit; the larger is the roofline."""
+    a = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
+    out: dict[str, float] = {}
+
+    def best(f: Callable[[], Any]) -> float:
+        f()
+        times = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            f()
+            times.append(time.perf_counter() - t)
+        return 2 * n**3 / min(times) / 1e9
+
+    out["numpy"] = best(lambda: a @ a)
+    try:
+        import jax
+        import jax.numpy as jnp
+    except ImportError:
+        return out
+    dot = jax.jit(jnp.matmul)
+    ad = jax.device_put(a)
+    out["jax.jit"] = best(lambda: dot(ad, ad).block_until_ready())
+    return out
+
+
+# ------------------------------------------------------------------- dispatch ---
+
+
+def dispatch_us(backend: str, calls: int, warmup: int = 20) -> tuple[float, float]:
+    """(compile seconds, median µs per call) of `a + 1` on a scalar: host→device (the way a session
+    stages its per-step inputs), execute, device→host."""
+    one = np.float32(1.0)
+    if backend.startswith("hloforge-"):
+        from hloforge.core.hlo import Builder
+        from hloforge.train.session import InputStager, make_backend
+
+        b = Builder("f32", "dispatch")
+        a = b.arg(())
+        text = b.module([a + 1.0])
+        be = make_backend(backend.removeprefix("hloforge-"))
+        t = time.perf_counter()
+        exe = be.compile(text)
+        compile_s = time.perf_counter() - t
+        inputs = InputStager(be)
+        host = [np.asarray(one)]
+
+        def call() -> float:
+            return float(be.to_host(be.execute(exe, inputs(host))[0]))
+    elif backend == "jax.jit":
+        import jax
+
+        t = time.perf_counter()
+        f = jax.jit(lambda a: a + 1.0).lower(one).compile()
+        compile_s = time.perf_counter() - t
+
+        def call() -> float:
+            return float(np.asarray(f(one)))
+    else:
+        raise ValueError(f"no dispatch measurement for {backend!r}")
+    assert call() == 2.0
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(calls):
+        t = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t)
+    return compile_s, statistics.median(times) * 1e6
