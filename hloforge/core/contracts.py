@@ -10,7 +10,9 @@ defaults declared here for a class that does not, so a plain class with `name`, 
 and `arrays` is a dataset).
 
 The old homes re-export them: `hloforge.core.spec` (Layer, Loss), `hloforge.core.variant`
-(Optimizer) and `hloforge.backends.base` (Backend). This module imports no plugin and no backend.
+(Optimizer) and `hloforge.backends.base` (Backend). The values a layer returns (`ParamSlot`,
+`StatSlot`, `MaskSlot`) and its forward's `Ctx` live in `hloforge.core.slots`. This module imports
+no plugin and no backend.
 """
 
 from __future__ import annotations
