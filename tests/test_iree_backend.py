@@ -10,7 +10,6 @@ import textwrap
 import numpy as np
 import pytest
 
-from hloforge.backends.base import Backend
 from hloforge.core.errors import BackendError
 from hloforge.core.modules import train_step_module
 from hloforge.core.registry import default_registry
@@ -57,8 +56,7 @@ def rel(a, b) -> float:
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-def test_interface_and_name(iree):
-    assert isinstance(iree, Backend) and isinstance(make_backend("xla"), Backend)
+def test_interface_and_name(iree):  # the Backend protocol itself: tests/test_backend_conformance.py
     assert iree.backend_name().startswith("iree (llvm-cpu, compiler ")
     assert "--iree-llvmcpu-target-cpu=host" in iree.flags
 
@@ -123,13 +121,6 @@ def test_the_iree_backend_loads_no_pjrt_module():
     script = "import sys, hloforge.backends.iree.backend; print([m for m in sys.modules if 'pjrt' in m])"
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]"
-
-
-def test_to_host_is_a_copy(iree):
-    w = iree.to_device(W)
-    host = iree.to_host(w)
-    host += 1  # the CPU driver maps device memory; a view would write through
-    np.testing.assert_array_equal(iree.to_host(w), W)
 
 
 def test_wrong_dtype_or_shape_refused_before_execution(iree):

@@ -1,7 +1,8 @@
 """The backend interface every backend plugin implements, and the argument check they share.
 
 A backend plugin module (entry-point group ``hloforge.backends``) implements
-``hloforge_backends()`` returning classes that satisfy :class:`Backend`. Sessions
+``hloforge_backends()`` returning classes that satisfy :class:`Backend` (declared in
+:mod:`hloforge.core.contracts`, re-exported here). Sessions
 (:mod:`hloforge.train.session`) use nothing else, so a train step runs on any of them.
 
 Buffers are opaque to callers: only the backend that made one can read or run it.
@@ -20,11 +21,12 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 
 from hloforge.backends.signature import ArgSpec, parse_main_signature  # one definition, shared
+from hloforge.core.contracts import Backend  # the protocol lives with the other contracts; re-exported here
 from hloforge.core.errors import BackendError
 
 __all__ = ["ArgSpec", "Backend", "BACKEND_ENV_VAR", "CACHE_ENV_VAR", "CROSS_REPLICA_OPS", "DEFAULT_BACKEND",
@@ -60,49 +62,6 @@ def backend_fingerprint(backend: Any) -> str:
     flags): a backend's optional `fingerprint()`, else its `backend_name()`."""
     fingerprint = getattr(backend, "fingerprint", None)
     return str(fingerprint()) if callable(fingerprint) else str(backend.backend_name())
-
-
-@runtime_checkable
-class Backend(Protocol):
-    """What a backend class provides (instances are made with no arguments by `make_backend`)."""
-
-    #: the name used by `--backend` / $HLOFORGE_BACKEND and in the registry
-    name: ClassVar[str]
-
-    def backend_name(self) -> str:
-        """What is really loaded, e.g. "iree (llvm-cpu, compiler 3.13.0)" or "xla (cpu, /path/libpjrt_cpu.so)"."""
-        ...
-
-    def compile(self, mlir_text: str, num_replicas: int = 1) -> Any:
-        """Compile StableHLO text; a BackendError with the compiler's message when it is rejected,
-        and when `num_replicas` is more than the backend can run (never a quiet single-device run)."""
-        ...
-
-    def to_device(self, array: np.ndarray, borrow: bool = False, device: int = 0) -> Any:
-        """Copy a host array to device `device` (replica `device` of a replicated executable).
-        `borrow=True` marks a one-execute input the caller neither writes nor keeps: a backend
-        may alias its memory instead of copying."""
-        ...
-
-    def device_count(self) -> int:
-        """How many devices this backend instance can run replicas on."""
-        ...
-
-    def to_host(self, buffer: Any) -> np.ndarray:
-        """A host copy of a device buffer (a copy: later in-place updates do not show through)."""
-        ...
-
-    def execute(self, exe: Any, args: Sequence[Any], keep: Sequence[int] = ()) -> list[Any]:
-        """Run on one device. Arguments of the wrong count, dtype or shape are refused before
-        execution, naming the argument. Donated inputs are consumed unless listed in `keep`."""
-        ...
-
-    def execute_replicated(self, exe: Any, per_replica: Sequence[Sequence[Any]],
-                           keep: Sequence[int] = ()) -> list[list[Any]]:
-        """Run an executable compiled for N replicas: `per_replica[r]` are replica r's arguments,
-        on device r; returns each replica's outputs. A backend that cannot raises BackendError
-        (never a quiet run on one device)."""
-        ...
 
 
 class InputSlot:

@@ -6,6 +6,10 @@ A plugin is a module named by an entry point in one of the groups
 `hloforge.core.hookspecs.hookimpl`. It may declare the plugin API it is written
 for as a module-level `HLOFORGE_PLUGIN_API = 1`; the registry refuses a plugin
 targeting another than `hloforge.PLUGIN_API_VERSION` (no declaration: the current one).
+
+What each returned class provides — every attribute and method the core, the trainer, the
+gate and the CLI read, with its default — is its contract in `hloforge.core.contracts`
+(listed below the hooks).
 """
 
 from __future__ import annotations
@@ -22,27 +26,27 @@ hookimpl = pluggy.HookimplMarker("hloforge")
 def hloforge_layers() -> list[type]:
     """Return the layer classes this plugin provides.
 
-    Each is an attrs frozen subclass of `hloforge.core.spec.Layer` with a
+    Each is an attrs frozen subclass of `hloforge.core.contracts.Layer` with a
     unique class attribute `kind` (its name in specs), `out_shape`,
     `param_slots`, `forward` (builder ops; the backward is derived, or given
     with `Builder.custom_vjp`), `reference` (plain jax.numpy, the gate's
-    oracle) and `gate_cases`.
+    oracle) and `gate_cases` (contract: `Layer`).
     """
 
 
 @hookspec
 def hloforge_losses() -> list[type]:
-    """Return the loss classes this plugin provides (subclasses of `hloforge.core.spec.Loss`)."""
+    """Return the loss classes this plugin provides (subclasses of `hloforge.core.contracts.Loss`)."""
 
 
 @hookspec
 def hloforge_optimizers() -> list[type]:
-    """Return the optimizer classes this plugin provides (subclasses of `hloforge.core.variant.Optimizer`)."""
+    """Return the optimizer classes this plugin provides (subclasses of `hloforge.core.contracts.Optimizer`)."""
 
 
 @hookspec
 def hloforge_backends() -> list[type]:
-    """Return backend classes, each satisfying `hloforge.backends.base.Backend`.
+    """Return backend classes, each satisfying `hloforge.core.contracts.Backend`.
 
     A class has `name` (what `--backend` / $HLOFORGE_BACKEND select) and is made with
     no arguments; an instance has `backend_name()` (what is really loaded),
@@ -52,12 +56,18 @@ def hloforge_backends() -> list[type]:
     what it cannot do (more replicas than devices) rather than running on one device.
     Import the backend's own packages lazily, in `__init__`, so a missing one is a
     BackendError naming the package to install, not a registry that fails to load.
+    `hloforge.testing.backend_conformance` checks a backend against the contract.
     """
 
 
 @hookspec
 def hloforge_datasets() -> list[type]:
-    """Return dataset classes: each has `name` and yields (x, y) numpy batches for a split."""
+    """Return dataset classes, each satisfying `hloforge.core.contracts.Dataset` (subclassing it is optional).
+
+    A class has `name` (what `--data` selects), `num_classes` and `arrays(split)` giving (x, y)
+    numpy arrays; its `label_kind`, `image_shape` and `regions` (defaults in the contract) pick
+    the task, the loss and the metrics. It is made with the user's dataset options as keywords.
+    """
 
 
 @hookspec

@@ -1,4 +1,4 @@
-"""A net is data: NetSpec, the Layer base, ParamSlot, the shape walk and initialisation.
+"""A net is data: NetSpec, the shape walk and initialisation (Layer, Loss: contracts; ParamSlot, Ctx: slots).
 
 Shapes in a spec exclude the batch axis; the builder sees [B, *shape].
 `ParamSlot` is the one definition the train-step signature, initialisation,
@@ -8,207 +8,28 @@ the parameter count, optimizer state and checkpoints all read.
 from __future__ import annotations
 
 import json
-import math
 import re
 import tomllib
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
 
+# the bases live with the other contracts; re-exported so `from hloforge.core.spec import Layer` keeps working
+from hloforge.core.contracts import Layer as Layer
+from hloforge.core.contracts import Loss as Loss
+from hloforge.core.contracts import layer_fields as layer_fields
 from hloforge.core.errors import PluginError, UnsupportedSpec
+from hloforge.core.slots import INITS as INITS
+from hloforge.core.slots import Ctx as Ctx
+from hloforge.core.slots import MaskSlot as MaskSlot
+from hloforge.core.slots import ParamSlot as ParamSlot
+from hloforge.core.slots import Shape as Shape
+from hloforge.core.slots import StatSlot as StatSlot
 
 if TYPE_CHECKING:
-    from hloforge.core.hlo import Builder, Value
     from hloforge.core.registry import Registry
-
-Shape = tuple[int, ...]
-
-# Initialisation rules (seed 003). Weights are uniform with the stated variance.
-INITS = ("he_fan_out", "glorot", "ones", "zeros", "layer_scale")
-
-
-@attrs.frozen
-class ParamSlot:
-    name: str
-    shape: Shape = attrs.field(converter=tuple)
-    init: str = attrs.field(validator=attrs.validators.in_(INITS))
-    decay: bool
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
-    def initial(self, rng: np.random.Generator) -> np.ndarray:
-        if self.init == "ones":
-            return np.ones(self.shape, np.float32)
-        if self.init == "zeros":
-            return np.zeros(self.shape, np.float32)
-        if self.init == "layer_scale":
-            return np.full(self.shape, 1e-6, np.float32)
-        if self.init == "he_fan_out":  # conv kernel [oc, ic/groups, kh, kw]: variance 2 / (oc·kh·kw)
-            fan = self.shape[0] * math.prod(self.shape[2:])
-            bound = math.sqrt(6.0 / fan)
-        else:  # glorot, dense [in, out]: variance 2 / (in + out)
-            bound = math.sqrt(6.0 / (self.shape[0] + self.shape[-1]))
-        return rng.uniform(-bound, bound, self.shape).astype(np.float32)
-
-
-@attrs.frozen
-class StatSlot:
-    """A per-layer statistic that is not trained (BN running mean and variance): the train step
-    returns its batch value, the host keeps the running average, the eval module takes it in."""
-
-    name: str
-    shape: Shape = attrs.field(converter=tuple)
-    init: float = 0.0
-
-    def initial(self) -> np.ndarray:
-        return np.full(self.shape, self.init, np.float32)
-
-
-@attrs.frozen
-class MaskSlot:
-    """A per-example random input of the train step (a dropout or stochastic-depth mask), drawn
-    on the host every step — so the graph is deterministic and a resumed run redraws the same
-    masks — and absent elsewhere, where the layer is the identity. `shape` excludes the batch;
-    () is one scalar per example (drop path)."""
-
-    name: str
-    shape: Shape = attrs.field(converter=tuple)
-    rate: float = attrs.field(default=0.0)
-
-    @rate.validator
-    def _rate(self, attribute: Any, value: float) -> None:
-        if not 0.0 <= value < 1.0:
-            raise UnsupportedSpec(f"mask {self.name!r}: rate must be in [0, 1), got {value}")
-
-    def sample(self, rng: np.random.Generator, batch: int) -> np.ndarray:
-        """Inverted dropout: keep with probability 1 − rate, kept entries scaled by 1/(1 − rate)."""
-        keep = rng.random((batch, *self.shape)) >= self.rate
-        return (keep / (1.0 - self.rate)).astype(np.float32)
-
-
-@attrs.define
-class Ctx:
-    """What a layer's forward may depend on besides its input and parameters.
-
-    In training (`train=True`) a layer with stat slots puts each slot's batch value in
-    `batch_stats`; in eval it reads the running value from `running`.
-    """
-
-    train: bool = False
-    running: Mapping[str, Value] = attrs.Factory(dict)
-    batch_stats: dict[str, Value] = attrs.Factory(dict)
-    masks: Mapping[str, Value] = attrs.Factory(dict)  # the train step's per-example masks, by slot name
-    # One walk's skip stack (see Layer.skip_out), shared by every layer's Ctx of that walk.
-    skips: list[Value] = attrs.Factory(list)
-    # The walk's own input, for a layer that reads it deep in the net (timeCondAdd's time channel);
-    # None where a layer runs alone, whose input is then the net's.
-    net_input: Value | None = None
-    # > 1 in a data-parallel train step with sync BN: batch statistics pool this many replicas' batches
-    sync_replicas: int = 1
-    # How the image activation handed to the layer is laid out: "NCHW" (the public layout) or
-    # "NHWC" (inside a net rendered with strategy layout=nhwc, for a layer whose
-    # `supports_nhwc` says so; the layer then returns NHWC too). Shapes in specs stay [C, H, W].
-    layout: str = "NCHW"
-
-
-class Layer:
-    """Base of layer plugins: attrs frozen subclasses whose fields are the layer's options.
-
-    A subclass sets `kind` (its registered name) and implements `out_shape`,
-    `forward` and `reference`; `param_slots` when it has parameters.
-    `forward` raises `UnsupportedSpec(reason)`-free code: every refusal belongs in
-    `out_shape`, which the shape walk calls first.
-    """
-
-    kind: ClassVar[str]
-    # The lowering-strategy kinds (core/strategy.py) this layer's forward may consult; the gate runs
-    # each of its cases once per choice of each kind `strategies_for` names for that case.
-    strategy_kinds: ClassVar[tuple[str, ...]] = ()
-
-    def out_shape(self, in_shape: Shape) -> Shape:
-        raise NotImplementedError  # abstract
-
-    def param_slots(self, in_shape: Shape) -> tuple[ParamSlot, ...]:
-        return ()
-
-    def stat_slots(self, in_shape: Shape) -> tuple[StatSlot, ...]:
-        return ()
-
-    def mask_slots(self, in_shape: Shape) -> tuple[MaskSlot, ...]:
-        return ()
-
-    def skip_out(self, in_shape: Shape) -> Shape | None:
-        """The shape of the tensor this layer's forward pushes on `ctx.skips` (a U-Net encoder
-        level leaves its pre-pool features there), or None. The walk checks every pushed skip
-        is taken by exactly one later layer."""
-        return None
-
-    def skip_in(self, in_shape: Shape) -> Shape | None:
-        """The shape of the skip this layer's forward pops off `ctx.skips` (the most recent one
-        pushed), or None."""
-        return None
-
-    def strategies_for(self, in_shape: Shape) -> tuple[str, ...]:
-        """The strategy kinds the forward consults on this input (default: all of `strategy_kinds`)."""
-        return self.strategy_kinds
-
-    def supports_nhwc(self, in_shape: Shape) -> bool:
-        """Whether `forward` takes (and returns) an NHWC image when `ctx.layout` is "NHWC", so a
-        net rendered with layout=nhwc keeps NHWC through it instead of transposing around it."""
-        return False
-
-    def forward(self, b: Builder, x: Value, params: Mapping[str, Value], ctx: Ctx) -> Value:
-        raise NotImplementedError  # abstract
-
-    def reference(self, params: Mapping[str, Any], x: Any, ctx: Ctx) -> Any:
-        """The same map in plain jax.numpy, written independently of the builder (the gate's oracle)."""
-        raise NotImplementedError  # abstract
-
-    @classmethod
-    def gate_cases(cls) -> list[tuple[Layer, Shape]]:
-        """Instances and input shapes (no batch) on which the gate checks this layer."""
-        return []
-
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"kind": self.kind}
-        for f in layer_fields(self):
-            v = getattr(self, f.name)
-            d[f.name] = list(v) if isinstance(v, tuple) else v
-        return d
-
-
-class Loss:
-    """Base of loss plugins: attrs frozen subclasses whose fields are the loss's options.
-
-    `forward` maps logits [B, *out] and labels to a scalar (mean over the batch).
-    """
-
-    name: ClassVar[str]
-
-    def label_spec(self, out_shape: Shape) -> tuple[Shape, str]:
-        """Per-example label shape (no batch) and element type ('i32' class ids, 'f32' targets)."""
-        raise NotImplementedError  # abstract
-
-    def check(self, out_shape: Shape) -> None:
-        """Raise UnsupportedSpec if this loss cannot apply to outputs of this shape."""
-
-    def forward(self, b: Builder, logits: Value, y: Value) -> Value:
-        raise NotImplementedError  # abstract
-
-    def reference(self, logits: Any, y: Any) -> Any:
-        raise NotImplementedError  # abstract
-
-    def sample_labels(self, rng: np.random.Generator, batch: int, out_shape: Shape) -> np.ndarray:
-        """Labels the gate feeds this loss."""
-        raise NotImplementedError  # abstract
-
-    @classmethod
-    def gate_cases(cls) -> list[tuple[Loss, Shape]]:
-        return []
 
 
 def sanitize(name: str) -> str:
@@ -253,7 +74,7 @@ class NetSpec:
         # (per-pixel logits, a DDPM's predicted noise)
         nc = self.num_classes
         # A detection head (yolov1Head, fpnDetect) lays its output out itself and says its class count.
-        head: int | None = getattr(out[-1].layer, "head_classes", None)
+        head = out[-1].layer.head_classes
         if head is not None:
             if head != nc:
                 raise UnsupportedSpec(f"net {self.name!r} ends in a {out[-1].layer.kind} head for {head} classes, "
@@ -335,12 +156,6 @@ class NetSpec:
         except (ValueError, tomllib.TOMLDecodeError) as e:
             raise UnsupportedSpec(f"{path}: not a valid spec file: {e}") from None
         return cls.from_dict(d, registry, source=path)
-
-
-
-def layer_fields(layer: Layer) -> tuple[attrs.Attribute[Any], ...]:
-    """A layer's options: the fields of its class (every Layer subclass is an attrs class; the base is not)."""
-    return tuple(attrs.fields(cast("type[attrs.AttrsInstance]", type(layer))))
 
 
 def walk_layers(layers: Sequence[Layer], in_shape: Shape) -> list[LayerShapes]:

@@ -1,4 +1,4 @@
-"""The typed training variant, its slug, the optimizer base class and the state layout.
+"""The typed training variant, its slug, the optimizer wrappers and the state layout (the Optimizer base: contracts).
 
 A Variant names everything that changes a run besides the net: the optimizer and
 its wrappers (EMA shadow, gradient accumulation over k micro-batches, global-norm
@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import attrs
 import numpy as np
 
+# the optimizer base lives with the other contracts; re-exported so `from hloforge.core.variant import Optimizer` works
+from hloforge.core.contracts import Optimizer as Optimizer
 from hloforge.core.errors import DataError, UnsupportedSpec
 from hloforge.core.spec import Loss, ParamSlot
 
@@ -33,64 +35,6 @@ if TYPE_CHECKING:
     from hloforge.core.hlo import Builder, Value
     from hloforge.core.registry import Registry
     from hloforge.core.spec import NetSpec
-
-
-@attrs.frozen
-class Optimizer:
-    """Base of optimizer plugins: attrs frozen subclasses whose fields are the options.
-
-    `state` names the per-parameter state tensors (in train-step order),
-    `scalars` the runtime scalars (lr first; the step takes them packed into one
-    schedule vector), so one compiled step serves a whole schedule. Weight decay is decoupled (w ← w − lr·wd·w) and
-    applies only to slots with `decay=True`.
-    """
-
-    name: ClassVar[str]
-    state: ClassVar[tuple[str, ...]] = ()
-    scalars: ClassVar[tuple[str, ...]] = ("lr",)
-    #: the update treats each tensor as a bag of elements (elementwise, or whole-tensor norms), so a
-    #: train step may hand it tensors in their stored axis order (paramLayout); else it gets them
-    #: in their declared layout, transposed there and back every step
-    layout_free: ClassVar[bool] = False
-
-    weight_decay: float = 0.0
-
-    def init_state(self, slot: ParamSlot) -> dict[str, np.ndarray]:
-        return {s: np.zeros(slot.shape, np.float32) for s in self.state}
-
-    def host_scalars(self, step: int, lr: float) -> dict[str, float]:
-        """The scalar inputs for 1-based optimizer step `step` at learning rate `lr`."""
-        return {"lr": lr}
-
-    def direction(self, b: Builder, g: Value, state: Mapping[str, Value],
-                  scalars: Mapping[str, Value]) -> tuple[Value, dict[str, Value]]:
-        """The step direction d (θ' = θ − lr·d before decay) and the new state."""
-        raise NotImplementedError  # abstract
-
-    def decayed(self, p: Value, d: Value, slot: ParamSlot) -> Value:
-        """d plus the decoupled weight decay term, on the slots that take decay."""
-        return d + p * self.weight_decay if self.weight_decay and slot.decay else d
-
-    def update(self, b: Builder, p: Value, g: Value, state: Mapping[str, Value], scalars: Mapping[str, Value],
-               slot: ParamSlot) -> tuple[Value, dict[str, Value]]:
-        d, new_state = self.direction(b, g, state, scalars)
-        d = self.decayed(p, d, slot)
-        return p - b.broadcast_to(scalars["lr"], p.shape) * d, new_state
-
-    def optax_direction(self) -> Any:
-        """The direction d as an optax transform (the gate's oracle), written with optax's own parts."""
-        raise NotImplementedError  # abstract
-
-    def optax_reference(self, lr: float, decay_mask: Any) -> Any:
-        """The whole update in optax: direction, decoupled decay on the masked slots, then −lr."""
-        import optax
-
-        return optax.chain(self.optax_direction(), optax.add_decayed_weights(self.weight_decay, decay_mask),
-                           optax.scale(-lr))
-
-    @classmethod
-    def gate_cases(cls) -> list[Optimizer]:
-        return [cls(), cls(weight_decay=0.1)]
 
 
 # ------------------------------------------------------------------ the wrappers and the state layout

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hloforge.core.contracts import Dataset
 from hloforge.core.errors import DataError
 from hloforge.core.hookspecs import hookimpl
 
@@ -30,7 +31,7 @@ def bilinear_matrix(n_in: int, n_out: int) -> np.ndarray:
     return m
 
 
-class Digits:
+class Digits(Dataset):
     name = "digits"
     num_classes = 10
     splits = ("train", "test")

@@ -16,6 +16,7 @@ import struct
 
 import numpy as np
 
+from hloforge.core.contracts import Dataset
 from hloforge.core.errors import DataError
 from hloforge.core.hookspecs import hookimpl
 
@@ -51,7 +52,7 @@ def read_idx(path: str, raw: bytes, magic: int, rank: int) -> np.ndarray:
     return np.frombuffer(raw, np.uint8, offset=4 + 4 * rank).reshape(dims)
 
 
-class Mnist:
+class Mnist(Dataset):
     name = "mnist"
     num_classes = 10
     image_shape = (1, 28, 28)

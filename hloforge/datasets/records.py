@@ -20,6 +20,7 @@ import struct
 
 import numpy as np
 
+from hloforge.core.contracts import Dataset
 from hloforge.core.errors import DataError
 from hloforge.datasets.augment import Transform, apply_all
 
@@ -70,7 +71,7 @@ def check_labels(path: str, labels: np.ndarray, classes: int) -> None:
         raise DataError(f"{path}: label {top} out of range 0..{classes - 1}")
 
 
-class RecordDataset(abc.ABC):
+class RecordDataset(Dataset, abc.ABC):
     """Shared plumbing of the uint8 record datasets (cifar10, imagenette, brats)."""
 
     name = ""

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hloforge.core.contracts import Dataset
 from hloforge.core.errors import DataError
 from hloforge.core.hookspecs import hookimpl
 
@@ -88,7 +89,7 @@ def _draw_image(rng: np.random.Generator, size: int, noise: float,
     return img.astype(np.float32), mask, np.asarray(rows, np.float32).reshape(-1, 5)
 
 
-class Shapes:
+class Shapes(Dataset):
     name = "shapes"
     num_classes = len(MASK_CLASSES)  # segmentation classes, background included
     label_kind = "mask"

@@ -24,6 +24,7 @@ import math
 
 import numpy as np
 
+from hloforge.core.contracts import Dataset
 from hloforge.core.errors import DataError
 from hloforge.core.hookspecs import hookimpl
 
@@ -38,7 +39,7 @@ def default_corpus() -> str:
     return "\n\n".join(topics[k] for k in sorted(topics))
 
 
-class Text:
+class Text(Dataset):
     name = "text"
     splits = ("train", "test")
     label_kind = "tokens"

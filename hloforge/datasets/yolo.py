@@ -32,6 +32,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from hloforge.core.contracts import Dataset
 from hloforge.core.errors import DataError
 from hloforge.core.hookspecs import hookimpl
 from hloforge.datasets.records import check_counted_records, map_records
@@ -49,7 +50,7 @@ def record_size(size: int, grid: int, per_cell: int) -> int:
     return 3 * size * size + 4 * per_cell * grid * grid + 4 * grid * grid + 4 + MAX_BOXES * BOX_ROW.size
 
 
-class Yolo:
+class Yolo(Dataset):
     name = "yolo"
     label_kind = "boxes"
     splits = tuple(SPLIT_FILES)

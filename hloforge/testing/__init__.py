@@ -1,7 +1,8 @@
 """The oracle gate, shipped for plugin authors: `gate_layer`, `gate_loss`, `gate_optimizer`, `gate_all`.
 
 `pytest --hloforge-gate` (the `hloforge` pytest plugin) runs every registered
-plugin's gate cases as test items. Names resolve lazily, so the pytest plugin
+plugin's gate cases as test items. `hloforge.testing.backend_conformance` checks a backend
+against its contract (`python -m hloforge.testing.backend_conformance NAME`). Names resolve lazily, so the pytest plugin
 (loaded by every pytest run in the environment) costs nothing until used.
 """
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import attrs
 import numpy as np
 
+from hloforge.core.contracts import Dataset
 from hloforge.core.errors import DataError, UnsupportedSpec
 from hloforge.core.hlo import FLOAT_DTYPES
 from hloforge.core.spec import Loss, NetSpec
@@ -38,7 +39,7 @@ class Evaluation:
 
 def loss_label_kind(loss: Loss, out_shape: tuple[int, ...]) -> str:
     """A loss's `label_kind`, or one read off its label spec: a class id, a mask, or a dense target."""
-    kind = getattr(loss, "label_kind", None)
+    kind = getattr(loss, "label_kind", Loss.label_kind)
     if kind:
         return str(kind)
     shape, dtype = loss.label_spec(out_shape)
@@ -140,20 +141,20 @@ class SegmentationTask(Task):
     @classmethod
     def default_loss(cls, spec: NetSpec, data_cls: Any) -> str | None:
         out = spec.walk()[-1].out_shape
-        masks = data_cls is None or getattr(data_cls, "label_kind", "class") == "mask"  # None: the net alone
+        masks = data_cls is None or getattr(data_cls, "label_kind", Dataset.label_kind) == "mask"  # None: the net alone
         return "perPixelCE" if len(out) == 3 and masks else None
 
     @property
     def regions(self) -> segmentation.Regions:
         data = self.run.data
-        regions: segmentation.Regions = getattr(data, "regions", None) or \
+        regions: segmentation.Regions = getattr(data, "regions", Dataset.regions) or \
             segmentation.default_regions(data.num_classes)
         return regions
 
     def check(self) -> None:
         run = self.run
         out = run.spec.walk()[-1].out_shape
-        if getattr(run.data, "label_kind", "class") != "mask":
+        if getattr(run.data, "label_kind", Dataset.label_kind) != "mask":
             raise DataError(f"net {run.spec.name!r} predicts per-pixel classes {list(out)}; dataset {run.cfg.data!r} "
                             "has no per-pixel masks")
         if run.data.num_classes != out[0]:
@@ -204,7 +205,7 @@ class DiffusionTask(Task):
         run = self.run
         self.schedule  # noqa: B018 — refuse an impossible schedule before anything trains with it
         out = tuple(run.spec.walk()[-1].out_shape)
-        image = tuple(getattr(run.data, "image_shape", ()))
+        image = tuple(getattr(run.data, "image_shape", Dataset.image_shape) or ())
         if image != out or tuple(run.spec.input_shape) != (out[0] + 1, *out[1:]):
             raise DataError(f"a DDPM on {out[0]}-channel images {list(out[1:])} takes input "
                             f"{[out[0] + 1, *out[1:]]} (the images and the time channel) and predicts {list(out)}; "
@@ -258,7 +259,7 @@ class DetectionTask(Task):
             raise DataError(f"net {run.spec.name!r} is a detector; dataset {run.cfg.data!r} has no boxes")
         if run.cfg.workers:
             raise DataError("a detector's targets are encoded in process from the dataset's boxes: use --workers 0")
-        image = tuple(getattr(run.data, "image_shape", run.spec.input_shape))
+        image = tuple(getattr(run.data, "image_shape", Dataset.image_shape) or run.spec.input_shape)
         if image != tuple(run.spec.input_shape):
             raise DataError(f"dataset {run.cfg.data!r} gives images {list(image)}, detector {run.spec.name!r} takes "
                             f"{list(run.spec.input_shape)}; a zoo net takes --input {','.join(map(str, image))}")
