@@ -59,8 +59,9 @@ def rel(got, want):
 
 
 # ------------------------------------------------------------------ MuZero
-def muzero_reference(mz, params, obs, actions, policy, value):
-    """The same unroll written in jax.numpy, differentiated by jax (f64): (loss, {net: grads})."""
+def muzero_reference(mz):
+    """The same unroll written in jax.numpy, differentiated by jax (jitted; f64 under x64):
+    (θ_h, θ_g, θ_f, obs, one-hot actions, policy, value) -> (loss, (∂θ_h, ∂θ_g, ∂θ_f))."""
     import jax
     import jax.numpy as jnp
 
@@ -69,19 +70,17 @@ def muzero_reference(mz, params, obs, actions, policy, value):
         hid = x @ w0 + b0
         return (hid * jax.nn.sigmoid(hid)) @ w1 + b1
 
-    def loss(ph, pg, pf):
+    def loss(ph, pg, pf, obs, onehots, policy, value):
         s, total = mlp(ph, obs), 0.0
-        for k in range(len(actions) + 1):
+        for k in range(len(onehots) + 1):
             out = mlp(pf, s)
             logp = jax.nn.log_softmax(out[:, :mz.ACTIONS])
             total = total + (-(policy[k] * logp).sum() + ((out[:, mz.ACTIONS] - value[k]) ** 2).sum()) / len(obs)
-            if k < len(actions):
-                s = mlp(pg, jnp.concatenate([s, jax.nn.one_hot(actions[k], mz.ACTIONS)], axis=1))
+            if k < len(onehots):
+                s = mlp(pg, jnp.concatenate([s, onehots[k]], axis=1))
         return total
 
-    p64 = {n: [jnp.asarray(a, jnp.float64) for a in params[n]] for n in "hgf"}
-    val, grads = jax.value_and_grad(loss, argnums=(0, 1, 2))(p64["h"], p64["g"], p64["f"])
-    return float(val), {n: [np.asarray(t) for t in g] for n, g in zip("hgf", grads, strict=True)}
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
 
 
 def muzero_batch(mz, batch, steps, seed):
@@ -103,20 +102,27 @@ def test_muzero_unroll_gradients_match_jax_and_adam_steps_match_optax(backend):
     mz, be = example("muzero"), make_backend(backend)
     batch, steps, lr = 4, 3, 1e-2
     model = mz.MuZero(batch, be, seed=3)
+    import jax
+
     tx = optax.adam(lr)
+    reference, update = muzero_reference(mz), jax.jit(tx.update)
     opt_state = None
     worst = {n: 0.0 for n in "hgf"}
     for step in range(2):
         obs, actions, policy, value = muzero_batch(mz, batch, steps, seed=step)
         theta = {n: s.read_params() for n, s in model.vjp.items()}
         with x64():
-            want_loss, want = muzero_reference(mz, theta, obs, actions, policy, value)
+            f64 = {n: [np.float64(a) for a in theta[n]] for n in "hgf"}
+            want_loss, grads64 = reference(f64["h"], f64["g"], f64["f"], np.float64(obs),
+                                           np.eye(mz.ACTIONS)[actions], np.float64(policy), np.float64(value))
+            want = {n: [np.asarray(t) for t in g] for n, g in zip("hgf", grads64, strict=True)}
+            want_loss = float(want_loss)
             if opt_state is None:
-                opt_state = {n: tx.init([np.asarray(a, np.float64) for a in theta[n]]) for n in "hgf"}
+                opt_state = {n: tx.init(f64[n]) for n in "hgf"}
             want_theta = {}
             for n in "hgf":
-                upd, opt_state[n] = tx.update(want[n], opt_state[n])
-                want_theta[n] = [np.asarray(t) for t in optax.apply_updates([np.float64(a) for a in theta[n]], upd)]
+                upd, opt_state[n] = update(want[n], opt_state[n])
+                want_theta[n] = [np.asarray(t) for t in optax.apply_updates(f64[n], upd)]
         loss, grads = model.gradients(obs, actions, policy, value)
         assert abs(loss - want_loss) <= 1e-5 * abs(want_loss)
         for n in "hgf":
