@@ -28,13 +28,12 @@ def q_net() -> NetSpec:
 
 def transitions() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Every (s, a, r, s', done) of the chain, states one-hot."""
-    s, a, r, s2, done = [], [], [], [], []
-    for i in range(N - 1):
-        for act in (LEFT, RIGHT):
-            j = max(i - 1, 0) if act == LEFT else i + 1
-            s.append(i), a.append(act), s2.append(j), r.append(float(j == N - 1)), done.append(float(j == N - 1))
+    s = np.repeat(np.arange(N - 1), 2)  # each non-terminal state, left then right
+    a = np.tile([LEFT, RIGHT], N - 1)
+    s2 = np.where(a == LEFT, np.maximum(s - 1, 0), s + 1)
+    goal = (s2 == N - 1).astype(np.float32)  # the reward, and the end of the episode
     eye = np.eye(N, dtype=np.float32)
-    return eye[s], np.array(a), np.array(r, np.float32), eye[s2], np.array(done, np.float32)
+    return eye[s], a, goal, eye[s2], goal
 
 
 def q_star() -> np.ndarray:
@@ -58,7 +57,7 @@ def train(backend: Any, steps: int = 300, lr: float = 1e-2, seed: int = 0) -> tu
         opt.step(grads, lr)
         theta = q.read_params_prefix()  # the online θ, every step
         target_theta = [TAU * p + (1.0 - TAU) * t for p, t in zip(theta, target_theta, strict=True)]
-    return q.forward(s)[::2], losses
+    return q.forward(s)[::2], losses  # rows of state 0, 1, …: one per state
 
 
 def _td_cotangent(qs: np.ndarray, rows: np.ndarray, a: np.ndarray, y: np.ndarray, losses: list[float]) -> np.ndarray:
