@@ -203,6 +203,22 @@ def schedule_input(b: Builder, names: Sequence[str]) -> dict[str, Value]:
     return {name: b.reshape(b.slice(vec, [i], [i + 1]), ()) for i, name in enumerate(names)}
 
 
+def emit_stored_update(b: Builder, wrappers: Wrappers, opt: Optimizer, slots: Sequence[ParamSlot],
+                       params: Sequence[Value], grads: Sequence[Value], state: dict[str, list[Value]],
+                       scalars: dict[str, Value], storage: Sequence[tuple[int, ...] | None]
+                       ) -> tuple[list[Value], dict[str, list[Value]]]:
+    """`wrappers.emit_update` on parameters, gradients and state carried as `storage` says (one
+    permutation or None per parameter), returning them stored the same way. An optimizer that is
+    not `layout_free` gets every tensor in its declared layout."""
+    perms = [q if not opt.layout_free else None for q in storage]
+    p2, s2 = wrappers.emit_update(
+        b, opt, slots, [stored_view(b, p, q) for p, q in zip(params, perms, strict=True)],
+        [stored_view(b, g, q) for g, q in zip(grads, perms, strict=True)],
+        {k: [stored_view(b, v, q) for v, q in zip(vs, perms, strict=True)] for k, vs in state.items()}, scalars)
+    return ([to_stored(b, v, q) for v, q in zip(p2, perms, strict=True)],
+            {k: [to_stored(b, v, q) for v, q in zip(s2[k], perms, strict=True)] for k in state})
+
+
 def train_step_module(spec: NetSpec, variant: Variant, batch: int, *, dtype: str = "f32",
                       registry: Registry | None = None, replicas: int = 1,
                       sync_bn: bool = False, target: str | None = None) -> tuple[str, TrainStepLayout]:
@@ -235,15 +251,10 @@ def train_step_module(spec: NetSpec, variant: Variant, batch: int, *, dtype: str
     slots = [s for _, s in lay.params]
 
     def emit_update(idx: Sequence[int], grads: Sequence[Value]) -> tuple[list[Value], dict[str, list[Value]]]:
-        """The variant's update of parameters `idx` (stored) from their gradients (stored). An
-        optimizer that is not `layout_free` gets every tensor in its declared layout."""
-        perms = [lay.storage[i] if not opt.layout_free else None for i in idx]
-        p2, s2 = variant.wrappers.emit_update(
-            b, opt, [slots[i] for i in idx], [stored_view(b, params[i], q) for i, q in zip(idx, perms, strict=True)],
-            [stored_view(b, g, q) for g, q in zip(grads, perms, strict=True)],
-            {k: [stored_view(b, state[k][i], q) for i, q in zip(idx, perms, strict=True)] for k in lay.state}, scalars)
-        return ([to_stored(b, v, q) for v, q in zip(p2, perms, strict=True)],
-                {k: [to_stored(b, v, q) for v, q in zip(s2[k], perms, strict=True)] for k in lay.state})
+        """The variant's update of parameters `idx` (stored) from their gradients (stored)."""
+        return emit_stored_update(b, variant.wrappers, opt, [slots[i] for i in idx], [params[i] for i in idx], grads,
+                                  {k: [state[k][i] for i in idx] for k in lay.state}, scalars,
+                                  [lay.storage[i] for i in idx])
 
     # Clipping needs every gradient's norm, and a data-parallel step their replica means, before any update.
     if strategy.chosen(strategy.UPDATE.name, target) == "in_backward" and not variant.wrappers.clip and replicas == 1:
@@ -306,14 +317,34 @@ def vjp_module(layers: Sequence[Layer], in_shape: Shape, batch: int, *, dtype: s
     """`@main(θ…, x, ḡ, masks…) -> (y, ∂θ…, ∂x)`: sums over the batch, no loss (composable nets
     take ḡ in); the masks (if any layer has mask slots) are fixed inputs, not differentiated."""
     walk = walk_layers(layers, in_shape)
-    b = Builder(dtype, name, target)
-    params = [b.arg(s.shape) for _, s in qualified_params(walk)]
+    return _vjp(Builder(dtype, name, target), walk, in_shape, batch, (None,) * len(qualified_params(walk)))
+
+
+def net_vjp_module(spec: NetSpec, batch: int, *, dtype: str = "f32", target: str | None = None,
+                   accumulate: bool = False) -> str:
+    """`vjp_module` of a whole net, θ and ∂θ carried as `param_storage(spec.params(), target)`
+    says (what its train step and forward take): `@main(θ…, x, ḡ, masks…) -> (y, ∂θ…, ∂x)`.
+    `accumulate`: `@main(θ…, x, ḡ, acc…, masks…) -> (y, acc + ∂θ…, ∂x)`, each acc donated to its
+    sum, so the gradients of a net applied K times add up on the device."""
+    walk = spec.walk()
+    b = Builder(dtype, f"{spec.ident}_vjp" + ("_acc" if accumulate else ""), target)
+    return _vjp(b, walk, spec.input_shape, batch, param_storage(qualified_params(walk), target), accumulate)
+
+
+def _vjp(b: Builder, walk: Sequence[LayerShapes], in_shape: Shape, batch: int, storage: Storage,
+         accumulate: bool = False) -> str:
+    slots = qualified_params(walk)
+    params = [b.arg(stored_shape(s.shape, q)) for (_, s), q in zip(slots, storage, strict=True)]
     x = b.arg((batch, *in_shape))
     gbar = b.arg((batch, *walk[-1].out_shape))
+    acc = [b.arg(p.shape, alias_output=1 + i) for i, p in enumerate(params)] if accumulate else []
     masks = [b.arg((batch, *s.shape)) for _, s in qualified_masks(walk)]
-    y, _ = emit_layers(b, walk, x, params, train=True, masks=masks)
-    cts = autodiff.grad(b, [y], [gbar], [*params, x])
-    return b.module([y, *cts])
+    views = [stored_view(b, p, q) for p, q in zip(params, storage, strict=True)]
+    y, _ = emit_layers(b, walk, x, views, train=True, masks=masks)
+    *grads, dx = autodiff.grad(b, [y], [gbar], [*params, x])
+    if accumulate:
+        grads = [a + g for a, g in zip(acc, grads, strict=True)]
+    return b.module([y, *grads, dx])
 
 
 def layers_forward_module(layers: Sequence[Layer], in_shape: Shape, batch: int, *, dtype: str = "f32",
@@ -339,17 +370,24 @@ def loss_module(loss: Loss, out_shape: Shape, batch: int, *, dtype: str = "f32")
 
 
 def optimizer_step_module(params: Sequence[ParamSlot], opt: Optimizer, *, dtype: str = "f32",
-                          name: str = "optimizer_step", wrappers: Wrappers | None = None) -> str:
+                          name: str = "optimizer_step", wrappers: Wrappers | None = None,
+                          storage: Storage = (), target: str | None = None) -> str:
     """`@main(θ…, state…, ∂θ…, schedule) -> (θ'…, state'…)` for a gradient the caller assembled;
-    state and schedule as `wrappers.layout(opt)` says, the update emitted as the train step emits it."""
+    state and schedule as `wrappers.layout(opt)` says, the update emitted as the train step emits it.
+    θ and state alias θ' and state'. `storage` (default: every tensor declared) carries θ, ∂θ and the
+    state as `param_storage` says, as the train step and `net_vjp_module` of `target` carry them."""
     wr = wrappers or Wrappers()
     lay = wr.layout(opt)
-    b = Builder(dtype, name)
+    b = Builder(dtype, name, target)
     n = len(params)
-    ps = [b.arg(s.shape, alias_output=i) for i, s in enumerate(params)]
-    st = {name: [b.arg(s.shape, alias_output=n * (1 + k) + i) for i, s in enumerate(params)]
+    perms = list(storage) if storage else [None] * n
+    if len(perms) != n:
+        raise UnsupportedSpec(f"optimizer step: {len(perms)} storage entries for {n} parameters")
+    shapes = [stored_shape(s.shape, q) for s, q in zip(params, perms, strict=True)]
+    ps = [b.arg(shape, alias_output=i) for i, shape in enumerate(shapes)]
+    st = {name: [b.arg(shape, alias_output=n * (1 + k) + i) for i, shape in enumerate(shapes)]
           for k, name in enumerate(lay.slots)}
-    gs = [b.arg(s.shape) for s in params]
+    gs = [b.arg(shape) for shape in shapes]
     sc = schedule_input(b, lay.scalars)
-    new_p, new_s = wr.emit_update(b, opt, params, ps, gs, st, sc)
+    new_p, new_s = emit_stored_update(b, wr, opt, params, ps, gs, st, sc, perms)
     return b.module(new_p + [v for k in lay.slots for v in new_s[k]])
