@@ -42,8 +42,21 @@ def mcnemar_exact(a_correct: np.ndarray, b_correct: np.ndarray) -> tuple[int, in
     n = b + c
     if n == 0:
         return b, c, 1.0
-    tail = sum(math.comb(n, i) for i in range(min(b, c) + 1)) / 2.0**n
-    return b, c, min(1.0, 2.0 * tail)
+    return b, c, min(1.0, 2.0 * binom_half_cdf(min(b, c), n))
+
+
+def binom_half_cdf(k: int, n: int) -> float:
+    """P[Binom(n, ½) ≤ k], for n in the millions: the terms C(n, i) relative to the largest one
+    C(n, k) (k ≤ n/2, so they fall going down), summed, then scaled in log space — 2^n and C(n, k)
+    overflow a float past n ≈ 1023."""
+    if k >= n:
+        return 1.0
+    if 2 * k > n:  # P[X ≤ k] = 1 − P[X ≤ n − k − 1] by symmetry
+        return 1.0 - binom_half_cdf(n - k - 1, n)
+    i = np.arange(k, 0, -1, dtype=np.float64)  # C(n, i−1) = C(n, i)·i/(n − i + 1)
+    rel = 1.0 + float(np.sum(np.cumprod(i / (n - i + 1.0))))
+    log_top = math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) - n * math.log(2.0)
+    return min(1.0, math.exp(log_top + math.log(rel)))
 
 
 def eval_set_id(dataset: str, split: str, labels: np.ndarray) -> str:
