@@ -12,12 +12,15 @@ baseline of the same corpus). Everything else — run directory, checkpoints, re
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 import sys
 import time
 import tomllib
+import types
+import typing
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -47,7 +50,8 @@ BITMAP = "eval_correct.npz"
 class TrainConfig:
     net: str = "mnist-mlp"
     classes: int | None = None  # override a zoo net's class count
-    input: tuple[int, ...] | None = attrs.field(default=None, converter=lambda v: None if v is None else tuple(v))
+    input: tuple[int, ...] | None = attrs.field(default=None,
+                                                converter=lambda v: None if v is None else as_tuple(v, "input"))
     data: str = "digits"
     data_dir: str = ""
     data_file: str = ""  # a file-based dataset's file (e.g. text's UTF-8 corpus)
@@ -96,7 +100,13 @@ class TrainConfig:
     # $HLOFORGE_AUTOTUNE=1). A tuned run records its choices in `tuned` ("layer index:kind=choice,…"),
     # which a config that has them applies as they are, untimed: `--config` re-renders the same modules.
     autotune: bool = False
-    tuned: tuple[str, ...] = attrs.field(default=(), converter=lambda v: (v,) if isinstance(v, str) else tuple(v))
+    tuned: tuple[str, ...] = attrs.field(default=(),
+                                         converter=lambda v: (v,) if isinstance(v, str) else as_tuple(v, "tuned"))
+
+    def __attrs_post_init__(self) -> None:
+        check_field_types(self)
+        self.check()  # its own lines first (lr must be positive, …), then every number finite and ≥ 0
+        check_field_types(self, numbers=True)
 
     def variant(self, spec: NetSpec | None = None) -> Variant:
         """The loss: `loss` if given, else the net's and dataset's (tokenCrossEntropy for per-token logits,
@@ -126,12 +136,9 @@ class TrainConfig:
         return base if not taken else f"{base}_{len(taken) + 1}"
 
     def to_toml(self) -> str:
-        lines = []
-        for f in attrs.fields(TrainConfig):
-            v = getattr(self, f.name)
-            if v is not None:
-                lines.append(f"{f.name} = {json.dumps(v)}")
-        return "\n".join(lines) + "\n"
+        """The config as TOML that `load_config` reads back to an equal config (None: left out)."""
+        return "".join(f"{f.name} = {toml_value(getattr(self, f.name))}\n" for f in attrs.fields(TrainConfig)
+                       if getattr(self, f.name) is not None)
 
     def check(self) -> None:
         if self.epochs < 1 or self.batch < 1:
@@ -150,6 +157,95 @@ class TrainConfig:
                                   f"{self.replicas} replicas")
         if self.sync_bn and self.replicas == 1:
             raise UnsupportedSpec("sync_bn pools BN statistics across replicas; it needs replicas > 1")
+
+
+def as_tuple(v: Any, what: str) -> tuple[Any, ...]:
+    if not isinstance(v, (list, tuple)):
+        raise UnsupportedSpec(f"config value {what} = {v!r}: expected a list")
+    return tuple(v)
+
+
+def check_field_types(cfg: TrainConfig, numbers: bool = False) -> None:
+    """Every field of its annotated type (a bool is no number here); with `numbers`, every number finite
+    and ≥ 0: a config from TOML or the Python API is refused before anything runs or is written."""
+    hints = _field_hints()
+    for f in attrs.fields(TrainConfig):
+        v, t = getattr(cfg, f.name), hints[f.name]
+        if v is None and t.nullable:
+            continue
+        items = v if t.item else (v,)
+        want = t.item or t.base
+        if (t.item and not isinstance(v, tuple)) or not all(_is_a(x, want) for x in items):
+            raise UnsupportedSpec(f"config value {f.name} = {v!r}: expected {t.describe()}")
+        if numbers and want in (int, float) and not all(math.isfinite(x) and x >= 0 for x in items):
+            raise UnsupportedSpec(f"config value {f.name} = {v!r}: expected "
+                                  + ("finite numbers ≥ 0" if t.item else "a finite number ≥ 0"))
+
+
+@attrs.frozen
+class _Hint:
+    base: type
+    nullable: bool
+    item: type | None  # a tuple's element type
+
+    def describe(self) -> str:
+        names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+        what = f"a list of {names[self.item].split(' ', 1)[1]}s" if self.item else names[self.base]
+        return what + (" (or nothing)" if self.nullable else "")
+
+
+def _is_a(x: Any, t: type) -> bool:
+    if t is bool:
+        return isinstance(x, bool)
+    if t in (int, float):
+        return isinstance(x, (int, float) if t is float else int) and not isinstance(x, bool)
+    return isinstance(x, t)
+
+
+@functools.cache
+def _field_hints() -> dict[str, _Hint]:
+    """TrainConfig's annotations, read once: `int | None` → (int, nullable), `tuple[str, ...]` → its items."""
+    out = {}
+    for name, t in typing.get_type_hints(TrainConfig).items():
+        args = [a for a in typing.get_args(t) if a is not type(None)] if isinstance(t, types.UnionType) else [t]
+        base = args[0]
+        item = typing.get_args(base)[0] if typing.get_origin(base) is tuple else None
+        out[name] = _Hint(tuple if item else base, isinstance(t, types.UnionType), item)
+    return out
+
+
+def toml_value(v: Any) -> str:
+    """One TOML value: a bool, an integer, a float (repr: the shortest that reads back the same), a
+    basic string, or an array of those."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        return ("inf" if v > 0 else "-inf") if math.isinf(v) else repr(v)
+    if isinstance(v, str):
+        return toml_string(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    raise UnsupportedSpec(f"cannot write {v!r} ({type(v).__name__}) as a TOML value")
+
+
+_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f",
+                 "\r": "\\r"}
+
+
+def toml_string(s: str) -> str:
+    """A TOML basic string: quote and backslash escaped, control characters (and DEL) as escapes.
+    A lone surrogate (an undecodable file name) is no Unicode scalar value, so no TOML can hold it."""
+    out = []
+    for ch in s:
+        o = ord(ch)
+        if 0xD800 <= o <= 0xDFFF:
+            raise UnsupportedSpec(f"string {s!r} holds a lone surrogate; it cannot be written as TOML")
+        out.append(_TOML_ESCAPES.get(ch) or (f"\\u{o:04x}" if o < 0x20 or o == 0x7F else ch))
+    return '"' + "".join(out) + '"'
 
 
 def load_config(path: str, **overrides: Any) -> TrainConfig:
@@ -172,7 +268,7 @@ def option_items(v: Any) -> tuple[str, ...]:
     """`data_options` as its "key=value" items: a list of them, or one "key=value,…" string."""
     if isinstance(v, str):
         return tuple(p.strip() for p in v.split(",") if p.strip())
-    return tuple(str(p).strip() for p in v)
+    return tuple(str(p).strip() for p in as_tuple(v, "data_options"))
 
 
 def parse_data_options(items: Any) -> dict[str, Any]:
