@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hloforge.cli import main
-from hloforge.core.errors import UnsupportedSpec
+from hloforge.core.errors import DataError, UnsupportedSpec
 from hloforge.train.trainer import TrainConfig, load_config
 
 
@@ -70,3 +71,99 @@ def test_config_toml_reads_back_equal(tmp_path_factory, tag, data_dir, opts, lr,
 def test_a_lone_surrogate_is_refused_not_written():
     with pytest.raises(UnsupportedSpec, match="lone surrogate"):
         TrainConfig(tag="run\udcff").to_toml()
+
+
+# ------------------------------------------------------------------ batches handed to the train and eval paths
+def tiny_session(**kw):
+    from hloforge.core.spec import NetSpec
+    from hloforge.core.variant import Variant
+    from hloforge.plugins.layers.dense import Dense
+    from hloforge.train.session import TrainSession, make_backend
+
+    spec = NetSpec("tiny", (6,), [Dense(8, act="relu"), Dense(10)], 10)
+    return TrainSession(spec, Variant("sgd", **kw), 4, make_backend("xla"))
+
+
+GOOD_X = np.linspace(-1, 1, 24, dtype=np.float32).reshape(4, 6)
+
+
+@pytest.mark.parametrize("x,y,needle", [
+    (GOOD_X, np.array([1, 2, 12, 3]), r"labels span 1\.\.12, expected ids 0\.\.9"),
+    (GOOD_X, np.array([1, -1, 0, 3]), r"labels span -1\.\.3, expected ids 0\.\.9"),
+    (GOOD_X, np.array([1.0, 2.5, 0.0, 3.0]), "labels have dtype float64, expected integer ids"),
+    (GOOD_X, np.array([[1], [2], [0], [3]]), r"labels have shape \[4, 1\], expected \[4\]"),
+    (np.where(np.eye(4, 6, dtype=bool), np.nan, GOOD_X), np.array([1, 2, 0, 3]), "x holds NaN or inf"),
+    (np.where(np.eye(4, 6, dtype=bool), -np.inf, GOOD_X), np.array([1, 2, 0, 3]), "x holds NaN or inf"),
+    (GOOD_X.astype(np.float64) * 1e300, np.array([1, 2, 0, 3]), "x holds NaN or inf"),  # inf in float32
+    (GOOD_X.astype(str), np.array([1, 2, 0, 3]), "x has dtype <U.*, expected real numbers"),
+    (GOOD_X[:3], np.array([1, 2, 0]), r"x has shape \[3, 6\], expected \[4, 6\]"),
+])
+def test_a_bad_train_batch_is_refused_before_the_step(x, y, needle):
+    """Labels out of range trained with loss -0.0 (a plausible wrong number); now one line, and no step."""
+    s = tiny_session()
+    before = s.read_params()
+    with pytest.raises(DataError, match=needle):
+        s.train_step(x, y, 0.1)
+    assert s.step == 0
+    assert all(np.array_equal(a, b) for a, b in zip(before, s.read_params(), strict=True))
+    assert math.isfinite(s.train_step(GOOD_X, np.array([1, 2, 0, 9]), 0.1)) and s.step == 1
+
+
+def test_soft_targets_must_be_finite():
+    s = tiny_session(mixup=0.2)  # mixing: float targets [B, classes]
+    y = np.full((4, 10), 0.1, np.float32)
+    y[2, 3] = np.nan
+    with pytest.raises(DataError, match="labels hold NaN or inf"):
+        s.train_step(GOOD_X, y, 0.1)
+    assert math.isfinite(s.train_step(GOOD_X, np.full((4, 10), 0.1, np.float32), 0.1))
+
+
+@pytest.mark.parametrize("loss,out,classes", [("crossEntropy", (10,), 10), ("tokenCrossEntropy", (16, 65), 65),
+                                              ("perPixelCE", (3, 8, 8), 3), ("fpnYolo", (21, 1, 7), None),
+                                              ("mse", (3, 8, 8), None)])
+def test_every_label_kind_is_checked_as_its_loss_reads_it(loss, out, classes):
+    from hloforge.core.modules import label_type
+    from hloforge.core.registry import default_registry
+    from hloforge.train.session import checked_labels, label_classes
+
+    y_shape, y_dtype = label_type(default_registry().make("loss", loss), out, "f32")
+    assert label_classes(y_dtype, y_shape, out) == classes
+    shape = (2, *y_shape)
+    if classes is None:  # float targets (boxes, noise): finite
+        bad = np.zeros(shape)
+        bad.flat[1] = np.inf
+        with pytest.raises(DataError, match="labels hold NaN or inf"):
+            checked_labels(bad, shape, y_dtype, classes, "train batch")
+        return
+    bad = np.zeros(shape, np.int64)
+    bad.flat[-1] = classes  # one past the last class (token id, mask class)
+    with pytest.raises(DataError, match=rf"labels span 0\.\.{classes}, expected ids 0\.\.{classes - 1}"):
+        checked_labels(bad, shape, y_dtype, classes, "train batch")
+    ok = checked_labels(np.clip(bad, 0, classes - 1), shape, y_dtype, classes, "train batch")
+    assert ok.dtype == np.int32 and ok.max() == classes - 1
+
+
+def test_the_eval_paths_refuse_bad_rows_and_labels():
+    from hloforge.train.session import ForwardSession
+    from hloforge.train.trainer import evaluate, evaluate_lm
+
+    s = tiny_session()
+    fwd = ForwardSession(s.spec, 4, s.backend)
+    theta = s.read_params()
+    x = np.tile(GOOD_X, (2, 1))
+    assert evaluate(fwd, theta, x, np.arange(8)).n == 8
+    with pytest.raises(DataError, match=r"eval labels span 0\.\.10, expected ids 0\.\.9"):
+        evaluate(fwd, theta, x, np.array([0, 1, 2, 3, 4, 5, 6, 10]))
+    with pytest.raises(DataError, match="eval labels have dtype float64"):
+        evaluate(fwd, theta, x, np.arange(8.0))
+    x[5, 2] = np.nan
+    with pytest.raises(DataError, match="eval x holds NaN or inf"):
+        fwd.logits(x, theta)
+
+    class Tokens:  # per-token logits [n, T, V] of a V = 5 language model
+        def logits(self, x, buffers):
+            return np.zeros((len(x), 3, 5), np.float32)
+
+    assert evaluate_lm(Tokens(), [], np.zeros((2, 3)), np.array([[0, 4, -1], [1, 2, 3]])).n == 5  # −1: padding
+    with pytest.raises(DataError, match=r"eval token labels span -1\.\.5, expected ids -1\.\.4"):
+        evaluate_lm(Tokens(), [], np.zeros((2, 3)), np.array([[0, 5, -1], [1, 2, 3]]))

@@ -7,14 +7,27 @@ import math
 
 import numpy as np
 
+from hloforge.core.errors import DataError
+
 Z95 = 1.959963984540054
 
 
 def topk_correct(logits: np.ndarray, labels: np.ndarray, k: int) -> np.ndarray:
-    """Per-example: is the label among the k highest logits."""
+    """Per-example: is the label among the k highest logits. A label that is no class of the logits
+    (another net's, a wrong dtype) is refused: it would score as a plausible miss."""
+    check_ids(labels, logits.shape[1], "eval labels")
     k = min(k, logits.shape[1])
     top = np.argpartition(-logits, k - 1, axis=1)[:, :k]
     return np.any(top == labels[:, None], axis=1)
+
+
+def check_ids(labels: np.ndarray, classes: int, what: str, lowest: int = 0) -> None:
+    """Integer labels in lowest..classes−1 (lowest −1: padding allowed), else one line naming them."""
+    labels = np.asarray(labels)
+    if labels.dtype.kind not in "iu":
+        raise DataError(f"{what} have dtype {labels.dtype}, expected integer ids")
+    if labels.size and (labels.min() < lowest or labels.max() >= classes):
+        raise DataError(f"{what} span {int(labels.min())}..{int(labels.max())}, expected ids {lowest}..{classes - 1}")
 
 
 def wilson(correct: int, n: int, z: float = Z95) -> tuple[float, float]:

@@ -12,15 +12,12 @@ baseline of the same corpus). Everything else — run directory, checkpoints, re
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
 import sys
 import time
 import tomllib
-import types
-import typing
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -34,7 +31,8 @@ from hloforge.core.variant import SHADOW, Variant, ema_decay_at
 from hloforge.datasets.stream import DataRef, Feed, split_labels
 from hloforge.train import autotune, fp8
 from hloforge.train import checkpoint as ckpt
-from hloforge.train.metrics import eval_set_id, topk_correct, wilson
+from hloforge.train.configio import as_tuple, check_fields, toml_value
+from hloforge.train.metrics import check_ids, eval_set_id, topk_correct, wilson
 from hloforge.train.mixing import Mixer
 from hloforge.train.parallel import DataParallelTrainSession, make_forward_session
 from hloforge.train.schedule import SCHEDULES, lr_at
@@ -104,9 +102,9 @@ class TrainConfig:
                                          converter=lambda v: (v,) if isinstance(v, str) else as_tuple(v, "tuned"))
 
     def __attrs_post_init__(self) -> None:
-        check_field_types(self)
+        check_fields(self)
         self.check()  # its own lines first (lr must be positive, …), then every number finite and ≥ 0
-        check_field_types(self, numbers=True)
+        check_fields(self, numbers=True)
 
     def variant(self, spec: NetSpec | None = None) -> Variant:
         """The loss: `loss` if given, else the net's and dataset's (tokenCrossEntropy for per-token logits,
@@ -157,95 +155,6 @@ class TrainConfig:
                                   f"{self.replicas} replicas")
         if self.sync_bn and self.replicas == 1:
             raise UnsupportedSpec("sync_bn pools BN statistics across replicas; it needs replicas > 1")
-
-
-def as_tuple(v: Any, what: str) -> tuple[Any, ...]:
-    if not isinstance(v, (list, tuple)):
-        raise UnsupportedSpec(f"config value {what} = {v!r}: expected a list")
-    return tuple(v)
-
-
-def check_field_types(cfg: TrainConfig, numbers: bool = False) -> None:
-    """Every field of its annotated type (a bool is no number here); with `numbers`, every number finite
-    and ≥ 0: a config from TOML or the Python API is refused before anything runs or is written."""
-    hints = _field_hints()
-    for f in attrs.fields(TrainConfig):
-        v, t = getattr(cfg, f.name), hints[f.name]
-        if v is None and t.nullable:
-            continue
-        items = v if t.item else (v,)
-        want = t.item or t.base
-        if (t.item and not isinstance(v, tuple)) or not all(_is_a(x, want) for x in items):
-            raise UnsupportedSpec(f"config value {f.name} = {v!r}: expected {t.describe()}")
-        if numbers and want in (int, float) and not all(math.isfinite(x) and x >= 0 for x in items):
-            raise UnsupportedSpec(f"config value {f.name} = {v!r}: expected "
-                                  + ("finite numbers ≥ 0" if t.item else "a finite number ≥ 0"))
-
-
-@attrs.frozen
-class _Hint:
-    base: type
-    nullable: bool
-    item: type | None  # a tuple's element type
-
-    def describe(self) -> str:
-        names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
-        what = f"a list of {names[self.item].split(' ', 1)[1]}s" if self.item else names[self.base]
-        return what + (" (or nothing)" if self.nullable else "")
-
-
-def _is_a(x: Any, t: type) -> bool:
-    if t is bool:
-        return isinstance(x, bool)
-    if t in (int, float):
-        return isinstance(x, (int, float) if t is float else int) and not isinstance(x, bool)
-    return isinstance(x, t)
-
-
-@functools.cache
-def _field_hints() -> dict[str, _Hint]:
-    """TrainConfig's annotations, read once: `int | None` → (int, nullable), `tuple[str, ...]` → its items."""
-    out = {}
-    for name, t in typing.get_type_hints(TrainConfig).items():
-        args = [a for a in typing.get_args(t) if a is not type(None)] if isinstance(t, types.UnionType) else [t]
-        base = args[0]
-        item = typing.get_args(base)[0] if typing.get_origin(base) is tuple else None
-        out[name] = _Hint(tuple if item else base, isinstance(t, types.UnionType), item)
-    return out
-
-
-def toml_value(v: Any) -> str:
-    """One TOML value: a bool, an integer, a float (repr: the shortest that reads back the same), a
-    basic string, or an array of those."""
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "nan"
-        return ("inf" if v > 0 else "-inf") if math.isinf(v) else repr(v)
-    if isinstance(v, str):
-        return toml_string(v)
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(toml_value(x) for x in v) + "]"
-    raise UnsupportedSpec(f"cannot write {v!r} ({type(v).__name__}) as a TOML value")
-
-
-_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f",
-                 "\r": "\\r"}
-
-
-def toml_string(s: str) -> str:
-    """A TOML basic string: quote and backslash escaped, control characters (and DEL) as escapes.
-    A lone surrogate (an undecodable file name) is no Unicode scalar value, so no TOML can hold it."""
-    out = []
-    for ch in s:
-        o = ord(ch)
-        if 0xD800 <= o <= 0xDFFF:
-            raise UnsupportedSpec(f"string {s!r} holds a lone surrogate; it cannot be written as TOML")
-        out.append(_TOML_ESCAPES.get(ch) or (f"\\u{o:04x}" if o < 0x20 or o == 0x7F else ch))
-    return '"' + "".join(out) + '"'
 
 
 def load_config(path: str, **overrides: Any) -> TrainConfig:
@@ -341,9 +250,11 @@ class LMEvalResult:
 
 def evaluate_lm(evaluator: ForwardSession, buffers: list[Any], x: np.ndarray, y: np.ndarray) -> LMEvalResult:
     """Bits per character over every validation target (labels −1 are padding, not scored)."""
-    from hloforge.datasets.text import bits_per_char
+    from hloforge.datasets.text import IGNORE, bits_per_char
 
-    return LMEvalResult(*bits_per_char(evaluator.logits(x, buffers), y))
+    logits = evaluator.logits(x, buffers)
+    check_ids(y, logits.shape[-1], "eval token labels", lowest=IGNORE)
+    return LMEvalResult(*bits_per_char(logits, y))
 
 
 def evaluate(evaluator: ForwardSession, buffers: list[Any], x: np.ndarray, y: np.ndarray) -> EvalResult:
