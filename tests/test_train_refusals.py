@@ -167,3 +167,37 @@ def test_the_eval_paths_refuse_bad_rows_and_labels():
     assert evaluate_lm(Tokens(), [], np.zeros((2, 3)), np.array([[0, 4, -1], [1, 2, 3]])).n == 5  # −1: padding
     with pytest.raises(DataError, match=r"eval token labels span -1\.\.5, expected ids -1\.\.4"):
         evaluate_lm(Tokens(), [], np.zeros((2, 3)), np.array([[0, 5, -1], [1, 2, 3]]))
+
+
+# ------------------------------------------------------------------ eval of a run directory
+def quiet_train(tmp_path, name, **kw):
+    from hloforge.train.trainer import train
+
+    return train(TrainConfig(**{"net": "mnist-mlp", "epochs": 1, "run_dir": str(tmp_path / name), **kw}),
+                 progress=False, log=lambda s: None)
+
+
+def test_eval_refuses_a_run_dir_whose_config_names_another_net(tmp_path, capsys):
+    import shutil
+
+    from hloforge.train.trainer import CHECKPOINT
+
+    quiet_train(tmp_path, "mlp")
+    quiet_train(tmp_path, "linear", net="mnist-linear")
+    shutil.copy(tmp_path / "linear" / CHECKPOINT, tmp_path / "mlp" / CHECKPOINT)
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path / "mlp")]) != 0
+    err = one_line_error(capsys)
+    assert "config.toml" in err and "'mnist-linear', not 'mnist-mlp'" in err, err
+    assert main(["eval", str(tmp_path / "linear")]) == 0  # its own directory scores as before
+
+
+def test_eval_defaults_to_the_shadow_when_the_run_kept_one(tmp_path, capsys):
+    m = quiet_train(tmp_path, "ema", ema=0.9)
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path / "ema")]) == 0
+    out = capsys.readouterr().out
+    assert "(ema)" in out and f"({m['correct_ema']}/{m['n']})" in out, out
+    quiet_train(tmp_path, "plain")
+    assert main(["eval", str(tmp_path / "plain")]) == 0
+    assert "(live)" in capsys.readouterr().out

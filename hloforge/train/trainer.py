@@ -649,6 +649,18 @@ class OpenedCheckpoint:
             ckpt.shadow_stats(self.tensors, run.stat_names, self.file, "use the live weights (--region live)")
 
 
+def check_run_dir(path: str, file: str, meta: dict[str, Any]) -> None:
+    """A run directory whose config.toml names another net or variant than its checkpoint holds is
+    refused, as --resume refuses it: scoring it would report the checkpoint's net as the run's."""
+    cfg = load_config(os.path.join(path, "config.toml"))
+    spec = get_net(cfg.net, cfg.classes, cfg.input)
+    variant = cfg.variant(spec)
+    try:
+        check_matches(file, meta, variant.apply_to(spec), variant, cfg.backend, allow_cross_backend=True)
+    except DataError as e:
+        raise DataError(f"run directory {path}: its config.toml and checkpoint disagree: {e}") from None
+
+
 def open_checkpoint(path: str, backend: str | None = None,
                     log: Callable[[str], None] = print, devices: int | None = None) -> OpenedCheckpoint:
     """A run directory's (or a file's) checkpoint, its run rebuilt from the stored config
@@ -656,6 +668,8 @@ def open_checkpoint(path: str, backend: str | None = None,
     differs from the stored spec."""
     file = os.path.join(path, CHECKPOINT) if os.path.isdir(path) else path
     tensors, meta = ckpt.load_checkpoint(file)
+    if os.path.isdir(path) and os.path.exists(os.path.join(path, "config.toml")):
+        check_run_dir(path, file, meta)
     cfg = TrainConfig(**meta["config"])
     if backend and backend != cfg.backend:
         cfg = attrs.evolve(cfg, backend=backend)
@@ -668,11 +682,12 @@ def open_checkpoint(path: str, backend: str | None = None,
     return OpenedCheckpoint(file, tensors, meta, run, spec)
 
 
-def evaluate_checkpoint(path: str, backend: str | None = None, region: str = "live",
+def evaluate_checkpoint(path: str, backend: str | None = None, region: str = "auto",
                         log: Callable[[str], None] = print, replicas: int = 1,
                         devices: int | None = None) -> EvalResult:
     """Score a run directory's (or a file's) checkpoint alone, with the training run's batching.
-    `region` picks the weights: the live ones, or the EMA shadow of an EMA variant. `replicas` > 1
+    `region` picks the weights: the live ones, the EMA shadow of an EMA variant, or (the default, as
+    `sample`'s) auto: the shadow when the run kept one. `replicas` > 1
     scores sharded over that many devices (the training batch split over them), with the same
     result as one device: the same eval loop, the logits gathered in row order."""
     if region not in REGIONS:
