@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import math
 
+import attrs
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hloforge.cli import main
-from hloforge.core.errors import DataError, UnsupportedSpec
+from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
 from hloforge.train.trainer import TrainConfig, load_config
 
 
@@ -201,3 +202,86 @@ def test_eval_defaults_to_the_shadow_when_the_run_kept_one(tmp_path, capsys):
     quiet_train(tmp_path, "plain")
     assert main(["eval", str(tmp_path / "plain")]) == 0
     assert "(live)" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ non-finite runs
+def test_a_nan_update_on_an_epochs_last_step_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+    """The update of an epoch's last step turns θ to NaN with that step's loss finite: the loss check
+    cannot see it, and the epoch's eval and checkpoint would have scored and kept NaN weights."""
+    from hloforge.train import checkpoint as ckpt
+    from hloforge.train.session import TrainSession
+    from hloforge.train.trainer import CHECKPOINT, train
+
+    quiet_train(tmp_path, "run")
+    path = str(tmp_path / "run" / CHECKPOINT)
+    good, meta = ckpt.load_checkpoint(path)
+    bitmap = (tmp_path / "run" / "eval_correct.npz").read_bytes()
+    last = 2 * meta["step"]  # epoch 2's last step
+    real = TrainSession.train_step
+
+    def poisoned(self, x, y, lr, masks=None):
+        loss = real(self, x, y, lr, masks)
+        if self.step == last:
+            self.replace_params([np.full_like(p, np.nan) for p in self.read_params()])
+        return loss
+
+    monkeypatch.setattr(TrainSession, "train_step", poisoned)
+    cfg = TrainConfig(net="mnist-mlp", epochs=2, run_dir=str(tmp_path / "run"))
+    with pytest.raises(HloforgeError, match=rf"is not finite after step {last} .*last good checkpoint is {path}"):
+        train(cfg, resume=True, progress=False, log=lambda s: None)
+    kept, meta2 = ckpt.load_checkpoint(path)
+    assert meta2["epoch"] == 1 and all(np.array_equal(good[k], kept[k]) for k in good)
+    assert (tmp_path / "run" / "eval_correct.npz").read_bytes() == bitmap
+
+
+def clipped(wrappers, grads):
+    """θ' of one SGD step (lr 1) from θ = 0 through `wrappers`' update on `grads`: −(the clipped gradient)."""
+    from hloforge.backends.xla import default_client
+    from hloforge.core.modules import optimizer_step_module
+    from hloforge.core.spec import ParamSlot
+    from hloforge.plugins.optimizers.sgd import SGD
+
+    opt = SGD()
+    slots = [ParamSlot(f"p{i}", g.shape, "glorot", True) for i, g in enumerate(grads)]
+    lay = wrappers.layout(opt)
+    params = [np.zeros_like(g) for g in grads]
+    exe = default_client().compile(optimizer_step_module(slots, opt, wrappers=wrappers))
+    try:
+        outs = exe.run([*params, *lay.initial(opt, slots, params), *grads, lay.host_schedule(opt, 1, 1.0)])
+    finally:
+        exe.close()
+    return [-np.asarray(o) for o in outs[:len(grads)]]
+
+
+def nan_survives(wrappers) -> bool:
+    """A NaN (or inf) anywhere in the gradient leaves the clipped gradient non-finite where it was."""
+    for bad in (np.nan, np.inf):
+        g = [np.full((3, 4), 0.5, np.float32), np.arange(5, dtype=np.float32)]
+        g[1][2] = bad
+        out = clipped(wrappers, g)
+        if np.isfinite(out[1][2]):
+            return False
+    return True
+
+
+def test_clip_never_turns_a_nan_gradient_finite():
+    from hloforge.core.variant import Wrappers, clip_by_global_norm
+
+    for w in (Wrappers(clip=1.0), Wrappers(clip=1e9), Wrappers(clip=1.0, ema=0.9)):
+        assert nan_survives(w), w
+    g = [np.full((3, 4), 0.5, np.float32), np.arange(5, dtype=np.float32)]
+    norm = math.sqrt(sum(float((a * a).sum()) for a in g))
+    assert [np.allclose(o, a / norm) for o, a in zip(clipped(Wrappers(clip=1.0), g), g, strict=True)] == [True] * 2
+
+    class SkipsOverflow(Wrappers):  # the loss scaler's habit: a non-finite norm zeroes the step
+        def emit_update(self, b, opt, slots, params, grads, state, scalars):
+            clipped_g = clip_by_global_norm(b, grads, self.clip)
+            sq = [b.sum(g * g) for g in grads]
+            total = sq[0]
+            for s in sq[1:]:
+                total = total + s
+            finite = b.compare(total, total * 0.0, "EQ")  # x·0 = 0 exactly when x is finite
+            safe = [b.select(b.broadcast_to(finite, g.shape), g, b.full(0.0, g.shape)) for g in clipped_g]
+            return Wrappers.emit_update(attrs.evolve(self, clip=0.0), b, opt, slots, params, safe, state, scalars)
+
+    assert not nan_survives(SkipsOverflow(clip=1.0))  # the check above can fail

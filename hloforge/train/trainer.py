@@ -363,13 +363,25 @@ class Run:
                 "epoch": epoch, "step": step, "seed": self.cfg.seed, "config": attrs.asdict(self.cfg),
                 "eval_set": eval_set_id(self.cfg.data, "test", self.y_te)}
 
-    def save(self, session: TrainSession, epoch: int) -> None:
+    def save(self, session: TrainSession, epoch: int,
+             host: tuple[list[str], list[np.ndarray]] | None = None) -> None:
+        names, tensors = host or self.host_state(session)
+        ckpt.save_checkpoint(self.ckpt_path, names, tensors, self.meta(epoch, session.step))
+
+    def host_state(self, session: TrainSession) -> tuple[list[str], list[np.ndarray]]:
+        """What a checkpoint holds (names, tensors), copied to the host once an epoch and refused if
+        not finite. Each step's loss is checked as it is read; an update that turns θ to NaN on an
+        epoch's last step has a finite loss, and its θ would be scored and checkpointed over the last
+        good one."""
         lay = session.layout
         names = ckpt.tensor_names([n for n, _ in lay.params], lay.state, self.stat_names,
                                   shadow_stats=self.state_layout.shadows)
-        params, state = session.read_params(), session.read_state()
-        ckpt.save_checkpoint(self.ckpt_path, names, params + state + self.running + self.shadow_running,
-                             self.meta(epoch, session.step))
+        tensors = session.read_params() + session.read_state() + self.running + self.shadow_running
+        bad = next((n for n, t in zip(names, tensors, strict=True) if not np.isfinite(t).all()), None)
+        if bad is not None:
+            raise HloforgeError(f"{bad} is not finite after step {session.step} (its loss was); stopped. The last "
+                                f"good checkpoint is {self.ckpt_path if os.path.exists(self.ckpt_path) else 'none'}")
+        return names, tensors
 
     def restore(self, session: TrainSession, cross_backend: bool = False) -> int:
         """Load the run's checkpoint into the session; returns the epoch it ended."""
@@ -490,8 +502,9 @@ class Run:
                 if bar is not None:
                     bar.close()
                 secs = time.perf_counter() - t
+                host = self.host_state(session)  # before anything scores or keeps it
                 if self.lm:
-                    metrics = self._lm_epoch(evaluator, session, epoch, losses, secs, mlog, history)
+                    metrics = self._lm_epoch(evaluator, session, epoch, losses, secs, mlog, history, host)
                     continue
                 assert self.task is not None
                 ev = self.task.evaluate(evaluator, self._eval_buffers(session))
@@ -511,7 +524,7 @@ class Run:
                 if ev.correct is not None:
                     np.savez(os.path.join(self.dir, BITMAP), correct=ev.correct, set_id=self.meta(0, 0)["eval_set"],
                              epoch=epoch)
-                self.save(session, epoch)
+                self.save(session, epoch, host)
                 self.log(f"epoch {epoch}/{cfg.epochs}  loss {metrics['loss']:.4f}  {ev.line}{ema_line}  "
                          f"{metrics['images_per_s']:.0f} img/s")
                 self._plot(history)
@@ -522,7 +535,8 @@ class Run:
         return metrics
 
     def _lm_epoch(self, evaluator: ForwardSession, session: TrainSession, epoch: int, losses: list[float],
-                  secs: float, mlog: Any, history: list[dict[str, Any]]) -> dict[str, Any]:
+                  secs: float, mlog: Any, history: list[dict[str, Any]],
+                  host: tuple[list[str], list[np.ndarray]]) -> dict[str, Any]:
         """A language model's epoch end: bits/char on every validation window, log, checkpoint, plot."""
         cfg = self.cfg
         res = evaluate_lm(evaluator, self._eval_buffers(session), self.x_te, self.y_te)
@@ -534,7 +548,7 @@ class Run:
         mlog.write(json.dumps(metrics) + "\n")
         mlog.flush()
         history.append(metrics)
-        self.save(session, epoch)
+        self.save(session, epoch, host)
         self.log(f"epoch {epoch}/{cfg.epochs}  loss {metrics['loss']:.4f} ({metrics['loss'] / math.log(2):.4f} "
                  f"bits/char)  val {res.line()}  {metrics['tokens_per_s']:.0f} tok/s")
         self._plot(history)
