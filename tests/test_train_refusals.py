@@ -285,3 +285,16 @@ def test_clip_never_turns_a_nan_gradient_finite():
             return Wrappers.emit_update(attrs.evolve(self, clip=0.0), b, opt, slots, params, safe, state, scalars)
 
     assert not nan_survives(SkipsOverflow(clip=1.0))  # the check above can fail
+
+
+def test_compare_refuses_bitmaps_of_different_lengths_under_one_set_id(tmp_path, capsys):
+    from hloforge.train.compare import compare_runs
+
+    for name, n in (("a", 2000), ("b", 1999)):
+        (tmp_path / name).mkdir()
+        np.savez(tmp_path / name / "eval_correct.npz", correct=np.arange(n) % 3 == 0, set_id="x:test:2000:00", epoch=1)
+    with pytest.raises(DataError, match=r"hold \[2000\] and \[1999\] results"):
+        compare_runs(str(tmp_path / "a"), str(tmp_path / "b"), log=lambda s: None)
+    np.savez(tmp_path / "b" / "eval_correct.npz", correct=np.arange(2000) % 3 != 0, set_id="x:test:2000:00", epoch=1)
+    nb, nc, p = compare_runs(str(tmp_path / "a"), str(tmp_path / "b"), log=lambda s: None)  # all 2,000 disagree
+    assert (nb, nc) == (667, 1333) and p == pytest.approx(6.12997224342e-51, rel=1e-9)
