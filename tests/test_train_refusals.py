@@ -298,3 +298,20 @@ def test_compare_refuses_bitmaps_of_different_lengths_under_one_set_id(tmp_path,
     np.savez(tmp_path / "b" / "eval_correct.npz", correct=np.arange(2000) % 3 != 0, set_id="x:test:2000:00", epoch=1)
     nb, nc, p = compare_runs(str(tmp_path / "a"), str(tmp_path / "b"), log=lambda s: None)  # all 2,000 disagree
     assert (nb, nc) == (667, 1333) and p == pytest.approx(6.12997224342e-51, rel=1e-9)
+
+
+def test_a_checkpoint_of_a_net_with_nested_tuples_matches_its_own_net():
+    """fpnDetect's anchors are tuples of tuples; the checkpoint's spec comes back through JSON as lists,
+    and `--resume` (and eval of its run directory) refused fpn-mini's own run as "not 'fpn-mini'"."""
+    import json
+
+    from hloforge.train.trainer import check_matches
+    from hloforge.zoo import get_net
+
+    cfg = TrainConfig(net="fpn-mini", data="shapes")
+    spec = get_net(cfg.net)
+    variant = cfg.variant(spec)
+    meta = json.loads(json.dumps({"spec": spec.to_dict(), "variant": attrs.asdict(variant), "backend": "xla"}))
+    check_matches("ckpt", meta, variant.apply_to(spec), variant, "xla")
+    with pytest.raises(DataError, match="is of net 'fpn-mini', not 'fpn-mini-2'"):
+        check_matches("ckpt", meta, attrs.evolve(spec, name="fpn-mini-2"), variant, "xla")

@@ -606,8 +606,9 @@ class Run:
 
 def check_matches(path: str, meta: dict[str, Any], spec: NetSpec, variant: Variant, backend: str,
                   allow_cross_backend: bool = False) -> None:
-    """Refuse a checkpoint of another net, variant or backend with one clear line."""
-    if meta.get("spec") != spec.to_dict():
+    """Refuse a checkpoint of another net, variant or backend with one clear line. The stored spec came
+    back through JSON (a nested tuple, e.g. fpnDetect's anchors, as lists), so it is compared as JSON."""
+    if meta.get("spec") != json.loads(json.dumps(spec.to_dict())):
         raise DataError(f"checkpoint {path} is of net {meta.get('spec', {}).get('name')!r}, not {spec.name!r} "
                         "(its spec differs)")
     if meta.get("variant") != attrs.asdict(variant):
