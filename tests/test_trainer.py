@@ -49,6 +49,36 @@ def test_mcnemar_exact_known_values():
     assert mcnemar_exact(a, a)[2] == 1.0
 
 
+def exact_mcnemar(b: int, c: int) -> float:
+    """2·P[Binom(b+c, ½) ≤ min(b, c)] in integers (Python's int / int rounds once, whatever the size)."""
+    n, k = b + c, min(b, c)
+    total, term = 0, 1
+    for i in range(k + 1):
+        total, term = total + term, term * (n - i) // (i + 1)
+    return min(1.0, 2 * total / (1 << n))
+
+
+@pytest.mark.parametrize("b,c,p", [(950, 1050, 0.026824146240281), (1000, 1000, 1.0),
+                                   (800, 1200, 3.505006206935645e-19), (49_500, 50_500, 0.0015823598788516),
+                                   (49_000, 51_000, 2.5887160383469e-10)])
+def test_mcnemar_exact_past_1023_disagreements(b, c, p):
+    """`compare` on a CIFAR- or ImageNet-sized eval set: 2^n overflowed a float past n = 1023."""
+    a = np.array([1] * b + [0] * c + [1] * 7, bool)
+    z = np.array([0] * b + [1] * c + [1] * 7, bool)
+    nb, nc, got = mcnemar_exact(a, z)
+    assert (nb, nc) == (b, c)
+    assert got == pytest.approx(exact_mcnemar(b, c), rel=1e-9, abs=1e-300)
+    assert got == pytest.approx(p, rel=1e-9, abs=1e-300)
+
+
+def test_mcnemar_exact_in_the_millions():
+    n = 2_000_000
+    a = np.zeros(n, bool)
+    a[: n // 2 - 1000] = True
+    _, _, p = mcnemar_exact(a, ~a)  # b = 999,000, c = 1,001,000: z ≈ 1.41
+    assert p == pytest.approx(0.1575, abs=2e-3)  # the normal approximation, 0.15751, is good here
+
+
 def test_topk_and_schedule_and_bn_weight():
     logits = np.array([[0.1, 0.5, 0.2], [0.9, 0.0, 0.3]])
     assert topk_correct(logits, np.array([2, 2]), 1).tolist() == [False, False]
