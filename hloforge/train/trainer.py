@@ -29,7 +29,7 @@ from hloforge.core.registry import default_registry
 from hloforge.core.spec import NetSpec
 from hloforge.core.variant import SHADOW, Variant, ema_decay_at
 from hloforge.datasets.stream import DataRef, Feed, split_labels
-from hloforge.train import autotune, fp8
+from hloforge.train import autotune, fp8, rundir
 from hloforge.train import checkpoint as ckpt
 from hloforge.train.metrics import eval_set_id, topk_correct, wilson
 from hloforge.train.mixing import Mixer
@@ -415,6 +415,11 @@ class Run:
                      decay_rate=c.decay_rate, steps_per_epoch=per_epoch)
 
     def train(self, resume: bool = False, cross_backend: bool = False) -> dict[str, Any]:
+        """The run, holding its directory's lock throughout (rundir.locked)."""
+        with rundir.locked(self.dir, self.ckpt_path):
+            return self._train(resume, cross_backend)
+
+    def _train(self, resume: bool, cross_backend: bool) -> dict[str, Any]:
         cfg = self.cfg
         tuning = autotune.resolve(self.spec, cfg.batch // cfg.replicas, self.backend, autotune=cfg.autotune,
                                   recorded=cfg.tuned)
@@ -437,9 +442,7 @@ class Run:
         elif os.path.exists(self.ckpt_path):
             raise HloforgeError(f"run directory {self.dir} already holds a checkpoint; pass --resume to continue it, "
                                 "or --tag/--run-dir for a new run")
-        os.makedirs(self.dir, exist_ok=True)
-        with open(os.path.join(self.dir, "config.toml"), "w", encoding="utf-8") as f:
-            f.write(cfg.to_toml())
+        ckpt.write_atomic(os.path.join(self.dir, "config.toml"), cfg.to_toml().encode(), "config")
         self.log(f"hloforge: {self.spec.name} ({self.spec.param_count():,} params) on {cfg.data} "
                  f"({self.feed.n} train / {len(self.y_te)} test) | backend {self.backend.backend_name()}")
         if self.lm and hasattr(self.data, "bigram_bits"):
@@ -453,6 +456,8 @@ class Run:
             self.log(f"  {tuning.summary()}")
         w = bn_weight(cfg.bn_momentum, self.variant.accum)
         metrics: dict[str, Any] = {}
+        if start:
+            rundir.rewind_metrics(self.dir, session.step)
         history = self._history() if start else []
         mlog = open(os.path.join(self.dir, "metrics.jsonl"), "a" if start else "w", encoding="utf-8")
         try:
@@ -461,6 +466,7 @@ class Run:
                 losses = []
                 bar = self._bar(epoch)
                 for s, (xb, yb) in enumerate(self.feed.epoch(epoch)):
+                    ckpt.mark("step", epoch, s)
                     step = session.step
                     lr = self.lr(step)
                     loss = self.step(session, xb, yb, lr)
@@ -487,6 +493,7 @@ class Run:
                     metrics = self._lm_epoch(evaluator, session, epoch, losses, secs, mlog, history)
                     continue
                 assert self.task is not None
+                ckpt.mark("eval", epoch)
                 ev = self.task.evaluate(evaluator, self._eval_buffers(session))
                 metrics = {"kind": "epoch", "epoch": epoch, "step": session.step, "loss": float(np.mean(losses)),
                            "lr": self.lr(session.step - 1), **ev.metrics,
@@ -498,12 +505,13 @@ class Run:
                     ev_ema = self.task.evaluate(evaluator, shadow)
                     metrics.update(self.task.ema_metrics(ev_ema))
                     ema_line = f"  ema {ev_ema.line.removeprefix('test ')}"
+                ckpt.mark("logs", epoch)
                 mlog.write(json.dumps(metrics) + "\n")
                 mlog.flush()
                 history.append(metrics)
                 if ev.correct is not None:
-                    np.savez(os.path.join(self.dir, BITMAP), correct=ev.correct, set_id=self.meta(0, 0)["eval_set"],
-                             epoch=epoch)
+                    rundir.save_npz(os.path.join(self.dir, BITMAP), correct=ev.correct,
+                                    set_id=self.meta(0, 0)["eval_set"], epoch=epoch)
                 self.save(session, epoch)
                 self.log(f"epoch {epoch}/{cfg.epochs}  loss {metrics['loss']:.4f}  {ev.line}{ema_line}  "
                          f"{metrics['images_per_s']:.0f} img/s")
