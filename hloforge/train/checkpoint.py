@@ -98,8 +98,8 @@ def write_atomic(path: str, data: bytes, what: str, *, fault: bool = False) -> N
             os.remove(tmp)
         except OSError:
             pass
-        old = "the previous one is untouched" if os.path.exists(path) else "there was none before"
-        raise HloforgeError(f"could not write {what} {path}: {e.strerror or e} ({old}); "
+        old = f"the previous {what} is whole" if os.path.exists(path) else f"there was no {what} before"
+        raise HloforgeError(f"could not write {what} {path}: {e.strerror or e} ({old}, the temp file removed); "
                             "free space and --resume") from None
     _fsync_dir(os.path.dirname(os.path.abspath(path)))
 
