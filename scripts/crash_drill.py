@@ -226,6 +226,9 @@ def drill(backend: str, kills: int, seed: int = 0, epochs: int = 3, work: str | 
                 if json.loads(line)["kind"] == "step") // epochs
     log(f"{backend}: uninterrupted run's loop {loop_s:.1f}s ({epochs} epochs of {steps} steps); {kills} kills in {got}")
     while len(report.kills) < kills:
+        if checkpoint_epoch(os.path.join(got, RUN)) == epochs:  # a kill after the last checkpoint: compare, anew
+            compare(os.path.join(ref, RUN), os.path.join(got, RUN), report)
+            _fresh(got)
         target = targets[len(report.kills) % len(targets)] if targets else rng.choice(TARGETS)
         kill = one_kill(rng, target, config, got, env, epochs, steps, slow_write, loop_s)
         if kill.rc == 0:  # the run finished before the kill: compare it, then drill a new one
@@ -246,10 +249,12 @@ def drill(backend: str, kills: int, seed: int = 0, epochs: int = 3, work: str | 
         report.kills.append(kill)
         log(f"  kill {len(report.kills):2d}: aimed {kill.target}, landed {kill.landed} ({kill.at}); "
             f"checkpoint at epoch {kill.ckpt_epoch}")
-    final = run_once(config, got, env, resume=checkpoint_epoch(os.path.join(got, RUN)) is not None)
-    if final.returncode:
-        report.failures.append(f"the last resume failed: {final.stderr.strip().splitlines()[-1:]}")
-        return report
+    done = checkpoint_epoch(os.path.join(got, RUN))
+    if done != epochs:  # the last run: to the end, unkilled
+        final = run_once(config, got, env, resume=done is not None)
+        if final.returncode:
+            report.failures.append(f"the last resume failed: {final.stderr.strip().splitlines()[-1:]}")
+            return report
     compare(os.path.join(ref, RUN), os.path.join(got, RUN), report)
     return report
 
