@@ -2,7 +2,8 @@
 
 A run directory holds config.toml (the whole resolved config: `--config` on it
 reproduces the run), metrics.jsonl, checkpoint.safetensors, eval_correct.npz
-(the per-example bitmap of the last eval) and loss/accuracy plots.
+(the per-example bitmap of the last eval) and loss/accuracy plots, each replaced whole, and
+`.lock`, held by the one process training into it (hloforge.train.rundir).
 
 A net with per-token logits [T, vocab] is a language model: it trains with the per-token
 loss `tokenCrossEntropy` on a token dataset (`text`), and each epoch is scored in bits per
@@ -12,6 +13,7 @@ baseline of the same corpus). Everything else — run directory, checkpoints, re
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -587,8 +589,10 @@ class Run:
             b.set(xlabel="epoch", ylabel="test accuracy (%)")
             b.legend()
         fig.tight_layout()
-        fig.savefig(os.path.join(self.dir, "curves.png"), dpi=90)
+        png = io.BytesIO()
+        fig.savefig(png, format="png", dpi=90)
         plt.close(fig)
+        ckpt.write_atomic(os.path.join(self.dir, "curves.png"), png.getvalue(), "plot")
 
 
 def check_matches(path: str, meta: dict[str, Any], spec: NetSpec, variant: Variant, backend: str,
