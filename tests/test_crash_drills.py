@@ -47,6 +47,12 @@ def train_argv(backend: str, *extra: str, epochs: int = 3) -> list[str]:
             "--run-dir", "run", "--no-progress", *extra]
 
 
+def error_lines(stderr: str) -> list[str]:
+    """hloforge's own lines (an environment's warnings aside), with no traceback among them."""
+    assert "Traceback" not in stderr, stderr
+    return [line for line in stderr.splitlines() if line.startswith("hloforge:")]
+
+
 def read(path) -> bytes:
     with open(path, "rb") as f:
         return f.read()
@@ -145,7 +151,7 @@ def _disk_full(backend: str, tmp_path) -> tuple[str, subprocess.CompletedProcess
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_full_disk_mid_checkpoint_keeps_the_previous_one_and_says_so(backend, tmp_path):
     how, r, run = _disk_full(backend, tmp_path)
-    err = [line for line in r.stderr.splitlines() if line.strip()]
+    err = error_lines(r.stderr)
     assert r.returncode == 2 and len(err) == 1, (how, r.returncode, r.stderr)
     assert err[0].startswith("hloforge: error: could not write checkpoint run/checkpoint.safetensors: ")
     assert ("No space left on device" if how == "tmpfs" else "File too large") in err[0]
@@ -177,7 +183,7 @@ def test_a_second_trainer_in_the_same_run_directory_is_refused_and_a_resume_afte
         for extra in ((), ("--resume",)):
             r = subprocess.run(train_argv("xla", *extra), cwd=tmp_path, capture_output=True, text=True,
                                timeout=TIMEOUT)
-            err = [line for line in r.stderr.splitlines() if line.strip()]
+            err = error_lines(r.stderr)
             assert r.returncode == 2 and len(err) == 1, r.stderr
             assert err[0] == (f"hloforge: error: run directory run is in use by another hloforge process (pid "
                               f"{first.pid}); wait for it to end, or pass --run-dir/--tag for a new run")
