@@ -149,7 +149,7 @@ def _disk_full(backend: str, tmp_path) -> tuple[str, subprocess.CompletedProcess
 
 
 def test_a_full_disk_mid_checkpoint_keeps_the_previous_one_and_says_so(tmp_path):
-    backend = "xla"  # the write path is the backends' own; one suffices
+    backend = "xla"  # the write path is the same on every backend; one suffices
     how, r, run = _disk_full(backend, tmp_path)
     err = error_lines(r.stderr)
     assert r.returncode == 2 and len(err) == 1, (how, r.returncode, r.stderr)
