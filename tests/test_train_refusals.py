@@ -40,7 +40,8 @@ def test_a_non_finite_or_negative_train_flag_is_one_line_and_writes_nothing(flag
                                                                            monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(["train", f"{flag}={value}", "--epochs", "1"]) != 0
-    assert flag.removeprefix("--").replace("-", "_") in one_line_error(capsys)
+    line = one_line_error(capsys)  # the CLI refuses it naming the flag; the config, naming its field
+    assert flag in line or flag.removeprefix("--").replace("-", "_") in line
     assert not (tmp_path / "runs").exists()
 
 

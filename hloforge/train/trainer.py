@@ -2,7 +2,8 @@
 
 A run directory holds config.toml (the whole resolved config: `--config` on it
 reproduces the run), metrics.jsonl, checkpoint.safetensors, eval_correct.npz
-(the per-example bitmap of the last eval) and loss/accuracy plots.
+(the per-example bitmap of the last eval) and loss/accuracy plots, each replaced whole, and
+`.lock`, held by the one process training into it (hloforge.train.rundir).
 
 A net with per-token logits [T, vocab] is a language model: it trains with the per-token
 loss `tokenCrossEntropy` on a token dataset (`text`), and each epoch is scored in bits per
@@ -12,6 +13,7 @@ baseline of the same corpus). Everything else — run directory, checkpoints, re
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -29,7 +31,7 @@ from hloforge.core.registry import default_registry
 from hloforge.core.spec import NetSpec
 from hloforge.core.variant import SHADOW, Variant, ema_decay_at
 from hloforge.datasets.stream import DataRef, Feed, split_labels
-from hloforge.train import autotune, fp8
+from hloforge.train import autotune, fp8, rundir
 from hloforge.train import checkpoint as ckpt
 from hloforge.train.configio import as_tuple, check_fields, toml_value
 from hloforge.train.metrics import check_ids, eval_set_id, topk_correct, wilson
@@ -434,6 +436,11 @@ class Run:
                      decay_rate=c.decay_rate, steps_per_epoch=per_epoch)
 
     def train(self, resume: bool = False, cross_backend: bool = False) -> dict[str, Any]:
+        """The run, holding its directory's lock throughout (rundir.locked)."""
+        with rundir.locked(self.dir, self.ckpt_path):
+            return self._train(resume, cross_backend)
+
+    def _train(self, resume: bool, cross_backend: bool) -> dict[str, Any]:
         cfg = self.cfg
         tuning = autotune.resolve(self.spec, cfg.batch // cfg.replicas, self.backend, autotune=cfg.autotune,
                                   recorded=cfg.tuned)
@@ -456,9 +463,7 @@ class Run:
         elif os.path.exists(self.ckpt_path):
             raise HloforgeError(f"run directory {self.dir} already holds a checkpoint; pass --resume to continue it, "
                                 "or --tag/--run-dir for a new run")
-        os.makedirs(self.dir, exist_ok=True)
-        with open(os.path.join(self.dir, "config.toml"), "w", encoding="utf-8") as f:
-            f.write(cfg.to_toml())
+        ckpt.write_atomic(os.path.join(self.dir, "config.toml"), cfg.to_toml().encode(), "config")
         self.log(f"hloforge: {self.spec.name} ({self.spec.param_count():,} params) on {cfg.data} "
                  f"({self.feed.n} train / {len(self.y_te)} test) | backend {self.backend.backend_name()}")
         if self.lm and hasattr(self.data, "bigram_bits"):
@@ -472,6 +477,8 @@ class Run:
             self.log(f"  {tuning.summary()}")
         w = bn_weight(cfg.bn_momentum, self.variant.accum)
         metrics: dict[str, Any] = {}
+        if start:
+            rundir.rewind_metrics(self.dir, session.step)
         history = self._history() if start else []
         mlog = open(os.path.join(self.dir, "metrics.jsonl"), "a" if start else "w", encoding="utf-8")
         try:
@@ -480,6 +487,7 @@ class Run:
                 losses = []
                 bar = self._bar(epoch)
                 for s, (xb, yb) in enumerate(self.feed.epoch(epoch)):
+                    ckpt.mark("step", epoch, s)
                     step = session.step
                     lr = self.lr(step)
                     loss = self.step(session, xb, yb, lr)
@@ -507,6 +515,7 @@ class Run:
                     metrics = self._lm_epoch(evaluator, session, epoch, losses, secs, mlog, history, host)
                     continue
                 assert self.task is not None
+                ckpt.mark("eval", epoch)
                 ev = self.task.evaluate(evaluator, self._eval_buffers(session))
                 metrics = {"kind": "epoch", "epoch": epoch, "step": session.step, "loss": float(np.mean(losses)),
                            "lr": self.lr(session.step - 1), **ev.metrics,
@@ -518,12 +527,13 @@ class Run:
                     ev_ema = self.task.evaluate(evaluator, shadow)
                     metrics.update(self.task.ema_metrics(ev_ema))
                     ema_line = f"  ema {ev_ema.line.removeprefix('test ')}"
+                ckpt.mark("logs", epoch)
                 mlog.write(json.dumps(metrics) + "\n")
                 mlog.flush()
                 history.append(metrics)
                 if ev.correct is not None:
-                    np.savez(os.path.join(self.dir, BITMAP), correct=ev.correct, set_id=self.meta(0, 0)["eval_set"],
-                             epoch=epoch)
+                    rundir.save_npz(os.path.join(self.dir, BITMAP), correct=ev.correct,
+                                    set_id=self.meta(0, 0)["eval_set"], epoch=epoch)
                 self.save(session, epoch, host)
                 self.log(f"epoch {epoch}/{cfg.epochs}  loss {metrics['loss']:.4f}  {ev.line}{ema_line}  "
                          f"{metrics['images_per_s']:.0f} img/s")
@@ -600,8 +610,10 @@ class Run:
             b.set(xlabel="epoch", ylabel="test accuracy (%)")
             b.legend()
         fig.tight_layout()
-        fig.savefig(os.path.join(self.dir, "curves.png"), dpi=90)
+        png = io.BytesIO()
+        fig.savefig(png, format="png", dpi=90)
         plt.close(fig)
+        ckpt.write_atomic(os.path.join(self.dir, "curves.png"), png.getvalue(), "plot")
 
 
 def check_matches(path: str, meta: dict[str, Any], spec: NetSpec, variant: Variant, backend: str,
