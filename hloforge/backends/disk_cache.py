@@ -57,17 +57,18 @@ def touch(path: Path) -> None:
 
 
 def max_bytes() -> int:
-    """$HLOFORGE_CACHE_MAX_MB (a whole number of MiB, 0: keep nothing) in bytes."""
+    """$HLOFORGE_CACHE_MAX_MB (a whole number of MiB; 0 keeps only the entry just written) in bytes."""
     text = os.environ.get(MAX_MB_ENV_VAR, str(DEFAULT_MAX_MB)).strip()
     if not text.isdigit():
         raise BackendError(f"{MAX_MB_ENV_VAR}={text!r}: expected a whole number of MiB (default {DEFAULT_MAX_MB})")
     return int(text) * 2**20
 
 
-def prune(directory: Path, suffix: str, limit: int | None = None) -> list[Path]:
-    """Delete the least recently used `*suffix` entries of `directory` until the rest fit in `limit`
-    bytes (default :func:`max_bytes`); returns what was deleted. Another process's entry that
-    vanishes meanwhile is skipped; an entry a reader has open stays readable to it (POSIX)."""
+def prune(directory: Path, suffix: str, keep: Path | None = None, limit: int | None = None) -> list[Path]:
+    """Delete the least recently used `*suffix` entries of `directory` but `keep` (the one just
+    written) until the rest fit in `limit` bytes (default :func:`max_bytes`); returns what was
+    deleted. Another process's entry that vanishes meanwhile is skipped; an entry a reader has open
+    stays readable to it (POSIX)."""
     limit = max_bytes() if limit is None else limit
     now = time.time()
     entries = []
@@ -91,6 +92,8 @@ def prune(directory: Path, suffix: str, limit: int | None = None) -> list[Path]:
     for _, size, path in sorted(entries, key=lambda e: e[0]):
         if total <= limit:
             break
+        if path == keep:
+            continue
         try:
             path.unlink()
         except FileNotFoundError:

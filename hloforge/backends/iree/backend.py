@@ -327,7 +327,7 @@ class IreeBackend:
             touch(path)
         else:
             write_atomic(path, self._compile_vmfb(mlir_text, path))
-            prune(self.cache_dir, ".vmfb")
+            prune(self.cache_dir, ".vmfb", keep=path)
         return path, hit
 
     def compile(self, mlir_text: str, num_replicas: int = 1) -> IreeExecutable:

@@ -162,7 +162,7 @@ class ExecutableCache:
             return exe
         try:
             write_atomic(path, encode_entry(key, material, payload))
-            prune(self.directory, SUFFIX)
+            prune(self.directory, SUFFIX, keep=path)
         except OSError as e:
             _warn(f"XLA cache: cannot write {path} ({e.strerror or e}); the executable is not cached")
         return exe
