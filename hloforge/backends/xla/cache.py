@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from hloforge.backends.base import cache_root
-from hloforge.backends.disk_cache import prune, sha256_key, touch, write_atomic
+from hloforge.backends.disk_cache import max_bytes, prune, sha256_key, touch, write_atomic
 from hloforge.backends.xla.pjrt import Client, Executable
 from hloforge.core.errors import BackendError
 
@@ -133,6 +133,7 @@ class ExecutableCache:
     """Compiles through a Client, loading from and storing to one cache directory."""
 
     def __init__(self, directory: str | os.PathLike[str] | None = None):
+        cache_enabled(), max_bytes()  # a bad setting fails here, before a net is rendered (and at compile)
         self.directory = Path(directory) if directory is not None else default_cache_dir()
         #: compiles and cache hits made through this cache (tests read these)
         self.stats = {"compiles": 0, "hits": 0, "compile_s": 0.0, "load_s": 0.0}
