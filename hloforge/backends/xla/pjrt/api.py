@@ -188,11 +188,19 @@ def load_api(path: str) -> Api:
         return _APIS[key]
 
 
+_STDERR_LOCK = threading.Lock()  # two captures at once would restore each other's capture file
+
+
 @contextlib.contextmanager
 def stderr_without(drop: re.Pattern[bytes]) -> Iterator[None]:
     """Run the body with file descriptor 2 captured, then write back every line `drop` does not
     match: for a plugin's known-harmless log lines (its C++ logging writes to fd 2 directly). A line
     another thread writes meanwhile comes out after the body, not lost."""
+    with _STDERR_LOCK:
+        yield from _stderr_without(drop)
+
+
+def _stderr_without(drop: re.Pattern[bytes]) -> Iterator[None]:
     sys.stderr.flush()
     try:
         saved = os.dup(2)
