@@ -269,3 +269,11 @@ def test_a_hit_keeps_the_plugins_harmless_load_log_off_stderr(cache, capfd):
     with stderr_without(re.compile(rb"^drop")):
         os.write(2, b"drop this\nkeep this\n")
     assert capfd.readouterr().err == "keep this\n"
+
+
+def test_the_serialization_structs_are_the_headers():
+    """PJRT_STRUCT_SIZE at header minor 94 (pjrt_c_api.h): what the plugin checks struct_size against."""
+    from hloforge.backends.xla.pjrt.declarations import _struct_size
+
+    assert _struct_size("PJRT_Executable_Serialize_Args") == 7 * 8
+    assert _struct_size("PJRT_Executable_DeserializeAndLoad_Args") == 8 * 8

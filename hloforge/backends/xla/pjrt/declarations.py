@@ -17,6 +17,8 @@ import cffi
 # the tail of a larger one. Every struct used here matches the 0.106 CPU plugin.
 # PJRT_Api lists every function pointer in header order; the ones hloforge does not
 # call are void* placeholders that keep the later offsets right.
+# Executable_Serialize / Executable_DeserializeAndLoad (the XLA cache's): 56 and 64 bytes at minor
+# 94, which the 0.106 CPU plugin takes (it would name its own size if it wanted more).
 
 #: PJRT_API_MINOR of the header the declarations below were transcribed from.
 HEADER_MINOR = 94
