@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
@@ -46,7 +45,7 @@ class XlaBackend:
         """`devices`: a client with that many devices (on the CPU plugin, exactly that many).
         `cache_dir`: where executables are cached (default $HLOFORGE_CACHE_DIR/xla)."""
         self.client = client or (default_client() if devices is None else client_with_devices(devices))
-        self.cache = ExecutableCache(Path(cache_dir) if cache_dir is not None else None)
+        self.cache = ExecutableCache(cache_dir)
         #: compiles and cache hits made through this backend (tests read these)
         self.stats = self.cache.stats
 
