@@ -277,3 +277,19 @@ def test_the_serialization_structs_are_the_headers():
 
     assert _struct_size("PJRT_Executable_Serialize_Args") == 7 * 8
     assert _struct_size("PJRT_Executable_DeserializeAndLoad_Args") == 8 * 8
+
+
+def test_a_plugin_that_cannot_serialize_warns_once_and_still_compiles(cache, monkeypatch):
+    from hloforge.backends.xla.pjrt import Executable
+
+    def refuse(self):
+        raise BackendError("XLA failed serializing an executable: no [UNIMPLEMENTED]")
+
+    monkeypatch.setattr(Executable, "serialize", refuse)
+    monkeypatch.setattr(xla_cache, "_UNSERIALIZABLE", set())
+    be = XlaBackend()
+    with pytest.warns(XlaCacheWarning, match="cannot serialize") as caught:
+        first, second = be.compile(STEP), be.compile(STEP)
+    assert len(caught) == 1 and not first.cache_hit and not second.cache_hit and be.stats["compiles"] == 2
+    assert not cache.exists() or not entries(cache)
+    np.testing.assert_allclose(run_step(be, second)[0], W - 0.1, rtol=1e-6)

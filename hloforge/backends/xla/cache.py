@@ -35,6 +35,7 @@ SUFFIX = ".xlaexe"
 # material), the payload's sha256 (32 bytes), the payload (the plugin's serialized executable).
 MAGIC = b"hloforge xla executable 1\n"
 _LENGTH = struct.Struct("<Q")
+_UNSERIALIZABLE: set[str] = set()  # plugins that said so (warned once per process)
 
 
 class XlaCacheWarning(UserWarning):
@@ -157,9 +158,11 @@ class ExecutableCache:
         exe = self._compile(client, mlir_text, options, num_replicas, scheduler)
         try:
             payload = exe.serialize()
-        except BackendError as e:  # a plugin without serialization: nothing to store
-            _warn(f"XLA cache: the {client.platform_name} plugin cannot serialize an executable "
-                  f"({getattr(e, 'plugin_message', e)}); not caching it")
+        except BackendError as e:  # a plugin without serialization: nothing to store (said once)
+            if client.plugin_path not in _UNSERIALIZABLE:
+                _UNSERIALIZABLE.add(client.plugin_path)
+                _warn(f"XLA cache: the {client.platform_name} plugin {client.plugin_path} cannot serialize an "
+                      f"executable ({getattr(e, 'plugin_message', e)}); its executables are not cached")
             return exe
         try:
             write_atomic(path, encode_entry(key, material, payload))
