@@ -38,7 +38,8 @@ def child(net: str, batch: int) -> dict[str, float | bool]:
     t2 = time.perf_counter()
     stats = be.stats
     return {"hit": bool(session.exe.cache_hit), "setup_s": t1 - t0, "compile_s": stats["compile_s"],
-            "load_s": stats["load_s"], "setup_cpu_s": c1 - c0, "first_step_s": t2 - t1, "to_first_step_s": t2 - t0, "loss": float(loss)}
+            "load_s": stats["load_s"], "setup_cpu_s": c1 - c0, "first_step_s": t2 - t1, "to_first_step_s": t2 - t0,
+            "loss": float(loss)}
 
 
 def run(net: str, batch: int, cache_dir: str) -> dict[str, float | bool]:
@@ -71,7 +72,8 @@ def main() -> None:
                 r = run(net, batch, cache_dir)
                 built = r["compile_s"] + r["load_s"]
                 print(f"| {net} ({batch}) | {label} | {'yes' if r['hit'] else 'no'} | {r['setup_s'] - built:.2f} | "
-                      f"{built:.2f} | {r['setup_cpu_s']:.2f} | {r['first_step_s']:.2f} | {r['to_first_step_s']:.2f} | {r['process_s']:.1f} |",
+                      f"{built:.2f} | {r['setup_cpu_s']:.2f} | {r['first_step_s']:.2f} | {r['to_first_step_s']:.2f} | "
+                      f"{r['process_s']:.1f} |",
                       flush=True)
 
 
