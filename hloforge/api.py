@@ -235,8 +235,7 @@ class Model:
                 history.append(logs)
                 self.history.append(logs)
                 if verbose:
-                    val = "".join(f"  {k} {v:.4f}" for k, v in logs.items() if k.startswith("val_") and "_lo" not in
-                                  k and "_hi" not in k and k != "val_n")
+                    val = "".join(f"  {k} {logs[k]:.4f}" for k in ("val_loss", "val_top1") if k in logs)
                     print(f"epoch {epoch} ({e}/{epochs})  loss {logs['loss']:.4f}{val}", file=sys.stderr)
                 for cb in callbacks:
                     cb.on_epoch_end(epoch, logs)
