@@ -18,9 +18,9 @@ PLUGIN_API_VERSION = 1
 if TYPE_CHECKING:
     from hloforge.api import Model, load
     from hloforge.callbacks import Callback, CSVLogger, EarlyStopping
+    from hloforge.core.lookup import Lookup
     from hloforge.core.spec import NetSpec
     from hloforge.core.variant import Variant
-    from hloforge.lookup import Lookup
 
     layers: Lookup
     from hloforge import losses
@@ -38,9 +38,9 @@ _LAZY = {
     "EarlyStopping": ("hloforge.callbacks", "EarlyStopping"),
     "CSVLogger": ("hloforge.callbacks", "CSVLogger"),
     "HloforgeError": ("hloforge.core.errors", "HloforgeError"),
-    "layers": ("hloforge.lookup", "layers"),
+    "layers": ("hloforge.core.lookup", "layers"),
     "losses": ("hloforge.losses", ""),  # the package, a lookup too (LookupModule)
-    "optimizers": ("hloforge.lookup", "optimizers"),
+    "optimizers": ("hloforge.core.lookup", "optimizers"),
 }
 
 __all__ = ["PLUGIN_API_VERSION", "__version__", "NetSpec", "Variant", "Model", "load", "Callback", "EarlyStopping",
