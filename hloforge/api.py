@@ -114,6 +114,7 @@ class Model:
         self._opt_state: list[np.ndarray] | None = None  # None: the optimizer's initial state (made by a session)
         self._running = [s.initial() for _, s in self.spec.stats()]
         self._step, self._epoch, self._batch = 0, 0, 32
+        self._data = "digits"  # the dataset a saved run directory names for `hloforge eval` (TrainConfig's default)
         self._sessions: dict[int, TrainSession] = {}
         self._forwards: dict[int, ForwardSession] = {}
         self.stop_training = False
@@ -350,10 +351,12 @@ class Model:
                            drop_path=v.drop_path, bn_eps=v.bn_eps, bn_momentum=self.bn_momentum, seed=self.seed,
                            run_dir=path)
 
-    def save(self, path: str, data: str = "digits", overwrite: bool = False) -> str:
+    def save(self, path: str, data: str | None = None, overwrite: bool = False) -> str:
         """Write the run directory `hloforge train` writes (config.toml and checkpoint.safetensors, by
         the trainer's own writers), so `hloforge eval DIR` scores it on `data`'s test split (the
-        dataset the config names) and `hf.load(DIR)` reads it back bit for bit. Returns `path`."""
+        dataset the config names; default: the one a loaded run named, else digits, `hloforge train`'s)
+        and `hf.load(DIR)` reads it back bit for bit. Returns `path`."""
+        data = data or self._data
         file = os.path.join(path, CHECKPOINT)
         if os.path.exists(file) and not overwrite:
             raise HloforgeError(f"{path} already holds a checkpoint; pass overwrite=True to replace it")
@@ -419,7 +422,7 @@ def load(path: str, backend: str | None = None) -> Model:
         model._running = [tensors[n] for n in state[k:]]
     except KeyError as e:
         raise DataError(f"checkpoint {file} lacks tensor {e.args[0]}; it is not of this net") from None
-    model._step, model._epoch, model._batch = int(meta["step"]), int(meta["epoch"]), cfg.batch
+    model._step, model._epoch, model._batch, model._data = int(meta["step"]), int(meta["epoch"]), cfg.batch, cfg.data
     return model
 
 

@@ -214,3 +214,18 @@ def test_docs_api_blocks_run(tmp_path: str, monkeypatch: pytest.MonkeyPatch) -> 
     for i, block in enumerate(blocks):
         exec(compile(block, f"docs/api.md block {i}", "exec"), ns)
     assert ns["scores"]["top1"] >= 0.97
+
+
+def test_fit_trains_what_hloforge_train_trains(tmp_path: str) -> None:
+    """The same seed, net and defaults: Model.fit on the digits arrays and `hloforge train`'s loop give
+    the same weights bit for bit, and hf.load reads the CLI's run directory."""
+    from hloforge.datasets.digits import Digits
+    from hloforge.train.trainer import TrainConfig, train
+
+    d = os.path.join(tmp_path, "cli")
+    train(TrainConfig(net="mnist-linear", epochs=2, run_dir=d), log=lambda s: None, progress=False)
+    x, y = Digits().arrays("train")
+    m = hf.Model("mnist-linear")
+    m.fit(x.reshape(len(x), 784), y, epochs=2, batch_size=64, verbose=False)
+    cli = hf.load(d)
+    assert cli._step == m._step and all(np.array_equal(cli.params[n], w) for n, w in m.params.items())
