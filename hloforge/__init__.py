@@ -17,7 +17,7 @@ PLUGIN_API_VERSION = 1
 
 if TYPE_CHECKING:
     from hloforge.api import Model, load
-    from hloforge.callbacks import Callback, CSVLogger, EarlyStopping
+    from hloforge.callbacks import Callback, CSVLogger, EarlyStopping, TensorBoard
     from hloforge.core.lookup import Lookup
     from hloforge.core.spec import NetSpec
     from hloforge.core.variant import Variant
@@ -37,6 +37,7 @@ _LAZY = {
     "Callback": ("hloforge.callbacks", "Callback"),
     "EarlyStopping": ("hloforge.callbacks", "EarlyStopping"),
     "CSVLogger": ("hloforge.callbacks", "CSVLogger"),
+    "TensorBoard": ("hloforge.callbacks", "TensorBoard"),
     "HloforgeError": ("hloforge.core.errors", "HloforgeError"),
     "layers": ("hloforge.core.lookup", "layers"),
     "losses": ("hloforge.losses", ""),  # the package, a lookup too (LookupModule)
@@ -44,7 +45,7 @@ _LAZY = {
 }
 
 __all__ = ["PLUGIN_API_VERSION", "__version__", "NetSpec", "Variant", "Model", "load", "Callback", "EarlyStopping",
-           "CSVLogger", "HloforgeError", "layers", "losses", "optimizers"]
+           "CSVLogger", "TensorBoard", "HloforgeError", "layers", "losses", "optimizers"]
 assert set(__all__) == {"PLUGIN_API_VERSION", "__version__", *_LAZY}  # one list, checked against the table
 
 

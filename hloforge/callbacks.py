@@ -9,7 +9,7 @@ import math
 import os
 from typing import Any
 
-from hloforge.core.errors import UnsupportedSpec
+from hloforge.core.errors import HloforgeError, UnsupportedSpec
 
 
 class Callback:
@@ -83,3 +83,36 @@ class CSVLogger(Callback):
             if first:
                 w.writeheader()
             w.writerow(logs)
+
+
+class TensorBoard(Callback):
+    """Each epoch's numeric metrics as TensorBoard scalars under `logdir` (and each step's loss when
+    `every_step`), written by tensorboardX's SummaryWriter: `pip install tensorboardX` (read back with
+    tensorboard's EventAccumulator or `tensorboard --logdir`)."""
+
+    def __init__(self, logdir: str, every_step: bool = False):
+        try:
+            from tensorboardX import SummaryWriter
+        except ImportError:
+            raise HloforgeError("the TensorBoard callback writes event files with tensorboardX, which is not "
+                                "installed; pip install tensorboardX") from None
+        self._writer_cls, self.logdir, self.every_step = SummaryWriter, logdir, every_step
+        self._writer: Any = None
+
+    def on_train_begin(self, logs: dict[str, Any]) -> None:
+        self._writer = self._writer_cls(self.logdir)
+
+    def on_step_end(self, step: int, logs: dict[str, Any]) -> None:
+        if self.every_step:
+            self._writer.add_scalar("step/loss", logs["loss"], step)
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> None:
+        for k, v in logs.items():
+            if k != "epoch" and isinstance(v, (int, float)):
+                self._writer.add_scalar(f"epoch/{k}", v, epoch)
+        self._writer.flush()
+
+    def on_train_end(self, logs: dict[str, Any]) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None

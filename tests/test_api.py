@@ -229,3 +229,21 @@ def test_fit_trains_what_hloforge_train_trains(tmp_path: str) -> None:
     m.fit(x.reshape(len(x), 784), y, epochs=2, batch_size=64, verbose=False)
     cli = hf.load(d)
     assert cli._step == m._step and all(np.array_equal(cli.params[n], w) for n, w in m.params.items())
+
+
+def test_tensorboard_without_its_writer_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "tensorboardX", None)  # as if not installed
+    with pytest.raises(HloforgeError, match="pip install tensorboardX"):
+        hf.TensorBoard("tb")
+
+
+def test_tensorboard_events_read_back(tmp_path: str) -> None:
+    pytest.importorskip("tensorboardX")
+    ea = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    x, y = blobs(32)
+    m = hf.Model(tiny_net())
+    h = m.fit(x, y, epochs=3, batch_size=16, verbose=False, callbacks=[hf.TensorBoard(str(tmp_path))])
+    acc = ea.EventAccumulator(str(tmp_path))
+    acc.Reload()
+    got = [(e.step, e.value) for e in acc.Scalars("epoch/loss")]
+    assert [s for s, _ in got] == [1, 2, 3] and np.allclose([v for _, v in got], h["loss"])
