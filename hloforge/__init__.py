@@ -1,7 +1,67 @@
-"""hloforge: declarative nets to StableHLO forward, eval and fused train-step programs."""
+"""hloforge: declarative nets to StableHLO forward, eval and fused train-step programs.
+
+The framework API (docs/api.md): `import hloforge as hf`, then `hf.Model(net).fit(x, y)`. Every
+name below resolves on first use, so `import hloforge` stays cheap (no backend, no plugin loads).
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
 # The plugin API this hloforge provides. A plugin module may declare the one it was written
 # for as a module-level `HLOFORGE_PLUGIN_API = 1`; the registry refuses a plugin that targets
 # another (no declaration means "the current one"). Bump it only when a hook or a base class
 # (Layer, Loss, Optimizer, Backend, Dataset) changes in a way existing plugins cannot follow.
 PLUGIN_API_VERSION = 1
+
+if TYPE_CHECKING:
+    from hloforge.api import Model, load
+    from hloforge.callbacks import Callback, CSVLogger, EarlyStopping, TensorBoard
+    from hloforge.core.lookup import Lookup
+    from hloforge.core.spec import NetSpec
+    from hloforge.core.variant import Variant
+
+    layers: Lookup
+    from hloforge import losses
+    from hloforge.core.errors import HloforgeError
+    optimizers: Lookup
+    __version__: str
+
+# public name -> (module, attribute)
+_LAZY = {
+    "NetSpec": ("hloforge.core.spec", "NetSpec"),
+    "Variant": ("hloforge.core.variant", "Variant"),
+    "Model": ("hloforge.api", "Model"),
+    "load": ("hloforge.api", "load"),
+    "Callback": ("hloforge.callbacks", "Callback"),
+    "EarlyStopping": ("hloforge.callbacks", "EarlyStopping"),
+    "CSVLogger": ("hloforge.callbacks", "CSVLogger"),
+    "TensorBoard": ("hloforge.callbacks", "TensorBoard"),
+    "HloforgeError": ("hloforge.core.errors", "HloforgeError"),
+    "layers": ("hloforge.core.lookup", "layers"),
+    "losses": ("hloforge.losses", ""),  # the package, a lookup too (LookupModule)
+    "optimizers": ("hloforge.core.lookup", "optimizers"),
+}
+
+__all__ = ["PLUGIN_API_VERSION", "__version__", "NetSpec", "Variant", "Model", "load", "Callback", "EarlyStopping",
+           "CSVLogger", "TensorBoard", "HloforgeError", "layers", "losses", "optimizers"]
+assert set(__all__) == {"PLUGIN_API_VERSION", "__version__", *_LAZY}  # one list, checked against the table
+
+
+def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        from hloforge.cli import version  # the one definition `hloforge --version` prints
+
+        value: Any = version()
+    elif name in _LAZY:
+        module, attr = _LAZY[name]
+        value = getattr(import_module(module), attr) if attr else import_module(module)
+    else:
+        raise AttributeError(f"module 'hloforge' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -88,6 +88,13 @@ def _eval(args: argparse.Namespace) -> None:
                         devices=args.devices)
 
 
+def _summary(args: argparse.Namespace) -> None:
+    from hloforge.api import summary_table
+    from hloforge.zoo import get_net
+
+    print(summary_table(get_net(args.net, args.classes, args.input)))
+
+
 def _verify(args: argparse.Namespace) -> int:
     from hloforge.testing.verify import verify
 
@@ -432,6 +439,11 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--devices", type=integer(1, MAX_PROCESSES),
                     help="the XLA CPU plugin's device count (default: the plugin's, 4)")
     sp.set_defaults(func=_eval)
+
+    sp = _command(sub, "summary", help="print a net's layers (kind, input → output shape, parameters) and totals")
+    sp.add_argument("net", help="a zoo name or a .toml/.json spec")
+    net_opts(sp)
+    sp.set_defaults(func=_summary)
 
     sp = _command(sub, "verify", help="gate every registered (or each named) plugin against its oracles; "
                                       "exit 1 on any failure")

@@ -1,0 +1,249 @@
+"""The framework API (hloforge.api, docs/api.md): fit / evaluate / predict on arrays, named tensors,
+save / load and `hloforge eval` on a saved directory, callbacks, input refusals, summaries."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import hloforge as hf
+from hloforge.callbacks import Callback
+from hloforge.core.errors import HloforgeError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def tiny_net(classes: int = 3) -> hf.NetSpec:
+    Dense = hf.layers.Dense
+    return hf.NetSpec("api-tiny", (4,), [Dense(8, act="relu"), Dense(classes)], classes)
+
+
+def blobs(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Three separable clusters in 4-d."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 3, n).astype(np.int32)
+    x = (rng.normal(size=(n, 4)) * 0.3 + np.eye(4, dtype=np.float64)[y] * 3).astype(np.float32)
+    return x, y
+
+
+@pytest.fixture(scope="module")
+def fitted() -> hf.Model:
+    x, y = blobs(96)
+    m = hf.Model(tiny_net(), lr=1e-2, schedule="constant")
+    m.fit(x, y, epochs=4, batch_size=16, verbose=False)
+    return m
+
+
+def test_public_names() -> None:
+    assert isinstance(hf.__version__, str) and hf.PLUGIN_API_VERSION == 1
+    for name in hf.__all__:
+        assert getattr(hf, name) is not None
+    assert hf.layers.Conv2d is hf.layers["conv2d"]
+    assert hf.losses["crossEntropy"].__name__ == "CrossEntropy" and hf.losses.CrossEntropy is hf.losses["crossEntropy"]
+    assert hf.optimizers["adam"] is hf.optimizers.Adam
+    with pytest.raises(AttributeError, match="no layer class 'Nope'"):
+        hf.layers.Nope  # noqa: B018
+
+
+def test_import_is_cheap() -> None:
+    out = subprocess.run([sys.executable, "-c", "import sys, hloforge; print(sorted(m for m in sys.modules if "
+                          "m.startswith(('jax', 'hloforge.core.registry', 'hloforge.train'))))"],
+                         capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]"
+
+
+def test_fit_evaluate_predict(fitted: hf.Model) -> None:
+    x, y = blobs(60, seed=1)
+    assert len(fitted.history) == 4 and fitted.history[-1]["loss"] < fitted.history[0]["loss"]
+    s = fitted.evaluate(x, y)
+    assert s["n"] == 60 and s["top1"] > 0.9 and s["top1_lo"] <= s["top1"] <= s["top1_hi"] + 1e-12 and s["top5"] == 1.0
+    assert np.isfinite(s["loss"])
+
+
+def test_predict_37_rows_batch_16(fitted: hf.Model) -> None:
+    x, _ = blobs(37, seed=2)
+    out = fitted.predict(x, batch_size=16)
+    assert out.shape == (37, 3)
+    # each row's logits do not depend on which batch (or padding) it was scored with
+    assert np.allclose(out[32:], fitted.predict(x[32:], batch_size=5), atol=1e-5)
+    ref = np.maximum(x @ fitted.params["0.w"] + fitted.params["0.b"], 0) @ fitted.params["1.w"] + fitted.params["1.b"]
+    assert np.allclose(out, ref, atol=1e-4)
+
+
+def test_ragged_batch_dropped_and_said(capfd: pytest.CaptureFixture[str]) -> None:
+    x, y = blobs(40)
+    m = hf.Model(tiny_net())
+    m.fit(x, y, epochs=1, batch_size=16)
+    assert "8 of 40 rows do not fill a batch of 16" in capfd.readouterr().err
+    assert m._step == 2  # two full batches, no padded third
+
+
+def test_params_assignment_checked(fitted: hf.Model) -> None:
+    m = hf.Model(tiny_net())
+    m.params = fitted.params
+    assert all(np.array_equal(m.params[n], w) for n, w in fitted.params.items())
+    with pytest.raises(HloforgeError, match=r"params\['0.w'\] has shape \[2, 2\], expected \[4, 8\]"):
+        m.params = {"0.w": np.zeros((2, 2), np.float32)}
+    with pytest.raises(HloforgeError, match=r"dtype float64, expected float32"):
+        m.params = {"0.w": np.zeros((4, 8))}
+    with pytest.raises(HloforgeError, match="no tensor named 'nope'"):
+        m.params = {"nope": np.zeros(1, np.float32)}
+    assert set(m.state) >= {"m/0.w", "v/1.b"}
+
+
+def test_save_load_bit_identical(fitted: hf.Model, tmp_path: str) -> None:
+    d = os.path.join(tmp_path, "run")
+    fitted.save(d, data="digits")
+    back = hf.load(d)
+    for a, b in ((fitted.params, back.params), (fitted.state, back.state)):
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    assert (back._step, back._epoch) == (fitted._step, fitted._epoch)
+    with pytest.raises(HloforgeError, match="already holds a checkpoint"):
+        fitted.save(d)
+
+
+def test_hloforge_eval_prints_the_evaluate_top1(tmp_path: str) -> None:
+    from hloforge.datasets.digits import Digits
+
+    data = Digits()
+    (x, y), (xt, yt) = data.arrays("train"), data.arrays("test")
+    m = hf.Model("mnist-linear", lr=1e-3)
+    m.fit(x.reshape(len(x), 784), y, epochs=1, batch_size=64, verbose=False)
+    ours = m.evaluate(xt.reshape(len(xt), 784), yt)
+    d = os.path.join(tmp_path, "lin")
+    m.save(d)
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    out = subprocess.run([sys.executable, "-m", "hloforge.cli", "eval", d], capture_output=True, text=True, env=env,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    hit = re.search(r"top-1 ([\d.]+)% \[[\d., ]+\] \((\d+)/(\d+)\)", out.stdout)
+    assert hit, out.stdout
+    assert (int(hit.group(2)), int(hit.group(3))) == (ours["correct"], ours["n"])
+
+
+class Plateau(Callback):
+    """Feeds EarlyStopping a validation metric that stops improving after epoch 2."""
+
+    def __init__(self, inner: Callback):
+        self.inner, self.epochs = inner, 0
+
+    def on_train_begin(self, logs: dict) -> None:
+        self.inner.model = self.model
+        self.inner.on_train_begin(logs)
+
+    def on_epoch_end(self, epoch: int, logs: dict) -> None:
+        self.epochs += 1
+        self.inner.on_epoch_end(epoch, {**logs, "val_loss": max(1.0 - 0.1 * self.epochs, 0.8)})
+
+
+def test_early_stopping_stops_on_a_plateau() -> None:
+    x, y = blobs(32)
+    m = hf.Model(tiny_net())
+    stop = hf.EarlyStopping("val_loss", patience=2)
+    probe = Plateau(stop)
+    h = m.fit(x, y, epochs=20, batch_size=16, callbacks=[probe], verbose=False)
+    assert len(h) == 4 and stop.stopped_epoch == 4  # best at epoch 2, two epochs without improvement
+
+
+def test_early_stopping_on_real_validation(tmp_path: str) -> None:
+    x, y = blobs(64)
+    m = hf.Model(tiny_net(), lr=1e-2)
+    log = os.path.join(tmp_path, "log.csv")
+    h = m.fit(x, y, epochs=40, batch_size=16, validation_data=blobs(32, 3), verbose=False,
+              callbacks=[hf.EarlyStopping("val_top1", patience=1), hf.CSVLogger(log)])
+    assert len(h) < 40
+    with open(log) as f:
+        rows = f.read().splitlines()
+    assert rows[0].startswith("epoch,loss,lr,seconds,val_top1") and len(rows) == len(h) + 1
+
+
+@pytest.mark.parametrize(("x", "y", "message"), [
+    (np.zeros((8, 4), np.complex64), np.zeros(8, int), "fit x has dtype complex64, expected real numbers"),
+    (np.zeros((8, 5), np.float32), np.zeros(8, int), r"fit x has shape \[8, 5\], expected \[8, 4\]"),
+    (np.zeros((8, 4), np.float32), np.full(8, 3), r"fit labels span 3..3, expected ids 0..2"),
+    (np.zeros((8, 4), np.float32), np.zeros(8, np.float32), "fit labels have dtype float32, expected integer ids"),
+    (np.zeros((0, 4), np.float32), np.zeros(0, int), r"fit x is empty \(0 rows\)"),
+    (np.full((8, 4), np.nan, np.float32), np.zeros(8, int), "fit x holds NaN or inf"),
+    (np.zeros((8, 4), np.float32), np.zeros(7, int), "x has 8 rows but y has 7"),
+])
+def test_bad_input_one_line_nothing_written(x: np.ndarray, y: np.ndarray, message: str, tmp_path: str,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    m = hf.Model(tiny_net())
+    before = {k: v.copy() for k, v in m.params.items()}
+    with pytest.raises(HloforgeError, match=message) as e:
+        m.fit(x, y, epochs=1, batch_size=4, callbacks=[hf.CSVLogger("log.csv")])
+    assert "\n" not in str(e.value)
+    assert os.listdir(tmp_path) == [] and m._step == 0
+    assert all(np.array_equal(before[k], v) for k, v in m.params.items())
+
+
+@pytest.mark.parametrize(("net", "total"), [("resnet18", 11_689_512), ("mobilenet_v2", 3_504_872),
+                                            ("mnist-mlp", 669_706)])
+def test_summary_totals(net: str, total: int) -> None:
+    text = hf.Model(net).summary()
+    assert f"{total:,} parameters" in text.splitlines()[-1]
+    rows = [r for r in text.splitlines()[2:-2]]
+    assert sum(int(r.split()[-1].replace(",", "")) for r in rows) == total
+
+
+def test_cli_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    from hloforge.cli import main
+
+    assert main(["summary", "resnet18"]) == 0
+    assert "11,689,512 parameters" in capsys.readouterr().out
+
+
+def python_blocks(path: str) -> list[str]:
+    with open(path, encoding="utf-8") as f:
+        return re.findall(r"^```python\n(.*?)^```", f.read(), re.S | re.M)
+
+
+def test_docs_api_blocks_run(tmp_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocks = python_blocks(os.path.join(ROOT, "docs", "api.md"))
+    assert len(blocks) >= 4
+    headline = blocks[0].strip().splitlines()
+    assert len(headline) <= 15
+    monkeypatch.chdir(tmp_path)
+    ns: dict = {}
+    for i, block in enumerate(blocks):
+        exec(compile(block, f"docs/api.md block {i}", "exec"), ns)
+    assert ns["scores"]["top1"] >= 0.97
+
+
+def test_fit_trains_what_hloforge_train_trains(tmp_path: str) -> None:
+    """The same seed, net and defaults: Model.fit on the digits arrays and `hloforge train`'s loop give
+    the same weights bit for bit, and hf.load reads the CLI's run directory."""
+    from hloforge.datasets.digits import Digits
+    from hloforge.train.trainer import TrainConfig, train
+
+    d = os.path.join(tmp_path, "cli")
+    train(TrainConfig(net="mnist-linear", epochs=2, run_dir=d), log=lambda s: None, progress=False)
+    x, y = Digits().arrays("train")
+    m = hf.Model("mnist-linear")
+    m.fit(x.reshape(len(x), 784), y, epochs=2, batch_size=64, verbose=False)
+    cli = hf.load(d)
+    assert cli._step == m._step and all(np.array_equal(cli.params[n], w) for n, w in m.params.items())
+
+
+def test_tensorboard_without_its_writer_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "tensorboardX", None)  # as if not installed
+    with pytest.raises(HloforgeError, match="pip install tensorboardX"):
+        hf.TensorBoard("tb")
+
+
+def test_tensorboard_events_read_back(tmp_path: str) -> None:
+    pytest.importorskip("tensorboardX")
+    ea = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    x, y = blobs(32)
+    m = hf.Model(tiny_net())
+    h = m.fit(x, y, epochs=3, batch_size=16, verbose=False, callbacks=[hf.TensorBoard(str(tmp_path))])
+    acc = ea.EventAccumulator(str(tmp_path))
+    acc.Reload()
+    got = [(e.step, e.value) for e in acc.Scalars("epoch/loss")]
+    assert [s for s, _ in got] == [1, 2, 3] and np.allclose([v for _, v in got], h["loss"])
