@@ -60,7 +60,7 @@ VARIANT_FLAGS = ("ema", "accum", "clip", "mixup", "cutmix", "dropout", "drop_pat
 TRAIN_FLAGS = ("net", "classes", "input", "data", "data_dir", "data_file", "workers", "augment", "backend", "epochs",
                "batch", "optimizer", "lr", "schedule", "warmup_epochs", "weight_decay", "label_smoothing", "seed",
                "run_dir", "tag", "replicas", "devices", "sync_bn", "loss", *VARIANT_FLAGS, "data_options",
-               "diffusion_steps", "beta_start", "beta_end", "autotune")
+               "diffusion_steps", "beta_start", "beta_end", "autotune", "decay_rate", "decay_epochs")
 
 
 def train_config(args: argparse.Namespace) -> TrainConfig:
@@ -397,6 +397,10 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--optimizer", help="an optimizer plugin (sgd, momentum, adam, adamw, ...)")
     sp.add_argument("--lr", type=positive_float, help="the peak learning rate")
     sp.add_argument("--schedule", choices=("cosine", "exp", "constant"), help="the learning-rate schedule")
+    sp.add_argument("--decay-rate", type=number(0.0, 1.0, lo_open=True),
+                    help="--schedule exp: the lr's factor every --decay-epochs")
+    sp.add_argument("--decay-epochs", type=positive_float, help="--schedule exp: the decay period in epochs "
+                                                                "(EfficientNet: --decay-rate 0.97 every 2.4)")
     sp.add_argument("--warmup-epochs", type=nonneg_float, help="linear warm-up to --lr over this many epochs")
     sp.add_argument("--weight-decay", type=variant_value("weight_decay", finite_float),
                     help="decoupled weight decay (default: the optimizer's own)")

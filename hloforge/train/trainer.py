@@ -68,6 +68,7 @@ class TrainConfig:
     schedule: str = "cosine"
     warmup_epochs: float = 0.0
     decay_rate: float = 0.97
+    decay_epochs: float = 1.0  # --schedule exp: the lr is ×decay_rate every decay_epochs epochs
     weight_decay: float | None = None
     label_smoothing: float = 0.0
     loss: str = ""  # empty: the one the net and dataset call for (hloforge.train.tasks.default_loss)
@@ -140,6 +141,9 @@ class TrainConfig:
             raise UnsupportedSpec(f"lr must be a positive number, got {self.lr}")
         if self.schedule not in SCHEDULES:
             raise UnsupportedSpec(f"unknown schedule {self.schedule!r}; expected one of {list(SCHEDULES)}")
+        if not 0.0 < self.decay_rate <= 1.0 or not self.decay_epochs > 0.0:
+            raise UnsupportedSpec(f"decay_rate must be in (0, 1] and decay_epochs positive, got decay_rate="
+                                  f"{self.decay_rate} decay_epochs={self.decay_epochs}")
         if not 0.0 <= self.bn_momentum < 1.0:
             raise UnsupportedSpec(f"bn_momentum must be in [0, 1), got {self.bn_momentum}")
         if self.replicas < 1 or (self.devices is not None and self.devices < 1):
@@ -412,7 +416,7 @@ class Run:
         per_epoch = self.steps_per_epoch // k
         return lr_at(step // k, base=c.lr, total_steps=c.epochs * per_epoch,
                      warmup_steps=int(c.warmup_epochs * per_epoch), schedule=c.schedule,
-                     decay_rate=c.decay_rate, steps_per_epoch=per_epoch)
+                     decay_rate=c.decay_rate, steps_per_epoch=per_epoch, decay_epochs=c.decay_epochs)
 
     def train(self, resume: bool = False, cross_backend: bool = False) -> dict[str, Any]:
         cfg = self.cfg
