@@ -10,6 +10,8 @@ leading θ tensors alone for a caller that needs them more often.
 `resident=False` is the copying path: θ and state go back to the host after every
 step and to the device before the next. It computes the same thing bit for bit;
 it exists to check that, and for drivers that want the whole state every step.
+Unset (`resident=None`), residency is the default and `HLOFORGE_RESIDENT=0` turns it
+off for the process (seed 000's environment switch), so every driver takes it alike.
 
 Sessions use only the backend interface of `hloforge.backends.base.Backend`.
 """
@@ -24,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from hloforge.backends.base import BACKEND_ENV_VAR, DEFAULT_BACKEND
-from hloforge.core.errors import DataError, UnsupportedSpec
+from hloforge.core.errors import BackendError, DataError, UnsupportedSpec
 from hloforge.core.modules import (
     TrainStepLayout,
     forward_module,
@@ -95,14 +97,26 @@ def _is_host(a: Any) -> bool:
     return isinstance(a, (np.ndarray, np.generic))
 
 
+RESIDENT_ENV_VAR = "HLOFORGE_RESIDENT"
+
+
+def resident_default() -> bool:
+    """$HLOFORGE_RESIDENT: 1 (the default) keeps θ and state on the device, 0 is the copying path;
+    anything else is one error line, never a guess."""
+    text = os.environ.get(RESIDENT_ENV_VAR, "1").strip()
+    if text not in ("0", "1"):
+        raise BackendError(f"{RESIDENT_ENV_VAR}={text!r}: expected 0 (residency off) or 1 (on, the default)")
+    return text == "1"
+
+
 class TrainSession:
     def __init__(self, spec: NetSpec, variant: Variant, batch: int, backend: Any, *, seed: int = 0,
                  params: Sequence[np.ndarray] | None = None, registry: Registry | None = None,
-                 resident: bool = True):
+                 resident: bool | None = None):
         reg = registry or default_registry()
         spec = variant.apply_to(spec, reg)  # the net this variant trains (dropout, drop_path, BN ε)
         self.spec, self.variant, self.batch, self.backend = spec, variant, batch, backend
-        self.resident = resident
+        self.resident = resident_default() if resident is None else resident
         self.optimizer = variant.make_optimizer(reg)
         self.state_layout = variant.state_layout(self.optimizer)  # what the carried state is, slot by slot
         self.exe, self.layout = self._compile_step(reg)
