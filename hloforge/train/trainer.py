@@ -280,7 +280,7 @@ class Run:
     """One training run: its config, data, sessions and run directory."""
 
     def __init__(self, cfg: TrainConfig, log: Callable[[str], None] = print, progress: bool = True,
-                 resume: bool = False):
+                 resume: bool = False, eval_only: bool = False):
         cfg.check()
         self.backend = make_backend(cfg.backend or None, **({"devices": cfg.devices} if cfg.devices else {}))
         cfg = attrs.evolve(cfg, backend=self.backend.name)
@@ -319,10 +319,11 @@ class Run:
             raise DataError(f"dataset {cfg.data!r} has {self.data.num_classes} classes, net {self.spec.name!r} "
                             f"has {self.spec.num_classes}")
         self.feed = Feed(self.data, DataRef(cfg.data, opts), batch=cfg.batch, seed=cfg.seed, workers=cfg.workers,
-                         augment=cfg.augment, input_shape=self.task.feed_shape if self.task else self.spec.input_shape)
+                         augment=cfg.augment, input_shape=self.task.feed_shape if self.task else self.spec.input_shape,
+                         train=not eval_only)
         self._x_te = None if x_te is None else self._fit_input(x_te)
         self.steps_per_epoch = self.feed.steps_per_epoch
-        if self.steps_per_epoch == 0:
+        if self.steps_per_epoch == 0 and not eval_only:
             raise DataError(f"batch {cfg.batch} is larger than the {self.feed.n}-image training split"
                             + (f" split over {cfg.workers} workers" if cfg.workers else ""))
         if self.steps_per_epoch % self.variant.accum:
@@ -658,7 +659,7 @@ def open_checkpoint(path: str, backend: str | None = None,
         cfg = attrs.evolve(cfg, backend=backend)
     if devices:
         cfg = attrs.evolve(cfg, devices=devices)
-    run = Run(cfg, log, progress=False)
+    run = Run(cfg, log, progress=False, eval_only=True)  # scoring never opens the train split
     spec = NetSpec.from_dict(meta["spec"], source=file)
     if spec != run.spec:
         raise DataError(f"checkpoint {file} holds a spec that differs from net {cfg.net!r} as defined now")
