@@ -85,7 +85,7 @@ def _eval(args: argparse.Namespace) -> None:
     from hloforge.train.trainer import evaluate_checkpoint
 
     evaluate_checkpoint(args.run, backend=args.backend, region=args.region, replicas=args.replicas,
-                        devices=args.devices)
+                        devices=args.devices, batch_stats=args.batch_stats)
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -435,6 +435,9 @@ def parser() -> argparse.ArgumentParser:
                     help="score sharded over N devices (XLA; same result)")
     sp.add_argument("--devices", type=integer(1, MAX_PROCESSES),
                     help="the XLA CPU plugin's device count (default: the plugin's, 4)")
+    sp.add_argument("--batch-stats", action="store_true",
+                    help="diagnostic: BatchNorm with each eval batch's own statistics, not the running ones "
+                         "(refused when the last batch would be padded)")
     sp.set_defaults(func=_eval)
 
     sp = _command(sub, "verify", help="gate every registered (or each named) plugin against its oracles; "

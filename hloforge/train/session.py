@@ -275,10 +275,14 @@ class ForwardSession:
     per generation token: the device copies are reused across calls while `gen` is
     unchanged and re-seeded the moment it changes. Pass the epoch (or anything that
     changes whenever the parameters do). Passing different parameter arrays under an
-    unchanged token is an error, not a silent score of the held (stale) ones."""
+    unchanged token is an error, not a silent score of the held (stale) ones.
 
-    def __init__(self, spec: NetSpec, batch: int, backend: Any):
-        self.spec, self.batch, self.backend = spec, batch, backend
+    `batch_stats=True` is seed 003's EVAL_BATCHSTATS diagnostic: the forward normalises with each
+    batch's own statistics (params: θ… alone). Its padded tail is refused, not scored: the zero rows
+    would enter the batch statistics and shift the real rows' normalisation."""
+
+    def __init__(self, spec: NetSpec, batch: int, backend: Any, batch_stats: bool = False):
+        self.spec, self.batch, self.backend, self.batch_stats = spec, batch, backend, batch_stats
         # how the module takes θ (host arrays come in declared layouts and are stored so when pushed)
         self.storage = param_storage(spec.params(), target_of(backend))
         self.exe = self._compile()
@@ -289,7 +293,7 @@ class ForwardSession:
         self.seeds = 0  # how many times parameters were pushed (hold mode or not)
 
     def _compile(self) -> Any:
-        return self.backend.compile(forward_module(self.spec, self.batch, eval_mode=True,
+        return self.backend.compile(forward_module(self.spec, self.batch, eval_mode=not self.batch_stats,
                                                    target=target_of(self.backend)))
 
     def _push(self, params: Sequence[Any]) -> list[Any]:
@@ -326,6 +330,10 @@ class ForwardSession:
         for i in range(0, len(x), self.batch):
             chunk = np.asarray(x[i:i + self.batch], np.float32)
             n = len(chunk)
+            if n < self.batch and self.batch_stats:
+                raise DataError(f"batch-statistics eval refuses a padded tail: the last batch has {n} of {self.batch} "
+                                f"rows and zero padding would shift the real rows' normalisation; score a split "
+                                f"whose size divides by {self.batch}")
             if n < self.batch:
                 chunk = np.concatenate([chunk, np.zeros((self.batch - n, *chunk.shape[1:]), np.float32)])
             res = self.backend.execute(self.exe, [*self._x_in([chunk]), *dev], keep=keep)

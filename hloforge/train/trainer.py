@@ -668,19 +668,24 @@ def open_checkpoint(path: str, backend: str | None = None,
 
 def evaluate_checkpoint(path: str, backend: str | None = None, region: str = "live",
                         log: Callable[[str], None] = print, replicas: int = 1,
-                        devices: int | None = None) -> EvalResult:
+                        devices: int | None = None, batch_stats: bool = False) -> EvalResult:
     """Score a run directory's (or a file's) checkpoint alone, with the training run's batching.
     `region` picks the weights: the live ones, or the EMA shadow of an EMA variant. `replicas` > 1
     scores sharded over that many devices (the training batch split over them), with the same
-    result as one device: the same eval loop, the logits gathered in row order."""
+    result as one device: the same eval loop, the logits gathered in row order. `batch_stats`:
+    seed 003's diagnostic, BN with each batch's statistics instead of the running ones (ForwardSession)."""
     if region not in REGIONS:
         raise UnsupportedSpec(f"region {region!r}; expected one of {list(REGIONS)}")
     oc = open_checkpoint(path, backend, log, devices)
     run, spec, meta, cfg = oc.run, oc.spec, oc.meta, oc.run.cfg
     # each region with its own BN statistics: the live weights with the running ones, the shadow with its EMA
     region, params, running = oc.region_weights(region)
-    evaluator = make_forward_session(spec, -(-cfg.batch // replicas), run.backend, replicas)
-    buffers = [*params, *running]  # host arrays: the session pushes them to its device(s) once
+    if batch_stats and (replicas > 1 or run.lm or (run.task is not None and run.task.kind != "class")):
+        raise UnsupportedSpec("--batch-stats scores a classifier on one replica; this run is "
+                              + ("sharded" if replicas > 1 else "not a classifier"))
+    evaluator = (ForwardSession(spec, cfg.batch, run.backend, batch_stats=True) if batch_stats else
+                 make_forward_session(spec, -(-cfg.batch // replicas), run.backend, replicas))
+    buffers = [*params, *([] if batch_stats else running)]  # host arrays: the session pushes them once
     if run.lm:
         lres = evaluate_lm(evaluator, buffers, run.x_te, run.y_te)
         log(f"{spec.name} epoch {meta['epoch']} ({region}) on {run.backend.backend_name()}: val {lres.line()}")
@@ -692,5 +697,6 @@ def evaluate_checkpoint(path: str, backend: str | None = None, region: str = "li
     # the training run's eval pass: streamed when it streamed (the split is never loaded whole)
     res = (evaluate_stream(evaluator, buffers, run.feed.eval_batches(), len(run.y_te)) if run.feed.streams
            else evaluate(evaluator, buffers, run.x_te, run.y_te))
-    log(f"{spec.name} epoch {meta['epoch']} ({region}) on {run.backend.backend_name()}: test {res.line()}")
+    stats = ", batch statistics" if batch_stats else ""
+    log(f"{spec.name} epoch {meta['epoch']} ({region}{stats}) on {run.backend.backend_name()}: test {res.line()}")
     return res
