@@ -7,12 +7,12 @@ import json
 
 import numpy as np
 import pytest
+from test_datasets import tiny_mnist  # tests/ is on sys.path (rootdir-relative, no package)
 
 from hloforge.cli import main
 from hloforge.core.spec import Ctx
 from hloforge.train import trainer
 from hloforge.train.trainer import TrainConfig, evaluate_checkpoint, open_checkpoint, train
-from tests.test_datasets import tiny_mnist
 
 jax = pytest.importorskip("jax")
 
