@@ -429,8 +429,8 @@ def parser() -> argparse.ArgumentParser:
     sp = _command(sub, "eval", help="score a run's checkpoint alone (the same top-1 the run printed)")
     sp.add_argument("run", help="a run directory or a checkpoint file")
     sp.add_argument("--backend", help="score on this backend (default: the one it trained on)")
-    sp.add_argument("--region", default="live", choices=("live", "ema", "auto"),
-                    help="live weights, the EMA shadow, or auto (the shadow when the run kept one)")
+    sp.add_argument("--region", default="auto", choices=("live", "ema", "auto"),
+                    help="live weights, the EMA shadow, or auto (default: the shadow when the run kept one)")
     sp.add_argument("--replicas", type=positive_int, default=1,
                     help="score sharded over N devices (XLA; same result)")
     sp.add_argument("--devices", type=integer(1, MAX_PROCESSES),

@@ -232,7 +232,9 @@ def test_train_a_tiny_ddpm_and_sample_a_grid(tmp_path, capsys):
     assert epoch["kind"] == "epoch" and epoch["n"] == 20
     assert math.isfinite(epoch["noise_mse"]) and epoch["noise_mse"] > 0
     assert 'diffusion_steps = 40' in (run_dir / "config.toml").read_text()
-    assert main(["eval", str(run_dir)]) == 0
+    assert main(["eval", str(run_dir)]) == 0  # auto: the shadow, as the run kept one
+    assert "(ema) on" in (out := capsys.readouterr().out) and f"noise MSE {epoch['noise_mse_ema']:.4f}" in out
+    assert main(["eval", str(run_dir), "--region", "live"]) == 0
     assert f"test noise MSE {epoch['noise_mse']:.4f}" in capsys.readouterr().out
     grid = tmp_path / "grid.png"
     assert main(["sample", str(run_dir), "-n", "4", "--out", str(grid)]) == 0

@@ -164,7 +164,7 @@ def test_cache_hit_does_not_recompile_and_changes_miss(cache, monkeypatch):
     assert not exe.cache_hit and be.stats["compiles"] == 1
     files = list(cache.glob("*.vmfb"))
     assert files == [exe.artifact]
-    mtime = exe.artifact.stat().st_mtime_ns
+    before = exe.artifact.stat()
 
     # a second backend (as a second run would) hits: no compiler invocation at all
     be2 = IreeBackend()
@@ -172,7 +172,9 @@ def test_cache_hit_does_not_recompile_and_changes_miss(cache, monkeypatch):
         m.setattr(be2.compiler, "compile_str", lambda *a, **k: pytest.fail("recompiled on a cache hit"))
         exe2 = be2.compile(STEP)
     assert exe2.cache_hit and be2.stats == {"compiles": 0, "hits": 1, "compile_s": 0.0}
-    assert exe2.artifact.stat().st_mtime_ns == mtime
+    after = exe2.artifact.stat()
+    assert after.st_ino == before.st_ino  # not rewritten (a write renames a new file into place) ...
+    assert after.st_mtime_ns >= before.st_mtime_ns  # ... but touched: pruning keeps the recently used
     out, _ = be2.execute(exe2, [be2.to_device(W), be2.to_device(G)])
     np.testing.assert_allclose(be2.to_host(out), W - 0.1)
 
@@ -189,6 +191,16 @@ def test_cache_hit_does_not_recompile_and_changes_miss(cache, monkeypatch):
     assert not hit and path.parent == cache and path != exe.artifact and path.stat().st_size > 0
     assert cuda.compile_artifact(STEP) == (path, True)
     assert not list(cache.glob("*.tmp"))
+
+
+def test_a_write_prunes_the_cache_to_its_size_but_keeps_the_new_artifact(cache, monkeypatch):
+    be = IreeBackend()
+    old = be.compile(STEP).artifact
+    monkeypatch.setenv("HLOFORGE_CACHE_MAX_MB", "0")  # keeps only what was just written
+    exe = be.compile(STEP.replace("1.000000e-01", "2.000000e-01"))
+    assert list(cache.glob("*.vmfb")) == [exe.artifact] and not old.exists()
+    out, _ = be.execute(exe, [be.to_device(W), be.to_device(G)])
+    np.testing.assert_allclose(be.to_host(out), W - 0.2, rtol=1e-6)
 
 
 def test_two_processes_share_the_cache(cache):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 
@@ -47,6 +48,36 @@ def test_mcnemar_exact_known_values():
     assert (nb, nc) == (10, 2)
     assert p == pytest.approx(0.0385742, abs=1e-6)  # 2·P[Binom(12, ½) ≤ 2] = 2·79/4096
     assert mcnemar_exact(a, a)[2] == 1.0
+
+
+def exact_mcnemar(b: int, c: int) -> float:
+    """2·P[Binom(b+c, ½) ≤ min(b, c)] in integers (Python's int / int rounds once, whatever the size)."""
+    n, k = b + c, min(b, c)
+    total, term = 0, 1
+    for i in range(k + 1):
+        total, term = total + term, term * (n - i) // (i + 1)
+    return min(1.0, 2 * total / (1 << n))
+
+
+@pytest.mark.parametrize("b,c,p", [(950, 1050, 0.026824146240281), (1000, 1000, 1.0),
+                                   (800, 1200, 3.505006206935645e-19), (49_500, 50_500, 0.0015823598788516),
+                                   (49_000, 51_000, 2.5887160383469e-10)])
+def test_mcnemar_exact_past_1023_disagreements(b, c, p):
+    """`compare` on a CIFAR- or ImageNet-sized eval set: 2^n overflowed a float past n = 1023."""
+    a = np.array([1] * b + [0] * c + [1] * 7, bool)
+    z = np.array([0] * b + [1] * c + [1] * 7, bool)
+    nb, nc, got = mcnemar_exact(a, z)
+    assert (nb, nc) == (b, c)
+    assert got == pytest.approx(exact_mcnemar(b, c), rel=1e-9, abs=1e-300)
+    assert got == pytest.approx(p, rel=1e-9, abs=1e-300)
+
+
+def test_mcnemar_exact_in_the_millions():
+    n = 2_000_000
+    a = np.zeros(n, bool)
+    a[: n // 2 - 1000] = True
+    _, _, p = mcnemar_exact(a, ~a)  # b = 999,000, c = 1,001,000: z ≈ 1.41
+    assert p == pytest.approx(0.1575, abs=2e-3)  # the normal approximation, 0.15751, is good here
 
 
 def test_topk_and_schedule_and_bn_weight():
@@ -126,12 +157,18 @@ def test_resume_after_a_crash_mid_checkpoint_is_bit_identical(tmp_path):
     argv = [sys.executable, "-m", "hloforge.cli", "train", "--epochs", "3", "--run-dir", str(crashed),
             "--no-progress"]
     r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 137, r.stderr
+    assert r.returncode == -signal.SIGKILL, r.stderr
     _, meta = ckpt.load_checkpoint(str(crashed / CHECKPOINT))
     assert meta["epoch"] == 1
+    with open(crashed / "metrics.jsonl", "a") as f:  # a kill mid-line of the buffered step lines
+        f.write('{"kind": "step", "st')
     r = subprocess.run([*argv, "--resume"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "resumed after epoch 1" in r.stdout
+    # epoch 2 was logged before the kill: logged once, not twice; the torn line is gone; no temp file is left
+    rows = [json.loads(line) for line in (crashed / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows if r["kind"] == "epoch"] == [1, 2, 3]
+    assert sorted(os.listdir(crashed)) == sorted(os.listdir(tmp_path / "straight"))
     a, b = params_of(tmp_path / "straight"), params_of(crashed)
     assert sorted(a) == sorted(b)
     for k in a:

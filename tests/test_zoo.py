@@ -108,7 +108,6 @@ def test_mini_nets_take_a_train_step_on_digits_shapes(name: str) -> None:
     assert logits.shape == (8, 10) and np.isfinite(logits).all()
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", ["resnet-mini", "mobilenetv2-mini"])
 def test_mini_nets_learn_digits(name: str, tmp_path) -> None:
     from hloforge.train.trainer import TrainConfig, train

@@ -47,7 +47,7 @@ def cross_replica_op(mlir_text: str) -> str | None:
 #: environment variable naming the backend when none is given (`--backend` wins over it)
 BACKEND_ENV_VAR = "HLOFORGE_BACKEND"
 DEFAULT_BACKEND = "xla"
-#: environment variable naming the root of hloforge's on-disk caches (IREE artifacts, autotune decisions)
+#: environment variable naming the root of hloforge's on-disk caches (executables, autotune decisions)
 CACHE_ENV_VAR = "HLOFORGE_CACHE_DIR"
 
 

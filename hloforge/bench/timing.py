@@ -31,7 +31,7 @@ def make_hloforge(net: str, backend: str, batch: int, lr: float, seed: int) -> t
     with autotune.rendering(tuning):
         session = TrainSession(spec, Variant("adam"), batch, be, seed=seed)
     compile_s = time.perf_counter() - t
-    # IREE keeps compiled artifacts on disk: a cache hit did not really compile.
+    # Both backends keep compiled executables on disk: a cache hit did not really compile.
     note = "setup was a compile-cache hit" if getattr(session.exe, "cache_hit", False) else ""
     if tuning is not None:
         note = "; ".join(n for n in (note, tuning.summary()) if n)

@@ -95,6 +95,13 @@ def _client() -> Any:
     return default_client()
 
 
+def _compile(text: str) -> Any:
+    """Compile on the process-wide client, through the on-disk executable cache (as the backend does)."""
+    from hloforge.backends.xla.cache import ExecutableCache
+
+    return ExecutableCache().compile(_client(), text)
+
+
 def _jax() -> Any:
     import jax
 
@@ -103,7 +110,7 @@ def _jax() -> Any:
 
 
 def _run(text: str, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-    exe = _client().compile(text)
+    exe = _compile(text)
     try:
         return [np.asarray(o) for o in exe.run(list(inputs))]
     finally:
@@ -210,7 +217,7 @@ def gate_layer(layer: Layer, in_shape: Shape, *, batch: int = 2, seed: int = 0, 
         errs[dtype] = max(zero_err(g, scale) if i in zero else rel_err(g, r)
                           for i, (g, r) in enumerate(zip(got, refs, strict=True)))
         if dtype == "f64":
-            fwd = _client().compile(fwd_text)
+            fwd = _compile(fwd_text)
 
             def run_fwd(ins: list[np.ndarray], exe: Any = fwd) -> np.ndarray:
                 return np.asarray(exe.run([*ins, *masks])[0])
@@ -241,7 +248,7 @@ def gate_loss(loss: Loss, out_shape: Shape, *, batch: int = 3, seed: int = 0) ->
         got = _run(text, [logits.astype(npt), y_in])
         errs[dtype] = max(rel_err(a, r) for a, r in zip(got, refs, strict=True))
         if dtype == "f64":
-            exe = _client().compile(text)
+            exe = _compile(text)
             try:
                 fd = _fd_errors(lambda ins, exe=exe, y_in=y_in: np.asarray(exe.run([ins[0], y_in])[0]),
                                 np.ones(()), [logits], [got[1]], rng, [0])
@@ -287,7 +294,7 @@ def gate_optimizer(opt: Optimizer, *, steps: int = OPT_STEPS, lr: float = 0.05, 
     n = len(OPT_SLOTS)
     for dtype in ("f64", "f32"):
         npt = np.float64 if dtype == "f64" else np.float32
-        exe = _client().compile(modules.optimizer_step_module(list(OPT_SLOTS), opt, dtype=dtype, wrappers=wr))
+        exe = _compile(modules.optimizer_step_module(list(OPT_SLOTS), opt, dtype=dtype, wrappers=wr))
         try:
             ps = [p.astype(npt) for p in params]
             st = lay.initial(opt, OPT_SLOTS, params, npt)

@@ -28,6 +28,9 @@ def compare_runs(run_a: str, run_b: str, log: Callable[[str], None] = print) -> 
     b, set_b, ep_b = load_bitmap(run_b)
     if set_a != set_b:
         raise DataError(f"the runs were scored on different eval sets ({set_a} vs {set_b}); McNemar needs one set")
+    if a.shape != b.shape or a.ndim != 1:  # the set id names the length: a bitmap that disagrees was altered
+        raise DataError(f"the bitmaps hold {list(a.shape)} and {list(b.shape)} results for eval set {set_a}; "
+                        "expected one per example of that set in each")
     nb, nc, p = mcnemar_exact(a, b)
     n = len(a)
     log(f"A {run_a} (epoch {ep_a}): {a.sum()}/{n}   B {run_b} (epoch {ep_b}): {b.sum()}/{n}")

@@ -7,14 +7,27 @@ import math
 
 import numpy as np
 
+from hloforge.core.errors import DataError
+
 Z95 = 1.959963984540054
 
 
 def topk_correct(logits: np.ndarray, labels: np.ndarray, k: int) -> np.ndarray:
-    """Per-example: is the label among the k highest logits."""
+    """Per-example: is the label among the k highest logits. A label that is no class of the logits
+    (another net's, a wrong dtype) is refused: it would score as a plausible miss."""
+    check_ids(labels, logits.shape[1], "eval labels")
     k = min(k, logits.shape[1])
     top = np.argpartition(-logits, k - 1, axis=1)[:, :k]
     return np.any(top == labels[:, None], axis=1)
+
+
+def check_ids(labels: np.ndarray, classes: int, what: str, lowest: int = 0) -> None:
+    """Integer labels in lowest..classes−1 (lowest −1: padding allowed), else one line naming them."""
+    labels = np.asarray(labels)
+    if labels.dtype.kind not in "iu":
+        raise DataError(f"{what} have dtype {labels.dtype}, expected integer ids")
+    if labels.size and (labels.min() < lowest or labels.max() >= classes):
+        raise DataError(f"{what} span {int(labels.min())}..{int(labels.max())}, expected ids {lowest}..{classes - 1}")
 
 
 def wilson(correct: int, n: int, z: float = Z95) -> tuple[float, float]:
@@ -42,8 +55,21 @@ def mcnemar_exact(a_correct: np.ndarray, b_correct: np.ndarray) -> tuple[int, in
     n = b + c
     if n == 0:
         return b, c, 1.0
-    tail = sum(math.comb(n, i) for i in range(min(b, c) + 1)) / 2.0**n
-    return b, c, min(1.0, 2.0 * tail)
+    return b, c, min(1.0, 2.0 * binom_half_cdf(min(b, c), n))
+
+
+def binom_half_cdf(k: int, n: int) -> float:
+    """P[Binom(n, ½) ≤ k], for n in the millions: the terms C(n, i) relative to the largest one
+    C(n, k) (k ≤ n/2, so they fall going down), summed, then scaled in log space — 2^n and C(n, k)
+    overflow a float past n ≈ 1023."""
+    if k >= n:
+        return 1.0
+    if 2 * k > n:  # P[X ≤ k] = 1 − P[X ≤ n − k − 1] by symmetry
+        return 1.0 - binom_half_cdf(n - k - 1, n)
+    i = np.arange(k, 0, -1, dtype=np.float64)  # C(n, i−1) = C(n, i)·i/(n − i + 1)
+    rel = 1.0 + float(np.sum(np.cumprod(i / (n - i + 1.0))))
+    log_top = math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) - n * math.log(2.0)
+    return min(1.0, math.exp(log_top + math.log(rel)))
 
 
 def eval_set_id(dataset: str, split: str, labels: np.ndarray) -> str:

@@ -104,11 +104,8 @@ class DataParallelTrainSession(TrainSession):
         """One data-parallel step on the global batch; returns the loss averaged over replicas."""
         lay, be = self.layout, self.backend
         want_x, want_y = (self.batch, *lay.x_shape[1:]), (self.batch, *lay.y_shape[1:])
-        if tuple(np.shape(x)) != want_x:
-            raise DataError(f"train batch x has shape {list(np.shape(x))}, expected {list(want_x)} "
-                            f"(the global batch: {self.replicas} replicas × {self.local_batch})")
-        if tuple(np.shape(y)) != want_y:
-            raise DataError(f"train batch labels have shape {list(np.shape(y))}, expected {list(want_y)}")
+        x, y = self.checked_batch(x, y, want_x, want_y,
+                                  f" (the global batch: {self.replicas} replicas × {self.local_batch})")
         masks = self._advance(masks)
         # Each step input as one part per replica: the same array replicated, or its rows split.
         parts = [[a] * self.replicas if p == REPLICATE else split_batch(a, self.replicas)
@@ -185,9 +182,10 @@ class ShardedForwardSession(ForwardSession):
         if len(per_replica) != self.replicas or not all(isinstance(p, (list, tuple)) for p in per_replica):
             raise DataError(f"expected one parameter list per replica ({self.replicas}), or host arrays")
         keep = range(1, 1 + len(per_replica[0]))  # the parameters outlive the call
+        x = self.checked_inputs(x)
         be, gb, out = self.backend, self.global_batch, []
         for i in range(0, len(x), gb):
-            chunk = np.asarray(x[i:i + gb], np.float32)
+            chunk = x[i:i + gb]
             n = len(chunk)
             if n < gb:  # the ragged tail: zero rows to the global batch, computed and never read
                 chunk = np.concatenate([chunk, np.zeros((gb - n, *chunk.shape[1:]), np.float32)])

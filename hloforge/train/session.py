@@ -19,6 +19,7 @@ Sessions use only the backend interface of `hloforge.backends.base.Backend`.
 from __future__ import annotations
 
 import inspect
+import math
 import os
 from collections.abc import Hashable, Sequence
 from typing import Any
@@ -109,6 +110,61 @@ def resident_default() -> bool:
     return text == "1"
 
 
+def label_classes(y_dtype: str, label_shape: Sequence[int], out_shape: Sequence[int]) -> int | None:
+    """The number of classes integer labels index: the size of the logits' axis the labels lack
+    (class ids: [C] → []; masks: [C, H, W] → [H, W]; tokens: [T, V] → [T]). None: float targets, or
+    integer labels that index no axis of the output (a plugin loss's own kind)."""
+    if y_dtype != "i32":
+        return None
+    out, lab = tuple(out_shape), tuple(label_shape)
+    hit = [out[i] for i in range(len(out)) if out[:i] + out[i + 1:] == lab]
+    return hit[0] if hit else None
+
+
+def finite_inputs(x: Any, shape: Sequence[int], what: str, note: str = "") -> np.ndarray:
+    """`x` as the float32 array a module takes, refused with one line unless it is real numbers of
+    `shape`, all finite (after the float32 cast: 1e300 is inf there). One min and one max on the host."""
+    x = np.asarray(x)
+    if x.dtype.kind not in "fiu":
+        raise DataError(f"{what} x has dtype {x.dtype}, expected real numbers (float32)")
+    if tuple(x.shape) != tuple(shape):
+        raise DataError(f"{what} x has shape {list(x.shape)}, expected {list(shape)}{note}")
+    with np.errstate(over="ignore"):  # a float64 past float32's range: inf, refused just below
+        x = np.ascontiguousarray(x, np.float32)
+    lo, hi = _span(x)
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        raise DataError(f"{what} x holds NaN or inf (it spans {lo} … {hi}); expected finite numbers")
+    return x
+
+
+def _span(a: np.ndarray) -> tuple[float, float]:
+    """(min, max): a NaN anywhere makes both NaN, an inf shows in one."""
+    return (float(a.min()), float(a.max())) if a.size else (0.0, 0.0)
+
+
+def checked_labels(y: Any, shape: Sequence[int], y_dtype: str, classes: int | None, what: str) -> np.ndarray:
+    """Labels as the module takes them (int32 ids, float32 targets), refused with one line when of
+    another shape or kind, out of 0..classes−1 (an id past the last class one-hots to nothing and
+    trains on a plausible wrong loss), or not finite."""
+    y = np.asarray(y)
+    if tuple(y.shape) != tuple(shape):
+        raise DataError(f"{what} labels have shape {list(y.shape)}, expected {list(shape)}")
+    if y_dtype == "i32":
+        if y.dtype.kind not in "iu":
+            raise DataError(f"{what} labels have dtype {y.dtype}, expected integer ids (int32)")
+        if classes is not None and y.size and (y.min() < 0 or y.max() >= classes):
+            raise DataError(f"{what} labels span {int(y.min())}..{int(y.max())}, expected ids 0..{classes - 1} "
+                            f"(the net's {classes} classes)")
+        return np.ascontiguousarray(y, np.int32)
+    if y.dtype.kind not in "fiu":
+        raise DataError(f"{what} labels have dtype {y.dtype}, expected real-valued targets (float32)")
+    y = np.ascontiguousarray(y, np.float32)
+    lo, hi = _span(y)
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        raise DataError(f"{what} labels hold NaN or inf (they span {lo} … {hi}); expected finite targets")
+    return y
+
+
 class TrainSession:
     def __init__(self, spec: NetSpec, variant: Variant, batch: int, backend: Any, *, seed: int = 0,
                  params: Sequence[np.ndarray] | None = None, registry: Registry | None = None,
@@ -120,6 +176,7 @@ class TrainSession:
         self.optimizer = variant.make_optimizer(reg)
         self.state_layout = variant.state_layout(self.optimizer)  # what the carried state is, slot by slot
         self.exe, self.layout = self._compile_step(reg)
+        self.label_classes = label_classes(self.layout.y_dtype, self.layout.y_shape[1:], spec.walk()[-1].out_shape)
         host = list(params) if params is not None else spec.init_params(seed)
         for (name, slot), p in zip(self.layout.params, host, strict=True):
             if tuple(p.shape) != slot.shape:
@@ -160,10 +217,7 @@ class TrainSession:
         """One fused step (forward, loss, backward, update); returns the batch loss. `masks`
         default to `masks_for_step` of this step."""
         lay, be = self.layout, self.backend
-        if x.shape != lay.x_shape:
-            raise DataError(f"train batch x has shape {list(x.shape)}, expected {list(lay.x_shape)}")
-        if tuple(np.shape(y)) != lay.y_shape:
-            raise DataError(f"train batch labels have shape {list(np.shape(y))}, expected {list(lay.y_shape)}")
+        x, y = self.checked_batch(x, y, lay.x_shape, lay.y_shape)
         masks = self._advance(masks)
         carried = self._carried if self.resident else [be.to_device(a) for a in self._carried]
         step_inputs = self._step_inputs(self._step_host(x, y, lr, masks))
@@ -173,6 +227,12 @@ class TrainSession:
         self._carried = new if self.resident else [be.to_host(b) for b in new]
         self._batch_stats = outs[lay.loss_index + 1:]
         return float(be.to_host(outs[lay.loss_index]))
+
+    def checked_batch(self, x: Any, y: Any, x_shape: Sequence[int], y_shape: Sequence[int],
+                      note: str = "") -> tuple[np.ndarray, np.ndarray]:
+        """(x, labels) as the step takes them, checked before the step counts: shape, kind, range, finite."""
+        return (finite_inputs(x, x_shape, "train batch", note),
+                checked_labels(y, y_shape, self.layout.y_dtype, self.label_classes, "train batch"))
 
     def _advance(self, masks: Sequence[np.ndarray] | None) -> Sequence[np.ndarray]:
         """Count the step and return its masks (`masks_for_step` when not given), checked."""
@@ -322,13 +382,19 @@ class ForwardSession:
         self.seeds += 1
         return self._held
 
+    def checked_inputs(self, x: Any) -> np.ndarray:
+        """The rows to score as float32, refused unless real numbers of the net's input shape, all finite."""
+        n = len(x) if hasattr(x, "__len__") else 0
+        return finite_inputs(x, (n, *self.spec.input_shape), "eval")
+
     def logits(self, x: np.ndarray, params: Sequence[Any], gen: Hashable | None = None) -> np.ndarray:
         """Logits for all rows of x (params: θ… then any running statistics, as the eval module takes them)."""
+        x = self.checked_inputs(x)
         dev = self._device_params(params, gen)
         keep = range(1, 1 + len(dev))  # the parameters outlive the call, whatever the module says
         out = []
         for i in range(0, len(x), self.batch):
-            chunk = np.asarray(x[i:i + self.batch], np.float32)
+            chunk = x[i:i + self.batch]
             n = len(chunk)
             if n < self.batch and self.batch_stats:
                 raise DataError(f"batch-statistics eval refuses a padded tail: the last batch has {n} of {self.batch} "

@@ -2,7 +2,8 @@
 
 A run directory holds config.toml (the whole resolved config: `--config` on it
 reproduces the run), metrics.jsonl, checkpoint.safetensors, eval_correct.npz
-(the per-example bitmap of the last eval) and loss/accuracy plots.
+(the per-example bitmap of the last eval) and loss/accuracy plots, each replaced whole, and
+`.lock`, held by the one process training into it (hloforge.train.rundir).
 
 A net with per-token logits [T, vocab] is a language model: it trains with the per-token
 loss `tokenCrossEntropy` on a token dataset (`text`), and each epoch is scored in bits per
@@ -12,6 +13,7 @@ baseline of the same corpus). Everything else — run directory, checkpoints, re
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -29,9 +31,10 @@ from hloforge.core.registry import default_registry
 from hloforge.core.spec import NetSpec
 from hloforge.core.variant import SHADOW, Variant, ema_decay_at
 from hloforge.datasets.stream import DataRef, Feed, split_labels
-from hloforge.train import autotune, fp8
+from hloforge.train import autotune, fp8, rundir
 from hloforge.train import checkpoint as ckpt
-from hloforge.train.metrics import eval_set_id, topk_correct, wilson
+from hloforge.train.configio import as_tuple, check_fields, toml_value
+from hloforge.train.metrics import check_ids, eval_set_id, topk_correct, wilson
 from hloforge.train.mixing import Mixer
 from hloforge.train.parallel import DataParallelTrainSession, make_forward_session
 from hloforge.train.schedule import SCHEDULES, lr_at
@@ -47,7 +50,8 @@ BITMAP = "eval_correct.npz"
 class TrainConfig:
     net: str = "mnist-mlp"
     classes: int | None = None  # override a zoo net's class count
-    input: tuple[int, ...] | None = attrs.field(default=None, converter=lambda v: None if v is None else tuple(v))
+    input: tuple[int, ...] | None = attrs.field(default=None,
+                                                converter=lambda v: None if v is None else as_tuple(v, "input"))
     data: str = "digits"
     data_dir: str = ""
     data_file: str = ""  # a file-based dataset's file (e.g. text's UTF-8 corpus)
@@ -97,7 +101,13 @@ class TrainConfig:
     # $HLOFORGE_AUTOTUNE=1). A tuned run records its choices in `tuned` ("layer index:kind=choice,…"),
     # which a config that has them applies as they are, untimed: `--config` re-renders the same modules.
     autotune: bool = False
-    tuned: tuple[str, ...] = attrs.field(default=(), converter=lambda v: (v,) if isinstance(v, str) else tuple(v))
+    tuned: tuple[str, ...] = attrs.field(default=(),
+                                         converter=lambda v: (v,) if isinstance(v, str) else as_tuple(v, "tuned"))
+
+    def __attrs_post_init__(self) -> None:
+        check_fields(self)
+        self.check()  # its own lines first (lr must be positive, …), then every number finite and ≥ 0
+        check_fields(self, numbers=True)
 
     def variant(self, spec: NetSpec | None = None) -> Variant:
         """The loss: `loss` if given, else the net's and dataset's (tokenCrossEntropy for per-token logits,
@@ -127,12 +137,9 @@ class TrainConfig:
         return base if not taken else f"{base}_{len(taken) + 1}"
 
     def to_toml(self) -> str:
-        lines = []
-        for f in attrs.fields(TrainConfig):
-            v = getattr(self, f.name)
-            if v is not None:
-                lines.append(f"{f.name} = {json.dumps(v)}")
-        return "\n".join(lines) + "\n"
+        """The config as TOML that `load_config` reads back to an equal config (None: left out)."""
+        return "".join(f"{f.name} = {toml_value(getattr(self, f.name))}\n" for f in attrs.fields(TrainConfig)
+                       if getattr(self, f.name) is not None)
 
     def check(self) -> None:
         if self.epochs < 1 or self.batch < 1:
@@ -176,7 +183,7 @@ def option_items(v: Any) -> tuple[str, ...]:
     """`data_options` as its "key=value" items: a list of them, or one "key=value,…" string."""
     if isinstance(v, str):
         return tuple(p.strip() for p in v.split(",") if p.strip())
-    return tuple(str(p).strip() for p in v)
+    return tuple(str(p).strip() for p in as_tuple(v, "data_options"))
 
 
 def parse_data_options(items: Any) -> dict[str, Any]:
@@ -249,9 +256,11 @@ class LMEvalResult:
 
 def evaluate_lm(evaluator: ForwardSession, buffers: list[Any], x: np.ndarray, y: np.ndarray) -> LMEvalResult:
     """Bits per character over every validation target (labels −1 are padding, not scored)."""
-    from hloforge.datasets.text import bits_per_char
+    from hloforge.datasets.text import IGNORE, bits_per_char
 
-    return LMEvalResult(*bits_per_char(evaluator.logits(x, buffers), y))
+    logits = evaluator.logits(x, buffers)
+    check_ids(y, logits.shape[-1], "eval token labels", lowest=IGNORE)
+    return LMEvalResult(*bits_per_char(logits, y))
 
 
 def evaluate(evaluator: ForwardSession, buffers: list[Any], x: np.ndarray, y: np.ndarray) -> EvalResult:
@@ -361,13 +370,25 @@ class Run:
                 "epoch": epoch, "step": step, "seed": self.cfg.seed, "config": attrs.asdict(self.cfg),
                 "eval_set": eval_set_id(self.cfg.data, "test", self.y_te)}
 
-    def save(self, session: TrainSession, epoch: int) -> None:
+    def save(self, session: TrainSession, epoch: int,
+             host: tuple[list[str], list[np.ndarray]] | None = None) -> None:
+        names, tensors = host or self.host_state(session)
+        ckpt.save_checkpoint(self.ckpt_path, names, tensors, self.meta(epoch, session.step))
+
+    def host_state(self, session: TrainSession) -> tuple[list[str], list[np.ndarray]]:
+        """What a checkpoint holds (names, tensors), copied to the host once an epoch and refused if
+        not finite. Each step's loss is checked as it is read; an update that turns θ to NaN on an
+        epoch's last step has a finite loss, and its θ would be scored and checkpointed over the last
+        good one."""
         lay = session.layout
         names = ckpt.tensor_names([n for n, _ in lay.params], lay.state, self.stat_names,
                                   shadow_stats=self.state_layout.shadows)
-        params, state = session.read_params(), session.read_state()
-        ckpt.save_checkpoint(self.ckpt_path, names, params + state + self.running + self.shadow_running,
-                             self.meta(epoch, session.step))
+        tensors = session.read_params() + session.read_state() + self.running + self.shadow_running
+        bad = next((n for n, t in zip(names, tensors, strict=True) if not np.isfinite(t).all()), None)
+        if bad is not None:
+            raise HloforgeError(f"{bad} is not finite after step {session.step} (its loss was); stopped. The last "
+                                f"good checkpoint is {self.ckpt_path if os.path.exists(self.ckpt_path) else 'none'}")
+        return names, tensors
 
     def restore(self, session: TrainSession, cross_backend: bool = False) -> int:
         """Load the run's checkpoint into the session; returns the epoch it ended."""
@@ -420,6 +441,11 @@ class Run:
                      decay_rate=c.decay_rate, steps_per_epoch=per_epoch, decay_epochs=c.decay_epochs)
 
     def train(self, resume: bool = False, cross_backend: bool = False) -> dict[str, Any]:
+        """The run, holding its directory's lock throughout (rundir.locked)."""
+        with rundir.locked(self.dir, self.ckpt_path):
+            return self._train(resume, cross_backend)
+
+    def _train(self, resume: bool, cross_backend: bool) -> dict[str, Any]:
         cfg = self.cfg
         tuning = autotune.resolve(self.spec, cfg.batch // cfg.replicas, self.backend, autotune=cfg.autotune,
                                   recorded=cfg.tuned)
@@ -442,9 +468,7 @@ class Run:
         elif os.path.exists(self.ckpt_path):
             raise HloforgeError(f"run directory {self.dir} already holds a checkpoint; pass --resume to continue it, "
                                 "or --tag/--run-dir for a new run")
-        os.makedirs(self.dir, exist_ok=True)
-        with open(os.path.join(self.dir, "config.toml"), "w", encoding="utf-8") as f:
-            f.write(cfg.to_toml())
+        ckpt.write_atomic(os.path.join(self.dir, "config.toml"), cfg.to_toml().encode(), "config")
         self.log(f"hloforge: {self.spec.name} ({self.spec.param_count():,} params) on {cfg.data} "
                  f"({self.feed.n} train / {len(self.y_te)} test) | backend {self.backend.backend_name()}")
         if self.lm and hasattr(self.data, "bigram_bits"):
@@ -458,6 +482,8 @@ class Run:
             self.log(f"  {tuning.summary()}")
         w = bn_weight(cfg.bn_momentum, self.variant.accum)
         metrics: dict[str, Any] = {}
+        if start:
+            rundir.rewind_metrics(self.dir, session.step)
         history = self._history() if start else []
         mlog = open(os.path.join(self.dir, "metrics.jsonl"), "a" if start else "w", encoding="utf-8")
         try:
@@ -466,6 +492,7 @@ class Run:
                 losses = []
                 bar = self._bar(epoch)
                 for s, (xb, yb) in enumerate(self.feed.epoch(epoch)):
+                    ckpt.mark("step", epoch, s)
                     step = session.step
                     lr = self.lr(step)
                     loss = self.step(session, xb, yb, lr)
@@ -488,10 +515,12 @@ class Run:
                 if bar is not None:
                     bar.close()
                 secs = time.perf_counter() - t
+                host = self.host_state(session)  # before anything scores or keeps it
                 if self.lm:
-                    metrics = self._lm_epoch(evaluator, session, epoch, losses, secs, mlog, history)
+                    metrics = self._lm_epoch(evaluator, session, epoch, losses, secs, mlog, history, host)
                     continue
                 assert self.task is not None
+                ckpt.mark("eval", epoch)
                 ev = self.task.evaluate(evaluator, self._eval_buffers(session))
                 metrics = {"kind": "epoch", "epoch": epoch, "step": session.step, "loss": float(np.mean(losses)),
                            "lr": self.lr(session.step - 1), **ev.metrics,
@@ -503,13 +532,14 @@ class Run:
                     ev_ema = self.task.evaluate(evaluator, shadow)
                     metrics.update(self.task.ema_metrics(ev_ema))
                     ema_line = f"  ema {ev_ema.line.removeprefix('test ')}"
+                ckpt.mark("logs", epoch)
                 mlog.write(json.dumps(metrics) + "\n")
                 mlog.flush()
                 history.append(metrics)
                 if ev.correct is not None:
-                    np.savez(os.path.join(self.dir, BITMAP), correct=ev.correct, set_id=self.meta(0, 0)["eval_set"],
-                             epoch=epoch)
-                self.save(session, epoch)
+                    rundir.save_npz(os.path.join(self.dir, BITMAP), correct=ev.correct,
+                                    set_id=self.meta(0, 0)["eval_set"], epoch=epoch)
+                self.save(session, epoch, host)
                 self.log(f"epoch {epoch}/{cfg.epochs}  loss {metrics['loss']:.4f}  {ev.line}{ema_line}  "
                          f"{metrics['images_per_s']:.0f} img/s")
                 self._plot(history)
@@ -520,7 +550,8 @@ class Run:
         return metrics
 
     def _lm_epoch(self, evaluator: ForwardSession, session: TrainSession, epoch: int, losses: list[float],
-                  secs: float, mlog: Any, history: list[dict[str, Any]]) -> dict[str, Any]:
+                  secs: float, mlog: Any, history: list[dict[str, Any]],
+                  host: tuple[list[str], list[np.ndarray]]) -> dict[str, Any]:
         """A language model's epoch end: bits/char on every validation window, log, checkpoint, plot."""
         cfg = self.cfg
         res = evaluate_lm(evaluator, self._eval_buffers(session), self.x_te, self.y_te)
@@ -532,7 +563,7 @@ class Run:
         mlog.write(json.dumps(metrics) + "\n")
         mlog.flush()
         history.append(metrics)
-        self.save(session, epoch)
+        self.save(session, epoch, host)
         self.log(f"epoch {epoch}/{cfg.epochs}  loss {metrics['loss']:.4f} ({metrics['loss'] / math.log(2):.4f} "
                  f"bits/char)  val {res.line()}  {metrics['tokens_per_s']:.0f} tok/s")
         self._plot(history)
@@ -584,14 +615,17 @@ class Run:
             b.set(xlabel="epoch", ylabel="test accuracy (%)")
             b.legend()
         fig.tight_layout()
-        fig.savefig(os.path.join(self.dir, "curves.png"), dpi=90)
+        png = io.BytesIO()
+        fig.savefig(png, format="png", dpi=90)
         plt.close(fig)
+        ckpt.write_atomic(os.path.join(self.dir, "curves.png"), png.getvalue(), "plot")
 
 
 def check_matches(path: str, meta: dict[str, Any], spec: NetSpec, variant: Variant, backend: str,
                   allow_cross_backend: bool = False) -> None:
-    """Refuse a checkpoint of another net, variant or backend with one clear line."""
-    if meta.get("spec") != spec.to_dict():
+    """Refuse a checkpoint of another net, variant or backend with one clear line. The stored spec came
+    back through JSON (a nested tuple, e.g. fpnDetect's anchors, as lists), so it is compared as JSON."""
+    if meta.get("spec") != json.loads(json.dumps(spec.to_dict())):
         raise DataError(f"checkpoint {path} is of net {meta.get('spec', {}).get('name')!r}, not {spec.name!r} "
                         "(its spec differs)")
     if meta.get("variant") != attrs.asdict(variant):
@@ -647,6 +681,18 @@ class OpenedCheckpoint:
             ckpt.shadow_stats(self.tensors, run.stat_names, self.file, "use the live weights (--region live)")
 
 
+def check_run_dir(path: str, file: str, meta: dict[str, Any]) -> None:
+    """A run directory whose config.toml names another net or variant than its checkpoint holds is
+    refused, as --resume refuses it: scoring it would report the checkpoint's net as the run's."""
+    cfg = load_config(os.path.join(path, "config.toml"))
+    spec = get_net(cfg.net, cfg.classes, cfg.input)
+    variant = cfg.variant(spec)
+    try:
+        check_matches(file, meta, variant.apply_to(spec), variant, cfg.backend, allow_cross_backend=True)
+    except DataError as e:
+        raise DataError(f"run directory {path}: its config.toml and checkpoint disagree: {e}") from None
+
+
 def open_checkpoint(path: str, backend: str | None = None,
                     log: Callable[[str], None] = print, devices: int | None = None) -> OpenedCheckpoint:
     """A run directory's (or a file's) checkpoint, its run rebuilt from the stored config
@@ -654,6 +700,8 @@ def open_checkpoint(path: str, backend: str | None = None,
     differs from the stored spec."""
     file = os.path.join(path, CHECKPOINT) if os.path.isdir(path) else path
     tensors, meta = ckpt.load_checkpoint(file)
+    if os.path.isdir(path) and os.path.exists(os.path.join(path, "config.toml")):
+        check_run_dir(path, file, meta)
     cfg = TrainConfig(**meta["config"])
     if backend and backend != cfg.backend:
         cfg = attrs.evolve(cfg, backend=backend)
@@ -666,11 +714,12 @@ def open_checkpoint(path: str, backend: str | None = None,
     return OpenedCheckpoint(file, tensors, meta, run, spec)
 
 
-def evaluate_checkpoint(path: str, backend: str | None = None, region: str = "live",
+def evaluate_checkpoint(path: str, backend: str | None = None, region: str = "auto",
                         log: Callable[[str], None] = print, replicas: int = 1,
                         devices: int | None = None, batch_stats: bool = False) -> EvalResult:
     """Score a run directory's (or a file's) checkpoint alone, with the training run's batching.
-    `region` picks the weights: the live ones, or the EMA shadow of an EMA variant. `replicas` > 1
+    `region` picks the weights: the live ones, the EMA shadow of an EMA variant, or (the default, as
+    `sample`'s) auto: the shadow when the run kept one. `replicas` > 1
     scores sharded over that many devices (the training batch split over them), with the same
     result as one device: the same eval loop, the logits gathered in row order. `batch_stats`:
     seed 003's diagnostic, BN with each batch's statistics instead of the running ones (ForwardSession)."""

@@ -1,9 +1,9 @@
 """The `iree` backend plugin: StableHLO text through `iree.compiler`, run with `iree.runtime`.
 
 Compiled artifacts (.vmfb) are cached on disk, keyed by a sha256 of the module text,
-the target, the flags and the compiler version (see :func:`cache_key`). A write goes
-to a temp file in the cache directory and is renamed into place, so two processes
-can share one cache and a reader never sees a half-written artifact.
+the target, the flags and the compiler version (see :func:`cache_key`), written and
+pruned as :mod:`hloforge.backends.disk_cache` says (atomically: two processes can share
+one cache and a reader never sees a half-written artifact).
 
 This module imports without IREE installed (the registry loads every backend's entry
 point); the packages are imported when an :class:`IreeBackend` is made.
@@ -11,11 +11,9 @@ point); the packages are imported when an :class:`IreeBackend` is made.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -32,6 +30,7 @@ from hloforge.backends.base import (
     check_args,
     parse_main_signature,
 )
+from hloforge.backends.disk_cache import prune, sha256_key, touch, write_atomic
 from hloforge.backends.host_memory import host_memory_description, retain_freed_host_memory
 from hloforge.core.errors import BackendError
 from hloforge.core.hookspecs import hookimpl
@@ -94,25 +93,7 @@ def default_cache_dir() -> Path:
 
 
 def cache_key(mlir_text: str, target: str, flags: Sequence[str], version: str) -> str:
-    blob = json.dumps({"mlir": mlir_text, "target": target, "flags": list(flags), "compiler": version})
-    return hashlib.sha256(blob.encode()).hexdigest()
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    return sha256_key({"mlir": mlir_text, "target": target, "flags": list(flags), "compiler": version})
 
 
 def _compiler_message(err: Exception) -> str:
@@ -343,8 +324,10 @@ class IreeBackend:
         hit = path.is_file()
         if hit:
             self.stats["hits"] += 1
+            touch(path)
         else:
-            _write_atomic(path, self._compile_vmfb(mlir_text, path))
+            write_atomic(path, self._compile_vmfb(mlir_text, path))
+            prune(self.cache_dir, ".vmfb", keep=path)
         return path, hit
 
     def compile(self, mlir_text: str, num_replicas: int = 1) -> IreeExecutable:
@@ -362,7 +345,7 @@ class IreeBackend:
             if not hit:
                 raise
             # A damaged cache entry (e.g. a disk filled up mid-copy elsewhere): rebuild it once.
-            _write_atomic(path, self._compile_vmfb(strip_aliasing(mlir_text), path))
+            write_atomic(path, self._compile_vmfb(strip_aliasing(mlir_text), path))
             module, context = self._load(path)
         function = module.lookup_function("main")
         if function is None:

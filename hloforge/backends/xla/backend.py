@@ -1,4 +1,6 @@
-"""The `xla` backend plugin: StableHLO text through XLA's PJRT C API (hloforge's own cffi binding)."""
+"""The `xla` backend plugin: StableHLO text through XLA's PJRT C API (hloforge's own cffi binding).
+
+Executables are cached on disk (:mod:`hloforge.backends.xla.cache`; $HLOFORGE_XLA_CACHE=0: off)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import numpy as np
 
 from hloforge.backends.base import InputSlot
 from hloforge.backends.host_memory import host_memory_description
+from hloforge.backends.xla.cache import ExecutableCache
 from hloforge.backends.xla.pjrt import (
     Client,
     DeviceBuffer,
@@ -37,9 +40,14 @@ class XlaBackend:
 
     name = "xla"
 
-    def __init__(self, client: Client | None = None, devices: int | None = None):
-        """`devices`: a client with that many devices (on the CPU plugin, exactly that many)."""
+    def __init__(self, client: Client | None = None, devices: int | None = None,
+                 cache_dir: str | os.PathLike[str] | None = None):
+        """`devices`: a client with that many devices (on the CPU plugin, exactly that many).
+        `cache_dir`: where executables are cached (default $HLOFORGE_CACHE_DIR/xla)."""
         self.client = client or (default_client() if devices is None else client_with_devices(devices))
+        self.cache = ExecutableCache(cache_dir)
+        #: compiles and cache hits made through this backend (tests read these)
+        self.stats = self.cache.stats
 
     def backend_name(self) -> str:
         """What is really loaded: the platform and the plugin file (and a scheduler forced for all)."""
@@ -61,7 +69,8 @@ class XlaBackend:
 
     def compile(self, mlir_text: str, num_replicas: int = 1) -> Executable:
         """More replicas than the client has devices is a BackendError (from the binding)."""
-        return self.client.compile(mlir_text, num_replicas, scheduler=xla_scheduler() or auto_scheduler(mlir_text))
+        return self.cache.compile(self.client, mlir_text, num_replicas,
+                                  scheduler=xla_scheduler() or auto_scheduler(mlir_text))
 
     def to_device(self, array: np.ndarray, borrow: bool = False, device: int = 0) -> DeviceBuffer:
         return self.client.to_device(array, device, borrow=borrow)

@@ -7,10 +7,14 @@ message and code.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import re
+import sys
+import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -182,6 +186,38 @@ def load_api(path: str) -> Api:
         if key not in _APIS:
             _APIS[key] = Api(path)
         return _APIS[key]
+
+
+_STDERR_LOCK = threading.Lock()  # two captures at once would restore each other's capture file
+
+
+@contextlib.contextmanager
+def stderr_without(drop: re.Pattern[bytes]) -> Iterator[None]:
+    """Run the body with file descriptor 2 captured, then write back every line `drop` does not
+    match: for a plugin's known-harmless log lines (its C++ logging writes to fd 2 directly). A line
+    another thread writes meanwhile comes out after the body, not lost."""
+    with _STDERR_LOCK:
+        yield from _stderr_without(drop)
+
+
+def _stderr_without(drop: re.Pattern[bytes]) -> Iterator[None]:
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no stderr to capture
+        yield
+        return
+    with tempfile.TemporaryFile() as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            kept = [line for line in capture.read().splitlines(keepends=True) if not drop.search(line)]
+            if kept:
+                os.write(2, b"".join(kept))
 
 
 # -------------------------------------------------------------- named values ---

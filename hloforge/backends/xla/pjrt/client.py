@@ -8,6 +8,7 @@ in :meth:`Client.close`.
 from __future__ import annotations
 
 import atexit
+import re
 import threading
 import weakref
 
@@ -15,7 +16,7 @@ import numpy as np
 
 from hloforge.backends.host_memory import retain_freed_host_memory
 from hloforge.backends.signature import parse_main_signature
-from hloforge.backends.xla.pjrt.api import _buffer_type, _named_values, load_api
+from hloforge.backends.xla.pjrt.api import _buffer_type, _named_values, load_api, stderr_without
 from hloforge.backends.xla.pjrt.buffers import Device, DeviceBuffer
 from hloforge.backends.xla.pjrt.declarations import _struct_size, ffi
 from hloforge.backends.xla.pjrt.discovery import find_plugin
@@ -33,6 +34,13 @@ _IMMUTABLE_ONLY_DURING_CALL = _SEMANTICS["PJRT_HostBufferSemantics_kImmutableOnl
 _IMMUTABLE_UNTIL_TRANSFER_COMPLETES = _SEMANTICS["PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes"]
 _IMMUTABLE_ZERO_COPY = _SEMANTICS["PJRT_HostBufferSemantics_kImmutableZeroCopy"]
 _ZERO_COPY_ALIGN = 64
+# What XLA's CPU plugin logs on every load of a serialized executable on a CPU whose LLVM features
+# include the tuning flags +prefer-no-gather/-scatter (e.g. AMD Zen 4): the host feature list it
+# compares against never has them, so it reports a mismatch (two lines of ~3 KB each) that is none.
+# A real ISA mismatch (another feature named) still shows; the cache key holds the host's CPU.
+_HARMLESS_LOAD_LOG = re.compile(rb"cpu_aot_loader\.cc:\d+\] Loading XLA:CPU AOT result\. Target machine feature "
+                                rb"\+prefer-no-(gather|scatter) is not +supported on the host machine\."
+                                rb"|^WARNING: All log messages before absl::InitializeLog\(\) is called")
 
 
 class Client:
@@ -105,7 +113,14 @@ class Client:
         """Compile StableHLO text for ``num_replicas`` replicas (one per device). ``scheduler``
         (a name in SCHEDULERS) orders its ops, unless the user's XLA_FLAGS choose one; ``overrides``
         are further XLA DebugOptions for this executable (see compile_options)."""
-        handle = self._live()
+        options, scheduler = self.build_options(num_replicas, scheduler, overrides)
+        return self.compile_with_options(mlir_text, options, num_replicas, scheduler)
+
+    def build_options(self, num_replicas: int = 1, scheduler: str | None = None,
+                      overrides: dict[str, bool | int | float | str] | None = None) -> tuple[bytes, str | None]:
+        """The serialized CompileOptionsProto :meth:`compile` passes for these arguments, and the
+        scheduler the executable gets ("XLA_FLAGS" where the user's flags choose it)."""
+        self._live()
         if num_replicas < 1 or num_replicas > len(self.devices):
             raise BackendError(
                 f"num_replicas={num_replicas}, but the {self.platform_name} client has "
@@ -120,7 +135,12 @@ class Client:
             else:
                 overrides[_SCHEDULER_OPTION] = SCHEDULERS[scheduler]
         assignment = [[d.id] for d in self.devices[:num_replicas]] if num_replicas > 1 else None
-        options = compile_options(num_replicas, 1, assignment, overrides)
+        return compile_options(num_replicas, 1, assignment, overrides), scheduler
+
+    def compile_with_options(self, mlir_text: str, options: bytes, num_replicas: int,
+                             scheduler: str | None) -> Executable:
+        """Compile with options from :meth:`build_options` (for ``num_replicas``, ``scheduler``)."""
+        handle = self._live()
         code = mlir_text.encode()
         code_c = ffi.new("char[]", code)
         fmt = b"mlir"
@@ -139,6 +159,29 @@ class Client:
             compile_options_size=len(options),
         )
         exe = Executable(self, compiled.executable, parse_main_signature(mlir_text), num_replicas)
+        exe.scheduler = scheduler
+        return exe
+
+    def deserialize(self, data: bytes, mlir_text: str, options: bytes, num_replicas: int,
+                    scheduler: str | None) -> Executable:
+        """Load what :meth:`Executable.serialize` wrote, compiled from ``mlir_text`` with ``options``
+        (from :meth:`build_options`; passed again so the device assignment is this client's). The
+        plugin must be the one that serialized it (PJRT promises nothing across versions); bytes it
+        cannot read are a BackendError, but its checks are not a checksum: verify them first."""
+        handle = self._live()
+        data_c = ffi.new("char[]", data)
+        options_c = ffi.new("char[]", options)
+        with stderr_without(_HARMLESS_LOAD_LOG):
+            loaded = self._api.call(
+                "Executable_DeserializeAndLoad",
+                "loading a serialized executable",
+                client=handle,
+                serialized_executable=data_c,
+                serialized_executable_size=len(data),
+                overridden_serialized_compile_options=options_c,
+                overridden_serialized_compile_options_size=len(options),
+            )
+        exe = Executable(self, loaded.loaded_executable, parse_main_signature(mlir_text), num_replicas)
         exe.scheduler = scheduler
         return exe
 

@@ -17,6 +17,8 @@ import cffi
 # the tail of a larger one. Every struct used here matches the 0.106 CPU plugin.
 # PJRT_Api lists every function pointer in header order; the ones hloforge does not
 # call are void* placeholders that keep the later offsets right.
+# Executable_Serialize / Executable_DeserializeAndLoad (the XLA cache's): 56 and 64 bytes at minor
+# 94, which the 0.106 CPU plugin takes (it would name its own size if it wanted more).
 
 #: PJRT_API_MINOR of the header the declarations below were transcribed from.
 HEADER_MINOR = 94
@@ -85,8 +87,8 @@ TYPED = (
     "Event_Destroy Event_Await Client_Create Client_Destroy Client_PlatformName "
     "Client_PlatformVersion Client_AddressableDevices Client_Compile "
     "Client_BufferFromHostBuffer DeviceDescription_Id DeviceDescription_Kind "
-    "Device_GetDescription Executable_Destroy Executable_NumOutputs "
-    "LoadedExecutable_Destroy LoadedExecutable_GetExecutable LoadedExecutable_Execute "
+    "Device_GetDescription Executable_Destroy Executable_NumOutputs Executable_Serialize "
+    "Executable_DeserializeAndLoad LoadedExecutable_Destroy LoadedExecutable_GetExecutable LoadedExecutable_Execute "
     "Buffer_Destroy Buffer_ElementType Buffer_Dimensions Buffer_Delete "
     "Buffer_IsDeleted Buffer_ToHostBuffer Buffer_Device Buffer_UnsafePointer"
 ).split()
@@ -103,6 +105,7 @@ typedef struct PJRT_Executable PJRT_Executable;
 typedef struct PJRT_LoadedExecutable PJRT_LoadedExecutable;
 typedef struct PJRT_Buffer PJRT_Buffer;
 typedef struct PJRT_ExecuteContext PJRT_ExecuteContext;
+typedef struct PJRT_SerializedExecutable PJRT_SerializedExecutable;
 
 typedef struct {
   size_t struct_size;
@@ -326,6 +329,25 @@ typedef struct {
   PJRT_Executable* executable;
   size_t num_outputs;
 } PJRT_Executable_NumOutputs_Args;
+
+typedef struct {
+  size_t struct_size; PJRT_Extension_Base* extension_start;
+  const PJRT_Executable* executable;
+  const char* serialized_bytes;
+  size_t serialized_bytes_size;
+  PJRT_SerializedExecutable* serialized_executable;
+  void (*serialized_executable_deleter)(PJRT_SerializedExecutable* exec);
+} PJRT_Executable_Serialize_Args;
+
+typedef struct {
+  size_t struct_size; PJRT_Extension_Base* extension_start;
+  PJRT_Client* client;
+  const char* serialized_executable;
+  size_t serialized_executable_size;
+  PJRT_LoadedExecutable* loaded_executable;
+  const char* overridden_serialized_compile_options;
+  size_t overridden_serialized_compile_options_size;
+} PJRT_Executable_DeserializeAndLoad_Args;
 
 typedef struct {
   size_t struct_size; PJRT_Extension_Base* extension_start;

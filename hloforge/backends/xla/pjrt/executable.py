@@ -27,6 +27,8 @@ class Executable:
         self.input_specs = signature
         #: the XLA scheduler it was compiled with (None: XLA's default; "XLA_FLAGS": the user's)
         self.scheduler: str | None = None
+        #: whether it was loaded from the on-disk cache (None: not compiled through one)
+        self.cache_hit: bool | None = None
         #: indices of inputs the module donates (`tf.aliasing_output`)
         self.donated_inputs: tuple[int, ...] = tuple(
             i for i, spec in enumerate(signature or ()) if spec.aliasing_output is not None
@@ -41,6 +43,22 @@ class Executable:
         finally:
             api.call("Executable_Destroy", "destroying an executable view", executable=unloaded)
         client._own(self)
+
+    def serialize(self) -> bytes:
+        """The plugin's serialization of this executable (:meth:`Client.deserialize` loads it back on
+        the same plugin build)."""
+        api = self._client._api
+        unloaded = api.call(
+            "LoadedExecutable_GetExecutable", "reading the executable", loaded_executable=self._live()
+        ).executable
+        try:
+            out = api.call("Executable_Serialize", "serializing an executable", executable=unloaded)
+            try:
+                return bytes(ffi.buffer(out.serialized_bytes, out.serialized_bytes_size))
+            finally:
+                out.serialized_executable_deleter(out.serialized_executable)
+        finally:
+            api.call("Executable_Destroy", "destroying an executable view", executable=unloaded)
 
     def execute(self, args: Sequence[DeviceBuffer], keep: Sequence[int] = ()) -> list[DeviceBuffer]:
         """Run on one device. Inputs the module donates are consumed unless listed in ``keep``."""

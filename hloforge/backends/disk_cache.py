@@ -1,0 +1,105 @@
+"""What the on-disk compile caches share (IREE's .vmfb, XLA's serialized executables).
+
+One directory per cache under :func:`hloforge.backends.base.cache_root`. An entry is written to a
+temp file beside it and renamed into place, so processes can share a cache and a reader never sees
+a half-written entry; a hit touches the entry's mtime, and after a write the directory is pruned
+oldest-first (by mtime: least recently used) down to $HLOFORGE_CACHE_MAX_MB.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from hloforge.core.errors import BackendError
+
+MAX_MB_ENV_VAR = "HLOFORGE_CACHE_MAX_MB"
+#: the size one cache directory is pruned to, in MiB, when $HLOFORGE_CACHE_MAX_MB is not set
+DEFAULT_MAX_MB = 2048
+# A temp file this old is a writer that died before its rename: pruned like an entry.
+_STALE_TEMP_S = 24 * 3600
+
+
+def sha256_key(material: dict[str, Any]) -> str:
+    """The hex sha256 of `material` as canonical JSON (every cache key is one)."""
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write `data` to a temp file in `path`'s directory, then rename it onto `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def touch(path: Path) -> None:
+    """Mark an entry as just used (pruning keeps the most recently used)."""
+    try:
+        os.utime(path)
+    except OSError:  # pruned by another process meanwhile, or a read-only cache: still a hit
+        pass
+
+
+def max_bytes() -> int:
+    """$HLOFORGE_CACHE_MAX_MB (a whole number of MiB; 0 keeps only the entry just written) in bytes."""
+    text = os.environ.get(MAX_MB_ENV_VAR, str(DEFAULT_MAX_MB)).strip()
+    if not text.isdigit():
+        raise BackendError(f"{MAX_MB_ENV_VAR}={text!r}: expected a whole number of MiB (default {DEFAULT_MAX_MB})")
+    return int(text) * 2**20
+
+
+def prune(directory: Path, suffix: str, keep: Path | None = None, limit: int | None = None) -> list[Path]:
+    """Delete the least recently used `*suffix` entries of `directory` but `keep` (the one just
+    written) until the rest fit in `limit` bytes (default :func:`max_bytes`); returns what was
+    deleted. Another process's entry that vanishes meanwhile is skipped; an entry a reader has open
+    stays readable to it (POSIX)."""
+    limit = max_bytes() if limit is None else limit
+    now = time.time()
+    entries = []
+    try:
+        listing = list(os.scandir(directory))
+    except OSError:
+        return []
+    for item in listing:
+        stale_temp = item.name.startswith(".") and item.name.endswith(".tmp")
+        if not (item.name.endswith(suffix) and not item.name.startswith(".")) and not stale_temp:
+            continue
+        try:
+            st = item.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if stale_temp and now - st.st_mtime < _STALE_TEMP_S:
+            continue  # another writer's, still being written
+        entries.append((st.st_mtime, st.st_size, Path(item.path)))
+    total = sum(size for _, size, _ in entries)
+    removed = []
+    for _, size, path in sorted(entries, key=lambda e: e[0]):
+        if total <= limit:
+            break
+        if path == keep:
+            continue
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError:
+            continue
+        total -= size
+        removed.append(path)
+    return removed

@@ -1,0 +1,107 @@
+"""A run config's values: checked against the config's annotations, and written as TOML.
+
+`TrainConfig` is flat (numbers, strings, booleans, lists of them), so a writer of our own covers
+it; json.dumps is no TOML writer (it writes `Infinity`, and escapes TOML cannot read).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import types
+import typing
+from typing import Any
+
+import attrs
+
+from hloforge.core.errors import UnsupportedSpec
+
+
+def as_tuple(v: Any, what: str) -> tuple[Any, ...]:
+    if not isinstance(v, (list, tuple)):
+        raise UnsupportedSpec(f"config value {what} = {v!r}: expected a list")
+    return tuple(v)
+
+
+def check_fields(cfg: Any, numbers: bool = False) -> None:
+    """Every field of a config (an attrs instance) of its annotated type (a bool is no number here);
+    with `numbers`, every number finite and ≥ 0: a config from TOML or the Python API is refused
+    before anything runs or is written."""
+    hints = _field_hints(type(cfg))
+    for f in attrs.fields(type(cfg)):
+        v, t = getattr(cfg, f.name), hints[f.name]
+        if v is None and t.nullable:
+            continue
+        items = v if t.item else (v,)
+        want = t.item or t.base
+        if (t.item and not isinstance(v, tuple)) or not all(_is_a(x, want) for x in items):
+            raise UnsupportedSpec(f"config value {f.name} = {v!r}: expected {t.describe()}")
+        if numbers and want in (int, float) and not all(math.isfinite(x) and x >= 0 for x in items):
+            raise UnsupportedSpec(f"config value {f.name} = {v!r}: expected "
+                                  + ("finite numbers ≥ 0" if t.item else "a finite number ≥ 0"))
+
+
+@attrs.frozen
+class _Hint:
+    base: type
+    nullable: bool
+    item: type | None  # a tuple's element type
+
+    def describe(self) -> str:
+        names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+        what = f"a list of {names[self.item].split(' ', 1)[1]}s" if self.item else names[self.base]
+        return what + (" (or nothing)" if self.nullable else "")
+
+
+def _is_a(x: Any, t: type) -> bool:
+    if t is bool:
+        return isinstance(x, bool)
+    if t in (int, float):
+        return isinstance(x, (int, float) if t is float else int) and not isinstance(x, bool)
+    return isinstance(x, t)
+
+
+@functools.cache
+def _field_hints(cls: type) -> dict[str, _Hint]:
+    """An attrs class's annotations, read once: `int | None` → (int, nullable), `tuple[str, ...]` → its items."""
+    out = {}
+    for name, t in typing.get_type_hints(cls).items():
+        args = [a for a in typing.get_args(t) if a is not type(None)] if isinstance(t, types.UnionType) else [t]
+        base = args[0]
+        item = typing.get_args(base)[0] if typing.get_origin(base) is tuple else None
+        out[name] = _Hint(tuple if item else base, isinstance(t, types.UnionType), item)
+    return out
+
+
+def toml_value(v: Any) -> str:
+    """One TOML value: a bool, an integer, a float (repr: the shortest that reads back the same), a
+    basic string, or an array of those."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        return ("inf" if v > 0 else "-inf") if math.isinf(v) else repr(v)
+    if isinstance(v, str):
+        return toml_string(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    raise UnsupportedSpec(f"cannot write {v!r} ({type(v).__name__}) as a TOML value")
+
+
+_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f",
+                 "\r": "\\r"}
+
+
+def toml_string(s: str) -> str:
+    """A TOML basic string: quote and backslash escaped, control characters (and DEL) as escapes.
+    A lone surrogate (an undecodable file name) is no Unicode scalar value, so no TOML can hold it."""
+    out = []
+    for ch in s:
+        o = ord(ch)
+        if 0xD800 <= o <= 0xDFFF:
+            raise UnsupportedSpec(f"string {s!r} holds a lone surrogate; it cannot be written as TOML")
+        out.append(_TOML_ESCAPES.get(ch) or (f"\\u{o:04x}" if o < 0x20 or o == 0x7F else ch))
+    return '"' + "".join(out) + '"'

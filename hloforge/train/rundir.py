@@ -1,0 +1,90 @@
+"""A run directory's integrity: one trainer at a time (a lock), files replaced whole, and on resume a
+metrics log cut back to the checkpoint it resumes from.
+
+The lock is fcntl.flock on `.lock` in the run directory, held for the run's life: a second process
+training into the directory is refused with one line, never interleaved; the kernel drops the lock
+when the holder dies, kill -9 included, so a resume after a crash is never refused.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import io
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+from hloforge.core.errors import HloforgeError
+from hloforge.train.checkpoint import write_atomic
+
+LOCK = ".lock"
+METRICS = "metrics.jsonl"
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+@contextmanager
+def locked(run_dir: str, last_good: str) -> Iterator[None]:
+    """Hold `run_dir`'s lock for the block (made, with the directory, if missing). Refused with one
+    line while another process holds it. A block that fails before writing anything leaves no trace
+    of a directory it made. A full disk anywhere in the block is one line naming `last_good`, the
+    checkpoint that is still whole."""
+    made = not os.path.isdir(run_dir)
+    os.makedirs(run_dir, exist_ok=True)
+    path = os.path.join(run_dir, LOCK)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise HloforgeError(f"run directory {run_dir} is in use by another hloforge process (pid {holder}); "
+                            "wait for it to end, or pass --run-dir/--tag for a new run") from None
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    except OSError as e:
+        if e.errno not in DISK_FULL:
+            raise
+        whole = f"{last_good} is whole" if os.path.exists(last_good) else "there is no checkpoint yet"
+        raise HloforgeError(f"run directory {run_dir}: {e.strerror} ({e.filename or 'a write'}); {whole}; "
+                            "free space and --resume") from None
+    finally:
+        if made and os.listdir(run_dir) == [LOCK]:
+            os.remove(path)
+            os.rmdir(run_dir)
+        os.close(fd)  # the lock goes with the last descriptor
+
+
+def rewind_metrics(run_dir: str, step: int) -> None:
+    """Cut metrics.jsonl back to the lines of steps ≤ `step` (the checkpoint's), whole lines only: a run
+    killed after logging an epoch but before its checkpoint would otherwise log that epoch twice on
+    resume, and a kill mid-line would leave a line json cannot read."""
+    path = os.path.join(run_dir, METRICS)
+    if not os.path.exists(path):
+        return
+    with open(path, "rb") as f:
+        raw = f.read()
+    kept = []
+    for line in raw.split(b"\n"):
+        try:
+            row = json.loads(line)
+        except ValueError:  # a torn last line (or an empty one)
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= step:
+            kept.append(line + b"\n")
+    out = b"".join(kept)
+    if out != raw:
+        write_atomic(path, out, "metrics log")
+
+
+def save_npz(path: str, **arrays: Any) -> None:
+    """np.savez, replaced whole (a kill mid-write leaves the previous file, never a torn zip)."""
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    write_atomic(path, buf.getvalue(), "eval bitmap")
