@@ -60,7 +60,7 @@ VARIANT_FLAGS = ("ema", "accum", "clip", "mixup", "cutmix", "dropout", "drop_pat
 TRAIN_FLAGS = ("net", "classes", "input", "data", "data_dir", "data_file", "workers", "augment", "backend", "epochs",
                "batch", "optimizer", "lr", "schedule", "warmup_epochs", "weight_decay", "label_smoothing", "seed",
                "run_dir", "tag", "replicas", "devices", "sync_bn", "loss", *VARIANT_FLAGS, "data_options",
-               "diffusion_steps", "beta_start", "beta_end", "autotune")
+               "diffusion_steps", "beta_start", "beta_end", "autotune", "decay_rate", "decay_epochs")
 
 
 def train_config(args: argparse.Namespace) -> TrainConfig:
@@ -85,7 +85,7 @@ def _eval(args: argparse.Namespace) -> None:
     from hloforge.train.trainer import evaluate_checkpoint
 
     evaluate_checkpoint(args.run, backend=args.backend, region=args.region, replicas=args.replicas,
-                        devices=args.devices)
+                        devices=args.devices, batch_stats=args.batch_stats)
 
 
 def _summary(args: argparse.Namespace) -> None:
@@ -404,6 +404,10 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--optimizer", help="an optimizer plugin (sgd, momentum, adam, adamw, ...)")
     sp.add_argument("--lr", type=positive_float, help="the peak learning rate")
     sp.add_argument("--schedule", choices=("cosine", "exp", "constant"), help="the learning-rate schedule")
+    sp.add_argument("--decay-rate", type=number(0.0, 1.0, lo_open=True),
+                    help="--schedule exp: the lr's factor every --decay-epochs")
+    sp.add_argument("--decay-epochs", type=positive_float, help="--schedule exp: the decay period in epochs "
+                                                                "(EfficientNet: --decay-rate 0.97 every 2.4)")
     sp.add_argument("--warmup-epochs", type=nonneg_float, help="linear warm-up to --lr over this many epochs")
     sp.add_argument("--weight-decay", type=variant_value("weight_decay", finite_float),
                     help="decoupled weight decay (default: the optimizer's own)")
@@ -438,6 +442,9 @@ def parser() -> argparse.ArgumentParser:
                     help="score sharded over N devices (XLA; same result)")
     sp.add_argument("--devices", type=integer(1, MAX_PROCESSES),
                     help="the XLA CPU plugin's device count (default: the plugin's, 4)")
+    sp.add_argument("--batch-stats", action="store_true",
+                    help="diagnostic: BatchNorm with each eval batch's own statistics, not the running ones "
+                         "(refused when the last batch would be padded)")
     sp.set_defaults(func=_eval)
 
     sp = _command(sub, "summary", help="print a net's layers (kind, input → output shape, parameters) and totals")

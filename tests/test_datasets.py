@@ -83,3 +83,24 @@ def test_train_on_mnist_idx_files(tmp_path):
     m = train(TrainConfig(net="mnist-cnn", data="mnist", data_dir=str(tmp_path / "data"), epochs=2, batch=32,
                           run_dir=str(tmp_path / "run")), progress=False)
     assert m["n"] == 32 and m["top1"] > 0.3
+
+
+def test_eval_only_never_opens_the_train_split(tmp_path, capsys):
+    """`hloforge eval RUN` scores the test split alone: the run's train files may be gone."""
+    from hloforge.cli import main
+    from hloforge.train.trainer import TrainConfig, evaluate_checkpoint, train
+
+    data = tmp_path / "data"
+    data.mkdir()
+    tiny_mnist(data, n_train=64, n_test=16)
+    m = train(TrainConfig(net="mnist-mlp", data="mnist", data_dir=str(data), epochs=1, batch=32,
+                          run_dir=str(tmp_path / "run")), progress=False, log=lambda s: None)
+    for stem in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"):
+        (data / stem).unlink()
+    with pytest.raises(DataError, match="train-images-idx3-ubyte"):
+        Mnist(str(data)).arrays("train")  # the train split really is gone
+    res = evaluate_checkpoint(str(tmp_path / "run"), log=lambda s: None)
+    assert res.n == 16 and res.top1 / res.n == m["top1"]  # the number the training run scored
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path / "run")]) == 0
+    assert "test" in capsys.readouterr().out

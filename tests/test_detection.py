@@ -13,7 +13,7 @@ import pytest
 from hloforge.core import autodiff
 from hloforge.core.errors import DataError, UnsupportedSpec
 from hloforge.core.hlo import Builder
-from hloforge.core.spec import Ctx, NetSpec, qualified_params, walk_layers
+from hloforge.core.spec import Ctx, NetSpec, ParamSlot, qualified_params, walk_layers
 from hloforge.losses.detection import MultiScaleYoloLoss, Yolov1Loss
 from hloforge.plugins.layers.fpn import FpnDetect, Yolov1Head, neck_probe_module, ref_neck
 from hloforge.plugins.layers.norm import ConvBn
@@ -133,6 +133,53 @@ def test_fpn_param_layout_is_the_seed_order() -> None:
     assert fpn[-6:] == ["head.h3", "head.h4", "head.h5", "head.b3", "head.b4", "head.b5"]
     assert len(fpn) == 9 + 6 * 2
     assert ls.out_shape == (8 * 8 + 4 * 4 + 2 * 2, 2, 8)  # P3 8×8, P4 4×4, P5 2×2; 2 anchors; 5 + 3
+
+
+def test_fpn_prior_bias_init_starts_objectness_at_pi() -> None:
+    """Seed 001's RetinaNet prior-bias init on the zoo net: every objectness bias starts at
+    −log((1 − π)/π), π = 0.01, so with the head weights zeroed each cell's objectness is exactly π."""
+    from hloforge.zoo import get_net
+
+    spec = get_net("fpn-mini")
+    layer = spec.layers[-1]
+    assert isinstance(layer, FpnDetect) and layer.prior == 0.01
+    init = dict(zip([n for n, _ in spec.params()], spec.init_params(0), strict=True))
+    per = layer.per_anchor
+    for lv in "345":
+        (bias,) = [v for n, v in init.items() if n.endswith(f".head.b{lv}")]
+        rows = bias.reshape(len(layer.anchors[0]), per)
+        np.testing.assert_allclose(1.0 / (1.0 + np.exp(-rows[:, 4].astype(np.float64))), 0.01, rtol=1e-6)
+        assert not rows[:, :4].any() and not rows[:, 5:].any()  # only the objectness channel moves
+    (ls,) = walk_layers([layer], spec.walk()[-1].in_shape)
+    params = {s.name: s.initial(np.random.default_rng(i)) for i, s in enumerate(ls.slots)}
+    params = {k: np.zeros_like(v) if k.startswith("head.h") else v for k, v in params.items()}
+    x = np.random.default_rng(1).normal(size=(2, *ls.in_shape)).astype(np.float32)
+    out = np.asarray(layer.reference(params, x, Ctx(train=True)))
+    np.testing.assert_allclose(1.0 / (1.0 + np.exp(-out[..., 4])), 0.01, rtol=1e-6)
+
+
+def test_fpn_prior_zero_is_the_zero_init_net() -> None:
+    """π = 0 (the layer's default) keeps the plain zero-init bias slots and the same forward; the
+    prior changes only the biases' starting values, never the render."""
+    base = FpnDetect(3, ANCHORS, oc=4, c4=4, c5=4, tower=1)
+    with_prior = FpnDetect(3, ANCHORS, oc=4, c4=4, c5=4, tower=1, prior=0.01)
+    (ls0,) = walk_layers([base], (3, 8, 8))
+    (ls1,) = walk_layers([with_prior], (3, 8, 8))
+    heads = [s for s in ls0.slots if s.name.startswith("head.b")]
+    assert heads and all(type(s) is ParamSlot and s.init == "zeros" for s in heads)
+    rng = np.random.default_rng
+    for s0, s1 in zip(ls0.slots, ls1.slots, strict=True):
+        assert (s0.name, s0.shape, s0.decay) == (s1.name, s1.shape, s1.decay)
+        same = np.array_equal(s0.initial(rng(3)), s1.initial(rng(3)))
+        assert same != s1.name.startswith("head.b")  # only the head biases differ
+    def render(layer: FpnDetect) -> str:
+        b = Builder("f32", "fwd")
+        ps = {s.name: b.arg(s.shape) for s in ls0.slots}
+        x = b.arg((2, 3, 8, 8))
+        return b.module([layer.forward(b, x, ps, Ctx(train=True))])
+    assert render(base) == render(with_prior)
+    with pytest.raises(UnsupportedSpec, match="0 ≤ π < 1"):
+        walk_layers([FpnDetect(3, ANCHORS, prior=1.0)], (3, 8, 8))
 
 
 def test_head_refusals() -> None:

@@ -4,6 +4,7 @@ with the shadow, and a checkpoint without them refused for the shadow."""
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import numpy as np
@@ -96,3 +97,39 @@ def test_the_shadow_is_scored_with_its_own_bn_stats_and_a_checkpoint_without_the
         train(TrainConfig(net=bn_net(tmp_path), epochs=3, batch=128, lr=3e-3, ema=0.9, run_dir=str(run_dir)),
               resume=True, **QUIET)
     assert os.path.exists(file)
+
+
+def test_bn_running_stats_under_accumulation_move_by_the_kth_root(tmp_path, monkeypatch) -> None:
+    """Seed 003: under accumulation over k micro-batches the running statistics move once per
+    MICRO-batch with weight 1 − m^(1/k), so k chained updates compose to one update at the
+    momentum m per optimizer step. The run's stored statistics are replayed by hand from every
+    micro-batch's batch statistics."""
+    from hloforge.train.session import TrainSession
+
+    seen: list[list[np.ndarray]] = []
+    batch_stats = TrainSession.batch_stats
+
+    def spy(self):
+        out = batch_stats(self)
+        seen.append([np.asarray(b, np.float64) for b in out])
+        return out
+
+    monkeypatch.setattr(TrainSession, "batch_stats", spy)
+    k, m = 2, 0.9  # digits: 22 batches of 64 an epoch, 11 updates
+    run_dir = tmp_path / "r"
+    train(TrainConfig(net=bn_net(tmp_path), epochs=1, batch=64, accum=k, bn_momentum=m, run_dir=str(run_dir)),
+          **QUIET)
+    w = 1.0 - math.sqrt(0.9)  # by hand: the square root of the momentum, not 1 − m = 0.1
+    assert (1.0 - w) ** 2 == pytest.approx(m) and abs(w - 0.1) > 0.04
+    run = Run(TrainConfig(net=bn_net(tmp_path), run_dir=str(tmp_path / "fresh")), progress=False, log=lambda s: None)
+    names, running = run.stat_names, [r.astype(np.float64) for r in run.running]
+    assert seen and len(seen) % k == 0  # every micro-batch moved them
+    for stats in seen:
+        running = [r * (1.0 - w) + b * w for r, b in zip(running, stats, strict=True)]
+    tensors = load_file(str(run_dir / CHECKPOINT))
+    for n, r in zip(names, running, strict=True):
+        np.testing.assert_allclose(tensors[f"{ckpt.STATS}/{n}"], r, rtol=1e-5, atol=1e-6)
+    plain = [r.astype(np.float64) for r in run.running]  # the unrooted weight 1 − m ends elsewhere
+    for stats in seen:
+        plain = [r * m + b * (1.0 - m) for r, b in zip(plain, stats, strict=True)]
+    assert not all(np.allclose(tensors[f"{ckpt.STATS}/{n}"], p, rtol=1e-3) for n, p in zip(names, plain, strict=True))

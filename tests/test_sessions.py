@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from hloforge.core.errors import DataError, PluginError
+from hloforge.core.errors import BackendError, DataError, PluginError
 from hloforge.core.variant import Variant
 from hloforge.train.session import ForwardSession, TrainSession, make_backend
 from hloforge.zoo import get_net
@@ -44,6 +44,33 @@ def test_resident_and_copying_paths_are_bit_identical(backend):
     for a, b in zip(p1 + s1, p2 + s2, strict=True):
         np.testing.assert_array_equal(a, b)
     assert not np.array_equal(p1[0], spec.init_params(1)[0])
+
+
+def test_hloforge_resident_env_turns_residency_off(monkeypatch, tmp_path, capsys):
+    """Seed 000: residency is the default and $HLOFORGE_RESIDENT=0 turns it off (the copying path,
+    the same bits); an explicit `resident=` still wins; any other value is one line, nothing written."""
+    from hloforge.cli import main
+
+    spec, be = get_net("mnist-mlp"), make_backend("xla")
+    (x, y), = batches(spec, 8, 1)
+    monkeypatch.delenv("HLOFORGE_RESIDENT", raising=False)
+    on = TrainSession(spec, Variant("adam"), 8, be, seed=1)
+    monkeypatch.setenv("HLOFORGE_RESIDENT", "0")
+    off = TrainSession(spec, Variant("adam"), 8, be, seed=1)
+    assert on.resident and not off.resident
+    assert TrainSession(spec, Variant("adam"), 8, be, seed=1, resident=True).resident
+    assert on.train_step(x, y, 1e-3) == off.train_step(x, y, 1e-3)
+    for a, b in zip(on.read_params(), off.read_params(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    monkeypatch.setenv("HLOFORGE_RESIDENT", "yes")
+    with pytest.raises(BackendError, match="HLOFORGE_RESIDENT='yes': expected 0 .* or 1"):
+        TrainSession(spec, Variant("adam"), 8, be, seed=1)
+    run = tmp_path / "run"
+    assert main(["train", "mnist-mlp", "--epochs", "1", "--run-dir", str(run),
+                 "--no-progress"]) != 0
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "HLOFORGE_RESIDENT='yes'" in err
+    assert not run.exists()
 
 
 def test_step_inputs_in_slots_borrowed_or_copied_train_alike():

@@ -91,6 +91,33 @@ def test_topk_and_schedule_and_bn_weight():
     assert bn_weight(0.99) == 0.01 and bn_weight(0.9) == pytest.approx(0.1)
 
 
+def test_exp_schedule_decay_period():
+    """Seed 003's exponential schedule: ×rate every decay_epochs epochs after warmup (EfficientNet's
+    ×0.97 every 2.4), from the CLI's flags through TrainConfig to the trainer's per-step lr."""
+    from types import SimpleNamespace
+
+    from hloforge.cli import parser, train_config
+    from hloforge.train.trainer import Run
+
+    kw = dict(base=1.0, total_steps=100, schedule="exp", decay_rate=0.97, steps_per_epoch=10, decay_epochs=2.4)
+    assert lr_at(0, **kw) == 1.0
+    assert lr_at(24, **kw) == pytest.approx(0.97)  # one period: 2.4 epochs of 10 steps
+    assert lr_at(48, **kw) == pytest.approx(0.97 ** 2)
+    assert lr_at(12, **kw) == pytest.approx(0.97 ** 0.5)
+    assert lr_at(5 + 24, **kw, warmup_steps=5) == pytest.approx(0.97)  # the decay starts after warmup
+    assert lr_at(24, **{**kw, "decay_epochs": 1.0}) == pytest.approx(0.97 ** 2.4)  # the default: per epoch
+    args = parser().parse_args(["train", "mlp", "--schedule", "exp", "--decay-rate", "0.97", "--decay-epochs", "2.4"])
+    c = train_config(args)
+    assert (c.schedule, c.decay_rate, c.decay_epochs) == ("exp", 0.97, 2.4)
+    assert TrainConfig().decay_epochs == 1.0
+    c = TrainConfig(lr=1.0, epochs=10, schedule="exp", decay_epochs=2.4)
+    fake = SimpleNamespace(cfg=c, variant=SimpleNamespace(accum=2), steps_per_epoch=20)  # 10 updates per epoch
+    assert Run.lr(fake, 2 * 24) == pytest.approx(0.97)
+    with pytest.raises(HloforgeError, match="decay_epochs positive"):
+        TrainConfig(decay_epochs=0.0).check()
+    assert main(["train", "mlp", "--decay-epochs", "0"]) == 2
+
+
 # ------------------------------------------------------------------ runs
 def test_main_job_reaches_97_percent_and_leaves_a_readable_run(tmp_path):
     m = train(cfg(tmp_path, epochs=5), progress=False)

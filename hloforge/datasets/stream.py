@@ -374,16 +374,18 @@ class Feed:
     then streams too, a fresh set of producers per pass."""
 
     def __init__(self, data: Any, ref: DataRef, *, batch: int, seed: int, workers: int, augment: bool,
-                 input_shape: Sequence[int], train_split: str = "train", eval_split: str = "test"):
+                 input_shape: Sequence[int], train_split: str = "train", eval_split: str = "test",
+                 train: bool = True):
         if workers < 0:
             raise DataError(f"workers must be 0 (in process) or more, got {workers}")
         self.data, self.ref, self.batch, self.seed = data, ref, batch, seed
         self.workers, self.augment, self.input_shape = workers, augment, tuple(input_shape)
         self.train_split, self.eval_split = train_split, eval_split
-        self.x, self.y, self.transform = split_view(data, train_split, augment)
+        # train=False: an eval-only feed, which never opens the train split (nor needs its file)
+        self.x, self.y, self.transform = split_view(data, train_split, augment) if train else ([], [], Compose(()))
         self.n = len(self.x)
         self.steps_per_epoch = train_steps(self.n, batch, workers)
-        if workers:
+        if workers and train:
             self.layout = layout_of(data, train_split)
             if self.layout.flat != math.prod(self.input_shape):
                 raise DataError(f"dataset {ref.name!r} gives rows of {self.layout.flat} values, the net takes "

@@ -77,7 +77,7 @@ class DataParallelTrainSession(TrainSession):
 
     def __init__(self, spec: NetSpec, variant: Variant, batch: int, backend: Any, *, replicas: int,
                  seed: int = 0, params: Sequence[np.ndarray] | None = None, registry: Registry | None = None,
-                 resident: bool = True, sync_bn: bool = False):
+                 resident: bool | None = None, sync_bn: bool = False):
         require_replicas(backend, replicas, "a data-parallel train step")
         if batch % replicas:
             raise DataError(f"the global batch {batch} does not split evenly over {replicas} replicas")

@@ -10,6 +10,8 @@ leading θ tensors alone for a caller that needs them more often.
 `resident=False` is the copying path: θ and state go back to the host after every
 step and to the device before the next. It computes the same thing bit for bit;
 it exists to check that, and for drivers that want the whole state every step.
+Unset (`resident=None`), residency is the default and `HLOFORGE_RESIDENT=0` turns it
+off for the process (seed 000's environment switch), so every driver takes it alike.
 
 Sessions use only the backend interface of `hloforge.backends.base.Backend`.
 """
@@ -25,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from hloforge.backends.base import BACKEND_ENV_VAR, DEFAULT_BACKEND
-from hloforge.core.errors import DataError, UnsupportedSpec
+from hloforge.core.errors import BackendError, DataError, UnsupportedSpec
 from hloforge.core.modules import (
     TrainStepLayout,
     forward_module,
@@ -96,6 +98,18 @@ def _is_host(a: Any) -> bool:
     return isinstance(a, (np.ndarray, np.generic))
 
 
+RESIDENT_ENV_VAR = "HLOFORGE_RESIDENT"
+
+
+def resident_default() -> bool:
+    """$HLOFORGE_RESIDENT: 1 (the default) keeps θ and state on the device, 0 is the copying path;
+    anything else is one error line, never a guess."""
+    text = os.environ.get(RESIDENT_ENV_VAR, "1").strip()
+    if text not in ("0", "1"):
+        raise BackendError(f"{RESIDENT_ENV_VAR}={text!r}: expected 0 (residency off) or 1 (on, the default)")
+    return text == "1"
+
+
 def label_classes(y_dtype: str, label_shape: Sequence[int], out_shape: Sequence[int]) -> int | None:
     """The number of classes integer labels index: the size of the logits' axis the labels lack
     (class ids: [C] → []; masks: [C, H, W] → [H, W]; tokens: [T, V] → [T]). None: float targets, or
@@ -154,11 +168,11 @@ def checked_labels(y: Any, shape: Sequence[int], y_dtype: str, classes: int | No
 class TrainSession:
     def __init__(self, spec: NetSpec, variant: Variant, batch: int, backend: Any, *, seed: int = 0,
                  params: Sequence[np.ndarray] | None = None, registry: Registry | None = None,
-                 resident: bool = True):
+                 resident: bool | None = None):
         reg = registry or default_registry()
         spec = variant.apply_to(spec, reg)  # the net this variant trains (dropout, drop_path, BN ε)
         self.spec, self.variant, self.batch, self.backend = spec, variant, batch, backend
-        self.resident = resident
+        self.resident = resident_default() if resident is None else resident
         self.optimizer = variant.make_optimizer(reg)
         self.state_layout = variant.state_layout(self.optimizer)  # what the carried state is, slot by slot
         self.exe, self.layout = self._compile_step(reg)
@@ -321,10 +335,14 @@ class ForwardSession:
     per generation token: the device copies are reused across calls while `gen` is
     unchanged and re-seeded the moment it changes. Pass the epoch (or anything that
     changes whenever the parameters do). Passing different parameter arrays under an
-    unchanged token is an error, not a silent score of the held (stale) ones."""
+    unchanged token is an error, not a silent score of the held (stale) ones.
 
-    def __init__(self, spec: NetSpec, batch: int, backend: Any):
-        self.spec, self.batch, self.backend = spec, batch, backend
+    `batch_stats=True` is seed 003's EVAL_BATCHSTATS diagnostic: the forward normalises with each
+    batch's own statistics (params: θ… alone). Its padded tail is refused, not scored: the zero rows
+    would enter the batch statistics and shift the real rows' normalisation."""
+
+    def __init__(self, spec: NetSpec, batch: int, backend: Any, batch_stats: bool = False):
+        self.spec, self.batch, self.backend, self.batch_stats = spec, batch, backend, batch_stats
         # how the module takes θ (host arrays come in declared layouts and are stored so when pushed)
         self.storage = param_storage(spec.params(), target_of(backend))
         self.exe = self._compile()
@@ -335,7 +353,7 @@ class ForwardSession:
         self.seeds = 0  # how many times parameters were pushed (hold mode or not)
 
     def _compile(self) -> Any:
-        return self.backend.compile(forward_module(self.spec, self.batch, eval_mode=True,
+        return self.backend.compile(forward_module(self.spec, self.batch, eval_mode=not self.batch_stats,
                                                    target=target_of(self.backend)))
 
     def _push(self, params: Sequence[Any]) -> list[Any]:
@@ -378,6 +396,10 @@ class ForwardSession:
         for i in range(0, len(x), self.batch):
             chunk = x[i:i + self.batch]
             n = len(chunk)
+            if n < self.batch and self.batch_stats:
+                raise DataError(f"batch-statistics eval refuses a padded tail: the last batch has {n} of {self.batch} "
+                                f"rows and zero padding would shift the real rows' normalisation; score a split "
+                                f"whose size divides by {self.batch}")
             if n < self.batch:
                 chunk = np.concatenate([chunk, np.zeros((self.batch - n, *chunk.shape[1:]), np.float32)])
             res = self.backend.execute(self.exe, [*self._x_in([chunk]), *dev], keep=keep)

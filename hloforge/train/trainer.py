@@ -72,6 +72,7 @@ class TrainConfig:
     schedule: str = "cosine"
     warmup_epochs: float = 0.0
     decay_rate: float = 0.97
+    decay_epochs: float = 1.0  # --schedule exp: the lr is ×decay_rate every decay_epochs epochs
     weight_decay: float | None = None
     label_smoothing: float = 0.0
     loss: str = ""  # empty: the one the net and dataset call for (hloforge.train.tasks.default_loss)
@@ -147,6 +148,9 @@ class TrainConfig:
             raise UnsupportedSpec(f"lr must be a positive number, got {self.lr}")
         if self.schedule not in SCHEDULES:
             raise UnsupportedSpec(f"unknown schedule {self.schedule!r}; expected one of {list(SCHEDULES)}")
+        if not 0.0 < self.decay_rate <= 1.0 or not self.decay_epochs > 0.0:
+            raise UnsupportedSpec(f"decay_rate must be in (0, 1] and decay_epochs positive, got decay_rate="
+                                  f"{self.decay_rate} decay_epochs={self.decay_epochs}")
         if not 0.0 <= self.bn_momentum < 1.0:
             raise UnsupportedSpec(f"bn_momentum must be in [0, 1), got {self.bn_momentum}")
         if self.replicas < 1 or (self.devices is not None and self.devices < 1):
@@ -285,7 +289,7 @@ class Run:
     """One training run: its config, data, sessions and run directory."""
 
     def __init__(self, cfg: TrainConfig, log: Callable[[str], None] = print, progress: bool = True,
-                 resume: bool = False):
+                 resume: bool = False, eval_only: bool = False):
         cfg.check()
         self.backend = make_backend(cfg.backend or None, **({"devices": cfg.devices} if cfg.devices else {}))
         cfg = attrs.evolve(cfg, backend=self.backend.name)
@@ -324,10 +328,11 @@ class Run:
             raise DataError(f"dataset {cfg.data!r} has {self.data.num_classes} classes, net {self.spec.name!r} "
                             f"has {self.spec.num_classes}")
         self.feed = Feed(self.data, DataRef(cfg.data, opts), batch=cfg.batch, seed=cfg.seed, workers=cfg.workers,
-                         augment=cfg.augment, input_shape=self.task.feed_shape if self.task else self.spec.input_shape)
+                         augment=cfg.augment, input_shape=self.task.feed_shape if self.task else self.spec.input_shape,
+                         train=not eval_only)
         self._x_te = None if x_te is None else self._fit_input(x_te)
         self.steps_per_epoch = self.feed.steps_per_epoch
-        if self.steps_per_epoch == 0:
+        if self.steps_per_epoch == 0 and not eval_only:
             raise DataError(f"batch {cfg.batch} is larger than the {self.feed.n}-image training split"
                             + (f" split over {cfg.workers} workers" if cfg.workers else ""))
         if self.steps_per_epoch % self.variant.accum:
@@ -433,7 +438,7 @@ class Run:
         per_epoch = self.steps_per_epoch // k
         return lr_at(step // k, base=c.lr, total_steps=c.epochs * per_epoch,
                      warmup_steps=int(c.warmup_epochs * per_epoch), schedule=c.schedule,
-                     decay_rate=c.decay_rate, steps_per_epoch=per_epoch)
+                     decay_rate=c.decay_rate, steps_per_epoch=per_epoch, decay_epochs=c.decay_epochs)
 
     def train(self, resume: bool = False, cross_backend: bool = False) -> dict[str, Any]:
         """The run, holding its directory's lock throughout (rundir.locked)."""
@@ -702,7 +707,7 @@ def open_checkpoint(path: str, backend: str | None = None,
         cfg = attrs.evolve(cfg, backend=backend)
     if devices:
         cfg = attrs.evolve(cfg, devices=devices)
-    run = Run(cfg, log, progress=False)
+    run = Run(cfg, log, progress=False, eval_only=True)  # scoring never opens the train split
     spec = NetSpec.from_dict(meta["spec"], source=file)
     if spec != run.spec:
         raise DataError(f"checkpoint {file} holds a spec that differs from net {cfg.net!r} as defined now")
@@ -711,20 +716,25 @@ def open_checkpoint(path: str, backend: str | None = None,
 
 def evaluate_checkpoint(path: str, backend: str | None = None, region: str = "auto",
                         log: Callable[[str], None] = print, replicas: int = 1,
-                        devices: int | None = None) -> EvalResult:
+                        devices: int | None = None, batch_stats: bool = False) -> EvalResult:
     """Score a run directory's (or a file's) checkpoint alone, with the training run's batching.
     `region` picks the weights: the live ones, the EMA shadow of an EMA variant, or (the default, as
     `sample`'s) auto: the shadow when the run kept one. `replicas` > 1
     scores sharded over that many devices (the training batch split over them), with the same
-    result as one device: the same eval loop, the logits gathered in row order."""
+    result as one device: the same eval loop, the logits gathered in row order. `batch_stats`:
+    seed 003's diagnostic, BN with each batch's statistics instead of the running ones (ForwardSession)."""
     if region not in REGIONS:
         raise UnsupportedSpec(f"region {region!r}; expected one of {list(REGIONS)}")
     oc = open_checkpoint(path, backend, log, devices)
     run, spec, meta, cfg = oc.run, oc.spec, oc.meta, oc.run.cfg
     # each region with its own BN statistics: the live weights with the running ones, the shadow with its EMA
     region, params, running = oc.region_weights(region)
-    evaluator = make_forward_session(spec, -(-cfg.batch // replicas), run.backend, replicas)
-    buffers = [*params, *running]  # host arrays: the session pushes them to its device(s) once
+    if batch_stats and (replicas > 1 or run.lm or (run.task is not None and run.task.kind != "class")):
+        raise UnsupportedSpec("--batch-stats scores a classifier on one replica; this run is "
+                              + ("sharded" if replicas > 1 else "not a classifier"))
+    evaluator = (ForwardSession(spec, cfg.batch, run.backend, batch_stats=True) if batch_stats else
+                 make_forward_session(spec, -(-cfg.batch // replicas), run.backend, replicas))
+    buffers = [*params, *([] if batch_stats else running)]  # host arrays: the session pushes them once
     if run.lm:
         lres = evaluate_lm(evaluator, buffers, run.x_te, run.y_te)
         log(f"{spec.name} epoch {meta['epoch']} ({region}) on {run.backend.backend_name()}: val {lres.line()}")
@@ -736,5 +746,6 @@ def evaluate_checkpoint(path: str, backend: str | None = None, region: str = "au
     # the training run's eval pass: streamed when it streamed (the split is never loaded whole)
     res = (evaluate_stream(evaluator, buffers, run.feed.eval_batches(), len(run.y_te)) if run.feed.streams
            else evaluate(evaluator, buffers, run.x_te, run.y_te))
-    log(f"{spec.name} epoch {meta['epoch']} ({region}) on {run.backend.backend_name()}: test {res.line()}")
+    stats = ", batch statistics" if batch_stats else ""
+    log(f"{spec.name} epoch {meta['epoch']} ({region}{stats}) on {run.backend.backend_name()}: test {res.line()}")
     return res

@@ -38,7 +38,8 @@ def fpn_detector(classes: int = 20, input: Sequence[int] = VOC) -> NetSpec:
     """ResNet-18's stem and first two stages to C3 (stride 8), then fpnDetect: C4/C5 stages of
     256/512, a 128-wide neck, a one-layer RetinaNet tower, three anchors per level."""
     return NetSpec("fpn-detector", input, [*_resnet_trunk((2, 2)),
-                                           FpnDetect(classes, COCO_ANCHORS, oc=128, c4=256, c5=512, tower=1)], classes)
+                                           FpnDetect(classes, COCO_ANCHORS, oc=128, c4=256, c5=512, tower=1,
+                                                     prior=0.01)], classes)
 
 
 def yolov1_mini(classes: int = 3, input: Sequence[int] = SHAPES) -> NetSpec:
@@ -55,4 +56,4 @@ def fpn_mini(classes: int = 3, input: Sequence[int] = SHAPES) -> NetSpec:
     one anchor per level."""
     return NetSpec("fpn-mini", input, [
         ConvBn(16, k=3), ResidualStage(24, n=1, stride=2), ResidualStage(32, n=1, stride=2),
-        FpnDetect(classes, SHAPES_ANCHORS, oc=32, c4=48, c5=64, tower=0)], classes)
+        FpnDetect(classes, SHAPES_ANCHORS, oc=32, c4=48, c5=64, tower=0, prior=0.01)], classes)

@@ -22,6 +22,11 @@ lateral conv and up the pyramid (dP4 += up2ᵀ(dP3), then dP5 += up2ᵀ(dP4)).
 `fpn_param_slots` is the ONE definition of the FPN-owned parameter order (9 + 6·tower):
 laterals n3, n4, n5; tower (w, b) × tower for P3, then P4, then P5; head weights h3, h4, h5;
 head biases last.
+
+`prior` π > 0 is RetinaNet's prior-bias init (seed 001, applyDetPriorBias): each anchor's
+objectness bias starts at −log((1 − π)/π), so every cell first predicts objectness π instead of
+½ and the background-dominated focal loss does not open on a burst of false positives; the bias,
+not the weights, carries that constant offset. π = 0 is the zero init, today's net exactly.
 """
 
 from __future__ import annotations
@@ -116,15 +121,35 @@ def ref_neck(c3: Any, c4: Any, c5: Any, w3: Any, w4: Any, w5: Any) -> tuple[Any,
 
 
 # ------------------------------------------------------------------ the parameter layout
-def fpn_param_slots(oc: int, taps: Sequence[int], head: int, tower: int) -> tuple[ParamSlot, ...]:
-    """The FPN-owned slots in their one order (module docstring): 9 + 6·tower tensors."""
+@attrs.frozen
+class PriorBiasSlot(ParamSlot):
+    """A zero-init bias plus a fixed per-element start (`fill`, the objectness prior)."""
+
+    fill: tuple[float, ...] = ()
+
+    def initial(self, rng: np.random.Generator) -> np.ndarray:
+        return np.asarray(self.fill, np.float32).reshape(self.shape)
+
+
+def prior_logit(prior: float) -> float:
+    """The logit whose sigmoid is π (RetinaNet's −log((1 − π)/π))."""
+    return -float(np.log((1.0 - prior) / prior))
+
+
+def fpn_param_slots(oc: int, taps: Sequence[int], head: int, tower: int,
+                    head_bias: Sequence[float] | None = None) -> tuple[ParamSlot, ...]:
+    """The FPN-owned slots in their one order (module docstring): 9 + 6·tower tensors. `head_bias`,
+    when given, is each level's head-bias start ([head] values); otherwise the biases start at zero."""
     slots = [ParamSlot(f"neck.n{lv}", (oc, c), "he_fan_out", True) for lv, c in zip(LEVELS, taps, strict=True)]
     for lv in LEVELS:
         for i in range(tower):
             slots += [ParamSlot(f"tower.p{lv}.{i}.w", (oc, oc, 3, 3), "he_fan_out", True),
                       ParamSlot(f"tower.p{lv}.{i}.b", (oc,), "zeros", False)]
     slots += [ParamSlot(f"head.h{lv}", (head, oc), "glorot", True) for lv in LEVELS]
-    slots += [ParamSlot(f"head.b{lv}", (head,), "zeros", False) for lv in LEVELS]
+    if head_bias is None:
+        slots += [ParamSlot(f"head.b{lv}", (head,), "zeros", False) for lv in LEVELS]
+    else:
+        slots += [PriorBiasSlot(f"head.b{lv}", (head,), "zeros", False, tuple(head_bias)) for lv in LEVELS]
     return tuple(slots)
 
 
@@ -149,6 +174,7 @@ class FpnDetect(Layer):
     c5: int = 128
     tower: int = 0
     blocks: int = 1  # residual blocks in each of the C4 and C5 stages
+    prior: float = 0.0  # RetinaNet's initial objectness probability π (module docstring); 0: zero-init biases
 
     @property
     def per_anchor(self) -> int:
@@ -174,13 +200,22 @@ class FpnDetect(Layer):
                                   f"got {h}x{w}")
         if min(self.classes, self.oc, self.c4, self.c5, self.blocks) < 1 or self.tower < 0:
             raise UnsupportedSpec("classes, oc, c4, c5 and blocks must be positive, tower ≥ 0")
+        if not 0.0 <= self.prior < 1.0:
+            raise UnsupportedSpec(f"fpnDetect prior is the initial objectness probability π, expected 0 ≤ π < 1 "
+                                  f"(0: zero-init biases), got {self.prior}")
         cells = sum(s.cells for s in pyramid_scales(21 * (h // 4) ** 2))
         return (cells, len(self.anchors[0]), self.per_anchor)
 
     def param_slots(self, in_shape: Shape) -> tuple[ParamSlot, ...]:
         taps = [s[0] for s in self._taps(in_shape)]
-        head = len(self.anchors[0]) * self.per_anchor
-        return (*path_params(self._stages(), in_shape, ""), *fpn_param_slots(self.oc, taps, head, self.tower))
+        a = len(self.anchors[0])
+        bias = None
+        if self.prior > 0.0:
+            per = np.zeros((a, self.per_anchor))
+            per[:, BOX - 1] = prior_logit(self.prior)  # the objectness channel of each anchor
+            bias = per.ravel().tolist()
+        return (*path_params(self._stages(), in_shape, ""),
+                *fpn_param_slots(self.oc, taps, a * self.per_anchor, self.tower, bias))
 
     def stat_slots(self, in_shape: Shape) -> tuple[StatSlot, ...]:
         return tuple(path_stats(self._stages(), in_shape, ""))

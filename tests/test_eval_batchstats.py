@@ -1,0 +1,71 @@
+"""Seed 003's EVAL_BATCHSTATS diagnostic: `hloforge eval RUN --batch-stats` scores with each eval
+batch's own BatchNorm statistics, and refuses a padded tail (the zero rows would enter them)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from test_datasets import tiny_mnist  # tests/ is on sys.path (rootdir-relative, no package)
+
+from hloforge.cli import main
+from hloforge.core.spec import Ctx
+from hloforge.train import trainer
+from hloforge.train.trainer import TrainConfig, evaluate_checkpoint, open_checkpoint, train
+
+jax = pytest.importorskip("jax")
+
+
+def bn_run(tmp_path, n_test: int) -> str:
+    net = tmp_path / "bn-net.json"
+    net.write_text(json.dumps({"name": "bn-net", "input_shape": [1, 28, 28], "num_classes": 10, "layers": [
+        {"kind": "convBn", "out": 4, "stride": 2}, {"kind": "convBn", "out": 8, "stride": 2},
+        {"kind": "flatten"}, {"kind": "dense", "units": 10}]}))
+    data = tmp_path / "data"
+    data.mkdir()
+    tiny_mnist(data, n_train=64, n_test=n_test)
+    run = tmp_path / "run"
+    train(TrainConfig(net=str(net), data="mnist", data_dir=str(data), epochs=1, batch=32, run_dir=str(run)),
+          progress=False, log=lambda s: None)
+    return str(run)
+
+
+def test_batch_stats_eval_normalises_with_each_batchs_statistics(tmp_path, monkeypatch) -> None:
+    run = bn_run(tmp_path, n_test=64)
+    logits: list[np.ndarray] = []
+    score = trainer.evaluate
+
+    def spy(evaluator, buffers, x, y):
+        logits.append(evaluator.logits(x, buffers))
+        return score(evaluator, buffers, x, y)
+
+    monkeypatch.setattr(trainer, "evaluate", spy)
+    lines: list[str] = []
+    res = evaluate_checkpoint(run, batch_stats=True, log=lines.append)
+    assert res.n == 64 and "batch statistics" in lines[-1]
+    evaluate_checkpoint(run, log=lambda s: None)
+    batch_logits, running_logits = logits
+    # the oracle: the layers' jax references in train mode (batch statistics), one eval batch at a time
+    oc = open_checkpoint(run, log=lambda s: None)
+    _, params, _ = oc.region_weights("live")
+    named = dict(zip([n for n, _ in oc.spec.params()], params, strict=True))
+    x_te = oc.run.x_te
+    want = []
+    for i in range(0, len(x_te), 32):
+        h = jax.numpy.asarray(x_te[i:i + 32], np.float32)
+        for ls in oc.spec.walk():
+            ps = {n.split(".", 1)[1]: v for n, v in named.items() if n.split(".", 1)[0] == str(ls.index)}
+            h = ls.layer.reference(ps, h, Ctx(train=True))
+        want.append(np.asarray(h))
+    np.testing.assert_allclose(batch_logits, np.concatenate(want), rtol=1e-4, atol=1e-4)
+    assert not np.allclose(batch_logits, running_logits, rtol=1e-3, atol=1e-3)  # not the running statistics
+
+
+def test_batch_stats_eval_refuses_a_padded_tail(tmp_path, capsys) -> None:
+    run = bn_run(tmp_path, n_test=40)  # 40 = 32 + a tail of 8 padded to 32
+    capsys.readouterr()
+    assert main(["eval", run, "--batch-stats"]) == 3
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "refuses a padded tail: the last batch has 8 of 32 rows" in err
+    assert main(["eval", run]) == 0  # the running-statistics eval pads it, as always
