@@ -86,7 +86,7 @@ class Task:
         return shape
 
     def fit_input(self, x: np.ndarray) -> np.ndarray:
-        from hloforge.train.trainer import fit_input
+        from hloforge.train.evaluation import fit_input
 
         return fit_input(x, self.run.spec, self.run.cfg.data)
 
@@ -117,7 +117,7 @@ class ClassificationTask(Task):
                             f"has {run.spec.num_classes}")
 
     def evaluate(self, evaluator: ForwardSession, buffers: list[Any]) -> Evaluation:
-        from hloforge.train.trainer import evaluate, evaluate_stream
+        from hloforge.train.evaluation import evaluate, evaluate_stream
 
         run = self.run
         res = (evaluate_stream(evaluator, buffers, run.feed.eval_batches(), len(run.y_te)) if run.feed.streams

@@ -20,7 +20,7 @@ from hloforge.train.session import ForwardSession
 def generate(path: str, prompt: str = "\n", tokens: int = 200, temperature: float = 0.8, seed: int = 0,
              backend: str | None = None, out: Callable[[str], None] | None = None) -> str:
     """The prompt followed by `tokens` sampled characters; `out`, if given, receives each piece as it comes."""
-    from hloforge.train.trainer import open_checkpoint
+    from hloforge.commands.opening import open_checkpoint
 
     if tokens < 0 or temperature < 0:
         raise UnsupportedSpec(f"tokens and temperature must be non-negative, got {tokens} and {temperature}")

@@ -7,9 +7,10 @@ from collections.abc import Callable
 
 import numpy as np
 
+from hloforge.commands.opening import open_checkpoint
 from hloforge.core.cam import gradcam, save_overlay
 from hloforge.core.errors import DataError
-from hloforge.train.trainer import Run, open_checkpoint
+from hloforge.train.trainer import Run
 
 
 def load_image(ref: str, run: Run) -> np.ndarray:
