@@ -69,15 +69,16 @@ class Task:
 
     def __init__(self, run: Any):
         self.run = run
-        self.check()
 
     @classmethod
     def default_loss(cls, spec: NetSpec, data_cls: Any) -> str | None:
         """The loss this task trains `spec` on the dataset class with, when it is this task's pair."""
         raise NotImplementedError  # abstract
 
-    def check(self) -> None:
-        """Refuse a dataset the net cannot train on, with one line."""
+    def check(self) -> Any:
+        """Refuse a dataset the net cannot train on, with one line. Returns the dataset the run feeds and
+        scores from in place of its own (a detector's encoded targets), or None: the run's own."""
+        return None
 
     @property
     def feed_shape(self) -> tuple[int, ...]:
@@ -249,7 +250,7 @@ class DetectionTask(Task):
         except UnsupportedSpec:
             return None
 
-    def check(self) -> None:
+    def check(self) -> Any:
         from hloforge.core.registry import default_registry
         from hloforge.train.detection import DetectionHead, DetectionLabels
 
@@ -270,8 +271,7 @@ class DetectionTask(Task):
                             f"has {head_boxes}")
         self.truth = run.data.boxes("test")
         # The feed and the eval read the encoded targets in place of the dataset's own labels.
-        run.data = DetectionLabels(run.data, self.head)
-        run.y_te = run.data.arrays("test")[1]
+        return DetectionLabels(run.data, self.head)
 
     def evaluate(self, evaluator: ForwardSession, buffers: list[Any]) -> Evaluation:
         from hloforge.train.detection import mean_ap
@@ -306,7 +306,7 @@ def default_loss(spec: NetSpec, data: str | None) -> str:
 
 
 def make_task(run: Any) -> Task:
-    """The task of the run's loss (its label kind), checked against the net and the dataset."""
+    """The task of the run's loss (its label kind); the run checks it against the net and the dataset."""
     from hloforge.core.registry import default_registry
 
     loss = run.variant.make_loss(default_registry())

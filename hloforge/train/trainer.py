@@ -112,6 +112,10 @@ class Run:
             x_te, self.y_te = self.data.arrays("test")
         # what the loss's label kind trains: feed shape, train-step inputs, evaluation (LM: its own path)
         self.task = None if self.lm else make_task(self)
+        labels = None if self.task is None else self.task.check()
+        if labels is not None:  # the task's targets in place of the dataset's own labels
+            self.data = labels
+            self.y_te = self.data.arrays("test")[1]
         if self.lm and self.data.num_classes != self.spec.num_classes:
             raise DataError(f"dataset {cfg.data!r} has {self.data.num_classes} classes, net {self.spec.name!r} "
                             f"has {self.spec.num_classes}")
