@@ -12,6 +12,7 @@ from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
 from hloforge.cli import main
+from hloforge.commands import opening
 from hloforge.commands.opening import evaluate_checkpoint
 from hloforge.core.errors import DataError
 from hloforge.core.variant import ema_decay_at
@@ -59,7 +60,8 @@ def test_the_shadow_is_scored_with_its_own_bn_stats_and_a_checkpoint_without_the
         logits.append(evaluator.logits(x, buffers))
         return score(evaluator, buffers, x, y)
 
-    monkeypatch.setattr(evaluation, "evaluate", spy)
+    monkeypatch.setattr(evaluation, "evaluate", spy)  # the run's (through its task) and the eval command's
+    monkeypatch.setattr(opening, "evaluate", spy)
     run_dir = tmp_path / "r"
     m = train(TrainConfig(net=bn_net(tmp_path), epochs=2, batch=64, lr=3e-3, ema=0.9, run_dir=str(run_dir)), **QUIET)
     live_logits, shadow_logits = logits[-2:]  # the last epoch scores the live weights, then the shadow

@@ -8,6 +8,7 @@ import numpy as np
 
 from hloforge.commands.opening import open_checkpoint
 from hloforge.core.errors import DataError
+from hloforge.train import checkpoint as ckpt
 from hloforge.train.detection import DetectionHead, describe, draw_detections, load_image
 from hloforge.train.session import ForwardSession
 
@@ -37,8 +38,8 @@ def detect_run(run_path: str, image: str | None, out: str, *, index: int | None 
             raise DataError(f"dataset {run.cfg.data!r} does not say how to normalise an image file for this net; "
                             "use --index N to take one of its test images")
         x = normalize(shown)
-    params = oc.weights("param", [n for n, _ in spec.params()])
-    running = oc.weights("stat", run.stat_names)
+    params = oc.weights(ckpt.PARAMS, [n for n, _ in spec.params()])
+    running = oc.weights(ckpt.STATS, run.stat_names)
     evaluator = ForwardSession(spec, 1, run.backend)
     raw = evaluator.logits(np.asarray(x, np.float32)[None], params + running)
     (dets,) = head.decode(raw, score_min=score_min)

@@ -35,7 +35,7 @@ class OpenedCheckpoint:
 
     def weights(self, prefix: str, names: Sequence[str]) -> list[np.ndarray]:
         try:
-            return [self.tensors[f"{prefix}/{n}"] for n in names]
+            return [self.tensors[t] for t in ckpt.names_in(prefix, names)]
         except KeyError as e:
             raise DataError(f"checkpoint {self.file} lacks tensor {e.args[0]}") from None
 
@@ -54,8 +54,8 @@ class OpenedCheckpoint:
                             "none); use --region live")
         names = [n for n, _ in self.spec.params()]
         if region == "live":
-            return region, self.weights("param", names), self.weights(ckpt.STATS, run.stat_names)
-        return region, self.weights(f"state/{SHADOW}", names), \
+            return region, self.weights(ckpt.PARAMS, names), self.weights(ckpt.STATS, run.stat_names)
+        return region, self.weights(ckpt.state_group(SHADOW), names), \
             ckpt.shadow_stats(self.tensors, run.stat_names, self.file, "use the live weights (--region live)")
 
 

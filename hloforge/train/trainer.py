@@ -189,9 +189,9 @@ class Run:
         lay = session.layout
         pn = [n for n, _ in lay.params]
         try:
-            params = [tensors[f"param/{n}"] for n in pn]
-            state = [tensors[f"state/{k}/{n}"] for k in lay.state for n in pn]
-            self.running = [tensors[f"{ckpt.STATS}/{n}"] for n in self.stat_names]
+            params = [tensors[t] for t in ckpt.names_in(ckpt.PARAMS, pn)]
+            state = [tensors[t] for k in lay.state for t in ckpt.names_in(ckpt.state_group(k), pn)]
+            self.running = [tensors[t] for t in ckpt.names_in(ckpt.STATS, self.stat_names)]
         except KeyError as e:
             raise DataError(f"checkpoint {self.ckpt_path} lacks tensor {e.args[0]}; it is not of this net") from None
         if self.state_layout.shadows:
