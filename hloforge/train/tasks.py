@@ -69,6 +69,7 @@ class Task:
 
     def __init__(self, run: Any):
         self.run = run
+        self.labels = self.check()  # the run assigns them (Run.__init__); a task never rewrites the run
 
     @classmethod
     def default_loss(cls, spec: NetSpec, data_cls: Any) -> str | None:
@@ -306,7 +307,7 @@ def default_loss(spec: NetSpec, data: str | None) -> str:
 
 
 def make_task(run: Any) -> Task:
-    """The task of the run's loss (its label kind); the run checks it against the net and the dataset."""
+    """The task of the run's loss (its label kind), checked against the net and the dataset."""
     from hloforge.core.registry import default_registry
 
     loss = run.variant.make_loss(default_registry())

@@ -112,7 +112,7 @@ class Run:
             x_te, self.y_te = self.data.arrays("test")
         # what the loss's label kind trains: feed shape, train-step inputs, evaluation (LM: its own path)
         self.task = None if self.lm else make_task(self)
-        labels = None if self.task is None else self.task.check()
+        labels = None if self.task is None else self.task.labels
         if labels is not None:  # the task's targets in place of the dataset's own labels
             self.data = labels
             self.y_te = self.data.arrays("test")[1]
