@@ -78,7 +78,7 @@ class LinearSchedule:
 
     @classmethod
     def of(cls, cfg: Any) -> LinearSchedule:
-        """A run's schedule, from its config (hloforge.train.trainer.TrainConfig)."""
+        """A run's schedule, from its config (hloforge.train.config.TrainConfig)."""
         return cls(cfg.diffusion_steps, cfg.beta_start, cfg.beta_end)
 
     def describe(self) -> str:
