@@ -82,7 +82,7 @@ def _train(args: argparse.Namespace) -> None:
 
 
 def _eval(args: argparse.Namespace) -> None:
-    from hloforge.train.trainer import evaluate_checkpoint
+    from hloforge.commands.opening import evaluate_checkpoint
 
     evaluate_checkpoint(args.run, backend=args.backend, region=args.region, replicas=args.replicas,
                         devices=args.devices, batch_stats=args.batch_stats)
@@ -102,7 +102,7 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> None:
-    from hloforge.train.generate import generate
+    from hloforge.commands.generate import generate
 
     generate(args.run, args.prompt, args.tokens, args.temperature, args.seed, args.backend,
              out=lambda s: print(s, end="", flush=True))
@@ -110,7 +110,7 @@ def _generate(args: argparse.Namespace) -> None:
 
 
 def _cam(args: argparse.Namespace) -> None:
-    from hloforge.train.cam import cam_run
+    from hloforge.commands.cam import cam_run
 
     cam_run(args.run, args.image, args.out, args.cls)
 
@@ -143,7 +143,7 @@ def prepare_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
 
 
 def _detect(args: argparse.Namespace) -> None:
-    from hloforge.train.detection import detect_run
+    from hloforge.commands.detect import detect_run
 
     detect_run(args.run, args.image, args.out, index=args.index, score_min=args.score, backend=args.backend)
 
@@ -155,7 +155,7 @@ def _compare(args: argparse.Namespace) -> None:
 
 
 def _sample(args: argparse.Namespace) -> None:
-    from hloforge.train.diffusion import sample_run
+    from hloforge.commands.sample import sample_run
 
     sample_run(args.run, args.n, args.out, args.seed, args.backend, args.region, args.clip)
 

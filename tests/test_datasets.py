@@ -88,7 +88,8 @@ def test_train_on_mnist_idx_files(tmp_path):
 def test_eval_only_never_opens_the_train_split(tmp_path, capsys):
     """`hloforge eval RUN` scores the test split alone: the run's train files may be gone."""
     from hloforge.cli import main
-    from hloforge.train.trainer import TrainConfig, evaluate_checkpoint, train
+    from hloforge.commands.opening import evaluate_checkpoint
+    from hloforge.train.trainer import TrainConfig, train
 
     data = tmp_path / "data"
     data.mkdir()

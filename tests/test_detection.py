@@ -408,9 +408,9 @@ def test_train_and_detect_end_to_end(tmp_path, capsys) -> None:
     from PIL import Image
 
     from hloforge.cli import main
+    from hloforge.commands.opening import open_checkpoint
     from hloforge.datasets.shapes import Shapes
     from hloforge.train.detection import load_image
-    from hloforge.train.trainer import open_checkpoint
 
     run = tmp_path / "run"
     assert main(["train", "fpn-mini", "--data", "shapes", "--data-opt", "n_train=512", "--data-opt", "n_test=40",

@@ -244,7 +244,7 @@ def test_train_a_tiny_ddpm_and_sample_a_grid(tmp_path, capsys):
     assert img.shape[:2] == (2 * (16 * 4 + 1) + 1, 2 * (16 * 4 + 1) + 1)  # 2×2 samples, zoom 4, 1-pixel gaps
     # the run's own schedule (not the module default), from the EMA shadow the run kept
     assert "(ema): 4 samples (40 ancestral steps, T 40, β 0.001 … 0.4, x̂0 clipped" in capsys.readouterr().out
-    from hloforge.train.diffusion import sample_run
+    from hloforge.commands.sample import sample_run
 
     live = sample_run(str(run_dir), 2, str(tmp_path / "live.png"), region="live", clip=False, log=lambda _: None)
     ema = sample_run(str(run_dir), 2, str(tmp_path / "ema.png"), region="ema", clip=False, log=lambda _: None)

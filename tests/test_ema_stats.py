@@ -13,11 +13,13 @@ from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
 from hloforge.cli import main
+from hloforge.commands import opening
+from hloforge.commands.opening import evaluate_checkpoint
 from hloforge.core.errors import DataError
 from hloforge.core.variant import ema_decay_at
 from hloforge.train import checkpoint as ckpt
-from hloforge.train import trainer
-from hloforge.train.trainer import CHECKPOINT, Run, TrainConfig, evaluate_checkpoint, train
+from hloforge.train import evaluation
+from hloforge.train.trainer import CHECKPOINT, Run, TrainConfig, train
 
 QUIET = {"log": lambda s: None, "progress": False}
 
@@ -53,13 +55,14 @@ def test_the_shadow_is_scored_with_its_own_bn_stats_and_a_checkpoint_without_the
                                                                                               monkeypatch) -> None:
     # Top-1 counts on digits barely move with the BN statistics, so compare the logits themselves.
     logits: list[np.ndarray] = []
-    score = trainer.evaluate
+    score = evaluation.evaluate
 
     def spy(evaluator, buffers, x, y):
         logits.append(evaluator.logits(x, buffers))
         return score(evaluator, buffers, x, y)
 
-    monkeypatch.setattr(trainer, "evaluate", spy)
+    monkeypatch.setattr(evaluation, "evaluate", spy)  # the run's (through its task) and the eval command's
+    monkeypatch.setattr(opening, "evaluate", spy)
     run_dir = tmp_path / "r"
     m = train(TrainConfig(net=bn_net(tmp_path), epochs=2, batch=64, lr=3e-3, ema=0.9, run_dir=str(run_dir)), **QUIET)
     live_logits, shadow_logits = logits[-2:]  # the last epoch scores the live weights, then the shadow

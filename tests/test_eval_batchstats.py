@@ -12,7 +12,8 @@ from test_datasets import tiny_mnist  # tests/ is on sys.path (rootdir-relative,
 from hloforge.cli import main
 from hloforge.core.spec import Ctx
 from hloforge.train import trainer
-from hloforge.train.trainer import TrainConfig, evaluate_checkpoint, open_checkpoint, train
+from hloforge.commands.opening import evaluate_checkpoint, open_checkpoint
+from hloforge.train.trainer import TrainConfig, train
 
 jax = pytest.importorskip("jax")
 

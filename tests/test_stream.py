@@ -307,7 +307,8 @@ def test_train_with_workers_streams_train_and_eval(cifar, tmp_path, monkeypatch)
 def test_a_streamed_run_never_loads_the_eval_split_whole(cifar, tmp_path, monkeypatch):
     import json
 
-    from hloforge.train.trainer import TrainConfig, evaluate_checkpoint, open_checkpoint, train
+    from hloforge.commands.opening import evaluate_checkpoint, open_checkpoint
+    from hloforge.train.trainer import TrainConfig, train
 
     def whole_split(self, split):  # producers read records; only a random-access consumer may ask for this
         raise AssertionError(f"arrays({split!r}) loaded the whole split")

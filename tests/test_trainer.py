@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 
 from hloforge.cli import main
+from hloforge.commands.opening import evaluate_checkpoint
 from hloforge.core.errors import DataError, HloforgeError
 from hloforge.train import checkpoint as ckpt
 from hloforge.train.metrics import mcnemar_exact, topk_correct, wilson
 from hloforge.train.schedule import lr_at
-from hloforge.train.trainer import CHECKPOINT, TrainConfig, bn_weight, evaluate_checkpoint, train
+from hloforge.train.trainer import CHECKPOINT, TrainConfig, bn_weight, train
 
 
 def cfg(tmp_path, name="run", **kw) -> TrainConfig:

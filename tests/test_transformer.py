@@ -263,8 +263,8 @@ def test_language_model_needs_a_token_dataset():
 def test_tinygpt_trains_bits_per_char_drop_and_generates(tmp_path):
     import json
 
+    from hloforge.commands.generate import generate
     from hloforge.datasets.text import default_corpus
-    from hloforge.train.generate import generate
     from hloforge.train.trainer import TrainConfig, train
 
     corpus = tmp_path / "corpus.txt"

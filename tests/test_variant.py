@@ -9,11 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hloforge.commands.opening import evaluate_checkpoint
 from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
 from hloforge.core.modules import forward_module, train_step_module
 from hloforge.core.registry import default_registry
 from hloforge.core.variant import PRECISIONS, StateLayout, Variant
-from hloforge.train.trainer import TrainConfig, evaluate_checkpoint, train
+from hloforge.train.trainer import TrainConfig, train
 from hloforge.zoo import get_net
 
 REG = default_registry()

@@ -236,10 +236,6 @@ class StateLayout:
                     out.append(np.asarray(opt.init_state(s)[k], dtype))
         return out
 
-    def tensor_names(self, param_names: Sequence[str]) -> list[str]:
-        """Checkpoint tensor names of θ and the state, in carried order."""
-        return [f"param/{n}" for n in param_names] + [f"state/{k}/{n}" for k in self.slots for n in param_names]
-
     def check_slots(self, where: str, names: Sequence[str]) -> None:
         """Refuse tensors (a checkpoint's names) whose state slots are not this layout's, naming the
         missing and the extra ones: another layout would load misaligned, or not at all."""

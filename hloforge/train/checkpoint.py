@@ -23,7 +23,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import attrs
 import numpy as np
 
 from hloforge.core.errors import DataError, HloforgeError
@@ -38,24 +37,27 @@ SLOW_WRITE_ENV = "HLOFORGE_DRILL_SLOW_WRITE"
 # append "phase epoch [n]" lines to this file as the run passes them (where the crash drill's kills landed).
 TRACE_ENV = "HLOFORGE_DRILL_TRACE"
 TMP_SUFFIX = ".tmp"  # one writer per run directory (the run's lock), so one fixed temp name
+PARAMS = "param"  # θ
 STATS = "stat"  # the running BatchNorm statistics: what the live weights are scored with
 SHADOW_STATS = f"{STATS}/{SHADOW}"  # the EMA shadow's statistics: what the shadow is scored with
 
 
-@attrs.frozen
-class Checkpoint:
-    params: list[np.ndarray]
-    state: list[np.ndarray]
-    stats: list[np.ndarray]
-    meta: dict[str, Any]
+def state_group(slot: str) -> str:
+    """The group of a state slot's tensors (`state/m`, `state/E`, ...)."""
+    return f"state/{slot}"
+
+
+def names_in(group: str, names: Sequence[str]) -> list[str]:
+    """The checkpoint tensor names of `names` in `group` (PARAMS, STATS, a state_group, ...): the one
+    place a checkpoint tensor is named."""
+    return [f"{group}/{n}" for n in names]
 
 
 def tensor_names(param_names: Sequence[str], state_names: Sequence[str], stat_names: Sequence[str],
                  shadow_stats: bool = False) -> list[str]:
     """θ, the state slots, the running statistics and (`shadow_stats`) the shadow's, in that order."""
-    return ([f"param/{n}" for n in param_names] + [f"state/{k}/{n}" for k in state_names for n in param_names]
-            + [f"{STATS}/{n}" for n in stat_names]
-            + ([f"{SHADOW_STATS}/{n}" for n in stat_names] if shadow_stats else []))
+    return (names_in(PARAMS, param_names) + [n for k in state_names for n in names_in(state_group(k), param_names)]
+            + names_in(STATS, stat_names) + (names_in(SHADOW_STATS, stat_names) if shadow_stats else []))
 
 
 def serialize(names: Sequence[str], tensors: Sequence[np.ndarray], meta: dict[str, Any]) -> bytes:
@@ -165,9 +167,10 @@ def shadow_stats(tensors: dict[str, np.ndarray], stat_names: Sequence[str], path
     """The EMA shadow's BatchNorm statistics (`stat/E/…`) out of a checkpoint's tensors. One written
     before they were kept is refused: the shadow normalised by the live running statistics would
     print a plausible, wrong number. `remedy` says what the caller can do instead."""
-    missing = [n for n in stat_names if f"{SHADOW_STATS}/{n}" not in tensors]
+    names = names_in(SHADOW_STATS, stat_names)
+    missing = [n for n, t in zip(stat_names, names, strict=True) if t not in tensors]
     if missing:
         raise DataError(f"checkpoint {path} has no BatchNorm statistics for its EMA shadow ({SHADOW_STATS}/"
                         f"{missing[0]} and {len(missing) - 1} more are missing; it predates them), and the shadow "
                         f"is never scored with the live running statistics; {remedy}")
-    return [tensors[f"{SHADOW_STATS}/{n}"] for n in stat_names]
+    return [tensors[t] for t in names]

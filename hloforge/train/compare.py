@@ -8,8 +8,8 @@ from collections.abc import Callable
 import numpy as np
 
 from hloforge.core.errors import DataError
+from hloforge.train.config import BITMAP
 from hloforge.train.metrics import mcnemar_exact
-from hloforge.train.trainer import BITMAP
 
 
 def load_bitmap(run: str) -> tuple[np.ndarray, str, int]:

@@ -35,7 +35,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from hloforge.core.errors import DataError, UnsupportedSpec
+from hloforge.core.errors import UnsupportedSpec
 from hloforge.core.spec import NetSpec
 
 TRAIN_STREAM = 0x64647071  # the (seed, TRAIN_STREAM, step) generator of the training t and ε
@@ -78,7 +78,7 @@ class LinearSchedule:
 
     @classmethod
     def of(cls, cfg: Any) -> LinearSchedule:
-        """A run's schedule, from its config (hloforge.train.trainer.TrainConfig)."""
+        """A run's schedule, from its config (hloforge.train.config.TrainConfig)."""
         return cls(cfg.diffusion_steps, cfg.beta_start, cfg.beta_end)
 
     def describe(self) -> str:
@@ -161,39 +161,3 @@ def image_grid(images: np.ndarray, cols: int, zoom: int = 4, pad: int = 1) -> np
         r, q = divmod(i, cols)
         grid[pad + r * (hh + pad):pad + r * (hh + pad) + hh, pad + q * (ww + pad):pad + q * (ww + pad) + ww] = big[i]
     return grid
-
-
-def sample_run(run_path: str, n: int = 16, out: str = "grid.png", seed: int = 0, backend: str | None = None,
-               region: str = "auto", clip: bool = True, log: Callable[[str], None] = print) -> np.ndarray:
-    """Draw n samples from a DDPM run's checkpoint through its eval forward module; write the grid
-    PNG to `out` and return the samples [n, C, H, W] (the data's standardised scale). `region`:
-    the live weights, the EMA shadow, or auto (the shadow when the run kept one)."""
-    from hloforge.train.session import ForwardSession
-    from hloforge.train.tasks import DiffusionTask
-    from hloforge.train.trainer import open_checkpoint
-
-    if n < 1:
-        raise UnsupportedSpec(f"-n must be positive, got {n}")
-    oc = open_checkpoint(run_path, backend, log)
-    run, spec = oc.run, oc.spec
-    if not isinstance(run.task, DiffusionTask):
-        raise DataError(f"{oc.file} is a {spec.name!r} run trained with loss {run.variant.loss!r}, not a DDPM "
-                        "(a net with time-conditioned layers, timeCondAdd or timeResBlock, trained on noise targets)")
-    region, params, running = oc.region_weights(region)  # θ or the EMA shadow, each with its own BN statistics
-    evaluator = ForwardSession(spec, n, run.backend)
-    weights = [*params, *running]
-    shape = tuple(spec.walk()[-1].out_shape)
-    ref = np.asarray(run.data.arrays("train")[0], np.float64)  # the scale the net was trained on
-    lo, hi = ref.min(axis=(0, 2, 3)), ref.max(axis=(0, 2, 3))
-    schedule = run.task.schedule
-    x = ancestral_sample(lambda xin: evaluator.logits(xin, weights, gen=0), n, shape, schedule,
-                         np.random.default_rng(seed), (lo, hi) if clip else None)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    plt.imsave(out, image_grid(to_unit(x, lo, hi), cols=math.ceil(math.sqrt(n))))
-    log(f"{spec.name} epoch {oc.meta['epoch']} ({region}): {n} samples ({schedule.steps} ancestral steps, "
-        f"{schedule.describe()}, x̂0 {'clipped to the data range' if clip else 'unclipped'}) -> {out}")
-    return x

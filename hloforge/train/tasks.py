@@ -69,15 +69,17 @@ class Task:
 
     def __init__(self, run: Any):
         self.run = run
-        self.check()
+        self.labels = self.check()  # the run assigns them (Run.__init__); a task never rewrites the run
 
     @classmethod
     def default_loss(cls, spec: NetSpec, data_cls: Any) -> str | None:
         """The loss this task trains `spec` on the dataset class with, when it is this task's pair."""
         raise NotImplementedError  # abstract
 
-    def check(self) -> None:
-        """Refuse a dataset the net cannot train on, with one line."""
+    def check(self) -> Any:
+        """Refuse a dataset the net cannot train on, with one line. Returns the dataset the run feeds and
+        scores from in place of its own (a detector's encoded targets), or None: the run's own."""
+        return None
 
     @property
     def feed_shape(self) -> tuple[int, ...]:
@@ -86,7 +88,7 @@ class Task:
         return shape
 
     def fit_input(self, x: np.ndarray) -> np.ndarray:
-        from hloforge.train.trainer import fit_input
+        from hloforge.train.evaluation import fit_input
 
         return fit_input(x, self.run.spec, self.run.cfg.data)
 
@@ -117,7 +119,7 @@ class ClassificationTask(Task):
                             f"has {run.spec.num_classes}")
 
     def evaluate(self, evaluator: ForwardSession, buffers: list[Any]) -> Evaluation:
-        from hloforge.train.trainer import evaluate, evaluate_stream
+        from hloforge.train.evaluation import evaluate, evaluate_stream
 
         run = self.run
         res = (evaluate_stream(evaluator, buffers, run.feed.eval_batches(), len(run.y_te)) if run.feed.streams
@@ -249,7 +251,7 @@ class DetectionTask(Task):
         except UnsupportedSpec:
             return None
 
-    def check(self) -> None:
+    def check(self) -> Any:
         from hloforge.core.registry import default_registry
         from hloforge.train.detection import DetectionHead, DetectionLabels
 
@@ -270,8 +272,7 @@ class DetectionTask(Task):
                             f"has {head_boxes}")
         self.truth = run.data.boxes("test")
         # The feed and the eval read the encoded targets in place of the dataset's own labels.
-        run.data = DetectionLabels(run.data, self.head)
-        run.y_te = run.data.arrays("test")[1]
+        return DetectionLabels(run.data, self.head)
 
     def evaluate(self, evaluator: ForwardSession, buffers: list[Any]) -> Evaluation:
         from hloforge.train.detection import mean_ap

@@ -1,9 +1,7 @@
 """`hloforge train`: the loop, per-epoch evaluation, the run directory, checkpoints and resume.
 
-A run directory holds config.toml (the whole resolved config: `--config` on it
-reproduces the run), metrics.jsonl, checkpoint.safetensors, eval_correct.npz
-(the per-example bitmap of the last eval) and loss/accuracy plots, each replaced whole, and
-`.lock`, held by the one process training into it (hloforge.train.rundir).
+What a run directory holds: hloforge.train.config; opening a checkpoint for the commands:
+hloforge.commands.opening.
 
 A net with per-token logits [T, vocab] is a language model: it trains with the per-token
 loss `tokenCrossEntropy` on a token dataset (`text`), and each epoch is scored in bits per
@@ -19,8 +17,7 @@ import math
 import os
 import sys
 import time
-import tomllib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -33,178 +30,31 @@ from hloforge.core.variant import SHADOW, Variant, ema_decay_at
 from hloforge.datasets.stream import DataRef, Feed, split_labels
 from hloforge.train import autotune, fp8, rundir
 from hloforge.train import checkpoint as ckpt
-from hloforge.train.configio import as_tuple, check_fields, toml_value
-from hloforge.train.metrics import check_ids, eval_set_id, topk_correct, wilson
+
+# the config and the evaluation helpers, re-exported: `from hloforge.train.trainer import TrainConfig, ...`
+from hloforge.train.config import (  # noqa: F401
+    BITMAP,
+    CHECKPOINT,
+    TrainConfig,
+    load_config,
+    option_items,
+    parse_data_options,
+)
+from hloforge.train.evaluation import (  # noqa: F401
+    EvalResult,
+    LMEvalResult,
+    evaluate,
+    evaluate_lm,
+    evaluate_stream,
+    fit_input,
+)
+from hloforge.train.metrics import eval_set_id
 from hloforge.train.mixing import Mixer
 from hloforge.train.parallel import DataParallelTrainSession, make_forward_session
-from hloforge.train.schedule import SCHEDULES, lr_at
+from hloforge.train.schedule import lr_at
 from hloforge.train.session import ForwardSession, TrainSession, make_backend
 from hloforge.train.tasks import make_task
 from hloforge.zoo import get_net
-
-CHECKPOINT = "checkpoint.safetensors"
-BITMAP = "eval_correct.npz"
-
-
-@attrs.frozen
-class TrainConfig:
-    net: str = "mnist-mlp"
-    classes: int | None = None  # override a zoo net's class count
-    input: tuple[int, ...] | None = attrs.field(default=None,
-                                                converter=lambda v: None if v is None else as_tuple(v, "input"))
-    data: str = "digits"
-    data_dir: str = ""
-    data_file: str = ""  # a file-based dataset's file (e.g. text's UTF-8 corpus)
-    # the dataset's own options as "key=value" items (--data-opt, repeatable; e.g. shapes "size=48"):
-    # stored with the run, so eval, detect and sample rebuild the same dataset (parse_data_options)
-    data_options: tuple[str, ...] = attrs.field(default=(), converter=lambda v: option_items(v))
-    workers: int = 0  # producer processes streaming the batches (seed 003); 0: drawn in process
-    augment: bool = True  # the dataset's training augmentation (crop, flip, ...), seeded per step
-    backend: str = ""  # empty: $HLOFORGE_BACKEND, else xla; the run records the resolved name
-    # Data parallelism (hloforge.train.parallel): `batch` is the global batch, split over the replicas.
-    replicas: int = 1
-    devices: int | None = None  # the backend's device count (the XLA CPU plugin's cpu_device_count)
-    sync_bn: bool = False  # BN statistics over the global batch; default: each replica's own (replica 0's read)
-    epochs: int = 5
-    batch: int = 64
-    optimizer: str = "adam"
-    lr: float = 1e-3
-    schedule: str = "cosine"
-    warmup_epochs: float = 0.0
-    decay_rate: float = 0.97
-    decay_epochs: float = 1.0  # --schedule exp: the lr is ×decay_rate every decay_epochs epochs
-    weight_decay: float | None = None
-    label_smoothing: float = 0.0
-    loss: str = ""  # empty: the one the net and dataset call for (hloforge.train.tasks.default_loss)
-    # a DDPM's linear β schedule (hloforge.train.diffusion); sampling reads it back from the checkpoint
-    diffusion_steps: int = 1000
-    beta_start: float = 1e-4
-    beta_end: float = 0.02
-    # the rest of the variant (hloforge.core.variant.Variant): wrappers, mixing, masks, BN ε, precision
-    ema: float = 0.0
-    accum: int = 1
-    clip: float = 0.0
-    mixup: float = 0.0
-    cutmix: float = 0.0
-    dropout: float = 0.0
-    drop_path: float = 0.0
-    bn_eps: float | None = None
-    precision: str = "fp32"
-    # PyTorch's convention (running ← 0.9·running + 0.1·batch). Seed 003's 0.99 suits ImageNet-length
-    # runs; on a 22-step digits epoch it leaves eval normalising by near-initial statistics.
-    bn_momentum: float = 0.9
-    seed: int = 0
-    run_dir: str = ""
-    tag: str = ""
-    log_every: int = 50
-    # Per-layer lowering strategies timed on the backend at render time (hloforge.train.autotune; also
-    # $HLOFORGE_AUTOTUNE=1). A tuned run records its choices in `tuned` ("layer index:kind=choice,…"),
-    # which a config that has them applies as they are, untimed: `--config` re-renders the same modules.
-    autotune: bool = False
-    tuned: tuple[str, ...] = attrs.field(default=(),
-                                         converter=lambda v: (v,) if isinstance(v, str) else as_tuple(v, "tuned"))
-
-    def __attrs_post_init__(self) -> None:
-        check_fields(self)
-        self.check()  # its own lines first (lr must be positive, …), then every number finite and ≥ 0
-        check_fields(self, numbers=True)
-
-    def variant(self, spec: NetSpec | None = None) -> Variant:
-        """The loss: `loss` if given, else the net's and dataset's (tokenCrossEntropy for per-token logits,
-        crossEntropy for classes, perPixelCE for masks, mse for a DDPM: hloforge.train.tasks)."""
-        from hloforge.train.tasks import default_loss
-
-        loss = self.loss or ("crossEntropy" if spec is None else default_loss(spec, self.data))
-        return Variant(self.optimizer, self.weight_decay, loss, self.label_smoothing, ema=self.ema,
-                       accum=self.accum, clip=self.clip, mixup=self.mixup, cutmix=self.cutmix, dropout=self.dropout,
-                       drop_path=self.drop_path, bn_eps=self.bn_eps, precision=self.precision)
-
-    def scope(self, spec: NetSpec) -> str:
-        """Net, variant, backend and tag: two arms of an ablation never share a run directory."""
-        dp = f"dp{self.replicas}" + ("syncbn" if self.sync_bn else "") if self.replicas > 1 else ""
-        return "_".join(p for p in (spec.ident, self.variant(spec).slug, dp, self.backend, self.tag) if p)
-
-    def resolved_run_dir(self, spec: NetSpec, resume: bool = False) -> str:
-        """An explicit run_dir as given; otherwise runs/<scope>, runs/<scope>_2, ...: a new run
-        takes the first free one (nothing is overwritten), a resumed run the latest."""
-        if self.run_dir:
-            return self.run_dir
-        base = os.path.join("runs", self.scope(spec))
-        taken = [base] + [f"{base}_{i}" for i in range(2, 10_000) if os.path.exists(f"{base}_{i}")]
-        taken = [d for d in taken if os.path.exists(os.path.join(d, CHECKPOINT))]
-        if resume:
-            return taken[-1] if taken else base
-        return base if not taken else f"{base}_{len(taken) + 1}"
-
-    def to_toml(self) -> str:
-        """The config as TOML that `load_config` reads back to an equal config (None: left out)."""
-        return "".join(f"{f.name} = {toml_value(getattr(self, f.name))}\n" for f in attrs.fields(TrainConfig)
-                       if getattr(self, f.name) is not None)
-
-    def check(self) -> None:
-        if self.epochs < 1 or self.batch < 1:
-            raise UnsupportedSpec(f"epochs and batch must be positive, got epochs={self.epochs} batch={self.batch}")
-        if self.lr <= 0 or not math.isfinite(self.lr):
-            raise UnsupportedSpec(f"lr must be a positive number, got {self.lr}")
-        if self.schedule not in SCHEDULES:
-            raise UnsupportedSpec(f"unknown schedule {self.schedule!r}; expected one of {list(SCHEDULES)}")
-        if not 0.0 < self.decay_rate <= 1.0 or not self.decay_epochs > 0.0:
-            raise UnsupportedSpec(f"decay_rate must be in (0, 1] and decay_epochs positive, got decay_rate="
-                                  f"{self.decay_rate} decay_epochs={self.decay_epochs}")
-        if not 0.0 <= self.bn_momentum < 1.0:
-            raise UnsupportedSpec(f"bn_momentum must be in [0, 1), got {self.bn_momentum}")
-        if self.replicas < 1 or (self.devices is not None and self.devices < 1):
-            raise UnsupportedSpec(f"replicas and devices must be positive, got replicas={self.replicas} "
-                                  f"devices={self.devices}")
-        if self.batch % self.replicas:
-            raise UnsupportedSpec(f"batch {self.batch} (the global batch) does not split evenly over "
-                                  f"{self.replicas} replicas")
-        if self.sync_bn and self.replicas == 1:
-            raise UnsupportedSpec("sync_bn pools BN statistics across replicas; it needs replicas > 1")
-
-
-def load_config(path: str, **overrides: Any) -> TrainConfig:
-    """A config file (TOML), with command-line values on top."""
-    try:
-        with open(path, "rb") as f:
-            d = tomllib.load(f)
-    except (OSError, tomllib.TOMLDecodeError) as e:
-        raise UnsupportedSpec(f"config {path}: cannot read it as TOML ({e})") from None
-    known = {f.name for f in attrs.fields(TrainConfig)}
-    unknown = sorted(set(d) - known)
-    if unknown:
-        raise UnsupportedSpec(f"config {path}: unknown key(s) {unknown}; expected some of {sorted(known)}")
-    if "data_options" in overrides and "data_options" in d:  # --data-opt adds to the file's options (later wins)
-        overrides["data_options"] = (*option_items(d["data_options"]), *option_items(overrides["data_options"]))
-    return TrainConfig(**{**d, **overrides})
-
-
-def option_items(v: Any) -> tuple[str, ...]:
-    """`data_options` as its "key=value" items: a list of them, or one "key=value,…" string."""
-    if isinstance(v, str):
-        return tuple(p.strip() for p in v.split(",") if p.strip())
-    return tuple(str(p).strip() for p in as_tuple(v, "data_options"))
-
-
-def parse_data_options(items: Any) -> dict[str, Any]:
-    """`data_options` ("key=value" items) as the dataset's keyword arguments, a later key over an
-    earlier one: each value an int, else a float, else true/false, else the string as written."""
-    opts: dict[str, Any] = {}
-    for item in option_items(items):
-        key, eq, raw = (s.strip() for s in item.partition("="))
-        if not eq or not key or not raw:
-            raise UnsupportedSpec(f"data option {item!r} is not KEY=VALUE")
-        value: Any = raw
-        for cast in (int, float):
-            try:
-                value = cast(raw)
-                break
-            except ValueError:
-                pass
-        else:
-            value = {"true": True, "false": False}.get(raw.lower(), raw)
-        opts[key] = value
-    return opts
 
 
 def is_lm(spec: NetSpec) -> bool:
@@ -221,68 +71,6 @@ def bn_weight(momentum: float, accum: int = 1) -> float:
         return 0.01 if momentum == 0.99 else 1.0 - momentum
     return 1.0 - momentum ** (1.0 / accum)
 
-
-def fit_input(x: np.ndarray, spec: NetSpec, data_name: str) -> np.ndarray:
-    """Reshape dataset rows to the net's input shape when only the layout differs (28×28 → 784)."""
-    if tuple(x.shape[1:]) == spec.input_shape:
-        return x
-    if math.prod(x.shape[1:]) == math.prod(spec.input_shape):
-        return x.reshape(len(x), *spec.input_shape)
-    raise DataError(f"dataset {data_name!r} gives inputs of shape {list(x.shape[1:])}, but net {spec.name!r} "
-                    f"expects {list(spec.input_shape)}")
-
-
-@attrs.frozen
-class EvalResult:
-    top1: int
-    top5: int
-    n: int
-    correct: np.ndarray
-
-    def line(self) -> str:
-        lo, hi = wilson(self.top1, self.n)
-        return (f"top-1 {100 * self.top1 / self.n:.2f}% [{100 * lo:.2f}, {100 * hi:.2f}] ({self.top1}/{self.n})  "
-                f"top-5 {100 * self.top5 / self.n:.2f}%")
-
-
-@attrs.frozen
-class LMEvalResult:
-    bits_per_char: float
-    n: int  # targets scored
-
-    def line(self) -> str:
-        return f"{self.bits_per_char:.4f} bits/char ({self.n} chars)"
-
-
-def evaluate_lm(evaluator: ForwardSession, buffers: list[Any], x: np.ndarray, y: np.ndarray) -> LMEvalResult:
-    """Bits per character over every validation target (labels −1 are padding, not scored)."""
-    from hloforge.datasets.text import IGNORE, bits_per_char
-
-    logits = evaluator.logits(x, buffers)
-    check_ids(y, logits.shape[-1], "eval token labels", lowest=IGNORE)
-    return LMEvalResult(*bits_per_char(logits, y))
-
-
-def evaluate(evaluator: ForwardSession, buffers: list[Any], x: np.ndarray, y: np.ndarray) -> EvalResult:
-    """Every eval image scored exactly once, the short last batch included."""
-    logits = evaluator.logits(x, buffers)
-    c1 = topk_correct(logits, y, 1)
-    return EvalResult(int(c1.sum()), int(topk_correct(logits, y, 5).sum()), len(y), c1)
-
-
-def evaluate_stream(evaluator: ForwardSession, buffers: list[Any], batches: Iterable[tuple[np.ndarray, np.ndarray]],
-                    n_eval: int) -> EvalResult:
-    """The eval pass over streamed batches, in stream order. A pass that does not score the whole
-    split (a dropped tail) is an error, never a plausible accuracy over fewer images."""
-    c1, c5 = [np.zeros(0, bool)], [np.zeros(0, bool)]
-    for x, y in batches:
-        logits = evaluator.logits(x, buffers)
-        c1.append(topk_correct(logits, y, 1))
-        c5.append(topk_correct(logits, y, 5))
-    top1 = np.concatenate(c1)
-    if len(top1) != n_eval:
-        raise DataError(f"the streamed eval pass scored {len(top1)} images; the eval split has {n_eval}")
-    return EvalResult(int(top1.sum()), int(np.concatenate(c5).sum()), n_eval, top1)
 
 
 class Run:
@@ -324,6 +112,10 @@ class Run:
             x_te, self.y_te = self.data.arrays("test")
         # what the loss's label kind trains: feed shape, train-step inputs, evaluation (LM: its own path)
         self.task = None if self.lm else make_task(self)
+        labels = None if self.task is None else self.task.labels
+        if labels is not None:  # the task's targets in place of the dataset's own labels
+            self.data = labels
+            self.y_te = self.data.arrays("test")[1]
         if self.lm and self.data.num_classes != self.spec.num_classes:
             raise DataError(f"dataset {cfg.data!r} has {self.data.num_classes} classes, net {self.spec.name!r} "
                             f"has {self.spec.num_classes}")
@@ -398,9 +190,9 @@ class Run:
         lay = session.layout
         pn = [n for n, _ in lay.params]
         try:
-            params = [tensors[f"param/{n}"] for n in pn]
-            state = [tensors[f"state/{k}/{n}"] for k in lay.state for n in pn]
-            self.running = [tensors[f"{ckpt.STATS}/{n}"] for n in self.stat_names]
+            params = [tensors[t] for t in ckpt.names_in(ckpt.PARAMS, pn)]
+            state = [tensors[t] for k in lay.state for t in ckpt.names_in(ckpt.state_group(k), pn)]
+            self.running = [tensors[t] for t in ckpt.names_in(ckpt.STATS, self.stat_names)]
         except KeyError as e:
             raise DataError(f"checkpoint {self.ckpt_path} lacks tensor {e.args[0]}; it is not of this net") from None
         if self.state_layout.shadows:
@@ -640,112 +432,3 @@ def train(cfg: TrainConfig, *, resume: bool = False, cross_backend: bool = False
     """Train per `cfg`; `resume` continues the run directory's checkpoint, `cross_backend`
     lets that checkpoint come from another backend (results then differ in the last bits)."""
     return Run(cfg, log, progress, resume).train(resume=resume, cross_backend=cross_backend)
-
-
-REGIONS = ("live", "ema", "auto")
-
-
-@attrs.frozen
-class OpenedCheckpoint:
-    """A checkpoint with the run that wrote it rebuilt: what eval, generate and cam start from."""
-
-    file: str
-    tensors: dict[str, np.ndarray]
-    meta: dict[str, Any]
-    run: Run
-    spec: NetSpec
-
-    def weights(self, prefix: str, names: Sequence[str]) -> list[np.ndarray]:
-        try:
-            return [self.tensors[f"{prefix}/{n}"] for n in names]
-        except KeyError as e:
-            raise DataError(f"checkpoint {self.file} lacks tensor {e.args[0]}") from None
-
-    def region_weights(self, region: str) -> tuple[str, list[np.ndarray], list[np.ndarray]]:
-        """(the region, resolved; its θ; its BN statistics) for scoring or sampling: `live` is θ with the
-        running statistics, `ema` the shadow E (found through the state layout, never by position) with
-        the shadow's own statistics, `auto` the shadow when the variant keeps one."""
-        if region not in REGIONS:
-            raise UnsupportedSpec(f"region {region!r}; expected one of {list(REGIONS)}")
-        run, layout = self.run, self.run.state_layout
-        layout.check_slots(f"checkpoint {self.file}", list(self.tensors))
-        if region == "auto":  # the shadow when the variant keeps one: what its training run reported first
-            region = "ema" if layout.shadows else "live"
-        if region == "ema" and not layout.shadows:
-            raise DataError(f"checkpoint {self.file} has no EMA shadow (its variant {run.variant.slug!r} keeps "
-                            "none); use --region live")
-        names = [n for n, _ in self.spec.params()]
-        if region == "live":
-            return region, self.weights("param", names), self.weights(ckpt.STATS, run.stat_names)
-        return region, self.weights(f"state/{SHADOW}", names), \
-            ckpt.shadow_stats(self.tensors, run.stat_names, self.file, "use the live weights (--region live)")
-
-
-def check_run_dir(path: str, file: str, meta: dict[str, Any]) -> None:
-    """A run directory whose config.toml names another net or variant than its checkpoint holds is
-    refused, as --resume refuses it: scoring it would report the checkpoint's net as the run's."""
-    cfg = load_config(os.path.join(path, "config.toml"))
-    spec = get_net(cfg.net, cfg.classes, cfg.input)
-    variant = cfg.variant(spec)
-    try:
-        check_matches(file, meta, variant.apply_to(spec), variant, cfg.backend, allow_cross_backend=True)
-    except DataError as e:
-        raise DataError(f"run directory {path}: its config.toml and checkpoint disagree: {e}") from None
-
-
-def open_checkpoint(path: str, backend: str | None = None,
-                    log: Callable[[str], None] = print, devices: int | None = None) -> OpenedCheckpoint:
-    """A run directory's (or a file's) checkpoint, its run rebuilt from the stored config
-    (on `backend` if given, with `devices` devices if given), refused if the net as defined now
-    differs from the stored spec."""
-    file = os.path.join(path, CHECKPOINT) if os.path.isdir(path) else path
-    tensors, meta = ckpt.load_checkpoint(file)
-    if os.path.isdir(path) and os.path.exists(os.path.join(path, "config.toml")):
-        check_run_dir(path, file, meta)
-    cfg = TrainConfig(**meta["config"])
-    if backend and backend != cfg.backend:
-        cfg = attrs.evolve(cfg, backend=backend)
-    if devices:
-        cfg = attrs.evolve(cfg, devices=devices)
-    run = Run(cfg, log, progress=False, eval_only=True)  # scoring never opens the train split
-    spec = NetSpec.from_dict(meta["spec"], source=file)
-    if spec != run.spec:
-        raise DataError(f"checkpoint {file} holds a spec that differs from net {cfg.net!r} as defined now")
-    return OpenedCheckpoint(file, tensors, meta, run, spec)
-
-
-def evaluate_checkpoint(path: str, backend: str | None = None, region: str = "auto",
-                        log: Callable[[str], None] = print, replicas: int = 1,
-                        devices: int | None = None, batch_stats: bool = False) -> EvalResult:
-    """Score a run directory's (or a file's) checkpoint alone, with the training run's batching.
-    `region` picks the weights: the live ones, the EMA shadow of an EMA variant, or (the default, as
-    `sample`'s) auto: the shadow when the run kept one. `replicas` > 1
-    scores sharded over that many devices (the training batch split over them), with the same
-    result as one device: the same eval loop, the logits gathered in row order. `batch_stats`:
-    seed 003's diagnostic, BN with each batch's statistics instead of the running ones (ForwardSession)."""
-    if region not in REGIONS:
-        raise UnsupportedSpec(f"region {region!r}; expected one of {list(REGIONS)}")
-    oc = open_checkpoint(path, backend, log, devices)
-    run, spec, meta, cfg = oc.run, oc.spec, oc.meta, oc.run.cfg
-    # each region with its own BN statistics: the live weights with the running ones, the shadow with its EMA
-    region, params, running = oc.region_weights(region)
-    if batch_stats and (replicas > 1 or run.lm or (run.task is not None and run.task.kind != "class")):
-        raise UnsupportedSpec("--batch-stats scores a classifier on one replica; this run is "
-                              + ("sharded" if replicas > 1 else "not a classifier"))
-    evaluator = (ForwardSession(spec, cfg.batch, run.backend, batch_stats=True) if batch_stats else
-                 make_forward_session(spec, -(-cfg.batch // replicas), run.backend, replicas))
-    buffers = [*params, *([] if batch_stats else running)]  # host arrays: the session pushes them once
-    if run.lm:
-        lres = evaluate_lm(evaluator, buffers, run.x_te, run.y_te)
-        log(f"{spec.name} epoch {meta['epoch']} ({region}) on {run.backend.backend_name()}: val {lres.line()}")
-        return lres  # type: ignore[return-value]
-    if run.task is not None and run.task.kind != "class":
-        ev = run.task.evaluate(evaluator, buffers)
-        log(f"{spec.name} epoch {meta['epoch']} ({region}) on {run.backend.backend_name()}: {ev.line}")
-        return ev  # type: ignore[return-value]
-    # the training run's eval pass: streamed when it streamed (the split is never loaded whole)
-    res = (evaluate_stream(evaluator, buffers, run.feed.eval_batches(), len(run.y_te)) if run.feed.streams
-           else evaluate(evaluator, buffers, run.x_te, run.y_te))
-    stats = ", batch statistics" if batch_stats else ""
-    log(f"{spec.name} epoch {meta['epoch']} ({region}{stats}) on {run.backend.backend_name()}: test {res.line()}")
-    return res

@@ -7,9 +7,11 @@ from collections.abc import Callable
 
 import numpy as np
 
+from hloforge.commands.opening import open_checkpoint
 from hloforge.core.cam import gradcam, save_overlay
 from hloforge.core.errors import DataError
-from hloforge.train.trainer import Run, open_checkpoint
+from hloforge.train import checkpoint as ckpt
+from hloforge.train.trainer import Run
 
 
 def load_image(ref: str, run: Run) -> np.ndarray:
@@ -33,8 +35,8 @@ def cam_run(path: str, image_ref: str, out: str, class_index: int | None = None,
     oc = open_checkpoint(path, log=log)
     spec = oc.spec
     image = load_image(image_ref, oc.run).reshape(spec.input_shape)
-    params = oc.weights("param", [n for n, _ in spec.params()])
-    running = oc.weights("stat", [n for n, _ in spec.stats()])
+    params = oc.weights(ckpt.PARAMS, [n for n, _ in spec.params()])
+    running = oc.weights(ckpt.STATS, [n for n, _ in spec.stats()])
     heat = gradcam(spec, params, running, image, oc.run.backend, class_index)
     save_overlay(image, heat, out)
     log(f"wrote {out} (Grad-CAM of {image_ref} through {spec.name}, epoch {oc.meta['epoch']})")

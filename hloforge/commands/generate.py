@@ -20,7 +20,8 @@ from hloforge.train.session import ForwardSession
 def generate(path: str, prompt: str = "\n", tokens: int = 200, temperature: float = 0.8, seed: int = 0,
              backend: str | None = None, out: Callable[[str], None] | None = None) -> str:
     """The prompt followed by `tokens` sampled characters; `out`, if given, receives each piece as it comes."""
-    from hloforge.train.trainer import open_checkpoint
+    from hloforge.commands.opening import open_checkpoint
+    from hloforge.train import checkpoint as ckpt
 
     if tokens < 0 or temperature < 0:
         raise UnsupportedSpec(f"tokens and temperature must be non-negative, got {tokens} and {temperature}")
@@ -28,7 +29,7 @@ def generate(path: str, prompt: str = "\n", tokens: int = 200, temperature: floa
     run, spec = oc.run, oc.spec
     if not run.lm or not hasattr(run.data, "encode"):
         raise DataError(f"{oc.file} is not a character language model run (net {spec.name!r} on {run.cfg.data!r})")
-    params = oc.weights("param", [n for n, _ in spec.params()])
+    params = oc.weights(ckpt.PARAMS, [n for n, _ in spec.params()])
     fwd = ForwardSession(spec, 1, run.backend)
     t = spec.input_shape[0]
     ids = list(run.data.encode(prompt or "\n"))

@@ -1,0 +1,52 @@
+"""`hloforge detect`: a detector run's checkpoint on one image, drawn with its detections."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hloforge.commands.opening import open_checkpoint
+from hloforge.core.errors import DataError
+from hloforge.train import checkpoint as ckpt
+from hloforge.train.detection import DetectionHead, describe, draw_detections, load_image
+from hloforge.train.session import ForwardSession
+
+
+def detect_run(run_path: str, image: str | None, out: str, *, index: int | None = None,
+               score_min: float = 0.3, backend: str | None = None, log: Any = print) -> np.ndarray:
+    """`hloforge detect`: a run's checkpoint on one image — a PNG/JPEG file (normalised as the
+    run's dataset normalises, which it must say how: `normalize`) or test image `index` of the
+    run's dataset — drawn with its detections to `out`. Returns the detections."""
+    if (image is None) == (index is None):
+        raise DataError("detect takes an image file or --index N (a test image of the run's dataset), one of them")
+    oc = open_checkpoint(run_path, backend, log=lambda _: None)
+    run, spec = oc.run, oc.spec
+    head = getattr(run.task, "head", None)
+    if not isinstance(head, DetectionHead):
+        raise DataError(f"run {run_path} trained {spec.name!r}, which is not a detector")
+    truth = None
+    if index is not None:
+        if not 0 <= index < len(run.x_te):
+            raise DataError(f"--index {index}: the run's test split has {len(run.x_te)} images")
+        x, shown, truth = run.x_te[index], run.x_te[index], run.task.truth[index]
+    else:
+        assert image is not None
+        shown = load_image(image, head.image_size)
+        normalize = getattr(run.data, "normalize", None)
+        if normalize is None:
+            raise DataError(f"dataset {run.cfg.data!r} does not say how to normalise an image file for this net; "
+                            "use --index N to take one of its test images")
+        x = normalize(shown)
+    params = oc.weights(ckpt.PARAMS, [n for n, _ in spec.params()])
+    running = oc.weights(ckpt.STATS, run.stat_names)
+    evaluator = ForwardSession(spec, 1, run.backend)
+    raw = evaluator.logits(np.asarray(x, np.float32)[None], params + running)
+    (dets,) = head.decode(raw, score_min=score_min)
+    names = getattr(run.data, "box_names", None)
+    scale = max(1, 256 // head.image_size)
+    draw_detections(shown, dets, out, names=names, truth=truth, scale=scale)
+    for line in describe(dets, names):
+        log(f"  {line}")
+    log(f"{len(dets)} detection(s) (score ≥ {score_min}) written to {out}")
+    return dets

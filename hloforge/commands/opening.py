@@ -1,0 +1,130 @@
+"""Opening a run's checkpoint with the run that wrote it rebuilt: what eval, detect, sample, generate and
+cam start from. Above the loop: it rebuilds a Run; nothing in the loop imports it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+
+from hloforge.core.errors import DataError, UnsupportedSpec
+from hloforge.core.spec import NetSpec
+from hloforge.core.variant import SHADOW
+from hloforge.train import checkpoint as ckpt
+from hloforge.train.config import CHECKPOINT, TrainConfig, load_config
+from hloforge.train.evaluation import EvalResult, evaluate, evaluate_lm, evaluate_stream
+from hloforge.train.parallel import make_forward_session
+from hloforge.train.session import ForwardSession
+from hloforge.train.trainer import Run, check_matches
+from hloforge.zoo import get_net
+
+REGIONS = ("live", "ema", "auto")
+
+
+@attrs.frozen
+class OpenedCheckpoint:
+    """A checkpoint with the run that wrote it rebuilt: what eval, generate and cam start from."""
+
+    file: str
+    tensors: dict[str, np.ndarray]
+    meta: dict[str, Any]
+    run: Run
+    spec: NetSpec
+
+    def weights(self, prefix: str, names: Sequence[str]) -> list[np.ndarray]:
+        try:
+            return [self.tensors[t] for t in ckpt.names_in(prefix, names)]
+        except KeyError as e:
+            raise DataError(f"checkpoint {self.file} lacks tensor {e.args[0]}") from None
+
+    def region_weights(self, region: str) -> tuple[str, list[np.ndarray], list[np.ndarray]]:
+        """(the region, resolved; its θ; its BN statistics) for scoring or sampling: `live` is θ with the
+        running statistics, `ema` the shadow E (found through the state layout, never by position) with
+        the shadow's own statistics, `auto` the shadow when the variant keeps one."""
+        if region not in REGIONS:
+            raise UnsupportedSpec(f"region {region!r}; expected one of {list(REGIONS)}")
+        run, layout = self.run, self.run.state_layout
+        layout.check_slots(f"checkpoint {self.file}", list(self.tensors))
+        if region == "auto":  # the shadow when the variant keeps one: what its training run reported first
+            region = "ema" if layout.shadows else "live"
+        if region == "ema" and not layout.shadows:
+            raise DataError(f"checkpoint {self.file} has no EMA shadow (its variant {run.variant.slug!r} keeps "
+                            "none); use --region live")
+        names = [n for n, _ in self.spec.params()]
+        if region == "live":
+            return region, self.weights(ckpt.PARAMS, names), self.weights(ckpt.STATS, run.stat_names)
+        return region, self.weights(ckpt.state_group(SHADOW), names), \
+            ckpt.shadow_stats(self.tensors, run.stat_names, self.file, "use the live weights (--region live)")
+
+
+def check_run_dir(path: str, file: str, meta: dict[str, Any]) -> None:
+    """A run directory whose config.toml names another net or variant than its checkpoint holds is
+    refused, as --resume refuses it: scoring it would report the checkpoint's net as the run's."""
+    cfg = load_config(os.path.join(path, "config.toml"))
+    spec = get_net(cfg.net, cfg.classes, cfg.input)
+    variant = cfg.variant(spec)
+    try:
+        check_matches(file, meta, variant.apply_to(spec), variant, cfg.backend, allow_cross_backend=True)
+    except DataError as e:
+        raise DataError(f"run directory {path}: its config.toml and checkpoint disagree: {e}") from None
+
+
+def open_checkpoint(path: str, backend: str | None = None,
+                    log: Callable[[str], None] = print, devices: int | None = None) -> OpenedCheckpoint:
+    """A run directory's (or a file's) checkpoint, its run rebuilt from the stored config
+    (on `backend` if given, with `devices` devices if given), refused if the net as defined now
+    differs from the stored spec."""
+    file = os.path.join(path, CHECKPOINT) if os.path.isdir(path) else path
+    tensors, meta = ckpt.load_checkpoint(file)
+    if os.path.isdir(path) and os.path.exists(os.path.join(path, "config.toml")):
+        check_run_dir(path, file, meta)
+    cfg = TrainConfig(**meta["config"])
+    if backend and backend != cfg.backend:
+        cfg = attrs.evolve(cfg, backend=backend)
+    if devices:
+        cfg = attrs.evolve(cfg, devices=devices)
+    run = Run(cfg, log, progress=False, eval_only=True)  # scoring never opens the train split
+    spec = NetSpec.from_dict(meta["spec"], source=file)
+    if spec != run.spec:
+        raise DataError(f"checkpoint {file} holds a spec that differs from net {cfg.net!r} as defined now")
+    return OpenedCheckpoint(file, tensors, meta, run, spec)
+
+
+def evaluate_checkpoint(path: str, backend: str | None = None, region: str = "auto",
+                        log: Callable[[str], None] = print, replicas: int = 1,
+                        devices: int | None = None, batch_stats: bool = False) -> EvalResult:
+    """Score a run directory's (or a file's) checkpoint alone, with the training run's batching.
+    `region` picks the weights: the live ones, the EMA shadow of an EMA variant, or (the default, as
+    `sample`'s) auto: the shadow when the run kept one. `replicas` > 1
+    scores sharded over that many devices (the training batch split over them), with the same
+    result as one device: the same eval loop, the logits gathered in row order. `batch_stats`:
+    seed 003's diagnostic, BN with each batch's statistics instead of the running ones (ForwardSession)."""
+    if region not in REGIONS:
+        raise UnsupportedSpec(f"region {region!r}; expected one of {list(REGIONS)}")
+    oc = open_checkpoint(path, backend, log, devices)
+    run, spec, meta, cfg = oc.run, oc.spec, oc.meta, oc.run.cfg
+    # each region with its own BN statistics: the live weights with the running ones, the shadow with its EMA
+    region, params, running = oc.region_weights(region)
+    if batch_stats and (replicas > 1 or run.lm or (run.task is not None and run.task.kind != "class")):
+        raise UnsupportedSpec("--batch-stats scores a classifier on one replica; this run is "
+                              + ("sharded" if replicas > 1 else "not a classifier"))
+    evaluator = (ForwardSession(spec, cfg.batch, run.backend, batch_stats=True) if batch_stats else
+                 make_forward_session(spec, -(-cfg.batch // replicas), run.backend, replicas))
+    buffers = [*params, *([] if batch_stats else running)]  # host arrays: the session pushes them once
+    if run.lm:
+        lres = evaluate_lm(evaluator, buffers, run.x_te, run.y_te)
+        log(f"{spec.name} epoch {meta['epoch']} ({region}) on {run.backend.backend_name()}: val {lres.line()}")
+        return lres  # type: ignore[return-value]
+    if run.task is not None and run.task.kind != "class":
+        ev = run.task.evaluate(evaluator, buffers)
+        log(f"{spec.name} epoch {meta['epoch']} ({region}) on {run.backend.backend_name()}: {ev.line}")
+        return ev  # type: ignore[return-value]
+    # the training run's eval pass: streamed when it streamed (the split is never loaded whole)
+    res = (evaluate_stream(evaluator, buffers, run.feed.eval_batches(), len(run.y_te)) if run.feed.streams
+           else evaluate(evaluator, buffers, run.x_te, run.y_te))
+    stats = ", batch statistics" if batch_stats else ""
+    log(f"{spec.name} epoch {meta['epoch']} ({region}{stats}) on {run.backend.backend_name()}: test {res.line()}")
+    return res

@@ -1,0 +1,188 @@
+"""A training run's config: TrainConfig, read from and written to TOML (config.toml in a run directory),
+and the names of the files a run directory holds.
+
+A run directory holds config.toml (the whole resolved config: `--config` on it
+reproduces the run), metrics.jsonl, checkpoint.safetensors, eval_correct.npz
+(the per-example bitmap of the last eval) and loss/accuracy plots, each replaced whole, and
+`.lock`, held by the one process training into it (hloforge.train.rundir).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tomllib
+from typing import Any
+
+import attrs
+
+from hloforge.core.errors import UnsupportedSpec
+from hloforge.core.spec import NetSpec
+from hloforge.core.variant import Variant
+from hloforge.train.configio import as_tuple, check_fields, toml_value
+from hloforge.train.schedule import SCHEDULES
+
+CHECKPOINT = "checkpoint.safetensors"
+BITMAP = "eval_correct.npz"
+
+
+@attrs.frozen
+class TrainConfig:
+    net: str = "mnist-mlp"
+    classes: int | None = None  # override a zoo net's class count
+    input: tuple[int, ...] | None = attrs.field(default=None,
+                                                converter=lambda v: None if v is None else as_tuple(v, "input"))
+    data: str = "digits"
+    data_dir: str = ""
+    data_file: str = ""  # a file-based dataset's file (e.g. text's UTF-8 corpus)
+    # the dataset's own options as "key=value" items (--data-opt, repeatable; e.g. shapes "size=48"):
+    # stored with the run, so eval, detect and sample rebuild the same dataset (parse_data_options)
+    data_options: tuple[str, ...] = attrs.field(default=(), converter=lambda v: option_items(v))
+    workers: int = 0  # producer processes streaming the batches (seed 003); 0: drawn in process
+    augment: bool = True  # the dataset's training augmentation (crop, flip, ...), seeded per step
+    backend: str = ""  # empty: $HLOFORGE_BACKEND, else xla; the run records the resolved name
+    # Data parallelism (hloforge.train.parallel): `batch` is the global batch, split over the replicas.
+    replicas: int = 1
+    devices: int | None = None  # the backend's device count (the XLA CPU plugin's cpu_device_count)
+    sync_bn: bool = False  # BN statistics over the global batch; default: each replica's own (replica 0's read)
+    epochs: int = 5
+    batch: int = 64
+    optimizer: str = "adam"
+    lr: float = 1e-3
+    schedule: str = "cosine"
+    warmup_epochs: float = 0.0
+    decay_rate: float = 0.97
+    decay_epochs: float = 1.0  # --schedule exp: the lr is ×decay_rate every decay_epochs epochs
+    weight_decay: float | None = None
+    label_smoothing: float = 0.0
+    loss: str = ""  # empty: the one the net and dataset call for (hloforge.train.tasks.default_loss)
+    # a DDPM's linear β schedule (hloforge.train.diffusion); sampling reads it back from the checkpoint
+    diffusion_steps: int = 1000
+    beta_start: float = 1e-4
+    beta_end: float = 0.02
+    # the rest of the variant (hloforge.core.variant.Variant): wrappers, mixing, masks, BN ε, precision
+    ema: float = 0.0
+    accum: int = 1
+    clip: float = 0.0
+    mixup: float = 0.0
+    cutmix: float = 0.0
+    dropout: float = 0.0
+    drop_path: float = 0.0
+    bn_eps: float | None = None
+    precision: str = "fp32"
+    # PyTorch's convention (running ← 0.9·running + 0.1·batch). Seed 003's 0.99 suits ImageNet-length
+    # runs; on a 22-step digits epoch it leaves eval normalising by near-initial statistics.
+    bn_momentum: float = 0.9
+    seed: int = 0
+    run_dir: str = ""
+    tag: str = ""
+    log_every: int = 50
+    # Per-layer lowering strategies timed on the backend at render time (hloforge.train.autotune; also
+    # $HLOFORGE_AUTOTUNE=1). A tuned run records its choices in `tuned` ("layer index:kind=choice,…"),
+    # which a config that has them applies as they are, untimed: `--config` re-renders the same modules.
+    autotune: bool = False
+    tuned: tuple[str, ...] = attrs.field(default=(),
+                                         converter=lambda v: (v,) if isinstance(v, str) else as_tuple(v, "tuned"))
+
+    def __attrs_post_init__(self) -> None:
+        check_fields(self)
+        self.check()  # its own lines first (lr must be positive, …), then every number finite and ≥ 0
+        check_fields(self, numbers=True)
+
+    def variant(self, spec: NetSpec | None = None) -> Variant:
+        """The loss: `loss` if given, else the net's and dataset's (tokenCrossEntropy for per-token logits,
+        crossEntropy for classes, perPixelCE for masks, mse for a DDPM: hloforge.train.tasks)."""
+        from hloforge.train.tasks import default_loss
+
+        loss = self.loss or ("crossEntropy" if spec is None else default_loss(spec, self.data))
+        return Variant(self.optimizer, self.weight_decay, loss, self.label_smoothing, ema=self.ema,
+                       accum=self.accum, clip=self.clip, mixup=self.mixup, cutmix=self.cutmix, dropout=self.dropout,
+                       drop_path=self.drop_path, bn_eps=self.bn_eps, precision=self.precision)
+
+    def scope(self, spec: NetSpec) -> str:
+        """Net, variant, backend and tag: two arms of an ablation never share a run directory."""
+        dp = f"dp{self.replicas}" + ("syncbn" if self.sync_bn else "") if self.replicas > 1 else ""
+        return "_".join(p for p in (spec.ident, self.variant(spec).slug, dp, self.backend, self.tag) if p)
+
+    def resolved_run_dir(self, spec: NetSpec, resume: bool = False) -> str:
+        """An explicit run_dir as given; otherwise runs/<scope>, runs/<scope>_2, ...: a new run
+        takes the first free one (nothing is overwritten), a resumed run the latest."""
+        if self.run_dir:
+            return self.run_dir
+        base = os.path.join("runs", self.scope(spec))
+        taken = [base] + [f"{base}_{i}" for i in range(2, 10_000) if os.path.exists(f"{base}_{i}")]
+        taken = [d for d in taken if os.path.exists(os.path.join(d, CHECKPOINT))]
+        if resume:
+            return taken[-1] if taken else base
+        return base if not taken else f"{base}_{len(taken) + 1}"
+
+    def to_toml(self) -> str:
+        """The config as TOML that `load_config` reads back to an equal config (None: left out)."""
+        return "".join(f"{f.name} = {toml_value(getattr(self, f.name))}\n" for f in attrs.fields(TrainConfig)
+                       if getattr(self, f.name) is not None)
+
+    def check(self) -> None:
+        if self.epochs < 1 or self.batch < 1:
+            raise UnsupportedSpec(f"epochs and batch must be positive, got epochs={self.epochs} batch={self.batch}")
+        if self.lr <= 0 or not math.isfinite(self.lr):
+            raise UnsupportedSpec(f"lr must be a positive number, got {self.lr}")
+        if self.schedule not in SCHEDULES:
+            raise UnsupportedSpec(f"unknown schedule {self.schedule!r}; expected one of {list(SCHEDULES)}")
+        if not 0.0 < self.decay_rate <= 1.0 or not self.decay_epochs > 0.0:
+            raise UnsupportedSpec(f"decay_rate must be in (0, 1] and decay_epochs positive, got decay_rate="
+                                  f"{self.decay_rate} decay_epochs={self.decay_epochs}")
+        if not 0.0 <= self.bn_momentum < 1.0:
+            raise UnsupportedSpec(f"bn_momentum must be in [0, 1), got {self.bn_momentum}")
+        if self.replicas < 1 or (self.devices is not None and self.devices < 1):
+            raise UnsupportedSpec(f"replicas and devices must be positive, got replicas={self.replicas} "
+                                  f"devices={self.devices}")
+        if self.batch % self.replicas:
+            raise UnsupportedSpec(f"batch {self.batch} (the global batch) does not split evenly over "
+                                  f"{self.replicas} replicas")
+        if self.sync_bn and self.replicas == 1:
+            raise UnsupportedSpec("sync_bn pools BN statistics across replicas; it needs replicas > 1")
+
+
+def load_config(path: str, **overrides: Any) -> TrainConfig:
+    """A config file (TOML), with command-line values on top."""
+    try:
+        with open(path, "rb") as f:
+            d = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise UnsupportedSpec(f"config {path}: cannot read it as TOML ({e})") from None
+    known = {f.name for f in attrs.fields(TrainConfig)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise UnsupportedSpec(f"config {path}: unknown key(s) {unknown}; expected some of {sorted(known)}")
+    if "data_options" in overrides and "data_options" in d:  # --data-opt adds to the file's options (later wins)
+        overrides["data_options"] = (*option_items(d["data_options"]), *option_items(overrides["data_options"]))
+    return TrainConfig(**{**d, **overrides})
+
+
+def option_items(v: Any) -> tuple[str, ...]:
+    """`data_options` as its "key=value" items: a list of them, or one "key=value,…" string."""
+    if isinstance(v, str):
+        return tuple(p.strip() for p in v.split(",") if p.strip())
+    return tuple(str(p).strip() for p in as_tuple(v, "data_options"))
+
+
+def parse_data_options(items: Any) -> dict[str, Any]:
+    """`data_options` ("key=value" items) as the dataset's keyword arguments, a later key over an
+    earlier one: each value an int, else a float, else true/false, else the string as written."""
+    opts: dict[str, Any] = {}
+    for item in option_items(items):
+        key, eq, raw = (s.strip() for s in item.partition("="))
+        if not eq or not key or not raw:
+            raise UnsupportedSpec(f"data option {item!r} is not KEY=VALUE")
+        value: Any = raw
+        for cast in (int, float):
+            try:
+                value = cast(raw)
+                break
+            except ValueError:
+                pass
+        else:
+            value = {"true": True, "false": False}.get(raw.lower(), raw)
+        opts[key] = value
+    return opts
+

@@ -1,0 +1,80 @@
+"""Scoring a forward module over an eval split: top-1/top-5 with the per-example bitmap, and a language
+model's bits per character. Below the loop: the run, the tasks and the commands all score through it."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import attrs
+import numpy as np
+
+from hloforge.core.errors import DataError
+from hloforge.core.spec import NetSpec
+from hloforge.train.metrics import check_ids, topk_correct, wilson
+from hloforge.train.session import ForwardSession
+
+
+def fit_input(x: np.ndarray, spec: NetSpec, data_name: str) -> np.ndarray:
+    """Reshape dataset rows to the net's input shape when only the layout differs (28×28 → 784)."""
+    if tuple(x.shape[1:]) == spec.input_shape:
+        return x
+    if math.prod(x.shape[1:]) == math.prod(spec.input_shape):
+        return x.reshape(len(x), *spec.input_shape)
+    raise DataError(f"dataset {data_name!r} gives inputs of shape {list(x.shape[1:])}, but net {spec.name!r} "
+                    f"expects {list(spec.input_shape)}")
+
+
+@attrs.frozen
+class EvalResult:
+    top1: int
+    top5: int
+    n: int
+    correct: np.ndarray
+
+    def line(self) -> str:
+        lo, hi = wilson(self.top1, self.n)
+        return (f"top-1 {100 * self.top1 / self.n:.2f}% [{100 * lo:.2f}, {100 * hi:.2f}] ({self.top1}/{self.n})  "
+                f"top-5 {100 * self.top5 / self.n:.2f}%")
+
+
+@attrs.frozen
+class LMEvalResult:
+    bits_per_char: float
+    n: int  # targets scored
+
+    def line(self) -> str:
+        return f"{self.bits_per_char:.4f} bits/char ({self.n} chars)"
+
+
+def evaluate_lm(evaluator: ForwardSession, buffers: list[Any], x: np.ndarray, y: np.ndarray) -> LMEvalResult:
+    """Bits per character over every validation target (labels −1 are padding, not scored)."""
+    from hloforge.datasets.text import IGNORE, bits_per_char
+
+    logits = evaluator.logits(x, buffers)
+    check_ids(y, logits.shape[-1], "eval token labels", lowest=IGNORE)
+    return LMEvalResult(*bits_per_char(logits, y))
+
+
+def evaluate(evaluator: ForwardSession, buffers: list[Any], x: np.ndarray, y: np.ndarray) -> EvalResult:
+    """Every eval image scored exactly once, the short last batch included."""
+    logits = evaluator.logits(x, buffers)
+    c1 = topk_correct(logits, y, 1)
+    return EvalResult(int(c1.sum()), int(topk_correct(logits, y, 5).sum()), len(y), c1)
+
+
+def evaluate_stream(evaluator: ForwardSession, buffers: list[Any], batches: Iterable[tuple[np.ndarray, np.ndarray]],
+                    n_eval: int) -> EvalResult:
+    """The eval pass over streamed batches, in stream order. A pass that does not score the whole
+    split (a dropped tail) is an error, never a plausible accuracy over fewer images."""
+    c1, c5 = [np.zeros(0, bool)], [np.zeros(0, bool)]
+    for x, y in batches:
+        logits = evaluator.logits(x, buffers)
+        c1.append(topk_correct(logits, y, 1))
+        c5.append(topk_correct(logits, y, 5))
+    top1 = np.concatenate(c1)
+    if len(top1) != n_eval:
+        raise DataError(f"the streamed eval pass scored {len(top1)} images; the eval split has {n_eval}")
+    return EvalResult(int(top1.sum()), int(np.concatenate(c5).sum()), n_eval, top1)
+
