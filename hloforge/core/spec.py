@@ -188,6 +188,9 @@ class Loss:
     """
 
     name: ClassVar[str]
+    # The lowering-strategy kinds (core/strategy.py) `forward` may consult; the gate runs each of its
+    # cases once per choice of each.
+    strategy_kinds: ClassVar[tuple[str, ...]] = ()
 
     def label_spec(self, out_shape: Shape) -> tuple[Shape, str]:
         """Per-example label shape (no batch) and element type ('i32' class ids, 'f32' targets)."""
