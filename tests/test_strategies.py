@@ -498,7 +498,7 @@ def test_iree_train_step_matches_xla() -> None:
 
 
 # ------------------------------------------------------------------ the YOLO losses' masked class sum
-YOLO_LOSSES = ["anchorYolo", "fpnYolo"]
+YOLO_LOSSES = ["yolov1", "anchorYolo", "fpnYolo"]
 
 
 @pytest.mark.parametrize("name", YOLO_LOSSES)

@@ -315,6 +315,7 @@ class DiouLoss(Loss):
 class Yolov1Loss(Loss):
     name = "yolov1"
     label_kind: ClassVar[str] = "boxes"
+    strategy_kinds = (MASKED_SUM.name,)
     boxes: int = 2
     lambda_coord: float = 5.0
     lambda_noobj: float = 0.5
@@ -349,7 +350,7 @@ class Yolov1Loss(Loss):
             terms += [b.sum(r * d_xy) * self.lambda_coord, b.sum(r * d_wh) * self.lambda_coord,
                       b.sum(r * (conf - 1.0) * (conf - 1.0)), b.sum((1.0 - r) * conf * conf) * self.lambda_noobj]
         dc = channels(b, logits, BOX * self.boxes, per) - channels(b, y, BOX * self.boxes, per)
-        terms.append(b.sum(dc * dc * b.stop_gradient(b.broadcast_to(mask, dc.shape, [0, 1, 2, 3]))))
+        terms.append(masked_sum(b, dc * dc, mask))
         total = terms[0]
         for t_ in terms[1:]:
             total = total + t_
