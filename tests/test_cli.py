@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.metadata
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +20,7 @@ from hloforge.core.variant import Variant
 from hloforge.train.trainer import TrainConfig
 from hloforge.zoo import NETS, get_net
 
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "hloforge-groupnorm"
 BUILTINS = {
     "layer": {"dense", "conv2d", "flatten", "maxPool", "globalAvgPool", "relu", "relu6", "gelu", "swish",
               "sigmoid", "hSwish", "hSigmoid", "identity"},
@@ -30,15 +31,28 @@ BUILTINS = {
 }
 
 
-def test_plugins_lists_every_builtin_from_hloforge(capsys):
+@pytest.mark.parametrize("third_party", [False, True])
+def test_plugins_lists_every_builtin_from_hloforge(capsys, monkeypatch, third_party):
+    if third_party:  # the example plugin installed beside hloforge (tox's plugin env, .ci/run): listed too
+        from hloforge.core import registry
+
+        reg = registry.default_registry()
+        if "groupNorm" not in {e.name for e in reg.entries()}:  # not installed here: registered as if it were
+            monkeypatch.syspath_prepend(str(EXAMPLE))
+            layers = importlib.import_module("hloforge_groupnorm.layers")
+            reg = registry.Registry(extra_plugins=((layers, "hloforge-groupnorm"),))
+        monkeypatch.setattr(registry, "default_registry", lambda: reg)
     assert main(["plugins"]) == 0
     rows = [line.split() for line in capsys.readouterr().out.splitlines()]
-    listed: dict[str, set[str]] = {}
+    listed: dict[str, dict[str, str]] = {}
     for kind, name, dist in rows:
-        assert dist == "hloforge", f"{kind} {name} came from {dist}"
-        listed.setdefault(kind, set()).add(name)
+        listed.setdefault(kind, {})[name] = dist
     for kind, names in BUILTINS.items():
-        assert names <= listed.get(kind, set()), f"missing {kind}s: {names - listed.get(kind, set())}"
+        got = listed.get(kind, {})
+        assert names <= set(got), f"missing {kind}s: {names - set(got)}"
+        assert {got[n] for n in names} == {"hloforge"}, f"{kind}s not from hloforge: {got}"
+    if third_party:
+        assert listed["layer"]["groupNorm"] == "hloforge-groupnorm"
 
 
 def test_render_writes_three_files_that_compile_and_run(tmp_path, capsys):
@@ -84,19 +98,18 @@ def test_shape_mismatch_names_the_layer(tmp_path, capsys):
     assert not (tmp_path / "o").exists()  # a refused net writes nothing
 
 
-def test_train_default_job_learns_digits(tmp_path):
+def test_train_default_job_learns_digits(tmp_path, backend):
     """The README's main job, as a user runs it (a subprocess), shortened to 2 epochs; run twice,
     the second run takes a new run directory instead of refusing or overwriting."""
     argv = [sys.executable, "-m", "hloforge.cli", "train", "--epochs", "2"]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    expected = os.environ.get("HLOFORGE_BACKEND") or "xla"  # tox -e py311-iree runs it on IREE
-    assert f"backend {expected} (" in r.stdout
+    assert f"backend {backend} (" in r.stdout  # $HLOFORGE_BACKEND reaches the command
     last = [line for line in r.stdout.splitlines() if line.startswith("epoch 2/2")][0]
     top1 = float(last.split("top-1 ")[1].split("%")[0])
     assert top1 > 90.0, r.stdout
     r2 = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert r2.returncode == 0 and f"run dir runs/mnist_mlp_adam_{expected}_2" in r2.stdout, r2.stderr
+    assert r2.returncode == 0 and f"run dir runs/mnist_mlp_adam_{backend}_2" in r2.stdout, r2.stderr
 
 
 def test_classes_and_input_reshape_a_zoo_net(tmp_path, capsys):

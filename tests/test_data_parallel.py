@@ -352,8 +352,9 @@ def test_cli_dp_training_and_sharded_eval_print_the_same_top1(tmp_path, capsys):
     from hloforge.cli import main
 
     run = str(tmp_path / "run")
+    # XLA's: `--devices` is the XLA CPU client's device count (IREE runs one device)
     assert main(["train", "mnist-linear", "--epochs", "1", "--batch", "32", "--replicas", "2", "--devices", "2",
-                 "--run-dir", run, "--no-progress"]) == 0
+                 "--backend", "xla", "--run-dir", run, "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "over 2 replicas" in out
     counts = [int(re.search(r"test top-1 .*?\((\d+)/360\)", out).group(1))]

@@ -402,7 +402,7 @@ def test_a_detector_refuses_streaming_workers(tmp_path, capsys) -> None:
     assert not (tmp_path / "r").exists()
 
 
-def test_train_and_detect_end_to_end(tmp_path, capsys) -> None:
+def test_train_and_detect_end_to_end(tmp_path, capsys, backend) -> None:
     import json
 
     from PIL import Image
@@ -414,7 +414,7 @@ def test_train_and_detect_end_to_end(tmp_path, capsys) -> None:
 
     run = tmp_path / "run"
     assert main(["train", "fpn-mini", "--data", "shapes", "--data-opt", "n_train=512", "--data-opt", "n_test=40",
-                 "--epochs", "1", "--batch", "64", "--run-dir", str(run), "--no-progress"]) == 0
+                 "--epochs", "1", "--batch", "64", "--backend", backend, "--run-dir", str(run), "--no-progress"]) == 0
     rows = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
     epoch = [r for r in rows if r.get("kind") == "epoch"][-1]
     assert 0.0 <= epoch["map50"] <= 1.0 and epoch["n"] == 40  # scored on the optioned test split

@@ -216,13 +216,14 @@ def tiny_ddpm() -> NetSpec:
                                               TimeResBlock(6, nfreq=2), NoiseHead(3)], 3)
 
 
-def test_train_a_tiny_ddpm_and_sample_a_grid(tmp_path, capsys):
+def test_train_a_tiny_ddpm_and_sample_a_grid(tmp_path, capsys, backend):
     from hloforge.cli import main
 
     path = tmp_path / "ddpm.toml"
     path.write_text(tiny_ddpm().to_toml())
     run_dir = tmp_path / "run"
-    data = ["--data", "shapes", *(f"--data-opt={o}" for o in ("size=16", "noise=0", "n_train=96", "n_test=20"))]
+    data = ["--data", "shapes", *(f"--data-opt={o}" for o in ("size=16", "noise=0", "n_train=96", "n_test=20")),
+            "--backend", backend]
     assert main(["train", str(path), *data, "--epochs", "1", "--batch", "32", "--lr", "3e-3", "--ema", "0.9",
                  "--diffusion-steps", "40", "--beta-start", "1e-3", "--beta-end", "0.4",
                  "--run-dir", str(run_dir), "--no-progress"]) == 0

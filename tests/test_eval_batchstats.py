@@ -10,9 +10,9 @@ import pytest
 from test_datasets import tiny_mnist  # tests/ is on sys.path (rootdir-relative, no package)
 
 from hloforge.cli import main
-from hloforge.core.spec import Ctx
-from hloforge.train import trainer
+from hloforge.commands import opening
 from hloforge.commands.opening import evaluate_checkpoint, open_checkpoint
+from hloforge.core.spec import Ctx
 from hloforge.train.trainer import TrainConfig, train
 
 jax = pytest.importorskip("jax")
@@ -35,13 +35,13 @@ def bn_run(tmp_path, n_test: int) -> str:
 def test_batch_stats_eval_normalises_with_each_batchs_statistics(tmp_path, monkeypatch) -> None:
     run = bn_run(tmp_path, n_test=64)
     logits: list[np.ndarray] = []
-    score = trainer.evaluate
+    score = opening.evaluate
 
     def spy(evaluator, buffers, x, y):
         logits.append(evaluator.logits(x, buffers))
         return score(evaluator, buffers, x, y)
 
-    monkeypatch.setattr(trainer, "evaluate", spy)
+    monkeypatch.setattr(opening, "evaluate", spy)
     lines: list[str] = []
     res = evaluate_checkpoint(run, batch_stats=True, log=lines.append)
     assert res.n == 64 and "batch statistics" in lines[-1]

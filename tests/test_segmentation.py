@@ -208,7 +208,7 @@ def test_region_dice_with_the_brats_convention():
 
 
 # ------------------------------------------------------------------ training on shapes
-def test_train_and_eval_a_tiny_unet_on_shapes(tmp_path, capsys):
+def test_train_and_eval_a_tiny_unet_on_shapes(tmp_path, capsys, backend):
     from hloforge.cli import main
 
     spec = unet_spec("unet-tiny", (4,), (8,), 4, (3, 32, 32))
@@ -216,7 +216,7 @@ def test_train_and_eval_a_tiny_unet_on_shapes(tmp_path, capsys):
     path.write_text(spec.to_toml())
     run_dir = tmp_path / "run"
     assert main(["train", "--net", str(path), "--data", "shapes", "--epochs", "1", "--batch", "128",
-                 "--run-dir", str(run_dir), "--no-progress"]) == 0
+                 "--backend", backend, "--run-dir", str(run_dir), "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "adam_lossperPixelCE" in out and "test mIoU" in out and "Dice circle" in out
     rows = [json.loads(r) for r in (run_dir / "metrics.jsonl").read_text().splitlines()]

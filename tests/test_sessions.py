@@ -1,9 +1,9 @@
-"""Sessions on every backend: residency, the copying path, read-back, and eval hold mode."""
+"""Sessions on the backend under test (tests/conftest.py): residency, the copying path, read-back,
+and eval hold mode."""
 
 from __future__ import annotations
 
 import importlib.util
-import os
 
 import numpy as np
 import pytest
@@ -12,11 +12,6 @@ from hloforge.core.errors import BackendError, DataError, PluginError
 from hloforge.core.variant import Variant
 from hloforge.train.session import ForwardSession, TrainSession, make_backend
 from hloforge.zoo import get_net
-
-BACKENDS = ["xla", pytest.param("iree", marks=pytest.mark.skipif(
-    importlib.util.find_spec("iree") is None, reason="iree packages not installed"))]
-if os.environ.get("HLOFORGE_BACKEND"):  # a per-backend run (tox -e py311-xla / py311-iree): that backend only
-    BACKENDS = [os.environ["HLOFORGE_BACKEND"]]
 
 
 @pytest.fixture(autouse=True)
@@ -30,7 +25,6 @@ def batches(spec, batch, n, seed=0):
              rng.integers(0, spec.num_classes, batch)) for _ in range(n)]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_resident_and_copying_paths_are_bit_identical(backend):
     spec, be = get_net("mnist-mlp"), make_backend(backend)
     data = batches(spec, 8, 10)
@@ -115,7 +109,6 @@ def test_step_inputs_in_slots_borrowed_or_copied_train_alike():
             np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_read_back_and_load(backend):
     spec, be = get_net("mnist-linear"), make_backend(backend)
     s = TrainSession(spec, Variant("adam"), 4, be, seed=0)
@@ -181,7 +174,6 @@ class CountingSlot:
         return self.slot.write(a)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_forward_hold_mode_reseeds_exactly_when_the_token_changes(backend):
     spec = get_net("mnist-linear")
     be = CountingBackend(make_backend(backend))
@@ -208,7 +200,6 @@ def test_forward_hold_mode_reseeds_exactly_when_the_token_changes(backend):
     assert fwd.seeds == 4
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_forward_on_session_buffers_keeps_them(backend):
     spec, be = get_net("mnist-mlp"), make_backend(backend)
     s = TrainSession(spec, Variant("adam"), 8, be, seed=2)

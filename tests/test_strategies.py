@@ -495,3 +495,47 @@ def test_iree_train_step_matches_xla() -> None:
         assert (storage == xla_storage) == (not choices)
         got = _one_step(iree, text, SMALL, storage=storage)
         assert _rel_step(got, want, SMALL) < 1e-5
+
+
+# ------------------------------------------------------------------ the YOLO losses' masked class sum
+YOLO_LOSSES = ["yolov1", "anchorYolo", "fpnYolo"]
+
+
+@pytest.mark.parametrize("name", YOLO_LOSSES)
+def test_masked_sum_form_is_gated_and_a_broken_one_turns_it_red(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    from hloforge.losses import detection
+
+    cases = _cases(name)
+    plain = [c for c in cases if not c.strategy]
+    forced = [c for c in cases if c.strategy == (("maskedSum", "channelsFirst"),)]
+    assert plain and len(forced) == len(plain) and all(c.id.endswith("~maskedSum=channelsFirst") for c in forced)
+    assert forced[0].run().passed
+    right = detection.masked_sum
+
+    def broken(b, v, mask):  # the channels-first form 0.1% off; the portable one untouched
+        out = right(b, v, mask)
+        return out * 1.001 if strategy.chosen("maskedSum", b.target) == "channelsFirst" else out
+
+    monkeypatch.setattr(detection, "masked_sum", broken)
+    assert not forced[0].run().passed
+    assert plain[0].run().passed
+
+
+@pytest.mark.parametrize("name", YOLO_LOSSES)
+def test_iree_masked_sum_form_matches_the_gated_xla_form(name: str) -> None:
+    """iree-compile rejects the portable form's one-sum (losses/detection.py, MASKED_SUM): IREE's
+    render of the loss compiles there and gives the (loss, ∂logits) the gated form gives on XLA."""
+    pytest.importorskip("iree.runtime")
+    from hloforge.core.modules import loss_module
+
+    loss, shape = default_registry().get("loss", name).gate_cases()[0]
+    want_text, got_text = loss_module(loss, shape, 3), loss_module(loss, shape, 3, target="iree")
+    assert got_text != want_text and loss_module(loss, shape, 3, target="xla") == want_text
+    rng = np.random.default_rng(0)
+    ins = [(rng.standard_normal((3, *shape)) * 2).astype(np.float32), loss.sample_labels(rng, 3, shape)]
+
+    def run(be: object, text: str) -> list[np.ndarray]:
+        outs = be.execute(be.compile(text), [be.to_device(a) for a in ins])  # type: ignore[attr-defined]
+        return [np.asarray(be.to_host(o), np.float64) for o in outs]  # type: ignore[attr-defined]
+
+    assert _rel(run(make_backend("iree"), got_text), run(make_backend("xla"), want_text)) < 1e-5

@@ -59,11 +59,11 @@ def jax_reference(spec, params, xs, ys, tx, decay_mask):
     return [np.asarray(p) for p in ps], losses
 
 
-def run_both(net, optimizer, steps, lr, batch):
-    """Our train step on $HLOFORGE_BACKEND (default XLA), and jax autodiff of the plain references + optax
-    in f32 and f64."""
+def run_both(backend, net, optimizer, steps, lr, batch):
+    """Our train step on `backend` (the backend under test, tests/conftest.py), and jax autodiff of
+    the plain references + optax in f32 and f64."""
     spec = get_net(net)
-    session = TrainSession(spec, Variant(optimizer), batch, make_backend(), seed=3)
+    session = TrainSession(spec, Variant(optimizer), batch, make_backend(backend), seed=3)
     init = spec.init_params(3)
     rng = np.random.default_rng(0)
     xs = [rng.standard_normal((batch, *spec.input_shape)).astype(np.float32) for _ in range(steps)]
@@ -81,13 +81,13 @@ def run_both(net, optimizer, steps, lr, batch):
 
 
 @pytest.mark.parametrize("optimizer,steps,lr", [("sgd", 1, 0.1), ("adam", 5, 1e-3)])
-def test_mnist_mlp_steps_equal_jax_and_optax(optimizer, steps, lr):
-    got, ref32, _ = run_both("mnist-mlp", optimizer, steps, lr, 128)
+def test_mnist_mlp_steps_equal_jax_and_optax(backend, optimizer, steps, lr):
+    got, ref32, _ = run_both(backend, "mnist-mlp", optimizer, steps, lr, 128)
     err = rel(flat(got), flat(ref32))
     # jax's own f32 program runs on XLA too, so on XLA the two agree to a few ulps; another compiler
     # (IREE) rounds differently, and Adam's m/√v turns that into O(lr·ε) moves. The backend-independent
     # claim is the next test's (no less accurate than jax f32 against the f64 oracle).
-    tol = 1e-6 if make_backend().name == "xla" else 1e-5
+    tol = 1e-6 if backend == "xla" else 1e-5
     assert err <= tol, f"mnist-mlp/{optimizer}: θ differs from jax+optax (f32) by {err:.2e} (norm-relative)"
 
 
@@ -97,16 +97,16 @@ def test_mnist_mlp_steps_equal_jax_and_optax(optimizer, steps, lr):
     ("mnist-cnn", "momentum", 2, 0.05, 4),
     ("mnist-cnn", "adam", 2, 1e-3, 4),
 ])
-def test_train_step_as_accurate_as_jax_f32(net, optimizer, steps, lr, batch):
+def test_train_step_as_accurate_as_jax_f32(backend, net, optimizer, steps, lr, batch):
     """Against the f64 oracle we must be no less accurate than jax+optax in f32. Adam's
     m/√v turns f32 rounding in near-zero gradients into O(lr) moves, so the f32 floor is a
     few 1e-6 for anybody; and optax's f32 bias correction 1 − β1ᵗ adds ~7e-6 on small tensors,
     where ours is computed on the host in f64."""
-    got, ref32, ref64 = run_both(net, optimizer, steps, lr, batch)
+    got, ref32, ref64 = run_both(backend, net, optimizer, steps, lr, batch)
     ours, theirs = rel(flat(got), flat(ref64)), rel(flat(ref32), flat(ref64))
     # On XLA (jax's own compiler) within 2x of jax f32. IREE's llvm-cpu f32 rounds differently: measured
     # 3.2x of jax's error on mnist-cnn/adam (3.9e-6 vs 1.2e-6), far below what a wrong gradient gives.
-    factor = 2 if make_backend().name == "xla" else 5
+    factor = 2 if backend == "xla" else 5
     assert ours <= max(factor * theirs, 1e-6), \
         f"{net}/{optimizer}: {ours:.2e} from the f64 oracle, jax f32 {theirs:.2e}"
 

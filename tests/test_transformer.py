@@ -260,7 +260,7 @@ def test_language_model_needs_a_token_dataset():
 
 
 # ------------------------------------------------------------------ a language model learns
-def test_tinygpt_trains_bits_per_char_drop_and_generates(tmp_path):
+def test_tinygpt_trains_bits_per_char_drop_and_generates(tmp_path, backend):
     import json
 
     from hloforge.commands.generate import generate
@@ -271,7 +271,7 @@ def test_tinygpt_trains_bits_per_char_drop_and_generates(tmp_path):
     corpus.write_text(default_corpus()[:24_000], encoding="utf-8")
     logs: list[str] = []
     cfg = TrainConfig(net="tinygpt-nano", data="text", data_file=str(corpus), epochs=3, batch=32, lr=3e-3,
-                      run_dir=str(tmp_path / "run"))
+                      backend=backend, run_dir=str(tmp_path / "run"))
     train(cfg, log=logs.append, progress=False)
     assert any("bigram baseline" in ln for ln in logs)
     rows = [json.loads(ln) for ln in open(tmp_path / "run" / "metrics.jsonl")]

@@ -88,24 +88,57 @@ def test_every_net_renders_train_step_and_eval(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", MINIS)
-def test_mini_nets_take_a_train_step_on_digits_shapes(name: str) -> None:
+def test_mini_nets_take_a_train_step_on_digits_shapes(name: str, backend: str, request: pytest.FixtureRequest) -> None:
+    from hloforge.core.errors import BackendError
     from hloforge.train.session import ForwardSession, TrainSession, make_backend
+
+    # IREE 3.13 fuses the 7×7 depthwise conv's 49 shifted ∂w sums into one dispatch of 50 bindings,
+    # which its runtime refuses (at most 32): strict, so a fix is noticed
+    request.applymarker(pytest.mark.xfail(backend == "iree" and name == "convnext-mini", raises=BackendError,
+                                          strict=True, reason="IREE: binding count 50 > 32"))
 
     spec = get_net(name)
     assert spec.input_shape == (1, 28, 28) and spec.num_classes == 10
     assert spec.param_count() < 100_000
-    backend = make_backend("xla")
+    be = make_backend(backend)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((8, 1, 28, 28)).astype(np.float32)
     y = rng.integers(0, 10, 8).astype(np.int32)
-    session = TrainSession(spec, Variant("adam"), 8, backend)
+    session = TrainSession(spec, Variant("adam"), 8, be)
     losses = [session.train_step(x, y, 1e-2) for _ in range(3)]
     assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0]
     stats = session.batch_stats()
     assert len(stats) == len(spec.stats()) and all(np.isfinite(s).all() for s in stats)
     running = [s.initial() for _, s in spec.stats()]
-    logits = ForwardSession(spec, 8, backend).logits(x, [*session.read_params(), *running])
+    logits = ForwardSession(spec, 8, be).logits(x, [*session.read_params(), *running])
     assert logits.shape == (8, 10) and np.isfinite(logits).all()
+
+
+# One net of each family the digits minis above do not cover (mlp, cnn, unet, yolo, fpn, ddpm, tinygpt):
+# with the minis, every zoo family takes a train step on the backend under test.
+# (net, a smaller input where it takes one)
+FAMILIES = [("mnist-mlp", None), ("mnist-cnn", None), ("unet-mini", (3, 16, 16)), ("yolov1-mini", (3, 16, 16)),
+            ("fpn-mini", None), ("ddpm-mini", (4, 16, 16)), ("tinygpt-nano", (8,))]
+
+
+@pytest.mark.parametrize(("name", "shape"), FAMILIES, ids=[n for n, _ in FAMILIES])
+def test_every_family_takes_a_train_step(name: str, shape: tuple[int, ...] | None, backend: str) -> None:
+    from hloforge.core.registry import default_registry
+    from hloforge.train.session import TrainSession, make_backend
+    from hloforge.train.tasks import default_loss
+
+    spec = get_net(name, input=shape) if shape else get_net(name)
+    variant = Variant("adam", loss=default_loss(spec, "shapes"))  # its task's loss (crossEntropy: a classifier)
+    loss = variant.make_loss(default_registry())
+    rng = np.random.default_rng(0)
+    out = spec.walk()[-1].out_shape
+    x = rng.standard_normal((2, *spec.input_shape)).astype(np.float32)
+    if len(out) == 2:  # a language model: token ids, as the session's f32 input
+        x = rng.integers(0, out[1], (2, *spec.input_shape)).astype(np.float32)
+    y = loss.sample_labels(rng, 2, out)
+    session = TrainSession(spec, variant, 2, make_backend(backend))
+    losses = [session.train_step(x, y, 1e-3) for _ in range(2)]
+    assert all(math.isfinite(v) for v in losses) and losses[1] != losses[0]
 
 
 @pytest.mark.parametrize("name", ["resnet-mini", "mobilenetv2-mini"])

@@ -143,6 +143,10 @@ class Loss:
     an i32 [H, W] on outputs [C, H, W] a mask, a float target the output's shape noise). Read by
     `hloforge.train.tasks.loss_label_kind`."""
 
+    strategy_kinds: ClassVar[tuple[str, ...]] = ()
+    """The lowering-strategy kinds (core/strategy.py) `forward` may consult. Default none. Read by
+    the gate, which runs each of the loss's cases once per choice of each."""
+
     def label_spec(self, out_shape: Shape) -> tuple[Shape, str]:
         """Per-example label shape (no batch) and element type ('i32' class ids, 'f32' targets)."""
         raise NotImplementedError  # abstract

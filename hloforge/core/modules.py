@@ -358,10 +358,10 @@ def layers_forward_module(layers: Sequence[Layer], in_shape: Shape, batch: int, 
     return b.module([emit_layers(b, walk, x, params, train=True, masks=masks)[0]])
 
 
-def loss_module(loss: Loss, out_shape: Shape, batch: int, *, dtype: str = "f32") -> str:
+def loss_module(loss: Loss, out_shape: Shape, batch: int, *, dtype: str = "f32", target: str | None = None) -> str:
     """Probe `@main(logits, y) -> (loss, ∂loss/∂logits)`."""
     y_shape, y_dtype = label_type(loss, out_shape, dtype)
-    b = Builder(dtype, f"probe_{loss.name}")
+    b = Builder(dtype, f"probe_{loss.name}", target)
     logits = b.arg((batch, *out_shape))
     y = b.arg((batch, *y_shape), y_dtype)
     lv = loss.forward(b, logits, y)

@@ -39,6 +39,7 @@ from typing import Any, ClassVar
 import attrs
 import numpy as np
 
+from hloforge.core import strategy
 from hloforge.core.errors import UnsupportedSpec
 from hloforge.core.hlo import Builder, Value
 from hloforge.core.hookspecs import hookimpl
@@ -50,6 +51,16 @@ FOCAL_EPS = 1e-12  # (1 − p_t) floor before the log of the focal weight
 BOX = 5  # x, y, w, h, confidence / objectness
 
 Anchor = tuple[float, float]
+
+# Σ v·mask of v [B, C, H, W] and a per-cell mask [B, 1, H, W] (the class terms of the YOLO losses).
+# iree-compile 3.13 (llvm-cpu) rejects a whole-tensor sum of a product with a broadcast operand —
+# even Σ a·broadcast(v) of a [3, 4] and v [4] fails with "'vector.contract' op invalid
+# accumulator/result vector shape" — so on IREE the channels are summed first, then the masked cells:
+# the same sum in another order (XLA keeps the one-sum form, its render unchanged).
+MASKED_SUM = strategy.declare("maskedSum", ("broadcast", "channelsFirst"),
+                              {"xla": "broadcast", "iree": "channelsFirst"},
+                              "a per-cell mask's sum over [B, C, H, W]: the mask broadcast over the channels and "
+                              "one sum, or the channels summed first and the masked cells then")
 
 
 def _anchors(v: Any) -> tuple[Anchor, ...]:
@@ -158,6 +169,15 @@ def diou_loss(b: Builder, pred: Value, tgt: Value, mask: Value, anchor: Anchor =
     return b.custom_vjp(fwd, bwd, pred)[0]
 
 
+def masked_sum(b: Builder, v: Value, mask: Value) -> Value:
+    """Σ v·mask of v [B, C, H, W] and the per-cell mask [B, 1, H, W] (data: no cotangent), in the
+    target's `maskedSum` form."""
+    if strategy.chosen(MASKED_SUM.name, b.target) == "channelsFirst":
+        n, _, h, w = v.shape
+        return b.sum(b.sum(v, [1]) * b.stop_gradient(b.reshape(mask, (n, h, w))))
+    return b.sum(v * b.stop_gradient(b.broadcast_to(mask, v.shape, [0, 1, 2, 3])))
+
+
 def _log_softmax_channels(b: Builder, z: Value) -> Value:
     """log softmax over axis 1 of [B, C, H, W], shifted by the (gradient-free) channel max."""
     keep = [0, 2, 3]
@@ -191,7 +211,7 @@ def anchor_yolo_loss(b: Builder, pred: Value, tgt: Value, anchors: Sequence[Anch
         obj = b.sum(weight * bce)
         ce = b.negate(channels(b, tgt, base + 5, base + per) * _log_softmax_channels(b, channels(b, pred, base + 5,
                                                                                                    base + per)))
-        cls = b.sum(ce * b.stop_gradient(b.broadcast_to(obj_t, ce.shape, [0, 1, 2, 3])))
+        cls = masked_sum(b, ce, obj_t)
         term = box * lambda_box + obj + cls
         total = term if total is None else total + term
     assert total is not None
@@ -295,6 +315,7 @@ class DiouLoss(Loss):
 class Yolov1Loss(Loss):
     name = "yolov1"
     label_kind: ClassVar[str] = "boxes"
+    strategy_kinds = (MASKED_SUM.name,)
     boxes: int = 2
     lambda_coord: float = 5.0
     lambda_noobj: float = 0.5
@@ -329,7 +350,7 @@ class Yolov1Loss(Loss):
             terms += [b.sum(r * d_xy) * self.lambda_coord, b.sum(r * d_wh) * self.lambda_coord,
                       b.sum(r * (conf - 1.0) * (conf - 1.0)), b.sum((1.0 - r) * conf * conf) * self.lambda_noobj]
         dc = channels(b, logits, BOX * self.boxes, per) - channels(b, y, BOX * self.boxes, per)
-        terms.append(b.sum(dc * dc * b.stop_gradient(b.broadcast_to(mask, dc.shape, [0, 1, 2, 3]))))
+        terms.append(masked_sum(b, dc * dc, mask))
         total = terms[0]
         for t_ in terms[1:]:
             total = total + t_
@@ -374,6 +395,7 @@ class AnchorYoloLoss(Loss):
 
     name = "anchorYolo"
     label_kind: ClassVar[str] = "boxes"
+    strategy_kinds = (MASKED_SUM.name,)
     anchors: tuple[Anchor, ...] = attrs.field(default=((0.25, 0.25),), converter=_anchors)
     gamma: float = 2.0
     lambda_box: float = 5.0
@@ -458,6 +480,7 @@ class MultiScaleYoloLoss(Loss):
 
     name = "fpnYolo"
     label_kind: ClassVar[str] = "boxes"
+    strategy_kinds = (MASKED_SUM.name,)
     gamma: float = 2.0
     lambda_box: float = 5.0
     lambda_noobj: float = 0.5
@@ -502,9 +525,10 @@ class MultiScaleYoloLoss(Loss):
 
     @classmethod
     def gate_cases(cls) -> list[tuple[Loss, Shape]]:
-        # g5 = 1: P3 4×4, P4 2×2, P5 1×1 = 21 cells; one anchor of one class (6 channels).
-        # γ = 0 as in seed 001's whole-detector probe; anchorYolo's case runs the focal weight.
-        return [(cls(gamma=0.0), (21, 1, 6))]
+        # g5 = 1: P3 4×4, P4 2×2, P5 1×1 = 21 cells; one anchor of two classes (7 channels: with one
+        # class the class term is 0 whatever the form). γ = 0 as in seed 001's whole-detector probe;
+        # anchorYolo's case runs the focal weight.
+        return [(cls(gamma=0.0), (21, 1, 7))]
 
 
 @hookimpl

@@ -321,7 +321,7 @@ class GateCase:
     distribution: str
     mode: str = "train"  # a layer with stat slots also gets an "eval" case (running statistics in)
     wrappers: Wrappers | None = None  # an optimizer case run inside these wrappers (EMA, accumulation, clip)
-    # a layer case rendered with these lowering strategies forced (core/strategy.py), ((kind, choice), …)
+    # a layer or loss case rendered with these lowering strategies forced (core/strategy.py), ((kind, choice), …)
     strategy: tuple[tuple[str, str], ...] = ()
 
     @property
@@ -343,7 +343,12 @@ class GateCase:
             tag = " ".join(f"{k}={c}" for k, c in self.strategy)
             return attrs.evolve(res, case=f"[{tag}] {res.case}"[:44])
         if self.kind == "loss":
-            return gate_loss(self.obj, self.shape)
+            with strategy.forced(dict(self.strategy)):
+                res = gate_loss(self.obj, self.shape)
+            if not self.strategy:
+                return res
+            tag = " ".join(f"{k}={c}" for k, c in self.strategy)
+            return attrs.evolve(res, case=f"[{tag}] {res.case}"[:44])
         return gate_optimizer(self.obj, wrappers=self.wrappers)
 
 
@@ -384,7 +389,10 @@ def gate_cases(registry: Any = None, names: Sequence[str] | None = None) -> list
                         out.append(GateCase(e.kind, e.name, obj, tuple(shape), e.distribution, "eval",
                                             strategy=forced))
         elif e.kind == "loss":
-            out += [GateCase(e.kind, e.name, obj, tuple(shape), e.distribution) for obj, shape in e.obj.gate_cases()]
+            # each case in the portable form, then once per other choice of each kind the loss consults
+            for obj, shape in e.obj.gate_cases():
+                forcings = [()] + [((k, c),) for k in obj.strategy_kinds for c in strategy.kind(k).choices[1:]]
+                out += [GateCase(e.kind, e.name, obj, tuple(shape), e.distribution, strategy=f) for f in forcings]
         elif e.kind == "optimizer":
             cases = e.obj.gate_cases()
             out += [GateCase(e.kind, e.name, opt, (), e.distribution) for opt in cases]
