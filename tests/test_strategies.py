@@ -97,7 +97,7 @@ def test_xla_renders_what_it_always_rendered() -> None:
     """The target reaches a render only through the strategy kinds: with every kind whose XLA
     default is not its portable form forced to that form (max pools among them, pool.py; the
     update in the backward sweep), a net renders for XLA exactly what it renders for no target."""
-    portable = {k.name: k.choices[0] for k in strategy.KINDS.values() if k.default("xla") != k.choices[0]}
+    portable = {k.name: k.choices[0] for k in strategy.kinds().values() if k.default("xla") != k.choices[0]}
     assert "maxPool" in portable
     assert _step_text(SMALL, "xla", portable) == _step_text(SMALL, None)
     assert _step_text(SMALL, "xla") != _step_text(SMALL, None)
@@ -112,7 +112,7 @@ def test_a_plan_of_the_defaults_renders_what_no_plan_renders(target: str) -> Non
     may consult renders byte for byte what the untuned render gives."""
     for spec in (SMALL, MOBILE):
         plain, plain_eval = _step_text(spec, target), forward_module(spec, 4, eval_mode=True, target=target)
-        kinds = [k for k in strategy.KINDS.values() if k.per_layer]
+        kinds = [k for k in strategy.kinds().values() if k.per_layer]
         plan = {(ls.layer, ls.in_shape): {k.name: k.default(target) for k in kinds} for ls in spec.walk()}
         with strategy.tuned(plan):
             assert _step_text(spec, target) == plain
