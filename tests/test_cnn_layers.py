@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hloforge.core.cam import cam_module, feature_layer, gradcam, save_overlay
+from hloforge.core.cam import cam_module, feature_layer
 from hloforge.core.errors import UnsupportedSpec
 from hloforge.core.hlo import Builder
 from hloforge.core.modules import forward_module, train_step_module
@@ -22,6 +22,7 @@ from hloforge.plugins.layers.norm import BatchNorm, ConvBn
 from hloforge.plugins.layers.pool import GlobalAvgPool
 from hloforge.plugins.layers.residual import BottleneckStage, ResidualStage
 from hloforge.testing import gate_cases
+from hloforge.train.cam import gradcam, save_overlay
 
 jax = pytest.importorskip("jax")
 

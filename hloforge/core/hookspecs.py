@@ -58,7 +58,8 @@ def hloforge_backends() -> list[type]:
     A class has `name` (what `--backend` / $HLOFORGE_BACKEND select) and is made with
     no arguments; it may declare `strategy_defaults`, a mapping strategy kind -> choice (see
     `hloforge_strategy_kinds`): then it is a render target, its modules rendered with those
-    choices (a kind it does not name in its portable form), else every module it gets is portable; an instance has `backend_name()` (what is really loaded),
+    choices (a kind it does not name in its portable form), else every module it gets is
+    portable; an instance has `backend_name()` (what is really loaded),
     `compile(mlir_text, num_replicas=1)`, `to_device(array)`, `to_host(buffer)` and
     `execute(exe, args, keep=())`. It refuses arguments of the wrong dtype or shape
     before running, consumes donated inputs unless kept, and raises BackendError for

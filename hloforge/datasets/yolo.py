@@ -10,7 +10,7 @@ On disk, `DIR/train.bin` and `DIR/test.bin`: a u32 little-endian record count, t
 
 (S = 224, g = 7, 30 channels: 157,728 bytes per record; the geometry is the dataset's options
 and the loader checks the file length against it before reading). The target is
-`hloforge.train.detection.encode_yolov1` of the boxes, the same encoding a trained YOLOv1
+`hloforge.losses.detection.encode_yolov1` of the boxes, the same encoding a trained YOLOv1
 head's labels use.
 
 `prepare_yolo(src, out)` reads the layout YOLO tools use (Ultralytics / converted VOC and
@@ -134,7 +134,7 @@ def read_label_file(path: str, classes: int) -> np.ndarray:
 def _records(src: str, split: str, size: int, grid: int, boxes: int, classes: int) -> Iterator[bytes]:
     from PIL import Image
 
-    from hloforge.train.detection import encode_yolov1
+    from hloforge.losses.detection import encode_yolov1
 
     image_dir = os.path.join(src, "images", split)
     label_dir = os.path.join(src, "labels", split)

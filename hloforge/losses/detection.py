@@ -49,6 +49,27 @@ SQRT_EPS = 1e-6  # YOLOv1's √ floor on the box-size terms
 FOCAL_EPS = 1e-12  # (1 − p_t) floor before the log of the focal weight
 BOX = 5  # x, y, w, h, confidence / objectness
 
+
+# ------------------------------------------------------------------ target encoding (host, numpy)
+def centre_cell(box: np.ndarray, size: int, grid: int) -> tuple[int, int, float, float, float, float]:
+    """(i, j, x offset, y offset, w rel, h rel) of a pixel box (x0, y0, x1, y1) on a grid."""
+    x0, y0, x1, y1 = (float(v) for v in box)
+    cx, cy = (x0 + x1) / 2 / size, (y0 + y1) / 2 / size
+    j, i = min(int(cx * grid), grid - 1), min(int(cy * grid), grid - 1)
+    return i, j, cx * grid - j, cy * grid - i, (x1 - x0) / size, (y1 - y0) / size
+
+
+def encode_yolov1(t: np.ndarray, cls: int, xyxy: np.ndarray, image_size: int, boxes: int) -> None:
+    """Write one box into a YOLOv1 target [boxes·5 + classes + 1, g, g] (the mask last), in place:
+    box slot 0 of the cell holding its centre, which it takes over whole."""
+    per, g = t.shape[0] - 1, t.shape[1]
+    i, j, ox, oy, w, h = centre_cell(xyxy, image_size, g)
+    t[:, i, j] = 0.0
+    t[0:BOX, i, j] = (ox, oy, w, h, 1.0)
+    t[BOX * boxes + cls, i, j] = 1.0
+    t[per, i, j] = 1.0
+
+
 Anchor = tuple[float, float]
 
 
