@@ -34,7 +34,7 @@ import numpy as np
 
 from hloforge.core.errors import DataError
 from hloforge.core.hookspecs import hookimpl
-from hloforge.datasets.records import check_counted_records, map_records
+from hloforge.datasets.records import check_counted_records, map_records, write_counted
 
 MAX_BOXES = 56
 BOX_ROW = struct.Struct("<iffff")
@@ -170,8 +170,6 @@ def _records(src: str, split: str, size: int, grid: int, boxes: int, classes: in
 
 def prepare_yolo(src: str, out: str, size: int = 224, grid: int = 7, boxes: int = 2,
                  classes: int = 20) -> dict[str, object]:
-    from hloforge.datasets.prepare import write_counted
-
     os.makedirs(out, exist_ok=True)
     record = record_size(size, grid, 5 * boxes + classes)
     counts = {}
