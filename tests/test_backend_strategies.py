@@ -64,7 +64,7 @@ def test_the_builtin_targets_come_from_the_backends() -> None:
 
 def test_a_toy_backend_declares_its_own_choice_and_gets_it() -> None:
     reg = Registry(extra_plugins=((_plugin("toy_backend", ToyBackend, Portable), "toy-dist"),))
-    assert not reg.broken
+    assert not [b for b in reg.broken if b.distribution == "toy-dist"]
     with strategy.using(reg):
         assert strategy.chosen("convGrad", "toy") == "written"
         assert strategy.chosen("convGrad", "xla") == "chunked" and strategy.chosen("layout", "toy") == "nhwc"
