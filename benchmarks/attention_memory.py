@@ -45,7 +45,7 @@ def child(mode: str, n: int) -> dict[str, Any]:
     from hloforge.backends.xla import default_client
     from hloforge.core import autodiff
     from hloforge.core.hlo import Builder
-    from hloforge.plugins.layers.attention import flash_attention, flash_block, sdpa_dense
+    from hloforge.lowering.attention import flash_attention, flash_block, sdpa_dense
 
     shape = (1, HEADS, n, DH)
     b = Builder("f32", f"{mode}_attention")

@@ -102,7 +102,7 @@ def step_runner(backend: Any, net: str, choice: dict[str, str]) -> Callable[[], 
 
 def main(argv: Sequence[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--backend", default="xla", choices=strategy.TARGETS)
+    p.add_argument("--backend", default="xla", choices=list(strategy.targets()))
     p.add_argument("--what", default="layers", choices=("layers", "steps"))
     p.add_argument("--nets", default="mnist-cnn,resnet-mini")
     p.add_argument("--rounds", type=int, default=20)

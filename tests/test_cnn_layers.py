@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hloforge.core.cam import cam_module, feature_layer, gradcam, save_overlay
+from hloforge.commands.cam import gradcam, save_overlay
+from hloforge.core.cam import cam_module, feature_layer
 from hloforge.core.errors import UnsupportedSpec
 from hloforge.core.hlo import Builder
 from hloforge.core.modules import forward_module, train_step_module

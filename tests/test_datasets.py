@@ -10,7 +10,8 @@ import pytest
 
 from hloforge.core.errors import DataError
 from hloforge.core.registry import default_registry
-from hloforge.datasets.digits import N_TRAIN, Digits, bilinear_matrix
+from hloforge.core.resample import bilinear_matrix
+from hloforge.datasets.digits import N_TRAIN, Digits
 from hloforge.datasets.mnist import Mnist
 
 

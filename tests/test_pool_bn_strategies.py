@@ -24,8 +24,9 @@ from hloforge.core.hlo import Builder
 from hloforge.core.modules import train_step_module, vjp_module
 from hloforge.core.spec import Layer, NetSpec, Shape
 from hloforge.core.variant import Variant
+from hloforge.lowering.norm import normalize
 from hloforge.plugins.layers.dense import Dense, Flatten
-from hloforge.plugins.layers.norm import BatchNorm, ConvBn, normalize
+from hloforge.plugins.layers.norm import BatchNorm, ConvBn
 from hloforge.plugins.layers.pool import MaxPool
 from hloforge.testing.gate import HEADER, GateCase, gate_cases
 

@@ -97,7 +97,7 @@ def test_xla_renders_what_it_always_rendered() -> None:
     """The target reaches a render only through the strategy kinds: with every kind whose XLA
     default is not its portable form forced to that form (max pools among them, pool.py; the
     update in the backward sweep), a net renders for XLA exactly what it renders for no target."""
-    portable = {k.name: k.choices[0] for k in strategy.KINDS.values() if k.default("xla") != k.choices[0]}
+    portable = {k.name: k.choices[0] for k in strategy.kinds().values() if k.default("xla") != k.choices[0]}
     assert "maxPool" in portable
     assert _step_text(SMALL, "xla", portable) == _step_text(SMALL, None)
     assert _step_text(SMALL, "xla") != _step_text(SMALL, None)
@@ -112,7 +112,7 @@ def test_a_plan_of_the_defaults_renders_what_no_plan_renders(target: str) -> Non
     may consult renders byte for byte what the untuned render gives."""
     for spec in (SMALL, MOBILE):
         plain, plain_eval = _step_text(spec, target), forward_module(spec, 4, eval_mode=True, target=target)
-        kinds = [k for k in strategy.KINDS.values() if k.per_layer]
+        kinds = [k for k in strategy.kinds().values() if k.per_layer]
         plan = {(ls.layer, ls.in_shape): {k.name: k.default(target) for k in kinds} for ls in spec.walk()}
         with strategy.tuned(plan):
             assert _step_text(spec, target) == plain
@@ -265,7 +265,7 @@ def chunk_everything(monkeypatch: pytest.MonkeyPatch) -> None:
     """convGrad=chunked splits ∂w only on images of ≥ 14² pixels, into chunks sized to the cache;
     the gate's cases (batch 2, a few pixels) take the chunked path only with the thresholds
     lowered: chunks of one."""
-    from hloforge.plugins.layers import conv
+    from hloforge.lowering import conv
 
     monkeypatch.setattr(conv, "DW_CHUNK_BYTES", 1)
     monkeypatch.setattr(conv, "DW_CHUNK_MIN_PIXELS", 1)
@@ -288,7 +288,7 @@ def test_flipped_data_input_gradient_is_gated_and_a_broken_one_turns_it_red(
     """Where a stride-1 conv's kernel outweighs its activations, the chunked form (XLA's) takes ∂x
     on flipped ḡ with an unflipped kernel. Its gate case (asymmetric padding) passes as XLA renders
     it, and leaving out the final flip turns it red."""
-    from hloforge.plugins.layers import conv
+    from hloforge.lowering import conv
 
     assert conv.flips_data_for_dx((32, 4, 4, 512), (3, 3, 512, 512), 1, 1)  # resnet18-cifar's last stage
     assert not conv.flips_data_for_dx((32, 32, 32, 64), (3, 3, 64, 64), 1, 1)  # ... and its first
@@ -312,7 +312,7 @@ def test_im2col_gemm_conv_is_gated_and_a_broken_one_turns_it_red(monkeypatch: py
     """Where a conv's kernel is at least twice its input, the chunked form (XLA's) runs it as one
     im2col GEMM with autodiff's backward. Its gate case (stride 2, padding (0, 1)) renders no
     convolution and passes as XLA renders it; taps laid out against the kernel's order turn it red."""
-    from hloforge.plugins.layers import conv
+    from hloforge.lowering import conv
 
     assert conv.gemm_outruns_conv((32, 4, 4, 512), (3, 3, 512, 512), 1)  # resnet18-cifar's last stage
     assert conv.gemm_outruns_conv((32, 8, 8, 256), (3, 3, 256, 512), 1)  # ... and the stride-2 conv into it
@@ -411,7 +411,7 @@ def test_closed_form_attention_backward_is_gated_and_a_broken_one_turns_it_red()
 
 
 def test_chunked_kernel_gradient_sizes_its_chunks_to_the_cache() -> None:
-    from hloforge.plugins.layers.conv import DW_CHUNK_BYTES, dw_chunk
+    from hloforge.lowering.conv import DW_CHUNK_BYTES, dw_chunk
 
     # (x, ḡ) NHWC -> examples per chunk: the largest power of two whose x and ḡ fit in 1 MiB
     assert dw_chunk((32, 32, 32, 64), (32, 32, 32, 64), "f32") == 2  # resnet18-cifar's first stage

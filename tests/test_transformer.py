@@ -14,15 +14,8 @@ from hloforge.core import autodiff
 from hloforge.core.errors import DataError, UnsupportedSpec
 from hloforge.core.hlo import Builder
 from hloforge.core.spec import NetSpec, walk_layers
-from hloforge.plugins.layers.attention import (
-    MultiHeadSelfAttention,
-    apply_rope,
-    flash_attention,
-    flash_block,
-    ref_attention,
-    ref_rope,
-    sdpa_dense,
-)
+from hloforge.lowering.attention import flash_attention, flash_block, sdpa_dense
+from hloforge.plugins.layers.attention import MultiHeadSelfAttention, apply_rope, ref_attention, ref_rope
 from hloforge.plugins.layers.tokens import embed_rows
 from hloforge.plugins.layers.transformer import PatchEmbed, TransformerBlock
 from hloforge.zoo import get_net

@@ -35,6 +35,17 @@ def hloforge_layers() -> list[type]:
 
 
 @hookspec
+def hloforge_strategy_kinds() -> list[Any]:
+    """Return the lowering strategy kinds this layer plugin's forms consult.
+
+    Each is a `hloforge.core.strategy.StrategyKind`: a unique `name`, its named `choices` (the
+    first the portable form, what a module rendered for no target gets) and a `doc`. A layer
+    lists the kinds it consults in `strategy_kinds`; each backend picks its choice of a kind in
+    its class's `strategy_defaults`, and the gate runs the layer's cases once per choice.
+    """
+
+
+@hookspec
 def hloforge_losses() -> list[type]:
     """Return the loss classes this plugin provides (subclasses of `hloforge.core.contracts.Loss`)."""
 
@@ -49,7 +60,10 @@ def hloforge_backends() -> list[type]:
     """Return backend classes, each satisfying `hloforge.core.contracts.Backend`.
 
     A class has `name` (what `--backend` / $HLOFORGE_BACKEND select) and is made with
-    no arguments; an instance has `backend_name()` (what is really loaded),
+    no arguments; it may declare `strategy_defaults`, a mapping strategy kind -> choice (see
+    `hloforge_strategy_kinds`): then it is a render target, its modules rendered with those
+    choices (a kind it does not name in its portable form), else every module it gets is
+    portable; an instance has `backend_name()` (what is really loaded),
     `compile(mlir_text, num_replicas=1)`, `to_device(array)`, `to_host(buffer)` and
     `execute(exe, args, keep=())`. It refuses arguments of the wrong dtype or shape
     before running, consumes donated inputs unless kept, and raises BackendError for

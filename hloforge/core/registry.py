@@ -31,6 +31,8 @@ KINDS: dict[str, tuple[str, str, str]] = {
     "optimizer": ("hloforge.optimizers", "hloforge_optimizers", "name"),
     "backend": ("hloforge.backends", "hloforge_backends", "name"),
     "dataset": ("hloforge.datasets", "hloforge_datasets", "name"),
+    # the lowering strategy kinds a layer (or loss) plugin's forms consult (core/strategy.py)
+    "strategy": ("hloforge.layers", "hloforge_strategy_kinds", "name"),
 }
 
 
@@ -75,7 +77,7 @@ class Registry:
             self.pm.add_hookcall_monitoring(_trace_before, _trace_after)
         self._dist: dict[str, str] = {}
         self.broken: list[BrokenPlugin] = []
-        for group, _, _ in (KINDS[kind] for kind in self.kinds):
+        for group in dict.fromkeys(KINDS[kind][0] for kind in self.kinds):  # each group once
             for ep in entry_points(group=group):
                 dist = ep.dist.name if ep.dist is not None else "?"
                 name = f"{dist}:{group}:{ep.name}"

@@ -4,9 +4,17 @@ A layer's math is fixed; its *form* is not. The same convolution can be an NCHW 
 the backward autodiff derives, or an NHWC conv whose backward is written out (∂x as a
 forward-style conv with the flipped kernel, ∂w as k² shifted dot_generals) — equal to
 rounding, but one lowerer runs the first 10× faster and another the second (DESIGN.md, "The
-builder and the backward"). So a layer consults a *strategy kind* ("conv2d", "maxPool", …),
-declared here with its named choices and a default per target; the builder knows its target
-(`Builder.target`) and the layer asks `chosen(kind, b.target)`.
+builder and the backward"). So a layer consults a *strategy kind* ("conv2d", "maxPool", …) with
+named choices; the builder knows its target (`Builder.target`) and the layer asks
+`chosen(kind, b.target)`.
+
+Who declares what: a kind is a `StrategyKind` (its choices, the first the portable form); the
+core's net-wide kinds are `CORE_KINDS` here, a layer plugin's come from its
+`hloforge_strategy_kinds` hook (their forms live in hloforge/lowering/). A *target* is a
+registered backend that declares `strategy_defaults` (kind -> choice) on its class: the target's
+name is the backend's `name`, and a kind it does not name renders in its portable form. So the
+core names no backend, and a third-party backend states its own choices. Kinds and targets are
+read from `default_registry()`, or from the registry a `using` block names.
 
 Every choice is gated like any other backward: the gate runs each layer case once per
 choice of each kind the layer consults (`Layer.strategy_kinds`), under `forced`.
@@ -29,27 +37,26 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
+import weakref
 from collections.abc import Hashable, Iterator, Mapping
 
 import attrs
 
-from hloforge.core.errors import UnsupportedSpec
+from hloforge.core.errors import PluginError, UnsupportedSpec
 from hloforge.core.hlo import Builder, Value
+from hloforge.core.registry import Registry, default_registry
 
 ENV_VAR = "HLOFORGE_STRATEGY"
-# The backends a module is rendered for (their registered names); None renders the portable
-# form: every kind's first choice.
-TARGETS = ("xla", "iree")
 
 
 @attrs.frozen
 class StrategyKind:
     """One decision a layer makes at render time: its named choices (the first is the portable
-    form, what a module rendered for no target gets) and the choice per target."""
+    form, what a module rendered for no target gets). Each target's choice is the backend's
+    (`strategy_defaults` on its class)."""
 
     name: str
     choices: tuple[str, ...]
-    defaults: Mapping[str, str] = attrs.field(factory=dict)
     doc: str = ""
     # False: consulted once per net, outside any layer (the activation layout), so not tuned per layer
     per_layer: bool = True
@@ -57,16 +64,73 @@ class StrategyKind:
     def __attrs_post_init__(self) -> None:
         if not self.choices:
             raise UnsupportedSpec(f"strategy kind {self.name!r} has no choices")
-        bad = {t: c for t, c in self.defaults.items() if c not in self.choices or t not in TARGETS}
-        if bad:
-            raise UnsupportedSpec(f"strategy kind {self.name!r}: defaults {bad} name an unknown target or choice; "
-                                  f"targets {list(TARGETS)}, choices {list(self.choices)}")
 
     def default(self, target: str | None) -> str:
-        return self.defaults.get(target, self.choices[0]) if target is not None else self.choices[0]
+        """The choice a module rendered for `target` gets when nothing overrides it."""
+        return targets().get(target, {}).get(self.name, self.choices[0]) if target is not None else self.choices[0]
 
 
-KINDS: dict[str, StrategyKind] = {}
+@attrs.frozen
+class _Table:
+    kinds: Mapping[str, StrategyKind]
+    targets: Mapping[str, Mapping[str, str]]
+
+
+_registry: contextvars.ContextVar[Registry | None] = contextvars.ContextVar("hloforge_strategy_registry",
+                                                                            default=None)
+_tables: weakref.WeakKeyDictionary[Registry, _Table] = weakref.WeakKeyDictionary()
+
+
+def _table() -> _Table:
+    """The kinds and targets of the registry in use (read once per registry)."""
+    reg = _registry.get() or default_registry()
+    table = _tables.get(reg)
+    if table is None:
+        table = _tables[reg] = _read(reg)
+    return table
+
+
+def _read(reg: Registry) -> _Table:
+    kinds = {k.name: k for k in CORE_KINDS}
+    for name in reg.names("strategy"):
+        e = reg.entry("strategy", name)
+        if name in kinds:
+            raise PluginError(f"strategy kind {name!r} of {e.distribution!r} ({e.plugin}) is one of the core's")
+        kinds[name] = e.obj
+    found: dict[str, Mapping[str, str]] = {}
+    for name in reg.names("backend"):
+        e = reg.entry("backend", name)
+        defaults = getattr(e.obj, "strategy_defaults", None)
+        if defaults is None:
+            continue  # not a render target: it gets the portable forms
+        bad = {k: c for k, c in defaults.items() if k not in kinds or c not in kinds[k].choices}
+        if bad:
+            raise PluginError(f"backend {name!r} ({e.distribution}): strategy_defaults {bad} name an unknown kind "
+                              f"or choice; kinds: " + ", ".join(f"{k} {list(v.choices)}" for k, v in kinds.items()))
+        found[name] = dict(defaults)
+    return _Table(kinds, found)
+
+
+@contextlib.contextmanager
+def using(registry: Registry) -> Iterator[None]:
+    """Read the strategy kinds and targets from `registry` inside the block (a test's own plugins)."""
+    token = _registry.set(registry)
+    try:
+        yield
+    finally:
+        _registry.reset(token)
+
+
+def kinds() -> Mapping[str, StrategyKind]:
+    """Every strategy kind: the core's, then the layer plugins' (name -> kind)."""
+    return _table().kinds
+
+
+def targets() -> Mapping[str, Mapping[str, str]]:
+    """The render targets: each backend that declares `strategy_defaults`, by name, with them."""
+    return _table().targets
+
+
 _forced: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar("hloforge_strategy", default=None)
 # A layer as a plan names it: the (frozen, hashable) layer instance and its input shape without the batch.
 LayerKey = tuple[Hashable, tuple[int, ...]]
@@ -79,21 +143,11 @@ _consulted: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar("hl
                                                                              default=None)
 
 
-def declare(name: str, choices: tuple[str, ...], defaults: Mapping[str, str] | None = None,
-            doc: str = "", *, per_layer: bool = True) -> StrategyKind:
-    """Declare a strategy kind (once, where the layer that consults it is defined)."""
-    kind = StrategyKind(name, tuple(choices), dict(defaults or {}), doc, per_layer)
-    if name in KINDS and KINDS[name] != kind:
-        raise UnsupportedSpec(f"strategy kind {name!r} is declared twice, differently")
-    KINDS[name] = kind
-    return kind
-
-
 def kind(name: str) -> StrategyKind:
     try:
-        return KINDS[name]
+        return kinds()[name]
     except KeyError:
-        raise UnsupportedSpec(f"unknown strategy kind {name!r}; declared: {sorted(KINDS)}") from None
+        raise UnsupportedSpec(f"unknown strategy kind {name!r}; declared: {sorted(kinds())}") from None
 
 
 def _check(choices: Mapping[str, str], where: str) -> dict[str, str]:
@@ -205,54 +259,38 @@ def consulted() -> Iterator[set[str]]:
 
 def table() -> list[tuple[str, str, dict[str, str]]]:
     """(kind, its choices joined, the choice per target) for every declared kind: what a report prints."""
-    return [(k.name, ", ".join(k.choices), {t: k.default(t) for t in TARGETS}) for k in KINDS.values()]
+    return [(k.name, ", ".join(k.choices), {t: k.default(t) for t in targets()}) for k in kinds().values()]
 
 
 def target_of(backend: object) -> str | None:
-    """The render target of a backend instance: its registered name when strategies know it
-    ("xla", "iree"), else None (the portable form)."""
+    """The render target of a backend instance: its name when its class declares strategy
+    defaults (`targets`), else None (the portable form)."""
     name = getattr(backend, "name", None)
-    return name if name in TARGETS else None
+    return name if name in targets() else None
 
 
-# ----------------------------------------------------------------- the activation layout
-LAYOUT = declare("layout", ("nchw", "nhwc"), {"xla": "nhwc", "iree": "nhwc"},
-                 "image activations between layers: NCHW throughout, or NHWC through every run of "
-                 "layers that supports it (one transpose at each end of the run)", per_layer=False)
-# ----------------------------------------------------------------- the train step's update
-# XLA's CPU compiler removes optimization barriers early in its pipeline (none is left in the
-# optimized HLO), so on XLA `in_backward` is only the order of the emitted ops: mnist-mlp 1.70 vs
-# 1.70 ms, mnist-cnn 78.1 vs 79.7 (interleaved in one process). A real data dependency in its place
-# (the update reading an element of each later cotangent) removed XLA's copies of the donated θ but
-# serialised the step: mnist-mlp 2.14 vs 1.54 ms, mnist-cnn 83 vs 76, resnet18-cifar 508–528 vs 503.
-UPDATE = declare("update", ("after_backward", "in_backward"), {"xla": "in_backward", "iree": "after_backward"},
-                 "the optimizer update after the whole backward, or each parameter's update the moment its "
-                 "gradient is final, sequenced before the rest of the backward by an optimization barrier "
-                 "(the same math; the gradient is used while hot; not with clipping or data parallel; "
-                 "XLA's CPU compiler drops the barrier)",
-                 per_layer=False)
-
-# ----------------------------------------------------------------- the carried parameters
-# An NHWC conv takes its kernel HWIO. Carried OIHW, every step transposed each conv kernel in (for
-# the forward and ∂x) and its gradient out (XLA fused that transpose into the optimizer update,
-# 3–4 ms per 512×512×3×3 kernel); carried HWIO, the transposes cancel. Whole steps on XLA (the same
-# inputs, interleaved in one process): resnet18-cifar 372 vs 414 ms, mobilenetv2-mini 95 vs 102,
-# mnist-cnn 57 vs 58; on IREE (sessions, alternating processes): mobilenetv2-mini 96 vs 128–130,
-# resnet18-cifar 588 vs 652, mnist-cnn 80.5 vs 85.4, vit-cifar 148 vs 149.
-PARAM_LAYOUT = declare("paramLayout", ("public", "hwio"), {"xla": "hwio", "iree": "hwio"},
-                       "how the compiled steps carry each 4-D parameter (a conv kernel, declared OIHW): as "
-                       "declared, or stored HWIO (axes 2, 3, 1, 0), the NHWC conv's own kernel layout; the "
-                       "host (init, checkpoints, read_params) always sees the declared layout",
-                       per_layer=False)
-
-# ----------------------------------------------------------------- the backward's broadcast sums
-# The transpose of a broadcast is a sum: every bias's, LayerNorm γ/β's and scale's gradient. Blocked
-# (Builder.blocked_sum) where an axis is over 32, XLA hands it to YNNPACK instead of its own
-# reduce-window loop: vit-cifar (batch 64, 65 tokens) 113.5 vs 119.2 and 124.4 vs 129.1 ms a step,
-# mnist-cnn 53.5 vs 54.0, mnist-mlp 1.56 vs 1.56 and 1.62 vs 1.62 (interleaved, both orders).
-SUMS = declare("sums", ("plain", "blocked"), {"xla": "blocked", "iree": "plain"},
-               "the sums autodiff takes for a broadcast's gradient (a bias's, a norm's γ/β): one reduce, or "
-               "within blocks of at most 32 along each long axis first", per_layer=False)
+# ----------------------------------------------------------------- the core's kinds (net-wide)
+# Why each backend picks what it does, with the measurements: benchmarks/NOTES.md.
+LAYOUT = StrategyKind("layout", ("nchw", "nhwc"),
+                      "image activations between layers: NCHW throughout, or NHWC through every run of "
+                      "layers that supports it (one transpose at each end of the run)", per_layer=False)
+UPDATE = StrategyKind("update", ("after_backward", "in_backward"),
+                      "the optimizer update after the whole backward, or each parameter's update the moment its "
+                      "gradient is final, sequenced before the rest of the backward by an optimization barrier "
+                      "(the same math; the gradient is used while hot; not with clipping or data parallel; "
+                      "XLA's CPU compiler drops the barrier)",
+                      per_layer=False)
+# An NHWC conv takes its kernel HWIO: carried so, the per-step transposes of kernels and gradients cancel.
+PARAM_LAYOUT = StrategyKind("paramLayout", ("public", "hwio"),
+                            "how the compiled steps carry each 4-D parameter (a conv kernel, declared OIHW): as "
+                            "declared, or stored HWIO (axes 2, 3, 1, 0), the NHWC conv's own kernel layout; the "
+                            "host (init, checkpoints, read_params) always sees the declared layout",
+                            per_layer=False)
+# The transpose of a broadcast is a sum (every bias's, LayerNorm γ/β's and scale's gradient).
+SUMS = StrategyKind("sums", ("plain", "blocked"),
+                    "the sums autodiff takes for a broadcast's gradient (a bias's, a norm's γ/β): one reduce, or "
+                    "within blocks of at most 32 along each long axis first", per_layer=False)
+CORE_KINDS = (LAYOUT, UPDATE, PARAM_LAYOUT, SUMS)
 
 NCHW, NHWC = "NCHW", "NHWC"
 _TO = {(NCHW, NHWC): (0, 2, 3, 1), (NHWC, NCHW): (0, 3, 1, 2)}

@@ -14,21 +14,9 @@ import numpy as np
 from hloforge.core.contracts import Dataset
 from hloforge.core.errors import DataError
 from hloforge.core.hookspecs import hookimpl
+from hloforge.core.resample import bilinear_matrix
 
 N_TRAIN = 1437
-
-
-def bilinear_matrix(n_in: int, n_out: int) -> np.ndarray:
-    """[n_out, n_in] interpolation weights, half-pixel centres, edges clamped."""
-    m = np.zeros((n_out, n_in), np.float64)
-    for i in range(n_out):
-        src = min(max((i + 0.5) * n_in / n_out - 0.5, 0.0), n_in - 1.0)
-        lo = int(np.floor(src))
-        hi = min(lo + 1, n_in - 1)
-        frac = src - lo
-        m[i, lo] += 1.0 - frac
-        m[i, hi] += frac
-    return m
 
 
 class Digits(Dataset):

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import attrs
@@ -39,7 +39,7 @@ import numpy as np
 
 from hloforge.core.errors import DataError
 from hloforge.datasets import brats, imagenette, yolo
-from hloforge.datasets.records import COUNT_HEADER
+from hloforge.datasets.records import write_counted
 
 IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")
 
@@ -57,27 +57,6 @@ class Preparer:
     run: Callable[..., dict[str, Any]]  # run(src, out, **options) -> a summary; its "records" maps file -> count
     help: str
     options: tuple[Option, ...] = ()
-
-
-def write_counted(path: str, records: Iterable[bytes], record: int) -> int:
-    """A u32 LE count then the records, written to path.tmp and renamed over path; returns the count."""
-    tmp = path + ".tmp"
-    count = 0
-    try:
-        with open(tmp, "wb") as f:
-            f.write(COUNT_HEADER.pack(0))
-            for r in records:
-                if len(r) != record:
-                    raise DataError(f"{path}: record {count} is {len(r)} bytes, expected {record}")
-                f.write(r)
-                count += 1
-            f.seek(0)
-            f.write(COUNT_HEADER.pack(count))
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return count
 
 
 # ---------------------------------------------------------------------------------------- imagenette

@@ -17,6 +17,7 @@ from __future__ import annotations
 import abc
 import os
 import struct
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -25,6 +26,27 @@ from hloforge.core.errors import DataError
 from hloforge.datasets.augment import Transform, apply_all
 
 COUNT_HEADER = struct.Struct("<I")  # the u32 little-endian record count of the counted formats
+
+
+def write_counted(path: str, records: Iterable[bytes], record: int) -> int:
+    """A u32 LE count then the records, written to path.tmp and renamed over path; returns the count."""
+    tmp = path + ".tmp"
+    count = 0
+    try:
+        with open(tmp, "wb") as f:
+            f.write(COUNT_HEADER.pack(0))
+            for r in records:
+                if len(r) != record:
+                    raise DataError(f"{path}: record {count} is {len(r)} bytes, expected {record}")
+                f.write(r)
+                count += 1
+            f.seek(0)
+            f.write(COUNT_HEADER.pack(count))
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return count
 
 
 def file_size(path: str) -> int:

@@ -10,7 +10,7 @@ On disk, `DIR/train.bin` and `DIR/test.bin`: a u32 little-endian record count, t
 
 (S = 224, g = 7, 30 channels: 157,728 bytes per record; the geometry is the dataset's options
 and the loader checks the file length against it before reading). The target is
-`hloforge.train.detection.encode_yolov1` of the boxes, the same encoding a trained YOLOv1
+`hloforge.losses.detection.encode_yolov1` of the boxes, the same encoding a trained YOLOv1
 head's labels use.
 
 `prepare_yolo(src, out)` reads the layout YOLO tools use (Ultralytics / converted VOC and
@@ -35,7 +35,7 @@ import numpy as np
 from hloforge.core.contracts import Dataset
 from hloforge.core.errors import DataError
 from hloforge.core.hookspecs import hookimpl
-from hloforge.datasets.records import check_counted_records, map_records
+from hloforge.datasets.records import check_counted_records, map_records, write_counted
 
 MAX_BOXES = 56
 BOX_ROW = struct.Struct("<iffff")
@@ -135,7 +135,7 @@ def read_label_file(path: str, classes: int) -> np.ndarray:
 def _records(src: str, split: str, size: int, grid: int, boxes: int, classes: int) -> Iterator[bytes]:
     from PIL import Image
 
-    from hloforge.train.detection import encode_yolov1
+    from hloforge.losses.detection import encode_yolov1
 
     image_dir = os.path.join(src, "images", split)
     label_dir = os.path.join(src, "labels", split)
@@ -171,8 +171,6 @@ def _records(src: str, split: str, size: int, grid: int, boxes: int, classes: in
 
 def prepare_yolo(src: str, out: str, size: int = 224, grid: int = 7, boxes: int = 2,
                  classes: int = 20) -> dict[str, object]:
-    from hloforge.datasets.prepare import write_counted
-
     os.makedirs(out, exist_ok=True)
     record = record_size(size, grid, 5 * boxes + classes)
     counts = {}

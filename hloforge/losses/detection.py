@@ -50,6 +50,27 @@ SQRT_EPS = 1e-6  # YOLOv1's √ floor on the box-size terms
 FOCAL_EPS = 1e-12  # (1 − p_t) floor before the log of the focal weight
 BOX = 5  # x, y, w, h, confidence / objectness
 
+
+# ------------------------------------------------------------------ target encoding (host, numpy)
+def centre_cell(box: np.ndarray, size: int, grid: int) -> tuple[int, int, float, float, float, float]:
+    """(i, j, x offset, y offset, w rel, h rel) of a pixel box (x0, y0, x1, y1) on a grid."""
+    x0, y0, x1, y1 = (float(v) for v in box)
+    cx, cy = (x0 + x1) / 2 / size, (y0 + y1) / 2 / size
+    j, i = min(int(cx * grid), grid - 1), min(int(cy * grid), grid - 1)
+    return i, j, cx * grid - j, cy * grid - i, (x1 - x0) / size, (y1 - y0) / size
+
+
+def encode_yolov1(t: np.ndarray, cls: int, xyxy: np.ndarray, image_size: int, boxes: int) -> None:
+    """Write one box into a YOLOv1 target [boxes·5 + classes + 1, g, g] (the mask last), in place:
+    box slot 0 of the cell holding its centre, which it takes over whole."""
+    per, g = t.shape[0] - 1, t.shape[1]
+    i, j, ox, oy, w, h = centre_cell(xyxy, image_size, g)
+    t[:, i, j] = 0.0
+    t[0:BOX, i, j] = (ox, oy, w, h, 1.0)
+    t[BOX * boxes + cls, i, j] = 1.0
+    t[per, i, j] = 1.0
+
+
 Anchor = tuple[float, float]
 
 # Σ v·mask of v [B, C, H, W] and a per-cell mask [B, 1, H, W] (the class terms of the YOLO losses).
@@ -57,10 +78,9 @@ Anchor = tuple[float, float]
 # even Σ a·broadcast(v) of a [3, 4] and v [4] fails with "'vector.contract' op invalid
 # accumulator/result vector shape" — so on IREE the channels are summed first, then the masked cells:
 # the same sum in another order (XLA keeps the one-sum form, its render unchanged).
-MASKED_SUM = strategy.declare("maskedSum", ("broadcast", "channelsFirst"),
-                              {"xla": "broadcast", "iree": "channelsFirst"},
-                              "a per-cell mask's sum over [B, C, H, W]: the mask broadcast over the channels and "
-                              "one sum, or the channels summed first and the masked cells then")
+MASKED_SUM = strategy.StrategyKind("maskedSum", ("broadcast", "channelsFirst"),
+                                   "a per-cell mask's sum over [B, C, H, W]: the mask broadcast over the channels "
+                                   "and one sum, or the channels summed first and the masked cells then")
 
 
 def _anchors(v: Any) -> tuple[Anchor, ...]:
@@ -529,6 +549,11 @@ class MultiScaleYoloLoss(Loss):
         # class the class term is 0 whatever the form). γ = 0 as in seed 001's whole-detector probe;
         # anchorYolo's case runs the focal weight.
         return [(cls(gamma=0.0), (21, 1, 7))]
+
+
+@hookimpl
+def hloforge_strategy_kinds() -> list[strategy.StrategyKind]:
+    return [MASKED_SUM]
 
 
 @hookimpl

@@ -378,7 +378,7 @@ def gate_cases(registry: Any = None, names: Sequence[str] | None = None) -> list
                 nhwc = len(shape) == 3 and obj.supports_nhwc(tuple(shape))
                 kinds = [k for k in obj.strategies_for(tuple(shape)) if k != "layout" or nhwc]
                 forcings = [()] + [((k, c),) for k in kinds for c in strategy.kind(k).choices[1:]]
-                for target in strategy.TARGETS:
+                for target in strategy.targets():
                     defaults = tuple((k, d) for k in kinds
                                      if (d := strategy.kind(k).default(target)) != strategy.kind(k).choices[0])
                     if len(defaults) > 1 and defaults not in forcings:

@@ -31,12 +31,14 @@ import numpy as np
 
 from hloforge.core.errors import DataError, UnsupportedSpec
 from hloforge.core.spec import NetSpec
-from hloforge.losses.detection import BOX, pyramid_scales
-from hloforge.plugins.layers.fpn import FpnDetect, Yolov1Head
+from hloforge.losses.detection import BOX, centre_cell, encode_yolov1, pyramid_scales
 
 IOU_MATCH = 0.5
 NMS_IOU = 0.5
 SCORE_MIN = 0.05
+# A detection head declares its output layout by the class attribute `head_kind` (a layer's, never
+# its class: the trainer finds plugins by registry): head kind -> the loss that trains it.
+HEAD_KINDS = {"yolov1": "yolov1", "fpn": "fpnYolo"}
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:
@@ -54,25 +56,6 @@ def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where(union > 0, inter / np.where(union > 0, union, 1.0), 0.0)
 
 
-def _centre_cell(box: np.ndarray, size: int, grid: int) -> tuple[int, int, float, float, float, float]:
-    """(i, j, x offset, y offset, w rel, h rel) of a pixel box (x0, y0, x1, y1) on a grid."""
-    x0, y0, x1, y1 = (float(v) for v in box)
-    cx, cy = (x0 + x1) / 2 / size, (y0 + y1) / 2 / size
-    j, i = min(int(cx * grid), grid - 1), min(int(cy * grid), grid - 1)
-    return i, j, cx * grid - j, cy * grid - i, (x1 - x0) / size, (y1 - y0) / size
-
-
-def encode_yolov1(t: np.ndarray, cls: int, xyxy: np.ndarray, image_size: int, boxes: int) -> None:
-    """Write one box into a YOLOv1 target [boxes·5 + classes + 1, g, g] (the mask last), in place:
-    box slot 0 of the cell holding its centre, which it takes over whole."""
-    per, g = t.shape[0] - 1, t.shape[1]
-    i, j, ox, oy, w, h = _centre_cell(xyxy, image_size, g)
-    t[:, i, j] = 0.0
-    t[0:BOX, i, j] = (ox, oy, w, h, 1.0)
-    t[BOX * boxes + cls, i, j] = 1.0
-    t[per, i, j] = 1.0
-
-
 def _check_boxes(rows: np.ndarray, classes: int, what: str) -> np.ndarray:
     rows = np.asarray(rows, np.float64).reshape(-1, 5)
     if len(rows) and (rows[:, 0].min() < 0 or rows[:, 0].max() >= classes or np.any(rows[:, 0] % 1)):
@@ -86,7 +69,7 @@ def _check_boxes(rows: np.ndarray, classes: int, what: str) -> np.ndarray:
 class DetectionHead:
     """How a detector's output is laid out: what its targets are and how its output decodes."""
 
-    layer: Yolov1Head | FpnDetect
+    layer: Any  # the net's last layer, a detection head: its `head_kind` is one of HEAD_KINDS
     out_shape: tuple[int, ...]
     image_size: int
 
@@ -94,7 +77,7 @@ class DetectionHead:
     def of(cls, spec: NetSpec) -> DetectionHead:
         walk = spec.walk()
         layer = walk[-1].layer
-        if not isinstance(layer, (Yolov1Head, FpnDetect)):
+        if getattr(layer, "head_kind", None) not in HEAD_KINDS:
             raise UnsupportedSpec(f"net {spec.name!r} does not end in a detection head (yolov1Head or fpnDetect)")
         c, h, w = spec.input_shape
         if h != w:
@@ -103,7 +86,7 @@ class DetectionHead:
 
     @property
     def loss(self) -> str:
-        return "yolov1" if isinstance(self.layer, Yolov1Head) else "fpnYolo"
+        return HEAD_KINDS[self.layer.head_kind]
 
     @property
     def classes(self) -> int:
@@ -119,13 +102,13 @@ class DetectionHead:
 
     @property
     def label_shape(self) -> tuple[int, ...]:
-        if isinstance(self.layer, Yolov1Head):
+        if self.layer.head_kind == "yolov1":
             per, g, _ = self.out_shape
             return (per + 1, g, g)
         return self.out_shape
 
     def _encode(self, t: np.ndarray, cls: int, xyxy: np.ndarray) -> None:
-        if isinstance(self.layer, Yolov1Head):
+        if self.layer.head_kind == "yolov1":
             encode_yolov1(t, cls, xyxy, self.image_size, self.layer.boxes)
             return
         w = (xyxy[2] - xyxy[0]) / self.image_size
@@ -135,7 +118,7 @@ class DetectionHead:
         best = int(np.argmax(inter / (shapes[:, 0] * shapes[:, 1] + w * h - inter)))
         n_anchors = len(self.layer.anchors[0])
         scale = pyramid_scales(self.out_shape[0])[best // n_anchors]
-        i, j, ox, oy, _, _ = _centre_cell(xyxy, self.image_size, scale.grid)
+        i, j, ox, oy, _, _ = centre_cell(xyxy, self.image_size, scale.grid)
         slot = t[scale.offset + i * scale.grid + j, best % n_anchors]
         slot[:] = 0.0
         slot[:BOX] = (ox, oy, w, h, 1.0)
@@ -148,7 +131,7 @@ class DetectionHead:
     def _decode_one(self, o: np.ndarray, score_min: float) -> np.ndarray:
         s = self.image_size
         rows = []
-        if isinstance(self.layer, Yolov1Head):
+        if self.layer.head_kind == "yolov1":
             per, g, _ = o.shape
             nb = self.layer.boxes
             cls_scores = np.clip(o[BOX * nb:], 0.0, 1.0)  # the MSE-trained one-hot, shared by the cell's boxes

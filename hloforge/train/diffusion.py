@@ -43,10 +43,10 @@ EVAL_SEED = 0x65766C  # the fixed t and ε of the test-split noise MSE
 
 
 def is_time_conditioned(spec: NetSpec) -> bool:
-    """A net with a layer that reads the time channel (timeCondAdd, timeResBlock) is a DDPM's noise predictor."""
-    from hloforge.plugins.layers.ddpm import TIME_CONDITIONED
-
-    return len(spec.walk()[-1].out_shape) == 3 and any(layer.kind in TIME_CONDITIONED for layer in spec.layers)
+    """A net with a layer that reads the time channel (one whose class declares `time_conditioned`:
+    timeCondAdd, timeResBlock) is a DDPM's noise predictor."""
+    return len(spec.walk()[-1].out_shape) == 3 and any(getattr(layer, "time_conditioned", False)
+                                                        for layer in spec.layers)
 
 
 def _probability(instance: Any, attribute: Any, value: float) -> None:

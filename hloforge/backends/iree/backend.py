@@ -257,6 +257,10 @@ class IreeExecutable:
 
 class IreeBackend:
     name = "iree"
+    # The lowering forms IREE's modules are rendered in (core/strategy.py; why: benchmarks/NOTES.md).
+    strategy_defaults = {"layout": "nhwc", "update": "after_backward", "paramLayout": "hwio", "sums": "plain",
+                         "conv2d": "nhwc", "convGrad": "written", "pointwise": "dot", "depthwise": "shifted",
+                         "maxPool": "select", "bnReduce": "fused", "sdpaGrad": "closed", "maskedSum": "channelsFirst"}
 
     def __init__(self, target: str | None = None, *, gpu_arch: str | None = None,
                  extra_flags: Sequence[str] = (), cache_dir: str | os.PathLike[str] | None = None):

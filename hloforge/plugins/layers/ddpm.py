@@ -46,6 +46,7 @@ def frequencies(nfreq: int) -> np.ndarray:
 @attrs.frozen
 class TimeCondAdd(Layer):
     kind = "timeCondAdd"
+    time_conditioned = True  # reads the time channel: a net with one is a DDPM's (train/diffusion.py)
     nfreq: int = 4
 
     def out_shape(self, in_shape: Shape) -> Shape:
@@ -93,6 +94,7 @@ ACT = "swish"
 @attrs.frozen
 class TimeResBlock(Layer):
     kind = "timeResBlock"
+    time_conditioned = True  # reads the time channel: a net with one is a DDPM's (train/diffusion.py)
     out: int
     nfreq: int = 4
 
@@ -173,9 +175,6 @@ class NoiseHead(Layer):
     @classmethod
     def gate_cases(cls) -> list[tuple[Layer, Shape]]:
         return [(cls(3), (5, 4, 3))]
-
-
-TIME_CONDITIONED = frozenset({TimeCondAdd.kind, TimeResBlock.kind})  # the layers that read the time channel
 
 
 @hookimpl

@@ -40,8 +40,8 @@ import numpy as np
 from hloforge.core.errors import UnsupportedSpec
 from hloforge.core.hlo import Builder, Value
 from hloforge.core.hookspecs import hookimpl
+from hloforge.core.resample import bilinear_matrix
 from hloforge.core.spec import Ctx, Layer, ParamSlot, Shape, StatSlot
-from hloforge.datasets.digits import bilinear_matrix
 from hloforge.losses.detection import BOX, Anchor, pyramid_scales
 from hloforge.plugins.layers.compose import (
     Part,
@@ -166,6 +166,7 @@ def _check_anchors(anchors: Any) -> tuple[tuple[Anchor, ...], ...]:
 @attrs.frozen
 class FpnDetect(Layer):
     kind = "fpnDetect"
+    head_kind = "fpn"  # a detection head: train/detection.py reads its output this way
     classes: int
     # Per level (P3, P4, P5) the anchors' (w, h) as fractions of the image; the same count on each.
     anchors: tuple[tuple[Anchor, ...], ...] = attrs.field(converter=_check_anchors)
@@ -276,6 +277,7 @@ class FpnDetect(Layer):
 @attrs.frozen
 class Yolov1Head(Layer):
     kind = "yolov1Head"
+    head_kind = "yolov1"  # a detection head: train/detection.py reads its output this way
     classes: int
     boxes: int = 2
 

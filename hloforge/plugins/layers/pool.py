@@ -1,39 +1,25 @@
 """Pooling: maxPool (kernel and stride independent, seed 001) and globalAvgPool, on NCHW.
 
-maxPool takes the form the strategy kind "maxPool" picks for the module's target:
-
-- "slices": the max of k² strided slices folded with `maximum`; autodiff's backward of that chain
-  (a compare and two selects per fold, every tie to the earlier slice).
-- "select": the same forward, with a written-out backward (a `Builder.custom_vjp`): per window
-  offset a compare of its slice with the max and a select (autodiff.window_extremum_vjp), the
-  parts interleaved back by one reshape when the windows tile — no select_and_scatter, and none
-  of the k² full-size pads the slices' own VJPs add up.
-- "window": one stablehlo.reduce_window max, differentiated by the builder's rule for it (the same
-  compare/select backward).
-
-All three send a window's cotangent to the FIRST position (row-major in the window) equal to its max,
-jax's and PyTorch's rule; a ReLU'd input ties at 0 often, so this is checked exactly.
+maxPool takes the form the strategy kind "maxPool" picks for the module's target (its forms:
+hloforge/lowering/pool.py). All of them send a window's cotangent to the FIRST position (row-major
+in the window) equal to its max, jax's and PyTorch's rule; a ReLU'd input ties at 0 often, so this is checked exactly.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping
 from typing import Any
 
 import attrs
 
 from hloforge.core import strategy
-from hloforge.core.autodiff import window_extremum_vjp
 from hloforge.core.errors import UnsupportedSpec
 from hloforge.core.hlo import Builder, Value
 from hloforge.core.hookspecs import hookimpl
 from hloforge.core.spec import Ctx, Layer, Shape
-from hloforge.plugins.layers.conv import per_axis, resolve_padding, spatial_axes, window_out
-
-MAX_POOL = strategy.declare("maxPool", ("slices", "select", "window"), {"xla": "select", "iree": "select"},
-                            "max pooling as k² strided slices folded with maximum, differentiated by autodiff "
-                            "or by compare/select; or one reduce_window (see pool.py)")
+from hloforge.lowering.conv import per_axis, spatial_axes, window_out
+from hloforge.lowering.pool import MAX_POOL, max_pool
+from hloforge.plugins.layers.conv import resolve_padding
 
 
 @attrs.frozen
@@ -69,31 +55,7 @@ class MaxPool(Layer):
         edges = [(0, 0)] * 4
         edges[sp[0]], edges[sp[1]] = pads[0], pads[1]
         window, strides = per_axis(ctx.layout, self.k, self.k, 1), per_axis(ctx.layout, self.s, self.s, 1)
-        form = strategy.chosen("maxPool", b.target)
-        if form == "window":
-            return b.reduce_window(x, window, strides, edges, "max")
-        if form == "select":
-            def bwd(b: Builder, g: Value) -> list[Value]:
-                return [window_extremum_vjp(b, x, y, g, window, strides, edges, -float("inf"))]
-
-            (y,) = b.custom_vjp(lambda x: [self._slices_max(b, x, edges, window, strides)], bwd, x)
-            return y
-        return self._slices_max(b, x, edges, window, strides)
-
-    def _slices_max(self, b: Builder, x: Value, edges: list[tuple[int, int]], window: list[int],
-                    strides: list[int]) -> Value:
-        """The max of the k² strided slices of x padded with −inf, folded in row-major window order
-        (`maximum`'s VJP sends a tie to its first operand: the earlier slice)."""
-        if any(lo or hi for lo, hi in edges):
-            x = b.pad(x, [lo for lo, _ in edges], [hi for _, hi in edges], value=-float("inf"))
-        out_shape = [(n - w) // s + 1 for n, w, s in zip(x.shape, window, strides, strict=True)]
-        out = None
-        for offset in itertools.product(*(range(w) for w in window)):
-            limit = [o + (m - 1) * s + 1 for o, m, s in zip(offset, out_shape, strides, strict=True)]
-            v = b.slice(x, list(offset), limit, strides)
-            out = v if out is None else b.maximum(out, v)
-        assert out is not None
-        return out
+        return max_pool(b, x, window, strides, edges)
 
     def reference(self, params: Mapping[str, Any], x: Any, ctx: Ctx) -> Any:
         import jax.numpy as jnp
@@ -137,3 +99,8 @@ class GlobalAvgPool(Layer):
 @hookimpl
 def hloforge_layers() -> list[type]:
     return [MaxPool, GlobalAvgPool]
+
+
+@hookimpl
+def hloforge_strategy_kinds() -> list[strategy.StrategyKind]:
+    return [MAX_POOL]

@@ -25,10 +25,11 @@ from hloforge.core.errors import UnsupportedSpec
 from hloforge.core.hlo import Builder, Value
 from hloforge.core.hookspecs import hookimpl
 from hloforge.core.spec import Ctx, Layer, ParamSlot, Shape
+from hloforge.lowering.norm import normalize
 from hloforge.plugins.layers.attention import ATTENTIONS, MultiHeadSelfAttention
 from hloforge.plugins.layers.compose import Block, BlockLayer, Part, image
 from hloforge.plugins.layers.dense import Dense
-from hloforge.plugins.layers.norm import bn_slots, normalize, ref_conv
+from hloforge.plugins.layers.norm import bn_slots, ref_conv
 
 
 @attrs.frozen

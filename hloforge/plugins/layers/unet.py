@@ -27,8 +27,8 @@ import attrs
 from hloforge.core.errors import UnsupportedSpec
 from hloforge.core.hlo import Builder, Value
 from hloforge.core.hookspecs import hookimpl
+from hloforge.core.resample import bilinear_matrix
 from hloforge.core.spec import Ctx, Layer, ParamSlot, Shape, StatSlot, walk_layers
-from hloforge.datasets.digits import bilinear_matrix
 from hloforge.plugins.layers.compose import (
     Part,
     check_stride,
