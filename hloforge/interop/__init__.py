@@ -1,0 +1,7 @@
+"""Weights from and to PyTorch model zoos (torchvision, timm), mapped by tensor name."""
+
+from __future__ import annotations
+
+from hloforge.interop.importer import import_weights, map_state_dict, read_state_dict
+
+__all__ = ["import_weights", "map_state_dict", "read_state_dict"]
