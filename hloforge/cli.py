@@ -95,6 +95,12 @@ def _import_weights(args: argparse.Namespace) -> None:
                    data_options=args.data_options or (), backend=args.backend or "")
 
 
+def _export(args: argparse.Namespace) -> None:
+    from hloforge.interop.exporter import export_run
+
+    export_run(args.run, args.out, args.format)
+
+
 def _verify(args: argparse.Namespace) -> int:
     from hloforge.testing.verify import verify
 
@@ -454,6 +460,15 @@ def parser() -> argparse.ArgumentParser:
                     help="a dataset option, as train's (repeatable; default: none)")
     sp.add_argument("--backend", help="the run's backend (default: $HLOFORGE_BACKEND, else xla)")
     sp.set_defaults(func=_import_weights)
+
+    sp = _command(sub, "export", help="a run's model out: its eval forward (StableHLO), weights and manifest, "
+                                      "or a torchvision/timm state dict")
+    sp.add_argument("run", help="a run directory or a checkpoint file")
+    sp.add_argument("--out", required=True, help="the directory written")
+    sp.add_argument("--format", default="hloforge", choices=("hloforge", "torchvision", "timm"),
+                    help="hloforge: forward.mlir, weights.safetensors, manifest.json; torchvision/timm: "
+                         "model.safetensors, loadable with load_state_dict(strict=True)")
+    sp.set_defaults(func=_export)
 
     sp = _command(sub, "verify", help="gate every registered (or each named) plugin against its oracles; "
                                       "exit 1 on any failure")

@@ -11,6 +11,7 @@ importing by a stub module, in this test process only.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import types
@@ -23,10 +24,10 @@ torch = pytest.importorskip("torch", reason="the PyTorch parity tests need torch
 
 from hloforge.core.errors import DataError, UnsupportedSpec  # noqa: E402
 from hloforge.core.modules import forward_module, vjp_module  # noqa: E402
-from hloforge.interop import import_weights, map_state_dict, read_state_dict  # noqa: E402
+from hloforge.interop import import_weights, map_state_dict, read_state_dict, torch_state_dict  # noqa: E402
 from hloforge.interop.torch_names import SOURCES  # noqa: E402
 
-CLASSES = 4  # the shapes dataset's, so the imported run evaluates on it
+CLASSES = 4  # a small head keeps the parity tests fast
 BATCH = 2
 
 
@@ -34,22 +35,22 @@ def _stub_meta_registrations() -> None:
     sys.modules.setdefault("torchvision._meta_registrations", types.ModuleType("torchvision._meta_registrations"))
 
 
-def torch_model(source: str, size: int) -> Any:
-    """The PyTorch model of `source` at random init, CLASSES classes, dropout and stochastic depth off,
+def torch_model(source: str, size: int, seed: int = 0, classes: int = CLASSES) -> Any:
+    """The PyTorch model of `source` at random init (`seed`), `classes` classes, dropout and stochastic depth off,
     every BatchNorm's statistics and affine parameters (and ConvNeXt's layer scale) randomised."""
     _stub_meta_registrations()
     kind, name = source.split(":")
     kw = dict(SOURCES[source].build)
     if kind == "torchvision":
         tvm = pytest.importorskip("torchvision.models", reason="torchvision is not installed")
-        torch.manual_seed(0)
-        model = getattr(tvm, name)(num_classes=CLASSES, **kw)
+        torch.manual_seed(seed)
+        model = getattr(tvm, name)(num_classes=classes, **kw)
     else:
         timm = pytest.importorskip("timm", reason="timm is not installed")
         extra = {"img_size": size} if "vit" in name else {}
-        torch.manual_seed(0)
-        model = timm.create_model(name, pretrained=False, num_classes=CLASSES, **extra, **kw)
-    g = torch.Generator().manual_seed(0)
+        torch.manual_seed(seed)
+        model = timm.create_model(name, pretrained=False, num_classes=classes, **extra, **kw)
+    g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for n, t in model.state_dict().items():
             if n.endswith("running_mean") or n.endswith(".bias") and t.ndim == 1:
@@ -58,6 +59,15 @@ def torch_model(source: str, size: int) -> Any:
                 t.copy_(torch.rand(t.shape, generator=g) * 0.5 + 0.75)
             elif n.endswith("layer_scale") or (n.endswith(".weight") and t.ndim == 1):
                 t.copy_(torch.rand(t.shape, generator=g) * 0.5 + 0.75)
+    return model
+
+
+def one_channel(model: Any) -> Any:
+    """A torchvision ResNet on one input channel (the digits): its stem conv replaced, names kept."""
+    w = model.conv1.weight
+    model.conv1 = torch.nn.Conv2d(1, w.shape[0], 7, 2, 3, bias=False)
+    with torch.no_grad():
+        model.conv1.weight.copy_(w.sum(1, keepdim=True))
     return model
 
 
@@ -122,6 +132,12 @@ def parity(source: str, fmt: str, tmp_path: Any) -> dict[str, float]:
         want = model(torch.from_numpy(x)).numpy()
     got = _run(forward_module(spec, BATCH, eval_mode=True), [x, *imp.params, *imp.stats])[0]
     errs = {"logits": rel(got, want)}
+    # (c) the export round trip: the imported tensors back as a state dict a fresh model loads strictly
+    fresh = torch_model(source, size, seed=1)  # other weights, all replaced by the load
+    fresh.load_state_dict({k: torch.from_numpy(v) for k, v in torch_state_dict(source, spec, imp.params,
+                                                                                 imp.stats).items()}, strict=True)
+    with torch.no_grad():
+        errs["export"] = rel(fresh.eval()(torch.from_numpy(x)).numpy(), want)
     # (b) one train-mode step: the loss and every parameter gradient
     # in float64 on both sides: a random-init net in train mode with batch statistics over a few values is
     # ill-conditioned (PyTorch's own float32 gradients differ from its float64 ones by up to 0.3 relative
@@ -158,6 +174,7 @@ def test_logits_loss_and_gradients_equal_pytorch(source: str, tmp_path: Any) -> 
     print(f"PARITY {source} " + " ".join(f"{k}={v:.2e}" for k, v in errs.items()))
     assert errs["logits"] <= 1e-5, errs
     assert errs["loss"] <= 1e-4 and errs["grads"] <= 1e-4, errs
+    assert errs["export"] == 0.0, errs
 
 
 # ------------------------------------------------------------------ the run directory and the refusals
@@ -166,24 +183,41 @@ def test_import_writes_a_run_that_eval_and_the_cli_accept(tmp_path: Any, capsys:
     from hloforge.train.checkpoint import load_checkpoint
     from hloforge.train.trainer import CHECKPOINT, TrainConfig, load_config
 
-    model = torch_model("torchvision:resnet18", 32)
+    # a 10-class resnet18 on one channel, so the run evaluates on the digits (at 32×32)
+    model = one_channel(torch_model("torchvision:resnet18", 32, classes=10))
     path = str(tmp_path / "r18.pth")
     _save(model.state_dict(), path)
     out = str(tmp_path / "run")
-    assert main(["import-weights", "torchvision:resnet18", path, "--out", out, "--input", "3,32,32",
-                 "--data", "shapes", "--data-opt", "size=32"]) == EXIT_OK
+    assert main(["import-weights", "torchvision:resnet18", path, "--out", out, "--input", "1,32,32",
+                 "--data", "digits", "--data-opt", "size=32"]) == EXIT_OK
     tensors, meta = load_checkpoint(os.path.join(out, CHECKPOINT))
     assert meta["epoch"] == 0 and meta["imported"] == {"source": "torchvision:resnet18"}
-    np.testing.assert_array_equal(tensors["param/9.w"], model.fc.weight.detach().numpy().T)
+    np.testing.assert_array_equal(tensors["param/7.w"], model.fc.weight.detach().numpy().T)
     np.testing.assert_array_equal(tensors["stat/0.var"], model.bn1.running_var.numpy())
     cfg = load_config(os.path.join(out, "config.toml"))
-    assert isinstance(cfg, TrainConfig) and cfg.net == "resnet18" and cfg.classes == CLASSES
+    assert isinstance(cfg, TrainConfig) and cfg.net == "resnet18" and cfg.classes == 10
     assert main(["eval", out]) == EXIT_OK
     assert "resnet18 epoch 0" in capsys.readouterr().out
+    # export: the serving form, and the state dict torchvision's model loads strictly
+    exp = str(tmp_path / "exp")
+    assert main(["export", out, "--out", exp]) == EXIT_OK
+    with open(os.path.join(exp, "manifest.json"), encoding="utf-8") as f:
+        manifest = json.load(f)
+    assert manifest["classes"] == 10 and manifest["input_shape"] == [1, 32, 32]
+    assert manifest["arguments"][:2] == ["x", "param/0.w"]
+    assert open(os.path.join(exp, "forward.mlir"), encoding="utf-8").read().lstrip().startswith("module")
+    assert main(["export", out, "--out", exp, "--format", "torchvision"]) == EXIT_OK
+    from safetensors.torch import load_file
+
+    fresh = one_channel(torch_model("torchvision:resnet18", 32, seed=1, classes=10))
+    fresh.load_state_dict(load_file(os.path.join(exp, "model.safetensors")), strict=True)
+    for k, v in model.state_dict().items():
+        if not k.endswith("num_batches_tracked"):
+            assert torch.equal(fresh.state_dict()[k], v), k
     # a second import onto the same run directory is refused, and leaves it as it was
     before = os.path.getmtime(os.path.join(out, CHECKPOINT))
     with pytest.raises(Exception, match="already holds a checkpoint"):
-        import_weights("torchvision:resnet18", path, out, input=(3, 32, 32), data="shapes",
+        import_weights("torchvision:resnet18", path, out, input=(1, 32, 32), data="digits",
                        data_options=("size=32",))
     assert os.path.getmtime(os.path.join(out, CHECKPOINT)) == before
 

@@ -257,7 +257,7 @@ def vit(spec: NetSpec) -> dict[str, Unit]:
 class Family:
     net: str  # the zoo net
     table: Callable[[NetSpec], dict[str, Unit]]
-    build: dict[str, Any] = attrs.field(factory=dict)  # the PyTorch constructor's keywords for a deterministic train step
+    build: dict[str, Any] = attrs.field(factory=dict)  # PyTorch constructor keywords
 
 
 # "source:name" → the zoo net and its table. `build`: the PyTorch model's knobs that make a train
