@@ -24,7 +24,8 @@ from hloforge.train.trainer import TrainConfig, load_config
 PARSER = parser()
 # what each command needs before its flags (nothing is read: parsing only)
 POSITIONALS = {"render": ["mnist-linear", "--out", "OUT"], "eval": ["RUN"], "generate": ["RUN"], "sample": ["RUN"],
-               "detect": ["RUN"], "cam": ["RUN", "test:0"], "prepare": ["SRC", "OUT"]}
+               "detect": ["RUN"], "cam": ["RUN", "test:0"], "prepare": ["SRC", "OUT"],
+               "import-weights": ["torchvision:resnet18", "W.safetensors", "--out", "OUT"]}
 
 
 def _typed_options() -> list[tuple[tuple[str, ...], str, argparse.Action]]:
