@@ -278,3 +278,11 @@ def test_pth_and_safetensors_import_the_same_tensors(tmp_path: Any) -> None:
             for f in ("w.pth", "w.safetensors"))
     for x, y in zip([*a.params, *a.stats], [*b.params, *b.stats], strict=True):
         np.testing.assert_array_equal(x, y)
+
+
+def test_a_pth_without_torch_is_one_line(tmp_path: Any, monkeypatch: Any) -> None:
+    path = tmp_path / "w.pth"
+    torch.save({"fc.bias": torch.zeros(2)}, str(path))
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now fails, as where it is absent
+    with pytest.raises(DataError, match="reading one needs torch .not installed.; save it as .safetensors"):
+        read_state_dict(str(path))
