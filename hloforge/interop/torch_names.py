@@ -192,12 +192,12 @@ def convnext(spec: NetSpec) -> dict[str, Unit]:
         elif _head(spec, unit) == 1:
             out[unit] = norm("classifier.0")
         elif layer < 2:
-            out[unit] = (linear if layer == 0 else lambda m: norm(m))(f"features.0.{layer}")
+            out[unit] = linear("features.0.0", "copy") if layer == 0 else norm("features.0.1")
         elif len(p) == 3:  # a stage's block: 2.b0.dw
             out[unit] = CONVNEXT_BLOCK[p[2]](f"features.{layer - 1}.{p[1][1:]}")
         else:  # a downsample: 3.norm, 3.conv
-            sub = 0 if p[1] == "norm" else 1
-            out[unit] = (norm if sub == 0 else lambda m: linear(m, "copy"))(f"features.{layer - 1}.{sub}")
+            m = f"features.{layer - 1}"
+            out[unit] = norm(f"{m}.0") if p[1] == "norm" else linear(f"{m}.1", "copy")
     return out
 
 
