@@ -95,6 +95,19 @@ def _summary(args: argparse.Namespace) -> None:
     print(summary_table(get_net(args.net, args.classes, args.input)))
 
 
+def _import_weights(args: argparse.Namespace) -> None:
+    from hloforge.interop import import_weights
+
+    import_weights(args.source, args.file, args.out, input=args.input, data=args.data or "",
+                   data_options=args.data_options or (), backend=args.backend or "")
+
+
+def _export(args: argparse.Namespace) -> None:
+    from hloforge.interop.exporter import export_run
+
+    export_run(args.run, args.out, args.format)
+
+
 def _verify(args: argparse.Namespace) -> int:
     from hloforge.testing.verify import verify
 
@@ -451,6 +464,30 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("net", help="a zoo name or a .toml/.json spec")
     net_opts(sp)
     sp.set_defaults(func=_summary)
+
+    sp = _command(sub, "import-weights", help="a torchvision or timm state dict as a run directory, mapped onto its "
+                                              "zoo net by tensor name")
+    sp.add_argument("source", metavar="SOURCE", help="torchvision:NAME or timm:NAME, e.g. torchvision:resnet18")
+    sp.add_argument("file", help="the state dict: .safetensors, or .pth/.pt/.bin (read with torch, "
+                                 "weights_only=True)")
+    sp.add_argument("--out", required=True, help="the run directory written (refused if it holds a checkpoint)")
+    sp.add_argument("--input", type=_shape,
+                    help="the net's input shape without batch, e.g. 3,64,64 (default: the net's own)")
+    sp.add_argument("--data", help="the dataset the run evaluates and fine-tunes on (default: train's default); "
+                                   "its class count must be the state dict's")
+    sp.add_argument("--data-opt", dest="data_options", action="append", metavar="KEY=VALUE",
+                    help="a dataset option, as train's (repeatable; default: none)")
+    sp.add_argument("--backend", help="the run's backend (default: $HLOFORGE_BACKEND, else xla)")
+    sp.set_defaults(func=_import_weights)
+
+    sp = _command(sub, "export", help="a run's model out: its eval forward (StableHLO), weights and manifest, "
+                                      "or a torchvision/timm state dict")
+    sp.add_argument("run", help="a run directory or a checkpoint file")
+    sp.add_argument("--out", required=True, help="the directory written")
+    sp.add_argument("--format", default="hloforge", choices=("hloforge", "torchvision", "timm"),
+                    help="hloforge: forward.mlir, weights.safetensors, manifest.json; torchvision/timm: "
+                         "model.safetensors, loadable with load_state_dict(strict=True)")
+    sp.set_defaults(func=_export)
 
     sp = _command(sub, "verify", help="gate every registered (or each named) plugin against its oracles; "
                                       "exit 1 on any failure")

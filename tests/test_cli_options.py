@@ -25,7 +25,8 @@ PARSER = parser()
 # what each command needs before its flags (nothing is read: parsing only)
 POSITIONALS = {"render": ["mnist-linear", "--out", "OUT"], "eval": ["RUN"], "generate": ["RUN"], "sample": ["RUN"],
                "detect": ["RUN"], "cam": ["RUN", "test:0"], "prepare": ["SRC", "OUT"],
-               "summary": ["mnist-linear"]}
+               "summary": ["mnist-linear"],
+               "import-weights": ["torchvision:resnet18", "W.safetensors", "--out", "OUT"]}
 
 
 def _typed_options() -> list[tuple[tuple[str, ...], str, argparse.Action]]:

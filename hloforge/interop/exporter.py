@@ -1,0 +1,97 @@
+"""`hloforge export`: a run's trained model out, for serving or for PyTorch.
+
+The default format writes the eval forward as StableHLO (`forward.mlir`, batch 1: `@main(x, θ…,
+running…)`), the weights as safetensors under their names (`weights.safetensors`: `param/…`,
+`stat/…`) and `manifest.json` (spec, input shape and preprocessing, classes, the module's argument
+order, the backend it trained on). `torchvision` / `timm` write the state dict of the matching
+PyTorch model instead (`model.safetensors`, names and layouts by hloforge.interop.torch_names), which
+that model loads with `load_state_dict(strict=True)`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from hloforge.core.errors import HloforgeError, UnsupportedSpec
+from hloforge.core.spec import NetSpec
+from hloforge.interop.torch_names import LAYOUTS, SOURCES, units
+
+FORMATS = ("hloforge", "torchvision", "timm")
+
+
+def torch_state_dict(source: str, spec: NetSpec, params: list[np.ndarray],
+                     stats: list[np.ndarray]) -> dict[str, np.ndarray]:
+    """The PyTorch state dict of `source` holding θ and the running statistics (BatchNorm's step
+    counters as zeros: buffers PyTorch's strict load requires)."""
+    tables = SOURCES[source].table(spec)
+    out: dict[str, np.ndarray] = {}
+    for name, a in zip([n for n, _ in [*spec.params(), *spec.stats()]], [*params, *stats], strict=True):
+        unit, _, suffix = name.rpartition(".")
+        src, layout = tables[unit][suffix]
+        out[src] = np.ascontiguousarray(LAYOUTS[layout].to_source(np.asarray(a, np.float32)))
+    for unit, suffixes in units(spec).items():
+        if "mean" in suffixes:  # a BatchNorm
+            bn = tables[unit]["mean"][0].removesuffix(".running_mean")
+            out[f"{bn}.num_batches_tracked"] = np.zeros((), np.int64)
+    return out
+
+
+def _source_for(net: str, fmt: str, meta: dict[str, Any]) -> str:
+    imported = meta.get("imported", {}).get("source", "")
+    if imported.startswith(f"{fmt}:"):
+        return str(imported)
+    found = [s for s, f in SOURCES.items() if f.net == net and s.startswith(f"{fmt}:")]
+    if not found:
+        have = sorted(f"{s} ({f.net})" for s, f in SOURCES.items())
+        raise UnsupportedSpec(f"net {net!r} has no {fmt} counterpart; the mapped ones are {have}")
+    return found[0]
+
+
+def export_run(run: str, out: str, fmt: str = "hloforge", log: Callable[[str], None] = print) -> str:
+    """Export the run directory (or checkpoint file) `run` into directory `out`; its path."""
+    from safetensors.numpy import save_file
+
+    from hloforge.core.modules import forward_module
+    from hloforge.commands.opening import open_checkpoint
+
+    if fmt not in FORMATS:
+        raise UnsupportedSpec(f"export format {fmt!r}; expected one of {list(FORMATS)}")
+    oc = open_checkpoint(run, log=log)
+    spec, cfg = oc.spec, oc.run.cfg
+    _, params, stats = oc.region_weights("live")
+    if fmt != "hloforge":
+        source = _source_for(cfg.net, fmt, oc.meta)
+        sd = torch_state_dict(source, spec, params, stats)
+        target = os.path.join(out, "model.safetensors")
+        if os.path.exists(target):
+            raise HloforgeError(f"{target} already exists; pick another --out")
+        os.makedirs(out, exist_ok=True)
+        save_file(sd, target, metadata={"source": source})
+        log(f"exported {spec.name} as {source} ({len(sd)} tensors) -> {target}")
+        return out
+    files = [os.path.join(out, f) for f in ("forward.mlir", "weights.safetensors", "manifest.json")]
+    if any(os.path.exists(f) for f in files):
+        raise HloforgeError(f"{out} already holds an export; pick another --out")
+    text = forward_module(spec, 1, eval_mode=True)
+    pnames = [f"param/{n}" for n, _ in spec.params()]
+    snames = [f"stat/{n}" for n, _ in spec.stats()]
+    manifest = {
+        "format": "hloforge-export-1", "spec": spec.to_dict(), "input_shape": list(spec.input_shape),
+        "classes": spec.num_classes, "batch": 1, "arguments": ["x", *pnames, *snames],
+        "preprocessing": {"data": cfg.data, "data_options": list(cfg.data_options)},
+        "backend": oc.meta.get("backend"), "epoch": oc.meta.get("epoch"), "step": oc.meta.get("step"),
+    }
+    os.makedirs(out, exist_ok=True)
+    with open(files[0], "w", encoding="utf-8") as f:
+        f.write(text)
+    save_file({n: np.ascontiguousarray(a) for n, a in zip([*pnames, *snames], [*params, *stats], strict=True)},
+              files[1])
+    with open(files[2], "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=1)
+    log(f"exported {spec.name} (eval forward, {len(pnames)} parameters, {len(snames)} statistics) -> {out}")
+    return out

@@ -1,0 +1,188 @@
+"""`hloforge import-weights`: a torchvision / timm state dict onto its zoo net, by tensor name
+(hloforge.interop.torch_names), written as a run directory that eval, `train --resume` and every
+command reading a checkpoint accept.
+
+`.safetensors` are read with the safetensors library (no torch); `.pth` / `.pt` / `.bin` only through
+`torch.load(weights_only=True)`, so a pickle that would run code is refused, never run. Every problem
+(a tensor of the wrong shape, a missing one, an unused one) is reported together, and nothing is
+written unless all of them fit.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+
+from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
+from hloforge.core.spec import NetSpec
+from hloforge.interop.torch_names import IGNORED_SUFFIXES, LAYOUTS, SOURCES, Family, Unit, units
+from hloforge.zoo import get_net
+
+PICKLED = (".pth", ".pt", ".bin")
+
+
+def family(source: str) -> Family:
+    if source not in SOURCES:
+        raise UnsupportedSpec(f"unknown weights source {source!r}; expected one of {sorted(SOURCES)}")
+    return SOURCES[source]
+
+
+def read_state_dict(path: str) -> dict[str, np.ndarray]:
+    """A state dict's tensors as float32 numpy arrays (integer buffers kept as they are)."""
+    if not os.path.isfile(path):
+        raise DataError(f"weights file {path} does not exist")
+    if path.endswith(".safetensors"):
+        from safetensors import SafetensorError
+        from safetensors.numpy import load_file
+
+        try:
+            return dict(load_file(path))
+        except (SafetensorError, OSError, ValueError) as e:
+            raise DataError(f"weights file {path} is truncated or not a safetensors file ({e})") from None
+    if not path.endswith(PICKLED):
+        raise DataError(f"weights file {path}: expected a .safetensors file, or {'/'.join(PICKLED)} (needs torch)")
+    try:
+        import torch
+    except ImportError:
+        raise DataError(f"weights file {path} is a PyTorch pickle, and reading one needs torch (not installed); "
+                        "save it as .safetensors instead") from None
+    import pickle
+
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DataError(f"weights file {path}: refused, its pickle would run code or build objects other than "
+                        f"tensors (torch.load weights_only=True: {first})") from None
+    except (RuntimeError, OSError, EOFError, ValueError) as e:
+        raise DataError(f"weights file {path} cannot be read as a PyTorch state dict ({e})") from None
+    if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):  # a training checkpoint's wrapper
+        obj = obj["state_dict"]
+    if not isinstance(obj, dict):
+        raise DataError(f"weights file {path} holds a {type(obj).__name__}, not a state dict (a name → tensor dict)")
+    out: dict[str, np.ndarray] = {}
+    for k, v in obj.items():
+        if not isinstance(v, torch.Tensor):
+            raise DataError(f"weights file {path}: entry {k!r} is a {type(v).__name__}, not a tensor")
+        out[str(k)] = v.detach().cpu().numpy()
+    return out
+
+
+@attrs.frozen
+class Imported:
+    """A state dict mapped onto its zoo net: θ and the BatchNorm running statistics in the net's order."""
+
+    source: str
+    spec: NetSpec
+    params: list[np.ndarray]
+    stats: list[np.ndarray]
+
+
+def _entry(tables: Mapping[str, Unit], name: str) -> tuple[str, str] | None:
+    unit, _, suffix = name.rpartition(".")
+    return tables.get(unit, {}).get(suffix)
+
+
+def head_classes(fam: Family, spec: NetSpec, sd: Mapping[str, np.ndarray]) -> int | None:
+    """The class count the state dict's classifier has (None when it has none)."""
+    tables = fam.table(spec)
+    last = [u for u in units(spec) if int(u.split(".")[0]) == len(spec.layers) - 1]
+    e = _entry(tables, f"{last[-1]}.b") if last else None
+    if e is not None and e[0] in sd and np.ndim(sd[e[0]]) == 1:
+        return int(np.shape(sd[e[0]])[0])
+    return None
+
+
+def map_state_dict(source: str, sd: Mapping[str, np.ndarray], *, input: Sequence[int] | None = None,
+                   where: str = "the state dict") -> Imported:
+    """`sd` onto the zoo net of `source` (its classes read off the classifier). Raises one DataError
+    listing every tensor that does not fit, every missing one and every unused one."""
+    fam = family(source)
+    spec = get_net(fam.net, input=input)
+    classes = head_classes(fam, spec, sd)
+    if classes is not None and classes != spec.num_classes:
+        spec = get_net(fam.net, classes=classes, input=input)
+    tables = fam.table(spec)
+    used: set[str] = set()
+    bad: list[str] = []
+    missing: list[str] = []
+    out: dict[str, list[np.ndarray]] = {"param": [], "stat": []}
+    for kind, slots in (("param", spec.params()), ("stat", spec.stats())):
+        for name, slot in slots:
+            e = _entry(tables, name)
+            if e is None:
+                raise HloforgeError(f"{source}: no table entry for zoo tensor {kind}/{name} (a gap in torch_names)")
+            src, layout = e
+            lay = LAYOUTS[layout]
+            want = tuple(lay.source_shape(tuple(slot.shape)))
+            if src not in sd:
+                missing.append(f"{src} (for {kind}/{name} {list(slot.shape)})")
+                continue
+            used.add(src)
+            got = tuple(np.shape(sd[src]))
+            if got != want:
+                bad.append(f"{src} has shape {list(got)}, but {kind}/{name} needs {list(want)} "
+                           f"(stored as {list(slot.shape)})")
+                continue
+            out[kind].append(np.ascontiguousarray(lay.to_zoo(np.asarray(sd[src], np.float32), tuple(slot.shape))))
+    unused = [k for k in sd if k not in used and not k.endswith(IGNORED_SUFFIXES)]
+    lines = ([f"shape: {b}" for b in bad] + [f"missing: {m}" for m in missing]
+             + [f"unused: {u} {list(np.shape(sd[u]))}" for u in unused])
+    if lines:
+        raise DataError(f"{where} does not fit {source} (zoo net {spec.name!r}), {len(lines)} problem(s); "
+                        "nothing written:\n  " + "\n  ".join(lines))
+    return Imported(source, spec, out["param"], out["stat"])
+
+
+def write_run(imp: Imported, out: str, *, data: str = "", data_options: Sequence[str] = (), backend: str = "",
+              log: Callable[[str], None] = print) -> str:
+    """A run directory at `out` (config.toml and an epoch-0 checkpoint, written by the trainer's own
+    functions) holding the imported weights; its path. The run's config must fit (dataset, classes):
+    the run is rebuilt, as eval rebuilds it, before anything is written."""
+    from hloforge.core.registry import default_registry
+    from hloforge.train import checkpoint as ckpt
+    from hloforge.train.trainer import CHECKPOINT, Run, TrainConfig
+
+    path = os.path.join(out, CHECKPOINT)
+    if os.path.exists(path):
+        raise HloforgeError(f"run directory {out} already holds a checkpoint; pick another --out")
+    fam = family(imp.source)
+    given: dict[str, Any] = {"net": fam.net, "classes": imp.spec.num_classes, "input": imp.spec.input_shape,
+                             "run_dir": out, "data_options": tuple(data_options)}
+    if data:
+        given["data"] = data
+    if backend:
+        given["backend"] = backend
+    run = Run(TrainConfig(**given), log=log, progress=False)
+    if run.spec != imp.spec:
+        raise UnsupportedSpec(f"{imp.source}: the run's net differs from the imported one (a variant that changes "
+                              "the net, e.g. dropout or BN eps, is not imported)")
+    lay = run.state_layout
+    opt = run.variant.make_optimizer(default_registry())
+    slots = [s for _, s in run.spec.params()]
+    names = ckpt.tensor_names([n for n, _ in run.spec.params()], lay.slots, run.stat_names, shadow_stats=lay.shadows)
+    tensors = [*imp.params, *lay.initial(opt, slots, imp.params), *imp.stats,
+               *([s.copy() for s in imp.stats] if lay.shadows else [])]
+    meta = {**run.meta(0, 0), "imported": {"source": imp.source}}
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "config.toml"), "w", encoding="utf-8") as f:
+        f.write(run.cfg.to_toml())
+    ckpt.save_checkpoint(path, names, tensors, meta)
+    return out
+
+
+def import_weights(source: str, file: str, out: str, *, input: Sequence[int] | None = None, data: str = "",
+                   data_options: Sequence[str] = (), backend: str = "", log: Callable[[str], None] = print) -> str:
+    """`source` ("torchvision:resnet18", "timm:vit_tiny_patch16_224", ...) weights in `file` as a run
+    directory at `out`; returns its path. `input` overrides the net's input shape (C, H, W), `data`
+    / `data_options` the dataset the run evaluates on (default: the trainer's)."""
+    family(source)
+    imp = map_state_dict(source, read_state_dict(file), input=input, where=f"weights file {file}")
+    write_run(imp, out, data=data, data_options=data_options, backend=backend, log=log)
+    log(f"imported {source} from {file}: {imp.spec.name} ({imp.spec.param_count():,} params, "
+        f"{imp.spec.num_classes} classes, {len(imp.stats)} BatchNorm statistics) -> {out}")
+    return out
