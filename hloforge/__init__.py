@@ -50,10 +50,13 @@ assert set(__all__) == {"PLUGIN_API_VERSION", "__version__", *_LAZY}  # one list
 
 
 def __getattr__(name: str) -> Any:
-    if name == "__version__":
-        from hloforge.cli import version  # the one definition `hloforge --version` prints
+    if name == "__version__":  # the installed distribution's (pyproject.toml's); `hloforge --version` prints it
+        from importlib.metadata import PackageNotFoundError, version
 
-        value: Any = version()
+        try:
+            value: Any = version("hloforge")
+        except PackageNotFoundError:  # a source tree on sys.path that was never installed
+            value = "unknown (not installed)"
     elif name in _LAZY:
         module, attr = _LAZY[name]
         value = getattr(import_module(module), attr) if attr else import_module(module)

@@ -285,14 +285,10 @@ def exit_codes_text() -> str:
 
 
 def version() -> str:
-    """The installed distribution's version (pyproject.toml's, through the package metadata)."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as dist_version
+    """The installed distribution's version (hloforge.__version__)."""
+    import hloforge
 
-    try:
-        return dist_version("hloforge")
-    except PackageNotFoundError:  # a source tree on sys.path that was never installed
-        return "unknown (not installed)"
+    return str(hloforge.__version__)
 
 
 # ------------------------------------------------------------------ the parser

@@ -1,8 +1,8 @@
-"""The house's import rules (/work/shared/house.json, DESIGN.md "Layout"), checked on the source:
+"""The house's import rules (docs/architecture.md), checked on the source:
 every import of every module of the package, function-level ones included (read with ast, so
 an import hidden in a function body counts like one at the top), must keep the parts in order.
 
-- no import cycle among the package's modules, but the known one below;
+- no import cycle among the package's modules;
 - the core imports no plugin (layers, losses), backend, lowering form, trainer, dataset, zoo,
   command line, gate or matplotlib: the registry finds plugins;
 - the lowering forms import only the core;
@@ -20,12 +20,6 @@ import pytest
 
 PKG = Path(__file__).resolve().parent.parent / "hloforge"
 
-# The training loop and the tasks import each other (mostly through function-level imports):
-# known, to be removed when the loop sits below the commands (issue 23, item 3); nothing else may join it.
-KNOWN_CYCLES = [
-    {"hloforge.train.detection", "hloforge.train.diffusion", "hloforge.train.tasks", "hloforge.train.trainer"},
-]
-
 # (importer prefix, imported prefix, why): a module under the first may not import one under the second
 NEVER = [
     *(("hloforge.core", p, "the core knows no plugin, backend, trainer, dataset or screen: the registry finds them")
@@ -40,6 +34,11 @@ NEVER = [
     *(("hloforge.datasets", p, "data knows no trainer or runtime") for p in ("hloforge.train", "hloforge.backends")),
     ("hloforge.backends", "hloforge.plugins", "a runtime runs text; it knows no layer"),
     ("hloforge.train", "hloforge.plugins.layers", "the trainer finds plugins by registry and attribute, not class"),
+    *(("hloforge.train", p, "the loop sits below the commands, the API and the command line")
+      for p in ("hloforge.commands", "hloforge.api", "hloforge.callbacks", "hloforge.interop", "hloforge.cli",
+                "hloforge.bench")),
+    *(("hloforge.core", p, "the core knows no command or API above it")
+      for p in ("hloforge.commands", "hloforge.api", "hloforge.callbacks", "hloforge.interop")),
 ]
 
 
@@ -52,11 +51,21 @@ def modules() -> dict[str, Path]:
     return out
 
 
+def _runtime_nodes(tree: ast.AST) -> Iterator[ast.AST]:
+    """Every node but those under `if TYPE_CHECKING:` (names for the type checker, never imported)."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            yield from (n for child in node.orelse for n in [child, *_runtime_nodes(child)])
+            continue
+        yield node
+        yield from _runtime_nodes(node)
+
+
 def imported(module: str, source: str, known: dict[str, Path], is_package: bool = False) -> Iterator[str]:
     """Every name `module` (its `source`) imports: a package module where the name (or its `from`
     part) is one, else the outside name as written (`matplotlib.pyplot`)."""
     package = module if is_package else module.rpartition(".")[0]
-    for node in ast.walk(ast.parse(source, module)):
+    for node in _runtime_nodes(ast.parse(source, module)):
         if isinstance(node, ast.Import):
             yield from (a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -128,9 +137,8 @@ def wrong_way(edges: dict[str, set[str]]) -> list[str]:
                   for src, dst, why in NEVER if _under(m, src) and _under(t, dst))
 
 
-def test_no_import_cycle_but_the_known_one() -> None:
-    found = cycles(graph())
-    assert [c for c in found if c not in KNOWN_CYCLES] == []
+def test_no_import_cycle() -> None:
+    assert cycles(graph()) == []
 
 
 def test_no_wrong_way_import() -> None:
@@ -139,9 +147,9 @@ def test_no_wrong_way_import() -> None:
 
 def test_function_level_imports_count() -> None:
     """The walk sees an import inside a function body and a relative one, as a wrong-way arrow."""
-    text = "def f():\n    from hloforge.datasets.digits import Digits\n    from ..train import cam\n"
+    text = "def f():\n    from hloforge.datasets.digits import Digits\n    from ..commands import cam\n"
     names = set(imported("hloforge.core.probe", text, modules()))
-    assert {"hloforge.datasets.digits", "hloforge.train.cam"} <= names
+    assert {"hloforge.datasets.digits", "hloforge.commands.cam"} <= names
     edges = {"hloforge.core._probe_": {"hloforge.datasets.digits"}}
     assert wrong_way(edges) and "the core knows no plugin" in wrong_way(edges)[0]
 

@@ -56,8 +56,8 @@ def export_run(run: str, out: str, fmt: str = "hloforge", log: Callable[[str], N
     """Export the run directory (or checkpoint file) `run` into directory `out`; its path."""
     from safetensors.numpy import save_file
 
-    from hloforge.core.modules import forward_module
     from hloforge.commands.opening import open_checkpoint
+    from hloforge.core.modules import forward_module
 
     if fmt not in FORMATS:
         raise UnsupportedSpec(f"export format {fmt!r}; expected one of {list(FORMATS)}")
