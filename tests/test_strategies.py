@@ -212,8 +212,8 @@ def test_gate_runs_each_case_under_each_choice() -> None:
     # ... and as each target renders it: XLA's NHWC convs with the chunked ∂w, IREE's written out
     xla_default = {("convGrad", "chunked"), ("layout", "nhwc")}
     assert len([c for c in conv if xla_default <= set(c.strategy) and len(c.strategy) > 1]) == len(base)
-    iree = (("conv2d", "nhwc"), ("layout", "nhwc"))  # (+ depthwise=shifted or pointwise=dot where it applies)
-    iree_forms = (iree, (*iree, ("depthwise", "shifted")), (*iree, ("pointwise", "dot")))
+    iree = (("conv2d", "nhwc"), ("layout", "nhwc"))  # (+ depthwise=shiftedSmall or pointwise=dot where it applies)
+    iree_forms = (iree, (*iree, ("depthwise", "shiftedSmall")), (*iree, ("pointwise", "dot")))
     assert len([c for c in conv if c.strategy in iree_forms]) == len(base)
     # depthwise=shifted only where the conv is depthwise (three cases of conv2d's, every depthwiseConvBn's)
     assert [c.obj.stride for c in conv if c.strategy == (("depthwise", "shifted"),)] == [1, 2, 3]
@@ -539,3 +539,13 @@ def test_iree_masked_sum_form_matches_the_gated_xla_form(name: str) -> None:
         return [np.asarray(be.to_host(o), np.float64) for o in outs]  # type: ignore[attr-defined]
 
     assert _rel(run(make_backend("iree"), got_text), run(make_backend("xla"), want_text)) < 1e-5
+
+
+def test_shifted_small_takes_the_convolution_above_its_largest_kernel() -> None:
+    """IREE's depthwise choice: the shifted form up to 5×5, a convolution for ConvNeXt's 7×7 (whose ∂w
+    sums IREE 3.13 fuses into one dispatch of more buffers than its runtime binds); its step on IREE is
+    tests/test_zoo.py's convnext-mini."""
+    from hloforge.lowering.conv import SHIFTED_MAX_K, shifts
+
+    assert shifts("shiftedSmall", SHIFTED_MAX_K) and not shifts("shiftedSmall", SHIFTED_MAX_K + 2)
+    assert shifts("shifted", 7) and not shifts("conv", 3)

@@ -88,14 +88,8 @@ def test_every_net_renders_train_step_and_eval(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", MINIS)
-def test_mini_nets_take_a_train_step_on_digits_shapes(name: str, backend: str, request: pytest.FixtureRequest) -> None:
-    from hloforge.core.errors import BackendError
+def test_mini_nets_take_a_train_step_on_digits_shapes(name: str, backend: str) -> None:
     from hloforge.train.session import ForwardSession, TrainSession, make_backend
-
-    # IREE 3.13 fuses the 7×7 depthwise conv's 49 shifted ∂w sums into one dispatch of 50 bindings,
-    # which its runtime refuses (at most 32): strict, so a fix is noticed
-    request.applymarker(pytest.mark.xfail(backend == "iree" and name == "convnext-mini", raises=BackendError,
-                                          strict=True, reason="IREE: binding count 50 > 32"))
 
     spec = get_net(name)
     assert spec.input_shape == (1, 28, 28) and spec.num_classes == 10

@@ -23,7 +23,10 @@ An NHWC conv's backward is what the kind "convGrad" picks:
 A depthwise conv (groups = in = out channels) first consults the kind "depthwise":
 - "conv": the convolution above, whichever form "conv2d" picks;
 - "shifted": Σ over the k² taps of a strided slice of x times that tap's per-channel weight, in
-  the activation's own layout, with a closed-form backward (`depthwise_shifted`).
+  the activation's own layout, with a closed-form backward (`depthwise_shifted`);
+- "shiftedSmall": "shifted" for kernels up to SHIFTED_MAX_K, "conv" above. ∂w's k² sums are one
+  variadic reduce of k² + 1 buffers, which a compiler may fuse into one dispatch: IREE 3.13 does,
+  and its runtime binds at most 32 buffers to one (a 7×7 kernel's 50 are refused).
 
 A 1×1, stride-1, ungrouped, unpadded conv in NHWC (MobileNet's expand and project convs) first
 consults the kind "pointwise":
@@ -83,8 +86,10 @@ CONV_GRAD = StrategyKind("convGrad", ("written", "autodiff", "chunked"),
                          f"where the kernel is at least {GEMM_KERNEL_RATIO}× its input")
 POINTWISE = StrategyKind("pointwise", ("conv", "dot"),
                          "a 1×1 stride-1 conv in NHWC as a convolution, or as the GEMM over its pixels it is")
-DEPTHWISE = StrategyKind("depthwise", ("conv", "shifted"),
-                         "a depthwise conv as a convolution, or as k² shifted per-channel products")
+SHIFTED_MAX_K = 5  # k² + 1 = 26 buffers in ∂w's reduce, within a 32-binding dispatch
+DEPTHWISE = StrategyKind("depthwise", ("conv", "shifted", "shiftedSmall"),
+                         "a depthwise conv as a convolution, or as k² shifted per-channel products (shiftedSmall: "
+                         f"for kernels up to {SHIFTED_MAX_K}×{SHIFTED_MAX_K}, a convolution above)")
 KINDS = (CONV2D, CONV_GRAD, POINTWISE, DEPTHWISE)
 
 
@@ -125,12 +130,17 @@ def per_axis(layout: str, h: int, w: int, rest: int) -> list[int]:
     return v
 
 
+def shifts(choice: str, k: int) -> bool:
+    """Whether a depthwise conv of kernel k takes the shifted form under the "depthwise" `choice`."""
+    return choice == "shifted" or (choice == "shiftedSmall" and k <= SHIFTED_MAX_K)
+
+
 def conv2d(b: Builder, x: Value, w: Value, *, stride: int, pads: Sequence[tuple[int, int]], groups: int = 1,
            layout: str = strategy.NCHW) -> Value:
     """x [N, C, H, W] ⊛ w [O, C/groups, k, k] -> [N, O, OH, OW], in the form strategy "conv2d" picks;
     an NHWC x (`layout`, inside a layout=nhwc net) gives an NHWC result, always in the NHWC form."""
     channels = x.shape[strategy.channel_axis(layout, 4)]
-    if is_depthwise(channels, w.shape[0], groups) and strategy.chosen("depthwise", b.target) == "shifted":
+    if is_depthwise(channels, w.shape[0], groups) and shifts(strategy.chosen("depthwise", b.target), w.shape[-1]):
         return depthwise_shifted(b, x, w, stride=stride, pads=pads, layout=layout)
     if layout == strategy.NHWC:
         return nhwc_conv2d(b, x, hwio(b, w), stride=stride, pads=pads, groups=groups)

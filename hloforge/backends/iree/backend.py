@@ -259,7 +259,7 @@ class IreeBackend:
     name = "iree"
     # The lowering forms IREE's modules are rendered in (core/strategy.py; why: benchmarks/NOTES.md).
     strategy_defaults = {"layout": "nhwc", "update": "after_backward", "paramLayout": "hwio", "sums": "plain",
-                         "conv2d": "nhwc", "convGrad": "written", "pointwise": "dot", "depthwise": "shifted",
+                         "conv2d": "nhwc", "convGrad": "written", "pointwise": "dot", "depthwise": "shiftedSmall",
                          "maxPool": "select", "bnReduce": "fused", "sdpaGrad": "closed", "maskedSum": "channelsFirst"}
 
     def __init__(self, target: str | None = None, *, gpu_arch: str | None = None,
