@@ -35,7 +35,7 @@ import numpy as np
 from hloforge.core.errors import UnsupportedSpec
 from hloforge.core.hlo import Builder, Value
 from hloforge.core.hookspecs import hookimpl
-from hloforge.core.spec import Ctx, Layer, ParamSlot, Shape, StatSlot
+from hloforge.core.spec import MAX_REPEAT, Ctx, Layer, ParamSlot, Shape, StatSlot
 from hloforge.datasets.digits import bilinear_matrix
 from hloforge.losses.detection import BOX, Anchor, pyramid_scales
 from hloforge.plugins.layers.compose import (
@@ -172,8 +172,8 @@ class FpnDetect(Layer):
         if h != w or h % 4:
             raise UnsupportedSpec(f"fpnDetect takes a square C3 map whose side divides by 4 (C4, C5 halve it), "
                                   f"got {h}x{w}")
-        if min(self.classes, self.oc, self.c4, self.c5, self.blocks) < 1 or self.tower < 0:
-            raise UnsupportedSpec("classes, oc, c4, c5 and blocks must be positive, tower ≥ 0")
+        if min(self.classes, self.oc, self.c4, self.c5, self.blocks) < 1 or not 0 <= self.tower <= MAX_REPEAT:
+            raise UnsupportedSpec(f"classes, oc, c4, c5 and blocks must be positive, tower in 0..{MAX_REPEAT}")
         cells = sum(s.cells for s in pyramid_scales(21 * (h // 4) ** 2))
         return (cells, len(self.anchors[0]), self.per_anchor)
 
