@@ -260,8 +260,8 @@ def check_shape(what: str, shape: Shape) -> None:
 _HINTS: dict[type, dict[str, Any]] = {}
 
 
-def _conforms(v: Any, tp: Any) -> bool:
-    """Whether an option value has its field's declared type (int, float, str, bool, None, unions and tuples
+def conforms(v: Any, tp: Any) -> bool:
+    """Whether a value has its field's declared type (int, float, str, bool, None, unions and tuples
     of those); a type this does not know (a plugin's own class) is left to the layer's own checks."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if tp is Any:
@@ -277,13 +277,13 @@ def _conforms(v: Any, tp: Any) -> bool:
     if tp is str:
         return isinstance(v, str)
     if origin in (typing.Union, types.UnionType):
-        return any(_conforms(v, a) for a in args)
+        return any(conforms(v, a) for a in args)
     if origin is tuple:
         if not isinstance(v, tuple):
             return False
         if len(args) == 2 and args[1] is Ellipsis:
-            return all(_conforms(x, args[0]) for x in v)
-        return len(v) == len(args) and all(_conforms(x, a) for x, a in zip(v, args, strict=True))
+            return all(conforms(x, args[0]) for x in v)
+        return len(v) == len(args) and all(conforms(x, a) for x, a in zip(v, args, strict=True))
     return True
 
 
@@ -298,7 +298,7 @@ def check_options(layer: Layer) -> None:
             _HINTS[cls] = {}
     for f in layer_fields(layer):
         v = getattr(layer, f.name)
-        if f.name in _HINTS[cls] and not _conforms(v, _HINTS[cls][f.name]):
+        if f.name in _HINTS[cls] and not conforms(v, _HINTS[cls][f.name]):
             want = str(_HINTS[cls][f.name]).replace("typing.", "").replace("<class '", "").replace("'>", "")
             raise UnsupportedSpec(f"option {f.name}={v!r} is not of its type {want}")
 

@@ -364,11 +364,17 @@ class Run:
         ckpt.save_checkpoint(self.ckpt_path, names, params + state + self.running + self.shadow_running,
                              self.meta(epoch, session.step))
 
+    def expected_tensors(self) -> tuple[dict[str, tuple[int, ...]], list[str]]:
+        """Every tensor this run's checkpoint holds, name -> shape, and the optional ones."""
+        return ckpt.expected_tensors([(n, s.shape) for n, s in self.spec.params()], self.state_layout.slots,
+                                     [(n, s.shape) for n, s in self.spec.stats()], self.state_layout.shadows)
+
     def restore(self, session: TrainSession, cross_backend: bool = False) -> int:
         """Load the run's checkpoint into the session; returns the epoch it ended."""
         tensors, meta = ckpt.load_checkpoint(self.ckpt_path)
         session.state_layout.check_slots(f"checkpoint {self.ckpt_path}", list(tensors))
         check_matches(self.ckpt_path, meta, self.spec, self.variant, self.cfg.backend, cross_backend)
+        ckpt.check_tensors(self.ckpt_path, tensors, *self.expected_tensors())
         lay = session.layout
         pn = [n for n, _ in lay.params]
         try:
@@ -630,6 +636,7 @@ class OpenedCheckpoint:
             raise UnsupportedSpec(f"region {region!r}; expected one of {list(REGIONS)}")
         run, layout = self.run, self.run.state_layout
         layout.check_slots(f"checkpoint {self.file}", list(self.tensors))
+        ckpt.check_tensors(self.file, self.tensors, *run.expected_tensors())
         if region == "auto":  # the shadow when the variant keeps one: what its training run reported first
             region = "ema" if layout.shadows else "live"
         if region == "ema" and not layout.shadows:
@@ -649,7 +656,7 @@ def open_checkpoint(path: str, backend: str | None = None,
     differs from the stored spec."""
     file = os.path.join(path, CHECKPOINT) if os.path.isdir(path) else path
     tensors, meta = ckpt.load_checkpoint(file)
-    cfg = TrainConfig(**meta["config"])
+    cfg = ckpt.config_from(file, TrainConfig, meta["config"])
     if backend and backend != cfg.backend:
         cfg = attrs.evolve(cfg, backend=backend)
     if devices:
