@@ -104,7 +104,7 @@ META_TYPES: dict[str, type] = {"spec": dict, "variant": dict, "backend": str, "e
 def check_meta(path: str, meta: dict[str, Any]) -> None:
     for k, t in META_TYPES.items():
         v: Any = meta.get(k)
-        if not isinstance(v, t) or isinstance(v, bool) or (t is int and v < 0):
+        if not isinstance(v, t) or isinstance(v, bool) or (t is int and typing.cast(int, v) < 0):
             want = {dict: "a table", str: "a string", int: "a count ≥ 0"}[t]
             raise DataError(f"checkpoint {path}: its metadata {k!r} is {_short(v)}, expected {want}; tampered, "
                             "or not written by hloforge")
