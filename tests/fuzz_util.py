@@ -19,6 +19,7 @@ from hloforge.core.errors import HloforgeError
 
 # surface -> Counter(tried, refused, accepted); printed at exit when HLOFORGE_FUZZ_TALLY is set
 TALLY: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+MESSAGES: list[str] = []  # every refusal's message, written next to the tally for a person to read
 REFUSED = object()
 HANG_S = 20  # far past any real reading of these tiny inputs: past it, the input hangs the reader
 
@@ -62,6 +63,7 @@ def outcome(surface: str, call: Callable[[], Any], names: Sequence[str], watched
         assert msg.strip() and "\n" not in msg, f"not one line: {msg!r}"
         assert any(n in msg for n in names), f"names none of {list(names)}: {msg!r}"
         TALLY[surface]["refused"] += 1
+        MESSAGES.append(f"{surface}\t{msg}")
         result = REFUSED
     else:
         TALLY[surface]["accepted"] += 1
@@ -80,6 +82,8 @@ def _print_tally() -> None:
         with open(os.environ["HLOFORGE_FUZZ_TALLY"], "a", encoding="utf-8") as f:
             for s, c in sorted(TALLY.items()):
                 f.write(f"{s} | {c['tried']} | {c['refused']} | {c['accepted']}\n")
+        with open(os.environ["HLOFORGE_FUZZ_TALLY"] + ".messages", "a", encoding="utf-8") as f:
+            f.writelines(m + "\n" for m in MESSAGES)
 
 
 def corrupt(data: bytes, ops: Sequence[tuple[str, int, int]]) -> bytes:

@@ -177,6 +177,9 @@ def test_tampered_checkpoints_are_refused_in_one_line(good):
              r"tensor param/0.w is float64 \[784, 10\], expected float32 \[784, 10\]"),
             (_resave({**tensors, "stat/junk": np.zeros(2, np.float32)}, meta), r"holds tensor stat/junk"),
         ]
+        spec = json.loads(json.dumps(meta["spec"]))
+        spec["layers"][0]["units"] = 11
+        cases.append((_resave(tensors, {**meta, "spec": spec}), r"as defined now \(layers\[0\].units: 11, not 10\)"))
         for blob, match in cases:
             with open(path, "wb") as f:
                 f.write(blob)

@@ -218,6 +218,9 @@ def test_unreadable_spec_files_are_one_line(tmp_path):
     bad.write_bytes(b'name = "caf\xe9"\n')
     with pytest.raises(UnsupportedSpec, match=r"net.toml: cannot read it as a UTF-8 spec file"):
         NetSpec.from_file(str(bad))
+    bad.write_text(NetSpec.from_dict(_mlp(num_classes=7)).to_toml())
+    with pytest.raises(UnsupportedSpec, match=r"^.*net.toml: net 'mnist-mlp' ends in shape \[10\], expected \[7\]"):
+        NetSpec.from_file(str(bad))  # named the net only before, not the file
     js = tmp_path / "net.json"
     js.write_text(json.dumps(_mlp()).replace('"units": 512', '"units": NaN', 1))
     with pytest.raises(UnsupportedSpec, match=r"net.json: not a valid spec file: NaN is not a number"):

@@ -439,7 +439,12 @@ class NetSpec:
             d = (json.loads(text, parse_constant=_no_constant) if path.endswith(".json") else tomllib.loads(text))
         except (ValueError, RecursionError) as e:
             raise UnsupportedSpec(f"{path}: not a valid spec file: {_one_line(e)}") from None
-        return cls.from_dict(d, registry, source=path)
+        spec = cls.from_dict(d, registry, source=path)
+        try:  # a file's net is walked here, so what it cannot render is refused naming the file
+            spec.walk()
+        except UnsupportedSpec as e:
+            raise UnsupportedSpec(f"{path}: {e}") from None
+        return spec
 
 
 

@@ -169,6 +169,19 @@ def config_from(path: str, cls: type[T], stored: Any) -> T:
     return cfg
 
 
+def first_difference(stored: Any, now: Any, where: str = "") -> str:
+    """Where two JSON-like values (a stored spec and the current one) first differ, as 'key: a, not b'."""
+    if isinstance(stored, dict) and isinstance(now, dict):
+        for k in [*now, *(k for k in stored if k not in now)]:
+            if stored.get(k) != now.get(k):
+                return first_difference(stored.get(k), now.get(k), f"{where}{k}" if not where else f"{where}.{k}")
+    if isinstance(stored, list) and isinstance(now, list) and len(stored) == len(now):
+        for i, (a, b) in enumerate(zip(stored, now, strict=True)):
+            if a != b:
+                return first_difference(a, b, f"{where}[{i}]")
+    return f"{where or 'the whole'}: {_short(stored)}, not {_short(now)}"
+
+
 def _short(v: Any) -> str:
     r = repr(v)
     return r if len(r) <= 60 else r[:57] + "..."

@@ -594,7 +594,7 @@ def check_matches(path: str, meta: dict[str, Any], spec: NetSpec, variant: Varia
     """Refuse a checkpoint of another net, variant or backend with one clear line."""
     if meta.get("spec") != spec.to_dict():
         raise DataError(f"checkpoint {path} is of net {meta.get('spec', {}).get('name')!r}, not {spec.name!r} "
-                        "(its spec differs)")
+                        f"(its spec differs: {ckpt.first_difference(meta.get('spec'), spec.to_dict())})")
     if meta.get("variant") != attrs.asdict(variant):
         raise DataError(f"checkpoint {path} was trained as variant {meta.get('variant')}, not {attrs.asdict(variant)}")
     if meta.get("backend") != backend and not allow_cross_backend:
@@ -664,7 +664,8 @@ def open_checkpoint(path: str, backend: str | None = None,
     run = Run(cfg, log, progress=False)
     spec = NetSpec.from_dict(meta["spec"], source=file)
     if spec != run.spec:
-        raise DataError(f"checkpoint {file} holds a spec that differs from net {cfg.net!r} as defined now")
+        raise DataError(f"checkpoint {file} holds a spec that differs from net {cfg.net!r} as defined now "
+                        f"({ckpt.first_difference(spec.to_dict(), run.spec.to_dict())})")
     return OpenedCheckpoint(file, tensors, meta, run, spec)
 
 
