@@ -635,8 +635,6 @@ class OpenedCheckpoint:
         if region not in REGIONS:
             raise UnsupportedSpec(f"region {region!r}; expected one of {list(REGIONS)}")
         run, layout = self.run, self.run.state_layout
-        layout.check_slots(f"checkpoint {self.file}", list(self.tensors))
-        ckpt.check_tensors(self.file, self.tensors, *run.expected_tensors())
         if region == "auto":  # the shadow when the variant keeps one: what its training run reported first
             region = "ema" if layout.shadows else "live"
         if region == "ema" and not layout.shadows:
@@ -666,6 +664,12 @@ def open_checkpoint(path: str, backend: str | None = None,
     if spec != run.spec:
         raise DataError(f"checkpoint {file} holds a spec that differs from net {cfg.net!r} as defined now "
                         f"({ckpt.first_difference(spec.to_dict(), run.spec.to_dict())})")
+    if meta["variant"] != attrs.asdict(run.variant):  # what the tensors were trained as, against the config's
+        raise DataError(f"checkpoint {file}: its variant differs from the one its config makes "
+                        f"({ckpt.first_difference(meta['variant'], attrs.asdict(run.variant))}); tampered")
+    # every consumer (eval, sample, generate, cam, detect) reads tensors of the layout, shapes and dtype checked
+    run.state_layout.check_slots(f"checkpoint {file}", list(tensors))
+    ckpt.check_tensors(file, tensors, *run.expected_tensors())
     return OpenedCheckpoint(file, tensors, meta, run, spec)
 
 
