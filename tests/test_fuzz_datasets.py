@@ -204,3 +204,20 @@ def test_yolo_label_file_not_utf8_or_with_a_nan_box_is_refused(tmp_path):
         path = _write(str(tmp_path), "b.txt", (line + "\n").encode())
         with pytest.raises(DataError, match=r"b.txt:1: box centre must lie in \[0, 1\] and its size in \(0, 1\]"):
             yolo.read_label_file(path, 2)
+
+
+def test_yolo_record_box_of_another_class_or_a_nan_target_is_refused(tmp_path):
+    ds = yolo.Yolo(str(tmp_path), size=4, grid=2, boxes=1, classes=2)
+    good = _yolo_record(np.random.default_rng(0), ds)
+    table = 3 * 16 + 4 * (ds.per_cell + 1) * 4 + 4  # where the box rows start
+    bad_class = bytearray(good)
+    struct.pack_into("<i", bad_class, table - 4, 1)
+    yolo.BOX_ROW.pack_into(bad_class, table, 3, 0.1, 0.1, 0.5, 0.6)
+    _write(str(tmp_path), "test.bin", _counted([bytes(bad_class)]))
+    with pytest.raises(DataError, match=r"test.bin: record 0 box 0 is \[3.0, .*expected a class in 0..1"):
+        ds.arrays("test")  # accepted before: class 3 of a 2-class set
+    nan_target = bytearray(good)
+    struct.pack_into("<f", nan_target, 3 * 16, float("nan"))
+    _write(str(tmp_path), "test.bin", _counted([bytes(nan_target)]))
+    with pytest.raises(DataError, match=r"test.bin: record 0's target holds a NaN"):
+        yolo.Yolo(str(tmp_path), size=4, grid=2, boxes=1, classes=2).arrays("test")

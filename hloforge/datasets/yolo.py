@@ -88,8 +88,16 @@ class Yolo:
                 raise DataError(f"{path}: record {n} claims {nb} boxes; at most {MAX_BOXES} fit")
             rows = [BOX_ROW.unpack_from(raw[n], tail + 4 + k * BOX_ROW.size) for k in range(nb)]
             b = np.asarray(rows, np.float32).reshape(-1, 5)
+            bad = ~((0 <= b[:, 0]) & (b[:, 0] < self.num_classes) & (b[:, 1:] >= 0).all(1) & (b[:, 1:] <= 1).all(1))
+            if bad.any():  # a NaN fails the comparisons too
+                k = int(np.argmax(bad))
+                raise DataError(f"{path}: record {n} box {k} is {[round(float(v), 4) for v in b[k]]}; expected a "
+                                f"class in 0..{self.num_classes - 1} and corners in [0, 1]")
             b[:, 1:] *= self.size
             boxes.append(b)
+        if not np.isfinite(labels).all():
+            n = int(np.argmax(~np.isfinite(labels).reshape(count, -1).all(1)))
+            raise DataError(f"{path}: record {n}'s target holds a NaN or an infinity; corrupt")
         x = self.normalize(images.astype(np.float32) / 255.0)
         self._cache[split] = (x, labels, boxes)
         return self._cache[split]
