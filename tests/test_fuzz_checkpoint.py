@@ -180,6 +180,8 @@ def test_tampered_checkpoints_are_refused_in_one_line(good):
         spec = json.loads(json.dumps(meta["spec"]))
         spec["layers"][0]["units"] = 11
         cases.append((_resave(tensors, {**meta, "spec": spec}), r"as defined now \(layers\[0\].units: 11, not 10\)"))
+        cases.append((_resave(tensors, {**meta, "variant": {**meta["variant"], "ema": 0.5}}),
+                      r"its variant differs from the one its config makes \(ema: 0.5, not 0.9\)"))  # eval scored it
         for blob, match in cases:
             with open(path, "wb") as f:
                 f.write(blob)

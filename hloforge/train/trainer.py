@@ -664,9 +664,12 @@ def open_checkpoint(path: str, backend: str | None = None,
     if spec != run.spec:
         raise DataError(f"checkpoint {file} holds a spec that differs from net {cfg.net!r} as defined now "
                         f"({ckpt.first_difference(spec.to_dict(), run.spec.to_dict())})")
-    if meta["variant"] != attrs.asdict(run.variant):  # what the tensors were trained as, against the config's
+    # what the tensors were trained as, against what the config makes (a field newer than the checkpoint aside)
+    made = attrs.asdict(run.variant)
+    if any(k not in made or made[k] != v for k, v in meta["variant"].items()):
         raise DataError(f"checkpoint {file}: its variant differs from the one its config makes "
-                        f"({ckpt.first_difference(meta['variant'], attrs.asdict(run.variant))}); tampered")
+                        f"({ckpt.first_difference(meta['variant'], {k: made.get(k) for k in meta['variant']})}); "
+                        "tampered")
     # every consumer (eval, sample, generate, cam, detect) reads tensors of the layout, shapes and dtype checked
     run.state_layout.check_slots(f"checkpoint {file}", list(tensors))
     ckpt.check_tensors(file, tensors, *run.expected_tensors())
