@@ -20,7 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from safetensors.numpy import save
 
-from hloforge.core.errors import DataError
+from hloforge.core.errors import DataError, HloforgeError
 from hloforge.train import checkpoint as ckpt
 from hloforge.train.session import TrainSession
 from hloforge.train.trainer import CHECKPOINT, Run, TrainConfig, open_checkpoint, train
@@ -182,10 +182,12 @@ def test_tampered_checkpoints_are_refused_in_one_line(good):
         cases.append((_resave(tensors, {**meta, "spec": spec}), r"as defined now \(layers\[0\].units: 11, not 10\)"))
         cases.append((_resave(tensors, {**meta, "variant": {**meta["variant"], "ema": 0.5}}),
                       r"its variant differs from the one its config makes \(ema: 0.5, not 0.9\)"))  # eval scored it
+        cases.append((_resave(tensors, {**meta, "config": {**meta["config"], "ema": 1.0}}),
+                      r"checkpoint .*: ema decay must be in \[0, 1\)"))  # named no checkpoint before
         for blob, match in cases:
             with open(path, "wb") as f:
                 f.write(blob)
-            with pytest.raises(DataError, match=match):
+            with pytest.raises(HloforgeError, match=match):
                 _eval_open(path)
         t = dict(tensors)
         t["param/0.w"] = np.full_like(t["param/0.w"], np.nan)

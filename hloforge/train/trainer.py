@@ -659,7 +659,10 @@ def open_checkpoint(path: str, backend: str | None = None,
         cfg = attrs.evolve(cfg, backend=backend)
     if devices:
         cfg = attrs.evolve(cfg, devices=devices)
-    run = Run(cfg, log, progress=False)
+    try:
+        run = Run(cfg, log, progress=False)
+    except HloforgeError as e:  # the stored config's net, variant or data refused: say whose config it is
+        raise type(e)(f"checkpoint {file}: {e}") from None
     spec = NetSpec.from_dict(meta["spec"], source=file)
     if spec != run.spec:
         raise DataError(f"checkpoint {file} holds a spec that differs from net {cfg.net!r} as defined now "
