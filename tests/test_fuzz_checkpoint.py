@@ -202,3 +202,9 @@ def test_tampered_checkpoints_are_refused_in_one_line(good):
             f.write(_resave(t, meta))
         with pytest.raises(DataError, match=r"tensor param/0.b is float32 \[11\], expected float32 \[10\]"):
             _eval_open(path)
+
+
+def test_a_device_count_the_backend_would_abort_on_is_refused():
+    # a checkpoint's config with devices=2**31 killed the process in the XLA client (std::length_error)
+    with pytest.raises(HloforgeError, match=r"devices at most 4096"):
+        TrainConfig(devices=2**31).check()
