@@ -1,4 +1,4 @@
-"""Suite-wide fixtures and hooks."""
+"""Suite-wide fixtures, hooks and settings."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import os
 from collections.abc import Generator
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from hloforge.backends.base import BACKEND_ENV_VAR, DEFAULT_BACKEND
 
@@ -54,3 +55,12 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         return (yield)
     finally:
         os.environ[BACKEND_ENV_VAR] = saved
+
+
+# ------------------------------------------------------------------ hypothesis profiles
+# The default is seeded and modest so CI is deterministic and fast; `pytest --hypothesis-profile=long`
+# walks the same properties much further.
+settings.register_profile("default", max_examples=30, derandomize=True, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("long", max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("default")

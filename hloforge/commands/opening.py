@@ -10,7 +10,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from hloforge.core.errors import DataError, UnsupportedSpec
+from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
 from hloforge.core.spec import NetSpec
 from hloforge.core.variant import SHADOW
 from hloforge.train import checkpoint as ckpt
@@ -47,7 +47,6 @@ class OpenedCheckpoint:
         if region not in REGIONS:
             raise UnsupportedSpec(f"region {region!r}; expected one of {list(REGIONS)}")
         run, layout = self.run, self.run.state_layout
-        layout.check_slots(f"checkpoint {self.file}", list(self.tensors))
         if region == "auto":  # the shadow when the variant keeps one: what its training run reported first
             region = "ema" if layout.shadows else "live"
         if region == "ema" and not layout.shadows:
@@ -81,15 +80,28 @@ def open_checkpoint(path: str, backend: str | None = None,
     tensors, meta = ckpt.load_checkpoint(file)
     if os.path.isdir(path) and os.path.exists(os.path.join(path, "config.toml")):
         check_run_dir(path, file, meta)
-    cfg = TrainConfig(**meta["config"])
+    cfg = ckpt.config_from(file, TrainConfig, meta["config"])
     if backend and backend != cfg.backend:
         cfg = attrs.evolve(cfg, backend=backend)
     if devices:
         cfg = attrs.evolve(cfg, devices=devices)
-    run = Run(cfg, log, progress=False, eval_only=True)  # scoring never opens the train split
+    try:
+        run = Run(cfg, log, progress=False, eval_only=True)  # scoring never opens the train split
+    except HloforgeError as e:  # the stored config's net, variant or data refused: say whose config it is
+        raise type(e)(f"checkpoint {file}: {e}") from None
     spec = NetSpec.from_dict(meta["spec"], source=file)
     if spec != run.spec:
-        raise DataError(f"checkpoint {file} holds a spec that differs from net {cfg.net!r} as defined now")
+        raise DataError(f"checkpoint {file} holds a spec that differs from net {cfg.net!r} as defined now "
+                        f"({ckpt.first_difference(spec.to_dict(), run.spec.to_dict())})")
+    # what the tensors were trained as, against what the config makes (a field newer than the checkpoint aside)
+    made = attrs.asdict(run.variant)
+    if any(k not in made or made[k] != v for k, v in meta["variant"].items()):
+        raise DataError(f"checkpoint {file}: its variant differs from the one its config makes "
+                        f"({ckpt.first_difference(meta['variant'], {k: made.get(k) for k in meta['variant']})}); "
+                        "tampered")
+    # every consumer (eval, sample, generate, cam, detect) reads tensors of the layout, shapes and dtype checked
+    run.state_layout.check_slots(f"checkpoint {file}", list(tensors))
+    ckpt.check_tensors(file, tensors, *run.expected_tensors())
     return OpenedCheckpoint(file, tensors, meta, run, spec)
 
 

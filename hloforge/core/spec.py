@@ -8,8 +8,11 @@ the parameter count, optimizer state and checkpoints all read.
 from __future__ import annotations
 
 import json
+import math
 import re
 import tomllib
+import types
+import typing
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -48,8 +51,78 @@ class LayerShapes:
     masks: tuple[MaskSlot, ...] = ()
 
 
+# The largest element count of one tensor (per example) a spec may ask for: 2**40 float32s are 4 TiB,
+# beyond any device, and far below where shape arithmetic would overflow int64.
+MAX_ELEMENTS = 2**40
+SPEC_KEYS = ("name", "input_shape", "num_classes", "layers")
+# The most times a layer may repeat a block (a stage's n, a detector's tower): far above any real net
+# (ResNet-152's longest stage has 36), far below where the walk over the blocks would hang.
+MAX_REPEAT = 1000
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
 def _shape(v: Sequence[int]) -> Shape:
+    if isinstance(v, (str, bytes)) or not isinstance(v, Sequence | np.ndarray) or not all(_is_int(n) for n in v):
+        raise UnsupportedSpec(f"input_shape must be a list of positive integers, got {v!r}")
     return tuple(int(n) for n in v)
+
+
+def check_shape(what: str, shape: Shape) -> None:
+    """Refuse a shape with a dimension below 1, or more elements than any device holds."""
+    if not all(_is_int(n) and n >= 1 for n in shape):
+        raise UnsupportedSpec(f"{what} {list(shape)} has a dimension below 1; every dimension must be positive")
+    if math.prod(shape) > MAX_ELEMENTS:
+        raise UnsupportedSpec(f"{what} {list(shape)} has {math.prod(shape):,} elements, more than the "
+                              f"{MAX_ELEMENTS:,} a spec may ask of one tensor")
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def conforms(v: Any, tp: Any) -> bool:
+    """Whether a value has its field's declared type (int, float, str, bool, None, unions and tuples
+    of those); a type this does not know (a plugin's own class) is left to the layer's own checks."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is Any:
+        return True
+    if tp is type(None):
+        return v is None
+    if tp is bool:
+        return isinstance(v, (bool, np.bool_))
+    if tp is int:
+        return _is_int(v)
+    if tp is float:  # an int is a float option's value too (TOML writes eps = 1); NaN and ±inf are not
+        return (_is_int(v) or isinstance(v, (float, np.floating))) and math.isfinite(v)
+    if tp is str:
+        return isinstance(v, str)
+    if origin in (typing.Union, types.UnionType):
+        return any(conforms(v, a) for a in args)
+    if origin is tuple:
+        if not isinstance(v, tuple):
+            return False
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(conforms(x, args[0]) for x in v)
+        return len(v) == len(args) and all(conforms(x, a) for x, a in zip(v, args, strict=True))
+    return True
+
+
+def check_options(layer: Layer) -> None:
+    """Refuse a layer whose options are not of their declared types (a string for a size, a float for a
+    count, a NaN for an epsilon): the layer's own shape rules assume them."""
+    cls = type(layer)
+    if cls not in _HINTS:
+        try:
+            _HINTS[cls] = typing.get_type_hints(cls)
+        except (NameError, TypeError):  # annotations that do not resolve: the layer checks its own
+            _HINTS[cls] = {}
+    for f in layer_fields(layer):
+        v = getattr(layer, f.name)
+        if f.name in _HINTS[cls] and not conforms(v, _HINTS[cls][f.name]):
+            want = str(_HINTS[cls][f.name]).replace("typing.", "").replace("<class '", "").replace("'>", "")
+            raise UnsupportedSpec(f"option {f.name}={v!r} is not of its type {want}")
 
 
 @attrs.frozen
@@ -66,8 +139,19 @@ class NetSpec:
     # ------------------------------------------------------------- the shape walk
     def walk(self) -> list[LayerShapes]:
         """Every layer's in/out shapes and slots; refuses anything a plugin cannot render faithfully."""
+        if not isinstance(self.name, str) or not self.name:
+            raise UnsupportedSpec(f"net name must be a non-empty string, got {self.name!r}")
         if not self.layers:
             raise UnsupportedSpec(f"net {self.name!r} has no layers")
+        if not _is_int(self.num_classes) or self.num_classes < 1:
+            raise UnsupportedSpec(f"net {self.name!r}: num_classes must be a positive integer, got "
+                                  f"{self.num_classes!r}")
+        if not all(isinstance(layer, Layer) for layer in self.layers):
+            raise UnsupportedSpec(f"net {self.name!r}: layers must be Layer instances, got "
+                                  f"{[type(layer).__name__ for layer in self.layers]}")
+        if not self.input_shape:
+            raise UnsupportedSpec(f"net {self.name!r}: input_shape is empty; expected a list of positive integers")
+        check_shape(f"net {self.name!r}: input_shape", self.input_shape)
         out = walk_layers(self.layers, self.input_shape)
         last = out[-1].out_shape
         # [classes], per-token logits [T, classes] (a language model), or a map [classes, H, W]
@@ -109,26 +193,44 @@ class NetSpec:
         from hloforge.core.registry import default_registry
 
         reg = registry or default_registry()
-        missing = {"name", "input_shape", "num_classes", "layers"} - set(d)
+        if not isinstance(d, Mapping):
+            raise UnsupportedSpec(f"{source}: a spec is a table of {', '.join(SPEC_KEYS)}; got {type(d).__name__}")
+        missing = set(SPEC_KEYS) - set(d)
         if missing:
             raise UnsupportedSpec(f"{source}: missing key(s) {sorted(missing)}; expected name, input_shape, "
                                   "num_classes, layers")
+        unknown = sorted(str(k) for k in set(d) - set(SPEC_KEYS))
+        if unknown:
+            raise UnsupportedSpec(f"{source}: unknown key(s) {unknown}; a spec has only {', '.join(SPEC_KEYS)}")
+        name, shape, nc, lds = (d[k] for k in SPEC_KEYS)
+        if not isinstance(name, str) or not name:
+            raise UnsupportedSpec(f"{source}: name must be a non-empty string, got {name!r}")
+        if not isinstance(nc, int) or isinstance(nc, bool) or nc < 1:
+            raise UnsupportedSpec(f"{source}: num_classes must be a positive integer, got {nc!r}")
+        if not isinstance(shape, list | tuple) or not shape or not all(_is_int(n) and n >= 1 for n in shape):
+            raise UnsupportedSpec(f"{source}: input_shape must be a list of positive integers, got {shape!r}")
+        if not isinstance(lds, list | tuple) or not all(isinstance(ld, Mapping) for ld in lds):
+            raise UnsupportedSpec(f"{source}: layers must be a list of tables (each with a 'kind'), got {lds!r}")
         layers = []
-        for i, ld in enumerate(d["layers"]):
+        for i, ld in enumerate(lds):
             ld = dict(ld)
             kind = ld.pop("kind", None)
             if kind is None:
                 raise UnsupportedSpec(f"{source}: layer {i} has no 'kind'")
+            if not isinstance(kind, str):
+                raise UnsupportedSpec(f"{source}: layer {i}: kind must be a layer name (a string), got {kind!r}")
             try:
                 reg.entry("layer", kind)
             except PluginError as e:
                 raise PluginError(f"{source}: layer {i}: {e}") from None
-            opts = {k: tuple(v) if isinstance(v, list) else v for k, v in ld.items()}
+            opts = {str(k): _tuples(v) for k, v in ld.items()}
             try:
-                layers.append(reg.make("layer", kind, **opts))
+                layer = reg.make("layer", kind, **opts)
+                check_options(layer)
             except UnsupportedSpec as e:
                 raise UnsupportedSpec(f"{source}: layer {i}: {e}") from None
-        return cls(str(d["name"]), d["input_shape"], layers, int(d["num_classes"]))
+            layers.append(layer)
+        return cls(name, shape, layers, nc)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
@@ -150,12 +252,21 @@ class NetSpec:
 
     @classmethod
     def from_file(cls, path: str, registry: Registry | None = None) -> NetSpec:
-        text = open(path, encoding="utf-8").read()
         try:
-            d = json.loads(text) if path.endswith(".json") else tomllib.loads(text)
-        except (ValueError, tomllib.TOMLDecodeError) as e:
-            raise UnsupportedSpec(f"{path}: not a valid spec file: {e}") from None
-        return cls.from_dict(d, registry, source=path)
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise UnsupportedSpec(f"{path}: cannot read it as a UTF-8 spec file ({e})") from None
+        try:  # JSON's NaN and Infinity are no spec's values: refused like any other non-JSON
+            d = (json.loads(text, parse_constant=_no_constant) if path.endswith(".json") else tomllib.loads(text))
+        except (ValueError, RecursionError) as e:
+            raise UnsupportedSpec(f"{path}: not a valid spec file: {_one_line(e)}") from None
+        spec = cls.from_dict(d, registry, source=path)
+        try:  # a file's net is walked here, so what it cannot render is refused naming the file
+            spec.walk()
+        except UnsupportedSpec as e:
+            raise UnsupportedSpec(f"{path}: {e}") from None
+        return spec
 
 
 def walk_layers(layers: Sequence[Layer], in_shape: Shape) -> list[LayerShapes]:
@@ -164,8 +275,12 @@ def walk_layers(layers: Sequence[Layer], in_shape: Shape) -> list[LayerShapes]:
     skips: list[tuple[int, Shape]] = []  # (pushing layer, skip shape), the stack the forward will keep
     for i, layer in enumerate(layers):
         try:
-            nxt = layer.out_shape(shape)
+            check_options(layer)
+            nxt = tuple(layer.out_shape(shape))
+            check_shape("output shape", nxt)
             slots = layer.param_slots(shape)
+            for s in slots:
+                check_shape(f"parameter {s.name}", s.shape)
             stats = layer.stat_slots(shape)
             masks = layer.mask_slots(shape)
             want, push = layer.skip_in(shape), layer.skip_out(shape)
@@ -204,6 +319,19 @@ def qualified_masks(walk: Sequence[LayerShapes]) -> list[tuple[str, MaskSlot]]:
 def qualified_stats(walk: Sequence[LayerShapes]) -> list[tuple[str, StatSlot]]:
     """(qualified name, stat slot) in the order the train step returns and the eval module takes them."""
     return [(f"{ls.index}.{s.name}", s) for ls in walk for s in ls.stats]
+
+
+def _tuples(v: Any) -> Any:
+    """A dict's lists as tuples, nested ones too (options are hashable values)."""
+    return tuple(_tuples(x) for x in v) if isinstance(v, list) else v
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number a spec may hold")
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())
 
 
 def _toml_value(v: Any) -> str:

@@ -11,8 +11,10 @@ standard deviation 0.3081.
 from __future__ import annotations
 
 import gzip
+import math
 import os
 import struct
+import zlib
 
 import numpy as np
 
@@ -34,7 +36,7 @@ def _open(data_dir: str, stem: str) -> tuple[str, bytes]:
             try:
                 with opener(path, "rb") as f:
                     return path, f.read()
-            except (OSError, EOFError) as e:
+            except (OSError, EOFError, zlib.error) as e:  # a truncated or corrupt gzip stream
                 raise DataError(f"{path}: cannot read it ({e})") from None
     raise DataError(f"{os.path.join(data_dir, stem)}[.gz] not found; expected the MNIST IDX files in {data_dir}")
 
@@ -46,7 +48,7 @@ def read_idx(path: str, raw: bytes, magic: int, rank: int) -> np.ndarray:
     if got != magic:
         raise DataError(f"{path}: magic 0x{got:08x}, expected 0x{magic:08x} (IDX u8, rank {rank})")
     dims = struct.unpack(f">{rank}I", raw[4:4 + 4 * rank])
-    want = 4 + 4 * rank + int(np.prod(dims))
+    want = 4 + 4 * rank + math.prod(dims)  # exact: np.prod wraps past 2**63
     if len(raw) != want:
         raise DataError(f"{path}: {len(raw)} bytes, but its header {list(dims)} needs {want}; truncated or corrupt")
     return np.frombuffer(raw, np.uint8, offset=4 + 4 * rank).reshape(dims)
@@ -66,7 +68,11 @@ class Mnist(Dataset):
             raise DataError(f"mnist has no split {split!r}; expected one of {list(FILES)}")
         if split not in self._cache:
             img_stem, lab_stem = FILES[split]
-            images = read_idx(*_open(self.data_dir, img_stem), IMAGES_MAGIC, 3)
+            ipath, iraw = _open(self.data_dir, img_stem)
+            images = read_idx(ipath, iraw, IMAGES_MAGIC, 3)
+            if images.shape[1:] != self.image_shape[1:]:  # the nets are built for 28×28
+                raise DataError(f"{ipath}: images of {images.shape[1]}×{images.shape[2]} pixels, expected "
+                                f"{self.image_shape[1]}×{self.image_shape[2]}")
             lpath, lraw = _open(self.data_dir, lab_stem)
             labels = read_idx(lpath, lraw, LABELS_MAGIC, 1)
             if len(images) != len(labels):

@@ -89,8 +89,16 @@ class Yolo(Dataset):
                 raise DataError(f"{path}: record {n} claims {nb} boxes; at most {MAX_BOXES} fit")
             rows = [BOX_ROW.unpack_from(raw[n], tail + 4 + k * BOX_ROW.size) for k in range(nb)]
             b = np.asarray(rows, np.float32).reshape(-1, 5)
+            bad = ~((0 <= b[:, 0]) & (b[:, 0] < self.num_classes) & (b[:, 1:] >= 0).all(1) & (b[:, 1:] <= 1).all(1))
+            if bad.any():  # a NaN fails the comparisons too
+                k = int(np.argmax(bad))
+                raise DataError(f"{path}: record {n} box {k} is {[round(float(v), 4) for v in b[k]]}; expected a "
+                                f"class in 0..{self.num_classes - 1} and corners in [0, 1]")
             b[:, 1:] *= self.size
             boxes.append(b)
+        if not np.isfinite(labels).all():
+            n = int(np.argmax(~np.isfinite(labels).reshape(count, -1).all(1)))
+            raise DataError(f"{path}: record {n}'s target holds a NaN or an infinity; corrupt")
         x = self.normalize(images.astype(np.float32) / 255.0)
         self._cache[split] = (x, labels, boxes)
         return self._cache[split]
@@ -111,24 +119,28 @@ class Yolo(Dataset):
 # ---------------------------------------------------------------------------------------- prepare
 def read_label_file(path: str, classes: int) -> np.ndarray:
     """Rows (class, cx, cy, w, h) of a YOLO txt label file; any malformed line is an error naming it."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.readlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"{path}: cannot read it as a UTF-8 YOLO label file ({e})") from None
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for ln, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            parts = line.split()
-            try:
-                cls, cx, cy, w, h = int(parts[0]), *(float(v) for v in parts[1:5])
-                if len(parts) != 5:
-                    raise ValueError
-            except (ValueError, IndexError):
-                raise DataError(f"{path}:{ln}: expected 'class cx cy w h', got {line.strip()!r}") from None
-            if not 0 <= cls < classes:
-                raise DataError(f"{path}:{ln}: class {cls} is outside 0..{classes - 1} (--classes {classes})")
-            if w <= 0 or h <= 0 or not (0 <= cx <= 1 and 0 <= cy <= 1):
-                raise DataError(f"{path}:{ln}: box centre must lie in [0, 1] and its size be positive, "
-                                f"got {line.strip()!r}")
-            rows.append((cls, cx, cy, w, h))
+    for ln, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        parts = line.split()
+        try:
+            cls, cx, cy, w, h = int(parts[0]), *(float(v) for v in parts[1:5])
+            if len(parts) != 5:
+                raise ValueError
+        except (ValueError, IndexError):
+            raise DataError(f"{path}:{ln}: expected 'class cx cy w h', got {line.strip()!r}") from None
+        if not 0 <= cls < classes:
+            raise DataError(f"{path}:{ln}: class {cls} is outside 0..{classes - 1} (--classes {classes})")
+        if not (0 < w <= 1 and 0 < h <= 1 and 0 <= cx <= 1 and 0 <= cy <= 1):  # a NaN fails too
+            raise DataError(f"{path}:{ln}: box centre must lie in [0, 1] and its size in (0, 1], "
+                            f"got {line.strip()!r}")
+        rows.append((cls, cx, cy, w, h))
     return np.asarray(rows, np.float64).reshape(-1, 5)
 
 

@@ -20,9 +20,11 @@ import os
 import signal
 import struct
 import time
+import typing
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
+import attrs
 import numpy as np
 
 from hloforge.core.errors import DataError, HloforgeError
@@ -38,6 +40,7 @@ SLOW_WRITE_ENV = "HLOFORGE_DRILL_SLOW_WRITE"
 TRACE_ENV = "HLOFORGE_DRILL_TRACE"
 TMP_SUFFIX = ".tmp"  # one writer per run directory (the run's lock), so one fixed temp name
 PARAMS = "param"  # θ
+T = TypeVar("T")
 STATS = "stat"  # the running BatchNorm statistics: what the live weights are scored with
 SHADOW_STATS = f"{STATS}/{SHADOW}"  # the EMA shadow's statistics: what the shadow is scored with
 
@@ -159,8 +162,107 @@ def load_checkpoint(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     if raw.get("format") != FORMAT:
         raise DataError(f"checkpoint {path} is not an hloforge checkpoint (format {raw.get('format')!r}, "
                         f"expected {FORMAT!r})")
-    meta = {k: json.loads(v) for k, v in raw.items() if k != "format"}
+    meta = {}
+    for k, v in raw.items():
+        if k != "format":
+            try:
+                meta[k] = json.loads(v)
+            except (ValueError, RecursionError):
+                raise DataError(f"checkpoint {path}: its metadata {k!r} is not JSON; tampered, or not written by "
+                                "hloforge") from None
+    check_meta(path, meta)
     return tensors, meta
+
+
+# What the metadata must hold for resume and eval to read it (the writer, Run.meta, always writes these).
+META_TYPES: dict[str, type] = {"spec": dict, "variant": dict, "backend": str, "epoch": int, "step": int,
+                               "config": dict}
+
+
+def check_meta(path: str, meta: dict[str, Any]) -> None:
+    for k, t in META_TYPES.items():
+        v: Any = meta.get(k)
+        if not isinstance(v, t) or isinstance(v, bool) or (t is int and typing.cast(int, v) < 0):
+            want = {dict: "a table", str: "a string", int: "a count ≥ 0"}[t]
+            raise DataError(f"checkpoint {path}: its metadata {k!r} is {_short(v)}, expected {want}; tampered, "
+                            "or not written by hloforge")
+
+
+def check_tensors(path: str, tensors: dict[str, np.ndarray], want: dict[str, tuple[int, ...]],
+                  optional: Sequence[str] = ()) -> None:
+    """Refuse a checkpoint whose tensors are not exactly `want` (names, shapes, float32); `optional` names
+    may be absent. A tensor of another shape or dtype would load misaligned or be cast without a word."""
+    missing = [n for n in want if n not in tensors and n not in optional]
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise DataError(f"checkpoint {path} lacks tensor {missing[0]}{more}; it is not of this net")
+    extra = sorted(n for n in tensors if n not in want)
+    if extra:
+        more = f" and {len(extra) - 1} more" if len(extra) > 1 else ""
+        raise DataError(f"checkpoint {path} holds tensor {extra[0]}{more} that this net does not have; "
+                        "it is not of this net")
+    for n, shape in want.items():
+        if n in tensors:
+            a = tensors[n]
+            if a.dtype != np.float32 or tuple(a.shape) != tuple(shape):
+                raise DataError(f"checkpoint {path}: tensor {n} is {a.dtype} {list(a.shape)}, expected float32 "
+                                f"{list(shape)}; tampered, or not of this net")
+            if not np.isfinite(a).all():  # never written: a run stops at a non-finite loss before saving
+                raise DataError(f"checkpoint {path}: tensor {n} holds a NaN or an infinity; corrupt")
+
+
+def expected_tensors(params: Sequence[tuple[str, tuple[int, ...]]], state_names: Sequence[str],
+                     stats: Sequence[tuple[str, tuple[int, ...]]],
+                     shadow_stats: bool) -> tuple[dict[str, tuple[int, ...]], list[str]]:
+    """(name -> shape of every tensor a checkpoint of this net and layout holds, the optional ones: the
+    shadow's statistics, absent from checkpoints that predate them), in `tensor_names`' order."""
+    pn, sn = [n for n, _ in params], [n for n, _ in stats]
+    shapes = [s for _, s in params] * (1 + len(state_names)) + [s for _, s in stats] * (1 + int(shadow_stats))
+    names = tensor_names(pn, state_names, sn, shadow_stats)
+    optional = [f"{SHADOW_STATS}/{n}" for n in sn] if shadow_stats else []
+    return dict(zip(names, shapes, strict=True)), optional
+
+
+def config_from(path: str, cls: type[T], stored: Any) -> T:
+    """The attrs config class `cls` (TrainConfig) from a checkpoint's stored config, every value of its
+    field's declared type and within the class's own `check()`: a tampered value is refused here, naming
+    the checkpoint, not met as a TypeError deep in the run it rebuilds."""
+    from hloforge.core.spec import conforms
+
+    try:
+        cfg = cls(**stored)
+    except (TypeError, ValueError) as e:  # a key no config has; a value its converter cannot take
+        raise DataError(f"checkpoint {path}: its config does not read as a training config "
+                        f"({' '.join(str(e).split())})") from None
+    hints = typing.get_type_hints(cls)
+    for f in attrs.fields(cls):  # type: ignore[arg-type]
+        v = getattr(cfg, f.name)
+        if f.name in hints and not conforms(v, hints[f.name]):
+            raise DataError(f"checkpoint {path}: its config's {f.name} is {_short(v)}, not of its type "
+                            f"{hints[f.name]}; tampered, or not written by hloforge")
+    try:
+        cfg.check()  # type: ignore[attr-defined]
+    except HloforgeError as e:
+        raise DataError(f"checkpoint {path}: its config: {e}") from None
+    return cfg
+
+
+def first_difference(stored: Any, now: Any, where: str = "") -> str:
+    """Where two JSON-like values (a stored spec and the current one) first differ, as 'key: a, not b'."""
+    if isinstance(stored, dict) and isinstance(now, dict):
+        for k in [*now, *(k for k in stored if k not in now)]:
+            if stored.get(k) != now.get(k):
+                return first_difference(stored.get(k), now.get(k), f"{where}{k}" if not where else f"{where}.{k}")
+    if isinstance(stored, list) and isinstance(now, list) and len(stored) == len(now):
+        for i, (a, b) in enumerate(zip(stored, now, strict=True)):
+            if a != b:
+                return first_difference(a, b, f"{where}[{i}]")
+    return f"{where or 'the whole'}: {_short(stored)}, not {_short(now)}"
+
+
+def _short(v: Any) -> str:
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
 
 
 def shadow_stats(tensors: dict[str, np.ndarray], stat_names: Sequence[str], path: str, remedy: str) -> list[np.ndarray]:

@@ -26,6 +26,9 @@ CHECKPOINT = "checkpoint.safetensors"
 BITMAP = "eval_correct.npz"
 
 
+MAX_DEVICES = 4096  # far above any host's devices, far below the backend's 32-bit count
+
+
 @attrs.frozen
 class TrainConfig:
     net: str = "mnist-mlp"
@@ -133,9 +136,10 @@ class TrainConfig:
                                   f"{self.decay_rate} decay_epochs={self.decay_epochs}")
         if not 0.0 <= self.bn_momentum < 1.0:
             raise UnsupportedSpec(f"bn_momentum must be in [0, 1), got {self.bn_momentum}")
-        if self.replicas < 1 or (self.devices is not None and self.devices < 1):
-            raise UnsupportedSpec(f"replicas and devices must be positive, got replicas={self.replicas} "
-                                  f"devices={self.devices}")
+        # the XLA CPU client takes a 32-bit device count: 2**31 aborts the process, 2**32 wraps to the default
+        if self.replicas < 1 or (self.devices is not None and not 1 <= self.devices <= MAX_DEVICES):
+            raise UnsupportedSpec(f"replicas and devices must be positive (devices at most {MAX_DEVICES}), got "
+                                  f"replicas={self.replicas} devices={self.devices}")
         if self.batch % self.replicas:
             raise UnsupportedSpec(f"batch {self.batch} (the global batch) does not split evenly over "
                                   f"{self.replicas} replicas")

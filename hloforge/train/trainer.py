@@ -182,11 +182,17 @@ class Run:
                                 f"good checkpoint is {self.ckpt_path if os.path.exists(self.ckpt_path) else 'none'}")
         return names, tensors
 
+    def expected_tensors(self) -> tuple[dict[str, tuple[int, ...]], list[str]]:
+        """Every tensor this run's checkpoint holds, name -> shape, and the optional ones."""
+        return ckpt.expected_tensors([(n, s.shape) for n, s in self.spec.params()], self.state_layout.slots,
+                                     [(n, s.shape) for n, s in self.spec.stats()], self.state_layout.shadows)
+
     def restore(self, session: TrainSession, cross_backend: bool = False) -> int:
         """Load the run's checkpoint into the session; returns the epoch it ended."""
         tensors, meta = ckpt.load_checkpoint(self.ckpt_path)
         session.state_layout.check_slots(f"checkpoint {self.ckpt_path}", list(tensors))
         check_matches(self.ckpt_path, meta, self.spec, self.variant, self.cfg.backend, cross_backend)
+        ckpt.check_tensors(self.ckpt_path, tensors, *self.expected_tensors())
         lay = session.layout
         pn = [n for n, _ in lay.params]
         try:
@@ -419,7 +425,7 @@ def check_matches(path: str, meta: dict[str, Any], spec: NetSpec, variant: Varia
     back through JSON (a nested tuple, e.g. fpnDetect's anchors, as lists), so it is compared as JSON."""
     if meta.get("spec") != json.loads(json.dumps(spec.to_dict())):
         raise DataError(f"checkpoint {path} is of net {meta.get('spec', {}).get('name')!r}, not {spec.name!r} "
-                        "(its spec differs)")
+                        f"(its spec differs: {ckpt.first_difference(meta.get('spec'), spec.to_dict())})")
     if meta.get("variant") != attrs.asdict(variant):
         raise DataError(f"checkpoint {path} was trained as variant {meta.get('variant')}, not {attrs.asdict(variant)}")
     if meta.get("backend") != backend and not allow_cross_backend:

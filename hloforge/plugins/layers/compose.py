@@ -19,7 +19,7 @@ import attrs
 from hloforge.core import strategy
 from hloforge.core.errors import UnsupportedSpec
 from hloforge.core.hlo import Builder, Value
-from hloforge.core.spec import Ctx, Layer, MaskSlot, ParamSlot, Shape, StatSlot
+from hloforge.core.spec import MAX_REPEAT, Ctx, Layer, MaskSlot, ParamSlot, Shape, StatSlot
 from hloforge.plugins.layers.activation import check_act, emit_act, reference_act
 
 
@@ -211,8 +211,8 @@ class BlockLayer(Layer):
 
 def stage_blocks(n: int, make: Any, in_shape: Shape, oc: int) -> list[tuple[str, Block]]:
     """n blocks `make(i, ic)`; the first takes the stage's input channels, the rest `oc`."""
-    if n <= 0:
-        raise UnsupportedSpec(f"a stage needs at least one block, got n={n}")
+    if not 0 < n <= MAX_REPEAT:
+        raise UnsupportedSpec(f"a stage needs 1..{MAX_REPEAT} blocks, got n={n}")
     return [(f"b{i}.", make(i, in_shape[0] if i == 0 else oc)) for i in range(n)]
 
 

@@ -55,8 +55,8 @@ class Conv2d(Layer):
         if len(in_shape) != 3:
             raise UnsupportedSpec(f"conv2d takes an image [C, H, W], got {list(in_shape)}")
         c, h, w = in_shape
-        if self.k <= 0 or self.stride <= 0 or self.out <= 0:
-            raise UnsupportedSpec("out, k and stride must be positive")
+        if self.k <= 0 or self.stride <= 0 or self.out <= 0 or self.groups <= 0:
+            raise UnsupportedSpec("out, k, stride and groups must be positive")
         if c % self.groups or self.out % self.groups:
             raise UnsupportedSpec(f"groups={self.groups} must divide in channels {c} and out channels {self.out}")
         pads = resolve_padding(self.pad, (h, w), self.k, self.stride)

@@ -41,7 +41,7 @@ from hloforge.core.errors import UnsupportedSpec
 from hloforge.core.hlo import Builder, Value
 from hloforge.core.hookspecs import hookimpl
 from hloforge.core.resample import bilinear_matrix
-from hloforge.core.spec import Ctx, Layer, ParamSlot, Shape, StatSlot
+from hloforge.core.spec import MAX_REPEAT, Ctx, Layer, ParamSlot, Shape, StatSlot
 from hloforge.losses.detection import BOX, Anchor, pyramid_scales
 from hloforge.plugins.layers.compose import (
     Part,
@@ -199,8 +199,8 @@ class FpnDetect(Layer):
         if h != w or h % 4:
             raise UnsupportedSpec(f"fpnDetect takes a square C3 map whose side divides by 4 (C4, C5 halve it), "
                                   f"got {h}x{w}")
-        if min(self.classes, self.oc, self.c4, self.c5, self.blocks) < 1 or self.tower < 0:
-            raise UnsupportedSpec("classes, oc, c4, c5 and blocks must be positive, tower ≥ 0")
+        if min(self.classes, self.oc, self.c4, self.c5, self.blocks) < 1 or not 0 <= self.tower <= MAX_REPEAT:
+            raise UnsupportedSpec(f"classes, oc, c4, c5 and blocks must be positive, tower in 0..{MAX_REPEAT}")
         if not 0.0 <= self.prior < 1.0:
             raise UnsupportedSpec(f"fpnDetect prior is the initial objectness probability π, expected 0 ≤ π < 1 "
                                   f"(0: zero-init biases), got {self.prior}")

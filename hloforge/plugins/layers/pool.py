@@ -38,6 +38,9 @@ class MaxPool(Layer):
         if len(in_shape) != 3:
             raise UnsupportedSpec(f"maxPool takes an image [C, H, W], got {list(in_shape)}")
         c, h, w = in_shape
+        if self.k <= 0 or (self.stride is not None and self.stride <= 0):  # 0 is no stride, not "the default"
+            raise UnsupportedSpec(f"k and stride must be positive (stride omitted: k), got k={self.k}, "
+                                  f"stride={self.stride}")
         pads = resolve_padding(self.pad, (h, w), self.k, self.s)
         if any(lo >= self.k or hi >= self.k for lo, hi in pads):
             raise UnsupportedSpec(f"padding {pads} would make windows of only padding (k={self.k})")
