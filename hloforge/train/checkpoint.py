@@ -234,6 +234,8 @@ def config_from(path: str, cls: type[T], stored: Any) -> T:
     except (TypeError, ValueError) as e:  # a key no config has; a value its converter cannot take
         raise DataError(f"checkpoint {path}: its config does not read as a training config "
                         f"({' '.join(str(e).split())})") from None
+    except HloforgeError as e:  # a value the config's own field checks refuse (TrainConfig.__attrs_post_init__)
+        raise DataError(f"checkpoint {path}: its config: {e}") from None
     hints = typing.get_type_hints(cls)
     for f in attrs.fields(cls):  # type: ignore[arg-type]
         v = getattr(cfg, f.name)
