@@ -122,3 +122,34 @@ def test_torch_and_jax_peers_of_a_vit_follow_hloforge_step_by_step():
     assert ours[2] < ours[1] < ours[0]
     for backend in ("jax.jit", "torch"):
         assert losses[backend] == pytest.approx(ours, rel=bench.LOSS_RTOL), backend
+
+
+def test_torch_compile_peer_and_peak_memory_in_table_and_json(tmp_path, capsys):
+    """torch.compile runs as a peer (its compile in setup, the same first loss) and every isolated
+    (net, backend) reports its child's peak resident memory."""
+    pytest.importorskip("torch")
+    out = tmp_path / "bench.json"
+    rc = bench.main(["--nets", "mnist-linear", "--batch", "4", "--steps", "2", "--warmup", "1", "--dispatch-calls", "0",
+                     "--no-roofline", "--backends", "hloforge-xla,torch-compile", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0 and "torch-compile first-step loss" in text and "MISMATCH" not in text
+    assert "peak RSS" in text
+    rows = {r["backend"]: r for r in json.loads(out.read_text())["results"]}
+    tc = rows["torch-compile"]
+    assert len(tc["ms"]) == 2 and tc["median_ms"] > 0 and tc["compile_s"] > 0, tc["note"]
+    assert "torch.compile" in tc["note"]
+    assert all(r["peak_rss_mb"] > 0 for r in rows.values())
+
+
+def test_peak_memory_is_the_childs_own_not_the_parents():
+    """Linux's ru_maxrss survives exec: a child of a big parent would report the parent's size."""
+    import numpy as np
+
+    held = np.ones(32 * 2**20)  # 256 MB resident in this process while the child runs
+    r = bench.measure_isolated("mnist-linear", "hloforge-xla", 4, 1, 1, 1e-3, 0, cap_s=120)
+    assert r.peak_rss_mb is not None and 0 < r.peak_rss_mb < held.nbytes / 2**20, (r.peak_rss_mb, r.note)
+
+
+def test_torch_compile_peer_is_skipped_with_a_note_without_torch(monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "torch", None)  # import torch now raises ImportError
+    assert "not importable" in bench.unavailable("torch-compile")

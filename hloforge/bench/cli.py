@@ -1,4 +1,4 @@
-"""Step-time benchmark: hloforge's fused train step against jax.jit and PyTorch eager.
+"""Step-time benchmark: hloforge's fused train step against jax.jit and PyTorch (eager, torch.compile).
 
 For each net it times one Adam train step as a user pays it — host batch in,
 loss (a Python float) out — and reports the median ms/step after a warm-up,
@@ -10,7 +10,12 @@ with compile time reported separately:
 - ``jax.jit``: ``value_and_grad`` + ``optax.adam`` of the same net written with
   the layers' own jax.numpy ``reference`` functions, θ and optimizer state
   donated, f32;
-- ``torch``: the torch.nn equivalent in eager mode with ``torch.optim.Adam``.
+- ``torch``: the torch.nn equivalent in eager mode with ``torch.optim.Adam``;
+- ``torch-compile``: the same module, its forward and loss through ``torch.compile``
+  (inductor), compiled in setup.
+
+Each (net, backend) runs in a child process of its own (``--isolate``); the
+table's "peak RSS" rows are that child's peak resident set size, MB.
 
 All start from ``spec.init_params(seed)`` and see the same batches, so their
 first-step losses must agree (printed as a sanity check; a mismatch fails).
@@ -46,7 +51,15 @@ from hloforge.bench.common import (
     unavailable,
 )
 from hloforge.bench.report import details, sanity, strategy_table, table, throughput, versions
-from hloforge.bench.timing import _in_child, dispatch_us, measure, measure_isolated, sgemm_gflops, step_gflop
+from hloforge.bench.timing import (
+    _in_child,
+    dispatch_us,
+    measure,
+    measure_isolated,
+    peak_rss_mb,
+    sgemm_gflops,
+    step_gflop,
+)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -110,6 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ[AUTOTUNE_ENV_VAR] = "1"
     if args._child:  # one measurement for measure_isolated
         r = measure(nets[0], backends[0], batch_of(nets[0]), args.steps, args.warmup, args.lr, args.seed)
+        r.peak_rss_mb = peak_rss_mb()  # this child measured only this (net, backend)
         with open(args._child, "w", encoding="utf-8") as f:
             json.dump(asdict(r), f)
         return 0

@@ -13,7 +13,7 @@ import numpy as np
 
 from hloforge.core.errors import UnsupportedSpec
 
-BACKENDS = ("hloforge-xla", "hloforge-iree", "jax.jit", "torch")
+BACKENDS = ("hloforge-xla", "hloforge-iree", "jax.jit", "torch", "torch-compile")
 DISPATCH_BACKENDS = ("hloforge-xla", "hloforge-iree", "jax.jit")
 # A few-ms step needs hundreds of samples for a stable median on a shared machine; a 100-ms one, ten.
 DEFAULT_STEPS = {"mnist-mlp": 300, "mnist-linear": 300, "mnist-cnn": 10}
@@ -50,6 +50,7 @@ class Result:
     compile_s: float | None = None
     first_loss: float | None = None
     note: str = ""
+    peak_rss_mb: float | None = None  # the measuring child's peak resident set; None when measured in-process
 
     @property
     def median_ms(self) -> float | None:
@@ -77,7 +78,7 @@ def unavailable(backend: str) -> str | None:
         name = backend.removeprefix("hloforge-")
         have = hloforge_backend_names()
         return None if name in have else f"backend {name!r} not registered (registered: {', '.join(have)})"
-    mod = {"jax.jit": "optax", "torch": "torch"}[backend]
+    mod = {"jax.jit": "optax", "torch": "torch", "torch-compile": "torch"}[backend]
     try:
         if backend == "jax.jit":
             import jax  # noqa: F401

@@ -48,7 +48,8 @@ def sanity(results: Sequence[Result]) -> list[tuple[str, bool]]:
 
 
 def table(results: Sequence[Result], backends: Sequence[str], dispatch: dict[str, dict[str, Any]]) -> str:
-    """One row per net (and one for dispatch), one column per backend: median and ratio to jax.jit."""
+    """One row per net (and one for dispatch), one column per backend: median and ratio to jax.jit;
+    under each net a row of the measuring child's peak resident memory, MB (ratio to jax.jit)."""
     def cell(value: float | None, base: float | None, unit: str) -> str:
         if value is None:
             return "-"
@@ -64,6 +65,9 @@ def table(results: Sequence[Result], backends: Sequence[str], dispatch: dict[str
         batch = next(iter(mine.values())).batch
         rows.append([f"{net} ({batch})", *(cell(mine[b].median_ms if b in mine else None, base, "ms")
                                            for b in backends)])
+        base = mine["jax.jit"].peak_rss_mb if "jax.jit" in mine else None
+        rows.append(["  peak RSS", *(cell(mine[b].peak_rss_mb if b in mine else None, base, "MB")
+                                     for b in backends)])
     if dispatch:
         base = dispatch.get("jax.jit", {}).get("us")
         rows.append(["dispatch (a+1)", *(cell(dispatch.get(b, {}).get("us"), base, "us") for b in backends)])
@@ -104,11 +108,13 @@ def throughput(results: Sequence[Result], backends: Sequence[str], gflop: dict[s
 
 
 def details(results: Sequence[Result], dispatch: dict[str, dict[str, Any]]) -> str:
-    lines = ["", "per (net, backend): median / min ms per step over N timed steps, setup (compile) s, first loss"]
+    lines = ["", "per (net, backend): median / min ms per step over N timed steps, setup (compile) s, first loss, "
+             "peak RSS"]
     for r in results:
         if r.ms:
             lines.append(f"  {r.net:12} {r.backend:14} median {r.median_ms:8.3f}  min {min(r.ms):8.3f}  "
                          f"N={len(r.ms):3}  setup {r.compile_s:7.2f}s  loss0 {r.first_loss:.6f}"
+                         + (f"  peak {r.peak_rss_mb:.0f} MB" if r.peak_rss_mb is not None else "")
                          + (f"  ({r.note})" if r.note else ""))
         else:
             lines.append(f"  {r.net:12} {r.backend:14} {r.note}")

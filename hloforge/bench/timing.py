@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -47,8 +48,8 @@ def make_step(net: str, backend: str, batch: int, lr: float, seed: int) -> tuple
         return make_hloforge(net, backend, batch, lr, seed)
     if backend == "jax.jit":
         return make_jax(net, batch, lr, seed)
-    if backend == "torch":
-        return make_torch(net, batch, lr, seed)
+    if backend in ("torch", "torch-compile"):
+        return make_torch(net, batch, lr, seed, compiled=backend == "torch-compile")
     raise ValueError(f"unknown benchmark backend {backend!r}; expected one of {BACKENDS}")
 
 
@@ -66,6 +67,20 @@ def measure(net: str, backend: str, batch: int, steps: int, warmup: int, lr: flo
         step(x, y)
         res.ms.append((time.perf_counter() - t) * 1e3)
     return res
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set size so far, MB. On Linux /proc's VmHWM: getrusage's
+    ru_maxrss survives exec, so a child started from a 400 MB parent reports at least 400 MB."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 2**10  # kB
+    except OSError:
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (2**20 if sys.platform == "darwin" else 2**10)  # bytes on macOS, KiB elsewhere
 
 
 def _in_child(flag: str, args: Sequence[str], cap_s: float) -> dict[str, Any] | str:
@@ -93,7 +108,8 @@ def measure_isolated(net: str, backend: str, batch: int, steps: int, warmup: int
                                "--warmup", str(warmup), "--lr", repr(lr), "--seed", str(seed)], cap_s)
     if isinstance(d, str):
         return Result(net, backend, batch, note=d)
-    return Result(d["net"], d["backend"], d["batch"], d["ms"], d["compile_s"], d["first_loss"], d["note"])
+    return Result(d["net"], d["backend"], d["batch"], d["ms"], d["compile_s"], d["first_loss"], d["note"],
+                  d.get("peak_rss_mb"))
 
 
 # ------------------------------------------------------------ work and roofline ---
