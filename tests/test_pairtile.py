@@ -90,7 +90,7 @@ def test_pairtile_params_are_two_glorot_projections():
     (PairTile(4, 3, 2), (23,), r"takes a flat row of 2·L·D = 24 = 24 values, got \[23\]"),
     (PairTile(4, 3, 2, p=1), (24,), r"2·L·D = 24 \+ p·L·L = 16 = 40 values, got \[24\]"),
     (PairTile(4, 3, 2), (2, 4, 3), r"got \[2, 4, 3\]"),
-    (PairTile(0, 3, 2), (0,), "L must be positive, got 0"),
+    (PairTile(0, 3, 2), (6,), "L must be positive, got 0"),  # (a [0] input is the spec's own refusal)
     (PairTile(4, 3, 0), (24,), "C must be positive, got 0"),
     (PairTile(4, 3, 2, p=-1), (8,), "p \\(pair planes\\) must be ≥ 0, got -1"),
 ])
