@@ -21,22 +21,7 @@ pytest.importorskip("iree.compiler")
 pytest.importorskip("iree.runtime")
 
 from hloforge.backends.iree import IreeBackend, cache_key  # noqa: E402
-
-STEP = """module @step {
-  func.func public @main(%w: tensor<2x3xf32> {tf.aliasing_output = 0 : i32}, %g: tensor<2x3xf32>) -> (tensor<2x3xf32>, tensor<f32>) {
-    %lr = stablehlo.constant dense<1.000000e-01> : tensor<f32>
-    %0 = stablehlo.broadcast_in_dim %lr, dims = [] : (tensor<f32>) -> tensor<2x3xf32>
-    %1 = stablehlo.multiply %0, %g : tensor<2x3xf32>
-    %2 = stablehlo.subtract %w, %1 : tensor<2x3xf32>
-    %zero = stablehlo.constant dense<0.000000e+00> : tensor<f32>
-    %3 = stablehlo.reduce(%w init: %zero) applies stablehlo.add across dimensions = [0, 1] : (tensor<2x3xf32>, tensor<f32>) -> tensor<f32>
-    return %2, %3 : tensor<2x3xf32>, tensor<f32>
-  }
-}
-"""  # noqa: E501
-
-W = np.arange(6, dtype=np.float32).reshape(2, 3)
-G = np.ones((2, 3), np.float32)
+from hloforge.testing.backend_conformance import STEP, G, W  # the train-step pattern every backend runs
 
 
 @pytest.fixture
