@@ -4,7 +4,6 @@ documented example code being the examples' own."""
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
 import re
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_train_step import x64  # tests/ is on sys.path (rootdir-relative, no package)
 
 from hloforge.core.errors import DataError, UnsupportedSpec
 from hloforge.core.spec import NetSpec
@@ -41,16 +41,6 @@ def example(name):
     return mod
 
 
-@contextlib.contextmanager
-def x64():
-    import jax
-
-    prev = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    try:
-        yield
-    finally:
-        jax.config.update("jax_enable_x64", prev)
 
 
 def rel(got, want):

@@ -9,6 +9,7 @@ from hloforge.backends.signature import parse_main_signature
 from hloforge.backends.xla import Client, DeviceBuffer, default_client, find_plugin
 from hloforge.backends.xla.pjrt import PLUGIN_ENV_VAR, compile_options
 from hloforge.core.errors import BackendError
+from hloforge.testing.backend_conformance import STEP  # the train-step pattern every backend runs
 
 ADD = """module @add {{
   func.func public @main(%a: tensor<2x3x{t}>, %b: tensor<2x3x{t}>) -> tensor<2x3x{t}> {{
@@ -24,20 +25,6 @@ DOT = """module @dot {{
     return %0 : tensor<2x4x{t}>
   }}
 }}
-"""
-
-# The train-step pattern, as jax emits it for donate_argnums=0: w is donated to output 0.
-STEP = """module @step {
-  func.func public @main(%w: tensor<2x3xf32> {tf.aliasing_output = 0 : i32}, %g: tensor<2x3xf32>) -> (tensor<2x3xf32>, tensor<f32>) {
-    %lr = stablehlo.constant dense<1.000000e-01> : tensor<f32>
-    %0 = stablehlo.broadcast_in_dim %lr, dims = [] : (tensor<f32>) -> tensor<2x3xf32>
-    %1 = stablehlo.multiply %0, %g : tensor<2x3xf32>
-    %2 = stablehlo.subtract %w, %1 : tensor<2x3xf32>
-    %zero = stablehlo.constant dense<0.000000e+00> : tensor<f32>
-    %3 = stablehlo.reduce(%w init: %zero) applies stablehlo.add across dimensions = [0, 1] : (tensor<2x3xf32>, tensor<f32>) -> tensor<f32>
-    return %2, %3 : tensor<2x3xf32>, tensor<f32>
-  }
-}
 """
 
 MLIR_TYPE = {np.float32: "f32", np.float64: "f64"}
