@@ -4,11 +4,13 @@ whose every parameter keeps its shape at S; others are refused with the reason."
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 import pytest
 from test_datasets import tiny_mnist  # tests/ is on sys.path (rootdir-relative, no package)
 
 from hloforge.cli import main
+from hloforge.commands import opening
 from hloforge.commands.opening import evaluate_checkpoint
 from hloforge.commands.resolution import PROTOCOLS, scoring_size, spec_at_size
 from hloforge.core.errors import UnsupportedSpec
@@ -108,6 +110,18 @@ def test_the_trained_size_at_crop_one_is_plain_evals_top1_exactly(resnet28) -> N
     assert (same.top1, same.top5, same.n) == (plain.top1, plain.top5, plain.n) == (same.top1, same.top5, 360)
     np.testing.assert_array_equal(same.correct, plain.correct)
     assert "graph resnet_mini_fwd_eval_s28" in lines[-1]  # its own artifact, the same numbers
+
+
+def test_a_streamed_eval_is_resized_as_the_loaded_one(resnet28, monkeypatch) -> None:
+    """workers > 0 streams the eval split from producer processes: each batch resized as it arrives."""
+    loaded = evaluate_checkpoint(resnet28, size=24, log=quiet)
+    run = opening.Run
+    monkeypatch.setattr(opening, "Run", lambda cfg, *a, **k: run(attrs.evolve(cfg, workers=1), *a, **k))
+    passes, stream = [], opening.evaluate_stream
+    monkeypatch.setattr(opening, "evaluate_stream", lambda *a: passes.append(1) or stream(*a))
+    streamed = evaluate_checkpoint(resnet28, size=24, log=quiet)
+    assert passes == [1] and streamed.n == loaded.n == 360
+    np.testing.assert_array_equal(streamed.correct, loaded.correct)
 
 
 def test_a_flatten_head_run_refuses_size_in_one_line(tmp_path, capsys) -> None:
