@@ -456,7 +456,8 @@ def parser() -> argparse.ArgumentParser:
                          "(refused when the last batch would be padded)")
     sp.add_argument("--size", type=positive_int,
                     help="score at S×S (timm's test protocol): the eval graph rendered at S, the eval images "
-                         "resized and center-cropped to it; nets with global pooling before the classifier")
+                         "resized and center-cropped to it; nets with global pooling before the classifier "
+                         "(default: the trained size, as trained)")
     sp.add_argument("--crop", type=number(0, 1, lo_open=True),
                     help="with --size: the crop fraction F (timm's crop_pct): resize the short side to "
                          "floor(S / F), keep the center S×S (default: the net's timm protocol, else 1)")
