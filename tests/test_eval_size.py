@@ -14,7 +14,6 @@ from hloforge.commands import opening
 from hloforge.commands.opening import evaluate_checkpoint
 from hloforge.commands.resolution import PROTOCOLS, scoring_size, spec_at_size
 from hloforge.core.errors import UnsupportedSpec
-from hloforge.core.modules import forward_module
 from hloforge.core.resample import resize_center_crop, resize_short_side
 from hloforge.train.trainer import TrainConfig, train
 from hloforge.zoo import get_net
@@ -31,6 +30,21 @@ def resnet28(tmp_path_factory) -> str:
     train(TrainConfig(net="resnet-mini", data="digits", epochs=1, batch=32, run_dir=str(run)),
           progress=False, log=quiet)
     return str(run)
+
+
+@pytest.fixture
+def compiled(monkeypatch) -> list[str]:
+    """The names of the forward modules the eval sessions (one device and sharded) compile."""
+    from hloforge.train import parallel, session
+
+    names: list[str] = []
+    for mod in (session, parallel):
+        def spy(*a, _render=mod.forward_module, **k):
+            text = _render(*a, **k)
+            names.append(text.split(" ", 2)[1])
+            return text
+        monkeypatch.setattr(mod, "forward_module", spy)
+    return names
 
 
 def tiny_run(tmp_path, net: str) -> str:
@@ -85,7 +99,7 @@ def test_the_crop_defaults_to_the_nets_timm_protocol_else_one() -> None:
 
 
 # ------------------------------------------------------------------ the acceptance
-def test_resnet_mini_trained_at_28_scores_at_32_and_24(resnet28, capsys) -> None:
+def test_resnet_mini_trained_at_28_scores_at_32_and_24(resnet28, capsys, compiled) -> None:
     capsys.readouterr()
     lines = {}
     for s in (32, 24):
@@ -95,10 +109,8 @@ def test_resnet_mini_trained_at_28_scores_at_32_and_24(resnet28, capsys) -> None
         lines[s] = out
     assert "graph resnet_mini_fwd_eval_s32" in lines[32] and "graph resnet_mini_fwd_eval_s24" in lines[24]
     # the modules compiled carry the size in their names: never the trained size's artifact
-    spec = get_net("resnet-mini")
-    names = {forward_module(spec_at_size(spec, s), 32, eval_mode=True, suffix=f"_s{s}").split(" ", 2)[1]
-             for s in (32, 24)} | {forward_module(spec, 32, eval_mode=True).split(" ", 2)[1]}
-    assert names == {"@resnet_mini_fwd_eval_s32", "@resnet_mini_fwd_eval_s24", "@resnet_mini_fwd_eval"}
+    assert main(["eval", resnet28]) == 0
+    assert compiled == ["@resnet_mini_fwd_eval_s32", "@resnet_mini_fwd_eval_s24", "@resnet_mini_fwd_eval"]
     assert main(["eval", resnet28, "--size", "32", "--crop", "0.875"]) == 0
     assert "crop 0.875 [--crop]: resized to 36, center 32×32" in capsys.readouterr().out
 
@@ -122,6 +134,13 @@ def test_a_streamed_eval_is_resized_as_the_loaded_one(resnet28, monkeypatch) -> 
     streamed = evaluate_checkpoint(resnet28, size=24, log=quiet)
     assert passes == [1] and streamed.n == loaded.n == 360
     np.testing.assert_array_equal(streamed.correct, loaded.correct)
+
+
+def test_a_sharded_eval_at_another_size_is_one_devices(resnet28, compiled) -> None:
+    one = evaluate_checkpoint(resnet28, size=32, log=quiet)
+    two = evaluate_checkpoint(resnet28, size=32, replicas=2, devices=2, log=quiet)
+    np.testing.assert_array_equal(two.correct, one.correct)
+    assert compiled == ["@resnet_mini_fwd_eval_s32"] * 2
 
 
 def test_a_flatten_head_run_refuses_size_in_one_line(tmp_path, capsys) -> None:
