@@ -85,7 +85,7 @@ def _eval(args: argparse.Namespace) -> None:
     from hloforge.commands.opening import evaluate_checkpoint
 
     evaluate_checkpoint(args.run, backend=args.backend, region=args.region, replicas=args.replicas,
-                        devices=args.devices, batch_stats=args.batch_stats)
+                        devices=args.devices, batch_stats=args.batch_stats, size=args.size, crop=args.crop)
 
 
 def _summary(args: argparse.Namespace) -> None:
@@ -454,6 +454,13 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--batch-stats", action="store_true",
                     help="diagnostic: BatchNorm with each eval batch's own statistics, not the running ones "
                          "(refused when the last batch would be padded)")
+    sp.add_argument("--size", type=positive_int,
+                    help="score at S×S (timm's test protocol): the eval graph rendered at S, the eval images "
+                         "resized and center-cropped to it; nets with global pooling before the classifier "
+                         "(default: the trained size, as trained)")
+    sp.add_argument("--crop", type=number(0, 1, lo_open=True),
+                    help="with --size: the crop fraction F (timm's crop_pct): resize the short side to "
+                         "floor(S / F), keep the center S×S (default: the net's timm protocol, else 1)")
     sp.set_defaults(func=_eval)
 
     sp = _command(sub, "summary", help="print a net's layers (kind, input → output shape, parameters) and totals")

@@ -10,6 +10,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from hloforge.commands.resolution import check_size_crop, scoring_size
 from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
 from hloforge.core.spec import NetSpec
 from hloforge.core.variant import SHADOW
@@ -107,15 +108,19 @@ def open_checkpoint(path: str, backend: str | None = None,
 
 def evaluate_checkpoint(path: str, backend: str | None = None, region: str = "auto",
                         log: Callable[[str], None] = print, replicas: int = 1,
-                        devices: int | None = None, batch_stats: bool = False) -> EvalResult:
+                        devices: int | None = None, batch_stats: bool = False,
+                        size: int | None = None, crop: float | None = None) -> EvalResult:
     """Score a run directory's (or a file's) checkpoint alone, with the training run's batching.
     `region` picks the weights: the live ones, the EMA shadow of an EMA variant, or (the default, as
     `sample`'s) auto: the shadow when the run kept one. `replicas` > 1
     scores sharded over that many devices (the training batch split over them), with the same
     result as one device: the same eval loop, the logits gathered in row order. `batch_stats`:
-    seed 003's diagnostic, BN with each batch's statistics instead of the running ones (ForwardSession)."""
+    seed 003's diagnostic, BN with each batch's statistics instead of the running ones (ForwardSession).
+    `size` (and `crop`): a classifier scored at size×size, its eval graph rendered there and the eval
+    images resized and center-cropped to match (hloforge.commands.resolution: timm's test protocol)."""
     if region not in REGIONS:
         raise UnsupportedSpec(f"region {region!r}; expected one of {list(REGIONS)}")
+    check_size_crop(size, crop)  # a bad value is refused before anything is opened
     oc = open_checkpoint(path, backend, log, devices)
     run, spec, meta, cfg = oc.run, oc.spec, oc.meta, oc.run.cfg
     # each region with its own BN statistics: the live weights with the running ones, the shadow with its EMA
@@ -123,8 +128,16 @@ def evaluate_checkpoint(path: str, backend: str | None = None, region: str = "au
     if batch_stats and (replicas > 1 or run.lm or (run.task is not None and run.task.kind != "class")):
         raise UnsupportedSpec("--batch-stats scores a classifier on one replica; this run is "
                               + ("sharded" if replicas > 1 else "not a classifier"))
-    evaluator = (ForwardSession(spec, cfg.batch, run.backend, batch_stats=True) if batch_stats else
-                 make_forward_session(spec, -(-cfg.batch // replicas), run.backend, replicas))
+    at = None
+    if size is not None:
+        kind = "a language model" if run.lm else None if run.task is None or run.task.kind == "class" \
+            else f"a {run.task.kind} task"
+        if kind:
+            raise UnsupportedSpec(f"--size scores an image classifier; this run is {kind}")
+        at = scoring_size(spec, cfg.net, size, crop)
+    net, suffix = (at.spec, at.suffix) if at else (spec, "")
+    evaluator = (ForwardSession(net, cfg.batch, run.backend, batch_stats=True, suffix=suffix) if batch_stats else
+                 make_forward_session(net, -(-cfg.batch // replicas), run.backend, replicas, suffix=suffix))
     buffers = [*params, *([] if batch_stats else running)]  # host arrays: the session pushes them once
     if run.lm:
         lres = evaluate_lm(evaluator, buffers, run.x_te, run.y_te)
@@ -135,8 +148,15 @@ def evaluate_checkpoint(path: str, backend: str | None = None, region: str = "au
         log(f"{spec.name} epoch {meta['epoch']} ({region}) on {run.backend.backend_name()}: {ev.line}")
         return ev  # type: ignore[return-value]
     # the training run's eval pass: streamed when it streamed (the split is never loaded whole)
-    res = (evaluate_stream(evaluator, buffers, run.feed.eval_batches(), len(run.y_te)) if run.feed.streams
-           else evaluate(evaluator, buffers, run.x_te, run.y_te))
+    if at is None:
+        res = (evaluate_stream(evaluator, buffers, run.feed.eval_batches(), len(run.y_te)) if run.feed.streams
+               else evaluate(evaluator, buffers, run.x_te, run.y_te))
+    else:  # the same pass over the images resized and cropped to the size
+        res = (evaluate_stream(evaluator, buffers, ((at.images(x), y) for x, y in run.feed.eval_batches()),
+                               len(run.y_te)) if run.feed.streams
+               else evaluate(evaluator, buffers, at.images(run.x_te), run.y_te))
     stats = ", batch statistics" if batch_stats else ""
-    log(f"{spec.name} epoch {meta['epoch']} ({region}{stats}) on {run.backend.backend_name()}: test {res.line()}")
+    where = f" {at.describe()}" if at else ""
+    log(f"{spec.name} epoch {meta['epoch']} ({region}{stats}) on {run.backend.backend_name()}{where}: "
+        f"test {res.line()}")
     return res

@@ -125,13 +125,14 @@ def host_declared(arrays: Sequence[np.ndarray], storage: Storage, start: int = 0
 
 
 def forward_module(spec: NetSpec, batch: int, *, dtype: str = "f32", eval_mode: bool = False,
-                   target: str | None = None) -> str:
+                   target: str | None = None, suffix: str = "") -> str:
     """`@main(x, θ…) -> logits` normalising with batch statistics; the eval form
     `@main(x, θ…, running…) -> logits` takes every stat slot's running value instead. `target`:
     the backend it is rendered for (its layers' lowering strategies, core/strategy.py; θ stored
-    as `param_storage` says)."""
+    as `param_storage` says). `suffix` ends the module's name (`_s224`: the eval graph at another
+    size, seed 003's `…_fwd_eval_s<S>`), so its artifacts never share the trained size's name."""
     walk = spec.walk()
-    b = Builder(dtype, f"{spec.ident}_fwd" + ("_eval" if eval_mode else ""), target)
+    b = Builder(dtype, f"{spec.ident}_fwd" + ("_eval" if eval_mode else "") + suffix, target)
     x = b.arg((batch, *spec.input_shape))
     slots = qualified_params(walk)
     storage = param_storage(slots, target)

@@ -161,13 +161,14 @@ class ShardedForwardSession(ForwardSession):
     push is replicas× once per generation, not per batch), or one list of device buffers
     per replica, replica r's on device r (`DataParallelTrainSession.replica_params`)."""
 
-    def __init__(self, spec: NetSpec, batch: int, backend: Any, replicas: int):
+    def __init__(self, spec: NetSpec, batch: int, backend: Any, replicas: int, suffix: str = ""):
         self.replicas = replicas
-        super().__init__(spec, batch, backend)
+        super().__init__(spec, batch, backend, suffix=suffix)
         self.global_batch = replicas * batch
 
     def _compile(self) -> Any:
-        text = forward_module(self.spec, self.batch, eval_mode=True, target=target_of(self.backend))
+        text = forward_module(self.spec, self.batch, eval_mode=True, target=target_of(self.backend),
+                              suffix=self.suffix)
         return compile_sharded(self.backend, text, self.replicas)
 
     def _push(self, params: Sequence[Any]) -> list[Any]:
@@ -197,9 +198,11 @@ class ShardedForwardSession(ForwardSession):
         return np.concatenate(out)
 
 
-def make_forward_session(spec: NetSpec, batch: int, backend: Any, replicas: int = 1) -> ForwardSession:
+def make_forward_session(spec: NetSpec, batch: int, backend: Any, replicas: int = 1,
+                         suffix: str = "") -> ForwardSession:
     """The eval session at per-replica `batch`: replicas ≤ 1 IS ForwardSession (a single-device
-    run and every IREE run are unchanged); past 1 a ShardedForwardSession, XLA only."""
+    run and every IREE run are unchanged); past 1 a ShardedForwardSession, XLA only. `suffix`
+    ends the module's name (`forward_module`)."""
     if replicas <= 1:
-        return ForwardSession(spec, batch, backend)
-    return ShardedForwardSession(spec, batch, backend, replicas)
+        return ForwardSession(spec, batch, backend, suffix=suffix)
+    return ShardedForwardSession(spec, batch, backend, replicas, suffix=suffix)

@@ -339,10 +339,12 @@ class ForwardSession:
 
     `batch_stats=True` is seed 003's EVAL_BATCHSTATS diagnostic: the forward normalises with each
     batch's own statistics (params: θ… alone). Its padded tail is refused, not scored: the zero rows
-    would enter the batch statistics and shift the real rows' normalisation."""
+    would enter the batch statistics and shift the real rows' normalisation. `suffix` ends the
+    module's name (`forward_module`): the eval graph at another size is `…_fwd_eval_s<S>`."""
 
-    def __init__(self, spec: NetSpec, batch: int, backend: Any, batch_stats: bool = False):
+    def __init__(self, spec: NetSpec, batch: int, backend: Any, batch_stats: bool = False, suffix: str = ""):
         self.spec, self.batch, self.backend, self.batch_stats = spec, batch, backend, batch_stats
+        self.suffix = suffix
         # how the module takes θ (host arrays come in declared layouts and are stored so when pushed)
         self.storage = param_storage(spec.params(), target_of(backend))
         self.exe = self._compile()
@@ -354,7 +356,7 @@ class ForwardSession:
 
     def _compile(self) -> Any:
         return self.backend.compile(forward_module(self.spec, self.batch, eval_mode=not self.batch_stats,
-                                                   target=target_of(self.backend)))
+                                                   target=target_of(self.backend), suffix=self.suffix))
 
     def _push(self, params: Sequence[Any]) -> list[Any]:
         """The parameters on the device: host arrays stored and copied there, device buffers as they are."""
