@@ -116,7 +116,7 @@ class World:
     def lost(self, what: str) -> None:
         """Find which ranks are still here (a short round on a communicator of its own) and raise: the
         lowest rank still here reports, the others stop quietly."""
-        grace = min(5.0, max(1.0, self.timeout / 6))
+        grace = 1.0 if _PEER_DIED else min(5.0, max(1.0, self.timeout / 6))  # the launcher said one died
         peers = [r for r in range(self.size) if r != self.rank]
         heard = np.zeros(self.size, np.int32)
         mine = np.array([1], np.int32)
