@@ -216,11 +216,17 @@ class World:
                         f"({first_difference(theirs, ours)}); start every rank with the same command")
 
     def finalize(self) -> None:
-        """The end of a run that every rank finished: MPI shut down in order (a failed rank skips this, so
-        a survivor never waits in MPI_Finalize for a peer that is gone)."""
-        if self.size > 1 and self._mpi is not None and not self._mpi.Is_finalized():
+        """The end of a run that every rank finished: MPI shuts down in order when the process exits (a
+        failed rank never gets here, so a survivor never waits in MPI_Finalize for a peer that is gone;
+        another run in the same process still has MPI)."""
+        global _FINALIZE_AT_EXIT
+        if self.size > 1 and self._mpi is not None:
             self.barrier("the end of the run", slow=True)
-            self._mpi.Finalize()
+            if not _FINALIZE_AT_EXIT:
+                import atexit
+
+                atexit.register(lambda: None if self._mpi.Is_finalized() else self._mpi.Finalize())
+                _FINALIZE_AT_EXIT = True
 
 
 def _pickle(obj: Any) -> bytes:
@@ -237,6 +243,7 @@ def _unpickle(b: bytes) -> Any:
 
 _PEER_DIED = False
 _WORLD: World | None = None
+_FINALIZE_AT_EXIT = False
 
 
 def _on_peer_death(signum: int, frame: Any) -> None:
