@@ -65,15 +65,21 @@ def drive(session: TrainSession, spec: NetSpec) -> dict[str, np.ndarray]:
 
 
 def session_child(out: str) -> None:
-    """Under mpiexec: MpiTrainSession over the world; alone: the one-process 2-replica session."""
+    """Under mpiexec: MpiTrainSession over the world, its all-reduce in one call a step, then again in
+    64-byte buckets; alone: the one-process 2-replica session."""
     w = mpi.world()
     spec = tiny_net()
-    if w.size > 1:
-        be = make_backend("xla")
-        s: TrainSession = mpi.MpiTrainSession(spec, VARIANT, BATCH, be, world=w, replicas=2, seed=1)
-    else:
+    if w.size == 1:
         s = DataParallelTrainSession(spec, VARIANT, BATCH, make_backend("xla", devices=2), replicas=2, seed=1)
-    np.savez(os.path.join(out, f"rank{w.rank}.npz"), **drive(s, spec))
+        np.savez(os.path.join(out, "alone.npz"), **drive(s, spec))
+        return
+    be = make_backend("xla")
+    for name, bucket in (("one", mpi.BUCKET_BYTES), ("bucketed", 64)):
+        mpi.BUCKET_BYTES, w.allreduce_calls = bucket, 0
+        m = mpi.MpiTrainSession(spec, VARIANT, BATCH, be, world=w, replicas=2, seed=1)
+        res = drive(m, spec)
+        res["calls"] = np.array([w.allreduce_calls, m._flat.nbytes])
+        np.savez(os.path.join(out, f"{name}{w.rank}.npz"), **res)
     w.finalize()
 
 
@@ -195,20 +201,23 @@ HLOFORGE = [sys.executable, "-m", "hloforge.cli"]
 
 @needs_mpi
 def test_two_processes_are_the_two_replica_step_and_every_rank_holds_the_same_theta(tmp_path):
-    one, two = tmp_path / "one", tmp_path / "two"
-    one.mkdir(), two.mkdir()
-    me = [sys.executable, str(Path(__file__).resolve()), "session"]
-    r = subprocess.run([*me, str(one)], capture_output=True, text=True, env=env(), timeout=300)
+    """20 steps, the flat buffer all-reduced in one call a step, and in 64-byte buckets."""
+    me = [sys.executable, str(Path(__file__).resolve()), "session", str(tmp_path)]
+    r = subprocess.run(me, capture_output=True, text=True, env=env(), timeout=300)
     assert r.returncode == 0, r.stderr
-    r = launch(2, *me, str(two))
+    r = launch(2, *me)
     assert r.returncode == 0, r.stdout + r.stderr
-    ref = dict(np.load(one / "rank0.npz"))
-    ranks = [dict(np.load(two / f"rank{i}.npz")) for i in range(2)]
-    worst = max(rel(ranks[0][k], ref[k]) for k in ref)
-    assert worst <= 1e-6, worst
-    for k in ref:
-        if not k.startswith("b"):  # θ, state, losses: identical on every rank, bit for bit
-            assert np.array_equal(ranks[0][k], ranks[1][k]), k
+    ref = dict(np.load(tmp_path / "alone.npz"))
+    for name in ("one", "bucketed"):
+        ranks = [dict(np.load(tmp_path / f"{name}{i}.npz")) for i in range(2)]
+        calls, nbytes = ranks[0].pop("calls")
+        ranks[1].pop("calls")
+        assert calls == STEPS * (1 if name == "one" else -(-nbytes // 64)) and nbytes > 64  # never per tensor
+        worst = max(rel(ranks[0][k], ref[k]) for k in ref)
+        assert worst <= 1e-6, (name, worst)
+        for k in ref:
+            if not k.startswith("b"):  # θ, state, losses: identical on every rank, bit for bit
+                assert np.array_equal(ranks[0][k], ranks[1][k]), (name, k)
 
 
 def train_cmd(run_dir: Path, epochs: int, *more: str) -> list[str]:

@@ -84,6 +84,7 @@ class World:
     comm: Any = None
     timeout: float = DEFAULT_TIMEOUT_S
     step: int = 0  # the step the last wait belonged to (named when a peer goes missing)
+    allreduce_calls: int = 0  # MPI all-reduce calls so far (one per step below BUCKET_BYTES)
     _mpi: Any = None
     _diag: Any = None  # a communicator of its own for the missing-rank round
 
@@ -151,6 +152,7 @@ class World:
             return
         per = max(1, BUCKET_BYTES // buf.itemsize)
         for i in range(0, len(buf), per):
+            self.allreduce_calls += 1
             self.wait(self.comm.Iallreduce(self._mpi.IN_PLACE, buf[i:i + per], op=self._mpi.SUM), what)
 
     def allgather_rows(self, part: np.ndarray, counts: Sequence[int], what: str) -> np.ndarray:
