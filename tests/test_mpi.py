@@ -271,6 +271,15 @@ def test_hloforge_train_under_mpiexec_is_the_two_replica_run_and_resumes_at_any_
 
 
 @needs_mpi
+def test_sync_bn_under_mpiexec_is_refused_in_one_line(tmp_path):
+    r = launch(2, *train_cmd(tmp_path / "r", 1, "--replicas", "2", "--sync-bn"))
+    assert r.returncode == 3
+    lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.startswith("hloforge:")]
+    assert len(lines) == 1 and "--sync-bn pools BN statistics" in lines[0], r.stdout + r.stderr
+    assert not (tmp_path / "r").exists()
+
+
+@needs_mpi
 def test_a_rank_started_with_another_config_is_refused_in_one_line(tmp_path):
     cmd = train_cmd(tmp_path / "r", 1)
     r = launch(1, *cmd, ":", "-n", "1", *cmd[:-1], "--lr", "0.002", "--no-progress")

@@ -64,6 +64,12 @@ class PeerError(HloforgeError):
         self.quiet = quiet
 
 
+def shared(err: HloforgeError, w: World) -> HloforgeError:
+    """`err` as a refusal every rank raises alike: printed by rank 0 alone."""
+    err.quiet = not w.is_root  # type: ignore[attr-defined]
+    return err
+
+
 def launched(environ: Any = None) -> tuple[int, int, str]:
     """(rank, size, the variable that said so) from a launcher's environment; (0, 1, "") for a plain run."""
     env = os.environ if environ is None else environ
@@ -297,13 +303,14 @@ def global_replicas(replicas: int, sync_bn: bool, w: World) -> int:
     if w.size == 1:
         return replicas
     if sync_bn:
-        raise UnsupportedSpec(f"--sync-bn pools BN statistics inside the step, over one process's devices; across "
-                              f"{w.size} MPI processes it is not built: drop --sync-bn (each replica's own "
-                              "statistics), or run the replicas in one process (--replicas N --devices N)")
+        raise shared(UnsupportedSpec(f"--sync-bn pools BN statistics inside the step, over one process's devices; "
+                                     f"across {w.size} MPI processes it is not built: drop --sync-bn (each replica's "
+                                     "own statistics), or run the replicas in one process (--replicas N --devices N)"),
+                     w)
     total = max(replicas, w.size)
     if total % w.size:
-        raise UnsupportedSpec(f"--replicas {replicas} does not split over {w.size} MPI processes; give a multiple of "
-                              f"{w.size} (the default: one replica per process)")
+        raise shared(UnsupportedSpec(f"--replicas {replicas} does not split over {w.size} MPI processes; give a "
+                                     f"multiple of {w.size} (the default: one replica per process)"), w)
     return total
 
 
