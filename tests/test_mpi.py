@@ -7,6 +7,7 @@ every rank's θ and losses to OUT) and the `hloforge` command itself.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -100,6 +101,16 @@ def test_a_multi_process_launch_without_mpi4py_is_one_line_naming_the_extra(monk
     with pytest.raises(BackendError, match=r"needs mpi4py \(PMI_SIZE=2.*pip install 'hloforge\[mpi\]'"):
         mpi.world({"PMI_SIZE": "2", "PMI_RANK": "1"})
     assert mpi.world({}).size == 1  # a plain run never imports it
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None, reason="mpi4py is not installed")
+def test_a_launch_whose_mpi_sees_one_process_is_refused(tmp_path):
+    """srun without its MPI plugin: the launcher says 2, MPI (a singleton) says 1."""
+    code = "from hloforge.train import mpi; mpi.world()"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=env(SLURM_STEP_NUM_TASKS="2", SLURM_PROCID="1"))
+    assert r.returncode != 0
+    assert "the launcher started 2 processes (SLURM_STEP_NUM_TASKS=2) but MPI sees 1" in r.stderr
 
 
 def test_sync_bn_and_an_uneven_replica_count_are_refused_across_processes():

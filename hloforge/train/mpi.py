@@ -286,6 +286,10 @@ def world(environ: Any = None) -> World:
             timeout = -1.0
         if not timeout > 0 or not math.isfinite(timeout):
             raise UnsupportedSpec(f"{TIMEOUT_ENV}={raw!r}: expected a positive number of seconds")
+        if var and comm.Get_size() != size:  # e.g. srun without its MPI plugin: P lone copies of one run
+            raise BackendError(f"the launcher started {size} processes ({var}={size}) but MPI sees "
+                               f"{comm.Get_size()}: this MPI is not the launcher's (with srun: --mpi=pmi2 or "
+                               "--mpi=pmix, as the MPI library was built)")
         w = World(comm.Get_rank(), comm.Get_size(), comm, timeout, mpi=MPI, diag=comm.Dup())
         if w.size > 1 and signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None):
             signal.signal(signal.SIGUSR1, _on_peer_death)
