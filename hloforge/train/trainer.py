@@ -7,6 +7,9 @@ A net with per-token logits [T, vocab] is a language model: it trains with the p
 loss `tokenCrossEntropy` on a token dataset (`text`), and each epoch is scored in bits per
 character over every validation window (no bitmap; the banner prints the character-bigram
 baseline of the same corpus). Everything else — run directory, checkpoints, resume — is shared.
+
+Launched by MPI (`mpirun -np P hloforge train ...`: hloforge.train.mpi), every rank runs this loop on
+its rows of each global batch; rank 0 alone writes the run directory, logs and draws the progress bar.
 """
 
 from __future__ import annotations
