@@ -166,12 +166,14 @@ def test_gradient_half_is_jax_grad_of_the_loss():
         assert rel(got, np.asarray(ref)) <= 1e-5
 
 
-def test_local_replicas_under_a_one_process_world_are_the_data_parallel_session():
+@pytest.mark.parametrize("resident", [True, False], ids=["resident", "copying"])
+def test_local_replicas_under_a_one_process_world_are_the_data_parallel_session(resident):
     """replicas > 1 per process: the gradient half's in-graph mean over the local devices."""
     spec = tiny_net()
     be = make_backend("xla", devices=2)
     dp = drive(DataParallelTrainSession(spec, VARIANT, BATCH, be, replicas=2, seed=1), spec)
-    split = drive(mpi.MpiTrainSession(spec, VARIANT, BATCH, be, world=mpi.World(), replicas=2, seed=1), spec)
+    split = drive(mpi.MpiTrainSession(spec, VARIANT, BATCH, be, world=mpi.World(), replicas=2, seed=1,
+                                      resident=resident), spec)
     for k in dp:
         assert rel(split[k], dp[k]) <= 1e-6, k
 
