@@ -595,6 +595,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("hloforge: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except (HloforgeError, OSError) as e:  # a refusal, or a file the user named that cannot be read or written
+        if getattr(e, "quiet", False):  # an MPI rank whose refusal another rank reports (hloforge.train.mpi)
+            return EXIT_BAD_INPUT
         if debug:
             import traceback
 

@@ -242,13 +242,7 @@ def train_step_module(spec: NetSpec, variant: Variant, batch: int, *, dtype: str
     state = {name: [b.arg(shape, alias_output=lay.n_params * (1 + k) + i) for i, shape in enumerate(shapes)]
              for k, name in enumerate(lay.state)}
     scalars = schedule_input(b, lay.scalars)
-    x = b.arg(lay.x_shape)
-    y = b.arg(lay.y_shape, lay.y_dtype)
-    masks = [b.arg((batch, *s.shape)) for _, s in lay.masks]
-    views = [stored_view(b, p, perm) for p, perm in zip(params, lay.storage, strict=True)]
-    logits, batch_stats = emit_layers(b, walk, x, views, train=True, masks=masks,
-                                      sync_replicas=replicas if sync_bn else 1)
-    loss_v = loss.forward(b, logits, y)
+    loss_v, batch_stats = _emit_loss(b, walk, loss, lay, params, batch, replicas if sync_bn else 1)
     slots = [s for _, s in lay.params]
 
     def emit_update(idx: Sequence[int], grads: Sequence[Value]) -> tuple[list[Value], dict[str, list[Value]]]:
@@ -275,6 +269,41 @@ def train_step_module(spec: NetSpec, variant: Variant, batch: int, *, dtype: str
         new_params, new_state = emit_update(range(lay.n_params), grads)
     outs = new_params + [v for n in lay.state for v in new_state[n]] + [loss_v] + batch_stats
     return b.module(outs, num_replicas=replicas), lay
+
+
+def _emit_loss(b: Builder, walk: Sequence[LayerShapes], loss: Loss, lay: TrainStepLayout, params: Sequence[Value],
+               batch: int, sync_replicas: int) -> tuple[Value, list[Value]]:
+    """x, the labels and the masks as inputs, then the training forward and the loss: the part of a
+    train step before its backward (the fused step's and the gradient half's, one emitter)."""
+    x = b.arg(lay.x_shape)
+    y = b.arg(lay.y_shape, lay.y_dtype)
+    masks = [b.arg((batch, *s.shape)) for _, s in lay.masks]
+    views = [stored_view(b, p, perm) for p, perm in zip(params, lay.storage, strict=True)]
+    logits, batch_stats = emit_layers(b, walk, x, views, train=True, masks=masks, sync_replicas=sync_replicas)
+    return loss.forward(b, logits, y), batch_stats
+
+
+def gradient_step_module(spec: NetSpec, variant: Variant, batch: int, *, dtype: str = "f32",
+                         registry: Registry | None = None, replicas: int = 1,
+                         target: str | None = None) -> tuple[str, TrainStepLayout]:
+    """The gradient half of the train step (a step split for a reduction outside the graph, e.g. MPI's):
+    `@main(θ…, x, y, masks…) -> (∂θ…, loss, batch stats…)`, the fused step's forward, loss and backward
+    (`replicas` > 1: the loss and ∂θ averaged over them, as there) without its update. The update half is
+    `optimizer_step_module` with the variant's wrappers and the layout's storage. The layout is the fused
+    step's: its `state` and `scalars` name the update half's carried state and schedule."""
+    if replicas < 1:
+        raise UnsupportedSpec(f"replicas must be at least 1, got {replicas}")
+    reg = registry or default_registry()
+    spec = variant.apply_to(spec, reg)
+    opt, loss = variant.make_optimizer(reg), variant.make_loss(reg)
+    lay = train_step_layout(spec, opt, loss, batch, dtype, variant.state_layout(opt), target)
+    b = Builder(dtype, f"{spec.ident}_{variant.slug}_gradient_step", target)
+    params = [b.arg(stored_shape(s.shape, perm)) for (_, s), perm in zip(lay.params, lay.storage, strict=True)]
+    loss_v, batch_stats = _emit_loss(b, spec.walk(), loss, lay, params, batch, 1)
+    grads = autodiff.grad(b, [loss_v], [b.full(1.0)], params)
+    if replicas > 1:
+        *grads, loss_v = replica_mean(b, [*grads, loss_v], replicas)
+    return b.module([*grads, loss_v, *batch_stats], num_replicas=replicas), lay
 
 
 REPLICA_MEAN_BEGIN = "replica mean over"  # the block's first line: `// replica mean over N replicas: %g… -> %ar…`
