@@ -476,7 +476,8 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("source", metavar="SOURCE", help="torchvision:NAME or timm:NAME, e.g. torchvision:resnet18")
     sp.add_argument("file", help="the state dict: .safetensors, or .pth/.pt/.bin (read with torch, "
                                  "weights_only=True)")
-    sp.add_argument("--out", required=True, help="the run directory written (refused if it holds a checkpoint)")
+    sp.add_argument("--out", required=True, help="the run directory written (refused if it holds a checkpoint); "
+                                                 "a FILE.safetensors: the bare weights, for `train --init`")
     sp.add_argument("--input", type=_shape,
                     help="the net's input shape without batch, e.g. 3,64,64 (default: the net's own)")
     sp.add_argument("--data", help="the dataset the run evaluates and fine-tunes on (default: train's default); "

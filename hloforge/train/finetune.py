@@ -68,8 +68,10 @@ def _read(path: str) -> tuple[str, dict[str, np.ndarray], int | None]:
 
     tensors = dict(load_file(path))
     manifest = os.path.join(os.path.dirname(path), EXPORT_MANIFEST)
-    classes = None
-    if os.path.exists(manifest):
+    with safe_open(path, "np") as f:  # a bare weights file (import-weights --out FILE.safetensors) says it
+        said = (f.metadata() or {}).get("classes", "")
+    classes = int(said) if said.isdigit() else None
+    if classes is None and os.path.exists(manifest):
         try:
             with open(manifest, encoding="utf-8") as f:
                 classes = int(json.load(f)["classes"])
