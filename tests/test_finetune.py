@@ -98,6 +98,31 @@ def test_frozen_params_stay_bit_identical_and_the_rest_train_as_jax_with_them_as
         assert np.linalg.norm(ref) > 0 and np.linalg.norm(moved - ref) <= 1e-4 * np.linalg.norm(ref), j
 
 
+def test_a_frozen_step_is_the_same_resident_or_copying_and_an_ema_run_scores_its_shadow(tmp_path) -> None:
+    spec, batch = get_net("mnist-mlp"), 8
+    variant = Variant("adam", ema=0.9, frozen=("0",))
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, *spec.input_shape)).astype(np.float32)
+    y = rng.integers(0, 10, batch).astype(np.int32)
+    a, b = (TrainSession(spec, variant, batch, make_backend("xla"), resident=r) for r in (True, False))
+    for s in (a, b):
+        s.train_step(x, y, 1e-2)
+        s.train_step(x, y, 1e-2)
+    assert all(np.array_equal(p, q) for p, q in zip(a.read_params(), b.read_params(), strict=True))
+    assert all(np.array_equal(p, q) for p, q in zip(a.read_state(), b.read_state(), strict=True))
+    # the shadow of a frozen θ is θ itself: the eval forward gets every θ
+    assert len(a.slot_buffers("E")) == len(spec.params())
+
+    from hloforge.commands.opening import evaluate_checkpoint
+
+    run = str(tmp_path / "r")
+    train(TrainConfig(net="mnist-mlp", epochs=1, ema=0.9, frozen=("0",), run_dir=run), progress=False)
+    got, _ = ckpt.load_checkpoint(os.path.join(run, "checkpoint.safetensors"))
+    assert "state/E/0.w" not in got and "state/E/1.w" in got
+    live, ema = (evaluate_checkpoint(run, region=r, log=lambda s: None) for r in ("live", "ema"))
+    assert 0 < ema.top1 <= ema.n and live.n == ema.n
+
+
 # ------------------------------------------------------------------ --init
 SMALL = dict(net="resnet-mini", input=(1, 12, 12), data_options=("size=12",), epochs=1, batch=128, augment=False,
              log_every=1)
@@ -200,3 +225,48 @@ def test_init_and_resume_together_are_refused(tmp_path, capsys) -> None:
         == EXIT_BAD_INPUT
     assert "give one of them" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+def test_digits_channels_repeat_the_grey_image() -> None:
+    from hloforge.datasets.digits import Digits
+
+    x1, y1 = Digits(size=8).arrays("test")
+    x3, y3 = Digits(size=8, channels=3).arrays("test")
+    assert x3.shape == (len(y1), 3, 8, 8) and np.array_equal(y1, y3)
+    assert all(np.array_equal(x3[:, c], x1[:, 0]) for c in range(3))
+
+
+def _doc_blocks() -> tuple[str, str]:
+    """The worked example's shell block and its PyTorch round trip, as docs/interop.md has them."""
+    text = open(os.path.join(os.path.dirname(__file__), "..", "docs", "interop.md"), encoding="utf-8").read()
+    example = text.split("### A worked example", 1)[1]
+    shell = example.split("```bash\n", 1)[1].split("\n```", 1)[0]
+    check = example.split("```python\n", 1)[1].split("\n```", 1)[0]
+    return shell, check
+
+
+@pytest.mark.slow
+def test_the_worked_example_runs_as_documented(tmp_path) -> None:
+    """The doc's commands as written (one epoch instead of two), then its PyTorch round trip (~3 min)."""
+    import subprocess
+    import sys
+
+    import importlib.util
+
+    if not (importlib.util.find_spec("torch") and importlib.util.find_spec("torchvision")):  # (not imported here)
+        pytest.skip("the worked example builds the torchvision model: needs torch and torchvision")
+    shell, check = _doc_blocks()
+    assert "--epochs 2" in shell
+    py = f'"{sys.executable}"'
+    cli = f'hloforge() {{ {py} -c "import sys; from hloforge.cli import main; sys.exit(main(sys.argv[1:]))" "$@"; }}'
+    script = "set -e\n" + cli + "\n" + shell.replace("--epochs 2", "--epochs 1").replace("python -", f"{py} -")
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "head ['7.w', '7.b'] re-initialised" in r.stdout and "frozen ['0'] (3 tensors)" in r.stdout
+    stub = ('import sys, types\nsys.modules.setdefault("torchvision._meta_registrations", '
+            'types.ModuleType("torchvision._meta_registrations"))\n')
+    r = subprocess.run([sys.executable, "-c", stub + check], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0 and r.stdout.startswith("top-1 "), r.stdout + r.stderr[-2000:]
