@@ -248,10 +248,9 @@ def _doc_blocks() -> tuple[str, str]:
 @pytest.mark.slow
 def test_the_worked_example_runs_as_documented(tmp_path) -> None:
     """The doc's commands as written (one epoch instead of two), then its PyTorch round trip (~3 min)."""
+    import importlib.util
     import subprocess
     import sys
-
-    import importlib.util
 
     if not (importlib.util.find_spec("torch") and importlib.util.find_spec("torchvision")):  # (not imported here)
         pytest.skip("the worked example builds the torchvision model: needs torch and torchvision")
