@@ -340,8 +340,7 @@ def variant_flags(q: argparse.ArgumentParser) -> None:
                    help="BatchNorm ε of every BN layer, train and eval (default: each layer's own)")
     q.add_argument("--precision", choices=("fp32", "fp8"),
                    help="fp8: E4M3 weights and input, fp32 master (default fp32)")
-    q.add_argument("--freeze", dest="frozen", action="extend", nargs="+", metavar="PREFIX",
-                   type=variant_value("frozen", str),
+    q.add_argument("--freeze", dest="frozen", action="extend", nargs="+", metavar="PREFIX",  # checked by Variant
                    help="train the parameters under PREFIX (a layer index, a block such as 2.b0, a name) as "
                         "constants: no update, no optimizer state (repeatable; default: none)")
 
@@ -441,8 +440,9 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--tag", help="a suffix of the default run directory (default: none)")
     sp.add_argument("--resume", action="store_true", help="continue the run directory's checkpoint")
     sp.add_argument("--init", metavar="DIR_OR_FILE",
-                    help="start from these weights (a run directory, a checkpoint, or an export directory), "
-                         "matched by name and shape; --classes gives a new head; fresh optimizer state")
+                    help="start a new run from these weights (a run directory, a checkpoint, an export directory "
+                         "or a weights file), matched by name and shape; a new class count re-initialises the "
+                         "head; fresh optimizer state (default: none, the net's own init)")
     sp.add_argument("--cross-backend", action="store_true",
                     help="with --resume: accept a checkpoint trained on another backend")
     sp.add_argument("--no-progress", action="store_true", help="no progress bar")
