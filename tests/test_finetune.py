@@ -269,3 +269,30 @@ def test_the_worked_example_runs_as_documented(tmp_path) -> None:
     r = subprocess.run([sys.executable, "-c", stub + check], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0 and r.stdout.startswith("top-1 "), r.stdout + r.stderr[-2000:]
+
+
+def test_imported_bare_weights_start_a_run_with_a_new_head(tmp_path, capsys) -> None:
+    """`import-weights --out FILE.safetensors` (a 1000-class head no dataset here has) read by --init: every
+    tensor taken as imported but the head's, re-initialised at the run's seed."""
+    from safetensors.numpy import save_file
+
+    from hloforge.interop import torch_state_dict
+    from hloforge.train import finetune
+
+    src = get_net("resnet18", classes=1000, input=(3, 32, 32))
+    params = [p + 0.5 for p in src.init_params(7)]
+    stats = [s.initial() + 0.25 for _, s in src.stats()]
+    save_file(torch_state_dict("torchvision:resnet18", src, params, stats), str(tmp_path / "sd.safetensors"))
+    out = str(tmp_path / "r18.safetensors")
+    assert main(["import-weights", "torchvision:resnet18", str(tmp_path / "sd.safetensors"), "--input", "3,32,32",
+                 "--out", out]) == EXIT_OK
+    cfg = TrainConfig(net="resnet18", classes=10, input=(3, 32, 32), data_options=("size=32", "channels=3"), init=out,
+                      seed=3, run_dir=str(tmp_path / "run"))
+    capsys.readouterr()
+    init = finetune.read_init(Run(cfg, progress=False))
+    assert "1000 classes there, 10 here: head ['7.w', '7.b'] re-initialised" in capsys.readouterr().out
+    fresh = get_net("resnet18", classes=10, input=(3, 32, 32)).init_params(3)
+    assert all(np.array_equal(a, b) for a, b in zip(init.params[:-2], params[:-2], strict=True))
+    assert all(np.array_equal(a, b) for a, b in zip(init.params[-2:], fresh[-2:], strict=True))
+    assert all(np.array_equal(a, b) for a, b in zip(init.stats, stats, strict=True))
+    assert not (tmp_path / "run").exists()
