@@ -56,11 +56,11 @@ def _render(args: argparse.Namespace) -> None:
 
 
 # The Variant's options beyond optimizer / weight decay / loss / label smoothing (`variant_flags`).
-VARIANT_FLAGS = ("ema", "accum", "clip", "mixup", "cutmix", "dropout", "drop_path", "bn_eps", "precision")
+VARIANT_FLAGS = ("ema", "accum", "clip", "mixup", "cutmix", "dropout", "drop_path", "bn_eps", "precision", "frozen")
 TRAIN_FLAGS = ("net", "classes", "input", "data", "data_dir", "data_file", "workers", "augment", "backend", "epochs",
                "batch", "optimizer", "lr", "schedule", "warmup_epochs", "weight_decay", "label_smoothing", "seed",
                "run_dir", "tag", "replicas", "devices", "sync_bn", "loss", *VARIANT_FLAGS, "data_options",
-               "diffusion_steps", "beta_start", "beta_end", "autotune", "decay_rate", "decay_epochs")
+               "diffusion_steps", "beta_start", "beta_end", "autotune", "decay_rate", "decay_epochs", "init")
 
 
 def train_config(args: argparse.Namespace) -> TrainConfig:
@@ -78,6 +78,9 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
 def _train(args: argparse.Namespace) -> None:
     from hloforge.train.trainer import train
 
+    if args.init is not None and args.resume:
+        raise UnsupportedSpec("--init starts a new run from other weights, --resume continues this run's own "
+                              "checkpoint; give one of them")
     train(train_config(args), resume=args.resume, cross_backend=args.cross_backend, progress=not args.no_progress)
 
 
@@ -337,6 +340,9 @@ def variant_flags(q: argparse.ArgumentParser) -> None:
                    help="BatchNorm ε of every BN layer, train and eval (default: each layer's own)")
     q.add_argument("--precision", choices=("fp32", "fp8"),
                    help="fp8: E4M3 weights and input, fp32 master (default fp32)")
+    q.add_argument("--freeze", dest="frozen", action="extend", nargs="+", metavar="PREFIX",  # checked by Variant
+                   help="train the parameters under PREFIX (a layer index, a block such as 2.b0, a name) as "
+                        "constants: no update, no optimizer state (repeatable; default: none)")
 
 
 def net_opts(q: argparse.ArgumentParser) -> None:
@@ -433,6 +439,10 @@ def parser() -> argparse.ArgumentParser:
                                       "a new _2, _3 ... if taken)")
     sp.add_argument("--tag", help="a suffix of the default run directory (default: none)")
     sp.add_argument("--resume", action="store_true", help="continue the run directory's checkpoint")
+    sp.add_argument("--init", metavar="DIR_OR_FILE",
+                    help="start a new run from these weights (a run directory, a checkpoint, an export directory "
+                         "or a weights file), matched by name and shape; a new class count re-initialises the "
+                         "head; fresh optimizer state (default: none, the net's own init)")
     sp.add_argument("--cross-backend", action="store_true",
                     help="with --resume: accept a checkpoint trained on another backend")
     sp.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -473,7 +483,8 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("source", metavar="SOURCE", help="torchvision:NAME or timm:NAME, e.g. torchvision:resnet18")
     sp.add_argument("file", help="the state dict: .safetensors, or .pth/.pt/.bin (read with torch, "
                                  "weights_only=True)")
-    sp.add_argument("--out", required=True, help="the run directory written (refused if it holds a checkpoint)")
+    sp.add_argument("--out", required=True, help="the run directory written (refused if it holds a checkpoint); "
+                                                 "a FILE.safetensors: the bare weights, for `train --init`")
     sp.add_argument("--input", type=_shape,
                     help="the net's input shape without batch, e.g. 3,64,64 (default: the net's own)")
     sp.add_argument("--data", help="the dataset the run evaluates and fine-tunes on (default: train's default); "

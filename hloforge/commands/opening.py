@@ -3,6 +3,7 @@ cam start from. Above the loop: it rebuilds a Run; nothing in the loop imports i
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -56,7 +57,10 @@ class OpenedCheckpoint:
         names = [n for n, _ in self.spec.params()]
         if region == "live":
             return region, self.weights(ckpt.PARAMS, names), self.weights(ckpt.STATS, run.stat_names)
-        return region, self.weights(ckpt.state_group(SHADOW), names), \
+        frozen = set(run.frozen)  # a frozen θ has no shadow of its own: it is its own shadow
+        shadow = self.weights(ckpt.state_group(SHADOW), [n for i, n in enumerate(names) if i not in frozen])[::-1]
+        live = self.weights(ckpt.PARAMS, names)
+        return region, [live[i] if i in frozen else shadow.pop() for i in range(len(names))], \
             ckpt.shadow_stats(self.tensors, run.stat_names, self.file, "use the live weights (--region live)")
 
 
@@ -95,7 +99,7 @@ def open_checkpoint(path: str, backend: str | None = None,
         raise DataError(f"checkpoint {file} holds a spec that differs from net {cfg.net!r} as defined now "
                         f"({ckpt.first_difference(spec.to_dict(), run.spec.to_dict())})")
     # what the tensors were trained as, against what the config makes (a field newer than the checkpoint aside)
-    made = attrs.asdict(run.variant)
+    made = json.loads(json.dumps(attrs.asdict(run.variant)))  # as stored: tuples as lists
     if any(k not in made or made[k] != v for k, v in meta["variant"].items()):
         raise DataError(f"checkpoint {file}: its variant differs from the one its config makes "
                         f"({ckpt.first_difference(meta['variant'], {k: made.get(k) for k in meta['variant']})}); "

@@ -73,6 +73,12 @@ class TrainConfig:
     drop_path: float = 0.0
     bn_eps: float | None = None
     precision: str = "fp32"
+    # parameter-name prefixes trained as constants (Variant.frozen; --freeze, repeatable)
+    frozen: tuple[str, ...] = attrs.field(default=(), converter=lambda v: (v,) if isinstance(v, str)
+                                          else as_tuple(v, "frozen"))
+    # the weights a new run starts from (hloforge.train.finetune): a run directory, a checkpoint file or an
+    # export directory; its optimizer state is not taken. Kept with the run; --resume reads its own checkpoint.
+    init: str = ""
     # PyTorch's convention (running ← 0.9·running + 0.1·batch). Seed 003's 0.99 suits ImageNet-length
     # runs; on a 22-step digits epoch it leaves eval normalising by near-initial statistics.
     bn_momentum: float = 0.9
@@ -100,7 +106,7 @@ class TrainConfig:
         loss = self.loss or ("crossEntropy" if spec is None else default_loss(spec, self.data))
         return Variant(self.optimizer, self.weight_decay, loss, self.label_smoothing, ema=self.ema,
                        accum=self.accum, clip=self.clip, mixup=self.mixup, cutmix=self.cutmix, dropout=self.dropout,
-                       drop_path=self.drop_path, bn_eps=self.bn_eps, precision=self.precision)
+                       drop_path=self.drop_path, bn_eps=self.bn_eps, precision=self.precision, frozen=self.frozen)
 
     def scope(self, spec: NetSpec) -> str:
         """Net, variant, backend and tag: two arms of an ablation never share a run directory."""

@@ -31,7 +31,7 @@ from hloforge.core.registry import default_registry
 from hloforge.core.spec import NetSpec
 from hloforge.core.variant import SHADOW, Variant, ema_decay_at
 from hloforge.datasets.stream import DataRef, Feed, split_labels
-from hloforge.train import autotune, fp8, mpi, rundir
+from hloforge.train import autotune, finetune, fp8, mpi, rundir
 from hloforge.train import checkpoint as ckpt
 
 # the config and the evaluation helpers, re-exported: `from hloforge.train.trainer import TrainConfig, ...`
@@ -145,6 +145,7 @@ class Run:
         self.stat_names = [n for n, _ in self.spec.stats()]
         self.running = [s.initial() for _, s in self.spec.stats()]
         self.state_layout = self.variant.state_layout(self.variant.make_optimizer(reg))
+        self.frozen = self.variant.frozen_indices([n for n, _ in self.spec.params()], f"net {self.spec.name!r}")
         # The EMA shadow's BN statistics (seed 003's ema_bn): the running statistics averaged with the
         # shadow's decay at the shadow's cadence, from the same start, so the shadow is scored with
         # statistics that lag as its weights do (timm's ModelEma averages the BN buffers the same way).
@@ -183,7 +184,7 @@ class Run:
         good one."""
         lay = session.layout
         names = ckpt.tensor_names([n for n, _ in lay.params], lay.state, self.stat_names,
-                                  shadow_stats=self.state_layout.shadows)
+                                  shadow_stats=self.state_layout.shadows, trained=lay.trained_names)
         tensors = session.read_params() + session.read_state() + self.running + self.shadow_running
         bad = next((n for n, t in zip(names, tensors, strict=True) if not np.isfinite(t).all()), None)
         if bad is not None:
@@ -195,7 +196,8 @@ class Run:
     def expected_tensors(self) -> tuple[dict[str, tuple[int, ...]], list[str]]:
         """Every tensor this run's checkpoint holds, name -> shape, and the optional ones."""
         return ckpt.expected_tensors([(n, s.shape) for n, s in self.spec.params()], self.state_layout.slots,
-                                     [(n, s.shape) for n, s in self.spec.stats()], self.state_layout.shadows)
+                                     [(n, s.shape) for n, s in self.spec.stats()], self.state_layout.shadows,
+                                     self.frozen)
 
     def restore(self, session: TrainSession, cross_backend: bool = False) -> int:
         """Load the run's checkpoint into the session; returns the epoch it ended."""
@@ -207,7 +209,7 @@ class Run:
         pn = [n for n, _ in lay.params]
         try:
             params = [tensors[t] for t in ckpt.names_in(ckpt.PARAMS, pn)]
-            state = [tensors[t] for k in lay.state for t in ckpt.names_in(ckpt.state_group(k), pn)]
+            state = [tensors[t] for k in lay.state for t in ckpt.names_in(ckpt.state_group(k), lay.trained_names)]
             self.running = [tensors[t] for t in ckpt.names_in(ckpt.STATS, self.stat_names)]
         except KeyError as e:
             raise DataError(f"checkpoint {self.ckpt_path} lacks tensor {e.args[0]}; it is not of this net") from None
@@ -267,15 +269,17 @@ class Run:
         if w.size > 1:  # every rank started alike, and writing where rank 0 says
             w.agree("config or net", {"config": attrs.asdict(self.cfg), "net": self.spec.to_dict(), "resume": resume})
             self.dir = w.bcast(self.dir, "the run directory")
+        # the init weights read and matched before anything is written (resume reads the run's own checkpoint)
+        init = finetune.read_init(self, self.log) if self.cfg.init and not resume else None
         if not w.is_root:
-            out = self._train(resume, cross_backend)
+            out = self._train(resume, cross_backend, init)
         else:
             with rundir.locked(self.dir, self.ckpt_path):
-                out = self._train(resume, cross_backend)
+                out = self._train(resume, cross_backend, init)
         w.finalize()
         return out
 
-    def _train(self, resume: bool, cross_backend: bool) -> dict[str, Any]:
+    def _train(self, resume: bool, cross_backend: bool, init: finetune.Init | None = None) -> dict[str, Any]:
         cfg, world = self.cfg, self.world
         recorded = cfg.tuned
         if world.size > 1 and not recorded:  # rank 0 times, every rank renders its choices
@@ -313,6 +317,8 @@ class Run:
         elif world.is_root and os.path.exists(self.ckpt_path):
             raise HloforgeError(f"run directory {self.dir} already holds a checkpoint; pass --resume to continue it, "
                                 "or --tag/--run-dir for a new run")
+        if init is not None:
+            finetune.start_from(self, session, init)
         if world.is_root:
             ckpt.write_atomic(os.path.join(self.dir, "config.toml"), cfg.to_toml().encode(), "config")
         self.log(f"hloforge: {self.spec.name} ({self.spec.param_count():,} params) on {cfg.data} "
@@ -323,7 +329,9 @@ class Run:
         dp = (f" over {cfg.replicas} replicas" + (" (sync BN)" if cfg.sync_bn else "")) if cfg.replicas > 1 else ""
         self.log(f"  {self.variant.slug}: lr {cfg.lr:g} {cfg.schedule}, batch {cfg.batch}{dp}, {cfg.epochs} epochs, "
                  f"run dir {self.dir} | compiled in {compile_s:.1f}s"
-                 + (f" | resumed after epoch {start}" if start else ""))
+                 + (f" | resumed after epoch {start}" if start else "")
+                 + (f" | from {init.path}" if init is not None else "")
+                 + (f" | frozen {list(self.variant.frozen)} ({len(self.frozen)} tensors)" if self.frozen else ""))
         if tuning is not None:
             self.log(f"  {tuning.summary()}")
         w = bn_weight(cfg.bn_momentum, self.variant.accum)
@@ -480,7 +488,10 @@ def check_matches(path: str, meta: dict[str, Any], spec: NetSpec, variant: Varia
     if meta.get("spec") != json.loads(json.dumps(spec.to_dict())):
         raise DataError(f"checkpoint {path} is of net {meta.get('spec', {}).get('name')!r}, not {spec.name!r} "
                         f"(its spec differs: {ckpt.first_difference(meta.get('spec'), spec.to_dict())})")
-    if meta.get("variant") != attrs.asdict(variant):
+    made = json.loads(json.dumps(attrs.asdict(variant)))  # as stored: tuples as lists
+    # a field newer than the checkpoint reads as its default
+    stored = {**json.loads(json.dumps(attrs.asdict(Variant()))), **meta.get("variant", {})}
+    if stored != made:
         raise DataError(f"checkpoint {path} was trained as variant {meta.get('variant')}, not {attrs.asdict(variant)}")
     if meta.get("backend") != backend and not allow_cross_backend:
         raise DataError(f"checkpoint {path} was trained on backend {meta.get('backend')!r}, not {backend!r}; "
