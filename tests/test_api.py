@@ -159,7 +159,7 @@ def test_early_stopping_on_real_validation(tmp_path: str) -> None:
     assert len(h) < 40
     with open(log) as f:
         rows = f.read().splitlines()
-    assert rows[0].startswith("epoch,loss,lr,seconds,val_top1") and len(rows) == len(h) + 1
+    assert rows[0].startswith("epoch,step,loss,lr,val_top1,") and len(rows) == len(h) + 1
 
 
 @pytest.mark.parametrize(("x", "y", "message"), [
@@ -247,3 +247,35 @@ def test_tensorboard_events_read_back(tmp_path: str) -> None:
     acc.Reload()
     got = [(e.step, e.value) for e in acc.Scalars("epoch/loss")]
     assert [s for s, _ in got] == [1, 2, 3] and np.allclose([v for _, v in got], h["loss"])
+
+
+def test_fit_on_a_dataset_by_name_is_hloforge_train_with_ema_accum_mixup(tmp_path: str) -> None:
+    """The variant's wrappers the loop drives (EMA shadow, accumulation, mixup) reach the Model through
+    the one loop: fit(data="digits") and `hloforge train` with the same seed agree bit for bit, live
+    and shadow weights, and the history holds the epochs' scores the CLI logs (val_ prefixed)."""
+    from hloforge.train.trainer import TrainConfig, train
+
+    kw = dict(ema=0.9, accum=2, mixup=0.2)
+    d = os.path.join(tmp_path, "cli")
+    cli_metrics = train(TrainConfig(net="mnist-linear", epochs=2, run_dir=d, **kw), log=lambda s: None,
+                        progress=False)
+    m = hf.Model("mnist-linear", **kw)
+    h = m.fit(data="digits", epochs=2, batch_size=64, verbose=False)
+    cli = hf.load(d)
+    assert cli._step == m._step == 2 * 22
+    assert all(np.array_equal(cli.params[n], w) for n, w in m.params.items())
+    assert cli.state.keys() == m.state.keys() and any(k.startswith("E/") for k in m.state)
+    assert all(np.array_equal(cli.state[n], w) for n, w in m.state.items())
+    assert h[-1]["val_top1"] == cli_metrics["top1"] and h[-1]["val_top1_ema"] == cli_metrics["top1_ema"]
+    assert m.evaluate("digits")["correct"] == cli_metrics["correct"]
+
+
+def test_fit_on_an_iterable_of_batches() -> None:
+    x, y = blobs(64)
+    batches = [(x[i:i + 16], y[i:i + 16]) for i in range(0, 64, 16)]
+    a, b = hf.Model(tiny_net()), hf.Model(tiny_net())
+    a.fit(iter(batches), epochs=2, verbose=False)
+    b.fit(x, y, epochs=2, batch_size=16, verbose=False)
+    assert a._step == 8 and all(np.array_equal(a.params[n], w) for n, w in b.params.items())
+    with pytest.raises(HloforgeError, match="fit batch 0 is a int, expected a pair"):
+        a.fit([1, 2], verbose=False)
