@@ -193,8 +193,8 @@ class Model:
         opts = tuple(f"{k}={v}" for k, v in (data_options or {}).items())
         cfg = self._config("", name, epochs=epochs, batch=batch, data_options=opts)
         log = (lambda s: print(s, file=sys.stderr)) if verbose else (lambda s: None)
-        return Run(cfg, log, progress=verbose, eval_only=eval_only, spec=self._declared_spec, data=None if isinstance(data, str) else data,
-                   directory=False, backend=self.backend, shuffle=shuffle)
+        return Run(cfg, log, progress=verbose, eval_only=eval_only, spec=self._declared_spec,
+                   data=None if isinstance(data, str) else data, directory=False, backend=self.backend, shuffle=shuffle)
 
     def _arrays(self, x: Any, y: Any, validation_data: Any, batch_size: int | None) -> tuple[Any, int]:
         """(the ArrayData fit trains on, the batch size): arrays, or an iterable of (x, y) batches read
