@@ -279,3 +279,122 @@ def test_fit_on_an_iterable_of_batches() -> None:
     assert a._step == 8 and all(np.array_equal(a.params[n], w) for n, w in b.params.items())
     with pytest.raises(HloforgeError, match="fit batch 0 is a int, expected a pair"):
         a.fit([1, 2], verbose=False)
+
+
+def test_model_checkpoint_keeps_the_best_epoch(tmp_path: str) -> None:
+    x, y = blobs(64)
+    vx, vy = blobs(32, 3)
+    best = os.path.join(tmp_path, "best")
+    keep = hf.ModelCheckpoint(best, monitor="val_loss")
+    m = hf.Model(tiny_net(), lr=3e-2, schedule="constant")
+    h = m.fit(x, y, epochs=6, batch_size=16, validation_data=(vx, vy), verbose=False, callbacks=[keep])
+    want = min(range(len(h)), key=lambda i: h[i]["val_loss"]) + 1
+    back = hf.load(best)
+    assert keep.best_epoch == want == back._epoch and back.evaluate(vx, vy)["loss"] == h[want - 1]["val_loss"]
+
+
+def counter_plugin() -> object:
+    """A third party's callback module: one class through the hloforge_callbacks hook."""
+    import types
+
+    from hloforge.core.hookspecs import hookimpl
+
+    class EpochCounter(Callback):
+        name = "test_epoch_counter"
+        seen: list[int] = []
+
+        def __init__(self, stop_after: int = 0):
+            self.stop_after = stop_after
+
+        def on_epoch_end(self, epoch: int, logs: dict) -> None:
+            EpochCounter.seen.append(epoch)
+            if epoch == self.stop_after:
+                self.model.stop_training = True
+
+    mod = types.ModuleType("test_callback_plugin")
+
+    @hookimpl
+    def hloforge_callbacks() -> list[type]:
+        return [EpochCounter]
+
+    mod.hloforge_callbacks = hloforge_callbacks  # type: ignore[attr-defined]
+    mod.EpochCounter = EpochCounter  # type: ignore[attr-defined]
+    return mod
+
+
+def test_cli_runs_registered_callbacks_in_its_loop(tmp_path: str, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A third-party callback found by name through the registry, and the built-in best-checkpoint
+    one, both run in `hloforge train`'s loop; `hloforge eval` reads the kept directory."""
+    import hloforge.callbacks as callbacks_module
+    from hloforge.cli import main
+    from hloforge.core import registry
+
+    plugin = counter_plugin()
+    reg = registry.Registry(extra_plugins=((plugin, "test-callbacks"), (callbacks_module, "hloforge")))
+    monkeypatch.setattr(registry, "default_registry", lambda: reg)
+    assert hf.callbacks["test_epoch_counter"] is plugin.EpochCounter and "model_checkpoint" in hf.callbacks
+    d, best = os.path.join(tmp_path, "run"), os.path.join(tmp_path, "best")
+    assert main(["train", "mnist-linear", "--epochs", "5", "--run-dir", d, "--no-progress",
+                 "--callback", "test_epoch_counter:stop_after=3",
+                 "--callback", f"model_checkpoint:path={best},monitor=top1"]) == 0
+    assert plugin.EpochCounter.seen == [1, 2, 3]  # stopped after epoch 3
+    capsys.readouterr()
+    assert main(["eval", best]) == 0
+    assert "epoch" in capsys.readouterr().out
+    assert main(["train", "mnist-linear", "--run-dir", os.path.join(tmp_path, "r2"), "--callback", "nope"]) != 0
+    assert "unknown callback 'nope'" in capsys.readouterr().err and not os.path.exists(os.path.join(tmp_path, "r2"))
+
+
+def test_curves_drawn_once_at_the_end_and_on_demand(tmp_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hloforge.cli import main
+    from hloforge.train import curves
+    from hloforge.train.trainer import TrainConfig, train
+
+    drawn: list[int] = []
+    draw = curves.draw
+    monkeypatch.setattr(curves, "draw", lambda h, title: drawn.append(len(h)) or draw(h, title))
+    d = os.path.join(tmp_path, "run")
+    train(TrainConfig(net="mnist-linear", epochs=3, run_dir=d), log=lambda s: None, progress=False)
+    assert drawn == [3] and os.path.exists(os.path.join(d, "curves.png"))
+    os.remove(os.path.join(d, "curves.png"))
+    assert main(["plot", d]) == 0 and os.path.exists(os.path.join(d, "curves.png")) and drawn == [3, 3]
+    m = hf.Model(tiny_net())
+    m.fit(*blobs(32), epochs=2, batch_size=16, verbose=False)
+    assert m.plot(os.path.join(tmp_path, "m.png")) and drawn == [3, 3, 2]
+
+
+@pytest.mark.parametrize(("net", "key"), [pytest.param("unet-mini", "miou", marks=pytest.mark.slow),
+                                          ("yolov1-mini", "map50")])
+def test_evaluate_scores_the_task_as_the_epoch_does(net: str, key: str, tmp_path: str) -> None:
+    """A segmenter's and a detector's own metrics: `evaluate` on the dataset (and a segmenter's on
+    arrays) equals what the trainer's epoch evaluation logged."""
+    from hloforge.train.trainer import TrainConfig, train
+
+    opts = {"n_train": 16, "n_test": 16}
+    d = os.path.join(tmp_path, "run")
+    logged = train(TrainConfig(net=net, data="shapes", epochs=1, batch=16, run_dir=d,
+                               data_options=tuple(f"{k}={v}" for k, v in opts.items())),
+                   log=lambda s: None, progress=False)
+    m = hf.load(d)
+    got = m.evaluate("shapes", data_options=opts)
+    assert got[key] == logged[key] and got["n"] == 16
+    if key == "miou":
+        from hloforge.datasets.shapes import Shapes
+
+        x, y = Shapes(**opts).arrays("test")
+        assert m.evaluate(x, y)["miou"] == logged["miou"]
+
+
+def test_evaluate_a_language_model_in_bits_per_char(tmp_path: str) -> None:
+    from hloforge.datasets.text import default_corpus
+    from hloforge.train.trainer import TrainConfig, train
+
+    corpus = os.path.join(tmp_path, "corpus.txt")
+    with open(corpus, "w", encoding="utf-8") as f:
+        f.write(default_corpus()[:6000])
+    d = os.path.join(tmp_path, "run")
+    logged = train(TrainConfig(net="tinygpt-nano", data="text", data_file=corpus, epochs=1, batch=16, run_dir=d),
+                   log=lambda s: None, progress=False)
+    got = hf.load(d).evaluate(data="text", data_options={"data_file": corpus})
+    assert got["bits_per_char"] == logged["val_bits_per_char"] and got["n"] == logged["n"]

@@ -11,6 +11,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from hloforge.core.errors import DataError
+
 PNG = "curves.png"
 METRICS = "metrics.jsonl"
 
@@ -65,3 +67,18 @@ def draw(history: Sequence[dict[str, Any]], title: str) -> bytes:
     fig.savefig(png, format="png", dpi=90)
     plt.close(fig)
     return png.getvalue()
+
+
+def plot_run(run_dir: str) -> str:
+    """Draw a run directory's curves.png from its metrics.jsonl; returns the file's path."""
+    from hloforge.train.checkpoint import write_atomic
+    from hloforge.train.config import load_config
+
+    hist = history(run_dir)
+    if not hist:
+        raise DataError(f"{run_dir} has no epoch in {METRICS}; expected a run directory that trained an epoch")
+    cfg_path = os.path.join(run_dir, "config.toml")
+    title = os.path.basename(load_config(cfg_path).net) if os.path.exists(cfg_path) else os.path.basename(run_dir)
+    out = os.path.join(run_dir, PNG)
+    write_atomic(out, draw(hist, title), "plot")
+    return out

@@ -180,6 +180,17 @@ class Run:
         names, tensors = host or self.host_state(session)
         ckpt.save_checkpoint(self.ckpt_path, names, tensors, self.meta(epoch, session.step))
 
+    def copy_to(self, path: str) -> None:
+        """This run's directory as it is now (config, checkpoint, eval bitmap) copied to `path`, a run
+        directory `hloforge eval` reads (the ModelCheckpoint callback's best epoch)."""
+        assert self.dir is not None
+        os.makedirs(path, exist_ok=True)
+        for name in ("config.toml", BITMAP, CHECKPOINT):  # the checkpoint last: a copy with one is whole
+            src = os.path.join(self.dir, name)
+            if os.path.exists(src):
+                with open(src, "rb") as f:
+                    ckpt.write_atomic(os.path.join(path, name), f.read(), name)
+
     def host_state(self, session: TrainSession) -> tuple[list[str], list[np.ndarray]]:
         """What a checkpoint holds (names, tensors), copied to the host once an epoch and refused if
         not finite. Each step's loss is checked as it is read; an update that turns θ to NaN on an
@@ -459,7 +470,8 @@ def check_matches(path: str, meta: dict[str, Any], spec: NetSpec, variant: Varia
 
 
 def train(cfg: TrainConfig, *, resume: bool = False, cross_backend: bool = False,
-          log: Callable[[str], None] = print, progress: bool = True) -> dict[str, Any]:
+          log: Callable[[str], None] = print, progress: bool = True, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
     """Train per `cfg`; `resume` continues the run directory's checkpoint, `cross_backend`
-    lets that checkpoint come from another backend (results then differ in the last bits)."""
-    return Run(cfg, log, progress, resume).train(resume=resume, cross_backend=cross_backend)
+    lets that checkpoint come from another backend (results then differ in the last bits);
+    `callbacks` (hloforge.callbacks' hooks) run in the loop, seeing the Run as their `model`."""
+    return Run(cfg, log, progress, resume).train(resume=resume, cross_backend=cross_backend, callbacks=callbacks)
