@@ -393,9 +393,10 @@ class Run:
                         rundir.save_npz(os.path.join(self.dir, BITMAP), correct=ev.correct,
                                         set_id=self.meta(0, 0)["eval_set"], epoch=epoch)
                     self.save(session, epoch, host)
-                line = ev.line if ev is not None else ""
-                self.log(f"epoch {epoch}/{self.end_epoch}  loss {metrics['loss']:.4f}  {line}{ema_line}  "
-                         f"{metrics['images_per_s']:.0f} img/s")
+                line = "" if ev is None else ev.line if not p else f"val {ev.line.removeprefix('test ')}"
+                self.log("  ".join(part for part in (f"epoch {epoch}/{self.end_epoch}", f"loss {metrics['loss']:.4f}",
+                                                     f"{line}{ema_line}", f"{metrics['images_per_s']:.0f} img/s")
+                                   if part))
                 self._epoch_end(epoch, metrics, callbacks)
         finally:
             mlog.close()
