@@ -101,9 +101,9 @@ class _Keep(Callback):
     def on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> None:
         assert self.run.kept is not None
         self.model._kept(self.run, *self.run.kept)
-        logs.pop("kind", None)
-        self.history.append(logs)
-        self.model.history.append(logs)
+        logs.pop("kind", None)  # every record is an epoch's
+        self.history.append(dict(logs))
+        self.model.history.append(dict(logs))
 
 
 class Model:
@@ -346,7 +346,7 @@ class Model:
             lay = session.layout
             ya = checked_labels(y, (n, *lay.y_shape[1:]), lay.y_dtype, session.label_classes, "evaluate")
             run = self._run(ArrayData(self.spec, self._label_kind(), None, (xa, ya)), batch, eval_only=True)
-        buffers = [*self._params, *(self.backend.to_device(r) for r in self._running)]
+        buffers = [*self._params, *self._running]
         if run.lm:
             res = evaluate_lm(self._forward(batch), buffers, run.x_te, run.y_te)
             return {"bits_per_char": res.bits_per_char, "n": res.n}
