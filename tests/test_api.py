@@ -398,3 +398,17 @@ def test_evaluate_a_language_model_in_bits_per_char(tmp_path: str) -> None:
                    log=lambda s: None, progress=False)
     got = hf.load(d).evaluate(data="text", data_options={"data_file": corpus})
     assert got["bits_per_char"] == logged["val_bits_per_char"] and got["n"] == logged["n"]
+
+
+def test_a_diverging_fit_stops_in_one_line_keeping_the_last_epoch(tmp_path: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    x, y = blobs(32)
+    m = hf.Model(tiny_net(), optimizer="sgd", lr=1.0, schedule="constant")
+    m.fit(x, y, epochs=1, batch_size=16, verbose=False)
+    kept = m.params
+    m.lr = 1e38  # the first update overflows θ
+    with pytest.raises(HloforgeError, match="stopped. The weights kept are those after the last epoch") as e:
+        m.fit(x, y, epochs=1, batch_size=16, verbose=False)
+    assert "\n" not in str(e.value) and m._epoch == 1 and os.listdir(tmp_path) == []
+    assert all(np.array_equal(kept[n], w) for n, w in m.params.items())

@@ -168,7 +168,8 @@ class Run:
     # ------------------------------------------------------------------ checkpoints
     @property
     def ckpt_path(self) -> str:
-        return os.path.join(self.dir or "", CHECKPOINT)
+        assert self.dir is not None, "a run without a directory has no checkpoint"
+        return os.path.join(self.dir, CHECKPOINT)
 
     def meta(self, epoch: int, step: int) -> dict[str, Any]:
         return {"spec": self.spec.to_dict(), "variant": attrs.asdict(self.variant), "backend": self.cfg.backend,
@@ -179,6 +180,14 @@ class Run:
              host: tuple[list[str], list[np.ndarray]] | None = None) -> None:
         names, tensors = host or self.host_state(session)
         ckpt.save_checkpoint(self.ckpt_path, names, tensors, self.meta(epoch, session.step))
+
+    @property
+    def last_good(self) -> str:
+        """What an error that stops the run says is left: the last good checkpoint, or (no directory,
+        a Model's fit) the weights of the last epoch, which the Model keeps."""
+        if self.dir is None:
+            return "The weights kept are those after the last epoch"
+        return f"The last good checkpoint is {self.ckpt_path if os.path.exists(self.ckpt_path) else 'none'}"
 
     def copy_to(self, path: str) -> None:
         """This run's directory as it is now (config, checkpoint, eval bitmap) copied to `path`, a run
@@ -202,8 +211,8 @@ class Run:
         tensors = session.read_params() + session.read_state() + self.running + self.shadow_running
         bad = next((n for n, t in zip(names, tensors, strict=True) if not np.isfinite(t).all()), None)
         if bad is not None:
-            raise HloforgeError(f"{bad} is not finite after step {session.step} (its loss was); stopped. The last "
-                                f"good checkpoint is {self.ckpt_path if os.path.exists(self.ckpt_path) else 'none'}")
+            raise HloforgeError(f"{bad} is not finite after step {session.step} (its loss was); stopped. "
+                                f"{self.last_good}")
         return names, tensors
 
     def expected_tensors(self) -> tuple[dict[str, tuple[int, ...]], list[str]]:
@@ -341,8 +350,7 @@ class Run:
                     loss = self.step(session, xb, yb, lr)
                     if not math.isfinite(loss):
                         raise HloforgeError(
-                            f"loss is {loss} at step {step + 1} (epoch {epoch}, lr {lr:g}); stopped. The last good "
-                            f"checkpoint is {self.ckpt_path if os.path.exists(self.ckpt_path) else 'none'}")
+                            f"loss is {loss} at step {step + 1} (epoch {epoch}, lr {lr:g}); stopped. {self.last_good}")
                     if self.stat_names:
                         self.running = [r * (1.0 - w) + b * w for r, b in
                                         zip(self.running, session.batch_stats(), strict=True)]
