@@ -203,7 +203,8 @@ class Model:
             if not isinstance(x, Iterable) or isinstance(x, np.ndarray):
                 raise DataError(f"fit x is a {type(x).__name__} without y; expected arrays x and y, an iterable of "
                                 "(x, y) batches, or a dataset name")
-            xs, ys = [], []
+            xs: list[np.ndarray] = []
+            ys: list[np.ndarray] = []
             for item in x:
                 if not (isinstance(item, (tuple, list)) and len(item) == 2):
                     raise DataError(f"fit batch {len(xs)} is a {type(item).__name__}, expected a pair (x, y)")
@@ -228,7 +229,7 @@ class Model:
         xa, ya = self._check_xy(xa, y, session, "fit")
         val = None
         if validation_data is not None:  # checked whole here, so a bad one is refused before any step
-            val = self._check_xy(*validation_data, session, "validation_data")
+            val = self._check_xy(validation_data[0], validation_data[1], session, "validation_data")
         return ArrayData(self.spec, self._label_kind(), (xa, ya), val), batch_size
 
     def _label_kind(self) -> str:
