@@ -174,13 +174,18 @@ class Model:
         n = _rows(x, f"{what} x")
         return finite_inputs(x, (n, *self.spec.input_shape), what)
 
-    def _check_xy(self, x: Any, y: Any, session: TrainSession, what: str) -> tuple[np.ndarray, np.ndarray]:
+    def _check_xy(self, x: Any, y: Any, session: TrainSession, what: str,
+                  scored: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """x and y checked whole; `scored`: labels only scored (a language model's may hold its padding)."""
+        from hloforge.datasets.text import IGNORE
+
         xa = self._check_x(x, what)
         n = _rows(y, f"{what} y")
         if n != len(xa):
             raise DataError(f"{what}: x has {len(xa)} rows but y has {n}; expected one label per row")
         lay = session.layout
-        return xa, checked_labels(y, (n, *lay.y_shape[1:]), lay.y_dtype, session.label_classes, what)
+        lowest = IGNORE if scored and self._label_kind() == "tokens" else 0
+        return xa, checked_labels(y, (n, *lay.y_shape[1:]), lay.y_dtype, session.label_classes, what, lowest)
 
     # ------------------------------------------------------------------ training
     def _run(self, data: Any, batch: int, epochs: int = 1, shuffle: bool = True, verbose: bool = False,
@@ -229,7 +234,7 @@ class Model:
         xa, ya = self._check_xy(xa, y, session, "fit")
         val = None
         if validation_data is not None:  # checked whole here, so a bad one is refused before any step
-            val = self._check_xy(validation_data[0], validation_data[1], session, "validation_data")
+            val = self._check_xy(validation_data[0], validation_data[1], session, "validation_data", scored=True)
         return ArrayData(self.spec, self._label_kind(), (xa, ya), val), batch_size
 
     def _label_kind(self) -> str:
@@ -339,13 +344,7 @@ class Model:
                 raise UnsupportedSpec("evaluate(data=NAME) scores the dataset's test split; pass no x or y with it")
             run = self._run(data, batch, data_options=data_options, eval_only=True)
         else:
-            xa = self._check_x(x, "evaluate")
-            n = _rows(y, "evaluate y")
-            if n != len(xa):
-                raise DataError(f"evaluate: x has {len(xa)} rows but y has {n}; expected one label per row")
-            session = self._session(batch)
-            lay = session.layout
-            ya = checked_labels(y, (n, *lay.y_shape[1:]), lay.y_dtype, session.label_classes, "evaluate")
+            xa, ya = self._check_xy(x, y, self._session(batch), "evaluate", scored=True)
             run = self._run(ArrayData(self.spec, self._label_kind(), None, (xa, ya)), batch, eval_only=True)
         buffers = [*self._params, *self._running]
         if run.lm:

@@ -396,8 +396,13 @@ def test_evaluate_a_language_model_in_bits_per_char(tmp_path: str) -> None:
     d = os.path.join(tmp_path, "run")
     logged = train(TrainConfig(net="tinygpt-nano", data="text", data_file=corpus, epochs=1, batch=16, run_dir=d),
                    log=lambda s: None, progress=False)
-    got = hf.load(d).evaluate(data="text", data_options={"data_file": corpus})
+    m = hf.load(d)
+    got = m.evaluate(data="text", data_options={"data_file": corpus})
     assert got["bits_per_char"] == logged["val_bits_per_char"] and got["n"] == logged["n"]
+    from hloforge.datasets.text import Text
+
+    xt, yt = Text(data_file=corpus, seq_len=m.spec.input_shape[0]).arrays("test")
+    assert (yt == -1).any() and m.evaluate(xt, yt) == got  # its padding (−1) is not scored, not refused
 
 
 def test_a_diverging_fit_stops_in_one_line_keeping_the_last_epoch(tmp_path: str,
