@@ -1,11 +1,12 @@
 """The framework API: `hf.Model(net).fit(x, y)` on numpy arrays, `evaluate`, `predict`, named
 `params` / `state`, `save` to a run directory `hloforge eval` reads, `hf.load` back, `summary()`.
 
-A thin layer over the engine: one TrainSession per batch size (the batch is fixed at compile time),
-the trainer's learning-rate schedules, its evaluation statistics (hloforge.train.metrics) and its
-checkpoint and config writers. The authoritative state between calls is on the host (θ, the
-optimizer state, the BN running statistics and the step count); `fit` loads it into the session
-and reads it back at the end of every epoch.
+A thin layer over the trainer: `fit` runs `hloforge train`'s own loop (hloforge.train.trainer.Run.loop)
+on a Run that writes nothing, over the user's arrays (ArrayData) or a registered dataset; `evaluate`
+scores through the run's Task, as an epoch does. One TrainSession per batch size (the batch is fixed
+at compile time). The authoritative state between calls is on the host (θ, the optimizer state, the
+BN running statistics, the EMA shadow's, and the step count); `fit` loads it into the session and
+takes the loop's host copy back at the end of every epoch.
 """
 
 from __future__ import annotations
