@@ -112,8 +112,9 @@ class Model:
 
     `net`: a NetSpec, a zoo name (`classes` / `input` override its defaults) or a .toml/.json spec
     file. `optimizer`, `lr`, `schedule` ("cosine", "exp", "constant"), `warmup_epochs` and `seed` as
-    `hloforge train` takes them; the other Variant fields (loss, weight_decay, label_smoothing,
-    clip, dropout, drop_path, bn_eps) as keywords. `backend` None: $HLOFORGE_BACKEND, else xla."""
+    `hloforge train` takes them; the other Variant fields (loss, weight_decay, label_smoothing, ema,
+    accum, mixup, cutmix, precision, clip, dropout, drop_path, bn_eps) as keywords. `backend` None:
+    $HLOFORGE_BACKEND, else xla."""
 
     def __init__(self, net: NetSpec | str, optimizer: str = "adam", lr: float = 1e-3, schedule: str = "cosine",
                  backend: str | None = None, seed: int = 0, *, warmup_epochs: float = 0.0, decay_rate: float = 0.97,
