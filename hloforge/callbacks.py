@@ -3,7 +3,7 @@ start and end of training, of each epoch and after each step. A callback sees th
 (`logs`) and stops training by setting `model.stop_training = True`.
 
 The built-ins register through the `hloforge.callbacks` entry-point group as a third party's do
-(the `hloforge_callbacks` hook); this module is also the lookup of every registered callback:
+(the `hloforge_callbacks` hook, in hloforge.plugins.callbacks.builtin); this module is also the lookup of every registered callback:
 `hf.callbacks["early_stopping"]`, `hf.callbacks.EarlyStopping` (hloforge.core.lookup)."""
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from hloforge.core.errors import HloforgeError, UnsupportedSpec
-from hloforge.core.hookspecs import hookimpl
 from hloforge.core.lookup import LookupModule
 
 
@@ -185,11 +184,6 @@ class TensorBoard(Callback):
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-
-
-@hookimpl
-def hloforge_callbacks() -> list[type]:
-    return [EarlyStopping, ModelCheckpoint, CSVLogger, TensorBoard]
 
 
 def from_items(items: Sequence[str]) -> list[Callback]:
