@@ -21,7 +21,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from hloforge.callbacks import Callback
+from hloforge.callbacks import Callback, Monitor
 from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
 from hloforge.core.registry import default_registry
 from hloforge.core.spec import NetSpec
@@ -197,6 +197,9 @@ class Model:
         from hloforge.train.trainer import Run
 
         name = data if isinstance(data, str) else ARRAYS
+        if data_options is not None and not isinstance(data_options, Mapping):
+            raise UnsupportedSpec("data_options must be a mapping of option names to values, got a "
+                                  f"{type(data_options).__name__}")
         opts = tuple(f"{k}={v}" for k, v in (data_options or {}).items())
         cfg = self._config("", name, epochs=epochs, batch=batch, data_options=opts)
         log = (lambda s: print(s, file=sys.stderr)) if verbose else (lambda s: None)
@@ -215,8 +218,16 @@ class Model:
             for item in x:
                 if not (isinstance(item, (tuple, list)) and len(item) == 2):
                     raise DataError(f"fit batch {len(xs)} is a {type(item).__name__}, expected a pair (x, y)")
-                xs.append(np.asarray(item[0]))
-                ys.append(np.asarray(item[1]))
+                bx, by = np.asarray(item[0]), np.asarray(item[1])
+                if bx.ndim < 1 or by.ndim < 1 or len(bx) != len(by):
+                    raise DataError(f"fit batch {len(xs)} has {len(bx) if bx.ndim else 0} rows of x but "
+                                    f"{len(by) if by.ndim else 0} labels; expected one label per row")
+                if xs and (bx.shape[1:] != xs[0].shape[1:] or by.shape[1:] != ys[0].shape[1:]):
+                    what, got, want = (("x", bx, xs[0]) if bx.shape[1:] != xs[0].shape[1:] else ("y", by, ys[0]))
+                    raise DataError(f"fit batch {len(xs)} has {what} of shape {list(got.shape)}, expected "
+                                    f"[N, {', '.join(map(str, want.shape[1:]))}] as batch 0's")
+                xs.append(bx)
+                ys.append(by)
             if not xs:
                 raise DataError("fit batches: the iterable gave no batch, expected at least one (x, y)")
             batch_size = batch_size or len(xs[0])
@@ -282,6 +293,12 @@ class Model:
         else:
             if x is None:
                 raise DataError("fit takes arrays x and y, an iterable of (x, y) batches or a dataset name; got none")
+            if validation_data is None:  # else the monitor would find no val_* after the first epoch's training
+                for cb in callbacks:
+                    if isinstance(cb, Monitor) and cb.monitor.startswith("val_"):
+                        raise UnsupportedSpec(f"{type(cb).__name__} monitors {cb.monitor!r}, but fit has no "
+                                              "validation_data to score val_* on; pass validation_data=(x, y) "
+                                              "or monitor 'loss'")
             arrays, batch = self._arrays(x, y, validation_data, batch_size)
             run = self._run(arrays, batch, epochs, shuffle, verbose)
             n = arrays.n

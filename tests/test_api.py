@@ -417,3 +417,82 @@ def test_a_diverging_fit_stops_in_one_line_keeping_the_last_epoch(tmp_path: str,
         m.fit(x, y, epochs=1, batch_size=16, verbose=False)
     assert "\n" not in str(e.value) and m._epoch == 1 and os.listdir(tmp_path) == []
     assert all(np.array_equal(kept[n], w) for n, w in m.params.items())
+
+
+def test_iterable_batches_of_different_shapes_is_one_line() -> None:
+    x, y = blobs(32)
+    m = hf.Model(tiny_net())
+    with pytest.raises(HloforgeError, match=r"fit batch 1 has x of shape \[16, 3\], expected \[N, 4\] as batch 0's"):
+        m.fit([(x[:16], y[:16]), (x[16:, :3], y[16:])], verbose=False)
+    with pytest.raises(HloforgeError, match=r"fit batch 1 has 16 rows of x but 8 labels"):
+        m.fit([(x[:16], y[:16]), (x[16:], y[16:24])], verbose=False)
+
+
+def test_data_options_not_a_mapping_is_one_line() -> None:
+    with pytest.raises(HloforgeError, match="data_options must be a mapping of option names to values, got a str"):
+        hf.Model(tiny_net()).fit(data="digits", data_options="size=8", verbose=False)
+
+
+@pytest.mark.parametrize("cb", [lambda: hf.EarlyStopping(), lambda: hf.ModelCheckpoint("never", monitor="val_top1")])
+def test_a_val_monitor_without_validation_data_is_refused_before_a_step(cb, tmp_path: str,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    m = hf.Model(tiny_net())
+    with pytest.raises(HloforgeError, match="monitors 'val_.*', but fit has no validation_data"):
+        m.fit(*blobs(32), epochs=1, batch_size=16, callbacks=[cb()], verbose=False)
+    assert m._step == 0 and not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda: hf.EarlyStopping(patience="2"), "EarlyStopping wants patience an integer ≥ 0, got '2'"),
+    (lambda: hf.EarlyStopping(patience=1.5), "EarlyStopping wants patience an integer ≥ 0, got 1.5"),
+    (lambda: hf.EarlyStopping(min_delta="x"), "EarlyStopping wants min_delta a number ≥ 0, got 'x'"),
+    (lambda: hf.EarlyStopping(monitor=3), "EarlyStopping wants monitor a metric name"),
+    (lambda: hf.ModelCheckpoint(5), "ModelCheckpoint wants path a directory name"),
+])
+def test_callback_options_of_the_wrong_type_are_one_line(make, message: str) -> None:
+    with pytest.raises(HloforgeError, match=re.escape(message)):
+        make()
+
+
+@pytest.mark.parametrize(("item", "message"), [
+    ("model_checkpoint", "callback 'model_checkpoint' needs option(s) ['path']; its options are ['path',"),
+    ("early_stopping:patience", "callback option 'patience' is not KEY=VALUE"),
+])
+def test_cli_callback_missing_or_bare_options_are_one_line(item: str, message: str) -> None:
+    from hloforge.callbacks import from_items
+
+    with pytest.raises(HloforgeError, match=re.escape(message)):
+        from_items([item])
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("", "has no epoch in metrics.jsonl"),
+    ('{"kind": "epoch", "epo\n', "metrics.jsonl line 1 is not JSON"),
+    ("[1, 2]\n", "metrics.jsonl line 1 is a list, expected a JSON object"),
+    ('{"kind": "epoch", "epoch": 1}\n', "metrics.jsonl line 1 (epoch record) lacks 'loss'"),
+])
+def test_plot_on_a_garbled_metrics_file_is_one_line(text: str, message: str, tmp_path: str,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from hloforge.cli import main
+
+    with open(os.path.join(tmp_path, "metrics.jsonl"), "w") as f:
+        f.write(text)
+    assert main(["plot", str(tmp_path)]) == 3
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err and not os.path.exists(os.path.join(tmp_path, "curves.png"))
+
+
+def test_plot_on_a_missing_directory_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    from hloforge.cli import main
+
+    assert main(["plot", "/nonexistent/run"]) == 3
+    assert "run directory /nonexistent/run does not exist" in capsys.readouterr().err
+
+
+def test_plot_skips_a_torn_last_line(tmp_path: str) -> None:
+    from hloforge.train import curves
+
+    with open(os.path.join(tmp_path, "metrics.jsonl"), "w") as f:
+        f.write('{"kind": "epoch", "epoch": 1, "loss": 0.5}\n{"kind": "epoch", "ep')
+    assert [r["epoch"] for r in curves.history(str(tmp_path))] == [1]
