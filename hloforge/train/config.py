@@ -149,8 +149,15 @@ class TrainConfig:
         if self.batch % self.replicas:
             raise UnsupportedSpec(f"batch {self.batch} (the global batch) does not split evenly over "
                                   f"{self.replicas} replicas")
-        if self.sync_bn and self.replicas == 1:
+        if self.sync_bn and self.replicas == 1 and launched_processes() == 1:  # MPI: mpi.global_replicas refuses it
             raise UnsupportedSpec("sync_bn pools BN statistics across replicas; it needs replicas > 1")
+
+
+def launched_processes() -> int:
+    """How many processes an MPI launcher started (1 for a plain run): --replicas defaults to one each."""
+    from hloforge.train.mpi import launched
+
+    return launched()[1]
 
 
 def load_config(path: str, **overrides: Any) -> TrainConfig:

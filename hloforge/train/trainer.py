@@ -94,7 +94,10 @@ class Run:
         # A Model's fit (no directory) is one process: its sessions are its own, not MPI's.
         self.world = mpi.world() if directory and not eval_only else mpi.World()
         if self.world.size > 1:
-            cfg = attrs.evolve(cfg, replicas=mpi.global_replicas(cfg.replicas, cfg.sync_bn, self.world))
+            try:
+                cfg = attrs.evolve(cfg, replicas=mpi.global_replicas(cfg.replicas, cfg.sync_bn, self.world))
+            except HloforgeError as e:  # e.g. the batch over the new count: every rank refuses alike
+                raise mpi.shared(e, self.world) from None
             if not self.world.is_root:  # rank 0 logs and draws the progress bar; the others are quiet
                 log, progress = (lambda line: None), False
         self.backend = backend if backend is not None else \
