@@ -219,9 +219,13 @@ class Model:
                 if not (isinstance(item, (tuple, list)) and len(item) == 2):
                     raise DataError(f"fit batch {len(xs)} is a {type(item).__name__}, expected a pair (x, y)")
                 bx, by = np.asarray(item[0]), np.asarray(item[1])
-                if bx.ndim < 1 or by.ndim < 1 or len(bx) != len(by):
-                    raise DataError(f"fit batch {len(xs)} has {len(bx) if bx.ndim else 0} rows of x but "
-                                    f"{len(by) if by.ndim else 0} labels; expected one label per row")
+                for what, a in (("x", bx), ("y", by)):
+                    if a.ndim < 1:
+                        raise DataError(f"fit batch {len(xs)} has {what} of shape [], expected an array with one "
+                                        "row per example")
+                if len(bx) != len(by):
+                    raise DataError(f"fit batch {len(xs)} has {len(bx)} rows of x but {len(by)} labels; expected one "
+                                    "label per row")
                 if xs and (bx.shape[1:] != xs[0].shape[1:] or by.shape[1:] != ys[0].shape[1:]):
                     what, got, want = (("x", bx, xs[0]) if bx.shape[1:] != xs[0].shape[1:] else ("y", by, ys[0]))
                     raise DataError(f"fit batch {len(xs)} has {what} of shape {list(got.shape)}, expected "
@@ -275,6 +279,10 @@ class Model:
         if not drop_last:
             raise UnsupportedSpec("drop_last=False: a ragged last batch would train on padding; only drop_last=True "
                                   "is supported")
+        if isinstance(callbacks, Callback) or not isinstance(callbacks, Iterable):
+            got = f"one {type(callbacks).__name__} (pass [it])" if isinstance(callbacks, Callback) else \
+                f"{callbacks!r}"
+            raise UnsupportedSpec(f"callbacks must be a list of hloforge Callback instances, got {got}")
         callbacks = list(callbacks)
         for cb in callbacks:
             if not isinstance(cb, Callback):
@@ -464,6 +472,8 @@ class Model:
         dataset the config names; default: the one a loaded run named, else digits, `hloforge train`'s)
         and `hf.load(DIR)` reads it back bit for bit. Returns `path`."""
         data = data or self._data
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise HloforgeError(f"cannot save to {path}: it is a file; expected a directory (new or a run's)")
         file = os.path.join(path, CHECKPOINT)
         if os.path.exists(file) and not overwrite:
             raise HloforgeError(f"{path} already holds a checkpoint; pass overwrite=True to replace it")

@@ -113,6 +113,8 @@ class ModelCheckpoint(Monitor):
                  data: str | None = None):
         if not isinstance(path, (str, os.PathLike)) or not str(path):
             raise UnsupportedSpec(f"ModelCheckpoint wants path a directory name, got {path!r}")
+        if os.path.isfile(path):  # else refused only when the first improvement is written
+            raise UnsupportedSpec(f"ModelCheckpoint writes a run directory, but {path} is a file")
         super().__init__(monitor, mode, min_delta)
         self.path, self.data = path, data
         self.best_epoch = 0
@@ -138,6 +140,8 @@ class CSVLogger(Callback):
     name = "csv_logger"
 
     def __init__(self, path: str):
+        if os.path.isdir(path):  # else refused only after the first epoch's training
+            raise UnsupportedSpec(f"CSVLogger writes a file, but {path} is a directory")
         self.path = path
         self._keys: list[str] = []
 

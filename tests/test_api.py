@@ -496,3 +496,40 @@ def test_plot_skips_a_torn_last_line(tmp_path: str) -> None:
     with open(os.path.join(tmp_path, "metrics.jsonl"), "w") as f:
         f.write('{"kind": "epoch", "epoch": 1, "loss": 0.5}\n{"kind": "epoch", "ep')
     assert [r["epoch"] for r in curves.history(str(tmp_path))] == [1]
+
+
+@pytest.mark.parametrize(("frozen", "want"), [(None, ()), ("0.w", ("0.w",)), (["1", "0."], ("0", "1"))])
+def test_frozen_takes_none_a_prefix_or_prefixes(frozen, want) -> None:
+    assert hf.Model(tiny_net(), frozen=frozen).variant.frozen == want
+
+
+@pytest.mark.parametrize(("frozen", "message"), [
+    (0, "frozen must be a parameter-name prefix or a sequence of them (strings), got 0"),
+    ((0,), "frozen prefix 0: expected a parameter-name prefix (a string) of dot-separated letters and digits"),
+])
+def test_frozen_of_the_wrong_type_is_one_line(frozen, message: str) -> None:
+    with pytest.raises(HloforgeError, match=re.escape(message)):
+        hf.Model(tiny_net(), frozen=frozen)
+
+
+def test_fit_misuses_refused_before_a_step(tmp_path: str) -> None:
+    x, y = blobs(32)
+    m = hf.Model(tiny_net())
+    with pytest.raises(HloforgeError, match=r"fit batch 0 has x of shape \[\], expected an array with one row"):
+        m.fit([(1, 2)], verbose=False)
+    with pytest.raises(HloforgeError, match=re.escape("callbacks must be a list of hloforge Callback instances, "
+                                                      "got one EarlyStopping (pass [it])")):
+        m.fit(x, y, callbacks=hf.EarlyStopping("loss"), verbose=False)
+    with pytest.raises(HloforgeError, match="CSVLogger writes a file, but .* is a directory"):
+        hf.CSVLogger(str(tmp_path))
+    open(os.path.join(tmp_path, "f"), "w").close()
+    with pytest.raises(HloforgeError, match="ModelCheckpoint writes a run directory, but .*f is a file"):
+        hf.ModelCheckpoint(os.path.join(tmp_path, "f"), monitor="loss")
+    with pytest.raises(HloforgeError, match=r"cannot save to .*f: it is a file; expected a directory"):
+        m.save(os.path.join(tmp_path, "f"))
+    assert m._step == 0
+
+
+def test_digits_size_of_the_wrong_type_is_one_line() -> None:
+    with pytest.raises(HloforgeError, match="digits size must be an integer ≥ 8, got 'big'"):
+        hf.Model(tiny_net()).fit(data="digits", data_options={"size": "big"}, verbose=False)

@@ -278,13 +278,18 @@ _PREFIX = re.compile(r"^[A-Za-z0-9]+(\.[A-Za-z0-9]+)*$")
 def frozen_prefixes(v: Any) -> tuple[str, ...]:
     """Frozen parameter-name prefixes in canonical form: a trailing '.' dropped, sorted, and each one
     another covers left out (("1", "1.b0") freezes what ("1",) does)."""
-    items = (v,) if isinstance(v, str) else tuple(v)
+    if v is None or isinstance(v, str):
+        items: tuple[Any, ...] = () if v is None else (v,)
+    elif isinstance(v, (tuple, list, set, frozenset)):
+        items = tuple(v)
+    else:
+        raise UnsupportedSpec(f"frozen must be a parameter-name prefix or a sequence of them (strings), got {v!r}")
     out: list[str] = []
     for p in items:
         q = p.removesuffix(".") if isinstance(p, str) else p
         if not isinstance(q, str) or not _PREFIX.match(q):
-            raise UnsupportedSpec(f"frozen prefix {p!r}: expected a parameter-name prefix of dot-separated letters "
-                                  "and digits, e.g. 0 or 2.b0.conv1")
+            raise UnsupportedSpec(f"frozen prefix {p!r}: expected a parameter-name prefix (a string) of "
+                                  "dot-separated letters and digits, e.g. '0' or '2.b0.conv1'")
         out.append(q)
     return tuple(sorted(p for p in set(out) if not any(covers(o, p) for o in out if o != p)))
 
