@@ -236,9 +236,7 @@ class Model:
                 raise DataError("fit batches: the iterable gave no batch, expected at least one (x, y)")
             batch_size = batch_size or len(xs[0])
             x, y = np.concatenate(xs), np.concatenate(ys)
-        batch_size = 32 if batch_size is None else batch_size
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise UnsupportedSpec(f"batch_size must be an integer ≥ 1, got {batch_size!r}")
+        batch_size = checked_batch_size(batch_size, 32)
         xa = self._check_x(x, "fit")  # before the compile: a bad x is refused at once
         if validation_data is not None:
             if not (isinstance(validation_data, (tuple, list)) and len(validation_data) == 2):
@@ -351,7 +349,7 @@ class Model:
     def predict(self, x: Any, batch_size: int | None = None) -> np.ndarray:
         """The eval-mode logits of every row of x (a short last batch padded, its padding dropped)."""
         xa = self._check_x(x, "predict")
-        return self._forward(batch_size or self._batch).logits(xa, [*self._params, *self._running])
+        return self._forward(checked_batch_size(batch_size, self._batch)).logits(xa, [*self._params, *self._running])
 
     def evaluate(self, x: Any = None, y: Any = None, batch_size: int | None = None, *, data: str | None = None,
                  data_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -363,7 +361,7 @@ class Model:
         or `data=`; a detector's mAP@0.5 scores its boxes: map50, ap50/*)."""
         from hloforge.train.evaluation import evaluate_lm
 
-        batch = batch_size or self._batch
+        batch = checked_batch_size(batch_size, self._batch)
         if isinstance(x, str):
             x, data = None, x
         if data is not None:
@@ -502,11 +500,22 @@ class Model:
                 f"backend {self.backend.name}, epoch {self._epoch})")
 
 
+def checked_batch_size(batch_size: Any, default: int) -> int:
+    """`batch_size` (None: `default`), refused unless an integer ≥ 1."""
+    batch_size = default if batch_size is None else batch_size
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise UnsupportedSpec(f"batch_size must be an integer ≥ 1, got {batch_size!r}")
+    return batch_size
+
+
 def load(path: str, backend: str | None = None) -> Model:
     """A run directory written by `Model.save` or `hloforge train`, as a Model: θ, optimizer state,
     BN statistics, step and epoch as saved, bit for bit."""
     from hloforge.train.trainer import load_config
 
+    if os.path.isfile(path):
+        raise DataError(f"hf.load reads a run directory; {path} is a file (pass {os.path.dirname(path) or '.'}, "
+                        "the directory holding it)")
     file = os.path.join(path, CHECKPOINT)
     tensors, meta = ckpt.load_checkpoint(file)
     if not os.path.exists(os.path.join(path, CONFIG)):

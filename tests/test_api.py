@@ -533,3 +533,19 @@ def test_fit_misuses_refused_before_a_step(tmp_path: str) -> None:
 def test_digits_size_of_the_wrong_type_is_one_line() -> None:
     with pytest.raises(HloforgeError, match="digits size must be an integer ≥ 8, got 'big'"):
         hf.Model(tiny_net()).fit(data="digits", data_options={"size": "big"}, verbose=False)
+
+
+def test_evaluate_and_predict_refuse_a_bad_batch_size(fitted: hf.Model) -> None:
+    x, y = blobs(16)
+    for bad in (0, -1, "8", 2.0):
+        with pytest.raises(HloforgeError, match=re.escape(f"batch_size must be an integer ≥ 1, got {bad!r}")):
+            fitted.evaluate(x, y, batch_size=bad)
+        with pytest.raises(HloforgeError, match=re.escape(f"batch_size must be an integer ≥ 1, got {bad!r}")):
+            fitted.predict(x, batch_size=bad)
+
+
+def test_load_of_a_checkpoint_file_names_the_directory(fitted: hf.Model, tmp_path: str) -> None:
+    d = fitted.save(os.path.join(tmp_path, "m"))
+    with pytest.raises(HloforgeError, match=r"hf.load reads a run directory; .*checkpoint.safetensors is a file "
+                                            r"\(pass .*m, the directory holding it\)"):
+        hf.load(os.path.join(d, "checkpoint.safetensors"))
