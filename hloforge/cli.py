@@ -331,12 +331,15 @@ def variant_flags(q: argparse.ArgumentParser, variant: type | None = None) -> No
     for f in attrs.fields(cls):
         o = f.metadata[OPTION]
         kind = next(t for t in typing.get_args(hints[f.name]) or (hints[f.name],) if t is not type(None))
+        if typing.get_origin(kind) is tuple:  # a repeated flag's items
+            kind = typing.get_args(kind)[0]
         if o.parse is None and kind not in (int, float, str):
             raise TypeError(f"Variant field {f.name}: no flag parses a {kind}; give its option a parse")
         parse = o.parse or {int: integer(), float: finite_float}.get(kind)  # a str is taken as written
-        shown = o.help if "default" in o.help or f.default is None else f"{o.help} (default {f.default})"
-        q.add_argument("--" + f.name.replace("_", "-"), choices=o.choices or None, metavar=o.metavar, help=shown,
-                       type=None if parse is None else variant_value(f.name, parse, cls))
+        shown = o.help if "default" in o.help or f.default in (None, ()) else f"{o.help} (default {f.default})"
+        q.add_argument(o.flag or "--" + f.name.replace("_", "-"), dest=f.name, choices=o.choices or None,
+                       metavar=o.metavar, help=shown, type=None if parse is None else variant_value(f.name, parse, cls),
+                       **({"action": "extend", "nargs": "+"} if o.repeat else {}))
 
 
 def net_opts(q: argparse.ArgumentParser) -> None:

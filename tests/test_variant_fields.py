@@ -70,6 +70,8 @@ def test_a_field_added_through_option_is_a_flag():
     @attrs.frozen
     class Wider(Variant):
         warmup_ema: float = option(0.0, "a field this test adds", metavar="W")
+        keep: tuple[str, ...] = option((), "names kept (repeatable)", flag="--keep-only", repeat=True,
+                                       converter=lambda v: (v,) if isinstance(v, str) else tuple(v))
 
     p = argparse.ArgumentParser()
     variant_flags(p, Wider)
@@ -77,6 +79,9 @@ def test_a_field_added_through_option_is_a_flag():
     assert a.option_strings == ["--warmup-ema"] and a.metavar == "W"
     assert a.help == "a field this test adds (default 0.0)"
     assert p.parse_args(["--warmup-ema", "0.25"]).warmup_ema == 0.25
+    assert _flag(p, "keep").option_strings == ["--keep-only"]
+    args = p.parse_args(["--keep-only", "a", "b", "--keep-only", "c"])
+    assert Wider(keep=args.keep).keep == ("a", "b", "c")
     with pytest.raises(SystemExit):  # the Variant's own rules still run at parse time (ema in [0, 1))
         p.parse_args(["--ema", "1"])
 

@@ -1,11 +1,13 @@
-"""The typed training variant, its slug, the optimizer wrappers and the state layout (the Optimizer base: contracts).
+"""The typed training variant, its fields, its slug, the optimizer wrappers and the state layout (the Optimizer base:
+contracts).
 
 A Variant names everything that changes a run besides the net: the optimizer and
 its wrappers (EMA shadow, gradient accumulation over k micro-batches, global-norm
 clipping), the loss and its options (label smoothing, soft labels from mixup /
 cutmix), dropout and stochastic depth, the BatchNorm ε and the precision. Its slug
 names artifacts, run directories and checkpoints, so two arms of an ablation never
-share a file (seed 002), and it parses back to the same Variant (`Variant.parse`).
+share a file (seed 002), and it parses back to the same Variant (`Variant.parse`). Its fields
+(`VariantFields`, each an `option`) are also the run config's keys and the command line's flags.
 
 `StateLayout` is the ONE definition of what a train step carries besides θ: the
 optimizer's slots (m, v, …), then G (the accumulator) and E (the EMA shadow), each
@@ -284,21 +286,26 @@ T = TypeVar("T")
 
 @attrs.frozen
 class Option:
-    """How a Variant field is offered: the command line's flag `--<name with dashes>` (hloforge.cli.variant_flags)
-    with this help, metavar and choices, its text parsed by `parse`, else by the field's annotated type (int, float,
-    str) and then refused at parse time by the Variant's own rule. TrainConfig holds the field as a config key of
-    the same name (it inherits VariantFields)."""
+    """How a Variant field is offered: the command line's flag (`flag`, else `--<name with dashes>`;
+    hloforge.cli.variant_flags) with this help, metavar and choices, its text parsed by `parse`, else by the
+    field's annotated type (int, float, str; a tuple's items), then refused at parse time by the Variant's own
+    rule; `repeat`: the flag takes one or more values and may be given again (a tuple field). TrainConfig holds
+    the field as a config key of the same name (it inherits VariantFields)."""
 
     help: str
     metavar: str | None = None
     choices: tuple[str, ...] = ()
     parse: Callable[[str], Any] | None = None
+    flag: str = ""
+    repeat: bool = False
 
 
 def option(default: T, help: str, *, metavar: str | None = None, choices: Sequence[str] = (),
-           parse: Callable[[str], Any] | None = None) -> T:
-    """A Variant field: its default and its `Option`."""
-    return attrs.field(default=default, metadata={OPTION: Option(help, metavar, tuple(choices), parse)})
+           parse: Callable[[str], Any] | None = None, flag: str = "", repeat: bool = False,
+           converter: Callable[[Any], T] | None = None) -> T:
+    """A Variant field: its default (and converter) and its `Option`."""
+    return attrs.field(default=default, converter=converter,
+                       metadata={OPTION: Option(help, metavar, tuple(choices), parse, flag, repeat)})
 
 
 @attrs.frozen
