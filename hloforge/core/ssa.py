@@ -7,13 +7,10 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import attrs
 import numpy as np
-
-if TYPE_CHECKING:
-    from hloforge.core.hlo import Builder
 
 FLOAT_DTYPES = ("f32", "f64")
 NUMPY_DTYPE = {"f32": np.float32, "f64": np.float64, "i32": np.int32, "i64": np.int64, "i1": np.bool_}
@@ -37,12 +34,23 @@ class TensorType:
         return int(np.prod(self.shape, dtype=np.int64))
 
 
+class Ops(Protocol):
+    """What a Value's arithmetic sugar calls on the builder that made it (hloforge.core.hlo.Builder)."""
+
+    def lift(self, x: Value | float, like: Value) -> Value: ...
+    def add(self, a: Value, b: Value) -> Value: ...
+    def subtract(self, a: Value, b: Value) -> Value: ...
+    def multiply(self, a: Value, b: Value) -> Value: ...
+    def divide(self, a: Value, b: Value) -> Value: ...
+    def negate(self, a: Value) -> Value: ...
+
+
 class Value:
     """An SSA value. Identity (not name) is what autodiff keys on."""
 
     __slots__ = ("name", "type", "b")
 
-    def __init__(self, name: str, type_: TensorType, builder: Builder):
+    def __init__(self, name: str, type_: TensorType, builder: Ops):
         self.name = name
         self.type = type_
         self.b = builder
