@@ -36,7 +36,7 @@ CHECKPOINT = "checkpoint.safetensors"  # the name `hloforge train` gives it (tra
 CONFIG = "config.toml"
 NET_FILE = "net.json"  # a NetSpec the zoo does not name, written next to the checkpoint so `eval` rebuilds it
 # Variant fields this first slice of the API does not drive yet (`hloforge train` does).
-NOT_YET = {"ema": 0.0, "accum": 1, "mixup": 0.0, "cutmix": 0.0, "precision": "fp32"}
+NOT_YET = {"ema": 0.0, "accum": 1, "mixup": 0.0, "cutmix": 0.0, "precision": "fp32", "frozen": ()}
 
 
 class History(list):  # type: ignore[type-arg]

@@ -77,6 +77,9 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
 def _train(args: argparse.Namespace) -> None:
     from hloforge.train.trainer import train
 
+    if args.init is not None and args.resume:
+        raise UnsupportedSpec("--init starts a new run from other weights, --resume continues this run's own "
+                              "checkpoint; give one of them")
     train(train_config(args), resume=args.resume, cross_backend=args.cross_backend, progress=not args.no_progress)
 
 
@@ -84,7 +87,7 @@ def _eval(args: argparse.Namespace) -> None:
     from hloforge.commands.opening import evaluate_checkpoint
 
     evaluate_checkpoint(args.run, backend=args.backend, region=args.region, replicas=args.replicas,
-                        devices=args.devices, batch_stats=args.batch_stats)
+                        devices=args.devices, batch_stats=args.batch_stats, size=args.size, crop=args.crop)
 
 
 def _summary(args: argparse.Namespace) -> None:
@@ -320,6 +323,7 @@ def variant_flags(q: argparse.ArgumentParser, variant: type | None = None) -> No
     """A flag for every field of the Variant (hloforge.core.variant; or of `variant`, a subclass), made from the
     field's `option`: its help (and default), metavar and choices; its value parsed by the option's `parse` or the
     field's type, then checked by the Variant's rule. Unset flags stay None: the Variant's defaults, or --config's."""
+    import types
     import typing
 
     import attrs
@@ -330,7 +334,9 @@ def variant_flags(q: argparse.ArgumentParser, variant: type | None = None) -> No
     hints = typing.get_type_hints(cls)
     for f in attrs.fields(cls):
         o = f.metadata[OPTION]
-        kind = next(t for t in typing.get_args(hints[f.name]) or (hints[f.name],) if t is not type(None))
+        hint = hints[f.name]
+        kind = next(t for t in (typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,))
+                    if t is not type(None))
         if typing.get_origin(kind) is tuple:  # a repeated flag's items
             kind = typing.get_args(kind)[0]
         if o.parse is None and kind not in (int, float, str):
@@ -422,6 +428,10 @@ def parser() -> argparse.ArgumentParser:
                                       "a new _2, _3 ... if taken)")
     sp.add_argument("--tag", help="a suffix of the default run directory (default: none)")
     sp.add_argument("--resume", action="store_true", help="continue the run directory's checkpoint")
+    sp.add_argument("--init", metavar="DIR_OR_FILE",
+                    help="start a new run from these weights (a run directory, a checkpoint, an export directory "
+                         "or a weights file), matched by name and shape; a new class count re-initialises the "
+                         "head; fresh optimizer state (default: none, the net's own init)")
     sp.add_argument("--cross-backend", action="store_true",
                     help="with --resume: accept a checkpoint trained on another backend")
     sp.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -443,6 +453,13 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--batch-stats", action="store_true",
                     help="diagnostic: BatchNorm with each eval batch's own statistics, not the running ones "
                          "(refused when the last batch would be padded)")
+    sp.add_argument("--size", type=positive_int,
+                    help="score at S×S (timm's test protocol): the eval graph rendered at S, the eval images "
+                         "resized and center-cropped to it; nets with global pooling before the classifier "
+                         "(default: the trained size, as trained)")
+    sp.add_argument("--crop", type=number(0, 1, lo_open=True),
+                    help="with --size: the crop fraction F (timm's crop_pct): resize the short side to "
+                         "floor(S / F), keep the center S×S (default: the net's timm protocol, else 1)")
     sp.set_defaults(func=_eval)
 
     sp = _command(sub, "summary", help="print a net's layers (kind, input → output shape, parameters) and totals")
@@ -455,7 +472,8 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("source", metavar="SOURCE", help="torchvision:NAME or timm:NAME, e.g. torchvision:resnet18")
     sp.add_argument("file", help="the state dict: .safetensors, or .pth/.pt/.bin (read with torch, "
                                  "weights_only=True)")
-    sp.add_argument("--out", required=True, help="the run directory written (refused if it holds a checkpoint)")
+    sp.add_argument("--out", required=True, help="the run directory written (refused if it holds a checkpoint); "
+                                                 "a FILE.safetensors: the bare weights, for `train --init`")
     sp.add_argument("--input", type=_shape,
                     help="the net's input shape without batch, e.g. 3,64,64 (default: the net's own)")
     sp.add_argument("--data", help="the dataset the run evaluates and fine-tunes on (default: train's default); "
@@ -577,6 +595,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("hloforge: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except (HloforgeError, OSError) as e:  # a refusal, or a file the user named that cannot be read or written
+        if getattr(e, "quiet", False):  # an MPI rank whose refusal another rank reports (hloforge.train.mpi)
+            return EXIT_BAD_INPUT
         if debug:
             import traceback
 

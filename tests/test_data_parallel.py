@@ -126,6 +126,7 @@ ADAM = Variant("adam")
 # Soft labels (mixup's [B, classes] targets), EMA shadow, accumulation and clipping: every wrapper's
 # state and scalar replicated, the soft labels sharded like x.
 WRAPPED = Variant("adam", mixup=0.2, ema=0.9, accum=2, clip=1.0)
+FROZEN = Variant("adam", ema=0.9, accum=2, clip=1.0, frozen=("0",))  # the conv-BN an input alone, on every replica
 
 
 def dp_on_duplicated_batch(be, batch, resident=True, variant=ADAM):
@@ -145,7 +146,7 @@ def dp_on_duplicated_batch(be, batch, resident=True, variant=ADAM):
     return dp, single, losses
 
 
-@pytest.mark.parametrize("variant", [ADAM, WRAPPED], ids=["adam", "wrapped-soft-labels"])
+@pytest.mark.parametrize("variant", [ADAM, WRAPPED, FROZEN], ids=["adam", "wrapped-soft-labels", "frozen"])
 def test_same_batch_on_every_replica_is_single_device_bit_exactly(be, batch, variant):
     dp, single, losses = dp_on_duplicated_batch(be, batch, variant=variant)
     assert all(a == b for a, b in losses)

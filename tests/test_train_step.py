@@ -126,7 +126,8 @@ def test_train_step_signature_aliases_parameters_and_state():
 
 @pytest.mark.parametrize(("net", "variant"), [("mnist-mlp", Variant("adam")),
                                               ("mnist-cnn", Variant("sgd", accum=2, ema=0.9)),
-                                              ("mnist-linear", Variant("lamb"))])
+                                              ("mnist-linear", Variant("lamb")),
+                                              ("mnist-cnn", Variant("adam", frozen=("0",)))])
 def test_the_update_in_the_backward_sweep_is_the_same_step_bit_for_bit(net, variant):
     """`update=in_backward` (each parameter updated the moment its gradient is final, sequenced by a
     barrier) computes exactly what the update after the whole backward does: same loss, θ and state."""

@@ -5,6 +5,7 @@ and a config key with no other edit, and a config.toml written before still load
 from __future__ import annotations
 
 import argparse
+import types
 import typing
 
 import attrs
@@ -33,8 +34,11 @@ def _sample(f: attrs.Attribute) -> tuple[str, object]:  # type: ignore[type-arg]
     o = f.metadata[OPTION]
     if o.choices:
         return o.choices[-1], o.choices[-1]
-    kind = next(t for t in typing.get_args(typing.get_type_hints(Variant)[f.name]) or
-                (typing.get_type_hints(Variant)[f.name],) if t is not type(None))
+    hint = typing.get_type_hints(Variant)[f.name]
+    kind = next(t for t in (typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,))
+                if t is not type(None))
+    if typing.get_origin(kind) is tuple:  # a repeated flag: one item (frozen's "0" is a prefix)
+        return "0", ("0",)
     return {int: ("2", 2), float: ("0.5", 0.5), str: ("abc", "abc")}[kind]
 
 
@@ -54,7 +58,7 @@ def test_train_config_restates_no_variant_field():
 
 @pytest.mark.parametrize("field", FIELDS, ids=[f.name for f in FIELDS])
 def test_every_variant_field_is_a_train_and_render_flag_and_reaches_the_variant(field, tmp_path):
-    flag = "--" + field.name.replace("_", "-")
+    flag = field.metadata[OPTION].flag or "--" + field.name.replace("_", "-")
     for command in ("train", "render"):
         a = _flag(_sub(command), field.name)
         assert a.option_strings == [flag] and field.metadata[OPTION].help in a.help
@@ -99,3 +103,12 @@ seed = 0\nlog_every = 50\nautotune = false\ntuned = []\n"""
                                     dropout=0.1, bn_eps=0.001, precision="fp8")
     assert cfg == TrainConfig(net="mnist-linear", epochs=1, optimizer="sgd", weight_decay=0.01, label_smoothing=0.1,
                               ema=0.9, accum=2, clip=1.0, mixup=0.2, dropout=0.1, bn_eps=0.001, precision="fp8")
+
+
+def test_a_config_value_of_the_wrong_kind_for_a_tuple_field_is_one_line(tmp_path):
+    from hloforge.core.errors import UnsupportedSpec
+
+    path = tmp_path / "config.toml"
+    path.write_text("frozen = 5\n", encoding="utf-8")
+    with pytest.raises(UnsupportedSpec, match="frozen prefixes 5: expected a list"):
+        load_config(str(path))

@@ -3,6 +3,7 @@ cam start from. Above the loop: it rebuilds a Run; nothing in the loop imports i
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from hloforge.commands.resolution import check_size_crop, scoring_size
 from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
 from hloforge.core.spec import NetSpec
 from hloforge.core.variant import SHADOW
@@ -55,7 +57,10 @@ class OpenedCheckpoint:
         names = [n for n, _ in self.spec.params()]
         if region == "live":
             return region, self.weights(ckpt.PARAMS, names), self.weights(ckpt.STATS, run.stat_names)
-        return region, self.weights(ckpt.state_group(SHADOW), names), \
+        frozen = set(run.frozen)  # a frozen θ has no shadow of its own: it is its own shadow
+        shadow = self.weights(ckpt.state_group(SHADOW), [n for i, n in enumerate(names) if i not in frozen])[::-1]
+        live = self.weights(ckpt.PARAMS, names)
+        return region, [live[i] if i in frozen else shadow.pop() for i in range(len(names))], \
             ckpt.shadow_stats(self.tensors, run.stat_names, self.file, "use the live weights (--region live)")
 
 
@@ -94,7 +99,7 @@ def open_checkpoint(path: str, backend: str | None = None,
         raise DataError(f"checkpoint {file} holds a spec that differs from net {cfg.net!r} as defined now "
                         f"({ckpt.first_difference(spec.to_dict(), run.spec.to_dict())})")
     # what the tensors were trained as, against what the config makes (a field newer than the checkpoint aside)
-    made = attrs.asdict(run.variant)
+    made = json.loads(json.dumps(attrs.asdict(run.variant)))  # as stored: tuples as lists
     if any(k not in made or made[k] != v for k, v in meta["variant"].items()):
         raise DataError(f"checkpoint {file}: its variant differs from the one its config makes "
                         f"({ckpt.first_difference(meta['variant'], {k: made.get(k) for k in meta['variant']})}); "
@@ -107,15 +112,19 @@ def open_checkpoint(path: str, backend: str | None = None,
 
 def evaluate_checkpoint(path: str, backend: str | None = None, region: str = "auto",
                         log: Callable[[str], None] = print, replicas: int = 1,
-                        devices: int | None = None, batch_stats: bool = False) -> EvalResult:
+                        devices: int | None = None, batch_stats: bool = False,
+                        size: int | None = None, crop: float | None = None) -> EvalResult:
     """Score a run directory's (or a file's) checkpoint alone, with the training run's batching.
     `region` picks the weights: the live ones, the EMA shadow of an EMA variant, or (the default, as
     `sample`'s) auto: the shadow when the run kept one. `replicas` > 1
     scores sharded over that many devices (the training batch split over them), with the same
     result as one device: the same eval loop, the logits gathered in row order. `batch_stats`:
-    seed 003's diagnostic, BN with each batch's statistics instead of the running ones (ForwardSession)."""
+    seed 003's diagnostic, BN with each batch's statistics instead of the running ones (ForwardSession).
+    `size` (and `crop`): a classifier scored at size×size, its eval graph rendered there and the eval
+    images resized and center-cropped to match (hloforge.commands.resolution: timm's test protocol)."""
     if region not in REGIONS:
         raise UnsupportedSpec(f"region {region!r}; expected one of {list(REGIONS)}")
+    check_size_crop(size, crop)  # a bad value is refused before anything is opened
     oc = open_checkpoint(path, backend, log, devices)
     run, spec, meta, cfg = oc.run, oc.spec, oc.meta, oc.run.cfg
     # each region with its own BN statistics: the live weights with the running ones, the shadow with its EMA
@@ -123,8 +132,16 @@ def evaluate_checkpoint(path: str, backend: str | None = None, region: str = "au
     if batch_stats and (replicas > 1 or run.lm or (run.task is not None and run.task.kind != "class")):
         raise UnsupportedSpec("--batch-stats scores a classifier on one replica; this run is "
                               + ("sharded" if replicas > 1 else "not a classifier"))
-    evaluator = (ForwardSession(spec, cfg.batch, run.backend, batch_stats=True) if batch_stats else
-                 make_forward_session(spec, -(-cfg.batch // replicas), run.backend, replicas))
+    at = None
+    if size is not None:
+        kind = "a language model" if run.lm else None if run.task is None or run.task.kind == "class" \
+            else f"a {run.task.kind} task"
+        if kind:
+            raise UnsupportedSpec(f"--size scores an image classifier; this run is {kind}")
+        at = scoring_size(spec, cfg.net, size, crop)
+    net, suffix = (at.spec, at.suffix) if at else (spec, "")
+    evaluator = (ForwardSession(net, cfg.batch, run.backend, batch_stats=True, suffix=suffix) if batch_stats else
+                 make_forward_session(net, -(-cfg.batch // replicas), run.backend, replicas, suffix=suffix))
     buffers = [*params, *([] if batch_stats else running)]  # host arrays: the session pushes them once
     if run.lm:
         lres = evaluate_lm(evaluator, buffers, run.x_te, run.y_te)
@@ -135,8 +152,15 @@ def evaluate_checkpoint(path: str, backend: str | None = None, region: str = "au
         log(f"{spec.name} epoch {meta['epoch']} ({region}) on {run.backend.backend_name()}: {ev.line}")
         return ev  # type: ignore[return-value]
     # the training run's eval pass: streamed when it streamed (the split is never loaded whole)
-    res = (evaluate_stream(evaluator, buffers, run.feed.eval_batches(), len(run.y_te)) if run.feed.streams
-           else evaluate(evaluator, buffers, run.x_te, run.y_te))
+    if at is None:
+        res = (evaluate_stream(evaluator, buffers, run.feed.eval_batches(), len(run.y_te)) if run.feed.streams
+               else evaluate(evaluator, buffers, run.x_te, run.y_te))
+    else:  # the same pass over the images resized and cropped to the size
+        res = (evaluate_stream(evaluator, buffers, ((at.images(x), y) for x, y in run.feed.eval_batches()),
+                               len(run.y_te)) if run.feed.streams
+               else evaluate(evaluator, buffers, at.images(run.x_te), run.y_te))
     stats = ", batch statistics" if batch_stats else ""
-    log(f"{spec.name} epoch {meta['epoch']} ({region}{stats}) on {run.backend.backend_name()}: test {res.line()}")
+    where = f" {at.describe()}" if at else ""
+    log(f"{spec.name} epoch {meta['epoch']} ({region}{stats}) on {run.backend.backend_name()}{where}: "
+        f"test {res.line()}")
     return res

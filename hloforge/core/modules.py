@@ -125,13 +125,14 @@ def host_declared(arrays: Sequence[np.ndarray], storage: Storage, start: int = 0
 
 
 def forward_module(spec: NetSpec, batch: int, *, dtype: str = "f32", eval_mode: bool = False,
-                   target: str | None = None) -> str:
+                   target: str | None = None, suffix: str = "") -> str:
     """`@main(x, θ…) -> logits` normalising with batch statistics; the eval form
     `@main(x, θ…, running…) -> logits` takes every stat slot's running value instead. `target`:
     the backend it is rendered for (its layers' lowering strategies, core/strategy.py; θ stored
-    as `param_storage` says)."""
+    as `param_storage` says). `suffix` ends the module's name (`_s224`: the eval graph at another
+    size, seed 003's `…_fwd_eval_s<S>`), so its artifacts never share the trained size's name."""
     walk = spec.walk()
-    b = Builder(dtype, f"{spec.ident}_fwd" + ("_eval" if eval_mode else ""), target)
+    b = Builder(dtype, f"{spec.ident}_fwd" + ("_eval" if eval_mode else "") + suffix, target)
     x = b.arg((batch, *spec.input_shape))
     slots = qualified_params(walk)
     storage = param_storage(slots, target)
@@ -148,7 +149,8 @@ class TrainStepLayout:
     wrappers keep them; `state` is `StateLayout.slots`), the schedule (one vector of the scalars
     `StateLayout.scalars` names, in that order: see `schedule_input`), x, y, masks…. Outputs:
     θ'…, state'… (same order), loss, batch stats… (qualified_stats order). Parameter and state
-    inputs alias their outputs. Each parameter and its state tensors are carried as `storage`
+    inputs alias their outputs. A frozen θ (`frozen`) is an input alone: the state groups, θ' and
+    the aliasing cover the trained θ (`trained`) only. Each parameter and its state tensors are carried as `storage`
     says (`param_storage`; the host converts with `host_stored` / `host_declared`)."""
 
     params: tuple[tuple[str, ParamSlot], ...]
@@ -160,15 +162,37 @@ class TrainStepLayout:
     y_shape: Shape
     y_dtype: str
     storage: Storage = ()
+    # positions in `params` of the frozen ones (Variant.frozen): inputs that alias no output, never
+    # updated, with no state tensors (each state group holds one tensor per *trained* parameter)
+    frozen: tuple[int, ...] = ()
 
     @property
     def n_params(self) -> int:
         return len(self.params)
 
     @property
+    def trained(self) -> tuple[int, ...]:
+        """Positions in `params` of the parameters the step updates (all but the frozen ones)."""
+        return tuple(i for i in range(self.n_params) if i not in self.frozen)
+
+    @property
+    def trained_names(self) -> list[str]:
+        return [self.params[i][0] for i in self.trained]
+
+    @property
     def n_carried(self) -> int:
-        """θ and optimizer state: the inputs that alias outputs 0..n_carried-1."""
-        return self.n_params * (1 + len(self.state))
+        """Trained θ and optimizer state: the outputs 0..n_carried-1, each aliasing its input."""
+        return len(self.trained) * (1 + len(self.state))
+
+    @property
+    def n_held(self) -> int:
+        """The inputs before the schedule: every θ (frozen ones too), then the state groups."""
+        return self.n_params + len(self.trained) * len(self.state)
+
+    @property
+    def held_storage(self) -> Storage:
+        """How each of the `n_held` inputs is stored (`param_storage`), in their order."""
+        return (*self.storage, *(tuple(self.storage[i] for i in self.trained) * len(self.state)))
 
     @property
     def loss_index(self) -> int:
@@ -183,8 +207,10 @@ def label_type(loss: Loss, out_shape: Shape, dtype: str) -> tuple[Shape, str]:
 
 
 def train_step_layout(spec: NetSpec, opt: Optimizer, loss: Loss, batch: int, dtype: str = "f32",
-                      state: StateLayout | None = None, target: str | None = None) -> TrainStepLayout:
-    """`state` (default: the bare optimizer's) is the variant's `StateLayout`, read, never restated."""
+                      state: StateLayout | None = None, target: str | None = None,
+                      frozen: Sequence[int] = ()) -> TrainStepLayout:
+    """`state` (default: the bare optimizer's) is the variant's `StateLayout`, read, never restated;
+    `frozen` the positions `Variant.frozen_indices` gives."""
     walk = spec.walk()
     y_shape, y_dtype = label_type(loss, walk[-1].out_shape, dtype)
     st = state or StateLayout(tuple(opt.state), tuple(opt.scalars))
@@ -192,7 +218,7 @@ def train_step_layout(spec: NetSpec, opt: Optimizer, loss: Loss, batch: int, dty
     return TrainStepLayout(params, tuple(qualified_stats(walk)), tuple(qualified_masks(walk)),
                            st.slots, st.scalars,
                            (batch, *spec.input_shape),
-                           (batch, *y_shape), y_dtype, param_storage(params, target))
+                           (batch, *y_shape), y_dtype, param_storage(params, target), tuple(frozen))
 
 
 def schedule_input(b: Builder, names: Sequence[str]) -> dict[str, Value]:
@@ -233,28 +259,28 @@ def train_step_module(spec: NetSpec, variant: Variant, batch: int, *, dtype: str
     reg = registry or default_registry()
     spec = variant.apply_to(spec, reg)  # idempotent: dropout, drop_path and BN ε of the variant
     opt, loss = variant.make_optimizer(reg), variant.make_loss(reg)
-    lay = train_step_layout(spec, opt, loss, batch, dtype, variant.state_layout(opt), target)
     walk = spec.walk()
+    frozen = variant.frozen_indices([n for n, _ in qualified_params(walk)], f"net {spec.name!r}")
+    lay = train_step_layout(spec, opt, loss, batch, dtype, variant.state_layout(opt), target, frozen)
     b = Builder(dtype, f"{spec.ident}_{variant.slug}_train_step", target)
     shapes = [stored_shape(s.shape, perm) for (_, s), perm in zip(lay.params, lay.storage, strict=True)]
-    params = [b.arg(shape, alias_output=i) for i, shape in enumerate(shapes)]
-    state = {name: [b.arg(shape, alias_output=lay.n_params * (1 + k) + i) for i, shape in enumerate(shapes)]
+    trained = lay.trained  # the frozen θ are inputs alone: no output, no state, no gradient
+    rank = {i: j for j, i in enumerate(trained)}
+    all_params = [b.arg(shape, alias_output=rank.get(i)) for i, shape in enumerate(shapes)]
+    n_tr = len(trained)
+    state = {name: [b.arg(shapes[i], alias_output=n_tr * (1 + k) + j) for j, i in enumerate(trained)]
              for k, name in enumerate(lay.state)}
     scalars = schedule_input(b, lay.scalars)
-    x = b.arg(lay.x_shape)
-    y = b.arg(lay.y_shape, lay.y_dtype)
-    masks = [b.arg((batch, *s.shape)) for _, s in lay.masks]
-    views = [stored_view(b, p, perm) for p, perm in zip(params, lay.storage, strict=True)]
-    logits, batch_stats = emit_layers(b, walk, x, views, train=True, masks=masks,
-                                      sync_replicas=replicas if sync_bn else 1)
-    loss_v = loss.forward(b, logits, y)
-    slots = [s for _, s in lay.params]
+    loss_v, batch_stats = _emit_loss(b, walk, loss, lay, all_params, batch, replicas if sync_bn else 1)
+    params = [all_params[i] for i in trained]
+    slots = [lay.params[i][1] for i in trained]
+    storage = [lay.storage[i] for i in trained]
 
     def emit_update(idx: Sequence[int], grads: Sequence[Value]) -> tuple[list[Value], dict[str, list[Value]]]:
-        """The variant's update of parameters `idx` (stored) from their gradients (stored)."""
+        """The variant's update of trained parameters `idx` (stored) from their gradients (stored)."""
         return emit_stored_update(b, variant.wrappers, opt, [slots[i] for i in idx], [params[i] for i in idx], grads,
                                   {k: [state[k][i] for i in idx] for k in lay.state}, scalars,
-                                  [lay.storage[i] for i in idx])
+                                  [storage[i] for i in idx])
 
     # Clipping needs every gradient's norm, and a data-parallel step their replica means, before any update.
     if strategy.chosen(strategy.UPDATE.name, target) == "in_backward" and not variant.wrappers.clip and replicas == 1:
@@ -271,9 +297,47 @@ def train_step_module(spec: NetSpec, variant: Variant, batch: int, *, dtype: str
         if replicas > 1:
             *grads, loss_v = replica_mean(b, [*grads, loss_v], replicas)
         # The update (accumulation, clipping, the optimizer, the EMA shadow): the same emitter the gate checks.
-        new_params, new_state = emit_update(range(lay.n_params), grads)
+        new_params, new_state = emit_update(range(n_tr), grads)
     outs = new_params + [v for n in lay.state for v in new_state[n]] + [loss_v] + batch_stats
     return b.module(outs, num_replicas=replicas), lay
+
+
+def _emit_loss(b: Builder, walk: Sequence[LayerShapes], loss: Loss, lay: TrainStepLayout, params: Sequence[Value],
+               batch: int, sync_replicas: int) -> tuple[Value, list[Value]]:
+    """x, the labels and the masks as inputs, then the training forward and the loss: the part of a
+    train step before its backward (the fused step's and the gradient half's, one emitter)."""
+    x = b.arg(lay.x_shape)
+    y = b.arg(lay.y_shape, lay.y_dtype)
+    masks = [b.arg((batch, *s.shape)) for _, s in lay.masks]
+    views = [stored_view(b, p, perm) for p, perm in zip(params, lay.storage, strict=True)]
+    logits, batch_stats = emit_layers(b, walk, x, views, train=True, masks=masks, sync_replicas=sync_replicas)
+    return loss.forward(b, logits, y), batch_stats
+
+
+def gradient_step_module(spec: NetSpec, variant: Variant, batch: int, *, dtype: str = "f32",
+                         registry: Registry | None = None, replicas: int = 1,
+                         target: str | None = None) -> tuple[str, TrainStepLayout]:
+    """The gradient half of the train step (a step split for a reduction outside the graph, e.g. MPI's):
+    `@main(θ…, x, y, masks…) -> (∂θ…, loss, batch stats…)`, the fused step's forward, loss and backward
+    (`replicas` > 1: the loss and ∂θ averaged over them, as there) without its update. The update half is
+    `optimizer_step_module` with the variant's wrappers and the layout's storage. The layout is the fused
+    step's: its `state` and `scalars` name the update half's carried state and schedule."""
+    if replicas < 1:
+        raise UnsupportedSpec(f"replicas must be at least 1, got {replicas}")
+    if variant.frozen:
+        raise UnsupportedSpec("frozen parameters (--freeze) train in one process: the split step across processes "
+                              "updates every parameter")
+    reg = registry or default_registry()
+    spec = variant.apply_to(spec, reg)
+    opt, loss = variant.make_optimizer(reg), variant.make_loss(reg)
+    lay = train_step_layout(spec, opt, loss, batch, dtype, variant.state_layout(opt), target)
+    b = Builder(dtype, f"{spec.ident}_{variant.slug}_gradient_step", target)
+    params = [b.arg(stored_shape(s.shape, perm)) for (_, s), perm in zip(lay.params, lay.storage, strict=True)]
+    loss_v, batch_stats = _emit_loss(b, spec.walk(), loss, lay, params, batch, 1)
+    grads = autodiff.grad(b, [loss_v], [b.full(1.0)], params)
+    if replicas > 1:
+        *grads, loss_v = replica_mean(b, [*grads, loss_v], replicas)
+    return b.module([*grads, loss_v, *batch_stats], num_replicas=replicas), lay
 
 
 REPLICA_MEAN_BEGIN = "replica mean over"  # the block's first line: `// replica mean over N replicas: %g… -> %ar…`

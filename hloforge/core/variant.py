@@ -274,6 +274,31 @@ def _check_name(what: str, name: str) -> None:
                               "letters and digits")
 
 
+_PREFIX = re.compile(r"^[A-Za-z0-9]+(\.[A-Za-z0-9]+)*$")
+
+
+def frozen_prefixes(v: Any) -> tuple[str, ...]:
+    """Frozen parameter-name prefixes in canonical form: a trailing '.' dropped, sorted, and each one
+    another covers left out (("1", "1.b0") freezes what ("1",) does)."""
+    if not isinstance(v, (str, list, tuple)):  # a config's `frozen = 5`: one line, not a TypeError
+        raise UnsupportedSpec(f"frozen prefixes {v!r}: expected a list of parameter-name prefixes")
+    items = (v,) if isinstance(v, str) else tuple(v)
+    out: list[str] = []
+    for p in items:
+        q = p.removesuffix(".") if isinstance(p, str) else p
+        if not isinstance(q, str) or not _PREFIX.match(q):
+            raise UnsupportedSpec(f"frozen prefix {p!r}: expected a parameter-name prefix of dot-separated letters "
+                                  "and digits, e.g. 0 or 2.b0.conv1")
+        out.append(q)
+    return tuple(sorted(p for p in set(out) if not any(covers(o, p) for o in out if o != p)))
+
+
+def covers(prefix: str, name: str) -> bool:
+    """Whether a frozen prefix covers a parameter name: the name is it, or begins with it and a '.'
+    (prefix 1 covers 1.b0.conv1.w, never 10.w)."""
+    return name == prefix or name.startswith(prefix + ".")
+
+
 def _unit(what: str, v: float) -> None:
     if not (isinstance(v, (int, float)) and 0.0 <= v < 1.0):
         raise UnsupportedSpec(f"{what} must be in [0, 1), got {v!r}")
@@ -330,6 +355,11 @@ class VariantFields:
     bn_eps: float | None = option(None, "BatchNorm ε of every BN layer, train and eval (default: each layer's own)",
                                   metavar="EPS")
     precision: str = option("fp32", "fp8: E4M3 weights and input, fp32 master (default fp32)", choices=PRECISIONS)
+    # parameter-name prefixes the train step takes as constants: no update, no optimizer state, not clipped
+    frozen: tuple[str, ...] = option((), "train the parameters under PREFIX (a layer index, a block such as 2.b0, a "
+                                         "name) as constants: no update, no optimizer state (repeatable; default: "
+                                         "none)", metavar="PREFIX", flag="--freeze", repeat=True,
+                                     converter=frozen_prefixes)
 
 
 @attrs.frozen
@@ -367,6 +397,7 @@ class Variant(VariantFields):
         ("weight_decay", "wd"), ("label_smoothing", "ls"), ("ema", "ema"), ("accum", "acc"), ("clip", "clip"),
         ("mixup", "mixup"), ("cutmix", "cutmix"), ("dropout", "do"), ("drop_path", "drop"), ("bn_eps", "eps"))
     _LOSS_TAG: ClassVar[str] = "loss"
+    _FROZEN_TAG: ClassVar[str] = "frz"  # then the prefixes, comma-joined, in hex (names hold '.' and capitals)
 
     @property
     def slug(self) -> str:
@@ -378,6 +409,8 @@ class Variant(VariantFields):
             default = attrs.fields_dict(Variant)[field].default
             if v != default or (field == "weight_decay" and v is not None):
                 parts.append(tag + (str(v) if field == "accum" else _encode(v)))
+        if self.frozen:
+            parts.append(self._FROZEN_TAG + ",".join(self.frozen).encode().hex())
         if self.loss != "crossEntropy":
             parts.append(self._LOSS_TAG + self.loss)
         if self.precision != "fp32":
@@ -400,6 +433,12 @@ class Variant(VariantFields):
             value: Any
             if part in PRECISIONS:
                 field, value = "precision", part
+            elif part.startswith(cls._FROZEN_TAG) and re.fullmatch(r"([0-9a-f]{2})+", part[len(cls._FROZEN_TAG):]):
+                field = "frozen"
+                try:
+                    value = tuple(bytes.fromhex(part[len(cls._FROZEN_TAG):]).decode().split(","))
+                except UnicodeDecodeError:
+                    raise UnsupportedSpec(f"variant slug {slug!r}: {part!r} does not spell frozen prefixes") from None
             elif part.startswith(cls._LOSS_TAG) and _NAME.match(part[len(cls._LOSS_TAG):] or "_"):
                 field, value = "loss", part[len(cls._LOSS_TAG):]
             else:
@@ -424,6 +463,24 @@ class Variant(VariantFields):
         return v
 
     # -- what the variant makes ------------------------------------------------------------
+    def frozen_indices(self, names: Sequence[str], where: str = "this net") -> tuple[int, ...]:
+        """The positions in `names` (the net's parameters, qualified order) that `frozen` covers. A prefix
+        that covers none, or a set that covers them all, is refused in one line."""
+        if not self.frozen:
+            return ()
+        for p in self.frozen:
+            if not any(covers(p, n) for n in names):
+                layers = sorted({n.split(".")[0] for n in names}, key=lambda t: (len(t), t))
+                blocks = sorted({".".join(n.split(".")[:2]) for n in names if n.count(".") > 1})[:6]
+                some = f"blocks such as {blocks}, " if blocks else ""
+                raise UnsupportedSpec(f"frozen prefix {p!r} matches no parameter of {where}; valid prefixes are "
+                                      f"layer indices {layers}, {some}or whole names such as {list(names[:2])}")
+        hit = tuple(i for i, n in enumerate(names) if any(covers(p, n) for p in self.frozen))
+        if len(hit) == len(names):
+            raise UnsupportedSpec(f"frozen {list(self.frozen)} covers every parameter of {where}: nothing left to "
+                                  "train")
+        return hit
+
     def make_optimizer(self, registry: Registry) -> Optimizer:
         opts = {} if self.weight_decay is None else {"weight_decay": self.weight_decay}
         opt: Optimizer = registry.make("optimizer", self.optimizer, **opts)

@@ -4,7 +4,8 @@
 permutation drawn with seed 0, the first 1,437 images train and the last 360
 test. Images are scaled to [0, 1], resized bilinearly (half-pixel centres) to
 `size`×`size` (28 by default, so the MNIST nets fit) and standardised with
-the training split's mean and standard deviation.
+the training split's mean and standard deviation. `channels` > 1 repeats the grey image in every
+channel, for a net that takes RGB (a torchvision ResNet: `--data-opt size=64 --data-opt channels=3`).
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ class Digits(Dataset):
     num_classes = 10
     splits = ("train", "test")
 
-    def __init__(self, size: int = 28):
+    def __init__(self, size: int = 28, channels: int = 1):
         from sklearn.datasets import load_digits
 
         if size < 8:
             raise DataError(f"digits size must be at least 8, got {size}")
+        if channels < 1:
+            raise DataError(f"digits channels must be at least 1, got {channels}")
         d = load_digits()
         images = d.images.astype(np.float64) / 16.0
         if size != 8:
@@ -38,9 +41,9 @@ class Digits(Dataset):
         x = images[order][:, None].astype(np.float32)
         y = d.target[order].astype(np.int32)
         mean, std = x[:N_TRAIN].mean(), x[:N_TRAIN].std()
-        x = (x - mean) / std
+        x = np.repeat((x - mean) / std, channels, axis=1)  # the grey image in every channel (an RGB net's input)
         self._data = {"train": (x[:N_TRAIN], y[:N_TRAIN]), "test": (x[N_TRAIN:], y[N_TRAIN:])}
-        self.image_shape = (1, size, size)
+        self.image_shape = (channels, size, size)
 
     def arrays(self, split: str) -> tuple[np.ndarray, np.ndarray]:
         if split not in self._data:

@@ -175,14 +175,35 @@ def write_run(imp: Imported, out: str, *, data: str = "", data_options: Sequence
     return out
 
 
+def write_weights(imp: Imported, out: str) -> str:
+    """A bare weights file at `out` (`param/…`, `stat/…`; the spec and class count in its metadata): what
+    `train --init` starts a run from when no dataset has the imported head's classes (an ImageNet head)."""
+    import json
+
+    from safetensors.numpy import save_file
+
+    if os.path.exists(out):
+        raise HloforgeError(f"{out} already exists; pick another --out")
+    names = [f"param/{n}" for n, _ in imp.spec.params()] + [f"stat/{n}" for n, _ in imp.spec.stats()]
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    save_file(dict(zip(names, [*imp.params, *imp.stats], strict=True)), out,
+              metadata={"source": imp.source, "classes": str(imp.spec.num_classes),
+                        "spec": json.dumps(imp.spec.to_dict(), sort_keys=True)})
+    return out
+
+
 def import_weights(source: str, file: str, out: str, *, input: Sequence[int] | None = None, data: str = "",
                    data_options: Sequence[str] = (), backend: str = "", log: Callable[[str], None] = print) -> str:
     """`source` ("torchvision:resnet18", "timm:vit_tiny_patch16_224", ...) weights in `file` as a run
     directory at `out`; returns its path. `input` overrides the net's input shape (C, H, W), `data`
-    / `data_options` the dataset the run evaluates on (default: the trainer's)."""
+    / `data_options` the dataset the run evaluates on (default: the trainer's). An `out` ending in
+    .safetensors is a bare weights file instead (`write_weights`: no run, no dataset)."""
     family(source)
     imp = map_state_dict(source, read_state_dict(file), input=input, where=f"weights file {file}")
-    write_run(imp, out, data=data, data_options=data_options, backend=backend, log=log)
+    if out.endswith(".safetensors"):
+        write_weights(imp, out)
+    else:
+        write_run(imp, out, data=data, data_options=data_options, backend=backend, log=log)
     log(f"imported {source} from {file}: {imp.spec.name} ({imp.spec.param_count():,} params, "
         f"{imp.spec.num_classes} classes, {len(imp.stats)} BatchNorm statistics) -> {out}")
     return out

@@ -57,9 +57,11 @@ def names_in(group: str, names: Sequence[str]) -> list[str]:
 
 
 def tensor_names(param_names: Sequence[str], state_names: Sequence[str], stat_names: Sequence[str],
-                 shadow_stats: bool = False) -> list[str]:
-    """θ, the state slots, the running statistics and (`shadow_stats`) the shadow's, in that order."""
-    return (names_in(PARAMS, param_names) + [n for k in state_names for n in names_in(state_group(k), param_names)]
+                 shadow_stats: bool = False, trained: Sequence[str] | None = None) -> list[str]:
+    """θ, the state slots, the running statistics and (`shadow_stats`) the shadow's, in that order.
+    Every θ is saved (a frozen one too); the state slots hold the `trained` θ's (default: all)."""
+    held = param_names if trained is None else trained
+    return (names_in(PARAMS, param_names) + [n for k in state_names for n in names_in(state_group(k), held)]
             + names_in(STATS, stat_names) + (names_in(SHADOW_STATS, stat_names) if shadow_stats else []))
 
 
@@ -213,12 +215,15 @@ def check_tensors(path: str, tensors: dict[str, np.ndarray], want: dict[str, tup
 
 def expected_tensors(params: Sequence[tuple[str, tuple[int, ...]]], state_names: Sequence[str],
                      stats: Sequence[tuple[str, tuple[int, ...]]],
-                     shadow_stats: bool) -> tuple[dict[str, tuple[int, ...]], list[str]]:
+                     shadow_stats: bool, frozen: Sequence[int] = ()) -> tuple[dict[str, tuple[int, ...]], list[str]]:
     """(name -> shape of every tensor a checkpoint of this net and layout holds, the optional ones: the
-    shadow's statistics, absent from checkpoints that predate them), in `tensor_names`' order."""
+    shadow's statistics, absent from checkpoints that predate them), in `tensor_names`' order. The
+    `frozen` positions of `params` have no state tensors."""
     pn, sn = [n for n, _ in params], [n for n, _ in stats]
-    shapes = [s for _, s in params] * (1 + len(state_names)) + [s for _, s in stats] * (1 + int(shadow_stats))
-    names = tensor_names(pn, state_names, sn, shadow_stats)
+    held = [p for i, p in enumerate(params) if i not in frozen]
+    shapes = ([s for _, s in params] + [s for _, s in held] * len(state_names)
+              + [s for _, s in stats] * (1 + int(shadow_stats)))
+    names = tensor_names(pn, state_names, sn, shadow_stats, [n for n, _ in held])
     optional = [f"{SHADOW_STATS}/{n}" for n in sn] if shadow_stats else []
     return dict(zip(names, shapes, strict=True)), optional
 

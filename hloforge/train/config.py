@@ -64,6 +64,9 @@ class TrainConfig(VariantFields):
     diffusion_steps: int = 1000
     beta_start: float = 1e-4
     beta_end: float = 0.02
+    # the weights a new run starts from (hloforge.train.finetune): a run directory, a checkpoint file or an
+    # export directory; its optimizer state is not taken. Kept with the run; --resume reads its own checkpoint.
+    init: str = ""
     # PyTorch's convention (running ← 0.9·running + 0.1·batch). Seed 003's 0.99 suits ImageNet-length
     # runs; on a 22-step digits epoch it leaves eval normalising by near-initial statistics.
     bn_momentum: float = 0.9

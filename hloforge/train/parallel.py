@@ -37,7 +37,7 @@ from hloforge.core.registry import Registry
 from hloforge.core.spec import NetSpec
 from hloforge.core.strategy import target_of
 from hloforge.core.variant import Variant
-from hloforge.train.session import ForwardSession, TrainSession, _is_host
+from hloforge.train.session import ForwardSession, TrainSession, _is_host, merge_carried
 
 SHARD, REPLICATE = "shard", "replicate"
 
@@ -46,7 +46,7 @@ def step_placement(layout: TrainStepLayout) -> list[str]:
     """Per train-step input, in layout order: θ, optimizer state and the schedule are replicated;
     x, the labels and the masks (everything per example) are sharded. Stated by role, not
     guessed from shapes: a parameter that happens to be batch-sized must not be split."""
-    return [REPLICATE] * (layout.n_carried + 1) + [SHARD] * (2 + len(layout.masks))
+    return [REPLICATE] * (layout.n_held + 1) + [SHARD] * (2 + len(layout.masks))
 
 
 def require_replicas(backend: Any, replicas: int, what: str) -> None:
@@ -109,7 +109,7 @@ class DataParallelTrainSession(TrainSession):
         masks = self._advance(masks)
         # Each step input as one part per replica: the same array replicated, or its rows split.
         parts = [[a] * self.replicas if p == REPLICATE else split_batch(a, self.replicas)
-                 for a, p in zip(self._step_host(x, y, lr, masks), self.placement[lay.n_carried:], strict=True)]
+                 for a, p in zip(self._step_host(x, y, lr, masks), self.placement[lay.n_held:], strict=True)]
         per_replica = []
         for r in range(self.replicas):
             carried = self._replicas[r] if self.resident else [be.to_device(a, device=r) for a in self._carried]
@@ -120,10 +120,10 @@ class DataParallelTrainSession(TrainSession):
         del per_replica  # releases the borrowed host arrays
         new = [o[:lay.n_carried] for o in outs]
         if self.resident:
-            self._replicas = new
-            self._carried = new[0]
+            self._replicas = [merge_carried(lay, held, n) for held, n in zip(self._replicas, new, strict=True)]
+            self._carried = self._replicas[0]
         else:
-            self._carried = [be.to_host(b) for b in new[0]]
+            self._carried = merge_carried(lay, self._carried, [be.to_host(b) for b in new[0]])
         self._batch_stats = outs[0][lay.loss_index + 1:]
         return float(be.to_host(outs[0][lay.loss_index]))
 
@@ -161,13 +161,14 @@ class ShardedForwardSession(ForwardSession):
     push is replicas× once per generation, not per batch), or one list of device buffers
     per replica, replica r's on device r (`DataParallelTrainSession.replica_params`)."""
 
-    def __init__(self, spec: NetSpec, batch: int, backend: Any, replicas: int):
+    def __init__(self, spec: NetSpec, batch: int, backend: Any, replicas: int, suffix: str = ""):
         self.replicas = replicas
-        super().__init__(spec, batch, backend)
+        super().__init__(spec, batch, backend, suffix=suffix)
         self.global_batch = replicas * batch
 
     def _compile(self) -> Any:
-        text = forward_module(self.spec, self.batch, eval_mode=True, target=target_of(self.backend))
+        text = forward_module(self.spec, self.batch, eval_mode=True, target=target_of(self.backend),
+                              suffix=self.suffix)
         return compile_sharded(self.backend, text, self.replicas)
 
     def _push(self, params: Sequence[Any]) -> list[Any]:
@@ -197,9 +198,11 @@ class ShardedForwardSession(ForwardSession):
         return np.concatenate(out)
 
 
-def make_forward_session(spec: NetSpec, batch: int, backend: Any, replicas: int = 1) -> ForwardSession:
+def make_forward_session(spec: NetSpec, batch: int, backend: Any, replicas: int = 1,
+                         suffix: str = "") -> ForwardSession:
     """The eval session at per-replica `batch`: replicas ≤ 1 IS ForwardSession (a single-device
-    run and every IREE run are unchanged); past 1 a ShardedForwardSession, XLA only."""
+    run and every IREE run are unchanged); past 1 a ShardedForwardSession, XLA only. `suffix`
+    ends the module's name (`forward_module`)."""
     if replicas <= 1:
-        return ForwardSession(spec, batch, backend)
-    return ShardedForwardSession(spec, batch, backend, replicas)
+        return ForwardSession(spec, batch, backend, suffix=suffix)
+    return ShardedForwardSession(spec, batch, backend, replicas, suffix=suffix)

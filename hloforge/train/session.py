@@ -165,6 +165,17 @@ def checked_labels(y: Any, shape: Sequence[int], y_dtype: str, classes: int | No
     return y
 
 
+def merge_carried(lay: TrainStepLayout, held: Sequence[Any], new: Sequence[Any]) -> list[Any]:
+    """The step's carried outputs (θ' of the trained parameters, then the state) in the held order of
+    its inputs (every θ, then the state): each frozen θ is the one `held` already has."""
+    if not lay.frozen:
+        return list(new)
+    theta = list(held[:lay.n_params])
+    for j, i in enumerate(lay.trained):
+        theta[i] = new[j]
+    return [*theta, *new[len(lay.trained):]]
+
+
 class TrainSession:
     def __init__(self, spec: NetSpec, variant: Variant, batch: int, backend: Any, *, seed: int = 0,
                  params: Sequence[np.ndarray] | None = None, registry: Registry | None = None,
@@ -181,12 +192,13 @@ class TrainSession:
         for (name, slot), p in zip(self.layout.params, host, strict=True):
             if tuple(p.shape) != slot.shape:
                 raise DataError(f"parameter {name}: got shape {list(p.shape)}, expected {list(slot.shape)}")
-        slots = [s for _, s in self.layout.params]
-        # [θ…, state group 0…, state group 1…]: the train step's carried inputs, in its order.
+        trained = self.layout.trained
+        slots = [self.layout.params[i][1] for i in trained]
+        # [θ…, state group 0…, state group 1…]: the train step's held inputs, in its order (state: trained θ only).
         carried = [np.asarray(p, np.float32) for p in host]
-        carried += self.state_layout.initial(self.optimizer, slots, host)
+        carried += self.state_layout.initial(self.optimizer, slots, [host[i] for i in trained])
         self._carried: list[Any] = []
-        self._place(host_stored(carried, self.layout.storage))
+        self._place(host_stored(carried, self.layout.held_storage))
         self._step_inputs = InputStager(backend)
         self._batch_stats: list[Any] = []  # the last step's batch statistics (device buffers), one per stat slot
         self.step = 0
@@ -224,7 +236,7 @@ class TrainSession:
         # The carried inputs are donated and consumed here; the session never touches them again.
         outs = be.execute(self.exe, [*carried, *step_inputs])
         new = outs[:lay.n_carried]
-        self._carried = new if self.resident else [be.to_host(b) for b in new]
+        self._carried = merge_carried(lay, self._carried, new if self.resident else [be.to_host(b) for b in new])
         self._batch_stats = outs[lay.loss_index + 1:]
         return float(be.to_host(outs[lay.loss_index]))
 
@@ -254,17 +266,19 @@ class TrainSession:
     def load(self, params: Sequence[np.ndarray], state: Sequence[np.ndarray], step: int) -> None:
         """Replace θ and the optimizer state (e.g. from a checkpoint) and set the step counter."""
         lay = self.layout
-        want = [s.shape for _, s in lay.params]
-        names = [n for n, _ in lay.params]
-        if len(params) != lay.n_params or len(state) != lay.n_carried - lay.n_params:
+        # one (name, shape) per held tensor: every θ, then each state group over the trained θ
+        held = [(n, s.shape) for n, s in lay.params] + [(lay.params[i][0], lay.params[i][1].shape)
+                                                         for _ in lay.state for i in lay.trained]
+        n_tr = len(lay.trained)
+        if len(params) != lay.n_params or len(state) != lay.n_held - lay.n_params:
             raise DataError(f"load: got {len(params)} parameter and {len(state)} state tensors, expected "
-                            f"{lay.n_params} and {lay.n_carried - lay.n_params}")
+                            f"{lay.n_params} and {lay.n_held - lay.n_params}")
         for i, a in enumerate([*params, *state]):
-            if tuple(np.shape(a)) != want[i % lay.n_params]:
-                what = "parameter" if i < lay.n_params else f"state {lay.state[i // lay.n_params - 1]}"
-                raise DataError(f"load: {what} {names[i % lay.n_params]} has shape {list(np.shape(a))}, expected "
-                                f"{list(want[i % lay.n_params])}")
-        self._place(host_stored([np.array(a, np.float32) for a in [*params, *state]], self.layout.storage))
+            name, want = held[i]
+            if tuple(np.shape(a)) != want:
+                what = "parameter" if i < lay.n_params else f"state {lay.state[(i - lay.n_params) // n_tr]}"
+                raise DataError(f"load: {what} {name} has shape {list(np.shape(a))}, expected {list(want)}")
+        self._place(host_stored([np.array(a, np.float32) for a in [*params, *state]], self.layout.held_storage))
         self._batch_stats = []
         self.step = int(step)
 
@@ -275,7 +289,7 @@ class TrainSession:
 
     def _declared(self, items: Sequence[Any], start: int = 0) -> list[np.ndarray]:
         """Carried tensors from position `start` copied to the host, in their declared layouts."""
-        return host_declared(self._host(items), self.layout.storage, start)
+        return host_declared(self._host(items), self.layout.held_storage, start)
 
     @property
     def params(self) -> list[Any]:
@@ -294,7 +308,7 @@ class TrainSession:
         return self._declared(self._carried[:self.layout.n_params])
 
     def read_state(self) -> list[np.ndarray]:
-        """The optimizer state, copied to the host: each group of layout.state in turn, one per θ."""
+        """The optimizer state, copied to the host: each group of layout.state in turn, one per trained θ."""
         return self._declared(self._carried[self.layout.n_params:], self.layout.n_params)
 
     def read_all(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -303,10 +317,12 @@ class TrainSession:
 
     def slot_buffers(self, slot: str) -> list[Any]:
         """One state slot's tensors (e.g. "E", the EMA shadow) as the eval forward takes θ: device
-        buffers (a fresh push in the copying path). Located through the StateLayout, never a literal."""
-        n = self.layout.n_params
-        start = self.state_layout.region(slot) * n
-        part = self._carried[start:start + n]
+        buffers (a fresh push in the copying path). Located through the StateLayout, never a literal. A
+        frozen parameter has no state; its entry is θ itself (what the shadow of a constant is)."""
+        lay = self.layout
+        n_tr = len(lay.trained)
+        start = lay.n_params + (self.state_layout.region(slot) - 1) * n_tr
+        part = merge_carried(lay, self._carried, self._carried[start:start + n_tr])[:lay.n_params]
         return list(part) if self.resident else [self.backend.to_device(a) for a in part]
 
     def replace_params(self, params: Sequence[np.ndarray]) -> None:
@@ -339,10 +355,12 @@ class ForwardSession:
 
     `batch_stats=True` is seed 003's EVAL_BATCHSTATS diagnostic: the forward normalises with each
     batch's own statistics (params: θ… alone). Its padded tail is refused, not scored: the zero rows
-    would enter the batch statistics and shift the real rows' normalisation."""
+    would enter the batch statistics and shift the real rows' normalisation. `suffix` ends the
+    module's name (`forward_module`): the eval graph at another size is `…_fwd_eval_s<S>`."""
 
-    def __init__(self, spec: NetSpec, batch: int, backend: Any, batch_stats: bool = False):
+    def __init__(self, spec: NetSpec, batch: int, backend: Any, batch_stats: bool = False, suffix: str = ""):
         self.spec, self.batch, self.backend, self.batch_stats = spec, batch, backend, batch_stats
+        self.suffix = suffix
         # how the module takes θ (host arrays come in declared layouts and are stored so when pushed)
         self.storage = param_storage(spec.params(), target_of(backend))
         self.exe = self._compile()
@@ -354,7 +372,7 @@ class ForwardSession:
 
     def _compile(self) -> Any:
         return self.backend.compile(forward_module(self.spec, self.batch, eval_mode=not self.batch_stats,
-                                                   target=target_of(self.backend)))
+                                                   target=target_of(self.backend), suffix=self.suffix))
 
     def _push(self, params: Sequence[Any]) -> list[Any]:
         """The parameters on the device: host arrays stored and copied there, device buffers as they are."""

@@ -7,6 +7,9 @@ A net with per-token logits [T, vocab] is a language model: it trains with the p
 loss `tokenCrossEntropy` on a token dataset (`text`), and each epoch is scored in bits per
 character over every validation window (no bitmap; the banner prints the character-bigram
 baseline of the same corpus). Everything else — run directory, checkpoints, resume — is shared.
+
+Launched by MPI (`mpirun -np P hloforge train ...`: hloforge.train.mpi), every rank runs this loop on
+its rows of each global batch; rank 0 alone writes the run directory, logs and draws the progress bar.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from hloforge.core.registry import default_registry
 from hloforge.core.spec import NetSpec
 from hloforge.core.variant import SHADOW, Variant, ema_decay_at
 from hloforge.datasets.stream import DataRef, Feed, split_labels
-from hloforge.train import autotune, fp8, rundir
+from hloforge.train import autotune, finetune, fp8, mpi, rundir
 from hloforge.train import checkpoint as ckpt
 
 # the config and the evaluation helpers, re-exported: `from hloforge.train.trainer import TrainConfig, ...`
@@ -79,6 +82,12 @@ class Run:
     def __init__(self, cfg: TrainConfig, log: Callable[[str], None] = print, progress: bool = True,
                  resume: bool = False, eval_only: bool = False):
         cfg.check()
+        # The processes an MPI launcher started (one alone): --replicas counts them all (hloforge.train.mpi).
+        self.world = mpi.world() if not eval_only else mpi.World()
+        if self.world.size > 1:
+            cfg = attrs.evolve(cfg, replicas=mpi.global_replicas(cfg.replicas, cfg.sync_bn, self.world))
+            if not self.world.is_root:  # rank 0 logs and draws the progress bar; the others are quiet
+                log, progress = (lambda line: None), False
         self.backend = make_backend(cfg.backend or None, **({"devices": cfg.devices} if cfg.devices else {}))
         cfg = attrs.evolve(cfg, backend=self.backend.name)
         self.cfg, self.log, self.progress = cfg, log, progress
@@ -136,6 +145,7 @@ class Run:
         self.stat_names = [n for n, _ in self.spec.stats()]
         self.running = [s.initial() for _, s in self.spec.stats()]
         self.state_layout = self.variant.state_layout(self.variant.make_optimizer(reg))
+        self.frozen = self.variant.frozen_indices([n for n, _ in self.spec.params()], f"net {self.spec.name!r}")
         # The EMA shadow's BN statistics (seed 003's ema_bn): the running statistics averaged with the
         # shadow's decay at the shadow's cadence, from the same start, so the shadow is scored with
         # statistics that lag as its weights do (timm's ModelEma averages the BN buffers the same way).
@@ -174,18 +184,20 @@ class Run:
         good one."""
         lay = session.layout
         names = ckpt.tensor_names([n for n, _ in lay.params], lay.state, self.stat_names,
-                                  shadow_stats=self.state_layout.shadows)
+                                  shadow_stats=self.state_layout.shadows, trained=lay.trained_names)
         tensors = session.read_params() + session.read_state() + self.running + self.shadow_running
         bad = next((n for n, t in zip(names, tensors, strict=True) if not np.isfinite(t).all()), None)
         if bad is not None:
-            raise HloforgeError(f"{bad} is not finite after step {session.step} (its loss was); stopped. The last "
-                                f"good checkpoint is {self.ckpt_path if os.path.exists(self.ckpt_path) else 'none'}")
+            raise mpi.PeerError(f"{bad} is not finite after step {session.step} (its loss was); stopped. The last "
+                                f"good checkpoint is {self.ckpt_path if os.path.exists(self.ckpt_path) else 'none'}",
+                                quiet=not self.world.is_root)
         return names, tensors
 
     def expected_tensors(self) -> tuple[dict[str, tuple[int, ...]], list[str]]:
         """Every tensor this run's checkpoint holds, name -> shape, and the optional ones."""
         return ckpt.expected_tensors([(n, s.shape) for n, s in self.spec.params()], self.state_layout.slots,
-                                     [(n, s.shape) for n, s in self.spec.stats()], self.state_layout.shadows)
+                                     [(n, s.shape) for n, s in self.spec.stats()], self.state_layout.shadows,
+                                     self.frozen)
 
     def restore(self, session: TrainSession, cross_backend: bool = False) -> int:
         """Load the run's checkpoint into the session; returns the epoch it ended."""
@@ -197,7 +209,7 @@ class Run:
         pn = [n for n, _ in lay.params]
         try:
             params = [tensors[t] for t in ckpt.names_in(ckpt.PARAMS, pn)]
-            state = [tensors[t] for k in lay.state for t in ckpt.names_in(ckpt.state_group(k), pn)]
+            state = [tensors[t] for k in lay.state for t in ckpt.names_in(ckpt.state_group(k), lay.trained_names)]
             self.running = [tensors[t] for t in ckpt.names_in(ckpt.STATS, self.stat_names)]
         except KeyError as e:
             raise DataError(f"checkpoint {self.ckpt_path} lacks tensor {e.args[0]}; it is not of this net") from None
@@ -206,6 +218,19 @@ class Run:
                                                     "resuming would restart them; start a new run")
         session.load(params, state, meta["step"])
         return int(meta["epoch"])
+
+    def _share_restored(self, session: TrainSession, start: int) -> int:
+        """Under MPI: rank 0's restored state (θ, optimizer state, step, running statistics) on every rank,
+        so no other rank reads the run directory; returns the epoch the checkpoint ended."""
+        w = self.world
+        if w.size == 1:
+            return start
+        got = w.bcast((*session.read_all(), session.step, self.running, self.shadow_running, start) if w.is_root
+                      else None, "the restored checkpoint", slow=True)
+        params, state, step, self.running, self.shadow_running, start = got
+        if not w.is_root:
+            session.load(params, state, step)
+        return int(start)
 
     # ------------------------------------------------------------------ the loop
     def step(self, session: TrainSession, x: np.ndarray, y: np.ndarray, lr: float) -> float:
@@ -239,34 +264,63 @@ class Run:
                      decay_rate=c.decay_rate, steps_per_epoch=per_epoch, decay_epochs=c.decay_epochs)
 
     def train(self, resume: bool = False, cross_backend: bool = False) -> dict[str, Any]:
-        """The run, holding its directory's lock throughout (rundir.locked)."""
-        with rundir.locked(self.dir, self.ckpt_path):
-            return self._train(resume, cross_backend)
+        """The run, holding its directory's lock throughout (rundir.locked; rank 0's, the one writer)."""
+        w = self.world
+        if w.size > 1:  # every rank started alike, and writing where rank 0 says
+            w.agree("config or net", {"config": attrs.asdict(self.cfg), "net": self.spec.to_dict(), "resume": resume})
+            self.dir = w.bcast(self.dir, "the run directory")
+        # the init weights read and matched before anything is written (resume reads the run's own checkpoint)
+        init = finetune.read_init(self, self.log) if self.cfg.init and not resume else None
+        if not w.is_root:
+            out = self._train(resume, cross_backend, init)
+        else:
+            with rundir.locked(self.dir, self.ckpt_path):
+                out = self._train(resume, cross_backend, init)
+        w.finalize()
+        return out
 
-    def _train(self, resume: bool, cross_backend: bool) -> dict[str, Any]:
-        cfg = self.cfg
+    def _train(self, resume: bool, cross_backend: bool, init: finetune.Init | None = None) -> dict[str, Any]:
+        cfg, world = self.cfg, self.world
+        recorded = cfg.tuned
+        if world.size > 1 and not recorded:  # rank 0 times, every rank renders its choices
+            tuned = autotune.resolve(self.spec, cfg.batch // cfg.replicas, self.backend,
+                                     autotune=cfg.autotune) if world.is_root else None
+            recorded = world.bcast(tuned.records() if tuned is not None else (), "the tuned strategies", slow=True)
         tuning = autotune.resolve(self.spec, cfg.batch // cfg.replicas, self.backend, autotune=cfg.autotune,
-                                  recorded=cfg.tuned)
+                                  recorded=recorded)
         if tuning is not None:  # the config records that tuning was on and what it chose
             cfg = self.cfg = attrs.evolve(cfg, autotune=True, tuned=tuning.records())
         t0 = time.perf_counter()
         with autotune.rendering(tuning):
-            session = (TrainSession(self.spec, self.variant, cfg.batch, self.backend, seed=cfg.seed)
-                       if cfg.replicas == 1 else
-                       DataParallelTrainSession(self.spec, self.variant, cfg.batch, self.backend, seed=cfg.seed,
-                                                replicas=cfg.replicas, sync_bn=cfg.sync_bn))
-            evaluator = make_forward_session(self.spec, cfg.batch // cfg.replicas, self.backend, cfg.replicas)
+            session: TrainSession
+            if world.size > 1:
+                session = mpi.MpiTrainSession(self.spec, self.variant, cfg.batch, self.backend, world=world,
+                                              replicas=cfg.replicas, seed=cfg.seed)
+            elif cfg.replicas == 1:
+                session = TrainSession(self.spec, self.variant, cfg.batch, self.backend, seed=cfg.seed)
+            else:
+                session = DataParallelTrainSession(self.spec, self.variant, cfg.batch, self.backend, seed=cfg.seed,
+                                                   replicas=cfg.replicas, sync_bn=cfg.sync_bn)
+            evaluator: Any = make_forward_session(self.spec, cfg.batch // cfg.replicas, self.backend,
+                                                  cfg.replicas // world.size)
+            if world.size > 1:  # each rank scores its slice of the split, the logits gathered
+                evaluator = mpi.RankShardedForward(evaluator, world)
+        world.barrier("the compile", slow=True)
         compile_s = time.perf_counter() - t0
         start = 0
         if resume:
-            start = self.restore(session, cross_backend)
+            start = self.restore(session, cross_backend) if world.is_root else 0
+            start = self._share_restored(session, start)
             if start >= cfg.epochs:
-                raise HloforgeError(f"run {self.dir} already finished: its checkpoint is at epoch {start} of "
-                                    f"{cfg.epochs}; raise --epochs to train further")
-        elif os.path.exists(self.ckpt_path):
+                raise mpi.PeerError(f"run {self.dir} already finished: its checkpoint is at epoch {start} of "
+                                    f"{cfg.epochs}; raise --epochs to train further", quiet=not world.is_root)
+        elif world.is_root and os.path.exists(self.ckpt_path):
             raise HloforgeError(f"run directory {self.dir} already holds a checkpoint; pass --resume to continue it, "
                                 "or --tag/--run-dir for a new run")
-        ckpt.write_atomic(os.path.join(self.dir, "config.toml"), cfg.to_toml().encode(), "config")
+        if init is not None:
+            finetune.start_from(self, session, init)
+        if world.is_root:
+            ckpt.write_atomic(os.path.join(self.dir, "config.toml"), cfg.to_toml().encode(), "config")
         self.log(f"hloforge: {self.spec.name} ({self.spec.param_count():,} params) on {cfg.data} "
                  f"({self.feed.n} train / {len(self.y_te)} test) | backend {self.backend.backend_name()}")
         if self.lm and hasattr(self.data, "bigram_bits"):
@@ -275,15 +329,18 @@ class Run:
         dp = (f" over {cfg.replicas} replicas" + (" (sync BN)" if cfg.sync_bn else "")) if cfg.replicas > 1 else ""
         self.log(f"  {self.variant.slug}: lr {cfg.lr:g} {cfg.schedule}, batch {cfg.batch}{dp}, {cfg.epochs} epochs, "
                  f"run dir {self.dir} | compiled in {compile_s:.1f}s"
-                 + (f" | resumed after epoch {start}" if start else ""))
+                 + (f" | resumed after epoch {start}" if start else "")
+                 + (f" | from {init.path}" if init is not None else "")
+                 + (f" | frozen {list(self.variant.frozen)} ({len(self.frozen)} tensors)" if self.frozen else ""))
         if tuning is not None:
             self.log(f"  {tuning.summary()}")
         w = bn_weight(cfg.bn_momentum, self.variant.accum)
         metrics: dict[str, Any] = {}
-        if start:
+        if start and world.is_root:
             rundir.rewind_metrics(self.dir, session.step)
-        history = self._history() if start else []
-        mlog = open(os.path.join(self.dir, "metrics.jsonl"), "a" if start else "w", encoding="utf-8")
+        history = self._history() if start and world.is_root else []
+        mlog = (open(os.path.join(self.dir, "metrics.jsonl"), "a" if start else "w", encoding="utf-8") if world.is_root
+                else open(os.devnull, "w", encoding="utf-8"))
         try:
             for epoch in range(start + 1, cfg.epochs + 1):
                 t = time.perf_counter()
@@ -294,10 +351,11 @@ class Run:
                     step = session.step
                     lr = self.lr(step)
                     loss = self.step(session, xb, yb, lr)
-                    if not math.isfinite(loss):
-                        raise HloforgeError(
+                    if not math.isfinite(loss):  # the same loss on every rank: rank 0 says it
+                        raise mpi.PeerError(
                             f"loss is {loss} at step {step + 1} (epoch {epoch}, lr {lr:g}); stopped. The last good "
-                            f"checkpoint is {self.ckpt_path if os.path.exists(self.ckpt_path) else 'none'}")
+                            f"checkpoint is {self.ckpt_path if os.path.exists(self.ckpt_path) else 'none'}",
+                            quiet=not world.is_root)
                     if self.stat_names:
                         self.running = [r * (1.0 - w) + b * w for r, b in
                                         zip(self.running, session.batch_stats(), strict=True)]
@@ -334,14 +392,16 @@ class Run:
                 mlog.write(json.dumps(metrics) + "\n")
                 mlog.flush()
                 history.append(metrics)
-                if ev.correct is not None:
-                    rundir.save_npz(os.path.join(self.dir, BITMAP), correct=ev.correct,
-                                    set_id=self.meta(0, 0)["eval_set"], epoch=epoch)
-                self.save(session, epoch, host)
-                self.log(f"epoch {epoch}/{cfg.epochs}  loss {metrics['loss']:.4f}  {ev.line}{ema_line}  "
-                         f"{metrics['images_per_s']:.0f} img/s")
-                self._plot(history)
-                default_registry().pm.hook.hloforge_on_epoch_end(run=self, epoch=epoch, metrics=metrics)
+                if world.is_root:
+                    if ev.correct is not None:
+                        rundir.save_npz(os.path.join(self.dir, BITMAP), correct=ev.correct,
+                                        set_id=self.meta(0, 0)["eval_set"], epoch=epoch)
+                    self.save(session, epoch, host)
+                    self.log(f"epoch {epoch}/{cfg.epochs}  loss {metrics['loss']:.4f}  {ev.line}{ema_line}  "
+                             f"{metrics['images_per_s']:.0f} img/s")
+                    self._plot(history)
+                    default_registry().pm.hook.hloforge_on_epoch_end(run=self, epoch=epoch, metrics=metrics)
+                world.barrier(f"epoch {epoch}'s checkpoint", slow=True)  # the others wait out rank 0's writes here
         finally:
             mlog.close()
         metrics["wall_s"] = time.perf_counter() - t0
@@ -361,15 +421,17 @@ class Run:
         mlog.write(json.dumps(metrics) + "\n")
         mlog.flush()
         history.append(metrics)
-        self.save(session, epoch, host)
-        self.log(f"epoch {epoch}/{cfg.epochs}  loss {metrics['loss']:.4f} ({metrics['loss'] / math.log(2):.4f} "
-                 f"bits/char)  val {res.line()}  {metrics['tokens_per_s']:.0f} tok/s")
-        self._plot(history)
-        default_registry().pm.hook.hloforge_on_epoch_end(run=self, epoch=epoch, metrics=metrics)
+        if self.world.is_root:
+            self.save(session, epoch, host)
+            self.log(f"epoch {epoch}/{cfg.epochs}  loss {metrics['loss']:.4f} ({metrics['loss'] / math.log(2):.4f} "
+                     f"bits/char)  val {res.line()}  {metrics['tokens_per_s']:.0f} tok/s")
+            self._plot(history)
+            default_registry().pm.hook.hloforge_on_epoch_end(run=self, epoch=epoch, metrics=metrics)
+        self.world.barrier(f"epoch {epoch}'s checkpoint", slow=True)
         return metrics
 
     def _eval_buffers(self, session: TrainSession) -> list[Any]:
-        if isinstance(session, DataParallelTrainSession):  # each replica scores with its own copy
+        if isinstance(session, DataParallelTrainSession) and session.replicas > 1:  # each replica: its own copy
             return [[*theta, *(self.backend.to_device(s, device=r) for s in self.running)]
                     for r, theta in enumerate(session.replica_params())]
         return [*session.params, *(self.backend.to_device(r) for r in self.running)]
@@ -426,7 +488,10 @@ def check_matches(path: str, meta: dict[str, Any], spec: NetSpec, variant: Varia
     if meta.get("spec") != json.loads(json.dumps(spec.to_dict())):
         raise DataError(f"checkpoint {path} is of net {meta.get('spec', {}).get('name')!r}, not {spec.name!r} "
                         f"(its spec differs: {ckpt.first_difference(meta.get('spec'), spec.to_dict())})")
-    if meta.get("variant") != attrs.asdict(variant):
+    made = json.loads(json.dumps(attrs.asdict(variant)))  # as stored: tuples as lists
+    # a field newer than the checkpoint reads as its default
+    stored = {**json.loads(json.dumps(attrs.asdict(Variant()))), **meta.get("variant", {})}
+    if stored != made:
         raise DataError(f"checkpoint {path} was trained as variant {meta.get('variant')}, not {attrs.asdict(variant)}")
     if meta.get("backend") != backend and not allow_cross_backend:
         raise DataError(f"checkpoint {path} was trained on backend {meta.get('backend')!r}, not {backend!r}; "

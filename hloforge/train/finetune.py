@@ -1,0 +1,134 @@
+"""`hloforge train NET --init DIR_OR_FILE`: a new run that starts from other weights.
+
+The init is a run directory (`hloforge train`, `hloforge import-weights`, `Model.save`), a checkpoint
+file, an export directory (`hloforge export`: weights.safetensors and manifest.json) or a bare weights
+file of `param/…` and `stat/…` tensors. θ and the BatchNorm running statistics are taken, every tensor
+matched by name and shape; the optimizer state is not (it starts at step 0, as any new run's), nor an EMA
+shadow's (the shadow starts at the init's θ). When the run's class count differs from the init's, the
+head (the last layer with parameters) is re-initialised by the net's own rule at the run's seed, and
+the log says so. Anything else that does not fit is one line, read before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import numpy as np
+
+from hloforge.core.errors import DataError
+from hloforge.core.variant import covers
+from hloforge.train import checkpoint as ckpt
+from hloforge.train.config import CHECKPOINT
+
+if TYPE_CHECKING:
+    from hloforge.train.session import TrainSession
+
+Run = Any  # hloforge.train.trainer.Run, which imports this module
+
+EXPORT_WEIGHTS, EXPORT_MANIFEST = "weights.safetensors", "manifest.json"  # what `hloforge export` writes
+
+
+@attrs.frozen
+class Init:
+    """The weights a run starts from, in the run's parameter and statistics order."""
+
+    path: str
+    params: list[np.ndarray]
+    stats: list[np.ndarray]
+    reinit: tuple[str, ...]  # the head's tensors re-initialised (a new class count), else ()
+
+
+def _read(path: str) -> tuple[str, dict[str, np.ndarray], int | None]:
+    """(the file read, its tensors, the class count it was trained for, when it says)."""
+    if os.path.isdir(path):
+        if os.path.exists(os.path.join(path, CHECKPOINT)):
+            path = os.path.join(path, CHECKPOINT)
+        elif os.path.exists(os.path.join(path, EXPORT_WEIGHTS)):
+            path = os.path.join(path, EXPORT_WEIGHTS)
+        else:
+            raise DataError(f"--init {path}: a directory holding neither {CHECKPOINT} (a run) nor {EXPORT_WEIGHTS} "
+                            "(an export)")
+    if not os.path.isfile(path):
+        raise DataError(f"--init {path} does not exist")
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(path, "np") as f:
+            fmt = (f.metadata() or {}).get("format")
+    except (SafetensorError, OSError, ValueError) as e:
+        raise DataError(f"--init {path} is truncated or not a safetensors file ({e})") from None
+    if fmt == ckpt.FORMAT:
+        tensors, meta = ckpt.load_checkpoint(path)
+        return path, tensors, int(meta["spec"].get("num_classes", 0)) or None
+    from safetensors.numpy import load_file
+
+    tensors = dict(load_file(path))
+    manifest = os.path.join(os.path.dirname(path), EXPORT_MANIFEST)
+    with safe_open(path, "np") as f:  # a bare weights file (import-weights --out FILE.safetensors) says it
+        said = (f.metadata() or {}).get("classes", "")
+    classes = int(said) if said.isdigit() else None
+    if classes is None and os.path.exists(manifest):
+        try:
+            with open(manifest, encoding="utf-8") as f:
+                classes = int(json.load(f)["classes"])
+        except (OSError, ValueError, KeyError, TypeError):
+            raise DataError(f"--init {path}: its {manifest} does not read as an export manifest") from None
+    return path, tensors, classes
+
+
+def read_init(run: Run, log: Callable[[str], None] = print) -> Init:
+    """`run.cfg.init` read and matched against `run`'s net, or one DataError naming what does not fit."""
+    path, tensors, classes = _read(run.cfg.init)
+    spec = run.spec
+    params, stats = spec.params(), spec.stats()
+    head: list[str] = []
+    if classes is not None and classes != spec.num_classes and params:
+        layer = params[-1][0].split(".")[0]  # the last layer with parameters
+        head = [f"{g}/{n}" for g, slots in ((ckpt.PARAMS, params), (ckpt.STATS, stats))
+                for n, _ in slots if covers(layer, n)]
+    want = {f"{g}/{n}": s.shape for g, slots in ((ckpt.PARAMS, params), (ckpt.STATS, stats)) for n, s in slots}
+    # θ and the running statistics are taken; optimizer state and an EMA shadow's statistics are not
+    have = {n: a for n, a in tensors.items()
+            if n.startswith(f"{ckpt.PARAMS}/") or (n.startswith(f"{ckpt.STATS}/")
+                                                    and not n.startswith(f"{ckpt.SHADOW_STATS}/"))}
+    problems = [f"lacks {n} {list(s)}" for n, s in want.items() if n not in have and n not in head]
+    problems += [f"holds {n} {list(np.shape(have[n]))} that the net does not have" for n in have if n not in want]
+    for n, s in want.items():
+        if n in have and n not in head:
+            a = have[n]
+            if a.dtype != np.float32 or tuple(a.shape) != tuple(s):
+                hint = (f" (a head of {classes} classes? pass --classes to re-initialise it)"
+                        if classes is None and n.split("/", 1)[1].split(".")[0] == params[-1][0].split(".")[0]
+                        else "")
+                problems.append(f"{n} is {a.dtype} {list(a.shape)}, expected float32 {list(s)}{hint}")
+            elif not np.isfinite(a).all():
+                problems.append(f"{n} holds a NaN or an infinity")
+    if problems:
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise DataError(f"--init {path} does not fit net {spec.name!r}: {'; '.join(problems[:3])}{more}")
+    fresh = spec.init_params(run.cfg.seed) if head else []
+    fresh_stats = [s.initial() for _, s in stats]
+    p = [fresh[i] if f"{ckpt.PARAMS}/{n}" in head else have[f"{ckpt.PARAMS}/{n}"] for i, (n, _) in enumerate(params)]
+    st = [fresh_stats[i] if f"{ckpt.STATS}/{n}" in head else have[f"{ckpt.STATS}/{n}"]
+          for i, (n, _) in enumerate(stats)]
+    if head:
+        names = [h.split("/", 1)[1] for h in head]
+        log(f"  init {path}: {classes} classes there, {spec.num_classes} here: head {names} re-initialised"
+            f" (the net's own init, seed {run.cfg.seed})")
+    return Init(path, [np.array(a, np.float32) for a in p], [np.array(a, np.float32) for a in st], tuple(head))
+
+
+def start_from(run: Run, session: TrainSession, init: Init) -> None:
+    """Put `init` into a new run before its first step: θ (frozen ones too), fresh optimizer state (the
+    layout's own init from these θ: an EMA shadow starts at them), step 0, the running statistics."""
+    lay = session.layout
+    trained = lay.trained
+    state: list[Any] = run.state_layout.initial(session.optimizer, [lay.params[i][1] for i in trained],
+                                                [init.params[i] for i in trained])
+    session.load(init.params, state, 0)
+    run.running = [s.copy() for s in init.stats]
+    run.shadow_running = [s.copy() for s in init.stats] if run.state_layout.shadows else []

@@ -1,0 +1,448 @@
+"""Training across processes on MPI: the world a launcher started, and the data-parallel session over it.
+
+`mpirun -np P hloforge train ...` (or `srun`) starts P copies of the run. `world()` finds them from the
+launcher's environment (`PMI_SIZE` from MPICH's hydra and Intel MPI, `OMPI_COMM_WORLD_SIZE` from Open MPI,
+`SLURM_STEP_NUM_TASKS` from srun; `HLOFORGE_MPI=1` asks for MPI outright) and imports mpi4py only then:
+a plain run needs no MPI installed, and a multi-process launch without it is one line naming the extra.
+
+`MpiTrainSession` is the data-parallel step with the reduction taken out of the graph. Each rank takes
+its rows of the GLOBAL batch (every rank draws the same global batch, masks and augmentation: the same
+function of the seed at any P), runs the gradient half (`gradient_step_module`: forward, loss, backward;
+over its own local devices with the in-graph mean, as `DataParallelTrainSession`), averages ∂θ and the
+loss across ranks with ONE in-place MPI all-reduce of a flat float32 host buffer (a few calls for a net
+past `BUCKET_BYTES`), then runs the update half (`optimizer_step_module` with the variant's wrappers:
+clipping sees the averaged gradient, as in the fused data-parallel step). The update runs on identical
+inputs on every rank, so θ and the optimizer state stay identical, bit for bit. Rank 0's batch
+statistics ride in the same buffer (the others add zeros), so every rank tracks the running statistics
+the one-process run reads from its replica 0. The mean is the sum ÷ P in float32, as `replica_mean`
+computes it: at one device per rank the step is the `--replicas P` step.
+
+Every wait on the others is watched (`HLOFORGE_MPI_TIMEOUT`, default 30 s): a rank that dies or hangs
+makes the others stop with one line naming it, never a silent hang.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import signal
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+
+from hloforge.core.errors import BackendError, DataError, HloforgeError, UnsupportedSpec
+from hloforge.core.modules import TrainStepLayout, gradient_step_module, optimizer_step_module
+from hloforge.core.registry import Registry
+from hloforge.core.spec import NetSpec
+from hloforge.core.strategy import target_of
+from hloforge.core.variant import Variant
+from hloforge.train.parallel import DataParallelTrainSession, require_replicas, split_batch
+from hloforge.train.session import ForwardSession, TrainSession
+
+FORCE_ENV = "HLOFORGE_MPI"  # "1": use MPI even where no launcher variable says so
+TIMEOUT_ENV = "HLOFORGE_MPI_TIMEOUT"  # seconds a rank waits for the others at a step before naming the missing
+DEFAULT_TIMEOUT_S = 30.0
+# Waits that follow work one rank does alone (compiling, rank 0's checkpoint and plots) get this many timeouts.
+SLOW_PHASE_FACTOR = 20
+SIZE_ENVS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS")
+RANK_ENVS = {"PMI_SIZE": "PMI_RANK", "OMPI_COMM_WORLD_SIZE": "OMPI_COMM_WORLD_RANK",
+             "SLURM_STEP_NUM_TASKS": "SLURM_PROCID"}
+BUCKET_BYTES = 64 << 20  # the all-reduce in calls of at most this much: one call for any net below it
+INSTALL = "pip install 'hloforge[mpi]' (mpi4py and the mpich wheels)"
+
+
+class PeerError(HloforgeError):
+    """A refusal every rank reaches together: printed by the reporting rank alone (`quiet` on the others)."""
+
+    def __init__(self, message: str, quiet: bool = False):
+        super().__init__(message)
+        self.quiet = quiet
+
+
+def shared(err: HloforgeError, w: World) -> HloforgeError:
+    """`err` as a refusal every rank raises alike: printed by rank 0 alone."""
+    err.quiet = not w.is_root  # type: ignore[attr-defined]
+    return err
+
+
+def launched(environ: Any = None) -> tuple[int, int, str]:
+    """(rank, size, the variable that said so) from a launcher's environment; (0, 1, "") for a plain run."""
+    env = os.environ if environ is None else environ
+    for var in SIZE_ENVS:
+        raw = env.get(var, "")
+        if raw.strip().isdigit() and int(raw) > 1:
+            rank = env.get(RANK_ENVS[var], "0")
+            return int(rank) if rank.strip().isdigit() else 0, int(raw), var
+    return 0, 1, ""
+
+
+@attrs.define
+class World:
+    """The processes of one run: `rank` of `size`; `comm` is mpi4py's COMM_WORLD (None alone)."""
+
+    rank: int = 0
+    size: int = 1
+    comm: Any = None
+    timeout: float = DEFAULT_TIMEOUT_S
+    step: int = 0  # the step the last wait belonged to (named when a peer goes missing)
+    allreduce_calls: int = 0  # MPI all-reduce calls so far (one per step below BUCKET_BYTES)
+    _mpi: Any = None
+    _diag: Any = None  # a communicator of its own for the missing-rank round
+
+    @property
+    def is_root(self) -> bool:
+        return self.rank == 0
+
+    # -- waits ------------------------------------------------------------------------
+
+    def wait(self, request: Any, what: str, slow: bool = False) -> None:
+        """Complete a non-blocking collective, or stop with one line naming the rank(s) that never came:
+        after `timeout` seconds (× SLOW_PHASE_FACTOR after a phase one rank runs alone), or at once when
+        the launcher signals that a process died (SIGUSR1, hydra's notice under -disable-auto-cleanup)."""
+        deadline = time.monotonic() + self.timeout * (SLOW_PHASE_FACTOR if slow else 1)
+        spins, pause = 0, 2e-5
+        while True:
+            try:
+                if request.Test():
+                    return
+            except self._mpi.Exception:  # a transport error: a peer is gone
+                break
+            if _PEER_DIED or time.monotonic() > deadline:
+                break
+            spins += 1
+            if spins > 200:  # a short spin for a fast step, then sleeps that leave the core to the others
+                time.sleep(pause)
+                pause = min(pause * 2, 2e-3)
+        self.lost(what)
+
+    def lost(self, what: str) -> None:
+        """Find which ranks are still here (a short round on a communicator of its own) and raise: the
+        lowest rank still here reports, the others stop quietly."""
+        grace = 1.0 if _PEER_DIED else min(5.0, max(1.0, self.timeout / 6))  # the launcher said one died
+        peers = [r for r in range(self.size) if r != self.rank]
+        heard = np.zeros(self.size, np.int32)
+        mine = np.array([1], np.int32)
+        reqs: list[tuple[int, Any]] = []
+        try:
+            for p in peers:
+                self._diag.Isend(mine, dest=p, tag=7)
+                reqs.append((p, self._diag.Irecv(heard[p:p + 1], source=p, tag=7)))
+        except self._mpi.Exception:
+            pass
+        end = time.monotonic() + grace
+        alive = {self.rank}
+        while time.monotonic() < end and len(alive) < self.size:
+            for p, r in reqs:
+                try:
+                    if p not in alive and r.Test():
+                        alive.add(p)
+                except self._mpi.Exception:
+                    pass
+            time.sleep(0.01)
+        missing = [r for r in range(self.size) if r not in alive] or peers
+        who = f"rank {missing[0]}" if len(missing) == 1 else f"ranks {', '.join(map(str, missing))}"
+        why = "died" if _PEER_DIED else f"did not arrive within {self.timeout:g} s ({TIMEOUT_ENV})"
+        raise PeerError(f"{who} of {self.size} {why} at {what} (step {self.step}); the other ranks stopped",
+                        quiet=self.rank != min(alive))
+
+    # -- collectives ------------------------------------------------------------------
+
+    def allreduce_sum(self, buf: np.ndarray, what: str) -> None:
+        """`buf` (flat, contiguous) summed over the ranks in place, in calls of at most BUCKET_BYTES."""
+        if self.size == 1:
+            return
+        per = max(1, BUCKET_BYTES // buf.itemsize)
+        for i in range(0, len(buf), per):
+            self.allreduce_calls += 1
+            self.wait(self.comm.Iallreduce(self._mpi.IN_PLACE, buf[i:i + per], op=self._mpi.SUM), what)
+
+    def allgather_rows(self, part: np.ndarray, counts: Sequence[int], what: str) -> np.ndarray:
+        """Each rank's rows (rank r holds counts[r]) joined in rank order, on every rank."""
+        part = np.ascontiguousarray(part, np.float32)
+        row = math.prod(part.shape[1:])
+        out = np.empty((sum(counts), *part.shape[1:]), np.float32)
+        sizes = [c * row for c in counts]
+        offsets = np.cumsum([0, *sizes[:-1]]).tolist()
+        self.wait(self.comm.Iallgatherv(part, [out, sizes, offsets, self._mpi.FLOAT]), what)
+        return out
+
+    def barrier(self, what: str, slow: bool = False) -> None:
+        if self.size > 1:
+            self.wait(self.comm.Ibarrier(), what, slow=slow)
+
+    def bcast(self, obj: Any, what: str, slow: bool = False) -> Any:
+        """Rank 0's `obj` on every rank (pickled; once a run, not per step)."""
+        if self.size == 1:
+            return obj
+        blob = np.frombuffer(_pickle(obj), np.uint8) if self.is_root else np.zeros(0, np.uint8)
+        n = np.array([len(blob)], np.int64)
+        self.wait(self.comm.Ibcast(n, root=0), what, slow=slow)
+        buf = blob.copy() if self.is_root else np.empty(int(n[0]), np.uint8)
+        self.wait(self.comm.Ibcast(buf, root=0), what)
+        return obj if self.is_root else _unpickle(buf.tobytes())
+
+    def gather(self, obj: Any, what: str) -> list[Any] | None:
+        """Every rank's `obj` on rank 0 (in rank order), None elsewhere: small things, once."""
+        blob = np.frombuffer(_pickle(obj), np.uint8)
+        sizes = np.zeros(self.size, np.int64)
+        self.wait(self.comm.Iallgather(np.array([len(blob)], np.int64), sizes), what)
+        out = np.empty(int(sizes.sum()), np.uint8) if self.is_root else None
+        offsets = np.cumsum([0, *sizes[:-1]]).tolist()
+        self.wait(self.comm.Igatherv(blob, [out, sizes.tolist(), offsets, self._mpi.BYTE] if self.is_root else None,
+                                     root=0), what)
+        if not self.is_root:
+            return None
+        assert out is not None
+        return [_unpickle(out[o:o + s].tobytes()) for o, s in zip(offsets, sizes.tolist(), strict=True)]
+
+    def agree(self, what: str, value: Any) -> None:
+        """Refuse, on every rank at once, a run whose ranks were started differently: `value` (JSON-able:
+        the config and the net) compared through the engine; rank 0 names the first rank that differs and
+        how."""
+        if self.size == 1:
+            return
+        text = json.dumps(value, sort_keys=True, default=str)
+        digest = np.frombuffer(hashlib.sha256(text.encode()).digest(), np.uint8)
+        every = np.zeros((self.size, len(digest)), np.uint8)
+        self.wait(self.comm.Iallgather(digest, every), f"the start ({what} compared)", slow=True)
+        if (every == every[0]).all():
+            return
+        values = self.gather(value, what)
+        if values is None:
+            raise PeerError("", quiet=True)
+        from hloforge.train.checkpoint import first_difference
+
+        odd = next(r for r in range(self.size) if not (every[r] == every[0]).all())
+        theirs = json.loads(json.dumps(values[odd], sort_keys=True, default=str))
+        ours = json.loads(text)
+        raise PeerError(f"rank {odd} of {self.size} was started with another {what} than rank 0 "
+                        f"({first_difference(theirs, ours)}); start every rank with the same command")
+
+    def finalize(self) -> None:
+        """The end of a run that every rank finished: MPI shuts down in order when the process exits (a
+        failed rank never gets here, so a survivor never waits in MPI_Finalize for a peer that is gone;
+        another run in the same process still has MPI)."""
+        global _FINALIZE_AT_EXIT
+        if self.size > 1 and self._mpi is not None:
+            self.barrier("the end of the run", slow=True)
+            if not _FINALIZE_AT_EXIT:
+                import atexit
+
+                atexit.register(lambda: None if self._mpi.Is_finalized() else self._mpi.Finalize())
+                _FINALIZE_AT_EXIT = True
+
+
+def _pickle(obj: Any) -> bytes:
+    import pickle
+
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _unpickle(b: bytes) -> Any:
+    import pickle
+
+    return pickle.loads(b)  # from rank 0 of this same job, never from a file
+
+
+_PEER_DIED = False
+_WORLD: World | None = None
+_FINALIZE_AT_EXIT = False
+
+
+def _on_peer_death(signum: int, frame: Any) -> None:
+    global _PEER_DIED
+    _PEER_DIED = True
+
+
+def world(environ: Any = None) -> World:
+    """The processes this one was launched with (detected once, lazily). One process: World(0, 1)."""
+    global _WORLD
+    if _WORLD is not None and environ is None:
+        return _WORLD
+    env = os.environ if environ is None else environ
+    rank, size, var = launched(env)
+    forced = env.get(FORCE_ENV, "") not in ("", "0")
+    if size == 1 and not forced:
+        w = World()
+    else:
+        try:
+            import mpi4py
+
+            mpi4py.rc.finalize = False  # World.finalize does it on success; a failed rank must not wait in it
+            from mpi4py import MPI
+        except ImportError:
+            asked = f"{var}={size}: one of {size} processes an MPI launcher started" if var else f"{FORCE_ENV}=1"
+            raise BackendError(f"training across processes needs mpi4py ({asked}); {INSTALL}") from None
+        comm = MPI.COMM_WORLD
+        raw = env.get(TIMEOUT_ENV, "")
+        try:
+            timeout = float(raw) if raw else DEFAULT_TIMEOUT_S
+        except ValueError:
+            timeout = -1.0
+        if not timeout > 0 or not math.isfinite(timeout):
+            raise UnsupportedSpec(f"{TIMEOUT_ENV}={raw!r}: expected a positive number of seconds")
+        if var and comm.Get_size() != size:  # e.g. srun without its MPI plugin: P lone copies of one run
+            raise BackendError(f"the launcher started {size} processes ({var}={size}) but MPI sees "
+                               f"{comm.Get_size()}: this MPI is not the launcher's (with srun: --mpi=pmi2 or "
+                               "--mpi=pmix, as the MPI library was built)")
+        w = World(comm.Get_rank(), comm.Get_size(), comm, timeout, mpi=MPI, diag=comm.Dup())
+        if w.size > 1 and signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None):
+            signal.signal(signal.SIGUSR1, _on_peer_death)
+    if environ is None:
+        _WORLD = w
+    return w
+
+
+# -- the run's pieces over the world -----------------------------------------------------------
+
+
+def global_replicas(replicas: int, sync_bn: bool, w: World) -> int:
+    """The run's replica count over P processes: at least P (the default 1 becomes P), a multiple of P.
+    `--sync-bn` pools statistics inside the graph, over one process's devices: refused across processes."""
+    if w.size == 1:
+        return replicas
+    if sync_bn:
+        raise shared(UnsupportedSpec(f"--sync-bn pools BN statistics inside the step, over one process's devices; "
+                                     f"across {w.size} MPI processes it is not built: drop --sync-bn (each replica's "
+                                     "own statistics), or run the replicas in one process (--replicas N --devices N)"),
+                     w)
+    total = max(replicas, w.size)
+    if total % w.size:
+        raise shared(UnsupportedSpec(f"--replicas {replicas} does not split over {w.size} MPI processes; give a "
+                                     f"multiple of {w.size} (the default: one replica per process)"), w)
+    return total
+
+
+class MpiTrainSession(DataParallelTrainSession):
+    """The data-parallel step over `world` (module doc): `replicas` is the run's total; this process runs
+    replicas ÷ P of them on its own devices (`self.replicas`, as `DataParallelTrainSession` counts them).
+    `train_step` takes the GLOBAL batch, as the one-process session does."""
+
+    def __init__(self, spec: NetSpec, variant: Variant, batch: int, backend: Any, *, world: World, replicas: int,
+                 seed: int = 0, params: Sequence[np.ndarray] | None = None, registry: Registry | None = None,
+                 resident: bool | None = None):
+        if replicas % world.size:
+            raise UnsupportedSpec(f"{replicas} replicas do not split over {world.size} processes")
+        if batch % replicas:
+            raise DataError(f"the global batch {batch} does not split evenly over {replicas} replicas")
+        self.world, self.total_replicas = world, replicas
+        self.replicas = replicas // world.size
+        if self.replicas > 1:
+            require_replicas(backend, self.replicas, "a data-parallel train step")
+        self.local_batch, self.sync_bn = batch // replicas, False
+        self._replicas: list[list[Any]] = []
+        TrainSession.__init__(self, spec, variant, batch, backend, seed=seed, params=params, registry=registry,
+                              resident=resident)
+        lay = self.layout
+        sizes = [math.prod(s.shape) for _, s in lay.params]
+        stat_sizes = [math.prod(s.shape) for _, s in lay.stats]
+        # [∂θ… | loss | batch stats…]: one buffer, one all-reduce; the views below are its pieces, stored
+        # as the gradient half returns them and the update half takes them.
+        self._flat = np.zeros(sum(sizes) + 1 + sum(stat_sizes), np.float32)
+        self._grad_end = sum(sizes)
+        self._grad_views: list[np.ndarray] = []
+        off = 0
+        for s in sizes:
+            self._grad_views.append(self._flat[off:off + s])
+            off += s
+        self._stat_views: list[np.ndarray] = []
+        off += 1
+        for s in stat_sizes:
+            self._stat_views.append(self._flat[off:off + s])
+            off += s
+        self.comm_s = 0.0  # seconds spent in the all-reduce (what a benchmark reads)
+
+    def _compile_step(self, registry: Registry) -> tuple[Any, TrainStepLayout]:
+        target = target_of(self.backend)
+        text, layout = gradient_step_module(self.spec, self.variant, self.local_batch, registry=registry,
+                                            replicas=self.replicas, target=target)
+        update = optimizer_step_module([s for _, s in layout.params], self.optimizer, wrappers=self.variant.wrappers,
+                                       storage=layout.storage, target=target,
+                                       name=f"{self.spec.ident}_{self.variant.slug}_update_step")
+        self.update_exe = self._compile(update)
+        return self._compile(text), layout
+
+    def _compile(self, text: str) -> Any:
+        return self.backend.compile(text, num_replicas=self.replicas) if self.replicas > 1 else \
+            self.backend.compile(text)
+
+    def _run(self, exe: Any, per_replica: list[list[Any]], keep: Sequence[int] = ()) -> list[list[Any]]:
+        if self.replicas > 1:
+            return self.backend.execute_replicated(exe, per_replica, keep=keep)
+        return [self.backend.execute(exe, per_replica[0], keep=keep)]
+
+    def _theta_on(self, r: int) -> list[Any]:
+        """The carried state (θ, optimizer state) on local replica r's device."""
+        return self._replicas[r] if self.resident else [self.backend.to_device(a, device=r) for a in self._carried]
+
+    def train_step(self, x: np.ndarray, y: np.ndarray, lr: float,
+                   masks: Sequence[np.ndarray] | None = None) -> float:
+        """One step on the global batch over every rank; returns the loss averaged over all replicas."""
+        lay, be, w = self.layout, self.backend, self.world
+        want_x, want_y = (self.batch, *lay.x_shape[1:]), (self.batch, *lay.y_shape[1:])
+        x, y = self.checked_batch(x, y, want_x, want_y,
+                                  f" (the global batch: {self.total_replicas} replicas × {self.local_batch})")
+        masks = self._advance(masks)
+        sched, *rows = self._step_host(x, y, lr, masks)
+        n, per = lay.n_params, self.replicas * self.local_batch
+        mine = [split_batch(a[w.rank * per:(w.rank + 1) * per], self.replicas) for a in rows]
+        # The gradient half: θ kept (the update half takes it next), this rank's rows per local replica.
+        args = [[*self._theta_on(r)[:n], *(be.to_device(np.ascontiguousarray(p[r]), borrow=True, device=r)
+                                           for p in mine)] for r in range(self.replicas)]
+        outs = self._run(self.exe, args, keep=range(n))[0]
+        del args
+        for view, buf in zip(self._grad_views, outs[:n], strict=True):
+            view[:] = be.to_host(buf).ravel()
+        self._flat[self._grad_end] = be.to_host(outs[n])
+        for view, buf in zip(self._stat_views, outs[n + 1:], strict=True):
+            view[:] = be.to_host(buf).ravel() if w.is_root else 0.0  # rank 0's statistics, on every rank
+        w.step = self.step
+        t = time.perf_counter()
+        w.allreduce_sum(self._flat, "the gradient all-reduce")
+        self.comm_s += time.perf_counter() - t
+        self._flat[:self._grad_end + 1] /= np.float32(w.size)  # the mean, as replica_mean divides (float32)
+        grads = [v.reshape(shape) for v, shape in zip(self._grad_views, self._stored_shapes(), strict=True)]
+        # The update half, on identical inputs on every rank and replica: identical θ' and state'.
+        args = [[*self._theta_on(r), *(be.to_device(g, borrow=True, device=r) for g in grads),
+                 be.to_device(sched, device=r)] for r in range(self.replicas)]
+        new = self._run(self.update_exe, args)
+        del args, grads
+        if self.resident:
+            self._replicas = [o[:lay.n_carried] for o in new]
+            self._carried = self._replicas[0]
+        else:
+            self._carried = [be.to_host(b) for b in new[0][:lay.n_carried]]
+        self._batch_stats = [v.reshape(s.shape).copy() for v, (_, s) in zip(self._stat_views, lay.stats, strict=True)]
+        return float(self._flat[self._grad_end])
+
+    def _stored_shapes(self) -> list[tuple[int, ...]]:
+        from hloforge.core.modules import stored_shape
+
+        return [stored_shape(s.shape, q) for (_, s), q in zip(self.layout.params, self.layout.storage, strict=True)]
+
+
+class RankShardedForward:
+    """An eval session's `logits` spread over the ranks: each scores a contiguous slice of the rows
+    with `inner` (its own devices as `inner` does), and the logits are gathered in row order on every
+    rank, so every task scores the whole split exactly as one process does."""
+
+    def __init__(self, inner: ForwardSession, world: World):
+        self.inner, self.world = inner, world
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def logits(self, x: np.ndarray, params: Sequence[Any], gen: Any = None) -> np.ndarray:
+        w, n = self.world, len(x)
+        counts = [n // w.size + (1 if r < n % w.size else 0) for r in range(w.size)]
+        lo = sum(counts[:w.rank])
+        if counts[w.rank]:
+            part = self.inner.logits(x[lo:lo + counts[w.rank]], params, gen)
+        else:  # fewer rows than ranks: this one scores none, but says the row shape
+            part = np.zeros((0, *self.inner.spec.walk()[-1].out_shape), np.float32)
+        return w.allgather_rows(part, counts, "the evaluation gather")

@@ -1,0 +1,381 @@
+"""Training across processes on MPI (hloforge.train.mpi), with real processes: MPICH's `mpiexec -n 2 -iface lo`
+(loopback only). The MPI tests skip when mpi4py or MPICH's mpiexec is absent (`pip install 'hloforge[mpi]'`).
+
+The children are this file: `python tests/test_mpi.py session OUT` (a data-parallel session for 20 steps,
+every rank's θ and losses to OUT) and the `hloforge` command itself.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hloforge.core.errors import BackendError, UnsupportedSpec
+from hloforge.core.spec import NetSpec
+from hloforge.core.variant import Variant
+from hloforge.plugins.layers.dense import Dense, Flatten
+from hloforge.plugins.layers.dropout import Dropout
+from hloforge.plugins.layers.norm import ConvBn
+from hloforge.train import mpi
+from hloforge.train.parallel import DataParallelTrainSession
+from hloforge.train.session import TrainSession, make_backend
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS, BATCH = 20, 8
+VARIANT = Variant("adam", clip=1.0)  # clipping: it must see the averaged gradient, as the fused DP step's does
+
+
+def tiny_net() -> NetSpec:
+    """Conv + BN (per-replica statistics), dropout (per-example masks), dense."""
+    return NetSpec("mpi-tiny", (1, 6, 6), [ConvBn(3), Flatten(), Dropout(0.3), Dense(5)], 5)
+
+
+def batches(spec: NetSpec, n: int = STEPS) -> list[tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(7)
+    return [(rng.standard_normal((BATCH, *spec.input_shape)).astype(np.float32),
+             rng.integers(0, spec.num_classes, BATCH).astype(np.int32)) for _ in range(n)]
+
+
+def rel(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def drive(session: TrainSession, spec: NetSpec) -> dict[str, np.ndarray]:
+    """STEPS steps at lr 0.05; θ, the optimizer state, the losses and the last batch statistics."""
+    losses = [session.train_step(x, y, 0.05) for x, y in batches(spec)]
+    out = {f"p{i}": p for i, p in enumerate(session.read_params())}
+    out |= {f"s{i}": s for i, s in enumerate(session.read_state())}
+    out |= {f"b{i}": s for i, s in enumerate(session.batch_stats())}
+    out["loss"] = np.array(losses, np.float32)
+    return out
+
+
+# ------------------------------------------------------------------ the child
+
+
+def session_child(out: str) -> None:
+    """Under mpiexec: MpiTrainSession over the world, its all-reduce in one call a step, then again in
+    64-byte buckets; alone: the one-process 2-replica session."""
+    w = mpi.world()
+    spec = tiny_net()
+    if w.size == 1:
+        s = DataParallelTrainSession(spec, VARIANT, BATCH, make_backend("xla", devices=2), replicas=2, seed=1)
+        np.savez(os.path.join(out, "alone.npz"), **drive(s, spec))
+        return
+    be = make_backend("xla")
+    for name, bucket in (("one", mpi.BUCKET_BYTES), ("bucketed", 64)):
+        mpi.BUCKET_BYTES, w.allreduce_calls = bucket, 0
+        m = mpi.MpiTrainSession(spec, VARIANT, BATCH, be, world=w, replicas=2, seed=1)
+        res = drive(m, spec)
+        res["calls"] = np.array([w.allreduce_calls, m._flat.nbytes])
+        np.savez(os.path.join(out, f"{name}{w.rank}.npz"), **res)
+    w.finalize()
+
+
+# ------------------------------------------------------------------ one process: the split step's halves
+
+
+def test_launched_reads_each_launchers_variables():
+    assert mpi.launched({}) == (0, 1, "")
+    assert mpi.launched({"PMI_SIZE": "1", "PMI_RANK": "0"}) == (0, 1, "")
+    assert mpi.launched({"PMI_SIZE": "4", "PMI_RANK": "2"}) == (2, 4, "PMI_SIZE")
+    assert mpi.launched({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1"}) == (1, 2, "OMPI_COMM_WORLD_SIZE")
+    assert mpi.launched({"SLURM_STEP_NUM_TASKS": "3", "SLURM_PROCID": "1"}) == (1, 3, "SLURM_STEP_NUM_TASKS")
+    assert mpi.launched({"SLURM_NTASKS": "8"}) == (0, 1, "")  # an sbatch script's own shell is one process
+
+
+def test_a_multi_process_launch_without_mpi4py_is_one_line_naming_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "mpi4py", None)  # import mpi4py now raises ImportError
+    with pytest.raises(BackendError, match=r"needs mpi4py \(PMI_SIZE=2.*pip install 'hloforge\[mpi\]'"):
+        mpi.world({"PMI_SIZE": "2", "PMI_RANK": "1"})
+    assert mpi.world({}).size == 1  # a plain run never imports it
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None, reason="mpi4py is not installed")
+def test_a_launch_whose_mpi_sees_one_process_is_refused(tmp_path):
+    """srun without its MPI plugin: the launcher says 2, MPI (a singleton) says 1."""
+    code = "from hloforge.train import mpi; mpi.world()"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=env(SLURM_STEP_NUM_TASKS="2", SLURM_PROCID="1"))
+    assert r.returncode != 0
+    assert "the launcher started 2 processes (SLURM_STEP_NUM_TASKS=2) but MPI sees 1" in r.stderr
+
+
+def test_sync_bn_and_an_uneven_replica_count_are_refused_across_processes():
+    two = mpi.World(0, 2)
+    assert mpi.global_replicas(1, False, two) == 2 and mpi.global_replicas(4, False, two) == 4
+    with pytest.raises(UnsupportedSpec, match="--sync-bn .* across 2 MPI processes it is not built"):
+        mpi.global_replicas(2, True, two)
+    with pytest.raises(UnsupportedSpec, match="--replicas 3 does not split over 2 MPI processes"):
+        mpi.global_replicas(3, False, two)
+
+
+@pytest.mark.parametrize("variant", [Variant("sgd"), VARIANT, Variant("adam", accum=2, ema=0.9)],
+                         ids=["sgd", "adam-clip", "adam-accum-ema"])
+def test_split_step_is_the_fused_step(variant):
+    """The gradient half then the update half (one process, no all-reduce) against the fused train step."""
+    spec = tiny_net()
+    be = make_backend("xla")
+    fused = drive(TrainSession(spec, variant, BATCH, be, seed=1), spec)
+    split = drive(mpi.MpiTrainSession(spec, variant, BATCH, be, world=mpi.World(), replicas=1, seed=1), spec)
+    assert fused.keys() == split.keys()
+    for k in fused:
+        assert rel(split[k], fused[k]) <= 1e-6, k
+
+
+def test_gradient_half_is_jax_grad_of_the_loss():
+    """The gradient half's ∂θ (before any all-reduce) against jax autodiff of the layers' references."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    import optax
+
+    from hloforge.core.modules import gradient_step_module
+
+    spec = NetSpec("mpi-dense", (6,), [Dense(4, act="relu"), Dense(3)], 3)
+    text, lay = gradient_step_module(spec, Variant("sgd"), BATCH)
+    exe = make_backend("xla").compile(text)
+    rng = np.random.default_rng(3)
+    params = spec.init_params(2)
+    x = rng.standard_normal((BATCH, 6)).astype(np.float32)
+    y = rng.integers(0, 3, BATCH).astype(np.int32)
+    be = make_backend("xla")
+    outs = [be.to_host(o) for o in be.execute(exe, [be.to_device(a) for a in [*params, x, y]])]
+    walk = spec.walk()
+
+    def loss(ps):
+        h, it = x, iter(ps)
+        for ls in walk:
+            h = ls.layer.reference({s.name: next(it) for s in ls.slots}, h, None)
+        return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(h, y))
+
+    want_loss, want = jax.value_and_grad(loss)([jnp.asarray(p) for p in params])
+    assert rel(outs[lay.n_params], np.asarray(want_loss)) <= 1e-6
+    for got, ref in zip(outs[:lay.n_params], want, strict=True):
+        assert rel(got, np.asarray(ref)) <= 1e-5
+
+
+@pytest.mark.parametrize("resident", [True, False], ids=["resident", "copying"])
+def test_local_replicas_under_a_one_process_world_are_the_data_parallel_session(resident):
+    """replicas > 1 per process: the gradient half's in-graph mean over the local devices."""
+    spec = tiny_net()
+    be = make_backend("xla", devices=2)
+    dp = drive(DataParallelTrainSession(spec, VARIANT, BATCH, be, replicas=2, seed=1), spec)
+    split = drive(mpi.MpiTrainSession(spec, VARIANT, BATCH, be, world=mpi.World(), replicas=2, seed=1,
+                                      resident=resident), spec)
+    for k in dp:
+        assert rel(split[k], dp[k]) <= 1e-6, k
+
+
+# ------------------------------------------------------------------ real processes under MPICH
+
+MPIEXEC = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
+
+
+def _mpich() -> str:
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return "mpi4py is not installed (pip install 'hloforge[mpi]')"
+    if MPIEXEC is None:
+        return "no mpiexec (pip install mpich)"
+    info = subprocess.run([MPIEXEC, "--version"], capture_output=True, text=True).stdout
+    return "" if "HYDRA" in info else f"{MPIEXEC} is not MPICH's hydra (these tests take -iface lo)"
+
+
+needs_mpi = pytest.mark.skipif(bool(_mpich()), reason=_mpich() or "MPICH present")
+
+
+def env(**extra: str) -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "SLURM_"))}
+    e["PYTHONPATH"] = os.pathsep.join([str(ROOT), e.get("PYTHONPATH", "")])
+    return {**e, **extra}
+
+
+def launch(n: int, *args: str, flags: tuple[str, ...] = (), **kw) -> subprocess.CompletedProcess:
+    assert MPIEXEC is not None
+    return subprocess.run([MPIEXEC, "-n", str(n), "-iface", "lo", *flags, *args], capture_output=True, text=True,
+                          env=env(), timeout=300, **kw)
+
+
+HLOFORGE = [sys.executable, "-m", "hloforge.cli"]
+
+
+@needs_mpi
+def test_two_processes_are_the_two_replica_step_and_every_rank_holds_the_same_theta(tmp_path):
+    """20 steps, the flat buffer all-reduced in one call a step, and in 64-byte buckets."""
+    me = [sys.executable, str(Path(__file__).resolve()), "session", str(tmp_path)]
+    r = subprocess.run(me, capture_output=True, text=True, env=env(), timeout=300)
+    assert r.returncode == 0, r.stderr
+    r = launch(2, *me)
+    assert r.returncode == 0, r.stdout + r.stderr
+    ref = dict(np.load(tmp_path / "alone.npz"))
+    for name in ("one", "bucketed"):
+        ranks = [dict(np.load(tmp_path / f"{name}{i}.npz")) for i in range(2)]
+        calls, nbytes = ranks[0].pop("calls")
+        ranks[1].pop("calls")
+        assert calls == STEPS * (1 if name == "one" else -(-nbytes // 64)) and nbytes > 64  # never per tensor
+        worst = max(rel(ranks[0][k], ref[k]) for k in ref)
+        assert worst <= 1e-6, (name, worst)
+        for k in ref:
+            if not k.startswith("b"):  # θ, state, losses: identical on every rank, bit for bit
+                assert np.array_equal(ranks[0][k], ranks[1][k]), (name, k)
+
+
+def train_cmd(run_dir: Path, epochs: int, *more: str) -> list[str]:
+    return [*HLOFORGE, "train", "mnist-mlp", "--data", "digits", "--epochs", str(epochs), "--batch", "64",
+            "--dropout", "0.2", "--schedule", "constant", "--run-dir", str(run_dir), "--no-progress", *more]
+
+
+def tensors(run_dir: Path) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    return load_file(str(run_dir / "checkpoint.safetensors"))
+
+
+def top1s(run_dir: Path) -> list[float]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [m["top1"] for m in map(json.loads, lines) if m.get("kind") == "epoch"]
+
+
+def alone(cmd: list[str]) -> None:
+    r = subprocess.run([*cmd, "--replicas", "2", "--devices", "2"], capture_output=True, text=True, env=env(),
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+
+
+def under_mpi(cmd: list[str]) -> subprocess.CompletedProcess:
+    r = launch(2, *cmd)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r
+
+
+@needs_mpi
+def test_hloforge_train_under_mpiexec_is_the_two_replica_run_and_resumes_at_any_process_count(tmp_path):
+    """`mpiexec -n 2 hloforge train` = `hloforge train --replicas 2 --devices 2` (θ, state, top-1 per
+    epoch); a 2-process run continued by one process, and a 1-process run by two, follow the same path."""
+    ref, a, b = tmp_path / "ref", tmp_path / "a", tmp_path / "b"
+    alone(train_cmd(ref, 2))
+    r = under_mpi(train_cmd(a, 1))
+    assert r.stdout.count("epoch 1/1") == 1  # rank 0 logs, the others do not
+    assert sorted(p.name for p in a.iterdir() if not p.name.startswith(".")) == sorted(
+        p.name for p in ref.iterdir() if not p.name.startswith("."))
+    alone(train_cmd(a, 2, "--resume"))
+    alone(train_cmd(b, 1))
+    under_mpi(train_cmd(b, 2, "--resume"))
+    want = tensors(ref)
+    for run in (a, b):
+        got = tensors(run)
+        assert got.keys() == want.keys()
+        worst = max(rel(got[k], want[k]) for k in want)
+        assert worst <= 1e-6, (run.name, worst)
+        assert top1s(run) == top1s(ref)
+
+
+@needs_mpi
+def test_sync_bn_under_mpiexec_is_refused_in_one_line(tmp_path):
+    r = launch(2, *train_cmd(tmp_path / "r", 1, "--replicas", "2", "--sync-bn"))
+    assert r.returncode == 3
+    lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.startswith("hloforge:")]
+    assert len(lines) == 1 and "--sync-bn pools BN statistics" in lines[0], r.stdout + r.stderr
+    assert not (tmp_path / "r").exists()
+
+
+@needs_mpi
+def test_a_rank_started_with_another_config_is_refused_in_one_line(tmp_path):
+    cmd = train_cmd(tmp_path / "r", 1)
+    r = launch(1, *cmd, ":", "-n", "1", *cmd[:-1], "--lr", "0.002", "--no-progress")
+    assert r.returncode != 0
+    lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.startswith("hloforge:")]
+    assert len(lines) == 1, r.stdout + r.stderr
+    assert "rank 1 of 2 was started with another config or net than rank 0" in lines[0] and "lr" in lines[0]
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "r" / "checkpoint.safetensors").exists()
+
+
+def _rank_pid(tag: str, rank: int) -> int | None:
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            environ = (d / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"HLOFORGE_TEST_TAG={tag}".encode() in environ and f"PMI_RANK={rank}".encode() in environ:
+            return int(d.name)
+    return None
+
+
+def drill(tmp_path: Path, sig: int, flags: tuple[str, ...] = (), timeout_s: str = "30"):
+    """Start a 2-process run, wait until rank 1 is training (a step of epoch 1 traced), send it `sig`;
+    (seconds from the signal to the job's end, its output)."""
+    tag = uuid.uuid4().hex
+    trace = tmp_path / "trace"
+    cmd = [MPIEXEC, "-n", "2", "-iface", "lo", *flags, *train_cmd(tmp_path / "r", 50)]
+    e = env(HLOFORGE_TEST_TAG=tag, HLOFORGE_DRILL_TRACE=str(trace), HLOFORGE_MPI_TIMEOUT=timeout_s)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=e)
+    try:
+        deadline = time.monotonic() + 240
+        while not (trace.exists() and trace.read_text().count("step 1 ") >= 10):
+            assert p.poll() is None and time.monotonic() < deadline, "the run never started training"
+            time.sleep(0.2)
+        pid = _rank_pid(tag, 1)
+        assert pid is not None
+        os.kill(pid, sig)
+        t = time.monotonic()
+        out, _ = p.communicate(timeout=120)
+        return time.monotonic() - t, out, p.returncode
+    finally:
+        if p.poll() is None:
+            p.kill()
+        pid = _rank_pid(tag, 1)
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+
+
+def hloforge_lines(out: str) -> list[str]:
+    return [ln for ln in out.splitlines() if ln.startswith("hloforge: error")]
+
+
+@needs_mpi
+def test_a_killed_rank_ends_the_job_with_one_line_naming_it(tmp_path):
+    """Hydra without its cleanup (-disable-auto-cleanup) tells the survivors (SIGUSR1); rank 0 names rank 1."""
+    secs, out, rc = drill(tmp_path, signal.SIGKILL, flags=("-disable-auto-cleanup",))
+    assert rc != 0 and secs <= 60, (secs, out)
+    lines = hloforge_lines(out)
+    assert len(lines) == 1 and "rank 1 of 2 died" in lines[0], out
+    assert "Traceback" not in out
+
+
+@needs_mpi
+def test_a_killed_rank_under_hydras_cleanup_ends_the_job_without_a_traceback(tmp_path):
+    """Hydra's default: it kills every rank at once and reports the dead one itself."""
+    secs, out, rc = drill(tmp_path, signal.SIGKILL)
+    assert rc != 0 and secs <= 60, (secs, out)
+    assert "Traceback" not in out and "BAD TERMINATION" in out
+    assert not hloforge_lines(out)
+
+
+@needs_mpi
+def test_a_hung_rank_makes_the_others_stop_within_the_timeout_naming_it(tmp_path):
+    secs, out, rc = drill(tmp_path, signal.SIGSTOP, timeout_s="5")
+    assert rc != 0 and secs <= 60, (secs, out)
+    lines = hloforge_lines(out)
+    assert len(lines) == 1 and "rank 1 of 2 did not arrive within 5 s" in lines[0], out
+    assert "Traceback" not in out
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "session":
+        session_child(sys.argv[2])
