@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 PLUGIN_API_VERSION = 1
 
 if TYPE_CHECKING:
+    from hloforge import callbacks
     from hloforge.api import Model, load
-    from hloforge.callbacks import Callback, CSVLogger, EarlyStopping, TensorBoard
+    from hloforge.callbacks import Callback, CSVLogger, EarlyStopping, ModelCheckpoint, TensorBoard
     from hloforge.core.lookup import Lookup
     from hloforge.core.spec import NetSpec
     from hloforge.core.variant import Variant
@@ -36,16 +37,19 @@ _LAZY = {
     "load": ("hloforge.api", "load"),
     "Callback": ("hloforge.callbacks", "Callback"),
     "EarlyStopping": ("hloforge.callbacks", "EarlyStopping"),
+    "ModelCheckpoint": ("hloforge.callbacks", "ModelCheckpoint"),
     "CSVLogger": ("hloforge.callbacks", "CSVLogger"),
     "TensorBoard": ("hloforge.callbacks", "TensorBoard"),
     "HloforgeError": ("hloforge.core.errors", "HloforgeError"),
     "layers": ("hloforge.core.lookup", "layers"),
     "losses": ("hloforge.losses", ""),  # the package, a lookup too (LookupModule)
+    "callbacks": ("hloforge.callbacks", ""),  # the module, a lookup too
     "optimizers": ("hloforge.core.lookup", "optimizers"),
 }
 
 __all__ = ["PLUGIN_API_VERSION", "__version__", "NetSpec", "Variant", "Model", "load", "Callback", "EarlyStopping",
-           "CSVLogger", "TensorBoard", "HloforgeError", "layers", "losses", "optimizers"]
+           "ModelCheckpoint", "CSVLogger", "TensorBoard", "HloforgeError", "layers", "losses", "optimizers",
+           "callbacks"]
 assert set(__all__) == {"PLUGIN_API_VERSION", "__version__", *_LAZY}  # one list, checked against the table
 
 

@@ -1,11 +1,12 @@
 """The framework API: `hf.Model(net).fit(x, y)` on numpy arrays, `evaluate`, `predict`, named
 `params` / `state`, `save` to a run directory `hloforge eval` reads, `hf.load` back, `summary()`.
 
-A thin layer over the engine: one TrainSession per batch size (the batch is fixed at compile time),
-the trainer's learning-rate schedules, its evaluation statistics (hloforge.train.metrics) and its
-checkpoint and config writers. The authoritative state between calls is on the host (θ, the
-optimizer state, the BN running statistics and the step count); `fit` loads it into the session
-and reads it back at the end of every epoch.
+A thin layer over the trainer: `fit` runs `hloforge train`'s own loop (hloforge.train.trainer.Run.loop)
+on a Run that writes nothing, over the user's arrays (ArrayData) or a registered dataset; `evaluate`
+scores through the run's Task, as an epoch does. One TrainSession per batch size (the batch is fixed
+at compile time). The authoritative state between calls is on the host (θ, the optimizer state, the
+BN running statistics, the EMA shadow's, and the step count); `fit` loads it into the session and
+takes the loop's host copy back at the end of every epoch.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import json
 import math
 import os
 import sys
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -26,17 +26,15 @@ from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
 from hloforge.core.registry import default_registry
 from hloforge.core.spec import NetSpec
 from hloforge.core.variant import Variant
-from hloforge.datasets.augment import step_rng
 from hloforge.train import checkpoint as ckpt
-from hloforge.train.metrics import eval_set_id, topk_correct, wilson
-from hloforge.train.schedule import SCHEDULES, lr_at
+from hloforge.train.metrics import eval_set_id
+from hloforge.train.schedule import SCHEDULES
 from hloforge.train.session import ForwardSession, TrainSession, checked_labels, finite_inputs, make_backend
 
 CHECKPOINT = "checkpoint.safetensors"  # the name `hloforge train` gives it (trainer.CHECKPOINT)
 CONFIG = "config.toml"
 NET_FILE = "net.json"  # a NetSpec the zoo does not name, written next to the checkpoint so `eval` rebuilds it
-# Variant fields this first slice of the API does not drive yet (`hloforge train` does).
-NOT_YET = {"ema": 0.0, "accum": 1, "mixup": 0.0, "cutmix": 0.0, "precision": "fp32", "frozen": ()}
+ARRAYS = "arrays"  # what a fit on arrays names its data in the run's config (no registered dataset)
 
 
 class History(list):  # type: ignore[type-arg]
@@ -72,13 +70,51 @@ def _rows(a: Any, what: str) -> int:
     return n
 
 
+class ArrayData:
+    """A fit's arrays as a dataset the trainer's Run reads: `train` (x, y) and `test` (the validation
+    data, or none), rows already net input; `num_classes` and `label_kind` the net's own."""
+
+    name = ARRAYS
+
+    def __init__(self, spec: NetSpec, label_kind: str, train: tuple[np.ndarray, np.ndarray] | None,
+                 test: tuple[np.ndarray, np.ndarray] | None):
+        out = spec.walk()[-1].out_shape
+        self.label_kind = label_kind
+        self.num_classes = out[0] if label_kind == "mask" else spec.num_classes
+        self.image_shape = tuple(out)  # a DDPM's images (hloforge.train.tasks.DiffusionTask)
+        ref = train or test
+        assert ref is not None
+        empty = (np.zeros((0, *ref[0].shape[1:]), ref[0].dtype), np.zeros((0, *ref[1].shape[1:]), ref[1].dtype))
+        self._splits = {"train": train or empty, "test": test or empty}
+        self.n = len(self._splits["train"][0])
+
+    def arrays(self, split: str) -> tuple[np.ndarray, np.ndarray]:
+        return self._splits[split]
+
+
+class _Keep(Callback):
+    """First of a fit's callbacks: each epoch's end state becomes the model's (so the callbacks after
+    it see it, and an error in a later epoch leaves the last good one), its metrics the history's."""
+
+    def __init__(self, model: Model, run: Any, history: History):
+        self.model, self.run, self.history = model, run, history
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> None:
+        assert self.run.kept is not None
+        self.model._kept(self.run, *self.run.kept)
+        logs.pop("kind", None)  # every record is an epoch's
+        self.history.append(dict(logs))
+        self.model.history.append(dict(logs))
+
+
 class Model:
     """A net with its training variant, weights and optimizer state.
 
     `net`: a NetSpec, a zoo name (`classes` / `input` override its defaults) or a .toml/.json spec
     file. `optimizer`, `lr`, `schedule` ("cosine", "exp", "constant"), `warmup_epochs` and `seed` as
-    `hloforge train` takes them; the other Variant fields (loss, weight_decay, label_smoothing,
-    clip, dropout, drop_path, bn_eps) as keywords. `backend` None: $HLOFORGE_BACKEND, else xla."""
+    `hloforge train` takes them; the other Variant fields (loss, weight_decay, label_smoothing, ema,
+    accum, mixup, cutmix, precision, clip, dropout, drop_path, bn_eps) as keywords. `backend` None:
+    $HLOFORGE_BACKEND, else xla."""
 
     def __init__(self, net: NetSpec | str, optimizer: str = "adam", lr: float = 1e-3, schedule: str = "cosine",
                  backend: str | None = None, seed: int = 0, *, warmup_epochs: float = 0.0, decay_rate: float = 0.97,
@@ -94,9 +130,6 @@ class Model:
         unknown = sorted(set(variant_fields) - known)
         if unknown:
             raise UnsupportedSpec(f"Model takes no option(s) {unknown}; the variant's are {sorted(known)}")
-        later = sorted(k for k, off in NOT_YET.items() if variant_fields.get(k, off) != off)
-        if later:
-            raise UnsupportedSpec(f"hf.Model does not drive {', '.join(later)} yet; `hloforge train` does")
         spec, self._net_ref = _spec_of(net, classes, input)
         self._classes, self._input = classes, (None if input is None else tuple(input))
         variant_fields.setdefault("loss", default_loss(spec, None))
@@ -113,6 +146,8 @@ class Model:
         self._params = self.spec.init_params(seed)
         self._opt_state: list[np.ndarray] | None = None  # None: the optimizer's initial state (made by a session)
         self._running = [s.initial() for _, s in self.spec.stats()]
+        # the EMA shadow's BN statistics (the trainer's shadow_running); None: the initial ones
+        self._shadow_running: list[np.ndarray] | None = None
         self._step, self._epoch, self._batch = 0, 0, 32
         self._data = "digits"  # the dataset a saved run directory names for `hloforge eval` (TrainConfig's default)
         self._sessions: dict[int, TrainSession] = {}
@@ -141,39 +176,54 @@ class Model:
         n = _rows(x, f"{what} x")
         return finite_inputs(x, (n, *self.spec.input_shape), what)
 
-    def _check_xy(self, x: Any, y: Any, session: TrainSession, what: str) -> tuple[np.ndarray, np.ndarray]:
+    def _check_xy(self, x: Any, y: Any, session: TrainSession, what: str,
+                  scored: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """x and y checked whole; `scored`: labels only scored (a language model's may hold its padding)."""
+        from hloforge.datasets.text import IGNORE
+
         xa = self._check_x(x, what)
         n = _rows(y, f"{what} y")
         if n != len(xa):
             raise DataError(f"{what}: x has {len(xa)} rows but y has {n}; expected one label per row")
         lay = session.layout
-        return xa, checked_labels(y, (n, *lay.y_shape[1:]), lay.y_dtype, session.label_classes, what)
+        lowest = IGNORE if scored and self._label_kind() == "tokens" else 0
+        return xa, checked_labels(y, (n, *lay.y_shape[1:]), lay.y_dtype, session.label_classes, what, lowest)
 
     # ------------------------------------------------------------------ training
-    def _lr(self, update: int, total: int, per_epoch: int) -> float:
-        return lr_at(update, base=self.lr, total_steps=total, warmup_steps=int(self.warmup_epochs * per_epoch),
-                     schedule=self.schedule, decay_rate=self.decay_rate, steps_per_epoch=per_epoch)
+    def _run(self, data: Any, batch: int, epochs: int = 1, shuffle: bool = True, verbose: bool = False,
+             data_options: Mapping[str, Any] | None = None, eval_only: bool = False) -> Any:
+        """The trainer's Run over `data` (a registered dataset's name, or an ArrayData), on this model's
+        net, variant and backend, writing nothing: the one loop `hloforge train` runs."""
+        from hloforge.train.trainer import Run
 
-    def fit(self, x: Any, y: Any, epochs: int = 1, batch_size: int = 32,
-            validation_data: tuple[Any, Any] | None = None, callbacks: Iterable[Callback] = (),
-            shuffle: bool = True, drop_last: bool = True, verbose: bool = True) -> History:
-        """Train `epochs` passes over (x, y); returns the history (also `self.history`, over all fits).
+        name = data if isinstance(data, str) else ARRAYS
+        opts = tuple(f"{k}={v}" for k, v in (data_options or {}).items())
+        cfg = self._config("", name, epochs=epochs, batch=batch, data_options=opts)
+        log = (lambda s: print(s, file=sys.stderr)) if verbose else (lambda s: None)
+        return Run(cfg, log, progress=verbose, eval_only=eval_only, spec=self._declared_spec,
+                   data=None if isinstance(data, str) else data, directory=False, backend=self.backend, shuffle=shuffle)
 
-        Each epoch visits the rows in the order `hloforge train` does (a permutation drawn from
-        (seed, epoch); `shuffle=False`: as given) in `len(x) // batch_size` steps: a ragged last batch
-        is dropped (`drop_last`, the only mode so far) and said once, never padded into the gradient.
-        The schedule runs over this call's steps. Every array is checked whole before the first step."""
-        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-            raise UnsupportedSpec(f"epochs must be an integer ≥ 1, got {epochs!r}")
+    def _arrays(self, x: Any, y: Any, validation_data: Any, batch_size: int | None) -> tuple[Any, int]:
+        """(the ArrayData fit trains on, the batch size): arrays, or an iterable of (x, y) batches read
+        once (its batches' size the batch size unless given), each checked whole before any compile."""
+        if y is None:
+            if not isinstance(x, Iterable) or isinstance(x, np.ndarray):
+                raise DataError(f"fit x is a {type(x).__name__} without y; expected arrays x and y, an iterable of "
+                                "(x, y) batches, or a dataset name")
+            xs: list[np.ndarray] = []
+            ys: list[np.ndarray] = []
+            for item in x:
+                if not (isinstance(item, (tuple, list)) and len(item) == 2):
+                    raise DataError(f"fit batch {len(xs)} is a {type(item).__name__}, expected a pair (x, y)")
+                xs.append(np.asarray(item[0]))
+                ys.append(np.asarray(item[1]))
+            if not xs:
+                raise DataError("fit batches: the iterable gave no batch, expected at least one (x, y)")
+            batch_size = batch_size or len(xs[0])
+            x, y = np.concatenate(xs), np.concatenate(ys)
+        batch_size = 32 if batch_size is None else batch_size
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise UnsupportedSpec(f"batch_size must be an integer ≥ 1, got {batch_size!r}")
-        if not drop_last:
-            raise UnsupportedSpec("drop_last=False: a ragged last batch would train on padding; only drop_last=True "
-                                  "is supported")
-        callbacks = list(callbacks)
-        for cb in callbacks:
-            if not isinstance(cb, Callback):
-                raise UnsupportedSpec(f"callbacks must be hloforge Callback instances, got {type(cb).__name__}")
         xa = self._check_x(x, "fit")  # before the compile: a bad x is refused at once
         if validation_data is not None:
             if not (isinstance(validation_data, (tuple, list)) and len(validation_data) == 2):
@@ -184,68 +234,93 @@ class Model:
                             f"{len(xa)}")
         session = self._session(batch_size)
         xa, ya = self._check_xy(xa, y, session, "fit")
+        val = None
         if validation_data is not None:  # checked whole here, so a bad one is refused before any step
-            vx, vy = self._check_xy(*validation_data, session, "validation_data")
-            self._check_eval_labels(vy, "validation_data")
-        per_epoch = len(xa) // batch_size
-        if verbose and len(xa) % batch_size:
-            print(f"hloforge: {len(xa) % batch_size} of {len(xa)} rows do not fill a batch of {batch_size}; each epoch "
-                  f"trains on {per_epoch * batch_size} of them (drop_last)", file=sys.stderr)
-        self._batch = batch_size
-        total = epochs * per_epoch
-        w = bn_weight(self.bn_momentum)
+            val = self._check_xy(validation_data[0], validation_data[1], session, "validation_data", scored=True)
+        return ArrayData(self.spec, self._label_kind(), (xa, ya), val), batch_size
+
+    def _label_kind(self) -> str:
+        from hloforge.train.tasks import loss_label_kind
+
+        out = self.spec.walk()[-1].out_shape
+        return "tokens" if len(out) == 2 else loss_label_kind(self.variant.make_loss(default_registry()), out)
+
+    def fit(self, x: Any = None, y: Any = None, epochs: int = 1, batch_size: int | None = None,
+            validation_data: tuple[Any, Any] | None = None, callbacks: Iterable[Callback] = (),
+            shuffle: bool = True, drop_last: bool = True, verbose: bool = True, *, data: str | None = None,
+            data_options: Mapping[str, Any] | None = None) -> History:
+        """Train `epochs` passes; returns the history (also `self.history`, over all fits).
+
+        On arrays `fit(x, y)`; on an iterable of (x, y) batches `fit(batches)` (read once; the batch
+        size its first batch's); on a registered dataset `fit("digits")` or `fit(data="digits")`
+        (its `data_options` as keywords; scored each epoch on its test split as val_*). Every epoch
+        is `hloforge train`'s loop (hloforge.train.trainer.Run.loop): the rows in the order it draws
+        them (a permutation from (seed, epoch); `shuffle=False`: as given), `len(x) // batch_size`
+        steps — a ragged last batch is dropped (`drop_last`, the only mode) and said once, never
+        padded into the gradient. The schedule runs over this call's steps. Every array is checked
+        whole before the first step."""
+        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+            raise UnsupportedSpec(f"epochs must be an integer ≥ 1, got {epochs!r}")
+        if not drop_last:
+            raise UnsupportedSpec("drop_last=False: a ragged last batch would train on padding; only drop_last=True "
+                                  "is supported")
+        callbacks = list(callbacks)
+        for cb in callbacks:
+            if not isinstance(cb, Callback):
+                raise UnsupportedSpec(f"callbacks must be hloforge Callback instances, got {type(cb).__name__}")
+        if isinstance(x, str):
+            if data is not None:
+                raise UnsupportedSpec(f"two datasets given: {x!r} and data={data!r}")
+            x, data = None, x
+        if data is not None:
+            if x is not None or y is not None or validation_data is not None:
+                raise UnsupportedSpec("fit(data=NAME) trains on the dataset's train split and scores its test split; "
+                                      "pass no x, y or validation_data with it")
+            batch = 32 if batch_size is None else batch_size
+            run = self._run(data, batch, epochs, shuffle, verbose, data_options)
+            self._data = data
+        else:
+            if x is None:
+                raise DataError("fit takes arrays x and y, an iterable of (x, y) batches or a dataset name; got none")
+            arrays, batch = self._arrays(x, y, validation_data, batch_size)
+            run = self._run(arrays, batch, epochs, shuffle, verbose)
+            n = arrays.n
+            if verbose and n % batch:
+                print(f"hloforge: {n % batch} of {n} rows do not fill a batch of {batch}; each epoch "
+                      f"trains on {n // batch * batch} of them (drop_last)", file=sys.stderr)
+        session, evaluator = self._session(batch), self._forward(batch)
+        self._batch = batch
+        run.origin, run.end_epoch, run.eval_prefix = (self._epoch, self._step), self._epoch + epochs, "val_"
+        run.running = [r.copy() for r in self._running]
+        if self._shadow_running is not None:
+            run.shadow_running = [r.copy() for r in self._shadow_running]
         history = History()
         self.stop_training = False
         for cb in callbacks:
             cb.model = self
-            cb.on_train_begin({})
-        start_step = session.step
-        try:
-            for e in range(1, epochs + 1):
-                epoch = self._epoch + 1
-                for cb in callbacks:
-                    cb.on_epoch_begin(epoch, {})
-                t = time.perf_counter()
-                order = step_rng(self.seed, epoch).permutation(len(xa)) if shuffle else np.arange(len(xa))
-                losses = []
-                lr = self.lr
-                for s in range(per_epoch):
-                    idx = order[s * batch_size:(s + 1) * batch_size]
-                    lr = self._lr(session.step - start_step, total, per_epoch)
-                    loss = session.train_step(xa[idx], ya[idx], lr)
-                    if not math.isfinite(loss):
-                        raise HloforgeError(f"loss is {loss} at step {session.step} (epoch {epoch}, lr {lr:g}); "
-                                            "stopped, the weights kept are those after the last epoch")
-                    if self._stat_names:
-                        self._running = [r * (1.0 - w) + b * w
-                                         for r, b in zip(self._running, session.batch_stats(), strict=True)]
-                    losses.append(loss)
-                    for cb in callbacks:
-                        cb.on_step_end(session.step, {"loss": loss, "lr": lr})
-                params, state = session.read_all()
-                bad = next((n for (n, _), p in zip(self._param_slots, params, strict=True)
-                            if not np.isfinite(p).all()), None)
-                if bad is not None:
-                    raise HloforgeError(f"param {bad} is not finite after step {session.step}; stopped, the weights "
-                                        "kept are those after the last epoch")
-                self._params, self._opt_state, self._step, self._epoch = params, state, session.step, epoch
-                logs: dict[str, Any] = {"epoch": epoch, "loss": float(np.mean(losses)), "lr": lr,
-                                        "seconds": time.perf_counter() - t}
-                if validation_data is not None:
-                    logs.update({f"val_{k}": v for k, v in self._scores(vx, vy, batch_size).items()})
-                history.append(logs)
-                self.history.append(logs)
-                if verbose:
-                    val = "".join(f"  {k} {logs[k]:.4f}" for k in ("val_loss", "val_top1") if k in logs)
-                    print(f"epoch {epoch} ({e}/{epochs})  loss {logs['loss']:.4f}{val}", file=sys.stderr)
-                for cb in callbacks:
-                    cb.on_epoch_end(epoch, logs)
-                if self.stop_training:
-                    break
-        finally:
-            for cb in callbacks:
-                cb.on_train_end(history[-1] if history else {})
+        run.loop(session, evaluator, self._epoch, [_Keep(self, run, history), *callbacks], owner=self)
         return history
+
+    def _kept(self, run: Any, epoch: int, host: tuple[list[str], list[np.ndarray]]) -> None:
+        """An epoch's end state (the loop's host copy, checked finite) as this model's."""
+        tensors = host[1]
+        n, k, m = len(self._param_slots), len(run.state_layout.slots) * len(self._param_slots), len(self._stat_names)
+        self._params, self._opt_state = tensors[:n], tensors[n:n + k]
+        self._running = tensors[n + k:n + k + m]
+        if run.state_layout.shadows:
+            self._shadow_running = tensors[n + k + m:]
+        self._epoch = epoch
+        self._step = self._sessions[self._batch].step
+
+    def plot(self, path: str = "curves.png") -> str:
+        """This model's curves over `self.history` (loss, and the validation metric), written to `path`."""
+        from hloforge.train import curves
+
+        if not self.history:
+            raise HloforgeError("no history to plot yet; fit first")
+        with open(path, "wb") as f:
+            f.write(curves.draw(list(self.history), self.spec.name))
+        return path
 
     # ------------------------------------------------------------------ scoring
     def predict(self, x: Any, batch_size: int | None = None) -> np.ndarray:
@@ -253,34 +328,32 @@ class Model:
         xa = self._check_x(x, "predict")
         return self._forward(batch_size or self._batch).logits(xa, [*self._params, *self._running])
 
-    def _check_eval_labels(self, y: np.ndarray, what: str) -> None:
-        if len(self.spec.walk()[-1].out_shape) != 1:
-            raise UnsupportedSpec(f"evaluate scores classifiers so far; net {self.spec.name!r} outputs "
-                                  f"{list(self.spec.walk()[-1].out_shape)} (`hloforge eval` scores its task)")
-        if y.dtype.kind not in "iu" or y.ndim != 1:
-            raise DataError(f"{what} y has dtype {y.dtype} and shape {list(y.shape)}, expected integer class ids [N]")
+    def evaluate(self, x: Any = None, y: Any = None, batch_size: int | None = None, *, data: str | None = None,
+                 data_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The task's own scores, as `hloforge train` scores an epoch (its Task's evaluation), on
+        every row (the short last batch included): a classifier's top1 (a fraction), its 95% Wilson
+        interval top1_lo / top1_hi, top5, the mean cross-entropy `loss`, `correct` and `n`; a
+        segmenter's miou, pixel_acc, iou/*, dice/*; a DDPM's noise_mse; a language model's
+        bits_per_char. On arrays (x, y), or a registered dataset's test split (`evaluate("shapes")`
+        or `data=`; a detector's mAP@0.5 scores its boxes: map50, ap50/*)."""
+        from hloforge.train.evaluation import evaluate_lm
 
-    def _scores(self, x: np.ndarray, y: np.ndarray, batch: int) -> dict[str, Any]:
-        logits = self._forward(batch).logits(x, [*self._params, *self._running])
-        c1 = topk_correct(logits, y, 1)
-        n, top1 = len(y), int(c1.sum())
-        lo, hi = wilson(top1, n)
-        z = logits.astype(np.float64)
-        z = z - z.max(axis=1, keepdims=True)
-        nll = np.log(np.exp(z).sum(axis=1)) - z[np.arange(n), y]
-        return {"top1": top1 / n, "top1_lo": lo, "top1_hi": hi, "top5": float(topk_correct(logits, y, 5).mean()),
-                "loss": float(nll.mean()), "correct": top1, "n": n}
-
-    def evaluate(self, x: Any, y: Any, batch_size: int | None = None) -> dict[str, Any]:
-        """top1 (a fraction), its 95% Wilson interval top1_lo / top1_hi, top5, the mean cross-entropy
-        `loss`, `correct` and `n`, on every row (the short last batch included)."""
-        xa = self._check_x(x, "evaluate")
-        n = _rows(y, "evaluate y")
-        if n != len(xa):
-            raise DataError(f"evaluate: x has {len(xa)} rows but y has {n}; expected one label per row")
-        ya = np.asarray(y)
-        self._check_eval_labels(ya, "evaluate")
-        return self._scores(xa, ya, batch_size or self._batch)
+        batch = batch_size or self._batch
+        if isinstance(x, str):
+            x, data = None, x
+        if data is not None:
+            if x is not None or y is not None:
+                raise UnsupportedSpec("evaluate(data=NAME) scores the dataset's test split; pass no x or y with it")
+            run = self._run(data, batch, data_options=data_options, eval_only=True)
+        else:
+            xa, ya = self._check_xy(x, y, self._session(batch), "evaluate", scored=True)
+            run = self._run(ArrayData(self.spec, self._label_kind(), None, (xa, ya)), batch, eval_only=True)
+        buffers = [*self._params, *self._running]
+        if run.lm:
+            res = evaluate_lm(self._forward(batch), buffers, run.x_te, run.y_te)
+            return {"bits_per_char": res.bits_per_char, "n": res.n}
+        ev = run.task.evaluate(self._forward(batch), buffers)
+        return {**ev.metrics, **({"loss": ev.loss} if ev.loss is not None else {})}
 
     # ------------------------------------------------------------------ named tensors
     @property
@@ -294,21 +367,35 @@ class Model:
 
     @property
     def state(self) -> dict[str, np.ndarray]:
-        """The optimizer state (`m/0.w`, ...) and the BN running statistics (`stat/1.mean`, ...)."""
-        opt = self._opt_state if self._opt_state is not None else self._initial_state()
-        return {n: a.copy() for n, a in zip(self._state_names(), [*opt, *self._running], strict=True)}
+        """The optimizer state (`m/0.w`, ...; an EMA shadow's `E/0.w`), the BN running statistics
+        (`stat/1.mean`, ...) and the shadow's (`stat/E/1.mean`)."""
+        return {n: a.copy() for n, a in zip(self._state_names(), self._state_tensors(), strict=True)}
 
     @state.setter
     def state(self, new: Mapping[str, Any]) -> None:
-        cur = [*(self._opt_state if self._opt_state is not None else self._initial_state()), *self._running]
+        cur = self._state_tensors()
         got = self._assigned(new, [(n, a.shape) for n, a in zip(self._state_names(), cur, strict=True)], "state", cur)
-        k = len(cur) - len(self._running)
-        self._opt_state, self._running = got[:k], got[k:]
+        k, m = len(cur) - len(self._running) - len(self._shadow_stats()), len(self._running)
+        self._opt_state, self._running = got[:k], got[k:k + m]
+        if self._state_layout.shadows:
+            self._shadow_running = got[k + m:]
+
+    def _shadow_stats(self) -> list[np.ndarray]:
+        if not self._state_layout.shadows:
+            return []
+        return self._shadow_running if self._shadow_running is not None else [s.initial() for _, s in
+                                                                              self.spec.stats()]
+
+    def _state_tensors(self) -> list[np.ndarray]:
+        opt = self._opt_state if self._opt_state is not None else self._initial_state()
+        return [*opt, *self._running, *self._shadow_stats()]
 
     def _state_names(self) -> list[str]:
+        """The checkpoint's names of `_state_tensors` (ckpt.tensor_names, less the θ group)."""
         names = [n for n, _ in self._param_slots]
-        return [f"{k}/{n}" for k in self._state_layout.slots for n in names] + [f"{ckpt.STATS}/{n}"
-                                                                               for n in self._stat_names]
+        full = ckpt.tensor_names(names, self._state_layout.slots, self._stat_names,
+                                 shadow_stats=self._state_layout.shadows)
+        return [t.removeprefix("state/") for t in full[len(names):]]
 
     def _initial_state(self) -> list[np.ndarray]:
         slots = [s for _, s in self._param_slots]
@@ -339,17 +426,20 @@ class Model:
         return out
 
     # ------------------------------------------------------------------ run directories
-    def _config(self, path: str, data: str) -> Any:
+    def _config(self, path: str, data: str, **fields: Any) -> Any:
+        """The TrainConfig of this model (a run directory's config.toml, or the config its fit runs)."""
         from hloforge.train.trainer import TrainConfig
 
         v = self.variant
-        return TrainConfig(net=self._net_ref or os.path.join(os.path.abspath(path), NET_FILE), classes=self._classes,
-                           input=self._input, data=data, backend=self.backend.name, epochs=max(self._epoch, 1),
-                           batch=self._batch, optimizer=v.optimizer, lr=self.lr, schedule=self.schedule,
-                           warmup_epochs=self.warmup_epochs, decay_rate=self.decay_rate, weight_decay=v.weight_decay,
-                           label_smoothing=v.label_smoothing, loss=v.loss, clip=v.clip, dropout=v.dropout,
-                           drop_path=v.drop_path, bn_eps=v.bn_eps, bn_momentum=self.bn_momentum, seed=self.seed,
-                           run_dir=path)
+        net = self._net_ref or (os.path.join(os.path.abspath(path), NET_FILE) if path else self.spec.name)
+        base = dict(net=net, classes=self._classes, input=self._input, data=data, backend=self.backend.name,
+                    epochs=max(self._epoch, 1), batch=self._batch, optimizer=v.optimizer, lr=self.lr,
+                    schedule=self.schedule, warmup_epochs=self.warmup_epochs, decay_rate=self.decay_rate,
+                    weight_decay=v.weight_decay, label_smoothing=v.label_smoothing, loss=v.loss, clip=v.clip,
+                    dropout=v.dropout, drop_path=v.drop_path, bn_eps=v.bn_eps, ema=v.ema, accum=v.accum,
+                    mixup=v.mixup, cutmix=v.cutmix, precision=v.precision, bn_momentum=self.bn_momentum,
+                    seed=self.seed, run_dir=path)
+        return TrainConfig(**{**base, **fields})
 
     def save(self, path: str, data: str | None = None, overwrite: bool = False) -> str:
         """Write the run directory `hloforge train` writes (config.toml and checkpoint.safetensors, by
@@ -362,8 +452,8 @@ class Model:
             raise HloforgeError(f"{path} already holds a checkpoint; pass overwrite=True to replace it")
         cfg = self._config(path, data)  # checked before anything is written
         y_te = default_registry().make("dataset", data).arrays("test")[1]
-        names = ckpt.tensor_names([n for n, _ in self._param_slots], self._state_layout.slots, self._stat_names)
-        opt = self._opt_state if self._opt_state is not None else self._initial_state()
+        names = ckpt.tensor_names([n for n, _ in self._param_slots], self._state_layout.slots, self._stat_names,
+                                  shadow_stats=self._state_layout.shadows)
         meta = {"spec": self.spec.to_dict(), "variant": attrs.asdict(self.variant), "backend": self.backend.name,
                 "epoch": self._epoch, "step": self._step, "seed": self.seed, "config": attrs.asdict(cfg),
                 "eval_set": eval_set_id(data, "test", y_te)}
@@ -373,7 +463,7 @@ class Model:
                 f.write(self._declared_spec.to_json())
         with open(os.path.join(path, CONFIG), "w", encoding="utf-8") as f:
             f.write(cfg.to_toml())
-        ckpt.save_checkpoint(file, names, [*self._params, *opt, *self._running], meta)
+        ckpt.save_checkpoint(file, names, [*self._params, *self._state_tensors()], meta)
         return path
 
     def summary(self) -> str:
@@ -383,12 +473,6 @@ class Model:
     def __repr__(self) -> str:
         return (f"Model({self.spec.name!r}, {self.spec.param_count():,} params, {self.variant.slug}, "
                 f"backend {self.backend.name}, epoch {self._epoch})")
-
-
-def bn_weight(momentum: float) -> float:
-    from hloforge.train.trainer import bn_weight as trainer_bn_weight  # the one definition (seed 003's 0.01)
-
-    return trainer_bn_weight(momentum)
 
 
 def load(path: str, backend: str | None = None) -> Model:
@@ -402,11 +486,7 @@ def load(path: str, backend: str | None = None) -> Model:
         raise DataError(f"{path} has no {CONFIG}; expected a run directory (Model.save or hloforge train)")
     cfg = load_config(os.path.join(path, CONFIG))
     v = Variant(**meta["variant"])
-    later = sorted(k for k, off in NOT_YET.items() if getattr(v, k) != off)
-    if later:
-        raise UnsupportedSpec(f"{path} was trained with {', '.join(later)}, which hf.Model does not drive yet")
-    fields = {k: getattr(v, k) for k in ("weight_decay", "loss", "label_smoothing", "clip", "dropout", "drop_path",
-                                         "bn_eps")}
+    fields = {f.name: getattr(v, f.name) for f in attrs.fields(Variant) if f.name != "optimizer"}
     model = Model(cfg.net, v.optimizer, cfg.lr, cfg.schedule, backend or meta["backend"], cfg.seed,
                   warmup_epochs=cfg.warmup_epochs, decay_rate=cfg.decay_rate, bn_momentum=cfg.bn_momentum,
                   classes=cfg.classes, input=cfg.input, **fields)
@@ -414,14 +494,17 @@ def load(path: str, backend: str | None = None) -> Model:
         raise DataError(f"checkpoint {file} holds a spec that differs from net {cfg.net!r} as defined now")
     if os.path.basename(cfg.net) == NET_FILE:
         model._net_ref = ""  # a saved NetSpec: saving it again writes its own net.json
+    lay = model._state_layout
+    names = ckpt.tensor_names([n for n, _ in model._param_slots], lay.slots, model._stat_names,
+                              shadow_stats=lay.shadows)
     try:
-        model._params = [tensors[f"param/{n}"] for n, _ in model._param_slots]
-        state = model._state_names()
-        k = len(state) - len(model._stat_names)
-        model._opt_state = [tensors[f"state/{n}"] for n in state[:k]]
-        model._running = [tensors[n] for n in state[k:]]
+        got = [tensors[n] for n in names]
     except KeyError as e:
         raise DataError(f"checkpoint {file} lacks tensor {e.args[0]}; it is not of this net") from None
+    n, k, m = len(model._param_slots), len(lay.slots) * len(model._param_slots), len(model._stat_names)
+    model._params, model._opt_state, model._running = got[:n], got[n:n + k], got[n + k:n + k + m]
+    if lay.shadows:
+        model._shadow_running = got[n + k + m:]
     model._step, model._epoch, model._batch, model._data = int(meta["step"]), int(meta["epoch"]), cfg.batch, cfg.data
     return model
 

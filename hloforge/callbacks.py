@@ -1,20 +1,29 @@
-"""Callbacks for `Model.fit`: hooks at the start and end of training, of each epoch and after each
-step. A callback sees the epoch's metrics (`logs`) and stops training by setting
-`model.stop_training = True`."""
+"""Callbacks for the training loop (`Model.fit` and `hloforge train --callback NAME`): hooks at the
+start and end of training, of each epoch and after each step. A callback sees the epoch's metrics
+(`logs`) and stops training by setting `model.stop_training = True`.
+
+The built-ins register through the `hloforge.callbacks` entry-point group as a third party's do
+(the `hloforge_callbacks` hook, in hloforge.plugins.callbacks.builtin); this module is also the lookup of every registered callback:
+`hf.callbacks["early_stopping"]`, `hf.callbacks.EarlyStopping` (hloforge.core.lookup)."""
 
 from __future__ import annotations
 
 import csv
 import math
 import os
+import sys
+from collections.abc import Sequence
 from typing import Any
 
 from hloforge.core.errors import HloforgeError, UnsupportedSpec
+from hloforge.core.lookup import LookupModule
 
 
 class Callback:
-    """Override any of the hooks; `self.model` is the Model being fitted (set before on_train_begin)."""
+    """Override any of the hooks; `self.model` is the Model being fitted, or the `hloforge train` run
+    (hloforge.train.trainer.Run), set before on_train_begin. A registered one has a `name`."""
 
+    name = ""
     model: Any = None
 
     def on_train_begin(self, logs: dict[str, Any]) -> None: ...
@@ -28,34 +37,59 @@ class Callback:
     def on_step_end(self, step: int, logs: dict[str, Any]) -> None: ...
 
 
-class EarlyStopping(Callback):
+HIGHER_IS_BETTER = ("top", "miou", "map", "acc", "dice", "iou")  # mode "auto": max for a key holding one
+
+
+class Monitor(Callback):
+    """What EarlyStopping and ModelCheckpoint share: one metric watched for improvement. `mode` "min",
+    "max", or "auto": max for a score (a key holding top, miou, map, acc, dice or iou), min otherwise."""
+
+    def __init__(self, monitor: str, mode: str, min_delta: float = 0.0):
+        what = type(self).__name__
+        if mode not in ("auto", "min", "max"):
+            raise UnsupportedSpec(f"{what} mode {mode!r}; expected 'auto', 'min' or 'max'")
+        if not min_delta >= 0:
+            raise UnsupportedSpec(f"{what} wants min_delta ≥ 0, got {min_delta}")
+        self.monitor, self.min_delta = monitor, min_delta
+        self.mode = (("max" if any(k in monitor for k in HIGHER_IS_BETTER) else "min") if mode == "auto" else mode)
+        self.best = math.inf if self.mode == "min" else -math.inf
+
+    def on_train_begin(self, logs: dict[str, Any]) -> None:
+        self.best = math.inf if self.mode == "min" else -math.inf
+
+    def improved(self, logs: dict[str, Any]) -> bool:
+        """Whether this epoch's value beats the best so far (and it becomes the best)."""
+        if self.monitor not in logs:
+            raise UnsupportedSpec(f"{type(self).__name__} monitors {self.monitor!r}, but the epoch's metrics are "
+                                  f"{sorted(logs)} (a Model's val_* need validation_data)")
+        v = float(logs[self.monitor])
+        better = v < self.best - self.min_delta if self.mode == "min" else v > self.best + self.min_delta
+        if better:
+            self.best = v
+        return better
+
+
+class EarlyStopping(Monitor):
     """Stop when `monitor` (a key of the epoch's metrics, e.g. "val_loss" or "val_top1") has not
-    improved by more than `min_delta` for `patience` epochs. `mode` "min", "max", or "auto": max for
-    an accuracy (a key holding "top"), min otherwise."""
+    improved by more than `min_delta` for `patience` epochs (`mode` as Monitor's)."""
+
+    name = "early_stopping"
 
     def __init__(self, monitor: str = "val_loss", patience: int = 2, min_delta: float = 0.0, mode: str = "auto"):
-        if mode not in ("auto", "min", "max"):
-            raise UnsupportedSpec(f"EarlyStopping mode {mode!r}; expected 'auto', 'min' or 'max'")
-        if patience < 0 or not min_delta >= 0:
-            raise UnsupportedSpec(f"EarlyStopping wants patience ≥ 0 and min_delta ≥ 0, got {patience} and {min_delta}")
-        self.monitor, self.patience, self.min_delta = monitor, patience, min_delta
-        self.mode = ("max" if "top" in monitor else "min") if mode == "auto" else mode
-        self.best = math.inf if self.mode == "min" else -math.inf
+        if patience < 0:
+            raise UnsupportedSpec(f"EarlyStopping wants patience ≥ 0, got {patience}")
+        super().__init__(monitor, mode, min_delta)
+        self.patience = patience
         self.wait = 0
         self.stopped_epoch = 0
 
     def on_train_begin(self, logs: dict[str, Any]) -> None:
-        self.best = math.inf if self.mode == "min" else -math.inf
+        super().on_train_begin(logs)
         self.wait, self.stopped_epoch = 0, 0
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> None:
-        if self.monitor not in logs:
-            raise UnsupportedSpec(f"EarlyStopping monitors {self.monitor!r}, but the epoch's metrics are "
-                                  f"{sorted(logs)} (val_* need validation_data)")
-        v = float(logs[self.monitor])
-        better = v < self.best - self.min_delta if self.mode == "min" else v > self.best + self.min_delta
-        if better:
-            self.best, self.wait = v, 0
+        if self.improved(logs):
+            self.wait = 0
             return
         self.wait += 1
         if self.wait >= self.patience:
@@ -63,8 +97,40 @@ class EarlyStopping(Callback):
             self.model.stop_training = True
 
 
+class ModelCheckpoint(Monitor):
+    """Keep the best checkpoint: whenever `monitor` improves (`mode` and `min_delta` as Monitor's),
+    write the run directory `path` — config.toml and checkpoint.safetensors, the format `hloforge
+    train` writes, so `hloforge eval PATH` and `hf.load(PATH)` read it — replacing the one before.
+    A Model's directory names `data` as its eval dataset (Model.save's); a `hloforge train` run's
+    is a copy of its own run directory at that epoch. `best_epoch`: the epoch kept."""
+
+    name = "model_checkpoint"
+
+    def __init__(self, path: str, monitor: str = "val_loss", mode: str = "auto", min_delta: float = 0.0,
+                 data: str | None = None):
+        super().__init__(monitor, mode, min_delta)
+        self.path, self.data = path, data
+        self.best_epoch = 0
+
+    def on_train_begin(self, logs: dict[str, Any]) -> None:
+        super().on_train_begin(logs)
+        self.best_epoch = 0
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> None:
+        if not self.improved(logs):
+            return
+        copy = getattr(self.model, "copy_to", None)  # a `hloforge train` run: its directory as it now is
+        if copy is not None:
+            copy(self.path)
+        else:
+            self.model.save(self.path, data=self.data, overwrite=True)
+        self.best_epoch = epoch
+
+
 class CSVLogger(Callback):
     """One row per epoch (its metrics) to `path`, the header from the first epoch's keys."""
+
+    name = "csv_logger"
 
     def __init__(self, path: str):
         self.path = path
@@ -89,6 +155,8 @@ class TensorBoard(Callback):
     """Each epoch's numeric metrics as TensorBoard scalars under `logdir` (and each step's loss when
     `every_step`), written by tensorboardX's SummaryWriter: `pip install tensorboardX` (read back with
     tensorboard's EventAccumulator or `tensorboard --logdir`)."""
+
+    name = "tensorboard"
 
     def __init__(self, logdir: str, every_step: bool = False):
         try:
@@ -116,3 +184,23 @@ class TensorBoard(Callback):
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+
+
+def from_items(items: Sequence[str]) -> list[Callback]:
+    """Callbacks by registered name, each "NAME" or "NAME:KEY=VALUE,..." (`hloforge train --callback`),
+    its options parsed as the dataset options are (hloforge.train.config.parse_data_options)."""
+    from hloforge.core.registry import default_registry
+    from hloforge.train.config import parse_data_options
+
+    out = []
+    for item in items:
+        name, _, opts = item.partition(":")
+        cb = default_registry().make("callback", name.strip(), **parse_data_options(opts))
+        if not isinstance(cb, Callback):
+            raise UnsupportedSpec(f"callback {name!r} is a {type(cb).__name__}, not a hloforge Callback")
+        out.append(cb)
+    return out
+
+
+sys.modules[__name__].__class__ = LookupModule  # hf.callbacks: also the lookup of every registered callback
+sys.modules[__name__]._lookup_kind = "callback"  # type: ignore[attr-defined]

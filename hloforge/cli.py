@@ -75,12 +75,21 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
 
 
 def _train(args: argparse.Namespace) -> None:
+    from hloforge.callbacks import from_items
     from hloforge.train.trainer import train
 
     if args.init is not None and args.resume:
         raise UnsupportedSpec("--init starts a new run from other weights, --resume continues this run's own "
                               "checkpoint; give one of them")
-    train(train_config(args), resume=args.resume, cross_backend=args.cross_backend, progress=not args.no_progress)
+    callbacks = from_items(args.callback or ())  # refused before anything trains or is written
+    train(train_config(args), resume=args.resume, cross_backend=args.cross_backend, progress=not args.no_progress,
+          callbacks=callbacks)
+
+
+def _plot(args: argparse.Namespace) -> None:
+    from hloforge.train import curves
+
+    print(curves.plot_run(args.run))
 
 
 def _eval(args: argparse.Namespace) -> None:
@@ -435,6 +444,9 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--cross-backend", action="store_true",
                     help="with --resume: accept a checkpoint trained on another backend")
     sp.add_argument("--no-progress", action="store_true", help="no progress bar")
+    sp.add_argument("--callback", action="append", metavar="NAME[:KEY=VALUE,...]",
+                    help="a registered callback (`hloforge plugins`), run in the loop; repeatable, e.g. "
+                         "model_checkpoint:path=best,monitor=top1 (default: none)")
     sp.add_argument("--autotune", action="store_const", const=True,
                     help="time each layer's lowering strategies on the backend once and keep the fastest "
                          "(cached; also HLOFORGE_AUTOTUNE=1); the run's config records the choices")
@@ -461,6 +473,10 @@ def parser() -> argparse.ArgumentParser:
                     help="with --size: the crop fraction F (timm's crop_pct): resize the short side to "
                          "floor(S / F), keep the center S×S (default: the net's timm protocol, else 1)")
     sp.set_defaults(func=_eval)
+
+    sp = _command(sub, "plot", help="draw a run's curves.png (train loss and the task's metric) from its metrics")
+    sp.add_argument("run", help="a run directory")
+    sp.set_defaults(func=_plot)
 
     sp = _command(sub, "summary", help="print a net's layers (kind, input → output shape, parameters) and totals")
     sp.add_argument("net", help="a zoo name or a .toml/.json spec")

@@ -159,7 +159,7 @@ def test_early_stopping_on_real_validation(tmp_path: str) -> None:
     assert len(h) < 40
     with open(log) as f:
         rows = f.read().splitlines()
-    assert rows[0].startswith("epoch,loss,lr,seconds,val_top1") and len(rows) == len(h) + 1
+    assert rows[0].startswith("epoch,step,loss,lr,val_top1,") and len(rows) == len(h) + 1
 
 
 @pytest.mark.parametrize(("x", "y", "message"), [
@@ -247,3 +247,173 @@ def test_tensorboard_events_read_back(tmp_path: str) -> None:
     acc.Reload()
     got = [(e.step, e.value) for e in acc.Scalars("epoch/loss")]
     assert [s for s, _ in got] == [1, 2, 3] and np.allclose([v for _, v in got], h["loss"])
+
+
+@pytest.mark.parametrize("kw", [dict(ema=0.9, accum=2, mixup=0.2), dict(precision="fp8")])
+def test_fit_on_a_dataset_by_name_is_hloforge_train_with_the_variants_wrappers(kw: dict, tmp_path: str) -> None:
+    """The variant's wrappers the loop drives (EMA shadow, accumulation, mixup, fp8) reach the Model
+    through the one loop: fit(data="digits") and `hloforge train` with the same seed agree bit for
+    bit, live and shadow weights, and the history holds the epochs' scores the CLI logs (val_*)."""
+    from hloforge.train.trainer import TrainConfig, train
+
+    d = os.path.join(tmp_path, "cli")
+    cli_metrics = train(TrainConfig(net="mnist-linear", epochs=2, run_dir=d, **kw), log=lambda s: None,
+                        progress=False)
+    m = hf.Model("mnist-linear", **kw)
+    h = m.fit(data="digits", epochs=2, batch_size=64, verbose=False)
+    cli = hf.load(d)
+    assert cli._step == m._step == 2 * 22
+    assert all(np.array_equal(cli.params[n], w) for n, w in m.params.items())
+    assert cli.state.keys() == m.state.keys() and any(k.startswith("E/") for k in m.state) == ("ema" in kw)
+    assert all(np.array_equal(cli.state[n], w) for n, w in m.state.items())
+    assert h[-1]["val_top1"] == cli_metrics["top1"] and h[-1].get("val_top1_ema") == cli_metrics.get("top1_ema")
+    assert m.evaluate("digits")["correct"] == cli_metrics["correct"]
+
+
+def test_fit_on_an_iterable_of_batches() -> None:
+    x, y = blobs(64)
+    batches = [(x[i:i + 16], y[i:i + 16]) for i in range(0, 64, 16)]
+    a, b = hf.Model(tiny_net()), hf.Model(tiny_net())
+    a.fit(iter(batches), epochs=2, verbose=False)
+    b.fit(x, y, epochs=2, batch_size=16, verbose=False)
+    assert a._step == 8 and all(np.array_equal(a.params[n], w) for n, w in b.params.items())
+    with pytest.raises(HloforgeError, match="fit batch 0 is a int, expected a pair"):
+        a.fit([1, 2], verbose=False)
+
+
+def test_model_checkpoint_keeps_the_best_epoch(tmp_path: str) -> None:
+    x, y = blobs(64)
+    vx, vy = blobs(32, 3)
+    best = os.path.join(tmp_path, "best")
+    keep = hf.ModelCheckpoint(best, monitor="val_loss")
+    m = hf.Model(tiny_net(), lr=3e-2, schedule="constant")
+    h = m.fit(x, y, epochs=6, batch_size=16, validation_data=(vx, vy), verbose=False, callbacks=[keep])
+    want = min(range(len(h)), key=lambda i: h[i]["val_loss"]) + 1
+    back = hf.load(best)
+    assert keep.best_epoch == want == back._epoch and back.evaluate(vx, vy)["loss"] == h[want - 1]["val_loss"]
+
+
+def counter_plugin() -> object:
+    """A third party's callback module: one class through the hloforge_callbacks hook."""
+    import types
+
+    from hloforge.core.hookspecs import hookimpl
+
+    class EpochCounter(Callback):
+        name = "test_epoch_counter"
+        seen: list[int] = []
+
+        def __init__(self, stop_after: int = 0):
+            self.stop_after = stop_after
+
+        def on_epoch_end(self, epoch: int, logs: dict) -> None:
+            EpochCounter.seen.append(epoch)
+            if epoch == self.stop_after:
+                self.model.stop_training = True
+
+    mod = types.ModuleType("test_callback_plugin")
+
+    @hookimpl
+    def hloforge_callbacks() -> list[type]:
+        return [EpochCounter]
+
+    mod.hloforge_callbacks = hloforge_callbacks  # type: ignore[attr-defined]
+    mod.EpochCounter = EpochCounter  # type: ignore[attr-defined]
+    return mod
+
+
+def test_cli_runs_registered_callbacks_in_its_loop(tmp_path: str, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A third-party callback found by name through the registry, and the built-in best-checkpoint
+    one, both run in `hloforge train`'s loop; `hloforge eval` reads the kept directory."""
+    import hloforge.callbacks as callbacks_module
+    from hloforge.cli import main
+    from hloforge.core import registry
+
+    plugin = counter_plugin()
+    reg = registry.Registry(extra_plugins=((plugin, "test-callbacks"), (callbacks_module, "hloforge")))
+    monkeypatch.setattr(registry, "default_registry", lambda: reg)
+    assert hf.callbacks["test_epoch_counter"] is plugin.EpochCounter and "model_checkpoint" in hf.callbacks
+    d, best = os.path.join(tmp_path, "run"), os.path.join(tmp_path, "best")
+    assert main(["train", "mnist-linear", "--epochs", "5", "--run-dir", d, "--no-progress",
+                 "--callback", "test_epoch_counter:stop_after=3",
+                 "--callback", f"model_checkpoint:path={best},monitor=top1"]) == 0
+    assert plugin.EpochCounter.seen == [1, 2, 3]  # stopped after epoch 3
+    capsys.readouterr()
+    assert main(["eval", best]) == 0
+    assert "epoch" in capsys.readouterr().out
+    assert main(["train", "mnist-linear", "--run-dir", os.path.join(tmp_path, "r2"), "--callback", "nope"]) != 0
+    assert "unknown callback 'nope'" in capsys.readouterr().err and not os.path.exists(os.path.join(tmp_path, "r2"))
+
+
+def test_curves_drawn_once_at_the_end_and_on_demand(tmp_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hloforge.cli import main
+    from hloforge.train import curves
+    from hloforge.train.trainer import TrainConfig, train
+
+    drawn: list[int] = []
+    draw = curves.draw
+    monkeypatch.setattr(curves, "draw", lambda h, title: drawn.append(len(h)) or draw(h, title))
+    d = os.path.join(tmp_path, "run")
+    train(TrainConfig(net="mnist-linear", epochs=3, run_dir=d), log=lambda s: None, progress=False)
+    assert drawn == [3] and os.path.exists(os.path.join(d, "curves.png"))
+    os.remove(os.path.join(d, "curves.png"))
+    assert main(["plot", d]) == 0 and os.path.exists(os.path.join(d, "curves.png")) and drawn == [3, 3]
+    m = hf.Model(tiny_net())
+    m.fit(*blobs(32), epochs=2, batch_size=16, verbose=False)
+    assert m.plot(os.path.join(tmp_path, "m.png")) and drawn == [3, 3, 2]
+
+
+@pytest.mark.parametrize(("net", "key"), [pytest.param("unet-mini", "miou", marks=pytest.mark.slow),
+                                          ("yolov1-mini", "map50")])
+def test_evaluate_scores_the_task_as_the_epoch_does(net: str, key: str, tmp_path: str) -> None:
+    """A segmenter's and a detector's own metrics: `evaluate` on the dataset (and a segmenter's on
+    arrays) equals what the trainer's epoch evaluation logged."""
+    from hloforge.train.trainer import TrainConfig, train
+
+    opts = {"n_train": 16, "n_test": 16}
+    d = os.path.join(tmp_path, "run")
+    logged = train(TrainConfig(net=net, data="shapes", epochs=1, batch=16, run_dir=d,
+                               data_options=tuple(f"{k}={v}" for k, v in opts.items())),
+                   log=lambda s: None, progress=False)
+    m = hf.load(d)
+    got = m.evaluate("shapes", data_options=opts)
+    assert got[key] == logged[key] and got["n"] == 16
+    if key == "miou":
+        from hloforge.datasets.shapes import Shapes
+
+        x, y = Shapes(**opts).arrays("test")
+        assert m.evaluate(x, y)["miou"] == logged["miou"]
+
+
+def test_evaluate_a_language_model_in_bits_per_char(tmp_path: str) -> None:
+    from hloforge.datasets.text import default_corpus
+    from hloforge.train.trainer import TrainConfig, train
+
+    corpus = os.path.join(tmp_path, "corpus.txt")
+    with open(corpus, "w", encoding="utf-8") as f:
+        f.write(default_corpus()[:6000])
+    d = os.path.join(tmp_path, "run")
+    logged = train(TrainConfig(net="tinygpt-nano", data="text", data_file=corpus, epochs=1, batch=16, run_dir=d),
+                   log=lambda s: None, progress=False)
+    m = hf.load(d)
+    got = m.evaluate(data="text", data_options={"data_file": corpus})
+    assert got["bits_per_char"] == logged["val_bits_per_char"] and got["n"] == logged["n"]
+    from hloforge.datasets.text import Text
+
+    xt, yt = Text(data_file=corpus, seq_len=m.spec.input_shape[0]).arrays("test")
+    assert (yt == -1).any() and m.evaluate(xt, yt) == got  # its padding (−1) is not scored, not refused
+
+
+def test_a_diverging_fit_stops_in_one_line_keeping_the_last_epoch(tmp_path: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    x, y = blobs(32)
+    m = hf.Model(tiny_net(), optimizer="sgd", lr=1.0, schedule="constant")
+    m.fit(x, y, epochs=1, batch_size=16, verbose=False)
+    kept = m.params
+    m.lr = 1e38  # the first update overflows θ
+    with pytest.raises(HloforgeError, match="stopped. The weights kept are those after the last epoch") as e:
+        m.fit(x, y, epochs=1, batch_size=16, verbose=False)
+    assert "\n" not in str(e.value) and m._epoch == 1 and os.listdir(tmp_path) == []
+    assert all(np.array_equal(kept[n], w) for n, w in m.params.items())

@@ -28,6 +28,7 @@ BUILTINS = {
     "optimizer": {"sgd", "momentum", "adam", "adamw"},
     "backend": {"xla"},
     "dataset": {"digits"},
+    "callback": {"early_stopping", "model_checkpoint", "csv_logger", "tensorboard"},
 }
 
 

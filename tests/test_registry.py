@@ -23,6 +23,7 @@ BUILTINS = {
     "loss": {"crossEntropy", "mse"},
     "optimizer": {"sgd", "momentum", "adam", "adamw"},
     "backend": {"xla"},
+    "callback": {"early_stopping", "model_checkpoint", "csv_logger", "tensorboard"},
 }
 
 

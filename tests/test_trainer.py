@@ -112,7 +112,8 @@ def test_exp_schedule_decay_period():
     assert (c.schedule, c.decay_rate, c.decay_epochs) == ("exp", 0.97, 2.4)
     assert TrainConfig().decay_epochs == 1.0
     c = TrainConfig(lr=1.0, epochs=10, schedule="exp", decay_epochs=2.4)
-    fake = SimpleNamespace(cfg=c, variant=SimpleNamespace(accum=2), steps_per_epoch=20)  # 10 updates per epoch
+    fake = SimpleNamespace(cfg=c, variant=SimpleNamespace(accum=2), steps_per_epoch=20,
+                           origin=(0, 0))  # 10 updates per epoch
     assert Run.lr(fake, 2 * 24) == pytest.approx(0.97)
     with pytest.raises(HloforgeError, match="decay_epochs positive"):
         TrainConfig(decay_epochs=0.0).check()

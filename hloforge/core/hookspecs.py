@@ -85,5 +85,18 @@ def hloforge_datasets() -> list[type]:
 
 
 @hookspec
+def hloforge_callbacks() -> list[type]:
+    """Return training callback classes, each subclassing `hloforge.callbacks.Callback`.
+
+    A class has `name` (what `hloforge train --callback NAME` and `hf.callbacks[NAME]` select) and
+    is made with the user's options as keywords. It overrides any of the hooks `on_train_begin(logs)`,
+    `on_train_end(logs)`, `on_epoch_begin(epoch, logs)`, `on_epoch_end(epoch, logs)` (`logs`: the
+    epoch's metrics) and `on_step_end(step, logs)`, run by the training loop; `self.model` is the
+    `hf.Model` being fitted or the `hloforge train` run, and setting `self.model.stop_training =
+    True` ends training after the epoch.
+    """
+
+
+@hookspec
 def hloforge_on_epoch_end(run: Any, epoch: int, metrics: dict[str, float]) -> None:
     """Called after each epoch's evaluation, e.g. to log or plot `metrics`."""

@@ -1,4 +1,4 @@
-"""`hf.layers`, `hf.losses`, `hf.optimizers`: the registered components of one kind, built-ins and
+"""`hf.layers`, `hf.losses`, `hf.optimizers`, `hf.callbacks`: the registered components of one kind, built-ins and
 installed plugins alike (hloforge.core.registry), by class name as attributes (`hf.layers.Conv2d`)
 or by their registered name as items (`hf.layers["conv2d"]`). The registry loads on first use."""
 
@@ -57,7 +57,7 @@ optimizers = Lookup("optimizer")
 class LookupModule(types.ModuleType):
     """A package that is also a lookup: `hloforge.losses` holds the built-in loss modules, and
     `hf.losses.CrossEntropy` / `hf.losses["crossEntropy"]` find any registered loss (its
-    `__init__` sets this class; names it defines itself come first)."""
+    `__init__` sets this class; names it defines itself come first); `hloforge.callbacks` likewise."""
 
     _lookup_kind = ""
 

@@ -31,6 +31,7 @@ KINDS: dict[str, tuple[str, str, str]] = {
     "optimizer": ("hloforge.optimizers", "hloforge_optimizers", "name"),
     "backend": ("hloforge.backends", "hloforge_backends", "name"),
     "dataset": ("hloforge.datasets", "hloforge_datasets", "name"),
+    "callback": ("hloforge.callbacks", "hloforge_callbacks", "name"),
     # the lowering strategy kinds a layer (or loss) plugin's forms consult (core/strategy.py)
     "strategy": ("hloforge.layers", "hloforge_strategy_kinds", "name"),
 }

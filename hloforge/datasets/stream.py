@@ -375,12 +375,12 @@ class Feed:
 
     def __init__(self, data: Any, ref: DataRef, *, batch: int, seed: int, workers: int, augment: bool,
                  input_shape: Sequence[int], train_split: str = "train", eval_split: str = "test",
-                 train: bool = True):
+                 train: bool = True, shuffle: bool = True):
         if workers < 0:
             raise DataError(f"workers must be 0 (in process) or more, got {workers}")
         self.data, self.ref, self.batch, self.seed = data, ref, batch, seed
         self.workers, self.augment, self.input_shape = workers, augment, tuple(input_shape)
-        self.train_split, self.eval_split = train_split, eval_split
+        self.train_split, self.eval_split, self.shuffle = train_split, eval_split, shuffle
         # train=False: an eval-only feed, which never opens the train split (nor needs its file)
         self.x, self.y, self.transform = split_view(data, train_split, augment) if train else ([], [], Compose(()))
         self.n = len(self.x)
@@ -405,7 +405,7 @@ class Feed:
 
     def epoch(self, epoch: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         if not self.streams:
-            order = step_rng(self.seed, epoch).permutation(self.n)
+            order = step_rng(self.seed, epoch).permutation(self.n) if self.shuffle else np.arange(self.n)
             for s in range(self.steps_per_epoch):
                 idx = order[s * self.batch:(s + 1) * self.batch]
                 yield self._shaped(*self.transform(np.asarray(self.x[idx]), np.asarray(self.y[idx]),

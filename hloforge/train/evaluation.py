@@ -32,6 +32,7 @@ class EvalResult:
     top5: int
     n: int
     correct: np.ndarray
+    nll: float = math.nan  # the mean cross-entropy of the softmax over the logits
 
     def line(self) -> str:
         lo, hi = wilson(self.top1, self.n)
@@ -61,7 +62,18 @@ def evaluate(evaluator: ForwardSession, buffers: list[Any], x: np.ndarray, y: np
     """Every eval image scored exactly once, the short last batch included."""
     logits = evaluator.logits(x, buffers)
     c1 = topk_correct(logits, y, 1)
-    return EvalResult(int(c1.sum()), int(topk_correct(logits, y, 5).sum()), len(y), c1)
+    return EvalResult(int(c1.sum()), int(topk_correct(logits, y, 5).sum()), len(y), c1,
+                      float(nll_sum(logits, y) / max(len(y), 1)))
+
+
+def nll_sum(logits: np.ndarray, y: np.ndarray, chunk: int = 4096) -> float:
+    """The summed cross-entropy −log softmax(logits)[y], in float64 a chunk of rows at a time."""
+    total = 0.0
+    for i in range(0, len(y), chunk):
+        z = logits[i:i + chunk].astype(np.float64)
+        z = z - z.max(axis=1, keepdims=True)
+        total += float((np.log(np.exp(z).sum(axis=1)) - z[np.arange(len(z)), y[i:i + chunk]]).sum())
+    return total
 
 
 def evaluate_stream(evaluator: ForwardSession, buffers: list[Any], batches: Iterable[tuple[np.ndarray, np.ndarray]],
@@ -69,12 +81,14 @@ def evaluate_stream(evaluator: ForwardSession, buffers: list[Any], batches: Iter
     """The eval pass over streamed batches, in stream order. A pass that does not score the whole
     split (a dropped tail) is an error, never a plausible accuracy over fewer images."""
     c1, c5 = [np.zeros(0, bool)], [np.zeros(0, bool)]
+    nll = 0.0
     for x, y in batches:
         logits = evaluator.logits(x, buffers)
         c1.append(topk_correct(logits, y, 1))
         c5.append(topk_correct(logits, y, 5))
+        nll += nll_sum(logits, y)
     top1 = np.concatenate(c1)
     if len(top1) != n_eval:
         raise DataError(f"the streamed eval pass scored {len(top1)} images; the eval split has {n_eval}")
-    return EvalResult(int(top1.sum()), int(np.concatenate(c5).sum()), n_eval, top1)
+    return EvalResult(int(top1.sum()), int(np.concatenate(c5).sum()), n_eval, top1, nll / max(n_eval, 1))
 

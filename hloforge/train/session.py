@@ -142,18 +142,19 @@ def _span(a: np.ndarray) -> tuple[float, float]:
     return (float(a.min()), float(a.max())) if a.size else (0.0, 0.0)
 
 
-def checked_labels(y: Any, shape: Sequence[int], y_dtype: str, classes: int | None, what: str) -> np.ndarray:
+def checked_labels(y: Any, shape: Sequence[int], y_dtype: str, classes: int | None, what: str,
+                   lowest: int = 0) -> np.ndarray:
     """Labels as the module takes them (int32 ids, float32 targets), refused with one line when of
-    another shape or kind, out of 0..classes−1 (an id past the last class one-hots to nothing and
-    trains on a plausible wrong loss), or not finite."""
+    another shape or kind, out of lowest..classes−1 (an id past the last class one-hots to nothing and
+    trains on a plausible wrong loss; `lowest` −1: a language model's scored padding), or not finite."""
     y = np.asarray(y)
     if tuple(y.shape) != tuple(shape):
         raise DataError(f"{what} labels have shape {list(y.shape)}, expected {list(shape)}")
     if y_dtype == "i32":
         if y.dtype.kind not in "iu":
             raise DataError(f"{what} labels have dtype {y.dtype}, expected integer ids (int32)")
-        if classes is not None and y.size and (y.min() < 0 or y.max() >= classes):
-            raise DataError(f"{what} labels span {int(y.min())}..{int(y.max())}, expected ids 0..{classes - 1} "
+        if classes is not None and y.size and (y.min() < lowest or y.max() >= classes):
+            raise DataError(f"{what} labels span {int(y.min())}..{int(y.max())}, expected ids {lowest}..{classes - 1} "
                             f"(the net's {classes} classes)")
         return np.ascontiguousarray(y, np.int32)
     if y.dtype.kind not in "fiu":

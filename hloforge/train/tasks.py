@@ -35,6 +35,7 @@ class Evaluation:
     metrics: dict[str, Any]  # what metrics.jsonl records, between the step fields and the throughput
     line: str  # the epoch log line's score part
     correct: np.ndarray | None = None  # classification's per-example bitmap (eval_correct.npz)
+    loss: float | None = None  # the mean loss on the eval split where the task computes one (a Model's val_loss)
 
 
 def loss_label_kind(loss: Loss, out_shape: tuple[int, ...]) -> str:
@@ -127,7 +128,7 @@ class ClassificationTask(Task):
         lo, hi = wilson(res.top1, res.n)
         metrics = {"top1": res.top1 / res.n, "top1_lo": lo, "top1_hi": hi, "top5": res.top5 / res.n,
                    "correct": res.top1, "n": res.n}
-        return Evaluation(metrics, f"test {res.line()}", res.correct)
+        return Evaluation(metrics, f"test {res.line()}", res.correct, res.nll)
 
     def ema_metrics(self, ev: Evaluation) -> dict[str, Any]:
         return {"top1_ema": ev.metrics["top1"], "correct_ema": ev.metrics["correct"]}

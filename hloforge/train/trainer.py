@@ -20,7 +20,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -31,7 +31,7 @@ from hloforge.core.registry import default_registry
 from hloforge.core.spec import NetSpec
 from hloforge.core.variant import SHADOW, Variant, ema_decay_at
 from hloforge.datasets.stream import DataRef, Feed, split_labels
-from hloforge.train import autotune, finetune, fp8, mpi, rundir
+from hloforge.train import autotune, curves, finetune, fp8, mpi, rundir
 from hloforge.train import checkpoint as ckpt
 
 # the config and the evaluation helpers, re-exported: `from hloforge.train.trainer import TrainConfig, ...`
@@ -79,20 +79,30 @@ def bn_weight(momentum: float, accum: int = 1) -> float:
 class Run:
     """One training run: its config, data, sessions and run directory."""
 
+    # The schedule's origin (epoch, step): `hloforge train` counts from (0, 0) even when resuming; a
+    # Model's fit from its own epoch and step, the schedule over that call's epochs.
+    origin: tuple[int, int] = (0, 0)
+
     def __init__(self, cfg: TrainConfig, log: Callable[[str], None] = print, progress: bool = True,
-                 resume: bool = False, eval_only: bool = False):
+                 resume: bool = False, eval_only: bool = False, *, spec: NetSpec | None = None, data: Any = None,
+                 directory: bool = True, backend: Any = None, shuffle: bool = True):
+        """`spec` / `data` (a dataset object) / `backend` in place of the ones `cfg` names (hf.Model's own
+        net, arrays and backend); `directory` False: a run that writes nothing (no run directory,
+        checkpoint or logs); `shuffle` False: each epoch in the split's order."""
         cfg.check()
         # The processes an MPI launcher started (one alone): --replicas counts them all (hloforge.train.mpi).
-        self.world = mpi.world() if not eval_only else mpi.World()
+        # A Model's fit (no directory) is one process: its sessions are its own, not MPI's.
+        self.world = mpi.world() if directory and not eval_only else mpi.World()
         if self.world.size > 1:
             cfg = attrs.evolve(cfg, replicas=mpi.global_replicas(cfg.replicas, cfg.sync_bn, self.world))
             if not self.world.is_root:  # rank 0 logs and draws the progress bar; the others are quiet
                 log, progress = (lambda line: None), False
-        self.backend = make_backend(cfg.backend or None, **({"devices": cfg.devices} if cfg.devices else {}))
+        self.backend = backend if backend is not None else \
+            make_backend(cfg.backend or None, **({"devices": cfg.devices} if cfg.devices else {}))
         cfg = attrs.evolve(cfg, backend=self.backend.name)
         self.cfg, self.log, self.progress = cfg, log, progress
         reg = default_registry()
-        self.spec = get_net(cfg.net, cfg.classes, cfg.input)
+        self.spec = spec if spec is not None else get_net(cfg.net, cfg.classes, cfg.input)
         self.lm = is_lm(self.spec)
         self.variant = cfg.variant(self.spec)
         self.spec = self.variant.apply_to(self.spec)  # dropout, drop_path, BN ε: train and eval one net
@@ -109,11 +119,11 @@ class Run:
             opts["data_file"] = cfg.data_file
         opts.update(parse_data_options(cfg.data_options))
         if self.lm:
-            if getattr(reg.get("dataset", cfg.data), "label_kind", "class") != "tokens":
+            if getattr(data if data is not None else reg.get("dataset", cfg.data), "label_kind", "class") != "tokens":
                 raise DataError(f"net {self.spec.name!r} is a language model (per-token logits); dataset "
                                 f"{cfg.data!r} has no token labels — use --data text")
             opts["seq_len"] = self.spec.input_shape[0]
-        self.data = reg.make("dataset", cfg.data, **opts)
+        self.data = data if data is not None else reg.make("dataset", cfg.data, **opts)
         x_te: np.ndarray | None = None
         if cfg.workers:  # the eval streams too: its labels here, the float split only if a consumer asks (x_te)
             self.y_te = split_labels(self.data, "test")
@@ -130,7 +140,7 @@ class Run:
                             f"has {self.spec.num_classes}")
         self.feed = Feed(self.data, DataRef(cfg.data, opts), batch=cfg.batch, seed=cfg.seed, workers=cfg.workers,
                          augment=cfg.augment, input_shape=self.task.feed_shape if self.task else self.spec.input_shape,
-                         train=not eval_only)
+                         train=not eval_only, shuffle=shuffle)
         self._x_te = None if x_te is None else self._fit_input(x_te)
         self.steps_per_epoch = self.feed.steps_per_epoch
         if self.steps_per_epoch == 0 and not eval_only:
@@ -141,7 +151,11 @@ class Run:
             raise UnsupportedSpec(f"accum {self.variant.accum}: the {self.steps_per_epoch} batches of an epoch do not "
                                   f"divide into updates of {self.variant.accum} micro-batches; pick a batch size or "
                                   "accum that divides them")
-        self.dir = cfg.resolved_run_dir(self.spec, resume)
+        self.dir = cfg.resolved_run_dir(self.spec, resume) if directory else None
+        self.end_epoch = cfg.epochs
+        self.eval_prefix = ""  # "val_": a Model's history names its validation scores so
+        self.stop_training = False  # set by a callback: the loop ends after this epoch
+        self.kept: tuple[int, tuple[list[str], list[np.ndarray]]] | None = None  # (epoch, host state) last kept
         self.stat_names = [n for n, _ in self.spec.stats()]
         self.running = [s.initial() for _, s in self.spec.stats()]
         self.state_layout = self.variant.state_layout(self.variant.make_optimizer(reg))
@@ -165,6 +179,7 @@ class Run:
     # ------------------------------------------------------------------ checkpoints
     @property
     def ckpt_path(self) -> str:
+        assert self.dir is not None, "a run without a directory has no checkpoint"
         return os.path.join(self.dir, CHECKPOINT)
 
     def meta(self, epoch: int, step: int) -> dict[str, Any]:
@@ -177,6 +192,30 @@ class Run:
         names, tensors = host or self.host_state(session)
         ckpt.save_checkpoint(self.ckpt_path, names, tensors, self.meta(epoch, session.step))
 
+    @property
+    def writes(self) -> bool:
+        """Whether this process writes the run's files: a run with a directory, on rank 0 (the one writer)."""
+        return self.dir is not None and self.world.is_root
+
+    @property
+    def last_good(self) -> str:
+        """What an error that stops the run says is left: the last good checkpoint, or (no directory,
+        a Model's fit) the weights of the last epoch, which the Model keeps."""
+        if self.dir is None:
+            return "The weights kept are those after the last epoch"
+        return f"The last good checkpoint is {self.ckpt_path if os.path.exists(self.ckpt_path) else 'none'}"
+
+    def copy_to(self, path: str) -> None:
+        """This run's directory as it is now (config, checkpoint, eval bitmap) copied to `path`, a run
+        directory `hloforge eval` reads (the ModelCheckpoint callback's best epoch)."""
+        assert self.dir is not None
+        os.makedirs(path, exist_ok=True)
+        for name in ("config.toml", BITMAP, CHECKPOINT):  # the checkpoint last: a copy with one is whole
+            src = os.path.join(self.dir, name)
+            if os.path.exists(src):
+                with open(src, "rb") as f:
+                    ckpt.write_atomic(os.path.join(path, name), f.read(), name)
+
     def host_state(self, session: TrainSession) -> tuple[list[str], list[np.ndarray]]:
         """What a checkpoint holds (names, tensors), copied to the host once an epoch and refused if
         not finite. Each step's loss is checked as it is read; an update that turns θ to NaN on an
@@ -188,9 +227,8 @@ class Run:
         tensors = session.read_params() + session.read_state() + self.running + self.shadow_running
         bad = next((n for n, t in zip(names, tensors, strict=True) if not np.isfinite(t).all()), None)
         if bad is not None:
-            raise mpi.PeerError(f"{bad} is not finite after step {session.step} (its loss was); stopped. The last "
-                                f"good checkpoint is {self.ckpt_path if os.path.exists(self.ckpt_path) else 'none'}",
-                                quiet=not self.world.is_root)
+            raise mpi.PeerError(f"{bad} is not finite after step {session.step} (its loss was); stopped. "
+                                f"{self.last_good}", quiet=not self.world.is_root)
         return names, tensors
 
     def expected_tensors(self) -> tuple[dict[str, tuple[int, ...]], list[str]]:
@@ -259,12 +297,16 @@ class Run:
         optimizer updates, one per `accum` micro-batches."""
         c, k = self.cfg, self.variant.accum
         per_epoch = self.steps_per_epoch // k
-        return lr_at(step // k, base=c.lr, total_steps=c.epochs * per_epoch,
+        return lr_at((step - self.origin[1]) // k, base=c.lr, total_steps=c.epochs * per_epoch,
                      warmup_steps=int(c.warmup_epochs * per_epoch), schedule=c.schedule,
                      decay_rate=c.decay_rate, steps_per_epoch=per_epoch, decay_epochs=c.decay_epochs)
 
-    def train(self, resume: bool = False, cross_backend: bool = False) -> dict[str, Any]:
-        """The run, holding its directory's lock throughout (rundir.locked; rank 0's, the one writer)."""
+    def train(self, resume: bool = False, cross_backend: bool = False, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
+        """The run, holding its directory's lock throughout (rundir.locked; rank 0's, the one writer).
+        `callbacks`: objects with hloforge.callbacks.Callback's hooks; they see this run as `model`."""
+        assert self.dir is not None
+        for cb in callbacks:
+            cb.model = self
         w = self.world
         if w.size > 1:  # every rank started alike, and writing where rank 0 says
             w.agree("config or net", {"config": attrs.asdict(self.cfg), "net": self.spec.to_dict(), "resume": resume})
@@ -272,14 +314,16 @@ class Run:
         # the init weights read and matched before anything is written (resume reads the run's own checkpoint)
         init = finetune.read_init(self, self.log) if self.cfg.init and not resume else None
         if not w.is_root:
-            out = self._train(resume, cross_backend, init)
+            out = self._train(resume, cross_backend, init, callbacks)
         else:
             with rundir.locked(self.dir, self.ckpt_path):
-                out = self._train(resume, cross_backend, init)
+                out = self._train(resume, cross_backend, init, callbacks)
         w.finalize()
         return out
 
-    def _train(self, resume: bool, cross_backend: bool, init: finetune.Init | None = None) -> dict[str, Any]:
+    def _train(self, resume: bool, cross_backend: bool, init: finetune.Init | None = None,
+               callbacks: Sequence[Any] = ()) -> dict[str, Any]:
+        assert self.dir is not None
         cfg, world = self.cfg, self.world
         recorded = cfg.tuned
         if world.size > 1 and not recorded:  # rank 0 times, every rank renders its choices
@@ -334,15 +378,30 @@ class Run:
                  + (f" | frozen {list(self.variant.frozen)} ({len(self.frozen)} tensors)" if self.frozen else ""))
         if tuning is not None:
             self.log(f"  {tuning.summary()}")
+        return self.loop(session, evaluator, start, callbacks, t0)
+
+    def loop(self, session: TrainSession, evaluator: ForwardSession, start: int, callbacks: Sequence[Any] = (),
+             t0: float | None = None, owner: Any = None) -> dict[str, Any]:
+        """The one training loop (`hloforge train` and hf.Model.fit): epochs start+1 .. end_epoch, each
+        scored on the eval split (when it has rows), logged, checkpointed (when the run has a directory)
+        and handed to the callbacks; `owner.stop_training` (default this run's) ends it after an epoch."""
+        cfg, owner = self.cfg, self if owner is None else owner
+        t0 = time.perf_counter() if t0 is None else t0
         w = bn_weight(cfg.bn_momentum, self.variant.accum)
         metrics: dict[str, Any] = {}
-        if start and world.is_root:
+        if start and self.writes:
             rundir.rewind_metrics(self.dir, session.step)
-        history = self._history() if start and world.is_root else []
-        mlog = (open(os.path.join(self.dir, "metrics.jsonl"), "a" if start else "w", encoding="utf-8") if world.is_root
-                else open(os.devnull, "w", encoding="utf-8"))
+        history = self._history() if start and self.writes else []
+        mlog: Any = (open(os.path.join(self.dir, "metrics.jsonl"), "a" if start else "w", encoding="utf-8")
+                     if self.writes else io.StringIO())
+        for cb in callbacks:
+            cb.on_train_begin({})
         try:
-            for epoch in range(start + 1, cfg.epochs + 1):
+            for epoch in range(start + 1, self.end_epoch + 1):
+                if owner.stop_training:
+                    break
+                for cb in callbacks:
+                    cb.on_epoch_begin(epoch, {})
                 t = time.perf_counter()
                 losses = []
                 bar = self._bar(epoch)
@@ -353,14 +412,15 @@ class Run:
                     loss = self.step(session, xb, yb, lr)
                     if not math.isfinite(loss):  # the same loss on every rank: rank 0 says it
                         raise mpi.PeerError(
-                            f"loss is {loss} at step {step + 1} (epoch {epoch}, lr {lr:g}); stopped. The last good "
-                            f"checkpoint is {self.ckpt_path if os.path.exists(self.ckpt_path) else 'none'}",
-                            quiet=not world.is_root)
+                            f"loss is {loss} at step {step + 1} (epoch {epoch}, lr {lr:g}); stopped. {self.last_good}",
+                            quiet=not self.world.is_root)
                     if self.stat_names:
                         self.running = [r * (1.0 - w) + b * w for r, b in
                                         zip(self.running, session.batch_stats(), strict=True)]
                         self._track_shadow_stats(session.step)
                     losses.append(loss)
+                    for cb in callbacks:
+                        cb.on_step_end(session.step, {"loss": loss, "lr": lr})
                     if bar is not None:
                         bar.update(1)
                         bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}",
@@ -372,61 +432,81 @@ class Run:
                     bar.close()
                 secs = time.perf_counter() - t
                 host = self.host_state(session)  # before anything scores or keeps it
+                self.kept = (epoch, host)
                 if self.lm:
                     metrics = self._lm_epoch(evaluator, session, epoch, losses, secs, mlog, history, host)
+                    self._epoch_end(epoch, metrics, callbacks)
                     continue
                 assert self.task is not None
                 ckpt.mark("eval", epoch)
-                ev = self.task.evaluate(evaluator, self._eval_buffers(session))
+                scored = len(self.y_te) > 0  # a Model's fit without validation data scores nothing
+                ev = self.task.evaluate(evaluator, self._eval_buffers(session)) if scored else None
+                p = self.eval_prefix
                 metrics = {"kind": "epoch", "epoch": epoch, "step": session.step, "loss": float(np.mean(losses)),
-                           "lr": self.lr(session.step - 1), **ev.metrics,
+                           "lr": self.lr(session.step - 1),
+                           **({f"{p}{k}": v for k, v in ev.metrics.items()} if ev is not None else {}),
+                           **({f"{p}loss": ev.loss} if p and ev is not None and ev.loss is not None else {}),
                            "images_per_s": self.steps_per_epoch * cfg.batch / secs, "seconds": secs}
                 ema_line = ""
-                if self.variant.ema and not self.feed.streams and not isinstance(session, DataParallelTrainSession):
+                if (scored and self.variant.ema and not self.feed.streams
+                        and not isinstance(session, DataParallelTrainSession)):
                     # The shadow, found through the state layout (never a literal region), with its own BN stats.
                     shadow = [*session.slot_buffers(SHADOW), *(self.backend.to_device(r) for r in self.shadow_running)]
                     ev_ema = self.task.evaluate(evaluator, shadow)
-                    metrics.update(self.task.ema_metrics(ev_ema))
+                    metrics.update({f"{p}{k}": v for k, v in self.task.ema_metrics(ev_ema).items()})
                     ema_line = f"  ema {ev_ema.line.removeprefix('test ')}"
                 ckpt.mark("logs", epoch)
                 mlog.write(json.dumps(metrics) + "\n")
                 mlog.flush()
                 history.append(metrics)
-                if world.is_root:
-                    if ev.correct is not None:
+                if self.writes:
+                    if ev is not None and ev.correct is not None:
                         rundir.save_npz(os.path.join(self.dir, BITMAP), correct=ev.correct,
                                         set_id=self.meta(0, 0)["eval_set"], epoch=epoch)
                     self.save(session, epoch, host)
-                    self.log(f"epoch {epoch}/{cfg.epochs}  loss {metrics['loss']:.4f}  {ev.line}{ema_line}  "
-                             f"{metrics['images_per_s']:.0f} img/s")
-                    self._plot(history)
-                    default_registry().pm.hook.hloforge_on_epoch_end(run=self, epoch=epoch, metrics=metrics)
-                world.barrier(f"epoch {epoch}'s checkpoint", slow=True)  # the others wait out rank 0's writes here
+                line = "" if ev is None else ev.line if not p else f"val {ev.line.removeprefix('test ')}"
+                self.log("  ".join(part for part in (f"epoch {epoch}/{self.end_epoch}", f"loss {metrics['loss']:.4f}",
+                                                     f"{line}{ema_line}", f"{metrics['images_per_s']:.0f} img/s")
+                                   if part))
+                self.world.barrier(f"epoch {epoch}'s checkpoint", slow=True)  # the others wait out rank 0's writes
+                self._epoch_end(epoch, metrics, callbacks)
         finally:
             mlog.close()
+            for cb in callbacks:
+                cb.on_train_end(metrics)
+        if self.writes and history:
+            self.plot(history)  # once, at the end: `hloforge plot RUN` redraws it on demand
         metrics["wall_s"] = time.perf_counter() - t0
         return metrics
+
+    def _epoch_end(self, epoch: int, metrics: dict[str, Any], callbacks: Sequence[Any]) -> None:
+        """The callbacks and the epoch-end hook, on rank 0 (the one writer); a stop it decides, every rank's."""
+        if self.world.is_root:
+            for cb in callbacks:
+                cb.on_epoch_end(epoch, metrics)
+            default_registry().pm.hook.hloforge_on_epoch_end(run=self, epoch=epoch, metrics=metrics)
+        if self.world.size > 1:
+            self.stop_training = self.world.bcast(self.stop_training, "whether to stop", slow=True)
 
     def _lm_epoch(self, evaluator: ForwardSession, session: TrainSession, epoch: int, losses: list[float],
                   secs: float, mlog: Any, history: list[dict[str, Any]],
                   host: tuple[list[str], list[np.ndarray]]) -> dict[str, Any]:
         """A language model's epoch end: bits/char on every validation window, log, checkpoint, plot."""
         cfg = self.cfg
-        res = evaluate_lm(evaluator, self._eval_buffers(session), self.x_te, self.y_te)
+        res = evaluate_lm(evaluator, self._eval_buffers(session), self.x_te, self.y_te) if len(self.y_te) else None
         metrics: dict[str, Any] = {
                    "kind": "epoch", "epoch": epoch, "step": session.step, "loss": float(np.mean(losses)),
-                   "lr": self.lr(session.step - 1), "val_bits_per_char": res.bits_per_char, "n": res.n,
+                   "lr": self.lr(session.step - 1),
+                   **({"val_bits_per_char": res.bits_per_char, "n": res.n} if res is not None else {}),
                    "tokens_per_s": self.steps_per_epoch * cfg.batch * self.spec.input_shape[0] / secs,
                    "seconds": secs}
         mlog.write(json.dumps(metrics) + "\n")
         mlog.flush()
         history.append(metrics)
-        if self.world.is_root:
+        if self.writes:
             self.save(session, epoch, host)
-            self.log(f"epoch {epoch}/{cfg.epochs}  loss {metrics['loss']:.4f} ({metrics['loss'] / math.log(2):.4f} "
-                     f"bits/char)  val {res.line()}  {metrics['tokens_per_s']:.0f} tok/s")
-            self._plot(history)
-            default_registry().pm.hook.hloforge_on_epoch_end(run=self, epoch=epoch, metrics=metrics)
+        self.log(f"epoch {epoch}/{self.end_epoch}  loss {metrics['loss']:.4f} ({metrics['loss'] / math.log(2):.4f} "
+                 f"bits/char)  {'val ' + res.line() if res is not None else ''}  {metrics['tokens_per_s']:.0f} tok/s")
         self.world.barrier(f"epoch {epoch}'s checkpoint", slow=True)
         return metrics
 
@@ -439,46 +519,18 @@ class Run:
     def _bar(self, epoch: int) -> Any:
         if not self.progress:
             return None
-        from tqdm import tqdm
+        from tqdm.auto import tqdm  # a notebook's widget, a terminal's bar
 
-        return tqdm(total=self.steps_per_epoch, desc=f"epoch {epoch}/{self.cfg.epochs}", leave=False,
+        return tqdm(total=self.steps_per_epoch, desc=f"epoch {epoch}/{self.end_epoch}", leave=False,
                     file=sys.stderr, dynamic_ncols=True, disable=None)  # None: off when not a terminal
 
     def _history(self) -> list[dict[str, Any]]:
-        path = os.path.join(self.dir, "metrics.jsonl")
-        if not os.path.exists(path):
-            return []
-        with open(path, encoding="utf-8") as f:
-            return [r for r in map(json.loads, f) if r.get("kind") == "epoch"]
+        return curves.history(self.dir) if self.dir is not None else []
 
-    def _plot(self, history: list[dict[str, Any]]) -> None:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        ep = [h["epoch"] for h in history]
-        fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.5))
-        a.plot(ep, [h["loss"] for h in history], marker="o")
-        a.set(xlabel="epoch", ylabel="train loss", title=self.spec.name)
-        if self.lm:
-            b.plot(ep, [h["val_bits_per_char"] for h in history], marker="o")
-            b.set(xlabel="epoch", ylabel="validation bits/char")
-        elif self.task is not None and self.task.kind != "class":
-            key, label = self.task.plot
-            b.plot(ep, [h[key] for h in history], marker="o")
-            b.set(xlabel="epoch", ylabel=label)
-        else:
-            b.plot(ep, [100 * h["top1"] for h in history], marker="o", label="top-1")
-            b.fill_between(ep, [100 * h["top1_lo"] for h in history], [100 * h["top1_hi"] for h in history],
-                           alpha=0.2, label="95% Wilson")
-            b.set(xlabel="epoch", ylabel="test accuracy (%)")
-            b.legend()
-        fig.tight_layout()
-        png = io.BytesIO()
-        fig.savefig(png, format="png", dpi=90)
-        plt.close(fig)
-        ckpt.write_atomic(os.path.join(self.dir, "curves.png"), png.getvalue(), "plot")
+    def plot(self, history: list[dict[str, Any]]) -> None:
+        """curves.png in the run directory: the loss and the task's metric over the epochs."""
+        assert self.dir is not None
+        ckpt.write_atomic(os.path.join(self.dir, curves.PNG), curves.draw(history, self.spec.name), "plot")
 
 
 def check_matches(path: str, meta: dict[str, Any], spec: NetSpec, variant: Variant, backend: str,
@@ -499,7 +551,8 @@ def check_matches(path: str, meta: dict[str, Any], spec: NetSpec, variant: Varia
 
 
 def train(cfg: TrainConfig, *, resume: bool = False, cross_backend: bool = False,
-          log: Callable[[str], None] = print, progress: bool = True) -> dict[str, Any]:
+          log: Callable[[str], None] = print, progress: bool = True, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
     """Train per `cfg`; `resume` continues the run directory's checkpoint, `cross_backend`
-    lets that checkpoint come from another backend (results then differ in the last bits)."""
-    return Run(cfg, log, progress, resume).train(resume=resume, cross_backend=cross_backend)
+    lets that checkpoint come from another backend (results then differ in the last bits);
+    `callbacks` (hloforge.callbacks' hooks) run in the loop, seeing the Run as their `model`."""
+    return Run(cfg, log, progress, resume).train(resume=resume, cross_backend=cross_backend, callbacks=callbacks)

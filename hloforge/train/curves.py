@@ -1,0 +1,84 @@
+"""A run's curves (curves.png): train loss and the task's metric over the epochs, drawn from its
+metrics (metrics.jsonl's epoch records, or a Model's history). Drawn once at the end of a run and
+on demand (`hloforge plot RUN`, `Model.plot()`), never per epoch: matplotlib costs more than an
+epoch of a small net."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from hloforge.core.errors import DataError
+
+PNG = "curves.png"
+METRICS = "metrics.jsonl"
+
+
+def history(run_dir: str) -> list[dict[str, Any]]:
+    """The epoch records of a run directory's metrics.jsonl ([] when it has none)."""
+    path = os.path.join(run_dir, METRICS)
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        return [r for r in map(json.loads, f) if r.get("kind", "epoch") == "epoch"]
+
+
+def panel(history: Sequence[dict[str, Any]]) -> tuple[str, str] | None:
+    """(metrics key, axis label) of the right panel, the first the history holds: a language model's,
+    then each task's own (its `plot`), a Model's validation scores under val_."""
+    from hloforge.train.tasks import TASKS
+
+    keys = set(history[-1]) if history else set()
+    for key, label in (("val_bits_per_char", "validation bits/char"), *(t.plot for t in TASKS.values())):
+        for k, lab in ((key, label), (f"val_{key}", label.replace("test", "validation"))):
+            if k in keys:
+                return k, lab
+    return None
+
+
+def draw(history: Sequence[dict[str, Any]], title: str) -> bytes:
+    """The two panels as PNG bytes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ep = [h["epoch"] for h in history]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.5))
+    a.plot(ep, [h["loss"] for h in history], marker="o")
+    a.set(xlabel="epoch", ylabel="train loss", title=title)
+    right = panel(history)
+    if right is not None and right[0].endswith("top1"):
+        key = right[0]
+        b.plot(ep, [100 * h[key] for h in history], marker="o", label="top-1")
+        if f"{key}_lo" in history[-1]:
+            b.fill_between(ep, [100 * h[f"{key}_lo"] for h in history], [100 * h[f"{key}_hi"] for h in history],
+                           alpha=0.2, label="95% Wilson")
+        b.set(xlabel="epoch", ylabel=f"{right[1]} (%)")
+        b.legend()
+    elif right is not None:
+        b.plot(ep, [h[right[0]] for h in history], marker="o")
+        b.set(xlabel="epoch", ylabel=right[1])
+    fig.tight_layout()
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=90)
+    plt.close(fig)
+    return png.getvalue()
+
+
+def plot_run(run_dir: str) -> str:
+    """Draw a run directory's curves.png from its metrics.jsonl; returns the file's path."""
+    from hloforge.train.checkpoint import write_atomic
+    from hloforge.train.config import load_config
+
+    hist = history(run_dir)
+    if not hist:
+        raise DataError(f"{run_dir} has no epoch in {METRICS}; expected a run directory that trained an epoch")
+    cfg_path = os.path.join(run_dir, "config.toml")
+    title = os.path.basename(load_config(cfg_path).net) if os.path.exists(cfg_path) else os.path.basename(run_dir)
+    out = os.path.join(run_dir, PNG)
+    write_atomic(out, draw(hist, title), "plot")
+    return out
