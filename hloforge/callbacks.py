@@ -4,8 +4,8 @@ start and end of training, of each epoch and after each step. A callback sees th
 
 The built-ins register through the `hloforge.callbacks` entry-point group as a third party's do
 (the `hloforge_callbacks` hook, in hloforge.plugins.callbacks.builtin); this module is also the
-lookup of every registered callback:
-`hf.callbacks["early_stopping"]`, `hf.callbacks.EarlyStopping` (hloforge.core.lookup)."""
+lookup of every registered callback: `hf.callbacks["early_stopping"]`, `hf.callbacks.EarlyStopping`
+(hloforge.core.lookup)."""
 
 from __future__ import annotations
 

@@ -36,8 +36,7 @@ def _render(args: argparse.Namespace) -> None:
 
     spec = get_net(args.net, args.classes, args.input)
     loss = args.loss or default_loss(spec, args.data)  # the loss `train` picks (a DDPM's mse, an LM's, a mask's)
-    variant = Variant(args.optimizer, args.weight_decay, loss, args.label_smoothing,
-                      **{k: getattr(args, k) for k in VARIANT_FLAGS if getattr(args, k) is not None})
+    variant = Variant(**{**given(args, Variant), "loss": loss})
     spec = variant.apply_to(spec)  # the eval graph at the variant's BN ε
     t = time.perf_counter()
     eps = variant.eval_suffix
@@ -55,12 +54,12 @@ def _render(args: argparse.Namespace) -> None:
     print(f"rendered {spec.name} ({spec.param_count():,} params, batch {args.batch}) in {secs:.2f}s", file=sys.stderr)
 
 
-# The Variant's options beyond optimizer / weight decay / loss / label smoothing (`variant_flags`).
-VARIANT_FLAGS = ("ema", "accum", "clip", "mixup", "cutmix", "dropout", "drop_path", "bn_eps", "precision", "frozen")
-TRAIN_FLAGS = ("net", "classes", "input", "data", "data_dir", "data_file", "workers", "augment", "backend", "epochs",
-               "batch", "optimizer", "lr", "schedule", "warmup_epochs", "weight_decay", "label_smoothing", "seed",
-               "run_dir", "tag", "replicas", "devices", "sync_bn", "loss", *VARIANT_FLAGS, "data_options",
-               "diffusion_steps", "beta_start", "beta_end", "autotune", "decay_rate", "decay_epochs", "init")
+def given(args: argparse.Namespace, cls: type) -> dict[str, Any]:
+    """The flags set on the command line that are fields of the attrs class `cls` (a flag's dest is its
+    field's name): unset ones (None) are left to the class's defaults, or to --config's file."""
+    import attrs
+
+    return {f.name: getattr(args, f.name) for f in attrs.fields(cls) if getattr(args, f.name, None) is not None}
 
 
 def train_config(args: argparse.Namespace) -> TrainConfig:
@@ -71,8 +70,8 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         if args.net and args.net != args.net_flag:
             raise UnsupportedSpec(f"two nets given: {args.net!r} and --net {args.net_flag!r}")
         args.net = args.net_flag
-    given = {k: getattr(args, k) for k in TRAIN_FLAGS if getattr(args, k) is not None}
-    return load_config(args.config, **given) if args.config else TrainConfig(**given)
+    flags = given(args, TrainConfig)
+    return load_config(args.config, **flags) if args.config else TrainConfig(**flags)
 
 
 def _train(args: argparse.Namespace) -> None:
@@ -249,16 +248,16 @@ probability = number(0.0, 1.0)
 unit_open = number(0.0, 1.0, lo_open=True, hi_open=True)  # a DDPM's β: a noise variance per step
 
 
-def variant_value(name: str, parse: Callable[[str], Any]) -> Callable[[str], Any]:
-    """An argparse type for a Variant field: `parse`, then the Variant's own rule for that field
-    (hloforge.core.variant: one definition of each range), refused at parse time."""
+def variant_value(name: str, parse: Callable[[str], Any], variant: type | None = None) -> Callable[[str], Any]:
+    """An argparse type for a field of `variant` (default: hloforge.core.variant.Variant): `parse`, then the
+    Variant's own rule for that field (one definition of each range), refused at parse time."""
 
     def check(text: str) -> Any:
         from hloforge.core.variant import Variant
 
         v = parse(text)
         try:
-            Variant(**{name: v})
+            (variant or Variant)(**{name: v})
         except HloforgeError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
         return v
@@ -329,29 +328,33 @@ def _command(sub: argparse._SubParsersAction, name: str, **kw: Any) -> argparse.
     return sub.add_parser(name, formatter_class=HelpFormatter, **kw)  # type: ignore[no-any-return]
 
 
-def variant_flags(q: argparse.ArgumentParser) -> None:
-    """The training-variant flags (hloforge.core.variant.Variant); unset ones keep the defaults."""
-    q.add_argument("--ema", type=variant_value("ema", finite_float), metavar="DECAY",
-                   help="keep an EMA shadow of the weights (e.g. 0.9999; default 0: none)")
-    q.add_argument("--accum", type=variant_value("accum", integer()), metavar="K",
-                   help="accumulate gradients over K micro-batches per update (default 1)")
-    q.add_argument("--clip", type=variant_value("clip", finite_float), metavar="NORM",
-                   help="clip the global gradient norm to NORM (default 0: no clipping)")
-    q.add_argument("--mixup", type=variant_value("mixup", finite_float), metavar="A",
-                   help="mixup with λ ~ Beta(A, A), on the host (soft labels; default 0: off)")
-    q.add_argument("--cutmix", type=variant_value("cutmix", finite_float), metavar="A",
-                   help="cutmix with λ ~ Beta(A, A), on the host (soft labels; default 0: off)")
-    q.add_argument("--dropout", type=variant_value("dropout", finite_float), metavar="P",
-                   help="classifier dropout before the last layer (default 0)")
-    q.add_argument("--drop-path", type=variant_value("drop_path", finite_float), metavar="P",
-                   help="stochastic depth on every block that has it (default 0)")
-    q.add_argument("--bn-eps", type=variant_value("bn_eps", finite_float), metavar="EPS",
-                   help="BatchNorm ε of every BN layer, train and eval (default: each layer's own)")
-    q.add_argument("--precision", choices=("fp32", "fp8"),
-                   help="fp8: E4M3 weights and input, fp32 master (default fp32)")
-    q.add_argument("--freeze", dest="frozen", action="extend", nargs="+", metavar="PREFIX",  # checked by Variant
-                   help="train the parameters under PREFIX (a layer index, a block such as 2.b0, a name) as "
-                        "constants: no update, no optimizer state (repeatable; default: none)")
+def variant_flags(q: argparse.ArgumentParser, variant: type | None = None) -> None:
+    """A flag for every field of the Variant (hloforge.core.variant; or of `variant`, a subclass), made from the
+    field's `option`: its help (and default), metavar and choices; its value parsed by the option's `parse` or the
+    field's type, then checked by the Variant's rule. Unset flags stay None: the Variant's defaults, or --config's."""
+    import types
+    import typing
+
+    import attrs
+
+    from hloforge.core.variant import OPTION, Variant
+
+    cls = variant or Variant
+    hints = typing.get_type_hints(cls)
+    for f in attrs.fields(cls):
+        o = f.metadata[OPTION]
+        hint = hints[f.name]
+        kind = next(t for t in (typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,))
+                    if t is not type(None))
+        if typing.get_origin(kind) is tuple:  # a repeated flag's items
+            kind = typing.get_args(kind)[0]
+        if o.parse is None and kind not in (int, float, str):
+            raise TypeError(f"Variant field {f.name}: no flag parses a {kind}; give its option a parse")
+        parse = o.parse or {int: integer(), float: finite_float}.get(kind)  # a str is taken as written
+        shown = o.help if "default" in o.help or f.default in (None, ()) else f"{o.help} (default {f.default})"
+        q.add_argument(o.flag or "--" + f.name.replace("_", "-"), dest=f.name, choices=o.choices or None,
+                       metavar=o.metavar, help=shown, type=None if parse is None else variant_value(f.name, parse, cls),
+                       **({"action": "extend", "nargs": "+"} if o.repeat else {}))
 
 
 def net_opts(q: argparse.ArgumentParser) -> None:
@@ -385,16 +388,9 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("net", help="a zoo name or a .toml/.json spec")
     sp.add_argument("--out", required=True, help="the directory the .mlir files are written to")
     sp.add_argument("--batch", type=positive_int, default=128, help="the modules' batch size")
-    sp.add_argument("--loss", help="a loss plugin (default: the one `train` picks for the net: crossEntropy, "
-                                   "tokenCrossEntropy for a language model, perPixelCE for masks, mse for a DDPM)")
     sp.add_argument("--data", help="pick the default loss as `train` does on this dataset (default: from the net's "
                                    "output alone)")
     net_opts(sp)
-    sp.add_argument("--optimizer", default="adam", help="an optimizer plugin")
-    sp.add_argument("--weight-decay", type=variant_value("weight_decay", finite_float),
-                    help="decoupled weight decay (default: the optimizer's own)")
-    sp.add_argument("--label-smoothing", type=variant_value("label_smoothing", finite_float), default=0.0,
-                    help="label smoothing of a cross-entropy loss")
     variant_flags(sp)
     sp.set_defaults(func=_render)
 
@@ -425,7 +421,6 @@ def parser() -> argparse.ArgumentParser:
                     help="with --replicas: BN statistics over the global batch (default: each replica's own)")
     sp.add_argument("--epochs", type=positive_int, help="passes over the training split")
     sp.add_argument("--batch", type=positive_int, help="examples per step (with --replicas: over all of them)")
-    sp.add_argument("--optimizer", help="an optimizer plugin (sgd, momentum, adam, adamw, ...)")
     sp.add_argument("--lr", type=positive_float, help="the peak learning rate")
     sp.add_argument("--schedule", choices=("cosine", "exp", "constant"), help="the learning-rate schedule")
     sp.add_argument("--decay-rate", type=number(0.0, 1.0, lo_open=True),
@@ -433,12 +428,6 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--decay-epochs", type=positive_float, help="--schedule exp: the decay period in epochs "
                                                                 "(EfficientNet: --decay-rate 0.97 every 2.4)")
     sp.add_argument("--warmup-epochs", type=nonneg_float, help="linear warm-up to --lr over this many epochs")
-    sp.add_argument("--weight-decay", type=variant_value("weight_decay", finite_float),
-                    help="decoupled weight decay (default: the optimizer's own)")
-    sp.add_argument("--label-smoothing", type=variant_value("label_smoothing", finite_float),
-                    help="label smoothing of a cross-entropy loss")
-    sp.add_argument("--loss", help="a loss plugin (default: the net's and dataset's: crossEntropy, perPixelCE for "
-                                   "masks, mse for a DDPM)")
     variant_flags(sp)
     sp.add_argument("--diffusion-steps", type=integer(2, MAX_DIFFUSION_STEPS), help="a DDPM's T (default 1000)")
     sp.add_argument("--beta-start", type=unit_open, help="a DDPM's β_1 (default 1e-4), linear to --beta-end")
