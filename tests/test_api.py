@@ -417,3 +417,21 @@ def test_a_diverging_fit_stops_in_one_line_keeping_the_last_epoch(tmp_path: str,
         m.fit(x, y, epochs=1, batch_size=16, verbose=False)
     assert "\n" not in str(e.value) and m._epoch == 1 and os.listdir(tmp_path) == []
     assert all(np.array_equal(kept[n], w) for n, w in m.params.items())
+
+
+def test_a_saved_model_keeps_its_frozen_prefixes(tmp_path: str) -> None:
+    """Model.save's config.toml holds every Variant field (frozen included): hf.load and `hloforge eval`
+    read the run the model was."""
+    from hloforge.cli import main
+    from hloforge.datasets.digits import Digits
+    from hloforge.train.trainer import load_config
+
+    (x, y) = Digits().arrays("train")
+    m = hf.Model("mnist-mlp", lr=1e-3, frozen=("0",))
+    m.fit(x[:128].reshape(128, 784), y[:128], epochs=1, batch_size=64, verbose=False)
+    d = os.path.join(tmp_path, "frozen")
+    m.save(d)
+    assert load_config(os.path.join(d, "config.toml")).frozen == ("0",)
+    back = hf.load(d)
+    assert back.variant.frozen == ("0",) and back.state.keys() == m.state.keys()
+    assert main(["eval", d]) == 0

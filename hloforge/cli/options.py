@@ -1,298 +1,45 @@
-"""The `hloforge` command."""
+"""The `hloforge` command's parser: every subcommand and its flags (the Variant's from its fields)."""
 
 from __future__ import annotations
 
 import argparse
-import math
-import os
-import sys
-import time
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
-
-from hloforge.core.errors import HloforgeError, UnsupportedSpec
-
-if TYPE_CHECKING:
-    from hloforge.train.trainer import TrainConfig
-
-
-def _plugins(args: argparse.Namespace) -> None:
-    from hloforge.core.registry import default_registry
-
-    reg = default_registry()
-    rows = [(e.kind, e.name, e.distribution) for e in reg.entries()]
-    # A plugin that failed to load: its entry-point name, its distribution and why (see Registry.broken).
-    rows += [("broken", b.name, f"{b.distribution}  {b.error}") for b in reg.broken]
-    w = max(len(r[1]) for r in rows)
-    for kind, name, dist in rows:
-        print(f"{kind:10} {name:{w}}  {dist}")
-
-
-def _render(args: argparse.Namespace) -> None:
-    from hloforge.core.modules import forward_module, train_step_module
-    from hloforge.core.variant import Variant
-    from hloforge.train.tasks import default_loss
-    from hloforge.zoo import get_net
-
-    spec = get_net(args.net, args.classes, args.input)
-    loss = args.loss or default_loss(spec, args.data)  # the loss `train` picks (a DDPM's mse, an LM's, a mask's)
-    variant = Variant(**{**given(args, Variant), "loss": loss})
-    spec = variant.apply_to(spec)  # the eval graph at the variant's BN ε
-    t = time.perf_counter()
-    eps = variant.eval_suffix
-    files = {
-        f"{spec.ident}_fwd{eps}.mlir": forward_module(spec, args.batch),
-        f"{spec.ident}_fwd_eval{eps}.mlir": forward_module(spec, args.batch, eval_mode=True),
-        f"{spec.ident}_{variant.slug}_train_step.mlir": train_step_module(spec, variant, args.batch)[0],
-    }
-    secs = time.perf_counter() - t
-    os.makedirs(args.out, exist_ok=True)  # only once every module rendered: a refused net writes nothing
-    for name, text in files.items():
-        with open(os.path.join(args.out, name), "w", encoding="utf-8") as f:
-            f.write(text)
-        print(os.path.join(args.out, name))
-    print(f"rendered {spec.name} ({spec.param_count():,} params, batch {args.batch}) in {secs:.2f}s", file=sys.stderr)
-
-
-def given(args: argparse.Namespace, cls: type) -> dict[str, Any]:
-    """The flags set on the command line that are fields of the attrs class `cls` (a flag's dest is its
-    field's name): unset ones (None) are left to the class's defaults, or to --config's file."""
-    import attrs
-
-    return {f.name: getattr(args, f.name) for f in attrs.fields(cls) if getattr(args, f.name, None) is not None}
-
-
-def train_config(args: argparse.Namespace) -> TrainConfig:
-    """`hloforge train`'s parsed flags as the run's config (over --config's file when given)."""
-    from hloforge.train.trainer import TrainConfig, load_config
-
-    if args.net_flag:
-        if args.net and args.net != args.net_flag:
-            raise UnsupportedSpec(f"two nets given: {args.net!r} and --net {args.net_flag!r}")
-        args.net = args.net_flag
-    flags = given(args, TrainConfig)
-    return load_config(args.config, **flags) if args.config else TrainConfig(**flags)
-
-
-def _train(args: argparse.Namespace) -> None:
-    from hloforge.callbacks import from_items
-    from hloforge.train.trainer import train
-
-    if args.init is not None and args.resume:
-        raise UnsupportedSpec("--init starts a new run from other weights, --resume continues this run's own "
-                              "checkpoint; give one of them")
-    callbacks = from_items(args.callback or ())  # refused before anything trains or is written
-    train(train_config(args), resume=args.resume, cross_backend=args.cross_backend, progress=not args.no_progress,
-          callbacks=callbacks)
-
-
-def _plot(args: argparse.Namespace) -> None:
-    from hloforge.train import curves
-
-    print(curves.plot_run(args.run))
-
-
-def _eval(args: argparse.Namespace) -> None:
-    from hloforge.commands.opening import evaluate_checkpoint
-
-    evaluate_checkpoint(args.run, backend=args.backend, region=args.region, replicas=args.replicas,
-                        devices=args.devices, batch_stats=args.batch_stats, size=args.size, crop=args.crop)
-
-
-def _summary(args: argparse.Namespace) -> None:
-    from hloforge.api import summary_table
-    from hloforge.zoo import get_net
-
-    print(summary_table(get_net(args.net, args.classes, args.input)))
-
-
-def _import_weights(args: argparse.Namespace) -> None:
-    from hloforge.interop import import_weights
-
-    import_weights(args.source, args.file, args.out, input=args.input, data=args.data or "",
-                   data_options=args.data_options or (), backend=args.backend or "")
-
-
-def _export(args: argparse.Namespace) -> None:
-    from hloforge.interop.exporter import export_run
-
-    export_run(args.run, args.out, args.format)
-
-
-def _verify(args: argparse.Namespace) -> int:
-    from hloforge.testing.verify import verify
-
-    return EXIT_FAILED if verify(args.names) else EXIT_OK
-
-
-def _generate(args: argparse.Namespace) -> None:
-    from hloforge.commands.generate import generate
-
-    generate(args.run, args.prompt, args.tokens, args.temperature, args.seed, args.backend,
-             out=lambda s: print(s, end="", flush=True))
-    print()
-
-
-def _cam(args: argparse.Namespace) -> None:
-    from hloforge.commands.cam import cam_run
-
-    cam_run(args.run, args.image, args.out, args.cls)
-
-
-def _prepare(args: argparse.Namespace) -> None:
-    from hloforge.datasets.prepare import PREPARERS, prepare
-
-    opts = {o.name: getattr(args, o.name) for o in PREPARERS[args.dataset].options}
-    summary = prepare(args.dataset, args.src, args.out, **opts)
-    written = ", ".join(f"{os.path.join(args.out, f)} ({n} records)" for f, n in summary["records"].items())
-    print(f"prepared {args.dataset}: {written}")
-
-
-def prepare_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """`hloforge prepare NAME SRC OUT [options]`, one subcommand per entry of PREPARERS."""
-    from hloforge.datasets.prepare import PREPARERS
-
-    sp = _command(sub, "prepare", help="build a dataset's binaries from its downloaded layout "
-                                       f"({', '.join(sorted(PREPARERS))})")
-    names = sp.add_subparsers(dest="dataset", required=True, metavar="DATASET")
-    for name, prep in sorted(PREPARERS.items()):
-        q = _command(names, name, help=prep.help)
-        q.add_argument("src", help="the downloaded layout to read")
-        q.add_argument("out", help="the directory the binaries are written to")
-        for o in prep.options:
-            kind = {int: integer(), float: finite_float}.get(o.type, o.type)  # its range is the preparer's
-            q.add_argument("--" + o.name.replace("_", "-"), dest=o.name, type=kind, default=o.default,
-                           help=f"{o.help} (default {o.default})")
-    sp.set_defaults(func=_prepare)
-
-
-def _detect(args: argparse.Namespace) -> None:
-    from hloforge.commands.detect import detect_run
-
-    detect_run(args.run, args.image, args.out, index=args.index, score_min=args.score, backend=args.backend)
-
-
-def _compare(args: argparse.Namespace) -> None:
-    from hloforge.train.compare import compare_runs
-
-    compare_runs(args.run_a, args.run_b)
-
-
-def _sample(args: argparse.Namespace) -> None:
-    from hloforge.commands.sample import sample_run
-
-    sample_run(args.run, args.n, args.out, args.seed, args.backend, args.region, args.clip)
-
-
-# ------------------------------------------------------------------ option types
-# Every numeric option is parsed by one of these, so a value of the wrong kind or range is refused at
-# parse time (exit 2, one line naming the flag and what it expects), before anything is read or
-# written. Ints stop at I64_MAX and floats must be finite: a run's config.toml holds its options, and
-# TOML has no integer beyond 64 bits (nor may a config hold nan/inf and be read back as given); the
-# programs take their scalars (lr, clip norm, decays) as f32, so a float must also be one f32 can hold.
-I64_MAX = 2**63 - 1
-F32_MAX = 3.4028234663852886e38
-# A count that starts processes or devices: a typo of a few digits must not fork a million producers
-# or ask the XLA CPU plugin for a million devices.
-MAX_PROCESSES = 1024
-# A DDPM's T: its schedule is T floats and sampling runs T forward passes.
-MAX_DIFFUSION_STEPS = 1_000_000
-
-
-def integer(lo: int = -I64_MAX - 1, hi: int = I64_MAX) -> Callable[[str], int]:
-    """An argparse type: an integer in [lo, hi]."""
-    what = ("an integer ≥ 1" if lo == 1 else "an integer ≥ 0" if lo == 0 else "an integer") if hi == I64_MAX \
-        else f"an integer from {lo} to {hi}"
-
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if not lo <= v <= hi:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-        return v
-
-    return parse
-
-
-def number(lo: float = -math.inf, hi: float = math.inf, *, lo_open: bool = False,
-           hi_open: bool = False) -> Callable[[str], float]:
-    """An argparse type: a finite float in the interval from lo to hi (each end closed unless *_open)."""
-    if lo == -math.inf and hi == math.inf:
-        what = "a finite number (at most f32's 3.4e38 in size)"
-    elif hi == math.inf:
-        what = f"a finite number {'>' if lo_open else '≥'} {lo:g} (at most f32's 3.4e38)"
-    else:
-        what = f"a number in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
-
-    def parse(text: str) -> float:
-        try:
-            v = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        ok = abs(v) <= F32_MAX and (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
-        if not ok:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-        return v
-
-    return parse
-
-
-positive_int = integer(1)
-nonneg_int = integer(0)  # a seed, an index, a count where 0 means none
-finite_float = number()
-positive_float = number(0.0, lo_open=True)
-nonneg_float = number(0.0)
-probability = number(0.0, 1.0)
-unit_open = number(0.0, 1.0, lo_open=True, hi_open=True)  # a DDPM's β: a noise variance per step
-
-
-def variant_value(name: str, parse: Callable[[str], Any], variant: type | None = None) -> Callable[[str], Any]:
-    """An argparse type for a field of `variant` (default: hloforge.core.variant.Variant): `parse`, then the
-    Variant's own rule for that field (one definition of each range), refused at parse time."""
-
-    def check(text: str) -> Any:
-        from hloforge.core.variant import Variant
-
-        v = parse(text)
-        try:
-            (variant or Variant)(**{name: v})
-        except HloforgeError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-        return v
-
-    return check
-
-
-def _shape(text: str) -> tuple[int, ...]:
-    try:
-        dims = tuple(int(d) for d in text.replace("x", ",").split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a shape like 3,32,32, got {text!r}") from None
-    if not dims or min(dims) <= 0 or max(dims) > I64_MAX:
-        raise argparse.ArgumentTypeError(f"expected positive dimensions, got {text!r}")
-    return dims
-
-
-# ------------------------------------------------------------------ exit codes
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
-EXIT_CODES = {
-    EXIT_OK: "ok",
-    EXIT_FAILED: "a check ran and failed (verify: a plugin failed its gate)",
-    EXIT_USAGE: "usage: an unknown command or flag, a missing argument, a value of the wrong kind or range",
-    EXIT_BAD_INPUT: "bad input, refused in one line: a spec, dataset, checkpoint or run that cannot be\n"
-                    "used, options that do not go together, a file that cannot be read or written",
-    EXIT_INTERNAL: "internal error (a bug): one line naming the file that holds the traceback\n"
-                   "(HLOFORGE_DEBUG=1 prints it instead)",
-    EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
-}
-DEBUG_ENV_VAR = "HLOFORGE_DEBUG"
-
-
-def exit_codes_text() -> str:
-    rows = (f"  {code:<5}" + meaning.replace("\n", "\n" + " " * 7) for code, meaning in EXIT_CODES.items())
-    return "exit codes:\n" + "\n".join(rows)
+from typing import Any, NoReturn
+
+from hloforge.cli.argtypes import (
+    MAX_DIFFUSION_STEPS,
+    MAX_PROCESSES,
+    _shape,
+    finite_float,
+    integer,
+    nonneg_float,
+    nonneg_int,
+    number,
+    positive_float,
+    positive_int,
+    probability,
+    unit_open,
+    variant_value,
+)
+from hloforge.cli.exits import EXIT_USAGE, exit_codes_text
+from hloforge.cli.handlers import (
+    _cam,
+    _compare,
+    _detect,
+    _eval,
+    _export,
+    _generate,
+    _import_weights,
+    _plot,
+    _plugins,
+    _prepare,
+    _render,
+    _sample,
+    _summary,
+    _train,
+    _verify,
+)
+
+DESCRIPTION = "The `hloforge` command."
 
 
 def version() -> str:
@@ -301,8 +48,6 @@ def version() -> str:
 
     return str(hloforge.__version__)
 
-
-# ------------------------------------------------------------------ the parser
 class Parser(argparse.ArgumentParser):
     """A usage error is one line naming the flag and what it expects, and where the help is."""
 
@@ -377,8 +122,25 @@ def _train_defaults(q: argparse.ArgumentParser) -> None:
             a.help += f" (default {d})"
 
 
+def prepare_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """`hloforge prepare NAME SRC OUT [options]`, one subcommand per entry of PREPARERS."""
+    from hloforge.datasets.prepare import PREPARERS
+
+    sp = _command(sub, "prepare", help="build a dataset's binaries from its downloaded layout "
+                                       f"({', '.join(sorted(PREPARERS))})")
+    names = sp.add_subparsers(dest="dataset", required=True, metavar="DATASET")
+    for name, prep in sorted(PREPARERS.items()):
+        q = _command(names, name, help=prep.help)
+        q.add_argument("src", help="the downloaded layout to read")
+        q.add_argument("out", help="the directory the binaries are written to")
+        for o in prep.options:
+            kind = {int: integer(), float: finite_float}.get(o.type, o.type)  # its range is the preparer's
+            q.add_argument("--" + o.name.replace("_", "-"), dest=o.name, type=kind, default=o.default,
+                           help=f"{o.help} (default {o.default})")
+    sp.set_defaults(func=_prepare)
+
 def parser() -> argparse.ArgumentParser:
-    p = Parser(prog="hloforge", description=__doc__, formatter_class=HelpFormatter, epilog=exit_codes_text())
+    p = Parser(prog="hloforge", description=DESCRIPTION, formatter_class=HelpFormatter, epilog=exit_codes_text())
     p.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sp = _command(sub, "plugins", help="list every registered plugin: kind, name, distribution")
@@ -560,81 +322,3 @@ def parser() -> argparse.ArgumentParser:
     prepare_parser(sub)
     sub.add_parser("bench", add_help=False, help="step time vs jax.jit and PyTorch (see `hloforge bench -h`)")
     return p
-
-
-def _internal_error(e: BaseException) -> str:
-    """Write the traceback to a file (under the cache root, else the temp dir); its path."""
-    import tempfile
-    import traceback
-
-    text = "".join(traceback.format_exception(e))
-    name = f"traceback-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.txt"
-    try:
-        from hloforge.backends.base import cache_root
-
-        d = cache_root() / "tracebacks"
-        d.mkdir(parents=True, exist_ok=True)
-        path = str(d / name)
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
-    except Exception:  # an unwritable cache (or one that cannot be imported): the temp dir
-        fd, path = tempfile.mkstemp(prefix="hloforge-", suffix=".txt")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-    return path
-
-
-def _one_line(e: BaseException) -> str:
-    lines = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {lines[0] if lines else ''}".rstrip(": ")
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """The command; returns its exit status (EXIT_CODES), --help's and a usage error's included."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    debug = os.environ.get(DEBUG_ENV_VAR, "") not in ("", "0")
-    try:
-        if argv[:1] == ["bench"]:  # bench parses its own options, -h included
-            from hloforge import bench
-
-            return bench.main(argv[1:])
-        p = parser()
-        try:
-            args = p.parse_args(argv)
-        except SystemExit as e:  # a usage error (2), or -h / --version (0): argparse has printed it
-            return e.code if isinstance(e.code, int) else EXIT_USAGE
-        if args.command is None:  # a bare `hloforge`: the help, and nothing run
-            p.print_help(sys.stderr)
-            return EXIT_USAGE
-        rc = args.func(args)  # a command may return its exit status (verify: 1 on a failed gate)
-    except KeyboardInterrupt:
-        print("hloforge: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except (HloforgeError, OSError) as e:  # a refusal, or a file the user named that cannot be read or written
-        if getattr(e, "quiet", False):  # an MPI rank whose refusal another rank reports (hloforge.train.mpi)
-            return EXIT_BAD_INPUT
-        if debug:
-            import traceback
-
-            traceback.print_exc()
-        print(f"hloforge: error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except MemoryError as e:  # a size asked for (a batch, an input shape) that does not fit, not a bug
-        print(f"hloforge: error: out of host memory ({_one_line(e)}); ask for a smaller batch or input",
-              file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except Exception as e:
-        if debug:
-            import traceback
-
-            traceback.print_exc()
-            print(f"hloforge: internal error: {_one_line(e)}", file=sys.stderr)
-        else:
-            print(f"hloforge: internal error: {_one_line(e)} (a bug; the full traceback is in {_internal_error(e)}, "
-                  f"or run with {DEBUG_ENV_VAR}=1)", file=sys.stderr)
-        return EXIT_INTERNAL
-    return int(rc or 0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,117 @@
+"""The `hloforge` command: `main` runs it and maps what goes wrong to an exit code (cli/exits.py);
+the parser is cli/options.py (its option types cli/argtypes.py), each subcommand's work cli/handlers.py."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Sequence
+
+from hloforge.cli.argtypes import F32_MAX as F32_MAX
+from hloforge.cli.argtypes import I64_MAX as I64_MAX
+from hloforge.cli.argtypes import MAX_DIFFUSION_STEPS as MAX_DIFFUSION_STEPS
+from hloforge.cli.argtypes import MAX_PROCESSES as MAX_PROCESSES
+from hloforge.cli.argtypes import finite_float as finite_float
+from hloforge.cli.argtypes import integer as integer
+from hloforge.cli.argtypes import nonneg_float as nonneg_float
+from hloforge.cli.argtypes import nonneg_int as nonneg_int
+from hloforge.cli.argtypes import number as number
+from hloforge.cli.argtypes import positive_float as positive_float
+from hloforge.cli.argtypes import positive_int as positive_int
+from hloforge.cli.argtypes import probability as probability
+from hloforge.cli.argtypes import unit_open as unit_open
+from hloforge.cli.argtypes import variant_value as variant_value
+from hloforge.cli.exits import DEBUG_ENV_VAR as DEBUG_ENV_VAR
+from hloforge.cli.exits import EXIT_BAD_INPUT as EXIT_BAD_INPUT
+from hloforge.cli.exits import EXIT_CODES as EXIT_CODES
+from hloforge.cli.exits import EXIT_FAILED as EXIT_FAILED
+from hloforge.cli.exits import EXIT_INTERNAL as EXIT_INTERNAL
+from hloforge.cli.exits import EXIT_INTERRUPTED as EXIT_INTERRUPTED
+from hloforge.cli.exits import EXIT_OK as EXIT_OK
+from hloforge.cli.exits import EXIT_USAGE as EXIT_USAGE
+from hloforge.cli.exits import exit_codes_text as exit_codes_text
+from hloforge.cli.handlers import given as given
+from hloforge.cli.handlers import train_config as train_config
+from hloforge.cli.options import HelpFormatter as HelpFormatter
+from hloforge.cli.options import Parser as Parser
+from hloforge.cli.options import net_opts as net_opts
+from hloforge.cli.options import parser as parser
+from hloforge.cli.options import prepare_parser as prepare_parser
+from hloforge.cli.options import variant_flags as variant_flags
+from hloforge.cli.options import version as version
+from hloforge.core.errors import HloforgeError
+
+
+def _internal_error(e: BaseException) -> str:
+    """Write the traceback to a file (under the cache root, else the temp dir); its path."""
+    import tempfile
+    import traceback
+
+    text = "".join(traceback.format_exception(e))
+    name = f"traceback-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.txt"
+    try:
+        from hloforge.backends.base import cache_root
+
+        d = cache_root() / "tracebacks"
+        d.mkdir(parents=True, exist_ok=True)
+        path = str(d / name)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except Exception:  # an unwritable cache (or one that cannot be imported): the temp dir
+        fd, path = tempfile.mkstemp(prefix="hloforge-", suffix=".txt")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+    return path
+
+
+def _one_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command; returns its exit status (EXIT_CODES), --help's and a usage error's included."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = os.environ.get(DEBUG_ENV_VAR, "") not in ("", "0")
+    try:
+        if argv[:1] == ["bench"]:  # bench parses its own options, -h included
+            from hloforge import bench
+
+            return bench.main(argv[1:])
+        p = parser()
+        try:
+            args = p.parse_args(argv)
+        except SystemExit as e:  # a usage error (2), or -h / --version (0): argparse has printed it
+            return e.code if isinstance(e.code, int) else EXIT_USAGE
+        if args.command is None:  # a bare `hloforge`: the help, and nothing run
+            p.print_help(sys.stderr)
+            return EXIT_USAGE
+        rc = args.func(args)  # a command may return its exit status (verify: 1 on a failed gate)
+    except KeyboardInterrupt:
+        print("hloforge: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (HloforgeError, OSError) as e:  # a refusal, or a file the user named that cannot be read or written
+        if getattr(e, "quiet", False):  # an MPI rank whose refusal another rank reports (hloforge.train.mpi)
+            return EXIT_BAD_INPUT
+        if debug:
+            import traceback
+
+            traceback.print_exc()
+        print(f"hloforge: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except MemoryError as e:  # a size asked for (a batch, an input shape) that does not fit, not a bug
+        print(f"hloforge: error: out of host memory ({_one_line(e)}); ask for a smaller batch or input",
+              file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except Exception as e:
+        if debug:
+            import traceback
+
+            traceback.print_exc()
+            print(f"hloforge: internal error: {_one_line(e)}", file=sys.stderr)
+        else:
+            print(f"hloforge: internal error: {_one_line(e)} (a bug; the full traceback is in {_internal_error(e)}, "
+                  f"or run with {DEBUG_ENV_VAR}=1)", file=sys.stderr)
+        return EXIT_INTERNAL
+    return int(rc or 0)
