@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from hloforge.backends.xla import default_client
-from hloforge.cli import EXIT_CODES, main, options, parser
+from hloforge.cli import EXIT_CODES, main, parser
+from hloforge.commands import options
 from hloforge.core.variant import Variant
 from hloforge.train.trainer import TrainConfig
 from hloforge.zoo import NETS, get_net

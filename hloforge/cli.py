@@ -1,5 +1,6 @@
-"""The `hloforge` command: `main` runs it and maps what goes wrong to an exit code (cli/exits.py);
-the parser is cli/options.py (its option types cli/argtypes.py), each subcommand's work cli/handlers.py."""
+"""The `hloforge` command: `main` runs it and maps what goes wrong to an exit code (commands/exits.py).
+The parser is commands/options.py (its option types commands/argtypes.py), each subcommand's work
+commands/handlers.py; their names are re-exported here (`from hloforge.cli import parser, ...`)."""
 
 from __future__ import annotations
 
@@ -8,38 +9,38 @@ import sys
 import time
 from collections.abc import Sequence
 
-from hloforge.cli.argtypes import F32_MAX as F32_MAX
-from hloforge.cli.argtypes import I64_MAX as I64_MAX
-from hloforge.cli.argtypes import MAX_DIFFUSION_STEPS as MAX_DIFFUSION_STEPS
-from hloforge.cli.argtypes import MAX_PROCESSES as MAX_PROCESSES
-from hloforge.cli.argtypes import finite_float as finite_float
-from hloforge.cli.argtypes import integer as integer
-from hloforge.cli.argtypes import nonneg_float as nonneg_float
-from hloforge.cli.argtypes import nonneg_int as nonneg_int
-from hloforge.cli.argtypes import number as number
-from hloforge.cli.argtypes import positive_float as positive_float
-from hloforge.cli.argtypes import positive_int as positive_int
-from hloforge.cli.argtypes import probability as probability
-from hloforge.cli.argtypes import unit_open as unit_open
-from hloforge.cli.argtypes import variant_value as variant_value
-from hloforge.cli.exits import DEBUG_ENV_VAR as DEBUG_ENV_VAR
-from hloforge.cli.exits import EXIT_BAD_INPUT as EXIT_BAD_INPUT
-from hloforge.cli.exits import EXIT_CODES as EXIT_CODES
-from hloforge.cli.exits import EXIT_FAILED as EXIT_FAILED
-from hloforge.cli.exits import EXIT_INTERNAL as EXIT_INTERNAL
-from hloforge.cli.exits import EXIT_INTERRUPTED as EXIT_INTERRUPTED
-from hloforge.cli.exits import EXIT_OK as EXIT_OK
-from hloforge.cli.exits import EXIT_USAGE as EXIT_USAGE
-from hloforge.cli.exits import exit_codes_text as exit_codes_text
-from hloforge.cli.handlers import given as given
-from hloforge.cli.handlers import train_config as train_config
-from hloforge.cli.options import HelpFormatter as HelpFormatter
-from hloforge.cli.options import Parser as Parser
-from hloforge.cli.options import net_opts as net_opts
-from hloforge.cli.options import parser as parser
-from hloforge.cli.options import prepare_parser as prepare_parser
-from hloforge.cli.options import variant_flags as variant_flags
-from hloforge.cli.options import version as version
+from hloforge.commands.argtypes import F32_MAX as F32_MAX
+from hloforge.commands.argtypes import I64_MAX as I64_MAX
+from hloforge.commands.argtypes import MAX_DIFFUSION_STEPS as MAX_DIFFUSION_STEPS
+from hloforge.commands.argtypes import MAX_PROCESSES as MAX_PROCESSES
+from hloforge.commands.argtypes import finite_float as finite_float
+from hloforge.commands.argtypes import integer as integer
+from hloforge.commands.argtypes import nonneg_float as nonneg_float
+from hloforge.commands.argtypes import nonneg_int as nonneg_int
+from hloforge.commands.argtypes import number as number
+from hloforge.commands.argtypes import positive_float as positive_float
+from hloforge.commands.argtypes import positive_int as positive_int
+from hloforge.commands.argtypes import probability as probability
+from hloforge.commands.argtypes import unit_open as unit_open
+from hloforge.commands.argtypes import variant_value as variant_value
+from hloforge.commands.exits import DEBUG_ENV_VAR as DEBUG_ENV_VAR
+from hloforge.commands.exits import EXIT_BAD_INPUT as EXIT_BAD_INPUT
+from hloforge.commands.exits import EXIT_CODES as EXIT_CODES
+from hloforge.commands.exits import EXIT_FAILED as EXIT_FAILED
+from hloforge.commands.exits import EXIT_INTERNAL as EXIT_INTERNAL
+from hloforge.commands.exits import EXIT_INTERRUPTED as EXIT_INTERRUPTED
+from hloforge.commands.exits import EXIT_OK as EXIT_OK
+from hloforge.commands.exits import EXIT_USAGE as EXIT_USAGE
+from hloforge.commands.exits import exit_codes_text as exit_codes_text
+from hloforge.commands.handlers import given as given
+from hloforge.commands.handlers import train_config as train_config
+from hloforge.commands.options import HelpFormatter as HelpFormatter
+from hloforge.commands.options import Parser as Parser
+from hloforge.commands.options import net_opts as net_opts
+from hloforge.commands.options import parser as parser
+from hloforge.commands.options import prepare_parser as prepare_parser
+from hloforge.commands.options import variant_flags as variant_flags
+from hloforge.commands.options import version as version
 from hloforge.core.errors import HloforgeError
 
 
@@ -115,3 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"or run with {DEBUG_ENV_VAR}=1)", file=sys.stderr)
         return EXIT_INTERNAL
     return int(rc or 0)
+
+
+if __name__ == "__main__":  # `python -m hloforge.cli`
+    sys.exit(main())

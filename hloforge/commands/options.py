@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, NoReturn
 
-from hloforge.cli.argtypes import (
+from hloforge.commands.argtypes import (
     MAX_DIFFUSION_STEPS,
     MAX_PROCESSES,
     _shape,
@@ -20,8 +20,8 @@ from hloforge.cli.argtypes import (
     unit_open,
     variant_value,
 )
-from hloforge.cli.exits import EXIT_USAGE, exit_codes_text
-from hloforge.cli.handlers import (
+from hloforge.commands.exits import EXIT_USAGE, exit_codes_text
+from hloforge.commands.handlers import (
     _cam,
     _compare,
     _detect,

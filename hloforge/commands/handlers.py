@@ -1,4 +1,4 @@
-"""What each `hloforge` subcommand does with its parsed flags (the parser, cli/options.py, names
+"""What each `hloforge` subcommand does with its parsed flags (the parser, commands/options.py, names
 them by `set_defaults(func=...)`), and the flags read as a Variant's or a TrainConfig's fields."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from hloforge.cli.exits import EXIT_FAILED, EXIT_OK
+from hloforge.commands.exits import EXIT_FAILED, EXIT_OK
 from hloforge.core.errors import UnsupportedSpec
 
 if TYPE_CHECKING:

@@ -1,7 +1,0 @@
-"""`python -m hloforge.cli`: the `hloforge` command."""
-
-import sys
-
-from hloforge.cli import main
-
-sys.exit(main())
