@@ -25,7 +25,7 @@ from hloforge.callbacks import Callback, Monitor
 from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
 from hloforge.core.registry import default_registry
 from hloforge.core.spec import NetSpec
-from hloforge.core.variant import Variant
+from hloforge.core.variant import Variant, VariantFields
 from hloforge.train import checkpoint as ckpt
 from hloforge.train.metrics import eval_set_id
 from hloforge.train.schedule import SCHEDULES
@@ -78,7 +78,7 @@ class ArrayData:
 
     def __init__(self, spec: NetSpec, label_kind: str, train: tuple[np.ndarray, np.ndarray] | None,
                  test: tuple[np.ndarray, np.ndarray] | None):
-        out = spec.walk()[-1].out_shape
+        out = spec.out_shape
         self.label_kind = label_kind
         self.num_classes = out[0] if label_kind == "mask" else spec.num_classes
         self.image_shape = tuple(out)  # a DDPM's images (hloforge.train.tasks.DiffusionTask)
@@ -255,7 +255,7 @@ class Model:
     def _label_kind(self) -> str:
         from hloforge.train.tasks import loss_label_kind
 
-        out = self.spec.walk()[-1].out_shape
+        out = self.spec.out_shape
         return "tokens" if len(out) == 2 else loss_label_kind(self.variant.make_loss(default_registry()), out)
 
     def fit(self, x: Any = None, y: Any = None, epochs: int = 1, batch_size: int | None = None,
@@ -417,13 +417,21 @@ class Model:
         """The checkpoint's names of `_state_tensors` (ckpt.tensor_names, less the θ group)."""
         names = [n for n, _ in self._param_slots]
         full = ckpt.tensor_names(names, self._state_layout.slots, self._stat_names,
-                                 shadow_stats=self._state_layout.shadows)
+                                 shadow_stats=self._state_layout.shadows, trained=self._trained_names())
         return [t.removeprefix("state/") for t in full[len(names):]]
 
+    def _trained_names(self) -> list[str]:
+        """The parameters the step updates (all but the frozen ones): each state group holds one tensor per each."""
+        names = [n for n, _ in self._param_slots]
+        frozen = self.variant.frozen_indices(names, f"net {self.spec.name!r}")
+        return [n for i, n in enumerate(names) if i not in frozen]
+
     def _initial_state(self) -> list[np.ndarray]:
-        slots = [s for _, s in self._param_slots]
+        trained = set(self._trained_names())
+        kept = [(s, p) for (n, s), p in zip(self._param_slots, self._params, strict=True) if n in trained]
         return [np.asarray(a, np.float32) for a in
-                self._state_layout.initial(self.variant.make_optimizer(default_registry()), slots, self._params)]
+                self._state_layout.initial(self.variant.make_optimizer(default_registry()), [s for s, _ in kept],
+                                           [p for _, p in kept])]
 
     @staticmethod
     def _assigned(new: Mapping[str, Any], want: list[tuple[str, tuple[int, ...]]], what: str,
@@ -455,13 +463,11 @@ class Model:
 
         v = self.variant
         net = self._net_ref or (os.path.join(os.path.abspath(path), NET_FILE) if path else self.spec.name)
+        variant = {f.name: getattr(v, f.name) for f in attrs.fields(VariantFields)}  # every one, frozen too
         base = dict(net=net, classes=self._classes, input=self._input, data=data, backend=self.backend.name,
-                    epochs=max(self._epoch, 1), batch=self._batch, optimizer=v.optimizer, lr=self.lr,
-                    schedule=self.schedule, warmup_epochs=self.warmup_epochs, decay_rate=self.decay_rate,
-                    weight_decay=v.weight_decay, label_smoothing=v.label_smoothing, loss=v.loss, clip=v.clip,
-                    dropout=v.dropout, drop_path=v.drop_path, bn_eps=v.bn_eps, ema=v.ema, accum=v.accum,
-                    mixup=v.mixup, cutmix=v.cutmix, precision=v.precision, bn_momentum=self.bn_momentum,
-                    seed=self.seed, run_dir=path)
+                    epochs=max(self._epoch, 1), batch=self._batch, lr=self.lr, schedule=self.schedule,
+                    warmup_epochs=self.warmup_epochs, decay_rate=self.decay_rate, bn_momentum=self.bn_momentum,
+                    seed=self.seed, run_dir=path, **variant)
         return TrainConfig(**{**base, **fields})
 
     def save(self, path: str, data: str | None = None, overwrite: bool = False) -> str:
@@ -478,7 +484,7 @@ class Model:
         cfg = self._config(path, data)  # checked before anything is written
         y_te = default_registry().make("dataset", data).arrays("test")[1]
         names = ckpt.tensor_names([n for n, _ in self._param_slots], self._state_layout.slots, self._stat_names,
-                                  shadow_stats=self._state_layout.shadows)
+                                  shadow_stats=self._state_layout.shadows, trained=self._trained_names())
         meta = {"spec": self.spec.to_dict(), "variant": attrs.asdict(self.variant), "backend": self.backend.name,
                 "epoch": self._epoch, "step": self._step, "seed": self.seed, "config": attrs.asdict(cfg),
                 "eval_set": eval_set_id(data, "test", y_te)}
@@ -531,13 +537,14 @@ def load(path: str, backend: str | None = None) -> Model:
     if os.path.basename(cfg.net) == NET_FILE:
         model._net_ref = ""  # a saved NetSpec: saving it again writes its own net.json
     lay = model._state_layout
+    trained = model._trained_names()
     names = ckpt.tensor_names([n for n, _ in model._param_slots], lay.slots, model._stat_names,
-                              shadow_stats=lay.shadows)
+                              shadow_stats=lay.shadows, trained=trained)
     try:
         got = [tensors[n] for n in names]
     except KeyError as e:
         raise DataError(f"checkpoint {file} lacks tensor {e.args[0]}; it is not of this net") from None
-    n, k, m = len(model._param_slots), len(lay.slots) * len(model._param_slots), len(model._stat_names)
+    n, k, m = len(model._param_slots), len(lay.slots) * len(trained), len(model._stat_names)
     model._params, model._opt_state, model._running = got[:n], got[n:n + k], got[n + k:n + k + m]
     if lay.shadows:
         model._shadow_running = got[n + k + m:]

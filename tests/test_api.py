@@ -504,7 +504,7 @@ def test_frozen_takes_none_a_prefix_or_prefixes(frozen, want) -> None:
 
 
 @pytest.mark.parametrize(("frozen", "message"), [
-    (0, "frozen must be a parameter-name prefix or a sequence of them (strings), got 0"),
+    (0, "frozen prefixes 0: expected a list of parameter-name prefixes"),
     ((0,), "frozen prefix 0: expected a parameter-name prefix (a string) of dot-separated letters and digits"),
 ])
 def test_frozen_of_the_wrong_type_is_one_line(frozen, message: str) -> None:
@@ -549,3 +549,21 @@ def test_load_of_a_checkpoint_file_names_the_directory(fitted: hf.Model, tmp_pat
     with pytest.raises(HloforgeError, match=r"hf.load reads a run directory; .*checkpoint.safetensors is a file "
                                             r"\(pass .*m, the directory holding it\)"):
         hf.load(os.path.join(d, "checkpoint.safetensors"))
+
+
+def test_a_saved_model_keeps_its_frozen_prefixes(tmp_path: str) -> None:
+    """Model.save's config.toml holds every Variant field (frozen included): hf.load and `hloforge eval`
+    read the run the model was."""
+    from hloforge.cli import main
+    from hloforge.datasets.digits import Digits
+    from hloforge.train.trainer import load_config
+
+    (x, y) = Digits().arrays("train")
+    m = hf.Model("mnist-mlp", lr=1e-3, frozen=("0",))
+    m.fit(x[:128].reshape(128, 784), y[:128], epochs=1, batch_size=64, verbose=False)
+    d = os.path.join(tmp_path, "frozen")
+    m.save(d)
+    assert load_config(os.path.join(d, "config.toml")).frozen == ("0",)
+    back = hf.load(d)
+    assert back.variant.frozen == ("0",) and back.state.keys() == m.state.keys()
+    assert main(["eval", d]) == 0

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from hloforge import cli
 from hloforge.backends.xla import default_client
 from hloforge.cli import EXIT_CODES, main, parser
+from hloforge.commands import options
 from hloforge.core.variant import Variant
 from hloforge.train.trainer import TrainConfig
 from hloforge.zoo import NETS, get_net
@@ -207,7 +207,7 @@ def _boom(args):
 def test_internal_error_is_one_line_naming_the_traceback_file(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HLOFORGE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("HLOFORGE_DEBUG", raising=False)
-    monkeypatch.setattr(cli, "_plugins", _boom)
+    monkeypatch.setattr(options, "_plugins", _boom)
     assert main(["plugins"]) == 4
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "internal error: RuntimeError: an invariant broke" in err, err
@@ -225,7 +225,7 @@ def test_interrupt_is_one_line_and_exit_130(capsys, monkeypatch):
     def interrupted(args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "_plugins", interrupted)
+    monkeypatch.setattr(options, "_plugins", interrupted)
     assert main(["plugins"]) == 130
     assert capsys.readouterr().err.strip() == "hloforge: interrupted"
 

@@ -88,7 +88,7 @@ def test_a_ddpm_on_a_dataset_without_image_shape_is_one_clear_error():
 
     last = types.SimpleNamespace(out_shape=(1, 8, 8))
     run = types.SimpleNamespace(
-        spec=types.SimpleNamespace(name="ddpm", input_shape=(2, 8, 8), walk=lambda: [last]),
+        spec=types.SimpleNamespace(name="ddpm", input_shape=(2, 8, 8), walk=lambda: [last], out_shape=last.out_shape),
         cfg=types.SimpleNamespace(data="noImageShape", diffusion_steps=1000, beta_start=1e-4, beta_end=0.02),
         data=NoImageShape())
     with pytest.raises(DataError, match=r"dataset 'noImageShape' gives \[\]"):

@@ -189,3 +189,21 @@ def test_biases_start_at_zero_and_unknown_init_is_refused() -> None:
             assert not a.any()
     with pytest.raises(ValueError, match="init"):
         ParamSlot("w", (2, 2), "kaiming", True)
+
+
+def test_the_walk_is_made_once_per_spec_and_each_caller_gets_its_own_list(monkeypatch) -> None:
+    import hloforge.core.spec as spec_module
+
+    calls = []
+    real = spec_module.walk_layers
+    monkeypatch.setattr(spec_module, "walk_layers", lambda *a: calls.append(1) or real(*a))
+    spec = get_net("mnist-cnn")
+    first = spec.walk()
+    first.clear()  # a caller's list is its own: the next caller still sees every layer
+    assert len(spec.walk()) == len(spec.layers) and spec.params() and spec.stats() is not None
+    assert spec.out_shape == spec.walk()[-1].out_shape == (10,)
+    assert len(calls) == 1
+    bad = NetSpec("bad", (1, 8, 8), [Flatten(), Dense(3)], 10)
+    for _ in range(2):  # a refusal is not kept as a walk: it is raised again on every call
+        with pytest.raises(UnsupportedSpec, match="num_classes"):
+            bad.walk()

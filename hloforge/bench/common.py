@@ -94,7 +94,7 @@ def unavailable(backend: str) -> str | None:
 def batches(spec: Any, batch: int, n: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """n fixed (x, y) batches shared by every backend; steps cycle through them."""
     rng = np.random.default_rng(seed + 1)
-    classes = spec.walk()[-1].out_shape[0]
+    classes = spec.out_shape[0]
     return [(rng.standard_normal((batch, *spec.input_shape)).astype(np.float32),
              rng.integers(0, classes, batch).astype(np.int32)) for _ in range(n)]
 

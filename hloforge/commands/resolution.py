@@ -84,9 +84,9 @@ def spec_at_size(spec: NetSpec, size: int) -> NetSpec:
                     "table's does; a net with global pooling before its classifier keeps every shape)")
         if len(got) != len(want):
             raise UnsupportedSpec(f"{where}: it would have {len(got)} {what}s there, {len(want)} as trained")
-    if walk[-1].out_shape != spec.walk()[-1].out_shape:
+    if walk[-1].out_shape != spec.out_shape:
         raise UnsupportedSpec(f"{where}: its output would be {list(walk[-1].out_shape)}, "
-                              f"{list(spec.walk()[-1].out_shape)} as trained")
+                              f"{list(spec.out_shape)} as trained")
     return at
 
 

@@ -29,7 +29,7 @@ def sample_run(run_path: str, n: int = 16, out: str = "grid.png", seed: int = 0,
     region, params, running = oc.region_weights(region)  # θ or the EMA shadow, each with its own BN statistics
     evaluator = ForwardSession(spec, n, run.backend)
     weights = [*params, *running]
-    shape = tuple(spec.walk()[-1].out_shape)
+    shape = tuple(spec.out_shape)
     ref = np.asarray(run.data.arrays("train")[0], np.float64)  # the scale the net was trained on
     lo, hi = ref.min(axis=(0, 2, 3)), ref.max(axis=(0, 2, 3))
     schedule = run.task.schedule

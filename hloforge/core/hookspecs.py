@@ -18,6 +18,12 @@ from typing import Any
 
 import pluggy
 
+# The plugin API this hloforge provides (`hf.PLUGIN_API_VERSION`). A plugin module may declare the one
+# it was written for as a module-level `HLOFORGE_PLUGIN_API = 1`; the registry refuses a plugin that
+# targets another (no declaration means "the current one"). Bump it only when a hook or a contract
+# (hloforge.core.contracts) changes in a way existing plugins cannot follow.
+PLUGIN_API_VERSION = 1
+
 hookspec = pluggy.HookspecMarker("hloforge")
 hookimpl = pluggy.HookimplMarker("hloforge")
 

@@ -20,7 +20,6 @@ from typing import Any
 import attrs
 import pluggy
 
-from hloforge import PLUGIN_API_VERSION
 from hloforge.core import hookspecs
 from hloforge.core.errors import PluginError, UnsupportedSpec
 
@@ -110,12 +109,13 @@ class Registry:
 
     def _register(self, module: Any, plugin_name: str, dist: str) -> None:
         if self.pm.get_plugin(plugin_name) is None and not self.pm.is_registered(module):
-            api = getattr(module, "HLOFORGE_PLUGIN_API", PLUGIN_API_VERSION)
-            if api != PLUGIN_API_VERSION:
+            ours = hookspecs.PLUGIN_API_VERSION
+            api = getattr(module, "HLOFORGE_PLUGIN_API", ours)
+            if api != ours:
                 self._broken(plugin_name, dist, f"module {module.__name__!r} targets hloforge plugin API {api!r}, "
-                                                f"but this hloforge provides plugin API {PLUGIN_API_VERSION}; "
+                                                f"but this hloforge provides plugin API {ours}; "
                                                 f"install a release of {dist!r} made for plugin API "
-                                                f"{PLUGIN_API_VERSION} (or an hloforge that provides {api!r})")
+                                                f"{ours} (or an hloforge that provides {api!r})")
                 return
             self.pm.register(module, name=plugin_name)
             self._dist[plugin_name] = dist

@@ -7,6 +7,7 @@ the parameter count, optimizer state and checkpoints all read.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -138,7 +139,17 @@ class NetSpec:
 
     # ------------------------------------------------------------- the shape walk
     def walk(self) -> list[LayerShapes]:
-        """Every layer's in/out shapes and slots; refuses anything a plugin cannot render faithfully."""
+        """Every layer's in/out shapes and slots; refuses anything a plugin cannot render faithfully.
+        Walked once per spec (a NetSpec and its layers are frozen); each call gets a list of its own."""
+        return list(self._walked)
+
+    @property
+    def out_shape(self) -> Shape:
+        """The net's output per example (the last layer's out shape)."""
+        return self._walked[-1].out_shape
+
+    @functools.cached_property
+    def _walked(self) -> tuple[LayerShapes, ...]:
         if not isinstance(self.name, str) or not self.name:
             raise UnsupportedSpec(f"net name must be a non-empty string, got {self.name!r}")
         if not self.layers:
@@ -163,12 +174,12 @@ class NetSpec:
             if head != nc:
                 raise UnsupportedSpec(f"net {self.name!r} ends in a {out[-1].layer.kind} head for {head} classes, "
                                       f"but num_classes is {nc}")
-            return out
+            return tuple(out)
         if not (last == (nc,) or (len(last) == 2 and last[1] == nc) or (len(last) == 3 and last[0] == nc)):
             raise UnsupportedSpec(f"net {self.name!r} ends in shape {list(out[-1].out_shape)}, "
                                   f"expected [{self.num_classes}] (num_classes), [T, {self.num_classes}] "
                                   f"or [{self.num_classes}, H, W]")
-        return out
+        return tuple(out)
 
     def params(self) -> list[tuple[str, ParamSlot]]:
         return qualified_params(self.walk())

@@ -1,11 +1,13 @@
-"""The typed training variant, its slug, the optimizer wrappers and the state layout (the Optimizer base: contracts).
+"""The typed training variant, its fields, its slug, the optimizer wrappers and the state layout (the Optimizer base:
+contracts).
 
 A Variant names everything that changes a run besides the net: the optimizer and
 its wrappers (EMA shadow, gradient accumulation over k micro-batches, global-norm
 clipping), the loss and its options (label smoothing, soft labels from mixup /
 cutmix), dropout and stochastic depth, the BatchNorm ε and the precision. Its slug
 names artifacts, run directories and checkpoints, so two arms of an ablation never
-share a file (seed 002), and it parses back to the same Variant (`Variant.parse`).
+share a file (seed 002), and it parses back to the same Variant (`Variant.parse`). Its fields
+(`VariantFields`, each an `option`) are also the run config's keys and the command line's flags.
 
 `StateLayout` is the ONE definition of what a train step carries besides θ: the
 optimizer's slots (m, v, …), then G (the accumulator) and E (the EMA shadow), each
@@ -20,8 +22,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import attrs
 import numpy as np
@@ -278,12 +280,11 @@ _PREFIX = re.compile(r"^[A-Za-z0-9]+(\.[A-Za-z0-9]+)*$")
 def frozen_prefixes(v: Any) -> tuple[str, ...]:
     """Frozen parameter-name prefixes in canonical form: a trailing '.' dropped, sorted, and each one
     another covers left out (("1", "1.b0") freezes what ("1",) does)."""
-    if v is None or isinstance(v, str):
-        items: tuple[Any, ...] = () if v is None else (v,)
-    elif isinstance(v, (tuple, list, set, frozenset)):
-        items = tuple(v)
-    else:
-        raise UnsupportedSpec(f"frozen must be a parameter-name prefix or a sequence of them (strings), got {v!r}")
+    if v is None:  # Model(frozen=None): nothing frozen
+        return ()
+    if not isinstance(v, (str, list, tuple)):  # a config's `frozen = 5`: one line, not a TypeError
+        raise UnsupportedSpec(f"frozen prefixes {v!r}: expected a list of parameter-name prefixes")
+    items = (v,) if isinstance(v, str) else tuple(v)
     out: list[str] = []
     for p in items:
         q = p.removesuffix(".") if isinstance(p, str) else p
@@ -305,24 +306,66 @@ def _unit(what: str, v: float) -> None:
         raise UnsupportedSpec(f"{what} must be in [0, 1), got {v!r}")
 
 
-@attrs.frozen
-class Variant:
-    optimizer: str = "adam"
-    weight_decay: float | None = None  # None: the optimizer's own default
-    loss: str = "crossEntropy"
-    label_smoothing: float = 0.0
-    ema: float = 0.0  # EMA shadow decay; 0: no shadow
-    accum: int = 1  # micro-batches per optimizer update
-    clip: float = 0.0  # global gradient-norm clip; 0: none
-    mixup: float = 0.0  # Beta(α, α) of mixup on the host; 0: off
-    cutmix: float = 0.0  # Beta(α, α) of cutmix on the host; 0: off
-    dropout: float = 0.0  # classifier dropout (a Dropout before the last layer)
-    drop_path: float = 0.0  # stochastic depth on every layer with a drop_path option
-    bn_eps: float | None = None  # None: each BatchNorm's own ε
-    precision: str = "fp32"
-    # parameter-name prefixes the train step takes as constants: no update, no optimizer state, not clipped
-    frozen: tuple[str, ...] = attrs.field(default=(), converter=frozen_prefixes)
+# A Variant field's metadata key: its `Option`.
+OPTION = "hloforge.option"
+T = TypeVar("T")
 
+
+@attrs.frozen
+class Option:
+    """How a Variant field is offered: the command line's flag (`flag`, else `--<name with dashes>`;
+    hloforge.cli.variant_flags) with this help, metavar and choices, its text parsed by `parse`, else by the
+    field's annotated type (int, float, str; a tuple's items), then refused at parse time by the Variant's own
+    rule; `repeat`: the flag takes one or more values and may be given again (a tuple field). TrainConfig holds
+    the field as a config key of the same name (it inherits VariantFields)."""
+
+    help: str
+    metavar: str | None = None
+    choices: tuple[str, ...] = ()
+    parse: Callable[[str], Any] | None = None
+    flag: str = ""
+    repeat: bool = False
+
+
+def option(default: T, help: str, *, metavar: str | None = None, choices: Sequence[str] = (),
+           parse: Callable[[str], Any] | None = None, flag: str = "", repeat: bool = False,
+           converter: Callable[[Any], T] | None = None) -> T:
+    """A Variant field: its default (and converter) and its `Option`."""
+    return attrs.field(default=default, converter=converter,
+                       metadata={OPTION: Option(help, metavar, tuple(choices), parse, flag, repeat)})
+
+
+@attrs.frozen
+class VariantFields:
+    """The Variant's fields, the one definition: Variant checks and uses them, TrainConfig inherits them as config
+    keys, and the command line makes a flag of each (`option`). A field added here is all three."""
+
+    optimizer: str = option("adam", "an optimizer plugin (sgd, momentum, adam, adamw, ...)")
+    weight_decay: float | None = option(None, "decoupled weight decay (default: the optimizer's own)")
+    loss: str = option("crossEntropy", "a loss plugin (default: the one the net and dataset call for: "
+                                       "crossEntropy for classes, tokenCrossEntropy per token, perPixelCE for "
+                                       "masks, mse for a DDPM)")
+    label_smoothing: float = option(0.0, "label smoothing of a cross-entropy loss")
+    ema: float = option(0.0, "keep an EMA shadow of the weights (e.g. 0.9999; default 0: none)", metavar="DECAY")
+    accum: int = option(1, "accumulate gradients over K micro-batches per update (default 1)", metavar="K")
+    clip: float = option(0.0, "clip the global gradient norm to NORM (default 0: no clipping)", metavar="NORM")
+    mixup: float = option(0.0, "mixup with λ ~ Beta(A, A), on the host (soft labels; default 0: off)", metavar="A")
+    cutmix: float = option(0.0, "cutmix with λ ~ Beta(A, A), on the host (soft labels; default 0: off)",
+                           metavar="A")
+    dropout: float = option(0.0, "classifier dropout before the last layer (default 0)", metavar="P")
+    drop_path: float = option(0.0, "stochastic depth on every block that has it (default 0)", metavar="P")
+    bn_eps: float | None = option(None, "BatchNorm ε of every BN layer, train and eval (default: each layer's own)",
+                                  metavar="EPS")
+    precision: str = option("fp32", "fp8: E4M3 weights and input, fp32 master (default fp32)", choices=PRECISIONS)
+    # parameter-name prefixes the train step takes as constants: no update, no optimizer state, not clipped
+    frozen: tuple[str, ...] = option((), "train the parameters under PREFIX (a layer index, a block such as 2.b0, a "
+                                         "name) as constants: no update, no optimizer state (repeatable; default: "
+                                         "none)", metavar="PREFIX", flag="--freeze", repeat=True,
+                                     converter=frozen_prefixes)
+
+
+@attrs.frozen
+class Variant(VariantFields):
     def __attrs_post_init__(self) -> None:
         _check_name("optimizer", self.optimizer)
         _check_name("loss", self.loss)

@@ -18,7 +18,7 @@ import attrs
 
 from hloforge.core.errors import UnsupportedSpec
 from hloforge.core.spec import NetSpec
-from hloforge.core.variant import Variant
+from hloforge.core.variant import Variant, VariantFields
 from hloforge.train.configio import as_tuple, check_fields, toml_value
 from hloforge.train.schedule import SCHEDULES
 
@@ -30,7 +30,10 @@ MAX_DEVICES = 4096  # far above any host's devices, far below the backend's 32-b
 
 
 @attrs.frozen
-class TrainConfig:
+class TrainConfig(VariantFields):
+    """A run's options. Its variant keys (optimizer, weight_decay, label_smoothing, ema, ..., precision) are
+    VariantFields', inherited: a field added to the Variant is a config key here with no other edit."""
+
     net: str = "mnist-mlp"
     classes: int | None = None  # override a zoo net's class count
     input: tuple[int, ...] | None = attrs.field(default=None,
@@ -50,32 +53,17 @@ class TrainConfig:
     sync_bn: bool = False  # BN statistics over the global batch; default: each replica's own (replica 0's read)
     epochs: int = 5
     batch: int = 64
-    optimizer: str = "adam"
     lr: float = 1e-3
     schedule: str = "cosine"
     warmup_epochs: float = 0.0
     decay_rate: float = 0.97
     decay_epochs: float = 1.0  # --schedule exp: the lr is ×decay_rate every decay_epochs epochs
-    weight_decay: float | None = None
-    label_smoothing: float = 0.0
-    loss: str = ""  # empty: the one the net and dataset call for (hloforge.train.tasks.default_loss)
+    # the Variant's, but empty by default: the one the net and dataset call for (hloforge.train.tasks.default_loss)
+    loss: str = ""
     # a DDPM's linear β schedule (hloforge.train.diffusion); sampling reads it back from the checkpoint
     diffusion_steps: int = 1000
     beta_start: float = 1e-4
     beta_end: float = 0.02
-    # the rest of the variant (hloforge.core.variant.Variant): wrappers, mixing, masks, BN ε, precision
-    ema: float = 0.0
-    accum: int = 1
-    clip: float = 0.0
-    mixup: float = 0.0
-    cutmix: float = 0.0
-    dropout: float = 0.0
-    drop_path: float = 0.0
-    bn_eps: float | None = None
-    precision: str = "fp32"
-    # parameter-name prefixes trained as constants (Variant.frozen; --freeze, repeatable)
-    frozen: tuple[str, ...] = attrs.field(default=(), converter=lambda v: (v,) if isinstance(v, str)
-                                          else as_tuple(v, "frozen"))
     # the weights a new run starts from (hloforge.train.finetune): a run directory, a checkpoint file or an
     # export directory; its optimizer state is not taken. Kept with the run; --resume reads its own checkpoint.
     init: str = ""
@@ -104,9 +92,8 @@ class TrainConfig:
         from hloforge.train.tasks import default_loss
 
         loss = self.loss or ("crossEntropy" if spec is None else default_loss(spec, self.data))
-        return Variant(self.optimizer, self.weight_decay, loss, self.label_smoothing, ema=self.ema,
-                       accum=self.accum, clip=self.clip, mixup=self.mixup, cutmix=self.cutmix, dropout=self.dropout,
-                       drop_path=self.drop_path, bn_eps=self.bn_eps, precision=self.precision, frozen=self.frozen)
+        fields = {f.name: getattr(self, f.name) for f in attrs.fields(VariantFields)}
+        return Variant(**{**fields, "loss": loss})
 
     def scope(self, spec: NetSpec) -> str:
         """Net, variant, backend and tag: two arms of an ablation never share a run directory."""

@@ -45,7 +45,7 @@ EVAL_SEED = 0x65766C  # the fixed t and ε of the test-split noise MSE
 def is_time_conditioned(spec: NetSpec) -> bool:
     """A net with a layer that reads the time channel (one whose class declares `time_conditioned`:
     timeCondAdd, timeResBlock) is a DDPM's noise predictor."""
-    return len(spec.walk()[-1].out_shape) == 3 and any(getattr(layer, "time_conditioned", False)
+    return len(spec.out_shape) == 3 and any(getattr(layer, "time_conditioned", False)
                                                         for layer in spec.layers)
 
 

@@ -444,5 +444,5 @@ class RankShardedForward:
         if counts[w.rank]:
             part = self.inner.logits(x[lo:lo + counts[w.rank]], params, gen)
         else:  # fewer rows than ranks: this one scores none, but says the row shape
-            part = np.zeros((0, *self.inner.spec.walk()[-1].out_shape), np.float32)
+            part = np.zeros((0, *self.inner.spec.out_shape), np.float32)
         return w.allgather_rows(part, counts, "the evaluation gather")

@@ -197,7 +197,7 @@ class TrainSession:
         self.optimizer = variant.make_optimizer(reg)
         self.state_layout = variant.state_layout(self.optimizer)  # what the carried state is, slot by slot
         self.exe, self.layout = self._compile_step(reg)
-        self.label_classes = label_classes(self.layout.y_dtype, self.layout.y_shape[1:], spec.walk()[-1].out_shape)
+        self.label_classes = label_classes(self.layout.y_dtype, self.layout.y_shape[1:], spec.out_shape)
         host = list(params) if params is not None else spec.init_params(seed)
         for (name, slot), p in zip(self.layout.params, host, strict=True):
             if tuple(p.shape) != slot.shape:

@@ -111,7 +111,7 @@ class ClassificationTask(Task):
 
     @classmethod
     def default_loss(cls, spec: NetSpec, data_cls: Any) -> str | None:
-        return "crossEntropy" if len(spec.walk()[-1].out_shape) == 1 else None
+        return "crossEntropy" if len(spec.out_shape) == 1 else None
 
     def check(self) -> None:
         run = self.run
@@ -143,7 +143,7 @@ class SegmentationTask(Task):
 
     @classmethod
     def default_loss(cls, spec: NetSpec, data_cls: Any) -> str | None:
-        out = spec.walk()[-1].out_shape
+        out = spec.out_shape
         masks = data_cls is None or getattr(data_cls, "label_kind", Dataset.label_kind) == "mask"  # None: the net alone
         return "perPixelCE" if len(out) == 3 and masks else None
 
@@ -156,7 +156,7 @@ class SegmentationTask(Task):
 
     def check(self) -> None:
         run = self.run
-        out = run.spec.walk()[-1].out_shape
+        out = run.spec.out_shape
         if getattr(run.data, "label_kind", Dataset.label_kind) != "mask":
             raise DataError(f"net {run.spec.name!r} predicts per-pixel classes {list(out)}; dataset {run.cfg.data!r} "
                             "has no per-pixel masks")
@@ -207,7 +207,7 @@ class DiffusionTask(Task):
     def check(self) -> None:
         run = self.run
         self.schedule  # noqa: B018 — refuse an impossible schedule before anything trains with it
-        out = tuple(run.spec.walk()[-1].out_shape)
+        out = tuple(run.spec.out_shape)
         image = tuple(getattr(run.data, "image_shape", Dataset.image_shape) or ())
         if image != out or tuple(run.spec.input_shape) != (out[0] + 1, *out[1:]):
             raise DataError(f"a DDPM on {out[0]}-channel images {list(out[1:])} takes input "
@@ -217,7 +217,7 @@ class DiffusionTask(Task):
 
     @property
     def feed_shape(self) -> tuple[int, ...]:
-        shape: tuple[int, ...] = self.run.spec.walk()[-1].out_shape
+        shape: tuple[int, ...] = self.run.spec.out_shape
         return shape
 
     def fit_input(self, x: np.ndarray) -> np.ndarray:
@@ -293,7 +293,7 @@ TASKS: dict[str, type[Task]] = {t.kind: t for t in (DiffusionTask, DetectionTask
 def default_loss(spec: NetSpec, data: str | None) -> str:
     """The loss a net trains with on a dataset (by name) when none is asked for; `data` None: the
     net's own, read off its output alone (what `hloforge render` builds without --data)."""
-    if len(spec.walk()[-1].out_shape) == 2:
+    if len(spec.out_shape) == 2:
         return "tokenCrossEntropy"  # per-token logits: a language model
     from hloforge.core.registry import default_registry
 
@@ -303,7 +303,7 @@ def default_loss(spec: NetSpec, data: str | None) -> str:
         if loss:
             return loss
     on = f" on dataset {data!r}" if data is not None else ""
-    raise UnsupportedSpec(f"no task trains net {spec.name!r} (output {list(spec.walk()[-1].out_shape)}){on} by "
+    raise UnsupportedSpec(f"no task trains net {spec.name!r} (output {list(spec.out_shape)}){on} by "
                           "default; pass --loss")
 
 
@@ -312,7 +312,7 @@ def make_task(run: Any) -> Task:
     from hloforge.core.registry import default_registry
 
     loss = run.variant.make_loss(default_registry())
-    out = run.spec.walk()[-1].out_shape
+    out = run.spec.out_shape
     loss.check(out)
     kind = loss_label_kind(loss, out)
     if kind not in TASKS:

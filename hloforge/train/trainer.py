@@ -62,7 +62,7 @@ from hloforge.zoo import get_net
 
 def is_lm(spec: NetSpec) -> bool:
     """A language model: its output is per-token logits [T, vocab]."""
-    return len(spec.walk()[-1].out_shape) == 2
+    return len(spec.out_shape) == 2
 
 
 def bn_weight(momentum: float, accum: int = 1) -> float:

@@ -3,9 +3,9 @@ start and end of training, of each epoch and after each step. A callback sees th
 (`logs`) and stops training by setting `model.stop_training = True`.
 
 The built-ins register through the `hloforge.callbacks` entry-point group as a third party's do
-(the `hloforge_callbacks` hook, in hloforge.plugins.callbacks.builtin); this module is also the
-lookup of every registered callback:
-`hf.callbacks["early_stopping"]`, `hf.callbacks.EarlyStopping` (hloforge.core.lookup)."""
+(the `hloforge_callbacks` hook, in hloforge.callbacks.builtin); this package is also the
+lookup of every registered callback: `hf.callbacks["early_stopping"]`, `hf.callbacks.EarlyStopping`
+(hloforge.core.lookup)."""
 
 from __future__ import annotations
 

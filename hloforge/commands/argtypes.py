@@ -1,0 +1,99 @@
+"""The argparse types of the `hloforge` command's options."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from typing import Any
+
+from hloforge.core.errors import HloforgeError
+
+# Every numeric option is parsed by one of these, so a value of the wrong kind or range is refused at
+# parse time (exit 2, one line naming the flag and what it expects), before anything is read or
+# written. Ints stop at I64_MAX and floats must be finite: a run's config.toml holds its options, and
+# TOML has no integer beyond 64 bits (nor may a config hold nan/inf and be read back as given); the
+# programs take their scalars (lr, clip norm, decays) as f32, so a float must also be one f32 can hold.
+I64_MAX = 2**63 - 1
+F32_MAX = 3.4028234663852886e38
+# A count that starts processes or devices: a typo of a few digits must not fork a million producers
+# or ask the XLA CPU plugin for a million devices.
+MAX_PROCESSES = 1024
+# A DDPM's T: its schedule is T floats and sampling runs T forward passes.
+MAX_DIFFUSION_STEPS = 1_000_000
+
+
+def integer(lo: int = -I64_MAX - 1, hi: int = I64_MAX) -> Callable[[str], int]:
+    """An argparse type: an integer in [lo, hi]."""
+    what = ("an integer ≥ 1" if lo == 1 else "an integer ≥ 0" if lo == 0 else "an integer") if hi == I64_MAX \
+        else f"an integer from {lo} to {hi}"
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return v
+
+    return parse
+
+
+def number(lo: float = -math.inf, hi: float = math.inf, *, lo_open: bool = False,
+           hi_open: bool = False) -> Callable[[str], float]:
+    """An argparse type: a finite float in the interval from lo to hi (each end closed unless *_open)."""
+    if lo == -math.inf and hi == math.inf:
+        what = "a finite number (at most f32's 3.4e38 in size)"
+    elif hi == math.inf:
+        what = f"a finite number {'>' if lo_open else '≥'} {lo:g} (at most f32's 3.4e38)"
+    else:
+        what = f"a number in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        ok = abs(v) <= F32_MAX and (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
+        if not ok:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return v
+
+    return parse
+
+
+positive_int = integer(1)
+nonneg_int = integer(0)  # a seed, an index, a count where 0 means none
+finite_float = number()
+positive_float = number(0.0, lo_open=True)
+nonneg_float = number(0.0)
+probability = number(0.0, 1.0)
+unit_open = number(0.0, 1.0, lo_open=True, hi_open=True)  # a DDPM's β: a noise variance per step
+
+
+def variant_value(name: str, parse: Callable[[str], Any], variant: type | None = None) -> Callable[[str], Any]:
+    """An argparse type for a field of `variant` (default: hloforge.core.variant.Variant): `parse`, then the
+    Variant's own rule for that field (one definition of each range), refused at parse time."""
+
+    def check(text: str) -> Any:
+        from hloforge.core.variant import Variant
+
+        v = parse(text)
+        try:
+            (variant or Variant)(**{name: v})
+        except HloforgeError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return v
+
+    return check
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(d) for d in text.replace("x", ",").split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a shape like 3,32,32, got {text!r}") from None
+    if not dims or min(dims) <= 0 or max(dims) > I64_MAX:
+        raise argparse.ArgumentTypeError(f"expected positive dimensions, got {text!r}")
+    return dims

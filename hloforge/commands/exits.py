@@ -1,0 +1,21 @@
+"""The `hloforge` command's exit codes (listed by `hloforge -h` and README's Exit codes)."""
+
+from __future__ import annotations
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
+EXIT_CODES = {
+    EXIT_OK: "ok",
+    EXIT_FAILED: "a check ran and failed (verify: a plugin failed its gate)",
+    EXIT_USAGE: "usage: an unknown command or flag, a missing argument, a value of the wrong kind or range",
+    EXIT_BAD_INPUT: "bad input, refused in one line: a spec, dataset, checkpoint or run that cannot be\n"
+                    "used, options that do not go together, a file that cannot be read or written",
+    EXIT_INTERNAL: "internal error (a bug): one line naming the file that holds the traceback\n"
+                   "(HLOFORGE_DEBUG=1 prints it instead)",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
+}
+DEBUG_ENV_VAR = "HLOFORGE_DEBUG"
+
+
+def exit_codes_text() -> str:
+    rows = (f"  {code:<5}" + meaning.replace("\n", "\n" + " " * 7) for code, meaning in EXIT_CODES.items())
+    return "exit codes:\n" + "\n".join(rows)

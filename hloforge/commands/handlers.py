@@ -1,0 +1,166 @@
+"""What each `hloforge` subcommand does with its parsed flags (the parser, commands/options.py, names
+them by `set_defaults(func=...)`), and the flags read as a Variant's or a TrainConfig's fields."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+from hloforge.commands.exits import EXIT_FAILED, EXIT_OK
+from hloforge.core.errors import UnsupportedSpec
+
+if TYPE_CHECKING:
+    from hloforge.train.trainer import TrainConfig
+
+
+def _plugins(args: argparse.Namespace) -> None:
+    from hloforge.core.registry import default_registry
+
+    reg = default_registry()
+    rows = [(e.kind, e.name, e.distribution) for e in reg.entries()]
+    # A plugin that failed to load: its entry-point name, its distribution and why (see Registry.broken).
+    rows += [("broken", b.name, f"{b.distribution}  {b.error}") for b in reg.broken]
+    w = max(len(r[1]) for r in rows)
+    for kind, name, dist in rows:
+        print(f"{kind:10} {name:{w}}  {dist}")
+
+
+def _render(args: argparse.Namespace) -> None:
+    from hloforge.core.modules import forward_module, train_step_module
+    from hloforge.core.variant import Variant
+    from hloforge.train.tasks import default_loss
+    from hloforge.zoo import get_net
+
+    spec = get_net(args.net, args.classes, args.input)
+    loss = args.loss or default_loss(spec, args.data)  # the loss `train` picks (a DDPM's mse, an LM's, a mask's)
+    variant = Variant(**{**given(args, Variant), "loss": loss})
+    spec = variant.apply_to(spec)  # the eval graph at the variant's BN ε
+    t = time.perf_counter()
+    eps = variant.eval_suffix
+    files = {
+        f"{spec.ident}_fwd{eps}.mlir": forward_module(spec, args.batch),
+        f"{spec.ident}_fwd_eval{eps}.mlir": forward_module(spec, args.batch, eval_mode=True),
+        f"{spec.ident}_{variant.slug}_train_step.mlir": train_step_module(spec, variant, args.batch)[0],
+    }
+    secs = time.perf_counter() - t
+    os.makedirs(args.out, exist_ok=True)  # only once every module rendered: a refused net writes nothing
+    for name, text in files.items():
+        with open(os.path.join(args.out, name), "w", encoding="utf-8") as f:
+            f.write(text)
+        print(os.path.join(args.out, name))
+    print(f"rendered {spec.name} ({spec.param_count():,} params, batch {args.batch}) in {secs:.2f}s", file=sys.stderr)
+
+
+def given(args: argparse.Namespace, cls: type) -> dict[str, Any]:
+    """The flags set on the command line that are fields of the attrs class `cls` (a flag's dest is its
+    field's name): unset ones (None) are left to the class's defaults, or to --config's file."""
+    import attrs
+
+    return {f.name: getattr(args, f.name) for f in attrs.fields(cls) if getattr(args, f.name, None) is not None}
+
+
+def train_config(args: argparse.Namespace) -> TrainConfig:
+    """`hloforge train`'s parsed flags as the run's config (over --config's file when given)."""
+    from hloforge.train.trainer import TrainConfig, load_config
+
+    if args.net_flag:
+        if args.net and args.net != args.net_flag:
+            raise UnsupportedSpec(f"two nets given: {args.net!r} and --net {args.net_flag!r}")
+        args.net = args.net_flag
+    flags = given(args, TrainConfig)
+    return load_config(args.config, **flags) if args.config else TrainConfig(**flags)
+
+
+def _train(args: argparse.Namespace) -> None:
+    from hloforge.callbacks import from_items
+    from hloforge.train.trainer import train
+
+    if args.init is not None and args.resume:
+        raise UnsupportedSpec("--init starts a new run from other weights, --resume continues this run's own "
+                              "checkpoint; give one of them")
+    callbacks = from_items(args.callback or ())  # refused before anything trains or is written
+    train(train_config(args), resume=args.resume, cross_backend=args.cross_backend, progress=not args.no_progress,
+          callbacks=callbacks)
+
+
+def _plot(args: argparse.Namespace) -> None:
+    from hloforge.train import curves
+
+    print(curves.plot_run(args.run))
+
+
+def _eval(args: argparse.Namespace) -> None:
+    from hloforge.commands.opening import evaluate_checkpoint
+
+    evaluate_checkpoint(args.run, backend=args.backend, region=args.region, replicas=args.replicas,
+                        devices=args.devices, batch_stats=args.batch_stats, size=args.size, crop=args.crop)
+
+
+def _summary(args: argparse.Namespace) -> None:
+    from hloforge.api import summary_table
+    from hloforge.zoo import get_net
+
+    print(summary_table(get_net(args.net, args.classes, args.input)))
+
+
+def _import_weights(args: argparse.Namespace) -> None:
+    from hloforge.interop import import_weights
+
+    import_weights(args.source, args.file, args.out, input=args.input, data=args.data or "",
+                   data_options=args.data_options or (), backend=args.backend or "")
+
+
+def _export(args: argparse.Namespace) -> None:
+    from hloforge.interop.exporter import export_run
+
+    export_run(args.run, args.out, args.format)
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from hloforge.testing.verify import verify
+
+    return EXIT_FAILED if verify(args.names) else EXIT_OK
+
+
+def _generate(args: argparse.Namespace) -> None:
+    from hloforge.commands.generate import generate
+
+    generate(args.run, args.prompt, args.tokens, args.temperature, args.seed, args.backend,
+             out=lambda s: print(s, end="", flush=True))
+    print()
+
+
+def _cam(args: argparse.Namespace) -> None:
+    from hloforge.commands.cam import cam_run
+
+    cam_run(args.run, args.image, args.out, args.cls)
+
+
+def _prepare(args: argparse.Namespace) -> None:
+    from hloforge.datasets.prepare import PREPARERS, prepare
+
+    opts = {o.name: getattr(args, o.name) for o in PREPARERS[args.dataset].options}
+    summary = prepare(args.dataset, args.src, args.out, **opts)
+    written = ", ".join(f"{os.path.join(args.out, f)} ({n} records)" for f, n in summary["records"].items())
+    print(f"prepared {args.dataset}: {written}")
+
+
+def _detect(args: argparse.Namespace) -> None:
+    from hloforge.commands.detect import detect_run
+
+    detect_run(args.run, args.image, args.out, index=args.index, score_min=args.score, backend=args.backend)
+
+
+def _compare(args: argparse.Namespace) -> None:
+    from hloforge.train.compare import compare_runs
+
+    compare_runs(args.run_a, args.run_b)
+
+
+def _sample(args: argparse.Namespace) -> None:
+    from hloforge.commands.sample import sample_run
+
+    sample_run(args.run, args.n, args.out, args.seed, args.backend, args.region, args.clip)
