@@ -567,3 +567,13 @@ def test_a_saved_model_keeps_its_frozen_prefixes(tmp_path: str) -> None:
     back = hf.load(d)
     assert back.variant.frozen == ("0",) and back.state.keys() == m.state.keys()
     assert main(["eval", d]) == 0
+
+
+def test_a_monitor_missing_from_a_cli_runs_metrics_names_what_they_hold() -> None:
+    from hloforge.callbacks import from_items
+
+    (stop,) = from_items(["early_stopping"])  # its default monitor, val_loss: not a `hloforge train` metric
+    with pytest.raises(HloforgeError, match=re.escape("EarlyStopping monitors 'val_loss', but the epoch's metrics "
+                                                      "are ['loss', 'top1'] (hloforge train scores its test split "
+                                                      "unprefixed: monitor=top1, say)")):
+        stop.on_epoch_end(1, {"loss": 0.5, "top1": 0.9})

@@ -63,8 +63,10 @@ class Monitor(Callback):
     def improved(self, logs: dict[str, Any]) -> bool:
         """Whether this epoch's value beats the best so far (and it becomes the best)."""
         if self.monitor not in logs:
+            cli = self.monitor.startswith("val_") and not any(k.startswith("val_") for k in logs)
+            hint = " (hloforge train scores its test split unprefixed: monitor=top1, say)" if cli else ""
             raise UnsupportedSpec(f"{type(self).__name__} monitors {self.monitor!r}, but the epoch's metrics are "
-                                  f"{sorted(logs)} (a Model's val_* need validation_data)")
+                                  f"{sorted(logs)}{hint}")
         v = float(logs[self.monitor])
         better = v < self.best - self.min_delta if self.mode == "min" else v > self.best + self.min_delta
         if better:
