@@ -21,7 +21,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from hloforge.callbacks import Callback
+from hloforge.callbacks import Callback, Monitor
 from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
 from hloforge.core.registry import default_registry
 from hloforge.core.spec import NetSpec
@@ -197,6 +197,9 @@ class Model:
         from hloforge.train.trainer import Run
 
         name = data if isinstance(data, str) else ARRAYS
+        if data_options is not None and not isinstance(data_options, Mapping):
+            raise UnsupportedSpec("data_options must be a mapping of option names to values, got a "
+                                  f"{type(data_options).__name__}")
         opts = tuple(f"{k}={v}" for k, v in (data_options or {}).items())
         cfg = self._config("", name, epochs=epochs, batch=batch, data_options=opts)
         log = (lambda s: print(s, file=sys.stderr)) if verbose else (lambda s: None)
@@ -215,15 +218,25 @@ class Model:
             for item in x:
                 if not (isinstance(item, (tuple, list)) and len(item) == 2):
                     raise DataError(f"fit batch {len(xs)} is a {type(item).__name__}, expected a pair (x, y)")
-                xs.append(np.asarray(item[0]))
-                ys.append(np.asarray(item[1]))
+                bx, by = np.asarray(item[0]), np.asarray(item[1])
+                for what, a in (("x", bx), ("y", by)):
+                    if a.ndim < 1:
+                        raise DataError(f"fit batch {len(xs)} has {what} of shape [], expected an array with one "
+                                        "row per example")
+                if len(bx) != len(by):
+                    raise DataError(f"fit batch {len(xs)} has {len(bx)} rows of x but {len(by)} labels; expected one "
+                                    "label per row")
+                if xs and (bx.shape[1:] != xs[0].shape[1:] or by.shape[1:] != ys[0].shape[1:]):
+                    what, got, want = (("x", bx, xs[0]) if bx.shape[1:] != xs[0].shape[1:] else ("y", by, ys[0]))
+                    raise DataError(f"fit batch {len(xs)} has {what} of shape {list(got.shape)}, expected "
+                                    f"[N, {', '.join(map(str, want.shape[1:]))}] as batch 0's")
+                xs.append(bx)
+                ys.append(by)
             if not xs:
                 raise DataError("fit batches: the iterable gave no batch, expected at least one (x, y)")
             batch_size = batch_size or len(xs[0])
             x, y = np.concatenate(xs), np.concatenate(ys)
-        batch_size = 32 if batch_size is None else batch_size
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise UnsupportedSpec(f"batch_size must be an integer ≥ 1, got {batch_size!r}")
+        batch_size = checked_batch_size(batch_size, 32)
         xa = self._check_x(x, "fit")  # before the compile: a bad x is refused at once
         if validation_data is not None:
             if not (isinstance(validation_data, (tuple, list)) and len(validation_data) == 2):
@@ -264,6 +277,10 @@ class Model:
         if not drop_last:
             raise UnsupportedSpec("drop_last=False: a ragged last batch would train on padding; only drop_last=True "
                                   "is supported")
+        if isinstance(callbacks, Callback) or not isinstance(callbacks, Iterable):
+            got = f"one {type(callbacks).__name__} (pass [it])" if isinstance(callbacks, Callback) else \
+                f"{callbacks!r}"
+            raise UnsupportedSpec(f"callbacks must be a list of hloforge Callback instances, got {got}")
         callbacks = list(callbacks)
         for cb in callbacks:
             if not isinstance(cb, Callback):
@@ -282,6 +299,12 @@ class Model:
         else:
             if x is None:
                 raise DataError("fit takes arrays x and y, an iterable of (x, y) batches or a dataset name; got none")
+            if validation_data is None:  # else the monitor would find no val_* after the first epoch's training
+                for cb in callbacks:
+                    if isinstance(cb, Monitor) and cb.monitor.startswith("val_"):
+                        raise UnsupportedSpec(f"{type(cb).__name__} monitors {cb.monitor!r}, but fit has no "
+                                              "validation_data to score val_* on; pass validation_data=(x, y) "
+                                              "or monitor 'loss'")
             arrays, batch = self._arrays(x, y, validation_data, batch_size)
             run = self._run(arrays, batch, epochs, shuffle, verbose)
             n = arrays.n
@@ -326,7 +349,7 @@ class Model:
     def predict(self, x: Any, batch_size: int | None = None) -> np.ndarray:
         """The eval-mode logits of every row of x (a short last batch padded, its padding dropped)."""
         xa = self._check_x(x, "predict")
-        return self._forward(batch_size or self._batch).logits(xa, [*self._params, *self._running])
+        return self._forward(checked_batch_size(batch_size, self._batch)).logits(xa, [*self._params, *self._running])
 
     def evaluate(self, x: Any = None, y: Any = None, batch_size: int | None = None, *, data: str | None = None,
                  data_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -338,7 +361,7 @@ class Model:
         or `data=`; a detector's mAP@0.5 scores its boxes: map50, ap50/*)."""
         from hloforge.train.evaluation import evaluate_lm
 
-        batch = batch_size or self._batch
+        batch = checked_batch_size(batch_size, self._batch)
         if isinstance(x, str):
             x, data = None, x
         if data is not None:
@@ -453,6 +476,8 @@ class Model:
         dataset the config names; default: the one a loaded run named, else digits, `hloforge train`'s)
         and `hf.load(DIR)` reads it back bit for bit. Returns `path`."""
         data = data or self._data
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise HloforgeError(f"cannot save to {path}: it is a file; expected a directory (new or a run's)")
         file = os.path.join(path, CHECKPOINT)
         if os.path.exists(file) and not overwrite:
             raise HloforgeError(f"{path} already holds a checkpoint; pass overwrite=True to replace it")
@@ -481,11 +506,22 @@ class Model:
                 f"backend {self.backend.name}, epoch {self._epoch})")
 
 
+def checked_batch_size(batch_size: Any, default: int) -> int:
+    """`batch_size` (None: `default`), refused unless an integer ≥ 1."""
+    batch_size = default if batch_size is None else batch_size
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise UnsupportedSpec(f"batch_size must be an integer ≥ 1, got {batch_size!r}")
+    return batch_size
+
+
 def load(path: str, backend: str | None = None) -> Model:
     """A run directory written by `Model.save` or `hloforge train`, as a Model: θ, optimizer state,
     BN statistics, step and epoch as saved, bit for bit."""
     from hloforge.train.trainer import load_config
 
+    if os.path.isfile(path):
+        raise DataError(f"hf.load reads a run directory; {path} is a file (pass {os.path.dirname(path) or '.'}, "
+                        "the directory holding it)")
     file = os.path.join(path, CHECKPOINT)
     tensors, meta = ckpt.load_checkpoint(file)
     if not os.path.exists(os.path.join(path, CONFIG)):

@@ -419,6 +419,138 @@ def test_a_diverging_fit_stops_in_one_line_keeping_the_last_epoch(tmp_path: str,
     assert all(np.array_equal(kept[n], w) for n, w in m.params.items())
 
 
+def test_iterable_batches_of_different_shapes_is_one_line() -> None:
+    x, y = blobs(32)
+    m = hf.Model(tiny_net())
+    with pytest.raises(HloforgeError, match=r"fit batch 1 has x of shape \[16, 3\], expected \[N, 4\] as batch 0's"):
+        m.fit([(x[:16], y[:16]), (x[16:, :3], y[16:])], verbose=False)
+    with pytest.raises(HloforgeError, match=r"fit batch 1 has 16 rows of x but 8 labels"):
+        m.fit([(x[:16], y[:16]), (x[16:], y[16:24])], verbose=False)
+
+
+def test_data_options_not_a_mapping_is_one_line() -> None:
+    with pytest.raises(HloforgeError, match="data_options must be a mapping of option names to values, got a str"):
+        hf.Model(tiny_net()).fit(data="digits", data_options="size=8", verbose=False)
+
+
+@pytest.mark.parametrize("cb", [lambda: hf.EarlyStopping(), lambda: hf.ModelCheckpoint("never", monitor="val_top1")])
+def test_a_val_monitor_without_validation_data_is_refused_before_a_step(cb, tmp_path: str,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    m = hf.Model(tiny_net())
+    with pytest.raises(HloforgeError, match="monitors 'val_.*', but fit has no validation_data"):
+        m.fit(*blobs(32), epochs=1, batch_size=16, callbacks=[cb()], verbose=False)
+    assert m._step == 0 and not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda: hf.EarlyStopping(patience="2"), "EarlyStopping wants patience an integer ≥ 0, got '2'"),
+    (lambda: hf.EarlyStopping(patience=1.5), "EarlyStopping wants patience an integer ≥ 0, got 1.5"),
+    (lambda: hf.EarlyStopping(min_delta="x"), "EarlyStopping wants min_delta a number ≥ 0, got 'x'"),
+    (lambda: hf.EarlyStopping(monitor=3), "EarlyStopping wants monitor a metric name"),
+    (lambda: hf.ModelCheckpoint(5), "ModelCheckpoint wants path a directory name"),
+])
+def test_callback_options_of_the_wrong_type_are_one_line(make, message: str) -> None:
+    with pytest.raises(HloforgeError, match=re.escape(message)):
+        make()
+
+
+@pytest.mark.parametrize(("item", "message"), [
+    ("model_checkpoint", "callback 'model_checkpoint' needs option(s) ['path']; its options are ['path',"),
+    ("early_stopping:patience", "callback option 'patience' is not KEY=VALUE"),
+])
+def test_cli_callback_missing_or_bare_options_are_one_line(item: str, message: str) -> None:
+    from hloforge.callbacks import from_items
+
+    with pytest.raises(HloforgeError, match=re.escape(message)):
+        from_items([item])
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("", "has no epoch in metrics.jsonl"),
+    ('{"kind": "epoch", "epo\n', "metrics.jsonl line 1 is not JSON"),
+    ("[1, 2]\n", "metrics.jsonl line 1 is a list, expected a JSON object"),
+    ('{"kind": "epoch", "epoch": 1}\n', "metrics.jsonl line 1 (epoch record) lacks 'loss'"),
+])
+def test_plot_on_a_garbled_metrics_file_is_one_line(text: str, message: str, tmp_path: str,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from hloforge.cli import main
+
+    with open(os.path.join(tmp_path, "metrics.jsonl"), "w") as f:
+        f.write(text)
+    assert main(["plot", str(tmp_path)]) == 3
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err and not os.path.exists(os.path.join(tmp_path, "curves.png"))
+
+
+def test_plot_on_a_missing_directory_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    from hloforge.cli import main
+
+    assert main(["plot", "/nonexistent/run"]) == 3
+    assert "run directory /nonexistent/run does not exist" in capsys.readouterr().err
+
+
+def test_plot_skips_a_torn_last_line(tmp_path: str) -> None:
+    from hloforge.train import curves
+
+    with open(os.path.join(tmp_path, "metrics.jsonl"), "w") as f:
+        f.write('{"kind": "epoch", "epoch": 1, "loss": 0.5}\n{"kind": "epoch", "ep')
+    assert [r["epoch"] for r in curves.history(str(tmp_path))] == [1]
+
+
+@pytest.mark.parametrize(("frozen", "want"), [(None, ()), ("0.w", ("0.w",)), (["1", "0."], ("0", "1"))])
+def test_frozen_takes_none_a_prefix_or_prefixes(frozen, want) -> None:
+    assert hf.Model(tiny_net(), frozen=frozen).variant.frozen == want
+
+
+@pytest.mark.parametrize(("frozen", "message"), [
+    (0, "frozen prefixes 0: expected a list of parameter-name prefixes"),
+    ((0,), "frozen prefix 0: expected a parameter-name prefix (a string) of dot-separated letters and digits"),
+])
+def test_frozen_of_the_wrong_type_is_one_line(frozen, message: str) -> None:
+    with pytest.raises(HloforgeError, match=re.escape(message)):
+        hf.Model(tiny_net(), frozen=frozen)
+
+
+def test_fit_misuses_refused_before_a_step(tmp_path: str) -> None:
+    x, y = blobs(32)
+    m = hf.Model(tiny_net())
+    with pytest.raises(HloforgeError, match=r"fit batch 0 has x of shape \[\], expected an array with one row"):
+        m.fit([(1, 2)], verbose=False)
+    with pytest.raises(HloforgeError, match=re.escape("callbacks must be a list of hloforge Callback instances, "
+                                                      "got one EarlyStopping (pass [it])")):
+        m.fit(x, y, callbacks=hf.EarlyStopping("loss"), verbose=False)
+    with pytest.raises(HloforgeError, match="CSVLogger writes a file, but .* is a directory"):
+        hf.CSVLogger(str(tmp_path))
+    open(os.path.join(tmp_path, "f"), "w").close()
+    with pytest.raises(HloforgeError, match="ModelCheckpoint writes a run directory, but .*f is a file"):
+        hf.ModelCheckpoint(os.path.join(tmp_path, "f"), monitor="loss")
+    with pytest.raises(HloforgeError, match=r"cannot save to .*f: it is a file; expected a directory"):
+        m.save(os.path.join(tmp_path, "f"))
+    assert m._step == 0
+
+
+def test_digits_size_of_the_wrong_type_is_one_line() -> None:
+    with pytest.raises(HloforgeError, match="digits size must be an integer ≥ 8, got 'big'"):
+        hf.Model(tiny_net()).fit(data="digits", data_options={"size": "big"}, verbose=False)
+
+
+def test_evaluate_and_predict_refuse_a_bad_batch_size(fitted: hf.Model) -> None:
+    x, y = blobs(16)
+    for bad in (0, -1, "8", 2.0):
+        with pytest.raises(HloforgeError, match=re.escape(f"batch_size must be an integer ≥ 1, got {bad!r}")):
+            fitted.evaluate(x, y, batch_size=bad)
+        with pytest.raises(HloforgeError, match=re.escape(f"batch_size must be an integer ≥ 1, got {bad!r}")):
+            fitted.predict(x, batch_size=bad)
+
+
+def test_load_of_a_checkpoint_file_names_the_directory(fitted: hf.Model, tmp_path: str) -> None:
+    d = fitted.save(os.path.join(tmp_path, "m"))
+    with pytest.raises(HloforgeError, match=r"hf.load reads a run directory; .*checkpoint.safetensors is a file "
+                                            r"\(pass .*m, the directory holding it\)"):
+        hf.load(os.path.join(d, "checkpoint.safetensors"))
+
+
 def test_a_saved_model_keeps_its_frozen_prefixes(tmp_path: str) -> None:
     """Model.save's config.toml holds every Variant field (frozen included): hf.load and `hloforge eval`
     read the run the model was."""
@@ -435,3 +567,13 @@ def test_a_saved_model_keeps_its_frozen_prefixes(tmp_path: str) -> None:
     back = hf.load(d)
     assert back.variant.frozen == ("0",) and back.state.keys() == m.state.keys()
     assert main(["eval", d]) == 0
+
+
+def test_a_monitor_missing_from_a_cli_runs_metrics_names_what_they_hold() -> None:
+    from hloforge.callbacks import from_items
+
+    (stop,) = from_items(["early_stopping"])  # its default monitor, val_loss: not a `hloforge train` metric
+    with pytest.raises(HloforgeError, match=re.escape("EarlyStopping monitors 'val_loss', but the epoch's metrics "
+                                                      "are ['loss', 'top1'] (hloforge train scores its test split "
+                                                      "unprefixed: monitor=top1, say)")):
+        stop.on_epoch_end(1, {"loss": 0.5, "top1": 0.9})

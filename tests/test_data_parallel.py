@@ -370,3 +370,18 @@ def test_cli_dp_training_and_sharded_eval_print_the_same_top1(tmp_path, capsys):
     assert main(["train", "mnist-linear", "--epochs", "1", "--replicas", "3", "--batch", "30", "--devices", "2",
                  "--run-dir", str(tmp_path / "r3")]) == 3
     assert "needs 3 devices" in capsys.readouterr().err
+
+
+def test_replicas_without_devices_asks_the_cpu_plugin_for_one_device_each(tmp_path) -> None:
+    """docs/distributed.md's `hloforge train mnist-cnn --replicas 2` and `hloforge eval RUN --replicas 2`:
+    the default client has one device; --replicas N alone asks for N (the config records no --devices)."""
+    from hloforge.commands.opening import evaluate_checkpoint
+    from hloforge.train.config import load_config
+    from hloforge.train.trainer import TrainConfig, train
+
+    d = str(tmp_path / "run")
+    lines: list[str] = []
+    train(TrainConfig(net="mnist-linear", epochs=1, replicas=2, run_dir=d), log=lines.append, progress=False)
+    assert "over 2 replicas" in lines[1] and load_config(f"{d}/config.toml").devices is None
+    evaluate_checkpoint(d, replicas=2, log=lines.append)
+    assert "test top-1" in lines[-1]

@@ -284,6 +284,22 @@ def test_hloforge_train_under_mpiexec_is_the_two_replica_run_and_resumes_at_any_
 
 
 @needs_mpi
+@pytest.mark.parametrize(("more", "message"), [
+    (("--sync-bn",), "--sync-bn pools BN statistics inside the step, over one process's devices; across 2 MPI"),
+    (("--batch", "63"), "batch 63 (the global batch) does not split evenly over 2 replicas"),
+    (("--freeze", "0"), "frozen parameters (--freeze) train in one process"),
+    (("--init", "no-such-run"), "--init no-such-run does not exist"),
+])
+def test_a_refusal_every_rank_reaches_under_mpiexec_is_one_line(tmp_path, more, message):
+    """Printed by rank 0 alone; --replicas left at its default (one per process) refused for what MPI makes of it."""
+    r = launch(2, *train_cmd(tmp_path / "r", 1, *more))
+    assert r.returncode == 3
+    lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.startswith("hloforge:")]
+    assert len(lines) == 1 and message in lines[0], r.stdout + r.stderr
+    assert not (tmp_path / "r").exists()
+
+
+@needs_mpi
 def test_sync_bn_under_mpiexec_is_refused_in_one_line(tmp_path):
     r = launch(2, *train_cmd(tmp_path / "r", 1, "--replicas", "2", "--sync-bn"))
     assert r.returncode == 3

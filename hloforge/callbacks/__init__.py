@@ -47,10 +47,12 @@ class Monitor(Callback):
 
     def __init__(self, monitor: str, mode: str, min_delta: float = 0.0):
         what = type(self).__name__
+        if not isinstance(monitor, str) or not monitor:
+            raise UnsupportedSpec(f"{what} wants monitor a metric name (e.g. 'val_loss' or 'top1'), got {monitor!r}")
         if mode not in ("auto", "min", "max"):
             raise UnsupportedSpec(f"{what} mode {mode!r}; expected 'auto', 'min' or 'max'")
-        if not min_delta >= 0:
-            raise UnsupportedSpec(f"{what} wants min_delta ≥ 0, got {min_delta}")
+        if isinstance(min_delta, bool) or not isinstance(min_delta, (int, float)) or not min_delta >= 0:
+            raise UnsupportedSpec(f"{what} wants min_delta a number ≥ 0, got {min_delta!r}")
         self.monitor, self.min_delta = monitor, min_delta
         self.mode = (("max" if any(k in monitor for k in HIGHER_IS_BETTER) else "min") if mode == "auto" else mode)
         self.best = math.inf if self.mode == "min" else -math.inf
@@ -61,8 +63,10 @@ class Monitor(Callback):
     def improved(self, logs: dict[str, Any]) -> bool:
         """Whether this epoch's value beats the best so far (and it becomes the best)."""
         if self.monitor not in logs:
+            cli = self.monitor.startswith("val_") and not any(k.startswith("val_") for k in logs)
+            hint = " (hloforge train scores its test split unprefixed: monitor=top1, say)" if cli else ""
             raise UnsupportedSpec(f"{type(self).__name__} monitors {self.monitor!r}, but the epoch's metrics are "
-                                  f"{sorted(logs)} (a Model's val_* need validation_data)")
+                                  f"{sorted(logs)}{hint}")
         v = float(logs[self.monitor])
         better = v < self.best - self.min_delta if self.mode == "min" else v > self.best + self.min_delta
         if better:
@@ -77,8 +81,8 @@ class EarlyStopping(Monitor):
     name = "early_stopping"
 
     def __init__(self, monitor: str = "val_loss", patience: int = 2, min_delta: float = 0.0, mode: str = "auto"):
-        if patience < 0:
-            raise UnsupportedSpec(f"EarlyStopping wants patience ≥ 0, got {patience}")
+        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 0:
+            raise UnsupportedSpec(f"EarlyStopping wants patience an integer ≥ 0, got {patience!r}")
         super().__init__(monitor, mode, min_delta)
         self.patience = patience
         self.wait = 0
@@ -109,6 +113,10 @@ class ModelCheckpoint(Monitor):
 
     def __init__(self, path: str, monitor: str = "val_loss", mode: str = "auto", min_delta: float = 0.0,
                  data: str | None = None):
+        if not isinstance(path, (str, os.PathLike)) or not str(path):
+            raise UnsupportedSpec(f"ModelCheckpoint wants path a directory name, got {path!r}")
+        if os.path.isfile(path):  # else refused only when the first improvement is written
+            raise UnsupportedSpec(f"ModelCheckpoint writes a run directory, but {path} is a file")
         super().__init__(monitor, mode, min_delta)
         self.path, self.data = path, data
         self.best_epoch = 0
@@ -134,6 +142,8 @@ class CSVLogger(Callback):
     name = "csv_logger"
 
     def __init__(self, path: str):
+        if os.path.isdir(path):  # else refused only after the first epoch's training
+            raise UnsupportedSpec(f"CSVLogger writes a file, but {path} is a directory")
         self.path = path
         self._keys: list[str] = []
 
@@ -196,7 +206,7 @@ def from_items(items: Sequence[str]) -> list[Callback]:
     out = []
     for item in items:
         name, _, opts = item.partition(":")
-        cb = default_registry().make("callback", name.strip(), **parse_data_options(opts))
+        cb = default_registry().make("callback", name.strip(), **parse_data_options(opts, "callback option"))
         if not isinstance(cb, Callback):
             raise UnsupportedSpec(f"callback {name!r} is a {type(cb).__name__}, not a hloforge Callback")
         out.append(cb)

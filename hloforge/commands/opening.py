@@ -19,7 +19,7 @@ from hloforge.train import checkpoint as ckpt
 from hloforge.train.config import CHECKPOINT, TrainConfig, load_config
 from hloforge.train.evaluation import EvalResult, evaluate, evaluate_lm, evaluate_stream
 from hloforge.train.parallel import make_forward_session
-from hloforge.train.session import ForwardSession
+from hloforge.train.session import ForwardSession, replica_devices
 from hloforge.train.trainer import Run, check_matches
 from hloforge.zoo import get_net
 
@@ -125,7 +125,7 @@ def evaluate_checkpoint(path: str, backend: str | None = None, region: str = "au
     if region not in REGIONS:
         raise UnsupportedSpec(f"region {region!r}; expected one of {list(REGIONS)}")
     check_size_crop(size, crop)  # a bad value is refused before anything is opened
-    oc = open_checkpoint(path, backend, log, devices)
+    oc = open_checkpoint(path, backend, log, replica_devices(backend, replicas, devices))
     run, spec, meta, cfg = oc.run, oc.spec, oc.meta, oc.run.cfg
     # each region with its own BN statistics: the live weights with the running ones, the shadow with its EMA
     region, params, running = oc.region_weights(region)

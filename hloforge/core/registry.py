@@ -165,6 +165,12 @@ class Registry:
         unknown = sorted(set(options) - set(known))
         if unknown:
             raise UnsupportedSpec(f"{kind} {name!r} does not take option(s) {unknown}; its options are {known}")
+        if not attrs.has(cls):  # a required argument left out: name it and how to give it, not Python's TypeError
+            sig = inspect.signature(cls).parameters.values()
+            missing = [p.name for p in sig if p.default is p.empty and p.name in known and p.name not in options
+                       and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+            if missing:
+                raise UnsupportedSpec(f"{kind} {name!r} needs option(s) {missing}; its options are {known}")
         try:
             return cls(**options)
         except (TypeError, ValueError) as e:

@@ -280,6 +280,8 @@ _PREFIX = re.compile(r"^[A-Za-z0-9]+(\.[A-Za-z0-9]+)*$")
 def frozen_prefixes(v: Any) -> tuple[str, ...]:
     """Frozen parameter-name prefixes in canonical form: a trailing '.' dropped, sorted, and each one
     another covers left out (("1", "1.b0") freezes what ("1",) does)."""
+    if v is None:  # Model(frozen=None): nothing frozen
+        return ()
     if not isinstance(v, (str, list, tuple)):  # a config's `frozen = 5`: one line, not a TypeError
         raise UnsupportedSpec(f"frozen prefixes {v!r}: expected a list of parameter-name prefixes")
     items = (v,) if isinstance(v, str) else tuple(v)
@@ -287,8 +289,8 @@ def frozen_prefixes(v: Any) -> tuple[str, ...]:
     for p in items:
         q = p.removesuffix(".") if isinstance(p, str) else p
         if not isinstance(q, str) or not _PREFIX.match(q):
-            raise UnsupportedSpec(f"frozen prefix {p!r}: expected a parameter-name prefix of dot-separated letters "
-                                  "and digits, e.g. 0 or 2.b0.conv1")
+            raise UnsupportedSpec(f"frozen prefix {p!r}: expected a parameter-name prefix (a string) of "
+                                  "dot-separated letters and digits, e.g. '0' or '2.b0.conv1'")
         out.append(q)
     return tuple(sorted(p for p in set(out) if not any(covers(o, p) for o in out if o != p)))
 

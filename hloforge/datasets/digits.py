@@ -28,10 +28,10 @@ class Digits(Dataset):
     def __init__(self, size: int = 28, channels: int = 1):
         from sklearn.datasets import load_digits
 
-        if size < 8:
-            raise DataError(f"digits size must be at least 8, got {size}")
-        if channels < 1:
-            raise DataError(f"digits channels must be at least 1, got {channels}")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 8:
+            raise DataError(f"digits size must be an integer ≥ 8, got {size!r}")
+        if isinstance(channels, bool) or not isinstance(channels, int) or channels < 1:
+            raise DataError(f"digits channels must be an integer ≥ 1, got {channels!r}")
         d = load_digits()
         images = d.images.astype(np.float64) / 16.0
         if size != 8:

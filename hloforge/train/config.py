@@ -136,8 +136,15 @@ class TrainConfig(VariantFields):
         if self.batch % self.replicas:
             raise UnsupportedSpec(f"batch {self.batch} (the global batch) does not split evenly over "
                                   f"{self.replicas} replicas")
-        if self.sync_bn and self.replicas == 1:
+        if self.sync_bn and self.replicas == 1 and launched_processes() == 1:  # MPI: mpi.global_replicas refuses it
             raise UnsupportedSpec("sync_bn pools BN statistics across replicas; it needs replicas > 1")
+
+
+def launched_processes() -> int:
+    """How many processes an MPI launcher started (1 for a plain run): --replicas defaults to one each."""
+    from hloforge.train.mpi import launched
+
+    return launched()[1]
 
 
 def load_config(path: str, **overrides: Any) -> TrainConfig:
@@ -163,14 +170,14 @@ def option_items(v: Any) -> tuple[str, ...]:
     return tuple(str(p).strip() for p in as_tuple(v, "data_options"))
 
 
-def parse_data_options(items: Any) -> dict[str, Any]:
+def parse_data_options(items: Any, what: str = "data option") -> dict[str, Any]:
     """`data_options` ("key=value" items) as the dataset's keyword arguments, a later key over an
     earlier one: each value an int, else a float, else true/false, else the string as written."""
     opts: dict[str, Any] = {}
     for item in option_items(items):
         key, eq, raw = (s.strip() for s in item.partition("="))
         if not eq or not key or not raw:
-            raise UnsupportedSpec(f"data option {item!r} is not KEY=VALUE")
+            raise UnsupportedSpec(f"{what} {item!r} is not KEY=VALUE")
         value: Any = raw
         for cast in (int, float):
             try:

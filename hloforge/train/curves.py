@@ -22,8 +22,26 @@ def history(run_dir: str) -> list[dict[str, Any]]:
     path = os.path.join(run_dir, METRICS)
     if not os.path.exists(path):
         return []
+    out = []
     with open(path, encoding="utf-8") as f:
-        return [r for r in map(json.loads, f) if r.get("kind", "epoch") == "epoch"]
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError as e:
+                if not line.endswith("\n"):  # the last line, torn by a kill or being written: as rewind_metrics
+                    break
+                raise DataError(f"{path} line {i} is not JSON ({e.msg}); expected one JSON object a line") from None
+            if not isinstance(r, dict):
+                raise DataError(f"{path} line {i} is a {type(r).__name__}, expected a JSON object")
+            if r.get("kind", "epoch") != "epoch":
+                continue
+            lacks = [k for k in ("epoch", "loss") if k not in r]
+            if lacks:
+                raise DataError(f"{path} line {i} (epoch record) lacks {', '.join(map(repr, lacks))}")
+            out.append(r)
+    return out
 
 
 def panel(history: Sequence[dict[str, Any]]) -> tuple[str, str] | None:
@@ -74,6 +92,8 @@ def plot_run(run_dir: str) -> str:
     from hloforge.train.checkpoint import write_atomic
     from hloforge.train.config import load_config
 
+    if not os.path.isdir(run_dir):
+        raise DataError(f"run directory {run_dir} does not exist; expected a run directory that trained an epoch")
     hist = history(run_dir)
     if not hist:
         raise DataError(f"{run_dir} has no epoch in {METRICS}; expected a run directory that trained an epoch")

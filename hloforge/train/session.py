@@ -94,6 +94,15 @@ def make_backend(name: str | None = None, registry: Registry | None = None, **op
     return cls(**options)
 
 
+def replica_devices(name: str | None, replicas: int, devices: int | None) -> int | None:
+    """The device count to ask backend `name` for: `devices` where given, else one per replica where
+    the backend takes a count (the XLA CPU client has one device unless asked), else its own."""
+    if devices or replicas <= 1:
+        return devices
+    cls = default_registry().get("backend", name or os.environ.get(BACKEND_ENV_VAR) or DEFAULT_BACKEND)
+    return replicas if "devices" in inspect.signature(cls).parameters else None
+
+
 def _is_host(a: Any) -> bool:
     return isinstance(a, (np.ndarray, np.generic))
 

@@ -55,7 +55,7 @@ from hloforge.train.metrics import eval_set_id
 from hloforge.train.mixing import Mixer
 from hloforge.train.parallel import DataParallelTrainSession, make_forward_session
 from hloforge.train.schedule import lr_at
-from hloforge.train.session import ForwardSession, TrainSession, make_backend
+from hloforge.train.session import ForwardSession, TrainSession, make_backend, replica_devices
 from hloforge.train.tasks import make_task
 from hloforge.zoo import get_net
 
@@ -94,11 +94,15 @@ class Run:
         # A Model's fit (no directory) is one process: its sessions are its own, not MPI's.
         self.world = mpi.world() if directory and not eval_only else mpi.World()
         if self.world.size > 1:
-            cfg = attrs.evolve(cfg, replicas=mpi.global_replicas(cfg.replicas, cfg.sync_bn, self.world))
+            try:
+                cfg = attrs.evolve(cfg, replicas=mpi.global_replicas(cfg.replicas, cfg.sync_bn, self.world))
+            except HloforgeError as e:  # e.g. the batch over the new count: every rank refuses alike
+                raise mpi.shared(e, self.world) from None
             if not self.world.is_root:  # rank 0 logs and draws the progress bar; the others are quiet
                 log, progress = (lambda line: None), False
+        devices = replica_devices(cfg.backend or None, cfg.replicas // self.world.size, cfg.devices)
         self.backend = backend if backend is not None else \
-            make_backend(cfg.backend or None, **({"devices": cfg.devices} if cfg.devices else {}))
+            make_backend(cfg.backend or None, **({"devices": devices} if devices else {}))
         cfg = attrs.evolve(cfg, backend=self.backend.name)
         self.cfg, self.log, self.progress = cfg, log, progress
         reg = default_registry()
@@ -312,7 +316,17 @@ class Run:
             w.agree("config or net", {"config": attrs.asdict(self.cfg), "net": self.spec.to_dict(), "resume": resume})
             self.dir = w.bcast(self.dir, "the run directory")
         # the init weights read and matched before anything is written (resume reads the run's own checkpoint)
-        init = finetune.read_init(self, self.log) if self.cfg.init and not resume else None
+        init, failed = None, None
+        try:
+            init = finetune.read_init(self, self.log) if self.cfg.init and not resume else None
+        except HloforgeError as e:
+            failed = e
+        if w.size > 1:  # a refusal rank 0 reports too is printed by rank 0 alone; one of this rank's own, here
+            said = w.bcast("" if failed is None else str(failed), "the init weights read")
+            if failed is not None and str(failed) == said:
+                failed = mpi.shared(failed, w)
+        if failed is not None:
+            raise failed
         if not w.is_root:
             out = self._train(resume, cross_backend, init, callbacks)
         else:
@@ -338,8 +352,11 @@ class Run:
         with autotune.rendering(tuning):
             session: TrainSession
             if world.size > 1:
-                session = mpi.MpiTrainSession(self.spec, self.variant, cfg.batch, self.backend, world=world,
-                                              replicas=cfg.replicas, seed=cfg.seed)
+                try:
+                    session = mpi.MpiTrainSession(self.spec, self.variant, cfg.batch, self.backend, world=world,
+                                                  replicas=cfg.replicas, seed=cfg.seed)
+                except UnsupportedSpec as e:  # of the config every rank agreed on: every rank refuses alike
+                    raise mpi.shared(e, world) from None
             elif cfg.replicas == 1:
                 session = TrainSession(self.spec, self.variant, cfg.batch, self.backend, seed=cfg.seed)
             else:
