@@ -178,7 +178,7 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--replicas", type=positive_int, help="data-parallel over N devices (XLA); --batch is the "
                                                           "global batch")
     sp.add_argument("--devices", type=integer(1, MAX_PROCESSES),
-                    help="the XLA CPU plugin's device count (default: the plugin's, 4)")
+                    help="the XLA CPU client's device count (default: one per replica of --replicas, else 1)")
     sp.add_argument("--sync-bn", action="store_const", const=True, dest="sync_bn",
                     help="with --replicas: BN statistics over the global batch (default: each replica's own)")
     sp.add_argument("--epochs", type=positive_int, help="passes over the training split")
@@ -223,7 +223,7 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--replicas", type=positive_int, default=1,
                     help="score sharded over N devices (XLA; same result)")
     sp.add_argument("--devices", type=integer(1, MAX_PROCESSES),
-                    help="the XLA CPU plugin's device count (default: the plugin's, 4)")
+                    help="the XLA CPU client's device count (default: one per replica of --replicas, else 1)")
     sp.add_argument("--batch-stats", action="store_true",
                     help="diagnostic: BatchNorm with each eval batch's own statistics, not the running ones "
                          "(refused when the last batch would be padded)")
