@@ -165,6 +165,12 @@ def checked_labels(y: Any, shape: Sequence[int], y_dtype: str, classes: int | No
     return y
 
 
+def check_param_shapes(layout: TrainStepLayout, params: Sequence[np.ndarray]) -> None:
+    for (name, slot), p in zip(layout.params, params, strict=True):
+        if tuple(p.shape) != slot.shape:
+            raise DataError(f"parameter {name}: got shape {list(p.shape)}, expected {list(slot.shape)}")
+
+
 class TrainSession:
     def __init__(self, spec: NetSpec, variant: Variant, batch: int, backend: Any, *, seed: int = 0,
                  params: Sequence[np.ndarray] | None = None, registry: Registry | None = None,
@@ -178,15 +184,18 @@ class TrainSession:
         self.exe, self.layout = self._compile_step(reg)
         self.label_classes = label_classes(self.layout.y_dtype, self.layout.y_shape[1:], spec.walk()[-1].out_shape)
         host = list(params) if params is not None else spec.init_params(seed)
-        for (name, slot), p in zip(self.layout.params, host, strict=True):
-            if tuple(p.shape) != slot.shape:
-                raise DataError(f"parameter {name}: got shape {list(p.shape)}, expected {list(slot.shape)}")
+        check_param_shapes(self.layout, host)
         slots = [s for _, s in self.layout.params]
         # [θ…, state group 0…, state group 1…]: the train step's carried inputs, in its order.
         carried = [np.asarray(p, np.float32) for p in host]
         carried += self.state_layout.initial(self.optimizer, slots, host)
+        del host
         self._carried: list[Any] = []
-        self._place(host_stored(carried, self.layout.storage))
+        storage, n = self.layout.storage, len(self.layout.storage)
+        for i, a in enumerate(carried):  # relaid one at a time: each original freed as its copy is made
+            carried[i] = host_stored([a], (storage[i % n],) if n else ())[0]
+            del a
+        self._place(carried)
         self._step_inputs = InputStager(backend)
         self._batch_stats: list[Any] = []  # the last step's batch statistics (device buffers), one per stat slot
         self.step = 0
@@ -199,8 +208,18 @@ class TrainSession:
         return self.backend.compile(text), layout
 
     def _place(self, carried: list[np.ndarray]) -> None:
-        """Make `carried` (host arrays in the step's carried order) the state: on the device if resident."""
-        self._carried = carried if not self.resident else [self.backend.to_device(a) for a in carried]
+        """Make `carried` (host arrays in the step's carried order) the state: on the device if resident,
+        emptying `carried` as it goes, so each host copy can be freed once its device copy is made
+        (not θ and its whole optimizer state twice at the peak)."""
+        if not self.resident:
+            self._carried = carried
+            return
+        placed = []
+        for i, a in enumerate(carried):
+            placed.append(self.backend.to_device(a))
+            carried[i] = None  # type: ignore[call-overload]
+            del a
+        self._carried = placed
 
     # -- the step --------------------------------------------------------------
 
