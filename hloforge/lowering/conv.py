@@ -15,9 +15,9 @@ An NHWC conv's backward is what the kind "convGrad" picks:
   IREE runs this form an order of magnitude faster than the NCHW one or the NHWC autodiff one,
   once its kernel transpose is materialised (`hwio`).
 - "chunked": autodiff's, but ∂w summed over chunks of a few examples where the output image is
-  large (see `dw_chunk`), ∂x on flipped activations where the kernel outweighs them
-  (`flips_data_for_dx`), and the whole conv one im2col GEMM where the kernel outweighs its input
-  GEMM_KERNEL_RATIO times (`gemm_outruns_conv`).
+  large (see `dw_chunk`; one while loop over the chunks for an ungrouped conv), ∂x on flipped
+  activations where the kernel outweighs them (`flips_data_for_dx`), and the whole conv one
+  im2col GEMM where the kernel outweighs its input GEMM_KERNEL_RATIO times (`gemm_outruns_conv`).
 - "autodiff": autodiff's, as for "nchw" (in an NHWC stretch, free of NCHW↔NHWC relayouts).
 
 A depthwise conv (groups = in = out channels) first consults the kind "depthwise":
