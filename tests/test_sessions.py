@@ -296,3 +296,28 @@ def test_stored_hwio_kernels_train_as_declared_ones_and_read_back_declared(optim
     hw.load(p2, st2, 3)  # declared arrays in, declared arrays out
     for a, b in zip([*hw.read_params(), *hw.read_state()], [*p2, *st2], strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_placing_the_state_frees_each_host_copy_once_it_is_on_the_device():
+    """A resident session copies θ and the optimizer state to the device one tensor at a time and
+    keeps no host copy of any it has copied: at most the one being copied is alive (before, the
+    declared arrays, their stored copies and the device's were all alive at once: resnet18-cifar's
+    session peaked ~190 MB higher)."""
+    import weakref
+
+    spec = get_net("mnist-cnn")  # conv kernels stored HWIO: relaid copies
+    be = make_backend("xla")
+    seen: list[weakref.ref] = []
+    alive_at_copy: list[int] = []
+    real = be.to_device
+
+    def to_device(array, *args, **kwargs):
+        alive_at_copy.append(sum(r() is not None for r in seen))
+        seen.append(weakref.ref(array))
+        return real(array, *args, **kwargs)
+
+    be.to_device = to_device
+    s = TrainSession(spec, Variant("adam"), 2, be, seed=0)
+    n = len(s.layout.params)
+    assert len(seen) >= 3 * n and max(alive_at_copy[:3 * n]) == 0, alive_at_copy
+    s.train_step(*batches(spec, 2, 1)[0], 1e-3)

@@ -549,3 +549,32 @@ def test_shifted_small_takes_the_convolution_above_its_largest_kernel() -> None:
 
     assert shifts("shiftedSmall", SHIFTED_MAX_K) and not shifts("shiftedSmall", SHIFTED_MAX_K + 2)
     assert shifts("shifted", 7) and not shifts("conv", 3)
+
+
+@pytest.mark.parametrize("batch,chunk,stride,pads", [(5, 2, 1, ((1, 1), (1, 1))), (4, 1, 2, ((0, 1), (1, 0))),
+                                                     (6, 4, 2, ((1, 1), (1, 1)))])
+def test_looped_kernel_gradient_matches_the_whole_batch_one(batch: int, chunk: int, stride: int,
+                                                            pads: tuple[tuple[int, int], ...]) -> None:
+    """The chunked form's ∂w is one while loop over whole chunks (in the convolution form XLA's CPU
+    runs through Eigen) and the remainder after it: on XLA it is autodiff's ∂w over the whole
+    batch, strided, asymmetrically padded, with and without a remainder."""
+    from hloforge.core import autodiff
+    from hloforge.core.hlo import Builder
+    from hloforge.lowering import conv
+
+    rng = np.random.default_rng(0)
+    xs = rng.standard_normal((batch, 7, 6, 3)).astype(np.float32)
+    wshape = (3, 3, 3, 5)
+    b = Builder("f32", "dw")
+    x, w = b.arg(xs.shape), b.arg(wshape)
+    y = b.convolution(x, w, strides=(stride, stride), padding=pads, spec=conv.NHWC_HWIO)
+    attrs = b.tape[-1].attrs
+    gs = rng.standard_normal(y.shape).astype(np.float32)
+    g = b.arg(gs.shape)
+    looped = conv._looped_kernel_grad(b, x, g, wshape, stride, pads, chunk)
+    whole = autodiff.conv_kernel_grad(b, x, g, wshape, attrs)
+    assert "stablehlo.while" in (text := b.module([looped, whole]))
+    xla = make_backend("xla")
+    got, want = (xla.to_host(o) for o in xla.execute(xla.compile(text), [xla.to_device(a) for a in
+                                                                          (xs, np.zeros(wshape, np.float32), gs)]))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -197,3 +197,23 @@ def autodiff_run(b, outs, inputs):
         return exe.run(inputs)
     finally:
         exe.close()
+
+
+
+@pytest.mark.parametrize("loss,logits,labels", [("crossEntropy", (4, 5), (4,)),
+                                               ("tokenCrossEntropy", (2, 3, 5), (2, 3))])
+def test_the_loss_backward_reuses_the_forwards_log_softmax(loss: str, logits: tuple[int, ...],
+                                                           labels: tuple[int, ...]) -> None:
+    """A loss and its gradient compute the log-softmax once: the closed-form backward takes the
+    forward's (it emitted a second max, exp, sum and log, and the one-hot targets again)."""
+    from hloforge.core import autodiff
+    from hloforge.core.hlo import Builder
+    from hloforge.core.registry import default_registry
+
+    b = Builder("f32", "loss")
+    z, y = b.arg(logits), b.arg(labels, "i32")
+    value = default_registry().make("loss", loss).forward(b, z, y)
+    (dz,) = autodiff.grad(b, [value], [b.full(1.0)], [z])
+    text = b.module([value, dz])
+    assert text.count("stablehlo.log ") == 1 and text.count("applies stablehlo.maximum") == 1
+    assert text.count("stablehlo.iota") == 1

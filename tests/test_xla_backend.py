@@ -379,3 +379,18 @@ def test_a_compile_option_xla_does_not_know_is_its_error_not_a_silent_default():
         pjrt.default_client().compile(IDENTITY, overrides={"xla_no_such_option": True})
     with pytest.raises(BackendError, match="expected bool, int, float or str"):
         pjrt.compile_options(overrides={"xla_cpu_scheduler_type": None})  # type: ignore[dict-item]
+
+
+def test_compile_hands_the_compilers_freed_heap_back(monkeypatch, tmp_path):
+    """glibc keeps the heap XLA's compiler freed, and a session's first steps' buffers came on top of
+    it (resnet18-cifar: ~165 MB of a 255 MB compile peak): the backend trims the heap after each
+    compile, cache hit or not."""
+    from hloforge.backends.xla import backend as xla_backend
+
+    calls: list[int] = []
+    monkeypatch.setattr(xla_backend, "_malloc_trim", lambda: lambda pad: calls.append(pad))
+    be = xla_backend.XlaBackend(cache_dir=tmp_path)
+    text = "func.func @main(%a: tensor<f32>) -> tensor<f32> {\n  return %a : tensor<f32>\n}\n"
+    be.compile(text)
+    be.compile(text)  # the cache's hit
+    assert calls == [0, 0] and be.stats["hits"] == 1

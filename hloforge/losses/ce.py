@@ -79,22 +79,27 @@ class CrossEntropy(ClassTargetLoss):
 
     def forward(self, b: Builder, logits: Value, y: Value) -> Value:
         n, c = logits.shape
+        fwd_values: dict[str, Value] = {}  # the backward reuses the forward's log-softmax and targets
 
         def fwd(z: Value) -> list[Value]:
             t = self.targets(b, y, c, z.dtype)
-            return [b.sum(b.negate(t * log_softmax(b, z))) / float(n)]
+            logp = log_softmax(b, z)
+            fwd_values.update(logp=logp, t=t)
+            return [b.sum(b.negate(t * logp)) / float(n)]
 
         def bwd(b: Builder, g: Value) -> list[Value]:
-            return [self.backward(b, logits, y, g)]
+            return [self.backward(b, logits, y, g, fwd_values["logp"], fwd_values["t"])]
 
         return b.custom_vjp(fwd, bwd, logits)[0]
 
-    def backward(self, b: Builder, logits: Value, y: Value, g: Value) -> Value:
+    def backward(self, b: Builder, logits: Value, y: Value, g: Value, logp: Value | None = None,
+                 t: Value | None = None) -> Value:
         """The closed form: the softmax Jacobian cancels the log, ∂L/∂z = (p − t)·ḡ/B. Host soft
-        targets sum to 1 only to f32 rounding, so for them it is (p·Σt − t)·ḡ/B, the exact gradient."""
+        targets sum to 1 only to f32 rounding, so for them it is (p·Σt − t)·ḡ/B, the exact gradient.
+        `logp`, `t`: the forward's log-softmax and targets, where it has them (else emitted here)."""
         n, c = logits.shape
-        p = b.exp(log_softmax(b, logits))
-        t = self.targets(b, y, c, logits.dtype)
+        p = b.exp(log_softmax(b, logits) if logp is None else logp)
+        t = self.targets(b, y, c, logits.dtype) if t is None else t
         if self.soft:
             p = p * b.broadcast_in_dim(b.sum(t, [1]), (n, c), [0])
         return (p - t) * b.broadcast_to(g / float(n), (n, c))

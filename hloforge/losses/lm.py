@@ -34,13 +34,17 @@ class TokenCrossEntropy(Loss):
         n = bsz * t
         yf = b.reshape(y, (n,))
 
+        fwd_values: dict[str, Value] = {}  # the backward reuses the forward's log-softmax and one-hots
+
         def fwd(z: Value) -> list[Value]:
             lp = log_softmax(b, b.reshape(z, (n, v)))
-            return [b.sum(b.negate(one_hot(b, yf, v, z.dtype) * lp)) / float(n)]
+            t = one_hot(b, yf, v, z.dtype)
+            fwd_values.update(lp=lp, t=t)
+            return [b.sum(b.negate(t * lp)) / float(n)]
 
         def bwd(b: Builder, g: Value) -> list[Value]:
-            p = b.exp(log_softmax(b, b.reshape(logits, (n, v))))
-            d = (p - one_hot(b, yf, v, logits.dtype)) * b.broadcast_to(g / float(n), (n, v))
+            p = b.exp(fwd_values["lp"])
+            d = (p - fwd_values["t"]) * b.broadcast_to(g / float(n), (n, v))
             return [b.reshape(d, (bsz, t, v))]
 
         return b.custom_vjp(fwd, bwd, logits)[0]

@@ -15,9 +15,9 @@ An NHWC conv's backward is what the kind "convGrad" picks:
   IREE runs this form an order of magnitude faster than the NCHW one or the NHWC autodiff one,
   once its kernel transpose is materialised (`hwio`).
 - "chunked": autodiff's, but ∂w summed over chunks of a few examples where the output image is
-  large (see `dw_chunk`), ∂x on flipped activations where the kernel outweighs them
-  (`flips_data_for_dx`), and the whole conv one im2col GEMM where the kernel outweighs its input
-  GEMM_KERNEL_RATIO times (`gemm_outruns_conv`).
+  large (see `dw_chunk`; one while loop over the chunks for an ungrouped conv), ∂x on flipped
+  activations where the kernel outweighs them (`flips_data_for_dx`), and the whole conv one
+  im2col GEMM where the kernel outweighs its input GEMM_KERNEL_RATIO times (`gemm_outruns_conv`).
 - "autodiff": autodiff's, as for "nchw" (in an NHWC stretch, free of NCHW↔NHWC relayouts).
 
 A depthwise conv (groups = in = out channels) first consults the kind "depthwise":
@@ -336,7 +336,9 @@ def _conv_autodiff_parts(b: Builder, x: Value, w: Value, stride: int, pads: Sequ
         n = x.shape[0]
         step = chunk or n
         dw = None
-        for lo in range(0, n, step):
+        if step < n and groups == 1:  # one loop over the chunks: a compile of one chunk's ops, not n/step
+            dw = _looped_kernel_grad(b, x, g, w.shape, stride, pads, step)
+        for lo in range(0, n if dw is None else 0, step):
             hi = min(lo + step, n)
             xs, gs = (x, g) if step == n else (b.slice(x, [lo, 0, 0, 0], [hi, *x.shape[1:]]),
                                                b.slice(g, [lo, 0, 0, 0], [hi, *g.shape[1:]]))
@@ -347,6 +349,52 @@ def _conv_autodiff_parts(b: Builder, x: Value, w: Value, stride: int, pads: Sequ
         return [dx, dw]
 
     return b.custom_vjp(fwd, bwd, x, w)[0]
+
+
+# XLA's CPU runs a convolution through Eigen only in the form b01f_01io->b01f; it rewrites the
+# entry computation's convolutions into it, but not a loop body's (those ran ~15× slower), so the
+# loop's ∂w is written in it: x as [C, H, W, n], ḡ as [OH, OW, n, O], ∂w as [C, k, k, O].
+_EIGEN_DW: ConvSpec = ((0, 3, 1, 2), (3, 2, 0, 1), (0, 3, 1, 2))
+
+
+def _eigen_kernel_grad(b: Builder, x: Value, g: Value, k: int, stride: int,
+                       pads: Sequence[tuple[int, int]]) -> Value:
+    """∂w as [C, k, k, O] of a stride-`stride` ungrouped NHWC conv of x [n, H, W, C] with a k×k
+    kernel, from ḡ [n, OH, OW, O]: x correlated with ḡ dilated by the stride."""
+    span = [(m - 1) * stride + 1 for m in g.shape[1:3]]
+    conv_pads = [(p[0], o - h + k - p[0] - 1) for p, o, h in zip(pads, span, x.shape[1:3], strict=True)]
+    return b.convolution(b.transpose(x, [3, 1, 2, 0]), b.transpose(g, [1, 2, 0, 3]), strides=(1, 1),
+                         padding=conv_pads, rhs_dilation=(stride, stride), spec=_EIGEN_DW)
+
+
+def _looped_kernel_grad(b: Builder, x: Value, g: Value, w_shape: Sequence[int], stride: int,
+                        pads: Sequence[tuple[int, int]], chunk: int) -> Value:
+    """∂w [k, k, C, O] of an ungrouped NHWC conv summed over the batch in chunks of `chunk`
+    examples: one stablehlo.while over the whole chunks (x and ḡ carried, each chunk a
+    dynamic_slice), the remainder, if any, after it."""
+    n, k = x.shape[0], w_shape[0]
+    whole, rest = divmod(n, chunk)
+
+    def i32(c: Builder, v: int) -> Value:
+        return c.full(v, (), "i32")
+
+    def cond(c: Builder, a: list[Value]) -> Value:
+        return c.compare(a[0], i32(c, whole), "LT")
+
+    def body(c: Builder, a: list[Value]) -> list[Value]:
+        i, dw, x, g = a
+        start, z = i * i32(c, chunk), i32(c, 0)
+        xs = c.dynamic_slice(x, [start, z, z, z], (chunk, *x.shape[1:]))
+        gs = c.dynamic_slice(g, [start, z, z, z], (chunk, *g.shape[1:]))
+        return [i + i32(c, 1), dw + _eigen_kernel_grad(c, xs, gs, k, stride, pads), x, g]
+
+    zero = b.full(0.0, (w_shape[2], k, k, w_shape[3]), x.dtype)
+    _, dw, *_ = b.while_([i32(b, 0), zero, x, g], cond, body)
+    if rest:
+        lo = whole * chunk
+        dw = dw + _eigen_kernel_grad(b, b.slice(x, [lo, 0, 0, 0], list(x.shape)),
+                                     b.slice(g, [lo, 0, 0, 0], list(g.shape)), k, stride, pads)
+    return b.transpose(dw, [1, 2, 0, 3])
 
 
 def gemm_outruns_conv(x_shape: Sequence[int], w_shape: Sequence[int], groups: int) -> bool:

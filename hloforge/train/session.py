@@ -186,6 +186,12 @@ def merge_carried(lay: TrainStepLayout, held: Sequence[Any], new: Sequence[Any])
     return [*theta, *new[len(lay.trained):]]
 
 
+def check_param_shapes(layout: TrainStepLayout, params: Sequence[np.ndarray]) -> None:
+    for (name, slot), p in zip(layout.params, params, strict=True):
+        if tuple(p.shape) != slot.shape:
+            raise DataError(f"parameter {name}: got shape {list(p.shape)}, expected {list(slot.shape)}")
+
+
 class TrainSession:
     def __init__(self, spec: NetSpec, variant: Variant, batch: int, backend: Any, *, seed: int = 0,
                  params: Sequence[np.ndarray] | None = None, registry: Registry | None = None,
@@ -199,16 +205,19 @@ class TrainSession:
         self.exe, self.layout = self._compile_step(reg)
         self.label_classes = label_classes(self.layout.y_dtype, self.layout.y_shape[1:], spec.out_shape)
         host = list(params) if params is not None else spec.init_params(seed)
-        for (name, slot), p in zip(self.layout.params, host, strict=True):
-            if tuple(p.shape) != slot.shape:
-                raise DataError(f"parameter {name}: got shape {list(p.shape)}, expected {list(slot.shape)}")
+        check_param_shapes(self.layout, host)
         trained = self.layout.trained
         slots = [self.layout.params[i][1] for i in trained]
         # [θ…, state group 0…, state group 1…]: the train step's held inputs, in its order (state: trained θ only).
         carried = [np.asarray(p, np.float32) for p in host]
         carried += self.state_layout.initial(self.optimizer, slots, [host[i] for i in trained])
+        del host
         self._carried: list[Any] = []
-        self._place(host_stored(carried, self.layout.held_storage))
+        storage = self.layout.held_storage
+        for i, a in enumerate(carried):  # relaid one at a time: each original freed as its copy is made
+            carried[i] = host_relaid(a, storage[i])
+            del a
+        self._place(carried)
         self._step_inputs = InputStager(backend)
         self._batch_stats: list[Any] = []  # the last step's batch statistics (device buffers), one per stat slot
         self.step = 0
@@ -221,8 +230,18 @@ class TrainSession:
         return self.backend.compile(text), layout
 
     def _place(self, carried: list[np.ndarray]) -> None:
-        """Make `carried` (host arrays in the step's carried order) the state: on the device if resident."""
-        self._carried = carried if not self.resident else [self.backend.to_device(a) for a in carried]
+        """Make `carried` (host arrays in the step's carried order) the state: on the device if resident,
+        emptying `carried` as it goes, so each host copy can be freed once its device copy is made
+        (not θ and its whole optimizer state twice at the peak)."""
+        if not self.resident:
+            self._carried = carried
+            return
+        placed = []
+        for i, a in enumerate(carried):
+            placed.append(self.backend.to_device(a))
+            carried[i] = None  # type: ignore[call-overload]
+            del a
+        self._carried = placed
 
     # -- the step --------------------------------------------------------------
 
