@@ -16,19 +16,11 @@ from hloforge.plugins.layers.conv import Conv2d
 from hloforge.plugins.layers.norm import ConvBn
 from hloforge.plugins.layers.pairtile import PairTile
 from hloforge.testing import HEADER, gate_layer
-from hloforge.testing.gate import _client
+from hloforge.testing.gate import _run as run
 from hloforge.train.session import TrainSession, make_backend
 
 CASES = PairTile.gate_cases()
 IDS = [f"L={c.L},D={c.D},C={c.C},p={c.p}" for c, _ in CASES]
-
-
-def run(text: str, inputs: list[np.ndarray]) -> list[np.ndarray]:
-    exe = _client().compile(text)
-    try:
-        return [np.asarray(o) for o in exe.run(inputs)]
-    finally:
-        exe.close()
 
 
 @pytest.mark.parametrize(("layer", "shape"), CASES, ids=IDS)
