@@ -36,7 +36,7 @@ import attrs
 import numpy as np
 
 from hloforge.core.errors import BackendError, DataError, HloforgeError, UnsupportedSpec
-from hloforge.core.modules import TrainStepLayout, gradient_step_module, optimizer_step_module
+from hloforge.core.modules import TrainStepLayout, gradient_step_module, optimizer_step_module, stored_shape
 from hloforge.core.registry import Registry
 from hloforge.core.spec import NetSpec
 from hloforge.core.strategy import target_of
@@ -350,6 +350,9 @@ class MpiTrainSession(DataParallelTrainSession):
         for s in sizes:
             self._grad_views.append(self._flat[off:off + s])
             off += s
+        # the same pieces in the stored shapes the update half takes (views: the all-reduce's mean is in them)
+        self._grads = [v.reshape(stored_shape(s.shape, q))
+                       for v, (_, s), q in zip(self._grad_views, lay.params, lay.storage, strict=True)]
         self._stat_views: list[np.ndarray] = []
         off += 1
         for s in stat_sizes:
@@ -406,12 +409,11 @@ class MpiTrainSession(DataParallelTrainSession):
         w.allreduce_sum(self._flat, "the gradient all-reduce")
         self.comm_s += time.perf_counter() - t
         self._flat[:self._grad_end + 1] /= np.float32(w.size)  # the mean, as replica_mean divides (float32)
-        grads = [v.reshape(shape) for v, shape in zip(self._grad_views, self._stored_shapes(), strict=True)]
         # The update half, on identical inputs on every rank and replica: identical θ' and state'.
-        args = [[*self._theta_on(r), *(be.to_device(g, borrow=True, device=r) for g in grads),
+        args = [[*self._theta_on(r), *(be.to_device(g, borrow=True, device=r) for g in self._grads),
                  be.to_device(sched, device=r)] for r in range(self.replicas)]
         new = self._run(self.update_exe, args)
-        del args, grads
+        del args
         if self.resident:
             self._replicas = [o[:lay.n_carried] for o in new]
             self._carried = self._replicas[0]
@@ -419,11 +421,6 @@ class MpiTrainSession(DataParallelTrainSession):
             self._carried = [be.to_host(b) for b in new[0][:lay.n_carried]]
         self._batch_stats = [v.reshape(s.shape).copy() for v, (_, s) in zip(self._stat_views, lay.stats, strict=True)]
         return float(self._flat[self._grad_end])
-
-    def _stored_shapes(self) -> list[tuple[int, ...]]:
-        from hloforge.core.modules import stored_shape
-
-        return [stored_shape(s.shape, q) for (_, s), q in zip(self.layout.params, self.layout.storage, strict=True)]
 
 
 class RankShardedForward:
