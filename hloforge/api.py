@@ -27,12 +27,11 @@ from hloforge.core.registry import default_registry
 from hloforge.core.spec import NetSpec
 from hloforge.core.variant import Variant, VariantFields
 from hloforge.train import checkpoint as ckpt
+from hloforge.train.config import CHECKPOINT, CONFIG
 from hloforge.train.metrics import eval_set_id
 from hloforge.train.schedule import SCHEDULES
 from hloforge.train.session import ForwardSession, TrainSession, checked_labels, finite_inputs, make_backend
 
-CHECKPOINT = "checkpoint.safetensors"  # the name `hloforge train` gives it (trainer.CHECKPOINT)
-CONFIG = "config.toml"
 NET_FILE = "net.json"  # a NetSpec the zoo does not name, written next to the checkpoint so `eval` rebuilds it
 ARRAYS = "arrays"  # what a fit on arrays names its data in the run's config (no registered dataset)
 

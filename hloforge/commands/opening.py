@@ -16,7 +16,7 @@ from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
 from hloforge.core.spec import NetSpec
 from hloforge.core.variant import SHADOW
 from hloforge.train import checkpoint as ckpt
-from hloforge.train.config import CHECKPOINT, TrainConfig, load_config
+from hloforge.train.config import CHECKPOINT, CONFIG, TrainConfig, load_config
 from hloforge.train.evaluation import EvalResult, evaluate, evaluate_lm, evaluate_stream
 from hloforge.train.parallel import make_forward_session
 from hloforge.train.session import ForwardSession, replica_devices
@@ -67,7 +67,7 @@ class OpenedCheckpoint:
 def check_run_dir(path: str, file: str, meta: dict[str, Any]) -> None:
     """A run directory whose config.toml names another net or variant than its checkpoint holds is
     refused, as --resume refuses it: scoring it would report the checkpoint's net as the run's."""
-    cfg = load_config(os.path.join(path, "config.toml"))
+    cfg = load_config(os.path.join(path, CONFIG))
     spec = get_net(cfg.net, cfg.classes, cfg.input)
     variant = cfg.variant(spec)
     try:
@@ -83,7 +83,7 @@ def open_checkpoint(path: str, backend: str | None = None,
     differs from the stored spec."""
     file = os.path.join(path, CHECKPOINT) if os.path.isdir(path) else path
     tensors, meta = ckpt.load_checkpoint(file)
-    if os.path.isdir(path) and os.path.exists(os.path.join(path, "config.toml")):
+    if os.path.isdir(path) and os.path.exists(os.path.join(path, CONFIG)):
         check_run_dir(path, file, meta)
     cfg = ckpt.config_from(file, TrainConfig, meta["config"])
     if backend and backend != cfg.backend:

@@ -145,7 +145,7 @@ def write_run(imp: Imported, out: str, *, data: str = "", data_options: Sequence
     the run is rebuilt, as eval rebuilds it, before anything is written."""
     from hloforge.core.registry import default_registry
     from hloforge.train import checkpoint as ckpt
-    from hloforge.train.trainer import CHECKPOINT, Run, TrainConfig
+    from hloforge.train.trainer import CHECKPOINT, CONFIG, Run, TrainConfig
 
     path = os.path.join(out, CHECKPOINT)
     if os.path.exists(path):
@@ -169,7 +169,7 @@ def write_run(imp: Imported, out: str, *, data: str = "", data_options: Sequence
                *([s.copy() for s in imp.stats] if lay.shadows else [])]
     meta = {**run.meta(0, 0), "imported": {"source": imp.source}}
     os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "config.toml"), "w", encoding="utf-8") as f:
+    with open(os.path.join(out, CONFIG), "w", encoding="utf-8") as f:
         f.write(run.cfg.to_toml())
     ckpt.save_checkpoint(path, names, tensors, meta)
     return out

@@ -23,6 +23,7 @@ from hloforge.train.configio import as_tuple, check_fields, toml_value
 from hloforge.train.schedule import SCHEDULES
 
 CHECKPOINT = "checkpoint.safetensors"
+CONFIG = "config.toml"
 BITMAP = "eval_correct.npz"
 
 

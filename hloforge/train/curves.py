@@ -90,14 +90,14 @@ def draw(history: Sequence[dict[str, Any]], title: str) -> bytes:
 def plot_run(run_dir: str) -> str:
     """Draw a run directory's curves.png from its metrics.jsonl; returns the file's path."""
     from hloforge.train.checkpoint import write_atomic
-    from hloforge.train.config import load_config
+    from hloforge.train.config import CONFIG, load_config
 
     if not os.path.isdir(run_dir):
         raise DataError(f"run directory {run_dir} does not exist; expected a run directory that trained an epoch")
     hist = history(run_dir)
     if not hist:
         raise DataError(f"{run_dir} has no epoch in {METRICS}; expected a run directory that trained an epoch")
-    cfg_path = os.path.join(run_dir, "config.toml")
+    cfg_path = os.path.join(run_dir, CONFIG)
     title = os.path.basename(load_config(cfg_path).net) if os.path.exists(cfg_path) else os.path.basename(run_dir)
     out = os.path.join(run_dir, PNG)
     write_atomic(out, draw(hist, title), "plot")

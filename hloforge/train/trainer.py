@@ -38,6 +38,7 @@ from hloforge.train import checkpoint as ckpt
 from hloforge.train.config import (  # noqa: F401
     BITMAP,
     CHECKPOINT,
+    CONFIG,
     TrainConfig,
     load_config,
     option_items,
@@ -214,7 +215,7 @@ class Run:
         directory `hloforge eval` reads (the ModelCheckpoint callback's best epoch)."""
         assert self.dir is not None
         os.makedirs(path, exist_ok=True)
-        for name in ("config.toml", BITMAP, CHECKPOINT):  # the checkpoint last: a copy with one is whole
+        for name in (CONFIG, BITMAP, CHECKPOINT):  # the checkpoint last: a copy with one is whole
             src = os.path.join(self.dir, name)
             if os.path.exists(src):
                 with open(src, "rb") as f:
@@ -381,7 +382,7 @@ class Run:
         if init is not None:
             finetune.start_from(self, session, init)
         if world.is_root:
-            ckpt.write_atomic(os.path.join(self.dir, "config.toml"), cfg.to_toml().encode(), "config")
+            ckpt.write_atomic(os.path.join(self.dir, CONFIG), cfg.to_toml().encode(), "config")
         self.log(f"hloforge: {self.spec.name} ({self.spec.param_count():,} params) on {cfg.data} "
                  f"({self.feed.n} train / {len(self.y_te)} test) | backend {self.backend.backend_name()}")
         if self.lm and hasattr(self.data, "bigram_bits"):
