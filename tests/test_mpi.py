@@ -71,13 +71,16 @@ def session_child(out: str) -> None:
     w = mpi.world()
     spec = tiny_net()
     if w.size == 1:
-        s = DataParallelTrainSession(spec, VARIANT, BATCH, make_backend("xla", devices=2), replicas=2, seed=1)
-        np.savez(os.path.join(out, "alone.npz"), **drive(s, spec))
+        be = make_backend("xla", devices=2)
+        for name, sync in (("alone", False), ("alone-sync", True)):
+            s = DataParallelTrainSession(spec, VARIANT, BATCH, be, replicas=2, seed=1, sync_bn=sync)
+            np.savez(os.path.join(out, f"{name}.npz"), **drive(s, spec))
         return
     be = make_backend("xla")
-    for name, bucket in (("one", mpi.BUCKET_BYTES), ("bucketed", 64)):
+    for name, bucket, sync in (("one", mpi.BUCKET_BYTES, False), ("bucketed", 64, False),
+                               ("sync", mpi.BUCKET_BYTES, True)):
         mpi.BUCKET_BYTES, w.allreduce_calls = bucket, 0
-        m = mpi.MpiTrainSession(spec, VARIANT, BATCH, be, world=w, replicas=2, seed=1)
+        m = mpi.MpiTrainSession(spec, VARIANT, BATCH, be, world=w, replicas=2, seed=1, sync_bn=sync)
         res = drive(m, spec)
         res["calls"] = np.array([w.allreduce_calls, m._flat.nbytes])
         np.savez(os.path.join(out, f"{name}{w.rank}.npz"), **res)
@@ -116,8 +119,10 @@ def test_a_launch_whose_mpi_sees_one_process_is_refused(tmp_path):
 def test_sync_bn_and_an_uneven_replica_count_are_refused_across_processes():
     two = mpi.World(0, 2)
     assert mpi.global_replicas(1, False, two) == 2 and mpi.global_replicas(4, False, two) == 4
-    with pytest.raises(UnsupportedSpec, match="--sync-bn .* across 2 MPI processes it is not built"):
-        mpi.global_replicas(2, True, two)
+    assert mpi.global_replicas(1, True, two) == 2 and mpi.global_replicas(2, True, two) == 2
+    with pytest.raises(UnsupportedSpec, match="--sync-bn across 2 MPI processes runs one replica per process; "
+                                              "--replicas 4 puts 2 in each"):
+        mpi.global_replicas(4, True, two)
     with pytest.raises(UnsupportedSpec, match="--replicas 3 does not split over 2 MPI processes"):
         mpi.global_replicas(3, False, two)
 
@@ -214,27 +219,32 @@ HLOFORGE = [sys.executable, "-m", "hloforge.cli"]
 
 @needs_mpi
 def test_two_processes_are_the_two_replica_step_and_every_rank_holds_the_same_theta(tmp_path):
-    """20 steps, the flat buffer all-reduced in one call a step, and in 64-byte buckets."""
+    """20 steps, the flat buffer all-reduced in one call a step, and in 64-byte buckets; and with sync BN
+    (the statistics' sums all-reduced inside the step, by the host call) against the in-graph sync BN."""
     me = [sys.executable, str(Path(__file__).resolve()), "session", str(tmp_path)]
     r = subprocess.run(me, capture_output=True, text=True, env=env(), timeout=300)
     assert r.returncode == 0, r.stderr
     r = launch(2, *me)
     assert r.returncode == 0, r.stdout + r.stderr
-    ref = dict(np.load(tmp_path / "alone.npz"))
-    for name in ("one", "bucketed"):
+    for name in ("one", "bucketed", "sync"):
+        ref = dict(np.load(tmp_path / ("alone-sync.npz" if name == "sync" else "alone.npz")))
         ranks = [dict(np.load(tmp_path / f"{name}{i}.npz")) for i in range(2)]
         calls, nbytes = ranks[0].pop("calls")
         ranks[1].pop("calls")
-        assert calls == STEPS * (1 if name == "one" else -(-nbytes // 64)) and nbytes > 64  # never per tensor
+        # never per tensor: one gradient all-reduce a step (sync BN: and one per statistics sum the step makes)
+        per_step = {"one": 1, "bucketed": -(-nbytes // 64), "sync": 1 + 3}
+        assert calls == STEPS * per_step[name] and nbytes > 64, (name, calls)
         worst = max(rel(ranks[0][k], ref[k]) for k in ref)
         assert worst <= 1e-6, (name, worst)
         for k in ref:
-            if not k.startswith("b"):  # θ, state, losses: identical on every rank, bit for bit
+            if name == "sync" or not k.startswith("b"):  # θ, state, losses (synced: statistics too): bit for bit
                 assert np.array_equal(ranks[0][k], ranks[1][k]), (name, k)
+    pooled, own = dict(np.load(tmp_path / "sync0.npz")), dict(np.load(tmp_path / "one0.npz"))
+    assert rel(pooled["b0"], own["b0"]) > 1e-3  # the sync run really pooled: its statistics are not rank 0's
 
 
-def train_cmd(run_dir: Path, epochs: int, *more: str) -> list[str]:
-    return [*HLOFORGE, "train", "mnist-mlp", "--data", "digits", "--epochs", str(epochs), "--batch", "64",
+def train_cmd(run_dir: Path, epochs: int, *more: str, net: str = "mnist-mlp") -> list[str]:
+    return [*HLOFORGE, "train", net, "--data", "digits", "--epochs", str(epochs), "--batch", "64",
             "--dropout", "0.2", "--schedule", "constant", "--run-dir", str(run_dir), "--no-progress", *more]
 
 
@@ -284,8 +294,25 @@ def test_hloforge_train_under_mpiexec_is_the_two_replica_run_and_resumes_at_any_
 
 
 @needs_mpi
+def test_sync_bn_under_mpiexec_is_the_one_process_sync_bn_run(tmp_path):
+    """`mpiexec -n 2 hloforge train resnet-mini --sync-bn`: BN over the global batch, its sums all-reduced
+    inside the step, = `--replicas 2 --devices 2 --sync-bn` in one process (checkpoint and top-1)."""
+    def cmd(run_dir: Path) -> list[str]:
+        return [*HLOFORGE, "train", "resnet-mini", "--data", "digits", "--epochs", "1", "--batch", "64",
+                "--sync-bn", "--run-dir", str(run_dir), "--no-progress"]
+
+    alone(cmd(tmp_path / "ref"))
+    under_mpi(cmd(tmp_path / "mpi"))
+    want, got = tensors(tmp_path / "ref"), tensors(tmp_path / "mpi")
+    assert got.keys() == want.keys()
+    assert max(rel(got[k], want[k]) for k in want) <= 1e-6
+    assert top1s(tmp_path / "mpi") == top1s(tmp_path / "ref")
+
+
+@needs_mpi
 @pytest.mark.parametrize(("more", "message"), [
-    (("--sync-bn",), "--sync-bn pools BN statistics inside the step, over one process's devices; across 2 MPI"),
+    (("--replicas", "4", "--devices", "2", "--sync-bn"),
+     "--sync-bn across 2 MPI processes runs one replica per process; --replicas 4 puts 2 in each"),
     (("--batch", "63"), "batch 63 (the global batch) does not split evenly over 2 replicas"),
     (("--freeze", "0"), "frozen parameters (--freeze) train in one process"),
     (("--init", "no-such-run"), "--init no-such-run does not exist"),
@@ -296,15 +323,6 @@ def test_a_refusal_every_rank_reaches_under_mpiexec_is_one_line(tmp_path, more, 
     assert r.returncode == 3
     lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.startswith("hloforge:")]
     assert len(lines) == 1 and message in lines[0], r.stdout + r.stderr
-    assert not (tmp_path / "r").exists()
-
-
-@needs_mpi
-def test_sync_bn_under_mpiexec_is_refused_in_one_line(tmp_path):
-    r = launch(2, *train_cmd(tmp_path / "r", 1, "--replicas", "2", "--sync-bn"))
-    assert r.returncode == 3
-    lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.startswith("hloforge:")]
-    assert len(lines) == 1 and "--sync-bn pools BN statistics" in lines[0], r.stdout + r.stderr
     assert not (tmp_path / "r").exists()
 
 
@@ -333,12 +351,13 @@ def _rank_pid(tag: str, rank: int) -> int | None:
     return None
 
 
-def drill(tmp_path: Path, sig: int, flags: tuple[str, ...] = (), timeout_s: str = "30"):
-    """Start a 2-process run, wait until rank 1 is training (a step of epoch 1 traced), send it `sig`;
-    (seconds from the signal to the job's end, its output)."""
+def drill(tmp_path: Path, sig: int, flags: tuple[str, ...] = (), timeout_s: str = "30", net: str = "mnist-mlp",
+          more: tuple[str, ...] = ()):
+    """Start a 2-process run (train_cmd's of `net`, with `more`), wait until rank 1 is training (a step of epoch 1
+    traced), send it `sig`; (seconds from the signal to the job's end, its output)."""
     tag = uuid.uuid4().hex
     trace = tmp_path / "trace"
-    cmd = [MPIEXEC, "-n", "2", "-iface", "lo", *flags, *train_cmd(tmp_path / "r", 50)]
+    cmd = [MPIEXEC, "-n", "2", "-iface", "lo", *flags, *train_cmd(tmp_path / "r", 50, *more, net=net)]
     e = env(HLOFORGE_TEST_TAG=tag, HLOFORGE_DRILL_TRACE=str(trace), HLOFORGE_MPI_TIMEOUT=timeout_s)
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=e)
     try:
@@ -395,6 +414,17 @@ def test_a_hung_rank_makes_the_others_stop_within_the_timeout_naming_it(tmp_path
     assert rc != 0 and secs <= 60, (secs, out)
     lines = hloforge_lines(out)
     assert len(lines) == 1 and "rank 1 of 2 did not arrive within 5 s" in lines[0], out
+    assert "Traceback" not in out
+
+
+@needs_mpi
+def test_a_hung_rank_inside_the_sync_bn_step_makes_the_others_stop_naming_it(tmp_path):
+    """The wait inside the step's host call (on an XLA thread) is watched like every other."""
+    secs, out, rc = drill(tmp_path, signal.SIGSTOP, timeout_s="5", net="resnet-mini", more=("--sync-bn",))
+    assert rc != 0 and secs <= 60, (secs, out)
+    lines = hloforge_lines(out)
+    assert len(lines) == 1 and "rank 1 of 2 did not arrive within 5 s (HLOFORGE_MPI_TIMEOUT) at the sync-BN " \
+        "statistics" in lines[0], out
     assert "Traceback" not in out
 
 

@@ -455,6 +455,12 @@ def _all_reduce(b: Builder, op: TapeOp, g: Value) -> Cts:
     return (b.all_reduce([g], op.attrs["replica_groups"])[0],)
 
 
+@rule("process_sum")
+def _process_sum(b: Builder, op: TapeOp, g: Value) -> Cts:
+    # as all_reduce's, over processes: each differentiates its own loss, which reaches x through every copy
+    return (b.process_sum([g])[0],)
+
+
 # ----------------------------------------------------------------- control flow
 @rule("while")
 def _while(b: Builder, op: TapeOp, g: Value) -> Cts:

@@ -35,6 +35,8 @@ from hloforge.core.structured import StructuredOps
 # SUM_BLOCK; a block shorter than MIN_SUM_BLOCK would leave the long stage to the second sum.
 SUM_BLOCK = 32
 MIN_SUM_BLOCK = 8
+# The host call a multi-process step's cross-process sums go through (Builder.process_sum)
+PROCESS_SUM = "hloforge_process_sum"
 
 
 class Builder(StructuredOps):
@@ -56,6 +58,7 @@ class Builder(StructuredOps):
         self._n = 0
         self._scope: str | None = None  # see name_scope
         self._scope_n: dict[str, int] = {}
+        self._process_token: Value | None = None  # the last process_sum's order token (see there)
 
     # ----------------------------------------------------------------- plumbing
     def _next_id(self) -> str:
@@ -398,6 +401,26 @@ class Builder(StructuredOps):
         for x, o in zip(xs, outs, strict=True):
             self.tape.append(TapeOp("all_reduce", (x,), (o,), {"replica_groups": groups}))
         return outs
+
+    def process_sum(self, xs: Sequence[Value]) -> list[Value]:
+        """Every `xs` summed over the processes of a multi-process run, each process getting the sums:
+        the host call PROCESS_SUM (a runtime that runs such a step registers it; train/mpi.py's is MPI's
+        all-reduce), where XLA's collectives stop at one process's devices. The calls of one module are
+        chained through a scalar token, first operand and first result, so every process makes them in
+        the same order. On the tape each operand is its own op (its VJP rule is one process_sum)."""
+        if not xs:
+            return []
+        token = self._process_token if self._process_token is not None else self.full(0.0, (), "f32")
+        base = f"%{self._next_id()}"
+        ins = [token, *xs]
+        outs = [Value(f"{base}#{i}", v.type, self) for i, v in enumerate(ins)]
+        types = ", ".join(str(v.type) for v in ins)
+        self.lines.append(f"{base}:{len(ins)} = stablehlo.custom_call @{PROCESS_SUM}({', '.join(v.name for v in ins)}) "
+                          f"{{api_version = 4 : i32, has_side_effect = true}} : ({types}) -> ({types})")
+        self._process_token = outs[0]
+        for x, o in zip(xs, outs[1:], strict=True):
+            self.tape.append(TapeOp("process_sum", (x,), (o,), {}))
+        return outs[1:]
 
     # ----------------------------------------------------------------- control flow
     def _fresh_arg(self, t: TensorType) -> Value:

@@ -36,14 +36,15 @@ from hloforge.core.variant import Optimizer, StateLayout, Variant, Wrappers
 
 def emit_layers(b: Builder, walk: Sequence[LayerShapes], x: Value, params: Sequence[Value], *, train: bool,
                 running: Sequence[Value] = (), masks: Sequence[Value] = (),
-                sync_replicas: int = 1) -> tuple[Value, list[Value]]:
+                sync_replicas: int = 1, sync_processes: int = 1) -> tuple[Value, list[Value]]:
     """The forward walk: each layer's ops, fed its own slots by name. Returns the output and,
     in training, the batch value of every stat slot (qualified_stats order); in eval the
     running values come in through `running` in that same order. `masks` (qualified_masks
     order) are given only by the train step and the gate's modules; without them a
     dropout or drop-path layer is the identity. `sync_replicas` > 1: batch statistics are pooled
-    over that many replicas (sync BN; see Ctx). With strategy layout=nhwc (core/strategy.py)
-    images run NHWC through every stretch of layers that `supports_nhwc`, transposed at its ends."""
+    over that many replicas (sync BN; see Ctx), and `sync_processes` > 1 over that many processes.
+    With strategy layout=nhwc (core/strategy.py) images run NHWC through every stretch of layers that
+    `supports_nhwc`, transposed at its ends."""
     p_it, r_it, m_it = iter(params), iter(running), iter(masks)
     batch_stats: list[Value] = []
     skips: list[Value] = []  # the walk's skip stack (Layer.skip_out / skip_in), one list for every layer
@@ -57,7 +58,7 @@ def emit_layers(b: Builder, walk: Sequence[LayerShapes], x: Value, params: Seque
         x, layout = strategy.to_layout(b, x, layout, here), here
         ctx = Ctx(train=train, running={} if train else {s.name: next(r_it) for s in ls.stats},
                   masks={s.name: next(m_it) for s in ls.masks} if masks else {}, sync_replicas=sync_replicas,
-                  skips=skips, net_input=net_input, layout=layout)
+                  sync_processes=sync_processes, skips=skips, net_input=net_input, layout=layout)
         with strategy.in_layer(ls.layer, ls.in_shape):  # a `strategy.tuned` plan's choices for this layer
             x = ls.layer.forward(b, x, mine, ctx)
         want = strategy.physical((x.shape[0], *ls.out_shape), layout)
@@ -303,27 +304,32 @@ def train_step_module(spec: NetSpec, variant: Variant, batch: int, *, dtype: str
 
 
 def _emit_loss(b: Builder, walk: Sequence[LayerShapes], loss: Loss, lay: TrainStepLayout, params: Sequence[Value],
-               batch: int, sync_replicas: int) -> tuple[Value, list[Value]]:
+               batch: int, sync_replicas: int, sync_processes: int = 1) -> tuple[Value, list[Value]]:
     """x, the labels and the masks as inputs, then the training forward and the loss: the part of a
     train step before its backward (the fused step's and the gradient half's, one emitter)."""
     x = b.arg(lay.x_shape)
     y = b.arg(lay.y_shape, lay.y_dtype)
     masks = [b.arg((batch, *s.shape)) for _, s in lay.masks]
     views = [stored_view(b, p, perm) for p, perm in zip(params, lay.storage, strict=True)]
-    logits, batch_stats = emit_layers(b, walk, x, views, train=True, masks=masks, sync_replicas=sync_replicas)
+    logits, batch_stats = emit_layers(b, walk, x, views, train=True, masks=masks, sync_replicas=sync_replicas,
+                                      sync_processes=sync_processes)
     return loss.forward(b, logits, y), batch_stats
 
 
 def gradient_step_module(spec: NetSpec, variant: Variant, batch: int, *, dtype: str = "f32",
-                         registry: Registry | None = None, replicas: int = 1,
-                         target: str | None = None) -> tuple[str, TrainStepLayout]:
+                         registry: Registry | None = None, replicas: int = 1, sync_bn: bool = False,
+                         processes: int = 1, target: str | None = None) -> tuple[str, TrainStepLayout]:
     """The gradient half of the train step (a step split for a reduction outside the graph, e.g. MPI's):
     `@main(θ…, x, y, masks…) -> (∂θ…, loss, batch stats…)`, the fused step's forward, loss and backward
     (`replicas` > 1: the loss and ∂θ averaged over them, as there) without its update. The update half is
     `optimizer_step_module` with the variant's wrappers and the layout's storage. The layout is the fused
-    step's: its `state` and `scalars` name the update half's carried state and schedule."""
-    if replicas < 1:
-        raise UnsupportedSpec(f"replicas must be at least 1, got {replicas}")
+    step's: its `state` and `scalars` name the update half's carried state and schedule. `sync_bn`: BN
+    statistics pooled over the `replicas` and over the run's `processes` (`Builder.process_sum`; the
+    caller registers the host call and averages ∂θ over the processes)."""
+    if replicas < 1 or processes < 1:
+        raise UnsupportedSpec(f"replicas and processes must be at least 1, got {replicas} and {processes}")
+    if sync_bn and replicas * processes == 1:
+        raise UnsupportedSpec("sync_bn pools BN statistics across replicas; it needs replicas > 1 or processes > 1")
     if variant.frozen:
         raise UnsupportedSpec("frozen parameters (--freeze) train in one process: the split step across processes "
                               "updates every parameter")
@@ -333,7 +339,8 @@ def gradient_step_module(spec: NetSpec, variant: Variant, batch: int, *, dtype: 
     lay = train_step_layout(spec, opt, loss, batch, dtype, variant.state_layout(opt), target)
     b = Builder(dtype, f"{spec.ident}_{variant.slug}_gradient_step", target)
     params = [b.arg(stored_shape(s.shape, perm)) for (_, s), perm in zip(lay.params, lay.storage, strict=True)]
-    loss_v, batch_stats = _emit_loss(b, spec.walk(), loss, lay, params, batch, 1)
+    loss_v, batch_stats = _emit_loss(b, spec.walk(), loss, lay, params, batch, *((replicas, processes) if sync_bn
+                                                                                 else (1, 1)))
     grads = autodiff.grad(b, [loss_v], [b.full(1.0)], params)
     if replicas > 1:
         *grads, loss_v = replica_mean(b, [*grads, loss_v], replicas)

@@ -107,6 +107,9 @@ class Ctx:
     net_input: Value | None = None
     # > 1 in a data-parallel train step with sync BN: batch statistics pool this many replicas' batches
     sync_replicas: int = 1
+    # > 1 in a multi-process step with sync BN: each process's replicas' pooled again over this many
+    # processes (Builder.process_sum)
+    sync_processes: int = 1
     # How the image activation handed to the layer is laid out: "NCHW" (the public layout) or
     # "NHWC" (inside a net rendered with strategy layout=nhwc, for a layer whose
     # `supports_nhwc` says so; the layer then returns NHWC too). Shapes in specs stay [C, H, W].

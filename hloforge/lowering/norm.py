@@ -35,7 +35,7 @@ BN_REDUCE = StrategyKind("bnReduce", ("twoPass", "fused", "blocked"),
 
 
 def normalize(b: Builder, x: Value, gamma: Value, beta: Value, reduce: Sequence[int], axis: int,
-              eps: float, replicas: int = 1, form: str = "twoPass") -> tuple[Value, Value, Value]:
+              eps: float, replicas: int = 1, form: str = "twoPass", processes: int = 1) -> tuple[Value, Value, Value]:
     """(y, mean, biased var) with statistics over `reduce` and γ/β along `axis`; y carries the
     closed-form backward, mean and var are reported values (no gradient flows through them).
 
@@ -43,6 +43,8 @@ def normalize(b: Builder, x: Value, gamma: Value, beta: Value, reduce: Sequence[
     replica's x, M = replicas·m. The forward all-reduces Σx, then Σ(x − μ)²; the backward the two
     sums Σĝ and Σĝ·x̂. Each replica seeds its own loss, so its ĝ is replicas × the cotangent of the
     mean loss — the same factor on every replica, which the gradients' replica mean takes out.
+    `processes` > 1 (sync BN across the processes of a multi-process step): the same, over every
+    process's replicas; after the in-graph all-reduce the sums go through `Builder.process_sum`.
 
     `form`: a bnReduce choice, the module docstring's forms ("fused": batch norm only)."""
     shape, rank = x.shape, x.type.rank
@@ -55,7 +57,8 @@ def normalize(b: Builder, x: Value, gamma: Value, beta: Value, reduce: Sequence[
     if fused and others != reduce:
         raise UnsupportedSpec(f"the fused normaliser is batch norm's: statistics over every axis but {axis}, "
                               f"got {reduce}")
-    m = replicas
+    pool = replicas * processes  # the replicas whose batches the statistics cover
+    m = pool
     for d in reduce:
         m *= shape[d]
     saved: dict[str, Value] = {}
@@ -65,7 +68,8 @@ def normalize(b: Builder, x: Value, gamma: Value, beta: Value, reduce: Sequence[
         return b.blocked_sum(v, dims) if form == "blocked" else b.sum(v, dims)
 
     def pooled(*sums: Value) -> list[Value]:
-        return b.all_reduce(sums, group) if replicas > 1 else list(sums)
+        local = b.all_reduce(sums, group) if replicas > 1 else list(sums)
+        return b.process_sum(local) if processes > 1 else local
 
     def along(v: Value) -> Value:
         return b.broadcast_in_dim(v, shape, [axis])
@@ -74,7 +78,7 @@ def normalize(b: Builder, x: Value, gamma: Value, beta: Value, reduce: Sequence[
         return b.broadcast_in_dim(v, shape, kept)
 
     def fused_stats(x: Value) -> tuple[Value, Value]:
-        local = m // replicas
+        local = m // pool
         shift = b.reshape(b.slice(x, [0] * rank, [1 if d in reduce else n for d, n in enumerate(shape)]),
                           [shape[d] for d in kept])
         d = x - per_stat(shift)
@@ -84,7 +88,7 @@ def normalize(b: Builder, x: Value, gamma: Value, beta: Value, reduce: Sequence[
         zero = b.full(0.0, s2.shape, s2.dtype)
         local_m2 = b.maximum(s2 - s1 * s1 / float(local), zero)
         (means,) = pooled(local_mean)
-        mean = means / float(replicas)
+        mean = means / float(pool)
         apart = local_mean - mean
         (m2,) = pooled(local_m2 + apart * apart * float(local))
         return mean, m2 / float(m)

@@ -137,7 +137,7 @@ class TrainConfig(VariantFields):
         if self.batch % self.replicas:
             raise UnsupportedSpec(f"batch {self.batch} (the global batch) does not split evenly over "
                                   f"{self.replicas} replicas")
-        if self.sync_bn and self.replicas == 1 and launched_processes() == 1:  # MPI: mpi.global_replicas refuses it
+        if self.sync_bn and self.replicas == 1 and launched_processes() == 1:  # MPI: the processes pool it
             raise UnsupportedSpec("sync_bn pools BN statistics across replicas; it needs replicas > 1")
 
 

@@ -36,6 +36,7 @@ import attrs
 import numpy as np
 
 from hloforge.core.errors import BackendError, DataError, HloforgeError, UnsupportedSpec
+from hloforge.core.hlo import PROCESS_SUM
 from hloforge.core.modules import TrainStepLayout, gradient_step_module, optimizer_step_module, stored_shape
 from hloforge.core.registry import Registry
 from hloforge.core.spec import NetSpec
@@ -303,18 +304,17 @@ def world(environ: Any = None) -> World:
 
 def global_replicas(replicas: int, sync_bn: bool, w: World) -> int:
     """The run's replica count over P processes: at least P (the default 1 becomes P), a multiple of P.
-    `--sync-bn` pools statistics inside the graph, over one process's devices: refused across processes."""
+    `--sync-bn` across processes runs one replica per process (its host call is made once per process)."""
     if w.size == 1:
         return replicas
-    if sync_bn:
-        raise shared(UnsupportedSpec(f"--sync-bn pools BN statistics inside the step, over one process's devices; "
-                                     f"across {w.size} MPI processes it is not built: drop --sync-bn (each replica's "
-                                     "own statistics), or run the replicas in one process (--replicas N --devices N)"),
-                     w)
     total = max(replicas, w.size)
     if total % w.size:
         raise shared(UnsupportedSpec(f"--replicas {replicas} does not split over {w.size} MPI processes; give a "
                                      f"multiple of {w.size} (the default: one replica per process)"), w)
+    if sync_bn and total != w.size:
+        raise shared(UnsupportedSpec(f"--sync-bn across {w.size} MPI processes runs one replica per process; "
+                                     f"--replicas {replicas} puts {total // w.size} in each: drop --replicas "
+                                     "(or --sync-bn)"), w)
     return total
 
 
@@ -325,7 +325,7 @@ class MpiTrainSession(DataParallelTrainSession):
 
     def __init__(self, spec: NetSpec, variant: Variant, batch: int, backend: Any, *, world: World, replicas: int,
                  seed: int = 0, params: Sequence[np.ndarray] | None = None, registry: Registry | None = None,
-                 resident: bool | None = None):
+                 resident: bool | None = None, sync_bn: bool = False):
         if replicas % world.size:
             raise UnsupportedSpec(f"{replicas} replicas do not split over {world.size} processes")
         if batch % replicas:
@@ -334,7 +334,17 @@ class MpiTrainSession(DataParallelTrainSession):
         self.replicas = replicas // world.size
         if self.replicas > 1:
             require_replicas(backend, self.replicas, "a data-parallel train step")
-        self.local_batch, self.sync_bn = batch // replicas, False
+        self.local_batch, self.sync_bn = batch // replicas, sync_bn and world.size > 1
+        if self.sync_bn:
+            if self.replicas > 1:
+                raise UnsupportedSpec(f"--sync-bn across MPI processes runs one replica per process, not "
+                                      f"{self.replicas}")
+            register = getattr(backend, "register_host_call", None)
+            if register is None:
+                raise UnsupportedSpec(f"--sync-bn across MPI processes sums the BN statistics in a host call inside "
+                                      f"the step, which the {getattr(backend, 'name', backend)} backend cannot make: "
+                                      "use the xla backend, or drop --sync-bn")
+            register(PROCESS_SUM, self._process_sum)
         self._replicas: list[list[Any]] = []
         TrainSession.__init__(self, spec, variant, batch, backend, seed=seed, params=params, registry=registry,
                               resident=resident)
@@ -363,12 +373,24 @@ class MpiTrainSession(DataParallelTrainSession):
     def _compile_step(self, registry: Registry) -> tuple[Any, TrainStepLayout]:
         target = target_of(self.backend)
         text, layout = gradient_step_module(self.spec, self.variant, self.local_batch, registry=registry,
-                                            replicas=self.replicas, target=target)
+                                            replicas=self.replicas, sync_bn=self.sync_bn, processes=self.world.size,
+                                            target=target)
         update = optimizer_step_module([s for _, s in layout.params], self.optimizer, wrappers=self.variant.wrappers,
                                        storage=layout.storage, target=target,
                                        name=f"{self.spec.ident}_{self.variant.slug}_update_step")
         self.update_exe = self._compile(update)
         return self._compile(text), layout
+
+    def _process_sum(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
+        """The sync-BN step's host call (Builder.process_sum), on an XLA thread mid-step: the statistics'
+        sums over the ranks, in one all-reduce. inputs[0] / outputs[0]: the calls' order token."""
+        outputs[0][...] = inputs[0]
+        flat = np.concatenate([a.ravel() for a in inputs[1:]]).astype(np.float32, copy=False)
+        self.world.allreduce_sum(flat, "the sync-BN statistics")
+        off = 0
+        for out in outputs[1:]:
+            out.ravel()[:] = flat[off:off + out.size]
+            off += out.size
 
     def _compile(self, text: str) -> Any:
         return self.backend.compile(text, num_replicas=self.replicas) if self.replicas > 1 else \
@@ -391,6 +413,7 @@ class MpiTrainSession(DataParallelTrainSession):
         x, y = self.checked_batch(x, y, want_x, want_y,
                                   f" (the global batch: {self.total_replicas} replicas × {self.local_batch})")
         masks = self._advance(masks)
+        w.step = self.step
         sched, *rows = self._step_host(x, y, lr, masks)
         n, per = lay.n_params, self.replicas * self.local_batch
         mine = [split_batch(a[w.rank * per:(w.rank + 1) * per], self.replicas) for a in rows]
@@ -404,7 +427,6 @@ class MpiTrainSession(DataParallelTrainSession):
         self._flat[self._grad_end] = be.to_host(outs[n])
         for view, buf in zip(self._stat_views, outs[n + 1:], strict=True):
             view[:] = be.to_host(buf).ravel() if w.is_root else 0.0  # rank 0's statistics, on every rank
-        w.step = self.step
         t = time.perf_counter()
         w.allreduce_sum(self._flat, "the gradient all-reduce")
         self.comm_s += time.perf_counter() - t

@@ -355,7 +355,7 @@ class Run:
             if world.size > 1:
                 try:
                     session = mpi.MpiTrainSession(self.spec, self.variant, cfg.batch, self.backend, world=world,
-                                                  replicas=cfg.replicas, seed=cfg.seed)
+                                                  replicas=cfg.replicas, seed=cfg.seed, sync_bn=cfg.sync_bn)
                 except UnsupportedSpec as e:  # of the config every rank agreed on: every rank refuses alike
                     raise mpi.shared(e, world) from None
             elif cfg.replicas == 1:

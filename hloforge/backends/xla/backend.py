@@ -22,6 +22,7 @@ from hloforge.backends.xla.pjrt import (
     client_with_devices,
     default_client,
     forced_scheduler,
+    host_calls,
     xla_scheduler,
 )
 from hloforge.core.hookspecs import hookimpl
@@ -116,11 +117,18 @@ class XlaBackend:
         return buffer.to_numpy()
 
     def execute(self, exe: Executable, args: Sequence[DeviceBuffer], keep: Sequence[int] = ()) -> list[DeviceBuffer]:
-        return exe.execute(args, keep=keep)
+        with host_calls.reraised():
+            return exe.execute(args, keep=keep)
 
     def execute_replicated(self, exe: Executable, per_replica: Sequence[Sequence[DeviceBuffer]],
                            keep: Sequence[int] = ()) -> list[list[DeviceBuffer]]:
-        return exe.execute_replicated(per_replica, keep=keep)
+        with host_calls.reraised():
+            return exe.execute_replicated(per_replica, keep=keep)
+
+    def register_host_call(self, name: str, fn: host_calls.HostFunction) -> None:
+        """Make the custom call `name` of the modules this process compiles call `fn(inputs, outputs)`
+        (numpy views of the call's buffers) on the host; see backends/xla/pjrt/host_calls.py."""
+        self.client.register_host_call(name, fn)
 
 
 @hookimpl

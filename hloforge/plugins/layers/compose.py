@@ -54,7 +54,8 @@ def sub_ctx(ctx: Ctx | None, prefix: str, stats: Sequence[StatSlot]) -> Ctx:
     """The part's own view of the block's context: its running values, by unprefixed name."""
     layout = strategy.NCHW if ctx is None else ctx.layout
     if is_train(ctx):
-        return Ctx(train=True, sync_replicas=1 if ctx is None else ctx.sync_replicas, layout=layout)
+        return Ctx(train=True, sync_replicas=1 if ctx is None else ctx.sync_replicas,
+                   sync_processes=1 if ctx is None else ctx.sync_processes, layout=layout)
     assert ctx is not None
     return Ctx(train=False, running={s.name: ctx.running[prefix + s.name] for s in stats}, layout=layout)
 

@@ -46,7 +46,7 @@ def batch_norm(b: Builder, x: Value, params: Mapping[str, Value], ctx: Ctx, eps:
     axis = strategy.channel_axis(ctx.layout, x.type.rank)
     if ctx.train:
         y, mean, var = normalize(b, x, gamma, beta, [d for d in range(x.type.rank) if d != axis], axis, eps,
-                                 ctx.sync_replicas, strategy.chosen("bnReduce", b.target))
+                                 ctx.sync_replicas, strategy.chosen("bnReduce", b.target), ctx.sync_processes)
         ctx.batch_stats["mean"], ctx.batch_stats["var"] = mean, var
         return y
     scale = gamma * b.rsqrt(ctx.running["var"] + eps)

@@ -14,6 +14,7 @@ import weakref
 
 import numpy as np
 
+import hloforge.backends.xla.pjrt.host_calls as host_calls
 from hloforge.backends.host_memory import retain_freed_host_memory
 from hloforge.backends.signature import parse_main_signature
 from hloforge.backends.xla.pjrt.api import _buffer_type, _named_values, load_api, stderr_without
@@ -184,6 +185,10 @@ class Client:
         exe = Executable(self, loaded.loaded_executable, parse_main_signature(mlir_text), num_replicas)
         exe.scheduler = scheduler
         return exe
+
+    def register_host_call(self, name: str, fn: host_calls.HostFunction) -> None:
+        """The custom call `name` calls `fn` on the host in every program this process compiles."""
+        host_calls.register(self._api, name, fn)
 
     def to_device(self, array: np.ndarray, device: int = 0, borrow: bool = False) -> DeviceBuffer:
         """Copy a host array to ``self.devices[device]``.
