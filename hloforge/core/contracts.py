@@ -17,7 +17,7 @@ no plugin and no backend.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast, runtime_checkable
 
 import attrs
@@ -314,6 +314,13 @@ class BackendExtras(Protocol):
     def input_slot(self, shape: tuple[int, ...], dtype: Any) -> Any:
         """A `hloforge.backends.base.InputSlot` the host rewrites in place each step, or None where
         it cannot. Default: none (a new buffer per call). Read by `hloforge.train.session`."""
+        ...
+
+    def register_host_call(self, name: str, fn: Callable[[Sequence[Any], Sequence[Any]], None]) -> None:
+        """Make the custom call `name` (`Builder.process_sum`'s) in the programs this process compiles
+        call `fn(inputs, outputs)` on the host mid-run, numpy views of the call's buffers; an exception
+        `fn` raises fails the run and is re-raised by `execute`. Default: none (a step that needs it
+        is refused with one line). Read by the MPI session's sync BN (`hloforge.train.mpi`)."""
         ...
 
 
