@@ -3,6 +3,7 @@ save / load and `hloforge eval` on a saved directory, callbacks, input refusals,
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -344,6 +345,25 @@ def test_cli_runs_registered_callbacks_in_its_loop(tmp_path: str, monkeypatch: p
     assert "epoch" in capsys.readouterr().out
     assert main(["train", "mnist-linear", "--run-dir", os.path.join(tmp_path, "r2"), "--callback", "nope"]) != 0
     assert "unknown callback 'nope'" in capsys.readouterr().err and not os.path.exists(os.path.join(tmp_path, "r2"))
+
+
+def test_a_resumed_run_keeps_its_monitors_best_so_far(tmp_path: str) -> None:
+    """On --resume, ModelCheckpoint and EarlyStopping start from the run's best epoch so far, not afresh: the
+    learning rate (cosine, falling) monitored for its max is best at epoch 1 and never again."""
+    from hloforge.cli import main
+
+    d, best = os.path.join(tmp_path, "run"), os.path.join(tmp_path, "best")
+    watch = ["--callback", f"model_checkpoint:path={best},monitor=lr,mode=max",
+             "--callback", "early_stopping:monitor=lr,mode=max,patience=2"]
+    assert main(["train", "mnist-linear", "--epochs", "2", "--run-dir", d, "--no-progress", *watch]) == 0
+    with open(os.path.join(best, "checkpoint.safetensors"), "rb") as f:
+        kept = f.read()
+    assert main(["train", "mnist-linear", "--epochs", "6", "--run-dir", d, "--no-progress", "--resume", *watch]) == 0
+    with open(os.path.join(best, "checkpoint.safetensors"), "rb") as f:
+        assert f.read() == kept  # epoch 1's, not the resumed run's first epoch
+    with open(os.path.join(d, "metrics.jsonl"), encoding="utf-8") as f:
+        epochs = [json.loads(ln)["epoch"] for ln in f if '"kind": "epoch"' in ln]
+    assert epochs == [1, 2, 3]  # patience 2 ran out at epoch 3, counted from epoch 1
 
 
 def test_curves_drawn_once_at_the_end_and_on_demand(tmp_path: str, monkeypatch: pytest.MonkeyPatch) -> None:

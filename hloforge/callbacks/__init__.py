@@ -22,7 +22,8 @@ from hloforge.core.lookup import LookupModule
 
 class Callback:
     """Override any of the hooks; `self.model` is the Model being fitted, or the `hloforge train` run
-    (hloforge.train.trainer.Run), set before on_train_begin. A registered one has a `name`."""
+    (hloforge.train.trainer.Run), set before on_train_begin. A registered one has a `name`. A resumed run's
+    on_train_begin gets `logs["history"]`: the metrics of the epochs it already trained, in order."""
 
     name = ""
     model: Any = None
@@ -60,6 +61,10 @@ class Monitor(Callback):
     def on_train_begin(self, logs: dict[str, Any]) -> None:
         self.best = math.inf if self.mode == "min" else -math.inf
 
+    def past_epochs(self, logs: dict[str, Any]) -> list[dict[str, Any]]:
+        """A resumed run's earlier epochs that logged the monitored metric (on_train_begin's logs)."""
+        return [m for m in logs.get("history", ()) if self.monitor in m]
+
     def improved(self, logs: dict[str, Any]) -> bool:
         """Whether this epoch's value beats the best so far (and it becomes the best)."""
         if self.monitor not in logs:
@@ -91,6 +96,8 @@ class EarlyStopping(Monitor):
     def on_train_begin(self, logs: dict[str, Any]) -> None:
         super().on_train_begin(logs)
         self.wait, self.stopped_epoch = 0, 0
+        for m in self.past_epochs(logs):  # a resumed run's patience counts from its real best epoch
+            self.wait = 0 if self.improved(m) else self.wait + 1
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> None:
         if self.improved(logs):
@@ -122,8 +129,15 @@ class ModelCheckpoint(Monitor):
         self.best_epoch = 0
 
     def on_train_begin(self, logs: dict[str, Any]) -> None:
+        from hloforge.train.config import CHECKPOINT
+
         super().on_train_begin(logs)
         self.best_epoch = 0
+        # A resumed run whose best epoch so far is already at `path`: only a better one replaces it.
+        if os.path.exists(os.path.join(self.path, CHECKPOINT)):
+            for m in self.past_epochs(logs):
+                if self.improved(m):
+                    self.best_epoch = int(m.get("epoch", 0))
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> None:
         if not self.improved(logs):

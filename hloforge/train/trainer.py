@@ -412,8 +412,9 @@ class Run:
         history = self._history() if start and self.writes else []
         mlog: Any = (open(os.path.join(self.dir, "metrics.jsonl"), "a" if start else "w", encoding="utf-8")
                      if self.writes else io.StringIO())
+        begin = {"history": list(history)} if start else {}  # the epochs a resumed run has (Callback's doc)
         for cb in callbacks:
-            cb.on_train_begin({})
+            cb.on_train_begin(begin)
         try:
             for epoch in range(start + 1, self.end_epoch + 1):
                 if owner.stop_training:
