@@ -296,3 +296,28 @@ def test_imported_bare_weights_start_a_run_with_a_new_head(tmp_path, capsys) -> 
     assert all(np.array_equal(a, b) for a, b in zip(init.params[-2:], fresh[-2:], strict=True))
     assert all(np.array_equal(a, b) for a, b in zip(init.stats, stats, strict=True))
     assert not (tmp_path / "run").exists()
+
+
+def test_an_init_from_a_run_without_dropout_starts_a_run_with_it_and_back(tmp_path, capsys) -> None:
+    """Classifier dropout is a layer without tensors before the head: it renumbers the head (`2.w` → `3.w`).
+    An init whose layers with tensors are the net's, numbered otherwise, is taken as the net's, and said so;
+    one that differs in anything else is still refused."""
+    from hloforge.train import finetune
+
+    plain, dropped = str(tmp_path / "plain"), str(tmp_path / "dropped")
+    train(TrainConfig(net="mnist-mlp", epochs=1, run_dir=plain), progress=False)
+    train(TrainConfig(net="mnist-mlp", epochs=1, run_dir=dropped, dropout=0.2), progress=False)
+    for src, dropout, moved in ((plain, 0.2, "2 → 3"), (dropped, 0.0, "3 → 2")):
+        tensors, _ = ckpt.load_checkpoint(os.path.join(src, "checkpoint.safetensors"))
+        capsys.readouterr()
+        run = Run(TrainConfig(net="mnist-mlp", init=src, dropout=dropout, run_dir=str(tmp_path / "r")), progress=False)
+        init = finetune.read_init(run)
+        assert f"numbered otherwise (layers without tensors, e.g. dropout, differ): {moved}" in capsys.readouterr().out
+        old, new = moved.split(" → ")
+        back = {new: old}
+        names = [n for n, _ in run.spec.params()]
+        theirs = [f"param/{back.get(n.split('.')[0], n.split('.')[0])}.{n.split('.', 1)[1]}" for n in names]
+        assert len(init.params) == len(theirs) == len([n for n in tensors if n.startswith("param/")])
+        assert all(np.array_equal(a, tensors[n]) for a, n in zip(init.params, theirs, strict=True))
+    assert finetune._renumbered(["param/0.w", "param/2.w"], ["param/0.w", "param/3.b"]) == {}  # another tensor
+    assert finetune._renumbered(["param/0.w", "param/2.w"], ["param/0.w", "param/1.w", "param/3.w"]) == {}
