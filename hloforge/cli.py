@@ -73,6 +73,10 @@ def _one_line(e: BaseException) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The command; returns its exit status (EXIT_CODES), --help's and a usage error's included."""
+    if argv is None and os.environ.get("PMI_FD"):  # a rank under hydra: its worker (hloforge.train.mpi.supervise)
+        from hloforge.train.mpi import supervise
+
+        supervise(sys.orig_argv[1:])
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = os.environ.get(DEBUG_ENV_VAR, "") not in ("", "0")
     try:

@@ -19,6 +19,12 @@ computes it: at one device per rank the step is the `--replicas P` step.
 
 Every wait on the others is watched (`HLOFORGE_MPI_TIMEOUT`, default 30 s): a rank that dies or hangs
 makes the others stop with one line naming it, never a silent hang.
+
+Under hydra (`PMI_FD`) the `hloforge` command runs each rank as a worker under a small parent
+(`supervise`): hydra's proxy SIGKILLs every process it started as soon as it reaps one that died BY A
+SIGNAL, even under -disable-auto-cleanup, often a millisecond after its SIGUSR1 notice, before a
+survivor can say which rank died. The parent is what hydra started; it exits with the worker's status
+as an exit code (128 + signal), which the proxy reaps without killing the others.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from hloforge.core.variant import Variant
 from hloforge.train.parallel import DataParallelTrainSession, require_replicas, split_batch
 from hloforge.train.session import ForwardSession, TrainSession
 
+WORKER_ENV = "HLOFORGE_MPI_WORKER"  # set in a rank's worker (supervise); "0" beforehand: no parent, run as started
 FORCE_ENV = "HLOFORGE_MPI"  # "1": use MPI even where no launcher variable says so
 TIMEOUT_ENV = "HLOFORGE_MPI_TIMEOUT"  # seconds a rank waits for the others at a step before naming the missing
 DEFAULT_TIMEOUT_S = 30.0
@@ -296,6 +303,33 @@ def world(environ: Any = None) -> World:
     if environ is None:
         _WORLD = w
     return w
+
+
+def _default_signals() -> None:
+    for s in (signal.SIGUSR1, signal.SIGINT):
+        signal.signal(s, signal.SIG_DFL)
+
+
+def supervise(argv: Sequence[str]) -> None:
+    """Under hydra, run this command again as a child (the worker) and wait for it; returns at once in
+    the worker, alone, or where `WORKER_ENV` is set. The parent keeps its copy of the PMI connection (it
+    closes when the parent exits, just after the worker: hydra then sees one process end, as without the
+    parent), takes hydra's signals with the worker (one process group: SIGUSR1 and SIGINT reach both, so
+    it ignores them), passes a SIGTERM on, and exits with the worker's status as a code, never by a
+    signal (module doc)."""
+    if "PMI_FD" not in os.environ or WORKER_ENV in os.environ or launched()[1] == 1 or not hasattr(os, "fork"):
+        return
+    import subprocess
+    import sys
+
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    fd = int(os.environ["PMI_FD"])
+    child = subprocess.Popen([sys.executable, *argv], env={**os.environ, WORKER_ENV: "1"}, pass_fds=(fd,),
+                             preexec_fn=_default_signals)  # an ignored signal stays ignored through exec
+    signal.signal(signal.SIGTERM, lambda signum, frame: child.send_signal(signum))
+    code = child.wait()
+    os._exit(code if code >= 0 else 128 - code)
 
 
 # -- the run's pieces over the world -----------------------------------------------------------
