@@ -34,6 +34,7 @@ from hloforge.train.session import TrainSession, make_backend
 ROOT = Path(__file__).resolve().parents[1]
 STEPS, BATCH = 20, 8
 VARIANT = Variant("adam", clip=1.0)  # clipping: it must see the averaged gradient, as the fused DP step's does
+FROZEN = Variant("adam", clip=1.0, frozen=("0",))  # the conv + BN layer held: inputs alone, no ∂θ, no state
 
 
 def tiny_net() -> NetSpec:
@@ -71,13 +72,15 @@ def session_child(out: str) -> None:
     w = mpi.world()
     spec = tiny_net()
     if w.size == 1:
-        s = DataParallelTrainSession(spec, VARIANT, BATCH, make_backend("xla", devices=2), replicas=2, seed=1)
-        np.savez(os.path.join(out, "alone.npz"), **drive(s, spec))
+        for name, variant in (("alone", VARIANT), ("alone-frozen", FROZEN)):
+            s = DataParallelTrainSession(spec, variant, BATCH, make_backend("xla", devices=2), replicas=2, seed=1)
+            np.savez(os.path.join(out, f"{name}.npz"), **drive(s, spec))
         return
     be = make_backend("xla")
-    for name, bucket in (("one", mpi.BUCKET_BYTES), ("bucketed", 64)):
+    for name, bucket, variant in (("one", mpi.BUCKET_BYTES, VARIANT), ("bucketed", 64, VARIANT),
+                                  ("frozen", mpi.BUCKET_BYTES, FROZEN)):
         mpi.BUCKET_BYTES, w.allreduce_calls = bucket, 0
-        m = mpi.MpiTrainSession(spec, VARIANT, BATCH, be, world=w, replicas=2, seed=1)
+        m = mpi.MpiTrainSession(spec, variant, BATCH, be, world=w, replicas=2, seed=1)
         res = drive(m, spec)
         res["calls"] = np.array([w.allreduce_calls, m._flat.nbytes])
         np.savez(os.path.join(out, f"{name}{w.rank}.npz"), **res)
@@ -122,8 +125,8 @@ def test_sync_bn_and_an_uneven_replica_count_are_refused_across_processes():
         mpi.global_replicas(3, False, two)
 
 
-@pytest.mark.parametrize("variant", [Variant("sgd"), VARIANT, Variant("adam", accum=2, ema=0.9)],
-                         ids=["sgd", "adam-clip", "adam-accum-ema"])
+@pytest.mark.parametrize("variant", [Variant("sgd"), VARIANT, Variant("adam", accum=2, ema=0.9), FROZEN],
+                         ids=["sgd", "adam-clip", "adam-accum-ema", "frozen"])
 def test_split_step_is_the_fused_step(variant):
     """The gradient half then the update half (one process, no all-reduce) against the fused train step."""
     spec = tiny_net()
@@ -166,13 +169,14 @@ def test_gradient_half_is_jax_grad_of_the_loss():
         assert rel(got, np.asarray(ref)) <= 1e-5
 
 
+@pytest.mark.parametrize("variant", [VARIANT, FROZEN], ids=["adam-clip", "frozen"])
 @pytest.mark.parametrize("resident", [True, False], ids=["resident", "copying"])
-def test_local_replicas_under_a_one_process_world_are_the_data_parallel_session(resident):
+def test_local_replicas_under_a_one_process_world_are_the_data_parallel_session(resident, variant):
     """replicas > 1 per process: the gradient half's in-graph mean over the local devices."""
     spec = tiny_net()
     be = make_backend("xla", devices=2)
-    dp = drive(DataParallelTrainSession(spec, VARIANT, BATCH, be, replicas=2, seed=1), spec)
-    split = drive(mpi.MpiTrainSession(spec, VARIANT, BATCH, be, world=mpi.World(), replicas=2, seed=1,
+    dp = drive(DataParallelTrainSession(spec, variant, BATCH, be, replicas=2, seed=1), spec)
+    split = drive(mpi.MpiTrainSession(spec, variant, BATCH, be, world=mpi.World(), replicas=2, seed=1,
                                       resident=resident), spec)
     for k in dp:
         assert rel(split[k], dp[k]) <= 1e-6, k
@@ -214,18 +218,28 @@ HLOFORGE = [sys.executable, "-m", "hloforge.cli"]
 
 @needs_mpi
 def test_two_processes_are_the_two_replica_step_and_every_rank_holds_the_same_theta(tmp_path):
-    """20 steps, the flat buffer all-reduced in one call a step, and in 64-byte buckets."""
+    """20 steps, the flat buffer all-reduced in one call a step, and in 64-byte buckets; and with the
+    first layer frozen (its θ the init's, bit for bit; the buffer holds the trained ∂θ alone)."""
     me = [sys.executable, str(Path(__file__).resolve()), "session", str(tmp_path)]
     r = subprocess.run(me, capture_output=True, text=True, env=env(), timeout=300)
     assert r.returncode == 0, r.stderr
     r = launch(2, *me)
     assert r.returncode == 0, r.stdout + r.stderr
-    ref = dict(np.load(tmp_path / "alone.npz"))
-    for name in ("one", "bucketed"):
+    spec = tiny_net()
+    init = spec.init_params(1)
+    n_frozen = len(FROZEN.frozen_indices([n for n, _ in spec.params()]))
+    trained_floats = sum(p.size for p in init[n_frozen:])
+    for name in ("one", "bucketed", "frozen"):
+        ref = dict(np.load(tmp_path / ("alone-frozen.npz" if name == "frozen" else "alone.npz")))
         ranks = [dict(np.load(tmp_path / f"{name}{i}.npz")) for i in range(2)]
         calls, nbytes = ranks[0].pop("calls")
         ranks[1].pop("calls")
-        assert calls == STEPS * (1 if name == "one" else -(-nbytes // 64)) and nbytes > 64  # never per tensor
+        assert calls == STEPS * (1 if name != "bucketed" else -(-nbytes // 64)) and nbytes > 64  # never per tensor
+        if name == "frozen":
+            assert n_frozen == 3  # the conv's w and BN's γ, β
+            assert nbytes == 4 * (trained_floats + 1 + 6)  # trained ∂θ alone, the loss, BN's 2 × 3 batch stats
+            for i in range(n_frozen):
+                assert np.array_equal(ranks[0][f"p{i}"], init[i]) and np.array_equal(ref[f"p{i}"], init[i])
         worst = max(rel(ranks[0][k], ref[k]) for k in ref)
         assert worst <= 1e-6, (name, worst)
         for k in ref:
@@ -284,10 +298,27 @@ def test_hloforge_train_under_mpiexec_is_the_two_replica_run_and_resumes_at_any_
 
 
 @needs_mpi
+def test_hloforge_train_freeze_under_mpiexec_is_the_two_replica_run(tmp_path):
+    """`--freeze 0` across 2 processes: the frozen layer's θ is the one-process run's (the init's) bit for
+    bit, the trained θ and state within 1e-6 of `--replicas 2 --devices 2` with the same flags."""
+    ref, run = tmp_path / "ref", tmp_path / "mpi"
+    alone(train_cmd(ref, 1, "--freeze", "0"))
+    under_mpi(train_cmd(run, 1, "--freeze", "0"))
+    want, got = tensors(ref), tensors(run)
+    assert got.keys() == want.keys()
+    frozen = [k for k in want if k.startswith("param/0.")]
+    assert frozen and not any(k.startswith("state/") and "/0." in k for k in want)  # no state for a frozen θ
+    for k in want:
+        if k in frozen:
+            assert np.array_equal(got[k], want[k]), k
+        else:
+            assert rel(got[k], want[k]) <= 1e-6, k
+
+
+@needs_mpi
 @pytest.mark.parametrize(("more", "message"), [
     (("--sync-bn",), "--sync-bn pools BN statistics inside the step, over one process's devices; across 2 MPI"),
     (("--batch", "63"), "batch 63 (the global batch) does not split evenly over 2 replicas"),
-    (("--freeze", "0"), "frozen parameters (--freeze) train in one process"),
     (("--init", "no-such-run"), "--init no-such-run does not exist"),
 ])
 def test_a_refusal_every_rank_reaches_under_mpiexec_is_one_line(tmp_path, more, message):

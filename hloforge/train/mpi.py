@@ -48,7 +48,7 @@ from hloforge.core.spec import NetSpec
 from hloforge.core.strategy import target_of
 from hloforge.core.variant import Variant
 from hloforge.train.parallel import DataParallelTrainSession, require_replicas, split_batch
-from hloforge.train.session import ForwardSession, TrainSession
+from hloforge.train.session import ForwardSession, TrainSession, merge_carried
 
 WORKER_ENV = "HLOFORGE_MPI_WORKER"  # set in a rank's worker (supervise); "0" beforehand: no parent, run as started
 FORCE_ENV = "HLOFORGE_MPI"  # "1": use MPI even where no launcher variable says so
@@ -373,7 +373,8 @@ class MpiTrainSession(DataParallelTrainSession):
         TrainSession.__init__(self, spec, variant, batch, backend, seed=seed, params=params, registry=registry,
                               resident=resident)
         lay = self.layout
-        sizes = [math.prod(s.shape) for _, s in lay.params]
+        trained = [lay.params[i][1] for i in lay.trained]  # a frozen θ has no gradient, no place in the buffer
+        sizes = [math.prod(s.shape) for s in trained]
         stat_sizes = [math.prod(s.shape) for _, s in lay.stats]
         # [∂θ… | loss | batch stats…]: one buffer, one all-reduce; the views below are its pieces, stored
         # as the gradient half returns them and the update half takes them.
@@ -385,8 +386,8 @@ class MpiTrainSession(DataParallelTrainSession):
             self._grad_views.append(self._flat[off:off + s])
             off += s
         # the same pieces in the stored shapes the update half takes (views: the all-reduce's mean is in them)
-        self._grads = [v.reshape(stored_shape(s.shape, q))
-                       for v, (_, s), q in zip(self._grad_views, lay.params, lay.storage, strict=True)]
+        self._grads = [v.reshape(stored_shape(s.shape, lay.storage[i]))
+                       for v, s, i in zip(self._grad_views, trained, lay.trained, strict=True)]
         self._stat_views: list[np.ndarray] = []
         off += 1
         for s in stat_sizes:
@@ -398,8 +399,9 @@ class MpiTrainSession(DataParallelTrainSession):
         target = target_of(self.backend)
         text, layout = gradient_step_module(self.spec, self.variant, self.local_batch, registry=registry,
                                             replicas=self.replicas, target=target)
-        update = optimizer_step_module([s for _, s in layout.params], self.optimizer, wrappers=self.variant.wrappers,
-                                       storage=layout.storage, target=target,
+        update = optimizer_step_module([layout.params[i][1] for i in layout.trained], self.optimizer,
+                                       wrappers=self.variant.wrappers, target=target,
+                                       storage=tuple(layout.storage[i] for i in layout.trained),
                                        name=f"{self.spec.ident}_{self.variant.slug}_update_step")
         self.update_exe = self._compile(update)
         return self._compile(text), layout
@@ -426,33 +428,35 @@ class MpiTrainSession(DataParallelTrainSession):
                                   f" (the global batch: {self.total_replicas} replicas × {self.local_batch})")
         masks = self._advance(masks)
         sched, *rows = self._step_host(x, y, lr, masks)
-        n, per = lay.n_params, self.replicas * self.local_batch
+        n, n_tr, per = lay.n_params, len(lay.trained), self.replicas * self.local_batch
         mine = [split_batch(a[w.rank * per:(w.rank + 1) * per], self.replicas) for a in rows]
         # The gradient half: θ kept (the update half takes it next), this rank's rows per local replica.
         args = [[*self._theta_on(r)[:n], *(be.to_device(np.ascontiguousarray(p[r]), borrow=True, device=r)
                                            for p in mine)] for r in range(self.replicas)]
         outs = self._run(self.exe, args, keep=range(n))[0]
         del args
-        for view, buf in zip(self._grad_views, outs[:n], strict=True):
+        for view, buf in zip(self._grad_views, outs[:n_tr], strict=True):
             view[:] = be.to_host(buf).ravel()
-        self._flat[self._grad_end] = be.to_host(outs[n])
-        for view, buf in zip(self._stat_views, outs[n + 1:], strict=True):
+        self._flat[self._grad_end] = be.to_host(outs[n_tr])
+        for view, buf in zip(self._stat_views, outs[n_tr + 1:], strict=True):
             view[:] = be.to_host(buf).ravel() if w.is_root else 0.0  # rank 0's statistics, on every rank
         w.step = self.step
         t = time.perf_counter()
         w.allreduce_sum(self._flat, "the gradient all-reduce")
         self.comm_s += time.perf_counter() - t
         self._flat[:self._grad_end + 1] /= np.float32(w.size)  # the mean, as replica_mean divides (float32)
-        # The update half, on identical inputs on every rank and replica: identical θ' and state'.
-        args = [[*self._theta_on(r), *(be.to_device(g, borrow=True, device=r) for g in self._grads),
-                 be.to_device(sched, device=r)] for r in range(self.replicas)]
+        # The update half, on identical inputs on every rank and replica: identical θ' and state'. It takes
+        # (and donates) the trained θ and the state; a frozen θ stays where it is held.
+        held = [self._theta_on(r) for r in range(self.replicas)]
+        args = [[*(h[i] for i in lay.trained), *h[n:], *(be.to_device(g, borrow=True, device=r) for g in self._grads),
+                 be.to_device(sched, device=r)] for r, h in enumerate(held)]
         new = self._run(self.update_exe, args)
         del args
         if self.resident:
-            self._replicas = [o[:lay.n_carried] for o in new]
+            self._replicas = [merge_carried(lay, h, o[:lay.n_carried]) for h, o in zip(held, new, strict=True)]
             self._carried = self._replicas[0]
         else:
-            self._carried = [be.to_host(b) for b in new[0][:lay.n_carried]]
+            self._carried = merge_carried(lay, self._carried, [be.to_host(b) for b in new[0][:lay.n_carried]])
         self._batch_stats = [v.reshape(s.shape).copy() for v, (_, s) in zip(self._stat_views, lay.stats, strict=True)]
         return float(self._flat[self._grad_end])
 
