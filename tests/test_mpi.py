@@ -87,6 +87,23 @@ def session_child(out: str) -> None:
     w.finalize()
 
 
+def fit_child(out: str) -> None:
+    """A user's script under mpiexec: Model.fit on digits with a callback; every rank's weights to OUT."""
+    import hloforge as hf
+    from hloforge.callbacks import Callback
+
+    rank = mpi.world().rank
+
+    class Note(Callback):
+        def on_epoch_end(self, epoch: int, logs: dict) -> None:
+            with open(os.path.join(out, f"epochs{rank}.txt"), "a") as f:
+                f.write(f"{epoch}\n")
+
+    m = hf.Model("mnist-mlp", dropout=0.2, schedule="constant")
+    m.fit(data="digits", epochs=2, batch_size=64, callbacks=[Note()], verbose=True)
+    np.savez(os.path.join(out, f"fit{rank}.npz"), **m.params)
+
+
 # ------------------------------------------------------------------ one process: the split step's halves
 
 
@@ -298,6 +315,25 @@ def test_hloforge_train_under_mpiexec_is_the_two_replica_run_and_resumes_at_any_
 
 
 @needs_mpi
+def test_model_fit_in_a_script_under_mpiexec_is_the_two_replica_run(tmp_path):
+    """`mpiexec -n 2 python script.py` calling Model.fit: data-parallel over the ranks as `hloforge train`
+    is (the same weights as `hloforge train --replicas 2 --devices 2` with the Model's settings, ≤ 1e-6),
+    identical weights on both ranks, the callbacks and the log on rank 0 alone."""
+    ref = tmp_path / "ref"
+    alone(train_cmd(ref, 2))
+    r = launch(2, sys.executable, str(Path(__file__).resolve()), "fit", str(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (r.stdout + r.stderr).count("epoch 2/2") == 1  # rank 0 logs
+    assert (tmp_path / "epochs0.txt").read_text() == "1\n2\n" and not (tmp_path / "epochs1.txt").exists()
+    ranks = [dict(np.load(tmp_path / f"fit{i}.npz")) for i in range(2)]
+    want = {k.removeprefix("param/"): v for k, v in tensors(ref).items() if k.startswith("param/")}
+    assert ranks[0].keys() == want.keys()
+    for k in want:
+        assert np.array_equal(ranks[0][k], ranks[1][k]), k
+        assert rel(ranks[0][k], want[k]) <= 1e-6, k
+
+
+@needs_mpi
 def test_hloforge_train_freeze_under_mpiexec_is_the_two_replica_run(tmp_path):
     """`--freeze 0` across 2 processes: the frozen layer's θ is the one-process run's (the init's) bit for
     bit, the trained θ and state within 1e-6 of `--replicas 2 --devices 2` with the same flags."""
@@ -430,3 +466,5 @@ def test_a_hung_rank_makes_the_others_stop_within_the_timeout_naming_it(tmp_path
 if __name__ == "__main__":
     if sys.argv[1] == "session":
         session_child(sys.argv[2])
+    elif sys.argv[1] == "fit":
+        fit_child(sys.argv[2])
