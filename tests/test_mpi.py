@@ -99,9 +99,16 @@ def fit_child(out: str) -> None:
             with open(os.path.join(out, f"epochs{rank}.txt"), "a") as f:
                 f.write(f"{epoch}\n")
 
+    class Stop(Callback):  # rank 0's alone: its stop must reach rank 1, or rank 1 would wait at a step
+        def on_epoch_end(self, epoch: int, logs: dict) -> None:
+            self.model.stop_training = True
+
     m = hf.Model("mnist-mlp", dropout=0.2, schedule="constant")
     m.fit(data="digits", epochs=2, batch_size=64, callbacks=[Note()], verbose=True)
     np.savez(os.path.join(out, f"fit{rank}.npz"), **m.params)
+    m.fit(data="digits", epochs=3, batch_size=64, callbacks=[Stop()], verbose=False)
+    with open(os.path.join(out, f"stopped{rank}.txt"), "w") as f:
+        f.write(f"{m._epoch} {m._step}")
 
 
 # ------------------------------------------------------------------ one process: the split step's halves
@@ -318,7 +325,8 @@ def test_hloforge_train_under_mpiexec_is_the_two_replica_run_and_resumes_at_any_
 def test_model_fit_in_a_script_under_mpiexec_is_the_two_replica_run(tmp_path):
     """`mpiexec -n 2 python script.py` calling Model.fit: data-parallel over the ranks as `hloforge train`
     is (the same weights as `hloforge train --replicas 2 --devices 2` with the Model's settings, ≤ 1e-6),
-    identical weights on both ranks, the callbacks and the log on rank 0 alone."""
+    identical weights on both ranks, the callbacks and the log on rank 0 alone; a stop rank 0's callback
+    decides ends the fit on every rank after that epoch."""
     ref = tmp_path / "ref"
     alone(train_cmd(ref, 2))
     r = launch(2, sys.executable, str(Path(__file__).resolve()), "fit", str(tmp_path))
@@ -331,6 +339,8 @@ def test_model_fit_in_a_script_under_mpiexec_is_the_two_replica_run(tmp_path):
     for k in want:
         assert np.array_equal(ranks[0][k], ranks[1][k]), k
         assert rel(ranks[0][k], want[k]) <= 1e-6, k
+    steps = 1437 // 64
+    assert [(tmp_path / f"stopped{i}.txt").read_text() for i in range(2)] == [f"3 {3 * steps}"] * 2
 
 
 @needs_mpi
