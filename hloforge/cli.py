@@ -97,13 +97,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("hloforge: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except (HloforgeError, OSError) as e:  # a refusal, or a file the user named that cannot be read or written
-        if getattr(e, "quiet", False):  # an MPI rank whose refusal another rank reports (hloforge.train.mpi)
-            return EXIT_BAD_INPUT
-        if debug:
-            import traceback
+        if not getattr(e, "quiet", False):  # quiet: an MPI rank whose refusal another rank reports
+            if debug:
+                import traceback
 
-            traceback.print_exc()
-        print(f"hloforge: error: {e}", file=sys.stderr)
+                traceback.print_exc()
+            print(f"hloforge: error: {e}", file=sys.stderr)
+        if getattr(e, "together", False):  # every MPI rank refused alike: MPI ends in order (hloforge.train.mpi)
+            from hloforge.train.mpi import end_together
+
+            end_together(e)
         return EXIT_BAD_INPUT
     except MemoryError as e:  # a size asked for (a batch, an input shape) that does not fit, not a bug
         print(f"hloforge: error: out of host memory ({_one_line(e)}); ask for a smaller batch or input",

@@ -64,17 +64,30 @@ INSTALL = "pip install 'hloforge[mpi]' (mpi4py and the mpich wheels)"
 
 
 class PeerError(HloforgeError):
-    """A refusal every rank reaches together: printed by the reporting rank alone (`quiet` on the others)."""
+    """A refusal every rank reaches together: printed by the reporting rank alone (`quiet` on the others).
+    `together` False: one raised because a peer is gone (`World.lost`), where MPI cannot shut down in order."""
 
-    def __init__(self, message: str, quiet: bool = False):
+    def __init__(self, message: str, quiet: bool = False, together: bool = True):
         super().__init__(message)
-        self.quiet = quiet
+        self.quiet, self.together = quiet, together
 
 
 def shared(err: HloforgeError, w: World) -> HloforgeError:
     """`err` as a refusal every rank raises alike: printed by rank 0 alone."""
     err.quiet = not w.is_root  # type: ignore[attr-defined]
+    err.together = True  # type: ignore[attr-defined]
     return err
+
+
+def end_together(err: BaseException) -> None:
+    """After a refusal every rank reached together (`shared`, or a PeerError of the run's own): MPI shut
+    down in order, so the launcher sees each rank end as it ended. Without MPI_Finalize, hydra's default
+    cleanup SIGKILLs the ranks still exiting when the first one's PMI connection closes (exit 9, not 3)."""
+    w = _WORLD
+    if w is None or w.size == 1 or w._mpi is None or not getattr(err, "together", False):
+        return
+    if not w._mpi.Is_finalized():
+        w._mpi.Finalize()
 
 
 def launched(environ: Any = None) -> tuple[int, int, str]:
@@ -155,7 +168,7 @@ class World:
         who = f"rank {missing[0]}" if len(missing) == 1 else f"ranks {', '.join(map(str, missing))}"
         why = "died" if _PEER_DIED else f"did not arrive within {self.timeout:g} s ({TIMEOUT_ENV})"
         raise PeerError(f"{who} of {self.size} {why} at {what} (step {self.step}); the other ranks stopped",
-                        quiet=self.rank != min(alive))
+                        quiet=self.rank != min(alive), together=False)
 
     # -- collectives ------------------------------------------------------------------
 
