@@ -93,7 +93,10 @@ class ArrayData:
 
 class _Keep(Callback):
     """First of a fit's callbacks: each epoch's end state becomes the model's (so the callbacks after
-    it see it, and an error in a later epoch leaves the last good one), its metrics the history's."""
+    it see it, and an error in a later epoch leaves the last good one), its metrics the history's. Under
+    MPI it runs on every rank: each rank's Model holds the (identical) weights."""
+
+    every_rank = True
 
     def __init__(self, model: Model, run: Any, history: History):
         self.model, self.run, self.history = model, run, history
@@ -149,17 +152,31 @@ class Model:
         self._shadow_running: list[np.ndarray] | None = None
         self._step, self._epoch, self._batch = 0, 0, 32
         self._data = "digits"  # the dataset a saved run directory names for `hloforge eval` (TrainConfig's default)
-        self._sessions: dict[int, TrainSession] = {}
+        self._sessions: dict[tuple[int, int], TrainSession] = {}  # by (batch, processes)
+        self._live: Any = None  # the session the last fit ran on
         self._forwards: dict[int, ForwardSession] = {}
         self.stop_training = False
         self.history = History()
 
     # ------------------------------------------------------------------ sessions
-    def _session(self, batch: int) -> TrainSession:
-        s = self._sessions.get(batch)
+    def _session(self, batch: int, spread: bool = False) -> TrainSession:
+        """The train session at `batch`; `spread` (fit's): under an MPI launch, the data-parallel step over
+        the ranks (hloforge.train.mpi: one replica each, `batch` the global batch), as `hloforge train`'s."""
+        from hloforge.train import mpi
+
+        w = mpi.world() if spread else mpi.World()
+        key = (batch, w.size)
+        s = self._sessions.get(key)
         if s is None:
-            s = self._sessions[batch] = TrainSession(self.spec, self.variant, batch, self.backend, seed=self.seed,
-                                                     params=self._params)
+            if w.size > 1:
+                try:
+                    s = mpi.MpiTrainSession(self.spec, self.variant, batch, self.backend, world=w, replicas=w.size,
+                                            seed=self.seed, params=self._params)
+                except HloforgeError as e:  # every rank refuses alike (the same script): rank 0 says it
+                    raise mpi.shared(e, w) from None
+            else:
+                s = TrainSession(self.spec, self.variant, batch, self.backend, seed=self.seed, params=self._params)
+            self._sessions[key] = s
             if self._opt_state is None:
                 self._opt_state = s.read_state()
         s.load(self._params, self._opt_state, self._step)  # the host state, whichever session ran last
@@ -244,7 +261,7 @@ class Model:
         if batch_size > len(xa):
             raise DataError(f"batch_size {batch_size} is larger than the {len(xa)} rows of x; expected at most "
                             f"{len(xa)}")
-        session = self._session(batch_size)
+        session = self._session(batch_size, spread=True)
         xa, ya = self._check_xy(xa, y, session, "fit")
         val = None
         if validation_data is not None:  # checked whole here, so a bad one is refused before any step
@@ -307,10 +324,11 @@ class Model:
             arrays, batch = self._arrays(x, y, validation_data, batch_size)
             run = self._run(arrays, batch, epochs, shuffle, verbose)
             n = arrays.n
-            if verbose and n % batch:
+            if verbose and n % batch and run.world.is_root:
                 print(f"hloforge: {n % batch} of {n} rows do not fill a batch of {batch}; each epoch "
                       f"trains on {n // batch * batch} of them (drop_last)", file=sys.stderr)
-        session, evaluator = self._session(batch), self._forward(batch)
+        session, evaluator = self._session(batch, spread=True), self._forward(batch)
+        self._live = session  # the session this fit's epochs run on (_kept reads its step)
         self._batch = batch
         run.origin, run.end_epoch, run.eval_prefix = (self._epoch, self._step), self._epoch + epochs, "val_"
         run.running = [r.copy() for r in self._running]
@@ -320,7 +338,11 @@ class Model:
         self.stop_training = False
         for cb in callbacks:
             cb.model = self
-        run.loop(session, evaluator, self._epoch, [_Keep(self, run, history), *callbacks], owner=self)
+        # Under MPI every rank trains and keeps the weights (_Keep); the callbacks are rank 0's alone, and a
+        # stop one of them decides reaches every rank (Run._epoch_end).
+        mine = callbacks if run.world.is_root else []
+        run.loop(session, evaluator, self._epoch, [_Keep(self, run, history), *mine], owner=self)
+        run.world.finalize()
         return history
 
     def _kept(self, run: Any, epoch: int, host: tuple[list[str], list[np.ndarray]]) -> None:
@@ -332,7 +354,7 @@ class Model:
         if run.state_layout.shadows:
             self._shadow_running = tensors[n + k + m:]
         self._epoch = epoch
-        self._step = self._sessions[self._batch].step
+        self._step = self._live.step
 
     def plot(self, path: str = "curves.png") -> str:
         """This model's curves over `self.history` (loss, and the validation metric), written to `path`."""

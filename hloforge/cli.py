@@ -73,6 +73,10 @@ def _one_line(e: BaseException) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The command; returns its exit status (EXIT_CODES), --help's and a usage error's included."""
+    if argv is None and os.environ.get("PMI_FD"):  # a rank under hydra: its worker (hloforge.train.mpi.supervise)
+        from hloforge.train.mpi import supervise
+
+        supervise(sys.orig_argv[1:])
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = os.environ.get(DEBUG_ENV_VAR, "") not in ("", "0")
     try:
@@ -93,13 +97,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("hloforge: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except (HloforgeError, OSError) as e:  # a refusal, or a file the user named that cannot be read or written
-        if getattr(e, "quiet", False):  # an MPI rank whose refusal another rank reports (hloforge.train.mpi)
-            return EXIT_BAD_INPUT
-        if debug:
-            import traceback
+        if not getattr(e, "quiet", False):  # quiet: an MPI rank whose refusal another rank reports
+            if debug:
+                import traceback
 
-            traceback.print_exc()
-        print(f"hloforge: error: {e}", file=sys.stderr)
+                traceback.print_exc()
+            print(f"hloforge: error: {e}", file=sys.stderr)
+        if getattr(e, "together", False):  # every MPI rank refused alike: MPI ends in order (hloforge.train.mpi)
+            from hloforge.train.mpi import end_together
+
+            end_together(e)
         return EXIT_BAD_INPUT
     except MemoryError as e:  # a size asked for (a batch, an input shape) that does not fit, not a bug
         print(f"hloforge: error: out of host memory ({_one_line(e)}); ask for a smaller batch or input",

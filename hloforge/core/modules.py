@@ -323,25 +323,26 @@ def gradient_step_module(spec: NetSpec, variant: Variant, batch: int, *, dtype: 
     `@main(θ…, x, y, masks…) -> (∂θ…, loss, batch stats…)`, the fused step's forward, loss and backward
     (`replicas` > 1: the loss and ∂θ averaged over them, as there) without its update. The update half is
     `optimizer_step_module` with the variant's wrappers and the layout's storage. The layout is the fused
-    step's: its `state` and `scalars` name the update half's carried state and schedule. `sync_bn`: BN
-    statistics pooled over the `replicas` and over the run's `processes` (`Builder.process_sum`; the
-    caller registers the host call and averages ∂θ over the processes)."""
+    step's: its `state` and `scalars` name the update half's carried state and schedule. A frozen θ
+    (`layout.frozen`) is an input alone, as in the fused step: ∂θ comes for the trained θ only
+    (`layout.trained` order), and the update half takes those alone. `sync_bn`: BN statistics pooled
+    over the `replicas` and over the run's `processes` (`Builder.process_sum`; the caller registers
+    the host call and averages ∂θ over the processes)."""
     if replicas < 1 or processes < 1:
         raise UnsupportedSpec(f"replicas and processes must be at least 1, got {replicas} and {processes}")
     if sync_bn and replicas * processes == 1:
         raise UnsupportedSpec("sync_bn pools BN statistics across replicas; it needs replicas > 1 or processes > 1")
-    if variant.frozen:
-        raise UnsupportedSpec("frozen parameters (--freeze) train in one process: the split step across processes "
-                              "updates every parameter")
     reg = registry or default_registry()
     spec = variant.apply_to(spec, reg)
     opt, loss = variant.make_optimizer(reg), variant.make_loss(reg)
-    lay = train_step_layout(spec, opt, loss, batch, dtype, variant.state_layout(opt), target)
+    walk = spec.walk()
+    frozen = variant.frozen_indices([n for n, _ in qualified_params(walk)], f"net {spec.name!r}")
+    lay = train_step_layout(spec, opt, loss, batch, dtype, variant.state_layout(opt), target, frozen)
     b = Builder(dtype, f"{spec.ident}_{variant.slug}_gradient_step", target)
     params = [b.arg(stored_shape(s.shape, perm)) for (_, s), perm in zip(lay.params, lay.storage, strict=True)]
-    loss_v, batch_stats = _emit_loss(b, spec.walk(), loss, lay, params, batch, *((replicas, processes) if sync_bn
-                                                                                 else (1, 1)))
-    grads = autodiff.grad(b, [loss_v], [b.full(1.0)], params)
+    loss_v, batch_stats = _emit_loss(b, walk, loss, lay, params, batch, *((replicas, processes) if sync_bn
+                                                                          else (1, 1)))
+    grads = autodiff.grad(b, [loss_v], [b.full(1.0)], [params[i] for i in lay.trained])
     if replicas > 1:
         *grads, loss_v = replica_mean(b, [*grads, loss_v], replicas)
     return b.module([*grads, loss_v, *batch_stats], num_replicas=replicas), lay

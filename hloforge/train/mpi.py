@@ -19,6 +19,12 @@ computes it: at one device per rank the step is the `--replicas P` step.
 
 Every wait on the others is watched (`HLOFORGE_MPI_TIMEOUT`, default 30 s): a rank that dies or hangs
 makes the others stop with one line naming it, never a silent hang.
+
+Under hydra (`PMI_FD`) the `hloforge` command runs each rank as a worker under a small parent
+(`supervise`): hydra's proxy SIGKILLs every process it started as soon as it reaps one that died BY A
+SIGNAL, even under -disable-auto-cleanup, often a millisecond after its SIGUSR1 notice, before a
+survivor can say which rank died. The parent is what hydra started; it exits with the worker's status
+as an exit code (128 + signal), which the proxy reaps without killing the others.
 """
 
 from __future__ import annotations
@@ -43,8 +49,9 @@ from hloforge.core.spec import NetSpec
 from hloforge.core.strategy import target_of
 from hloforge.core.variant import Variant
 from hloforge.train.parallel import DataParallelTrainSession, require_replicas, split_batch
-from hloforge.train.session import ForwardSession, TrainSession
+from hloforge.train.session import ForwardSession, TrainSession, merge_carried
 
+WORKER_ENV = "HLOFORGE_MPI_WORKER"  # set in a rank's worker (supervise); "0" beforehand: no parent, run as started
 FORCE_ENV = "HLOFORGE_MPI"  # "1": use MPI even where no launcher variable says so
 TIMEOUT_ENV = "HLOFORGE_MPI_TIMEOUT"  # seconds a rank waits for the others at a step before naming the missing
 DEFAULT_TIMEOUT_S = 30.0
@@ -58,17 +65,30 @@ INSTALL = "pip install 'hloforge[mpi]' (mpi4py and the mpich wheels)"
 
 
 class PeerError(HloforgeError):
-    """A refusal every rank reaches together: printed by the reporting rank alone (`quiet` on the others)."""
+    """A refusal every rank reaches together: printed by the reporting rank alone (`quiet` on the others).
+    `together` False: one raised because a peer is gone (`World.lost`), where MPI cannot shut down in order."""
 
-    def __init__(self, message: str, quiet: bool = False):
+    def __init__(self, message: str, quiet: bool = False, together: bool = True):
         super().__init__(message)
-        self.quiet = quiet
+        self.quiet, self.together = quiet, together
 
 
 def shared(err: HloforgeError, w: World) -> HloforgeError:
     """`err` as a refusal every rank raises alike: printed by rank 0 alone."""
     err.quiet = not w.is_root  # type: ignore[attr-defined]
+    err.together = True  # type: ignore[attr-defined]
     return err
+
+
+def end_together(err: BaseException) -> None:
+    """After a refusal every rank reached together (`shared`, or a PeerError of the run's own): MPI shut
+    down in order, so the launcher sees each rank end as it ended. Without MPI_Finalize, hydra's default
+    cleanup SIGKILLs the ranks still exiting when the first one's PMI connection closes (exit 9, not 3)."""
+    w = _WORLD
+    if w is None or w.size == 1 or w._mpi is None or not getattr(err, "together", False):
+        return
+    if not w._mpi.Is_finalized():
+        w._mpi.Finalize()
 
 
 def launched(environ: Any = None) -> tuple[int, int, str]:
@@ -149,7 +169,7 @@ class World:
         who = f"rank {missing[0]}" if len(missing) == 1 else f"ranks {', '.join(map(str, missing))}"
         why = "died" if _PEER_DIED else f"did not arrive within {self.timeout:g} s ({TIMEOUT_ENV})"
         raise PeerError(f"{who} of {self.size} {why} at {what} (step {self.step}); the other ranks stopped",
-                        quiet=self.rank != min(alive))
+                        quiet=self.rank != min(alive), together=False)
 
     # -- collectives ------------------------------------------------------------------
 
@@ -299,6 +319,33 @@ def world(environ: Any = None) -> World:
     return w
 
 
+def _default_signals() -> None:
+    for s in (signal.SIGUSR1, signal.SIGINT):
+        signal.signal(s, signal.SIG_DFL)
+
+
+def supervise(argv: Sequence[str]) -> None:
+    """Under hydra, run this command again as a child (the worker) and wait for it; returns at once in
+    the worker, alone, or where `WORKER_ENV` is set. The parent keeps its copy of the PMI connection (it
+    closes when the parent exits, just after the worker: hydra then sees one process end, as without the
+    parent), takes hydra's signals with the worker (one process group: SIGUSR1 and SIGINT reach both, so
+    it ignores them), passes a SIGTERM on, and exits with the worker's status as a code, never by a
+    signal (module doc)."""
+    if "PMI_FD" not in os.environ or WORKER_ENV in os.environ or launched()[1] == 1 or not hasattr(os, "fork"):
+        return
+    import subprocess
+    import sys
+
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    fd = int(os.environ["PMI_FD"])
+    child = subprocess.Popen([sys.executable, *argv], env={**os.environ, WORKER_ENV: "1"}, pass_fds=(fd,),
+                             preexec_fn=_default_signals)  # an ignored signal stays ignored through exec
+    signal.signal(signal.SIGTERM, lambda signum, frame: child.send_signal(signum))
+    code = child.wait()
+    os._exit(code if code >= 0 else 128 - code)
+
+
 # -- the run's pieces over the world -----------------------------------------------------------
 
 
@@ -349,7 +396,8 @@ class MpiTrainSession(DataParallelTrainSession):
         TrainSession.__init__(self, spec, variant, batch, backend, seed=seed, params=params, registry=registry,
                               resident=resident)
         lay = self.layout
-        sizes = [math.prod(s.shape) for _, s in lay.params]
+        trained = [lay.params[i][1] for i in lay.trained]  # a frozen θ has no gradient, no place in the buffer
+        sizes = [math.prod(s.shape) for s in trained]
         stat_sizes = [math.prod(s.shape) for _, s in lay.stats]
         # [∂θ… | loss | batch stats…]: one buffer, one all-reduce; the views below are its pieces, stored
         # as the gradient half returns them and the update half takes them.
@@ -361,8 +409,8 @@ class MpiTrainSession(DataParallelTrainSession):
             self._grad_views.append(self._flat[off:off + s])
             off += s
         # the same pieces in the stored shapes the update half takes (views: the all-reduce's mean is in them)
-        self._grads = [v.reshape(stored_shape(s.shape, q))
-                       for v, (_, s), q in zip(self._grad_views, lay.params, lay.storage, strict=True)]
+        self._grads = [v.reshape(stored_shape(s.shape, lay.storage[i]))
+                       for v, s, i in zip(self._grad_views, trained, lay.trained, strict=True)]
         self._stat_views: list[np.ndarray] = []
         off += 1
         for s in stat_sizes:
@@ -375,8 +423,9 @@ class MpiTrainSession(DataParallelTrainSession):
         text, layout = gradient_step_module(self.spec, self.variant, self.local_batch, registry=registry,
                                             replicas=self.replicas, sync_bn=self.sync_bn, processes=self.world.size,
                                             target=target)
-        update = optimizer_step_module([s for _, s in layout.params], self.optimizer, wrappers=self.variant.wrappers,
-                                       storage=layout.storage, target=target,
+        update = optimizer_step_module([layout.params[i][1] for i in layout.trained], self.optimizer,
+                                       wrappers=self.variant.wrappers, target=target,
+                                       storage=tuple(layout.storage[i] for i in layout.trained),
                                        name=f"{self.spec.ident}_{self.variant.slug}_update_step")
         self.update_exe = self._compile(update)
         return self._compile(text), layout
@@ -415,32 +464,34 @@ class MpiTrainSession(DataParallelTrainSession):
         masks = self._advance(masks)
         w.step = self.step
         sched, *rows = self._step_host(x, y, lr, masks)
-        n, per = lay.n_params, self.replicas * self.local_batch
+        n, n_tr, per = lay.n_params, len(lay.trained), self.replicas * self.local_batch
         mine = [split_batch(a[w.rank * per:(w.rank + 1) * per], self.replicas) for a in rows]
         # The gradient half: θ kept (the update half takes it next), this rank's rows per local replica.
         args = [[*self._theta_on(r)[:n], *(be.to_device(np.ascontiguousarray(p[r]), borrow=True, device=r)
                                            for p in mine)] for r in range(self.replicas)]
         outs = self._run(self.exe, args, keep=range(n))[0]
         del args
-        for view, buf in zip(self._grad_views, outs[:n], strict=True):
+        for view, buf in zip(self._grad_views, outs[:n_tr], strict=True):
             view[:] = be.to_host(buf).ravel()
-        self._flat[self._grad_end] = be.to_host(outs[n])
-        for view, buf in zip(self._stat_views, outs[n + 1:], strict=True):
+        self._flat[self._grad_end] = be.to_host(outs[n_tr])
+        for view, buf in zip(self._stat_views, outs[n_tr + 1:], strict=True):
             view[:] = be.to_host(buf).ravel() if w.is_root else 0.0  # rank 0's statistics, on every rank
         t = time.perf_counter()
         w.allreduce_sum(self._flat, "the gradient all-reduce")
         self.comm_s += time.perf_counter() - t
         self._flat[:self._grad_end + 1] /= np.float32(w.size)  # the mean, as replica_mean divides (float32)
-        # The update half, on identical inputs on every rank and replica: identical θ' and state'.
-        args = [[*self._theta_on(r), *(be.to_device(g, borrow=True, device=r) for g in self._grads),
-                 be.to_device(sched, device=r)] for r in range(self.replicas)]
+        # The update half, on identical inputs on every rank and replica: identical θ' and state'. It takes
+        # (and donates) the trained θ and the state; a frozen θ stays where it is held.
+        held = [self._theta_on(r) for r in range(self.replicas)]
+        args = [[*(h[i] for i in lay.trained), *h[n:], *(be.to_device(g, borrow=True, device=r) for g in self._grads),
+                 be.to_device(sched, device=r)] for r, h in enumerate(held)]
         new = self._run(self.update_exe, args)
         del args
         if self.resident:
-            self._replicas = [o[:lay.n_carried] for o in new]
+            self._replicas = [merge_carried(lay, h, o[:lay.n_carried]) for h, o in zip(held, new, strict=True)]
             self._carried = self._replicas[0]
         else:
-            self._carried = [be.to_host(b) for b in new[0][:lay.n_carried]]
+            self._carried = merge_carried(lay, self._carried, [be.to_host(b) for b in new[0][:lay.n_carried]])
         self._batch_stats = [v.reshape(s.shape).copy() for v, (_, s) in zip(self._stat_views, lay.stats, strict=True)]
         return float(self._flat[self._grad_end])
 

@@ -91,9 +91,9 @@ class Run:
         net, arrays and backend); `directory` False: a run that writes nothing (no run directory,
         checkpoint or logs); `shuffle` False: each epoch in the split's order."""
         cfg.check()
-        # The processes an MPI launcher started (one alone): --replicas counts them all (hloforge.train.mpi).
-        # A Model's fit (no directory) is one process: its sessions are its own, not MPI's.
-        self.world = mpi.world() if directory and not eval_only else mpi.World()
+        # The processes an MPI launcher started (one alone): --replicas counts them all (hloforge.train.mpi);
+        # a Model's fit too (its session spread over them: Model._session). Scoring alone is one process's.
+        self.world = mpi.world() if not eval_only else mpi.World()
         if self.world.size > 1:
             try:
                 cfg = attrs.evolve(cfg, replicas=mpi.global_replicas(cfg.replicas, cfg.sync_bn, self.world))
@@ -454,7 +454,7 @@ class Run:
                 self.kept = (epoch, host)
                 if self.lm:
                     metrics = self._lm_epoch(evaluator, session, epoch, losses, secs, mlog, history, host)
-                    self._epoch_end(epoch, metrics, callbacks)
+                    self._epoch_end(epoch, metrics, callbacks, owner)
                     continue
                 assert self.task is not None
                 ckpt.mark("eval", epoch)
@@ -488,7 +488,7 @@ class Run:
                                                      f"{line}{ema_line}", f"{metrics['images_per_s']:.0f} img/s")
                                    if part))
                 self.world.barrier(f"epoch {epoch}'s checkpoint", slow=True)  # the others wait out rank 0's writes
-                self._epoch_end(epoch, metrics, callbacks)
+                self._epoch_end(epoch, metrics, callbacks, owner)
         finally:
             mlog.close()
             for cb in callbacks:
@@ -498,14 +498,17 @@ class Run:
         metrics["wall_s"] = time.perf_counter() - t0
         return metrics
 
-    def _epoch_end(self, epoch: int, metrics: dict[str, Any], callbacks: Sequence[Any]) -> None:
-        """The callbacks and the epoch-end hook, on rank 0 (the one writer); a stop it decides, every rank's."""
-        if self.world.is_root:
-            for cb in callbacks:
+    def _epoch_end(self, epoch: int, metrics: dict[str, Any], callbacks: Sequence[Any], owner: Any = None) -> None:
+        """The callbacks and the epoch-end hook, on rank 0 (the one writer; a callback with `every_rank`
+        on every rank); a stop it decides (`owner.stop_training`, default this run's), every rank's."""
+        owner = self if owner is None else owner
+        for cb in callbacks:
+            if self.world.is_root or getattr(cb, "every_rank", False):
                 cb.on_epoch_end(epoch, metrics)
+        if self.world.is_root:
             default_registry().pm.hook.hloforge_on_epoch_end(run=self, epoch=epoch, metrics=metrics)
         if self.world.size > 1:
-            self.stop_training = self.world.bcast(self.stop_training, "whether to stop", slow=True)
+            owner.stop_training = self.world.bcast(owner.stop_training, "whether to stop", slow=True)
 
     def _lm_epoch(self, evaluator: ForwardSession, session: TrainSession, epoch: int, losses: list[float],
                   secs: float, mlog: Any, history: list[dict[str, Any]],
