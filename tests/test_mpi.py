@@ -477,10 +477,12 @@ def test_a_killed_rank_ends_the_job_with_one_line_naming_it(tmp_path):
 
 @needs_mpi
 def test_a_killed_rank_under_hydras_cleanup_ends_the_job_without_a_traceback(tmp_path):
-    """Hydra's default: it kills every rank at once and reports the dead one itself."""
+    """Hydra's default: it kills every rank at once. Its own report (BAD TERMINATION ... EXIT CODE: 137, the
+    supervising parent's code for the worker's SIGKILL) comes in about 2 runs of 3; in the others the job
+    still ends at once, nonzero and without a traceback (issue #27's note)."""
     secs, out, rc = drill(tmp_path, signal.SIGKILL)
     assert rc != 0 and secs <= 60, (secs, out)
-    assert "Traceback" not in out and "BAD TERMINATION" in out
+    assert "Traceback" not in out
     assert not hloforge_lines(out)
 
 
