@@ -95,13 +95,11 @@ def read_init(run: Run, log: Callable[[str], None] = print) -> Init:
     have = {n: a for n, a in tensors.items()
             if n.startswith(f"{ckpt.PARAMS}/") or (n.startswith(f"{ckpt.STATS}/")
                                                     and not n.startswith(f"{ckpt.SHADOW_STATS}/"))}
-    renamed = _renumbered(list(have), list(want))
-    if renamed:
-        have = {renamed.get(n, n): a for n, a in have.items()}
-        moves = sorted({(old.split("/", 1)[1].split(".")[0], new.split("/", 1)[1].split(".")[0])
-                        for old, new in renamed.items()}, key=lambda m: int(m[0]))
+    moved = _renumbered(list(have), list(want))
+    if moved:
+        have = {_renamed(n, moved): a for n, a in have.items()}
         log(f"  init {path}: its layers with tensors are the net's, numbered otherwise (layers without tensors, "
-            f"e.g. dropout, differ): {', '.join(f'{o} → {n}' for o, n in moves)}")
+            f"e.g. dropout, differ): {', '.join(f'{o} → {n}' for o, n in sorted(moved.items()))}")
     problems = [f"lacks {n} {list(s)}" for n, s in want.items() if n not in have and n not in head]
     problems += [f"holds {n} {list(np.shape(have[n]))} that the net does not have" for n in have if n not in want]
     for n, s in want.items():
@@ -129,19 +127,30 @@ def read_init(run: Run, log: Callable[[str], None] = print) -> Init:
     return Init(path, [np.array(a, np.float32) for a in p], [np.array(a, np.float32) for a in st], tuple(head))
 
 
-def _renumbered(have: list[str], want: list[str]) -> dict[str, str]:
-    """{init name: run name} where the init's tensors are the run's but for the top-level numbers of the
-    layers that hold them: the same layers with tensors, in the same order, with the same tensor names
-    (`param/2.w` → `param/3.w` after a classifier dropout is put before the head). {} if the names
-    already match or anything else differs."""
+def _split(name: str) -> tuple[str, str, str]:
+    """`param/2.w` as (group, top-level layer number, the rest): ("param", "2", "w")."""
+    group, _, rest = name.partition("/")
+    top, _, tail = rest.partition(".")
+    return group, top, tail
+
+
+def _renamed(name: str, moved: dict[int, int]) -> str:
+    group, top, tail = _split(name)
+    return f"{group}/{moved[int(top)]}.{tail}" if int(top) in moved else name
+
+
+def _renumbered(have: list[str], want: list[str]) -> dict[int, int]:
+    """{init layer number: run layer number} for the layers that moved, where the init's tensors are the
+    run's but for the top-level numbers of the layers that hold them: the same layers with tensors, in the
+    same order, with the same tensor names (`param/2.w` → `param/3.w` after a classifier dropout is put
+    before the head). {} if the names already match or anything else differs."""
     if set(have) == set(want):
         return {}
 
     def layers(names: list[str]) -> tuple[list[int], list[set[tuple[str, str]]]] | None:
         out: dict[int, set[tuple[str, str]]] = {}
         for n in names:
-            group, _, rest = n.partition("/")
-            top, _, tail = rest.partition(".")
+            group, top, tail = _split(n)
             if not top.isdigit():
                 return None
             out.setdefault(int(top), set()).add((group, tail))
@@ -150,14 +159,7 @@ def _renumbered(have: list[str], want: list[str]) -> dict[str, str]:
     a, b = layers(have), layers(want)
     if a is None or b is None or a[1] != b[1] or a[0] == b[0]:
         return {}
-    number = dict(zip(a[0], b[0], strict=True))
-    renamed = {}
-    for n in have:
-        group, _, rest = n.partition("/")
-        top, _, tail = rest.partition(".")
-        if number[int(top)] != int(top):
-            renamed[n] = f"{group}/{number[int(top)]}.{tail}"
-    return renamed
+    return {old: new for old, new in zip(a[0], b[0], strict=True) if old != new}
 
 
 def start_from(run: Run, session: TrainSession, init: Init) -> None:
