@@ -432,9 +432,10 @@ def _rank_pid(tag: str, rank: int) -> int | None:
 
 
 def drill(tmp_path: Path, sig: int, flags: tuple[str, ...] = (), timeout_s: str = "30", net: str = "mnist-mlp",
-          more: tuple[str, ...] = ()):
+          more: tuple[str, ...] = (), to_parent: bool = False):
     """Start a 2-process run (train_cmd's of `net`, with `more`), wait until rank 1 is training (a step of epoch 1
-    traced), send it `sig`; (seconds from the signal to the job's end, its output)."""
+    traced), send it (its worker, or with `to_parent` the process hydra started) `sig`; (seconds from the signal
+    to the job's end, its output, its exit status)."""
     tag = uuid.uuid4().hex
     trace = tmp_path / "trace"
     cmd = [MPIEXEC, "-n", "2", "-iface", "lo", *flags, *train_cmd(tmp_path / "r", 50, *more, net=net)]
@@ -447,6 +448,8 @@ def drill(tmp_path: Path, sig: int, flags: tuple[str, ...] = (), timeout_s: str 
             time.sleep(0.2)
         pid = _rank_pid(tag, 1)
         assert pid is not None
+        if to_parent:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
         os.kill(pid, sig)
         t = time.monotonic()
         out, _ = p.communicate(timeout=120)
@@ -464,26 +467,25 @@ def hloforge_lines(out: str) -> list[str]:
 
 
 @needs_mpi
-def test_a_killed_rank_ends_the_job_with_one_line_naming_it(tmp_path):
-    """Hydra without its cleanup (-disable-auto-cleanup) tells the survivors (SIGUSR1); rank 0 names rank 1.
-    One drill: the line must come every time (hydra's proxy SIGKILLs the others once it reaps a rank that
-    died by a signal; mpi.supervise makes what it reaps an exit code)."""
-    secs, out, rc = drill(tmp_path, signal.SIGKILL, flags=("-disable-auto-cleanup",))
+@pytest.mark.parametrize("flags", [(), ("-disable-auto-cleanup",)], ids=["hydras-cleanup", "no-auto-cleanup"])
+def test_a_killed_rank_ends_the_job_with_one_line_naming_it(tmp_path, flags):
+    """The dead worker's parent (mpi.supervise) names it: under hydra's default cleanup the survivors are
+    SIGKILLed at once, and without it (SIGUSR1 to the survivors) they stop quietly. One drill each: the line
+    must come every time, and only once."""
+    secs, out, rc = drill(tmp_path, signal.SIGKILL, flags=flags)
     assert rc != 0 and secs <= 60, (secs, out)
     lines = hloforge_lines(out)
-    assert len(lines) == 1 and "rank 1 of 2 died" in lines[0], out
+    assert len(lines) == 1 and "rank 1 of 2 died, killed by SIGKILL" in lines[0], out
     assert "Traceback" not in out
 
 
 @needs_mpi
-def test_a_killed_rank_under_hydras_cleanup_ends_the_job_without_a_traceback(tmp_path):
-    """Hydra's default: it kills every rank at once. Its own report (BAD TERMINATION ... EXIT CODE: 137, the
-    supervising parent's code for the worker's SIGKILL) comes in about 2 runs of 3; in the others the job
-    still ends at once, nonzero and without a traceback (issue #27's note)."""
-    secs, out, rc = drill(tmp_path, signal.SIGKILL)
+def test_a_rank_the_user_stops_is_not_reported_as_died(tmp_path):
+    """A SIGTERM to the job (hydra passes mpiexec's on; the parent hands it to its worker) is not news."""
+    secs, out, rc = drill(tmp_path, signal.SIGTERM, to_parent=True)
     assert rc != 0 and secs <= 60, (secs, out)
+    assert not [ln for ln in hloforge_lines(out) if "died" in ln], out
     assert "Traceback" not in out
-    assert not hloforge_lines(out)
 
 
 @needs_mpi

@@ -24,7 +24,9 @@ Under hydra (`PMI_FD`) the `hloforge` command runs each rank as a worker under a
 (`supervise`): hydra's proxy SIGKILLs every process it started as soon as it reaps one that died BY A
 SIGNAL, even under -disable-auto-cleanup, often a millisecond after its SIGUSR1 notice, before a
 survivor can say which rank died. The parent is what hydra started; it exits with the worker's status
-as an exit code (128 + signal), which the proxy reaps without killing the others.
+as an exit code (128 + signal), which the proxy reaps without killing the others. A worker killed by a
+signal is named by its parent, the one process sure to outlive it: under hydra's default cleanup the
+survivors are SIGKILLed at once, so the survivors of a supervised run leave that line to it.
 """
 
 from __future__ import annotations
@@ -168,8 +170,10 @@ class World:
         missing = [r for r in range(self.size) if r not in alive] or peers
         who = f"rank {missing[0]}" if len(missing) == 1 else f"ranks {', '.join(map(str, missing))}"
         why = "died" if _PEER_DIED else f"did not arrive within {self.timeout:g} s ({TIMEOUT_ENV})"
+        # a supervised peer that died said so itself (its own error line, or its parent's: `supervise`)
+        named_by_the_dead = _PEER_DIED and os.environ.get(WORKER_ENV) == "1"
         raise PeerError(f"{who} of {self.size} {why} at {what} (step {self.step}); the other ranks stopped",
-                        quiet=self.rank != min(alive), together=False)
+                        quiet=self.rank != min(alive) or named_by_the_dead, together=False)
 
     # -- collectives ------------------------------------------------------------------
 
@@ -319,31 +323,47 @@ def world(environ: Any = None) -> World:
     return w
 
 
-def _default_signals() -> None:
-    for s in (signal.SIGUSR1, signal.SIGINT):
-        signal.signal(s, signal.SIG_DFL)
-
-
 def supervise(argv: Sequence[str]) -> None:
     """Under hydra, run this command again as a child (the worker) and wait for it; returns at once in
     the worker, alone, or where `WORKER_ENV` is set. The parent keeps its copy of the PMI connection (it
     closes when the parent exits, just after the worker: hydra then sees one process end, as without the
     parent), takes hydra's signals with the worker (one process group: SIGUSR1 and SIGINT reach both, so
-    it ignores them), passes a SIGTERM on, and exits with the worker's status as a code, never by a
-    signal (module doc)."""
+    it only notes them), passes a SIGTERM on, and exits with the worker's status as a code, never by a
+    signal (module doc). A worker killed by a signal nobody sent the job is named here, in one line: under
+    hydra's default cleanup the survivors are SIGKILLed before they could say it, and under
+    -disable-auto-cleanup they leave it to this line (`World.lost`)."""
     if "PMI_FD" not in os.environ or WORKER_ENV in os.environ or launched()[1] == 1 or not hasattr(os, "fork"):
         return
     import subprocess
     import sys
 
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sent: list[int] = []  # signals from the launcher or the user: the worker's end is theirs, not news
+
+    def noted(signum: int, frame: Any) -> None:
+        sent.append(signum)
+
+    signal.signal(signal.SIGUSR1, noted)
+    signal.signal(signal.SIGINT, noted)
     fd = int(os.environ["PMI_FD"])
-    child = subprocess.Popen([sys.executable, *argv], env={**os.environ, WORKER_ENV: "1"}, pass_fds=(fd,),
-                             preexec_fn=_default_signals)  # an ignored signal stays ignored through exec
-    signal.signal(signal.SIGTERM, lambda signum, frame: child.send_signal(signum))
+    child = subprocess.Popen([sys.executable, *argv], env={**os.environ, WORKER_ENV: "1"},
+                             pass_fds=(fd,))  # exec resets the handled signals in the worker
+    signal.signal(signal.SIGTERM, lambda signum, frame: (sent.append(signum), child.send_signal(signum)))
     code = child.wait()
+    if code < 0 and not sent:
+        rank, size, _ = launched()
+        sys.stderr.write(f"hloforge: error: {_died(rank, size, -code)}; the other ranks stopped\n")
+        sys.stderr.flush()
     os._exit(code if code >= 0 else 128 - code)
+
+
+def _died(rank: int, size: int, signum: int) -> str:
+    """How a rank killed by `signum` is named (SIGKILL is also the kernel's out-of-memory killer's)."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    oom = ", also what the out-of-memory killer sends" if signum == signal.SIGKILL else ""
+    return f"rank {rank} of {size} died, killed by {name} ({signum}{oom})"
 
 
 # -- the run's pieces over the world -----------------------------------------------------------
