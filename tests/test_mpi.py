@@ -432,10 +432,10 @@ def _rank_pid(tag: str, rank: int) -> int | None:
 
 
 def drill(tmp_path: Path, sig: int, flags: tuple[str, ...] = (), timeout_s: str = "30", net: str = "mnist-mlp",
-          more: tuple[str, ...] = (), to_parent: bool = False):
+          more: tuple[str, ...] = (), to_parent: bool = False, left: list[int] | None = None):
     """Start a 2-process run (train_cmd's of `net`, with `more`), wait until rank 1 is training (a step of epoch 1
     traced), send it (its worker, or with `to_parent` the process hydra started) `sig`; (seconds from the signal
-    to the job's end, its output, its exit status)."""
+    to the job's end, its output, its exit status). `left`: gets the ranks whose worker outlived the job."""
     tag = uuid.uuid4().hex
     trace = tmp_path / "trace"
     cmd = [MPIEXEC, "-n", "2", "-iface", "lo", *flags, *train_cmd(tmp_path / "r", 50, *more, net=net)]
@@ -457,9 +457,13 @@ def drill(tmp_path: Path, sig: int, flags: tuple[str, ...] = (), timeout_s: str 
     finally:
         if p.poll() is None:
             p.kill()
-        pid = _rank_pid(tag, 1)
-        if pid is not None:
-            os.kill(pid, signal.SIGKILL)
+        time.sleep(0.5)  # a worker's SIGKILL on its parent's death (mpi._die_with_parent) is not instant
+        for rank in (0, 1):
+            pid = _rank_pid(tag, rank)
+            if pid is not None:
+                if left is not None:
+                    left.append(rank)
+                os.kill(pid, signal.SIGKILL)
 
 
 def hloforge_lines(out: str) -> list[str]:
@@ -485,6 +489,17 @@ def test_a_rank_the_user_stops_is_not_reported_as_died(tmp_path):
     secs, out, rc = drill(tmp_path, signal.SIGTERM, to_parent=True)
     assert rc != 0 and secs <= 60, (secs, out)
     assert not [ln for ln in hloforge_lines(out) if "died" in ln], out
+    assert "Traceback" not in out
+
+
+@needs_mpi
+def test_a_killed_parent_takes_its_worker_with_it(tmp_path):
+    """Hydra's cleanup kills the processes it started (the parents): no worker may outlive the job, still
+    training, or stopped and holding the job's output open."""
+    left: list[int] = []
+    secs, out, rc = drill(tmp_path, signal.SIGKILL, to_parent=True, left=left)
+    assert rc != 0 and secs <= 60, (secs, out)
+    assert left == [], (left, out)
     assert "Traceback" not in out
 
 

@@ -332,6 +332,8 @@ def supervise(argv: Sequence[str]) -> None:
     signal (module doc). A worker killed by a signal nobody sent the job is named here, in one line: under
     hydra's default cleanup the survivors are SIGKILLed before they could say it, and under
     -disable-auto-cleanup they leave it to this line (`World.lost`)."""
+    if os.environ.get(WORKER_ENV) == "1":
+        _die_with_parent()
     if "PMI_FD" not in os.environ or WORKER_ENV in os.environ or launched()[1] == 1 or not hasattr(os, "fork"):
         return
     import subprocess
@@ -347,13 +349,31 @@ def supervise(argv: Sequence[str]) -> None:
     fd = int(os.environ["PMI_FD"])
     child = subprocess.Popen([sys.executable, *argv], env={**os.environ, WORKER_ENV: "1"},
                              pass_fds=(fd,))  # exec resets the handled signals in the worker
-    signal.signal(signal.SIGTERM, lambda signum, frame: (sent.append(signum), child.send_signal(signum)))
+
+    def passed_on(signum: int, frame: Any) -> None:
+        sent.append(signum)
+        child.send_signal(signum)
+        child.send_signal(signal.SIGCONT)  # a stopped (hung) worker acts on it too
+
+    signal.signal(signal.SIGTERM, passed_on)
     code = child.wait()
     if code < 0 and not sent:
         rank, size, _ = launched()
         sys.stderr.write(f"hloforge: error: {_died(rank, size, -code)}; the other ranks stopped\n")
         sys.stderr.flush()
     os._exit(code if code >= 0 else 128 - code)
+
+
+def _die_with_parent() -> None:
+    """In a supervised worker, on Linux: be SIGKILLed when the parent dies. Hydra's cleanup kills the
+    process it started, the parent; a worker left behind (hung, or stopped) would keep the job's output
+    pipes open and mpiexec waiting on them."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: no such call
+        pass
 
 
 def _died(rank: int, size: int, signum: int) -> str:
