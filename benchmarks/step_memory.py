@@ -28,7 +28,7 @@ class _Mallinfo2(ctypes.Structure):
 
 def one_run(net: str, batch: int, steps: int, pause_ms: float) -> dict:
     from hloforge.bench.common import batches, load_net
-    from hloforge.bench.timing import make_hloforge
+    from hloforge.bench.timing import make_hloforge, peak_rss_mb
 
     libc = ctypes.CDLL(None)
     libc.mallinfo2.restype = _Mallinfo2
@@ -41,12 +41,11 @@ def one_run(net: str, batch: int, steps: int, pause_ms: float) -> dict:
         live_after.append(libc.mallinfo2().uordblks >> 20)  # right after the step returned
         time.sleep(pause_ms / 1e3)
         times.append(time.perf_counter() - t)
-    status = open("/proc/self/status").read()
-    rss, hwm = (int(re.search(rf"{k}:\s+(\d+)", status).group(1)) >> 10 for k in ("VmRSS", "VmHWM"))
+    rss = int(re.search(r"VmRSS:\s+(\d+)", open("/proc/self/status").read()).group(1)) >> 10
     info = libc.mallinfo2()
     timed = sorted(times[2:])
-    return {"pause_ms": pause_ms, "median_ms": 1e3 * timed[len(timed) // 2], "rss_mb": rss, "peak_mb": hwm,
-            "heap_live_mb": info.uordblks >> 20, "heap_free_mb": info.fordblks >> 20,
+    return {"pause_ms": pause_ms, "median_ms": 1e3 * timed[len(timed) // 2], "rss_mb": rss,
+            "peak_mb": round(peak_rss_mb()), "heap_live_mb": info.uordblks >> 20, "heap_free_mb": info.fordblks >> 20,
             "live_after_step_mb": sorted(set(live_after[2:]))}
 
 

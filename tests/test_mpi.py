@@ -457,7 +457,8 @@ def drill(tmp_path: Path, sig: int, flags: tuple[str, ...] = (), timeout_s: str 
     finally:
         if p.poll() is None:
             p.kill()
-        time.sleep(0.5)  # a worker's SIGKILL on its parent's death (mpi._die_with_parent) is not instant
+        if left is not None:
+            time.sleep(0.5)  # a worker's SIGKILL on its parent's death (mpi._die_with_parent) is not instant
         for rank in (0, 1):
             pid = _rank_pid(tag, rank)
             if pid is not None:
