@@ -71,6 +71,14 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {lines[0] if lines else ''}".rstrip(": ")
 
 
+def _end_mpi_run(e: BaseException, code: int) -> None:
+    """A rank of a run across MPI processes ends for the others too (hloforge.train.mpi.end_after_error);
+    nothing where none was started."""
+    mpi = sys.modules.get("hloforge.train.mpi")
+    if mpi is not None:
+        mpi.end_after_error(e, code)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The command; returns its exit status (EXIT_CODES), --help's and a usage error's included."""
     if argv is None and os.environ.get("PMI_FD"):  # a rank under hydra: its worker (hloforge.train.mpi.supervise)
@@ -103,14 +111,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
                 traceback.print_exc()
             print(f"hloforge: error: {e}", file=sys.stderr)
-        if getattr(e, "together", False):  # every MPI rank refused alike: MPI ends in order (hloforge.train.mpi)
-            from hloforge.train.mpi import end_together
-
-            end_together(e)
+        _end_mpi_run(e, EXIT_BAD_INPUT)
         return EXIT_BAD_INPUT
     except MemoryError as e:  # a size asked for (a batch, an input shape) that does not fit, not a bug
         print(f"hloforge: error: out of host memory ({_one_line(e)}); ask for a smaller batch or input",
               file=sys.stderr)
+        _end_mpi_run(e, EXIT_BAD_INPUT)
         return EXIT_BAD_INPUT
     except Exception as e:
         if debug:
@@ -121,6 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             print(f"hloforge: internal error: {_one_line(e)} (a bug; the full traceback is in {_internal_error(e)}, "
                   f"or run with {DEBUG_ENV_VAR}=1)", file=sys.stderr)
+        _end_mpi_run(e, EXIT_INTERNAL)
         return EXIT_INTERNAL
     return int(rc or 0)
 

@@ -431,26 +431,31 @@ def _rank_pid(tag: str, rank: int) -> int | None:
     return None
 
 
-def drill(tmp_path: Path, sig: int, flags: tuple[str, ...] = (), timeout_s: str = "30", net: str = "mnist-mlp",
-          more: tuple[str, ...] = (), to_parent: bool = False, left: list[int] | None = None):
+def drill(tmp_path: Path, sig: int | None, flags: tuple[str, ...] = (), timeout_s: str = "30", net: str = "mnist-mlp",
+          more: tuple[str, ...] = (), to_parent: bool = False, left: list[int] | None = None, stop_at: str = ""):
     """Start a 2-process run (train_cmd's of `net`, with `more`), wait until rank 1 is training (a step of epoch 1
     traced), send it (its worker, or with `to_parent` the process hydra started) `sig`; (seconds from the signal
-    to the job's end, its output, its exit status). `left`: gets the ranks whose worker outlived the job."""
+    to the job's end, its output, its exit status). `stop_at` instead of `sig`: rank 1 stops itself as it
+    reaches that all-reduce (mpi.STOP_ENV), the seconds counted from then. `left`: gets the ranks whose worker
+    outlived the job."""
     tag = uuid.uuid4().hex
     trace = tmp_path / "trace"
     cmd = [MPIEXEC, "-n", "2", "-iface", "lo", *flags, *train_cmd(tmp_path / "r", 50, *more, net=net)]
-    e = env(HLOFORGE_TEST_TAG=tag, HLOFORGE_DRILL_TRACE=str(trace), HLOFORGE_MPI_TIMEOUT=timeout_s)
+    e = env(HLOFORGE_TEST_TAG=tag, HLOFORGE_DRILL_TRACE=str(trace), HLOFORGE_MPI_TIMEOUT=timeout_s,
+            **({mpi.STOP_ENV: f"1:{stop_at}"} if stop_at else {}))
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=e)
     try:
         deadline = time.monotonic() + 240
-        while not (trace.exists() and trace.read_text().count("step 1 ") >= 10):
+        started = (lambda text: "stopped " in text) if stop_at else (lambda text: text.count("step 1 ") >= 10)
+        while not (trace.exists() and started(trace.read_text())):
             assert p.poll() is None and time.monotonic() < deadline, "the run never started training"
-            time.sleep(0.2)
-        pid = _rank_pid(tag, 1)
-        assert pid is not None
-        if to_parent:
-            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        os.kill(pid, sig)
+            time.sleep(0.05 if stop_at else 0.2)
+        if sig is not None:
+            pid = _rank_pid(tag, 1)
+            assert pid is not None
+            if to_parent:
+                pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            os.kill(pid, sig)
         t = time.monotonic()
         out, _ = p.communicate(timeout=120)
         return time.monotonic() - t, out, p.returncode
@@ -467,6 +472,33 @@ def drill(tmp_path: Path, sig: int, flags: tuple[str, ...] = (), timeout_s: str 
                 os.kill(pid, signal.SIGKILL)
 
 
+def _supervised(worker: str) -> subprocess.CompletedProcess:
+    """`mpi.supervise` as hydra starts it (a PMI fd, rank 1 of 2) over a worker running `worker`."""
+    r, w = os.pipe()
+    try:
+        return subprocess.run([sys.executable, "-c", "import sys; from hloforge.train.mpi import supervise; "
+                               "supervise(sys.argv[1:])", "-c", worker], pass_fds=(r,), capture_output=True,
+                              text=True, timeout=60, env=env(PMI_FD=str(r), PMI_RANK="1", PMI_SIZE="2"))
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+@pytest.mark.parametrize(("worker", "died", "line"), [
+    ("import os; os._exit(3)", False, ""),
+    ("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", True, "rank 1 of 2 died, killed by SIGSEGV (11)"),
+], ids=["exits", "killed"])
+def test_a_supervising_parent_whose_worker_a_signal_killed_dies_by_sigkill(worker, died, line):
+    """Hydra's proxy ends the job for certain only on reaping a process that died by a signal (the PMI socket's
+    closing it misses when it reaps the process first: 2 killed-rank drills in 36 then ran into the survivors'
+    timeout). A worker's own exit status passes through; one a signal ended takes the parent down by SIGKILL,
+    after the line naming it."""
+    r = _supervised(worker)
+    assert r.returncode == (-signal.SIGKILL if died else 3), (r.returncode, r.stderr)
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("hloforge:")]
+    assert lines == ([f"hloforge: error: {line}; the other ranks stopped"] if line else []), r.stderr
+
+
 def hloforge_lines(out: str) -> list[str]:
     return [ln for ln in out.splitlines() if ln.startswith("hloforge: error")]
 
@@ -474,9 +506,9 @@ def hloforge_lines(out: str) -> list[str]:
 @needs_mpi
 @pytest.mark.parametrize("flags", [(), ("-disable-auto-cleanup",)], ids=["hydras-cleanup", "no-auto-cleanup"])
 def test_a_killed_rank_ends_the_job_with_one_line_naming_it(tmp_path, flags):
-    """The dead worker's parent (mpi.supervise) names it: under hydra's default cleanup the survivors are
-    SIGKILLed at once, and without it (SIGUSR1 to the survivors) they stop quietly. One drill each: the line
-    must come every time, and only once."""
+    """The dead worker's parent (mpi.supervise) names it, then dies by SIGKILL, which hydra answers by killing
+    the survivors; a survivor told first (SIGUSR1, under -disable-auto-cleanup) stops quietly. One drill each:
+    the line must come every time, and only once."""
     secs, out, rc = drill(tmp_path, signal.SIGKILL, flags=flags)
     assert rc != 0 and secs <= 60, (secs, out)
     lines = hloforge_lines(out)
@@ -505,8 +537,10 @@ def test_a_killed_parent_takes_its_worker_with_it(tmp_path):
 
 
 @needs_mpi
-def test_a_hung_rank_makes_the_others_stop_within_the_timeout_naming_it(tmp_path):
-    secs, out, rc = drill(tmp_path, signal.SIGSTOP, timeout_s="5")
+@pytest.mark.parametrize("flags", [(), ("-disable-auto-cleanup",)], ids=["hydras-cleanup", "no-auto-cleanup"])
+def test_a_hung_rank_makes_the_others_stop_within_the_timeout_naming_it(tmp_path, flags):
+    """Rank 0 reports and ends the job (MPI_Abort): with the hung rank stopped, nothing else would end it."""
+    secs, out, rc = drill(tmp_path, signal.SIGSTOP, flags=flags, timeout_s="5")
     assert rc != 0 and secs <= 60, (secs, out)
     lines = hloforge_lines(out)
     assert len(lines) == 1 and "rank 1 of 2 did not arrive within 5 s" in lines[0], out
@@ -515,8 +549,11 @@ def test_a_hung_rank_makes_the_others_stop_within_the_timeout_naming_it(tmp_path
 
 @needs_mpi
 def test_a_hung_rank_inside_the_sync_bn_step_makes_the_others_stop_naming_it(tmp_path):
-    """The wait inside the step's host call (on an XLA thread) is watched like every other."""
-    secs, out, rc = drill(tmp_path, signal.SIGSTOP, timeout_s="5", net="resnet-mini", more=("--sync-bn",))
+    """The wait inside the step's host call (on an XLA thread) is watched like every other: rank 1 stops as it
+    reaches the statistics' all-reduce (stopped from outside, it may stop after its last one of a step, and
+    rank 0 then waits at the gradient all-reduce instead)."""
+    secs, out, rc = drill(tmp_path, None, timeout_s="5", net="resnet-mini", more=("--sync-bn",),
+                          stop_at="the sync-BN statistics")
     assert rc != 0 and secs <= 60, (secs, out)
     lines = hloforge_lines(out)
     assert len(lines) == 1 and "rank 1 of 2 did not arrive within 5 s (HLOFORGE_MPI_TIMEOUT) at the sync-BN " \

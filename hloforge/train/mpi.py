@@ -20,13 +20,17 @@ computes it: at one device per rank the step is the `--replicas P` step.
 Every wait on the others is watched (`HLOFORGE_MPI_TIMEOUT`, default 30 s): a rank that dies or hangs
 makes the others stop with one line naming it, never a silent hang.
 
+A fault ends the job for every rank at once (`end_after_error`): a rank that reports alone (a peer
+died or hung, or it failed where the others did not) calls MPI_Abort, never leaving the others to wait
+out their timeout, or, behind a hung peer, for ever. A rank merely exiting does not do it: hydra's proxy
+ends a job on a process's PMI socket closing without MPI_Finalize only when that close reaches it
+before it reaped the process, and the job of a hung rank then waited for ever (strace of the proxy).
+
 Under hydra (`PMI_FD`) the `hloforge` command runs each rank as a worker under a small parent
-(`supervise`): hydra's proxy SIGKILLs every process it started as soon as it reaps one that died BY A
-SIGNAL, even under -disable-auto-cleanup, often a millisecond after its SIGUSR1 notice, before a
-survivor can say which rank died. The parent is what hydra started; it exits with the worker's status
-as an exit code (128 + signal), which the proxy reaps without killing the others. A worker killed by a
-signal is named by its parent, the one process sure to outlive it: under hydra's default cleanup the
-survivors are SIGKILLed at once, so the survivors of a supervised run leave that line to it.
+(`supervise`), for a worker that a signal kills: it names it in one line (the one process sure to
+outlive it, and to print before anyone is killed), then dies by SIGKILL itself, the end hydra's proxy
+answers by SIGKILLing every process it started whichever event reaches it first (a parent exiting with
+the worker's status as a code was the end it missed, 2 killed-rank drills in 36).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import json
 import math
 import os
 import signal
+import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -63,7 +68,13 @@ SIZE_ENVS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS")
 RANK_ENVS = {"PMI_SIZE": "PMI_RANK", "OMPI_COMM_WORLD_SIZE": "OMPI_COMM_WORLD_RANK",
              "SLURM_STEP_NUM_TASKS": "SLURM_PROCID"}
 BUCKET_BYTES = 64 << 20  # the all-reduce in calls of at most this much: one call for any net below it
+# Test knob (seed 003's fault knobs), never set in a real run: "RANK:WHAT" makes that rank SIGSTOP itself as
+# it reaches the all-reduce named WHAT, before posting it: a hang at an exact place (the hung-rank drills).
+STOP_ENV = "HLOFORGE_FAULT_STOP_AT"
 INSTALL = "pip install 'hloforge[mpi]' (mpi4py and the mpich wheels)"
+QUIET_GRACE_S = 5.0  # a rank that does not report gives the one that does this long to end the job itself
+# Before MPI_Abort: the launcher forwards the line printed before it kills (hydra lost it 1 run in 3 without).
+OUTPUT_GRACE_S = 0.5
 
 
 class PeerError(HloforgeError):
@@ -82,15 +93,24 @@ def shared(err: HloforgeError, w: World) -> HloforgeError:
     return err
 
 
-def end_together(err: BaseException) -> None:
-    """After a refusal every rank reached together (`shared`, or a PeerError of the run's own): MPI shut
-    down in order, so the launcher sees each rank end as it ended. Without MPI_Finalize, hydra's default
-    cleanup SIGKILLs the ranks still exiting when the first one's PMI connection closes (exit 9, not 3)."""
+def end_after_error(err: BaseException, code: int) -> None:
+    """After `err` ended this rank's run (its line printed), with exit status `code` to come. A refusal every
+    rank reached together (`shared`, or a PeerError of the run's own): MPI shuts down in order, so the
+    launcher sees each rank end as it ended (without MPI_Finalize, hydra's default cleanup SIGKILLs the ranks
+    still exiting when the first one's PMI connection closes: exit 9, not 3). Anything else, a fault this
+    rank reports alone: MPI_Abort, which every launcher answers by stopping every rank, once the line is
+    out (a rank that does not report gives the one that does QUIET_GRACE_S to do it); this call does not
+    return."""
     w = _WORLD
-    if w is None or w.size == 1 or w._mpi is None or not getattr(err, "together", False):
+    if w is None or w.size == 1 or w._mpi is None or w._mpi.Is_finalized():
         return
-    if not w._mpi.Is_finalized():
+    if getattr(err, "together", False):
         w._mpi.Finalize()
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    time.sleep(QUIET_GRACE_S if getattr(err, "quiet", False) else OUTPUT_GRACE_S)
+    w._mpi.COMM_WORLD.Abort(code)
 
 
 def launched(environ: Any = None) -> tuple[int, int, str]:
@@ -181,6 +201,11 @@ class World:
         """`buf` (flat, contiguous) summed over the ranks in place, in calls of at most BUCKET_BYTES."""
         if self.size == 1:
             return
+        if os.environ.get(STOP_ENV) == f"{self.rank}:{what}":
+            from hloforge.train.checkpoint import mark
+
+            mark("stopped", self.step)
+            os.kill(os.getpid(), signal.SIGSTOP)
         per = max(1, BUCKET_BYTES // buf.itemsize)
         for i in range(0, len(buf), per):
             self.allreduce_calls += 1
@@ -328,16 +353,14 @@ def supervise(argv: Sequence[str]) -> None:
     the worker, alone, or where `WORKER_ENV` is set. The parent keeps its copy of the PMI connection (it
     closes when the parent exits, just after the worker: hydra then sees one process end, as without the
     parent), takes hydra's signals with the worker (one process group: SIGUSR1 and SIGINT reach both, so
-    it only notes them), passes a SIGTERM on, and exits with the worker's status as a code, never by a
-    signal (module doc). A worker killed by a signal nobody sent the job is named here, in one line: under
-    hydra's default cleanup the survivors are SIGKILLed before they could say it, and under
-    -disable-auto-cleanup they leave it to this line (`World.lost`)."""
+    it only notes them) and passes a SIGTERM on. A worker that exits gives the parent its exit status;
+    one that a signal ended takes the job down, the parent dying by SIGKILL (module doc), after one line
+    naming the signal where nobody sent it to the job: the survivors leave it to this line (`World.lost`)."""
     if os.environ.get(WORKER_ENV) == "1":
         _die_with_parent()
     if "PMI_FD" not in os.environ or WORKER_ENV in os.environ or launched()[1] == 1 or not hasattr(os, "fork"):
         return
     import subprocess
-    import sys
 
     sent: list[int] = []  # signals from the launcher or the user: the worker's end is theirs, not news
 
@@ -361,7 +384,9 @@ def supervise(argv: Sequence[str]) -> None:
         rank, size, _ = launched()
         sys.stderr.write(f"hloforge: error: {_died(rank, size, -code)}; the other ranks stopped\n")
         sys.stderr.flush()
-    os._exit(code if code >= 0 else 128 - code)
+    if code < 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+    os._exit(code)
 
 
 def _die_with_parent() -> None:
