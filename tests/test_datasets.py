@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gzip
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -11,7 +13,7 @@ import pytest
 from hloforge.core.errors import DataError
 from hloforge.core.registry import default_registry
 from hloforge.core.resample import bilinear_matrix
-from hloforge.datasets.digits import N_TRAIN, Digits
+from hloforge.datasets.digits import N_TRAIN, Digits, bundled_digits
 from hloforge.datasets.mnist import Mnist
 
 
@@ -45,6 +47,21 @@ def test_digits_split_is_fixed_and_standardised():
     assert set(np.unique(ya)) == set(range(10))
     with pytest.raises(DataError, match="no split 'val'"):
         a.arrays("val")
+
+
+def test_digits_read_from_the_bundled_file_are_load_digits_own() -> None:
+    from sklearn.datasets import load_digits
+
+    images, labels = bundled_digits()
+    d = load_digits()
+    assert np.array_equal(images, d.images) and np.array_equal(labels, d.target)
+
+
+def test_digits_load_without_importing_scikit_learn() -> None:
+    code = ("import sys; from hloforge.datasets.digits import Digits; Digits(); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sklearn', 'scipy', 'ml_dtypes')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_bilinear_matrix_rows_sum_to_one_and_preserve_constants():

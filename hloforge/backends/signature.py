@@ -3,6 +3,7 @@ arguments against (no runtime, no cffi: the IREE backend uses it as the XLA one 
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -25,14 +26,29 @@ DTYPES: list[tuple[np.dtype, str, str]] = [
     (np.dtype(np.complex64), "C64", "complex<f32>"),
     (np.dtype(np.complex128), "C128", "complex<f64>"),
 ]
-try:  # numpy has no bfloat16; ml_dtypes (a jax dependency) supplies it when present.
-    import ml_dtypes
 
-    DTYPES.append((np.dtype(ml_dtypes.bfloat16), "BF16", "bf16"))
-except ImportError:  # pragma: no cover - depends on the environment
-    pass
+
+@functools.cache
+def extension_dtypes() -> tuple[tuple[np.dtype, str, str], ...]:
+    """DTYPES' rows for what numpy lacks: bfloat16, from ml_dtypes (a jax dependency) where installed.
+    Looked up only where DTYPES has no match: importing ml_dtypes registers its ufunc loops one by
+    one, 0.6-0.8 s with numpy 2.4, which every process's start paid while it was imported here."""
+    try:
+        import ml_dtypes
+    except ImportError:  # pragma: no cover - depends on the environment
+        return ()
+    return ((np.dtype(ml_dtypes.bfloat16), "BF16", "bf16"),)
+
 
 _DTYPE_OF_MLIR = {mlir: dt for dt, _, mlir in DTYPES}
+
+
+def dtype_of_mlir(element_type: str) -> np.dtype | None:
+    """The numpy dtype of an MLIR element type ("f32", "bf16", ...); None where hloforge has none."""
+    found = _DTYPE_OF_MLIR.get(element_type)
+    if found is None:
+        found = next((dt for dt, _, mlir in extension_dtypes() if mlir == element_type), None)
+    return found
 
 
 @dataclass(frozen=True)
@@ -88,7 +104,7 @@ def _tensor_spec(type_text: str) -> tuple[tuple[int | None, ...] | None, np.dtyp
     if match is None:
         return None, None
     dims = tuple(None if d == "?" else int(d) for d in match.group(1).split("x")[:-1])
-    return dims, _DTYPE_OF_MLIR.get(match.group(2).strip())
+    return dims, dtype_of_mlir(match.group(2).strip())
 
 
 def parse_main_signature(mlir_text: str) -> list[ArgSpec] | None:

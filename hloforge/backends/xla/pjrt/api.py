@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from hloforge.backends.signature import DTYPES
+from hloforge.backends.signature import DTYPES, extension_dtypes
 from hloforge.backends.xla.pjrt.declarations import (
     _API_SIZE_NEEDED,
     _BUFFER_TYPE_CODES,
@@ -35,8 +35,19 @@ _CODE_OF_DTYPE = {dt: _BUFFER_TYPE_CODES[f"PJRT_Buffer_Type_{name}"] for dt, nam
 _DTYPE_OF_CODE = {code: dt for dt, code in _CODE_OF_DTYPE.items()}
 
 
+@functools.cache
+def _add_extension_dtypes() -> None:
+    """Add the rows looked up only on a miss (signature.extension_dtypes: bfloat16)."""
+    for dt, name, _ in extension_dtypes():
+        code = _BUFFER_TYPE_CODES[f"PJRT_Buffer_Type_{name}"]
+        _CODE_OF_DTYPE[dt], _DTYPE_OF_CODE[code] = code, dt
+
+
 def _buffer_type(dtype: np.dtype) -> int:
     code = _CODE_OF_DTYPE.get(dtype)
+    if code is None:
+        _add_extension_dtypes()
+        code = _CODE_OF_DTYPE.get(dtype)
     if code is None:
         supported = ", ".join(str(dt) for dt in _CODE_OF_DTYPE)
         raise BackendError(f"dtype {dtype} is not supported by the XLA backend (supported: {supported})")
@@ -44,6 +55,8 @@ def _buffer_type(dtype: np.dtype) -> int:
 
 
 def _dtype_of(code: int) -> np.dtype:
+    if code not in _DTYPE_OF_CODE:
+        _add_extension_dtypes()
     dtype = _DTYPE_OF_CODE.get(code)
     if dtype is None:
         name = ffi.typeof("PJRT_Buffer_Type").elements.get(code, str(code))
@@ -62,8 +75,8 @@ Doing = str | Callable[[], str]
 @functools.cache
 def _args_type(name: str) -> tuple[object, int]:
     """The cffi pointer type of ``PJRT_<name>_Args`` and its struct_size (the hot path asks often)."""
-    ctype = f"PJRT_{name}_Args"
-    return ffi.typeof(ctype + "*"), _struct_size(ctype)
+    pointer = ffi.typeof(f"PJRT_{name}_Args*")
+    return pointer, _struct_size(pointer.item)
 
 
 class Api:

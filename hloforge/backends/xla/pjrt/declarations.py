@@ -6,6 +6,7 @@ No C compiler is involved: the plugin is opened with ``ffi.dlopen`` (see :mod:`.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import cffi
 
@@ -469,9 +470,10 @@ _ERROR_CODE_NAMES: dict[int, str] = {
 
 
 @functools.cache
-def _struct_size(ctype: str) -> int:
-    """The header's PJRT_STRUCT_SIZE: offset of the last field plus that field's size."""
-    _, last = ffi.typeof(ctype).fields[-1]
+def _struct_size(ctype: Any) -> int:
+    """The header's PJRT_STRUCT_SIZE: offset of the last field plus that field's size. `ctype`: the
+    struct's name or its cffi type (each name is parsed by pycparser once a process, ~3 ms)."""
+    _, last = (ffi.typeof(ctype) if isinstance(ctype, str) else ctype).fields[-1]
     return last.offset + ffi.sizeof(last.type)
 
 
