@@ -19,6 +19,8 @@ table's "peak RSS" rows are that child's peak resident set size, MB.
 
 All start from ``spec.init_params(seed)`` and see the same batches, so their
 first-step losses must agree (printed as a sanity check; a mismatch fails).
+Setup is counted alike for every backend: from the spec to a step-ready
+state — θ drawn and placed, the optimizer state made, the step compiled.
 It also measures dispatch overhead: µs per call of a 1-element graph
 (``a + 1``) including the scalar's trip to the device and back.
 
