@@ -13,7 +13,7 @@ import pytest
 from hloforge.core.errors import DataError
 from hloforge.core.registry import default_registry
 from hloforge.core.resample import bilinear_matrix
-from hloforge.datasets.digits import N_TRAIN, Digits, bundled_digits
+from hloforge.datasets.digits import N_TRAIN, Digits, bundled_digits, read_digits_table
 from hloforge.datasets.mnist import Mnist
 
 
@@ -55,6 +55,13 @@ def test_digits_read_from_the_bundled_file_are_load_digits_own() -> None:
     images, labels = bundled_digits()
     d = load_digits()
     assert np.array_equal(images, d.images) and np.array_equal(labels, d.target)
+
+
+def test_a_truncated_digits_file_is_one_line(tmp_path) -> None:
+    path = tmp_path / "digits.csv.gz"
+    path.write_bytes(gzip.compress(b"0,1,2\n3,4,5\n" * 100)[:-12])
+    with pytest.raises(DataError, match=r"digits file .*digits.csv.gz cannot be read .*; reinstall scikit-learn"):
+        read_digits_table(path)
 
 
 def test_digits_load_without_importing_scikit_learn() -> None:

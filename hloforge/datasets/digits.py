@@ -24,6 +24,14 @@ N_TRAIN = 1437
 N_IMAGES = 1797
 
 
+def read_digits_table(path: Path) -> np.ndarray:
+    """The digits' CSV table (a row: 64 pixels, then the label); a file that cannot be read is one line."""
+    try:
+        return np.loadtxt(path, delimiter=",", ndmin=2)
+    except (OSError, EOFError, ValueError) as e:
+        raise DataError(f"scikit-learn's digits file {path} cannot be read ({e}); reinstall scikit-learn") from None
+
+
 def bundled_digits() -> tuple[np.ndarray, np.ndarray]:
     """scikit-learn's digits: images [1797, 8, 8] (0..16) and their labels. Its bundled file is read
     without importing scikit-learn, whose import (scipy.stats with it) took 1.2 s of every run's
@@ -32,7 +40,7 @@ def bundled_digits() -> tuple[np.ndarray, np.ndarray]:
     if sklearn is not None and sklearn.origin is not None:
         path = Path(sklearn.origin).parent / "datasets" / "data" / "digits.csv.gz"
         if path.is_file():
-            table = np.loadtxt(path, delimiter=",")  # a row: 64 pixels, then the label
+            table = read_digits_table(path)
             if table.shape == (N_IMAGES, 65):
                 return table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(np.int64)
     from sklearn.datasets import load_digits
