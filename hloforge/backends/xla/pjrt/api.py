@@ -55,9 +55,10 @@ def _buffer_type(dtype: np.dtype) -> int:
 
 
 def _dtype_of(code: int) -> np.dtype:
-    if code not in _DTYPE_OF_CODE:
-        _add_extension_dtypes()
     dtype = _DTYPE_OF_CODE.get(code)
+    if dtype is None:
+        _add_extension_dtypes()
+        dtype = _DTYPE_OF_CODE.get(code)
     if dtype is None:
         name = ffi.typeof("PJRT_Buffer_Type").elements.get(code, str(code))
         raise BackendError(f"the XLA backend has no numpy dtype for buffer element type {name}")
