@@ -173,11 +173,14 @@ def test_broken_backward_of_each_form_turns_its_gate_red(name: str, forced: tupl
 
 # ------------------------------------------------------------------ blocked BN sums
 @pytest.mark.parametrize(("shape", "dims", "stages"), [
-    ((128, 28, 28, 16), [0, 1, 2], 2),  # mobilenetv2-mini's BN: 128 = 4 blocks of 32
+    ((128, 28, 28, 16), [0, 1, 2], 4),  # mobilenetv2-mini's BN: W, H, then 128 = 4 blocks of 32
     ((64, 40, 3), [0, 1], 2),  # two long axes, 40 = 2 blocks of 20
     ((3, 66, 5), [1], 2),  # 66 = 3 blocks of 22
-    ((37, 28, 5), [0, 1], 1),  # 37 has no divisor in 8..32: one plain sum
-    ((32, 32, 8), [0, 1], 1),  # nothing over 32: one plain sum
+    ((37, 28, 5), [0, 1], 2),  # 28 first; 37 has no divisor in 8..32: one plain sum
+    ((37, 5), [0], 1),  # the same alone
+    ((32, 32, 8), [0, 1], 2),  # nothing over 32: the minor reduced axis, then the other
+    ((32, 32, 32, 8), [0, 1, 2], 3),  # resnet18-cifar's BN at batch 32: W, H, then N
+    ((32, 8), [0], 1),  # one short axis: one plain sum
 ])
 def test_blocked_sum_is_the_sum(shape: tuple[int, ...], dims: list[int], stages: int) -> None:
     x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
@@ -191,16 +194,16 @@ def test_blocked_sum_is_the_sum(shape: tuple[int, ...], dims: list[int], stages:
 
 def test_blocked_bn_is_gated_and_a_wrong_block_sum_turns_it_red(monkeypatch: pytest.MonkeyPatch) -> None:
     """bnReduce=blocked (XLA's default) renders BN's sums in blocks where an axis is over 32 (the
-    (2, 3, 40) case) and the two-pass module elsewhere; its gate case goes red when the blocked
-    sums are wrong (the last block left out)."""
+    (2, 3, 40) case) and in two stages where only short axes are (the (3, 4, 5) case); both gate cases
+    pass, and the first goes red when the blocked sums are wrong (the last block left out)."""
     def step(shape: Shape, form: str) -> str:
         with strategy.forced({"bnReduce": form}):
             return train_step_module(NetSpec("bn", shape, [BatchNorm(), Flatten(), Dense(2)], 2),
                                      Variant("sgd"), 2)[0]
 
-    assert step((3, 4, 5), "blocked") == step((3, 4, 5), "twoPass")
-    assert "optimization_barrier" in step((2, 3, 40), "blocked") and step((2, 3, 40), "twoPass") != step(
-        (2, 3, 40), "blocked")
+    for shape in ((3, 4, 5), (2, 3, 40)):
+        assert "optimization_barrier" in step(shape, "blocked") and step(shape, "twoPass") != step(shape, "blocked")
+    assert _case("batchNorm", (("bnReduce", "blocked"),), (3, 4, 5)).run().passed
     case = _case("batchNorm", (("bnReduce", "blocked"),), (2, 3, 40))
     assert case.run().passed
     real = Builder.blocked_sum

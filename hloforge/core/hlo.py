@@ -473,13 +473,20 @@ class Builder(StructuredOps):
         return self.reduce(a, range(a.type.rank) if dims is None else dims, "sum")
 
     def blocked_sum(self, a: Value, dims: Sequence[int]) -> Value:
-        """Σ a over `dims` in two stages: within blocks along each reduced axis longer than
-        SUM_BLOCK (split as (n/q, q), q the largest divisor of n in MIN_SUM_BLOCK..SUM_BLOCK), then
-        across the blocks, behind an optimization barrier (XLA's simplifier would merge the two
-        reduces back into one). One plain sum where no axis is that long, or one has no such divisor.
+        """Σ a over `dims` in stages, each behind an optimization barrier (XLA's simplifier would
+        merge consecutive reduces back into one). While more than one axis is reduced and the
+        minor-most of them is at most SUM_BLOCK long, that axis alone first. Then within blocks along
+        each reduced axis longer than SUM_BLOCK (split as (n/q, q), q the largest divisor of n in
+        MIN_SUM_BLOCK..SUM_BLOCK), then across the blocks; one plain sum where no axis is that long,
+        or one has no such divisor.
         (XLA's CPU compiler rewrites a reduction with an axis longer than 32 into a reduce-window its
-        own loop emitter runs; one whose axes are all short it hands to YNNPACK's, 2–4× faster.)"""
+        own loop emitter runs; one whose axes are all short it hands to YNNPACK's, 2–4× faster, unless
+        it fuses an elementwise producer into it, as it does BN's Σ(x − μ)². Then its own emitter sums
+        each output element over every reduced row, a row apart in memory; the minor axis first keeps
+        an output's rows within a few cache lines.)"""
         dims = sorted(dims)
+        if len(dims) > 1 and a.shape[dims[-1]] <= SUM_BLOCK:
+            return self.blocked_sum(self.optimization_barrier(self.sum(a, dims[-1:])), dims[:-1])
         shape: list[int] = []
         inner: list[int] = []  # the first stage's axes (of the split shape)
         outer: list[int] = []  # the block axes, which the second stage sums

@@ -289,7 +289,8 @@ PARAM_LAYOUT = StrategyKind("paramLayout", ("public", "hwio"),
 # The transpose of a broadcast is a sum (every bias's, LayerNorm γ/β's and scale's gradient).
 SUMS = StrategyKind("sums", ("plain", "blocked"),
                     "the sums autodiff takes for a broadcast's gradient (a bias's, a norm's γ/β): one reduce, or "
-                    "within blocks of at most 32 along each long axis first", per_layer=False)
+                    "in stages: a short minor axis alone, then long axes within blocks of at most 32, first",
+                    per_layer=False)
 CORE_KINDS = (LAYOUT, UPDATE, PARAM_LAYOUT, SUMS)
 
 NCHW, NHWC = "NCHW", "NHWC"

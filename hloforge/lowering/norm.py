@@ -7,10 +7,11 @@ Batch norm takes the form the strategy kind "bnReduce" picks for the module's ta
 
 - "twoPass": the forward reads x for Σx, again for Σ(x − μ)², and the backward reduces Σḡ, Σḡ·x̂
   (for ∂β, ∂γ) and Σĝ, Σĝ·x̂ (for ∂x) as four sums.
-- "blocked": two-pass, each sum taken in two stages (`Builder.blocked_sum`): within blocks of at most 32
-  along every reduced axis, then across the blocks. XLA's CPU compiler rewrites a reduction with
-  an axis longer than 32 into a reduce-window its own loop emitter runs; one whose axes are all
-  short it hands to YNNPACK's reduction, 2–4× faster.
+- "blocked": two-pass, each sum taken in stages (`Builder.blocked_sum`): the minor reduced axis alone
+  first while it is at most 32 long (and more axes are reduced), then within blocks of at most 32
+  along every reduced axis, then across the blocks. XLA's CPU compiler rewrites a reduction with an
+  axis longer than 32 into a reduce-window its own loop emitter runs; one whose axes are all short
+  it hands to YNNPACK's reduction, 2–4× faster, unless an elementwise producer is fused into it.
 - "fused": one variadic reduce of Σd and Σd² with d = x − K, K each statistic's first element of
   x (a shift: the textbook E[x²] − E[x]² cancels catastrophically once |μ| ≫ σ, while
   Σd² − (Σd)²/m about a sample of the data loses only what |K − μ| ~ σ costs, and a constant
@@ -31,7 +32,8 @@ from hloforge.core.strategy import StrategyKind
 # which layers gain otherwise is the autotuner's call (measured: benchmarks/NOTES.md).
 BN_REDUCE = StrategyKind("bnReduce", ("twoPass", "fused", "blocked"),
                          "batch-norm statistics and backward sums in two passes each, one variadic reduce "
-                         "each, or two passes summing blocks of at most 32 along each axis first (see norm.py)")
+                         "each, or two passes summed in stages (a short minor axis alone, then blocks of at most 32, "
+                         "first; see norm.py)")
 
 
 def normalize(b: Builder, x: Value, gamma: Value, beta: Value, reduce: Sequence[int], axis: int,
