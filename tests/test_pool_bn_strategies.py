@@ -194,7 +194,7 @@ def test_blocked_sum_is_the_sum(shape: tuple[int, ...], dims: list[int], stages:
 
 def test_blocked_bn_is_gated_and_a_wrong_block_sum_turns_it_red(monkeypatch: pytest.MonkeyPatch) -> None:
     """bnReduce=blocked (XLA's default) renders BN's sums in blocks where an axis is over 32 (the
-    (2, 3, 40) case) and in two stages where only short axes are (the (3, 4, 5) case); both gate cases
+    (2, 3, 40) case) and in stages, minor axis first, where only short axes are (the (3, 4, 5) case); both gate cases
     pass, and the first goes red when the blocked sums are wrong (the last block left out)."""
     def step(shape: Shape, form: str) -> str:
         with strategy.forced({"bnReduce": form}):

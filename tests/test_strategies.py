@@ -101,7 +101,7 @@ def test_xla_renders_what_it_always_rendered() -> None:
     assert "maxPool" in portable
     assert _step_text(SMALL, "xla", portable) == _step_text(SMALL, None)
     assert _step_text(SMALL, "xla") != _step_text(SMALL, None)
-    # XLA's barriers are the in-backward update's (one per parameter) and the blocked sums' (between their two
+    # XLA's barriers are the in-backward update's (one per parameter) and the blocked sums' (between their
     # stages); IREE's conv transposes take none there
     assert "stablehlo.optimization_barrier" in _step_text(SMALL, "xla", {"update": "after_backward"})
     unstaged = {"update": "after_backward", "sums": "plain", "bnReduce": "twoPass"}
