@@ -311,6 +311,63 @@ def test_flipped_data_input_gradient_is_gated_and_a_broken_one_turns_it_red(
     assert not result.passed, f"\n{HEADER}\n{result.row()}"
 
 
+def test_strided_input_gradient_by_phases_is_gated_and_a_broken_one_turns_it_red(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chunked form (XLA's) takes a strided conv's ∂x as one GEMM summed by output phase, never
+    as a convolution over ḡ dilated by zeros. Its gate cases (stride 2, "valid" on 7×7 and "same"
+    on 6×5: a short last phase) pass as XLA renders them; a tap read from its neighbour's block of
+    the GEMM turns them red."""
+    from hloforge.lowering import conv
+
+    cases = [c for c in _cases("conv2d") if c.shape in ((2, 7, 7), (2, 6, 5)) and c.strategy == CHUNKED_XLA
+             and c.mode == "train"]
+    assert len(cases) == 2
+    for case in cases:
+        with strategy.forced(dict(CHUNKED_XLA)):
+            text = vjp_module([case.obj], case.shape, 2)
+        assert set(re.findall(r"lhs_dilate = \[([\d, ]*)\]", text)) == {"1, 1"}  # no ḡ dilated by zeros
+        assert case.run().passed
+    real = conv._dx_by_phases
+
+    def shifted_blocks(b, g, hw, k, stride, pads, layout, channels, term):  # type: ignore[no-untyped-def]
+        return real(b, g, hw, k, stride, pads, layout, channels,
+                    lambda gp, i, j, start, limit: term(gp, (i + 1) % k, j, start, limit))
+
+    monkeypatch.setattr(conv, "_dx_by_phases", shifted_blocks)
+    for case in cases:
+        result = case.run()
+        assert not result.passed, f"\n{HEADER}\n{result.row()}"
+
+
+def test_strided_pointwise_conv_is_one_gemm_gated_and_a_broken_one_turns_it_red(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 1×1, unpadded conv of stride 2 (a ResNet's shortcut) is, in the chunked form, the GEMM of
+    every second pixel: no convolution is rendered, the gate passes, and the GEMM over the wrong
+    pixels turns it red."""
+    from hloforge.lowering import conv
+
+    assert conv.is_strided_pointwise(1, 2, 1, [(0, 0), (0, 0)])
+    assert not conv.is_strided_pointwise(1, 1, 1, [(0, 0), (0, 0)])  # stride 1: the pointwise kind's
+    assert not conv.is_strided_pointwise(1, 2, 1, [(1, 1), (1, 1)])
+    assert not conv.is_strided_pointwise(3, 2, 1, [(0, 0), (0, 0)])
+    case = next(c for c in _cases("conv2d") if c.shape == (3, 5, 6) and c.strategy == CHUNKED_XLA
+                and c.mode == "train")
+    with strategy.forced(dict(CHUNKED_XLA)):
+        text = vjp_module([case.obj], case.shape, 2)
+    assert "stablehlo.convolution" not in text and "stablehlo.dot_general" in text
+    assert case.run().passed
+    real = conv.pointwise_dot
+
+    def odd_pixels(b, x, w):  # type: ignore[no-untyped-def]
+        n, h, wd, c = x.shape
+        shifted = b.pad(b.slice(x, [0, 1, 1, 0], [n, h, wd, c]), [0, 0, 0, 0], [0, 1, 1, 0])
+        return real(b, shifted, w)
+
+    monkeypatch.setattr(conv, "pointwise_dot", odd_pixels)
+    result = case.run()
+    assert not result.passed, f"\n{HEADER}\n{result.row()}"
+
+
 def test_im2col_gemm_conv_is_gated_and_a_broken_one_turns_it_red(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where a conv's kernel is at least twice its input, the chunked form (XLA's) runs it as one
     im2col GEMM with autodiff's backward. Its gate case (stride 2, padding (0, 1)) renders no

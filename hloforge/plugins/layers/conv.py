@@ -107,6 +107,7 @@ class Conv2d(Layer):
             (cls(3, k=3, stride=2, groups=3, pad=1), (3, 5, 5)),  # ... its ∂x by phase, the last one short
             (cls(2, k=2, stride=3, groups=2, pad="valid"), (2, 7, 7)),  # ... phases no tap reaches
             (cls(3, k=1, stride=2, pad=1), (2, 5, 5)),  # padding wider than the kernel: ∂x crops ḡ's dilation
+            (cls(4, k=1, stride=2, pad="valid"), (3, 5, 6)),  # strided pointwise: chunked is one GEMM
             (cls(5, k=1, act="relu"), (3, 4, 3)),  # pointwise
         ]
 
