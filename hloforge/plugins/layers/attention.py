@@ -144,12 +144,8 @@ class MultiHeadSelfAttention(Layer):
 
     def forward(self, b: Builder, x: Value, params: Mapping[str, Value], ctx: Ctx) -> Value:
         bsz, n, d = x.shape
-        h, dh = self.heads, d // self.heads
         qkv = b.dot_general(x, params["qkv.w"], ([2], [0])) + b.broadcast_to(params["qkv.b"], (bsz, n, 3 * d))
-        # q, k, v: slices of the last axis, each to heads [B, H, N, dh] (XLA: vit-cifar's step 181–183
-        # against 191–192 ms with one 5-D transpose of the whole qkv; IREE the same either way)
-        q, k, v = (b.transpose(b.reshape(b.slice(qkv, [0, 0, i * d], [bsz, n, (i + 1) * d]), (bsz, n, h, dh)),
-                               [0, 2, 1, 3]) for i in range(3))
+        q, k, v = _split_heads(b, qkv, self.heads)
         if self.rope:
             q, k = apply_rope(b, q, self.rope_base), apply_rope(b, k, self.rope_base)
         o = attention_core(b, q, k, v, self.attention, self.causal, self.block)
@@ -171,6 +167,25 @@ class MultiHeadSelfAttention(Layer):
         return [(cls(2, causal=True, rope=True), (4, 4)),
                 (cls(1, attention="flash", causal=True, block=2), (4, 2)),
                 (cls(2, attention="flash", rope=True), (4, 4))]
+
+
+def _split_heads(b: Builder, qkv: Value, heads: int) -> list[Value]:
+    """q, k, v [B, H, N, dh] from qkv [B, N, 3·D]: slices of the last axis, each to heads (XLA:
+    vit-cifar's step 181–183 against 191–192 ms with one 5-D transpose of the whole qkv; IREE the
+    same either way). The backward lays the three cotangents side by side with one concatenate;
+    autodiff's (each slice's transpose a zero pad to 3·D, the three added) wrote every element
+    three times."""
+    bsz, n, d3 = qkv.shape
+    d = d3 // 3
+
+    def split(qkv: Value) -> list[Value]:
+        return [b.transpose(b.reshape(b.slice(qkv, [0, 0, i * d], [bsz, n, (i + 1) * d]), (bsz, n, heads, d // heads)),
+                            [0, 2, 1, 3]) for i in range(3)]
+
+    def join(b: Builder, *cts: Value) -> list[Value]:
+        return [b.concatenate([b.reshape(b.transpose(ct, [0, 2, 1, 3]), (bsz, n, d)) for ct in cts], 2)]
+
+    return b.custom_vjp(split, join, qkv)
 
 
 @attrs.frozen
