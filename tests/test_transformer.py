@@ -224,11 +224,14 @@ def test_flash_and_dense_nets_compute_the_same_logits():
 
 # ------------------------------------------------------------------ the text dataset
 def test_text_dataset_vocab_windows_and_baseline(tmp_path):
-    from hloforge.datasets.text import IGNORE, OTHER, Text
+    from hloforge.datasets.text import IGNORE, OTHER, VAL_FRACTION, Text, default_corpus
 
     d = Text()
     assert d.num_classes == 65 and len(d.chars) == 65 and d.chars[-1] == OTHER
-    assert len(d.train_ids) + len(d.val_ids) == 465_126
+    # the corpus is this interpreter's pydoc topics: 465,126 characters on 3.11.7, 466,175 on 3.11.2
+    corpus = len(default_corpus())
+    assert corpus > 400_000
+    assert len(d.train_ids) == int(corpus * (1 - VAL_FRACTION)) and len(d.train_ids) + len(d.val_ids) == corpus
     x, y = d.arrays("train")
     assert x.shape[1] == 64 and x.dtype == np.float32 and y.dtype == np.int32
     assert np.array_equal(x[0, 1:], y[0, :-1]) and y[0, -1] == x[1, 0]

@@ -1,8 +1,9 @@
 """`text`: character-level language modelling on any UTF-8 file (`--data text --data-file PATH`).
 
 The embedded default corpus is the Python standard library's `pydoc_data.topics` (the help
-topics, every topic's text in sorted key order joined by blank lines: 465,126 characters), so
-training works on any machine with no download.
+topics, every topic's text in sorted key order joined by blank lines: 465,126 characters on
+Python 3.11.7, a few more or fewer on other patch releases), so training works on any machine with
+no download.
 
 * Split by position: the first 90% of the characters train, the last 10% validate.
 * Vocabulary (`vocab` = 65 by default, tinygpt-nano's): the `vocab − 1` most frequent characters
