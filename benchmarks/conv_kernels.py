@@ -42,7 +42,7 @@ PARTS = ("fwd", "dx", "dw")
 
 def hf_module(part: str, n: int, c: int, o: int, h: int, k: int, s: int) -> str:
     p = k // 2
-    oh = (h + 2 * p - k) // s + 1
+    oh = conv.window_out(h, k, s, (p, p))
     b = Builder("f32", f"conv_{part}", "xla")
     x, w, g = b.arg((n, h, h, c)), b.arg((k, k, c, o)), b.arg((n, oh, oh, o))
     y = conv.nhwc_conv2d(b, x, w, stride=s, pads=[(p, p), (p, p)])
@@ -54,7 +54,7 @@ def torch_runs(n: int, c: int, o: int, h: int, k: int, s: int, channels_last: bo
     import torch
 
     p = k // 2
-    oh = (h + 2 * p - k) // s + 1
+    oh = conv.window_out(h, k, s, (p, p))
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     x = torch.randn(n, c, h, h).contiguous(memory_format=fmt)
     w = torch.randn(o, c, k, k).contiguous(memory_format=fmt)

@@ -109,7 +109,7 @@ def is_pointwise(k: int, stride: int, groups: int, pads: Sequence[tuple[int, int
 def is_strided_pointwise(k: int, stride: int, groups: int, pads: Sequence[tuple[int, int]]) -> bool:
     """A 1×1, ungrouped, unpadded conv of stride > 1 (a ResNet's downsampling shortcut): a GEMM over
     every s-th pixel, which the chunked form (XLA's) runs as one (`nhwc_conv2d`)."""
-    return k == 1 and stride > 1 and groups == 1 and not any(lo or hi for lo, hi in pads)
+    return stride > 1 and is_pointwise(k, 1, groups, pads)
 
 
 def conv_strategies(channels: int, out: int, groups: int, pointwise: bool = False) -> tuple[str, ...]:
