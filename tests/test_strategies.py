@@ -293,7 +293,7 @@ def test_flipped_data_input_gradient_is_gated_and_a_broken_one_turns_it_red(
     it, and leaving out the final flip turns it red."""
     from hloforge.lowering import conv
 
-    assert conv.flips_data_for_dx((32, 4, 4, 512), (3, 3, 512, 512), 1, 1)  # resnet18-cifar's last stage
+    assert conv.flips_data_for_dx((32, 4, 4, 512), (3, 3, 512, 512), 1, 1)  # resnet18-cifar's last stage (Winograd's)
     assert not conv.flips_data_for_dx((32, 32, 32, 64), (3, 3, 64, 64), 1, 1)  # ... and its first
     assert not conv.flips_data_for_dx((32, 4, 4, 512), (3, 3, 512, 512), 2, 1)
     assert not conv.flips_data_for_dx((32, 4, 4, 512), (3, 3, 256, 512), 1, 2)
@@ -374,7 +374,7 @@ def test_im2col_gemm_conv_is_gated_and_a_broken_one_turns_it_red(monkeypatch: py
     convolution and passes as XLA renders it; taps laid out against the kernel's order turn it red."""
     from hloforge.lowering import conv
 
-    assert conv.gemm_outruns_conv((32, 4, 4, 512), (3, 3, 512, 512), 1)  # resnet18-cifar's last stage
+    assert conv.gemm_outruns_conv((32, 4, 4, 512), (3, 3, 512, 512), 1)  # resnet18-cifar's last stage (Winograd's)
     assert conv.gemm_outruns_conv((32, 8, 8, 256), (3, 3, 256, 512), 1)  # ... and the stride-2 conv into it
     assert not conv.gemm_outruns_conv((32, 8, 8, 256), (3, 3, 256, 256), 1)  # the stage before: the conv's
     assert not conv.gemm_outruns_conv((32, 4, 4, 512), (1, 1, 512, 512), 1)  # pointwise: its own kind
@@ -392,6 +392,43 @@ def test_im2col_gemm_conv_is_gated_and_a_broken_one_turns_it_red(monkeypatch: py
     monkeypatch.setattr(conv, "_shifted_taps", reversed_taps)
     result = case.run()
     assert not result.passed, f"\n{HEADER}\n{result.row()}"
+
+
+def test_winograd_conv_is_gated_and_a_broken_one_turns_it_red(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 3×3 stride-1 conv of 128 channels or more a side is, in the chunked form (XLA's), Winograd's
+    F(2×2, 3×3): 16 batched GEMMs, no convolution. Its gate case (odd sizes: the 2×2 tiles cropped)
+    passes, and so does every 3×3 stride-1 conv case of conv2d and convBn in the Winograd form (the
+    width rule lowered to 1: "same" and "valid" padding, with and without BN). Breaking either
+    transform's written adjoint turns them red."""
+    from hloforge.lowering import conv, winograd
+
+    assert conv.takes_winograd((3, 3, 128, 128), 1, 1)  # resnet18-cifar's second stage on
+    assert not conv.takes_winograd((3, 3, 64, 64), 1, 1)  # ... not its first
+    assert not conv.takes_winograd((3, 3, 128, 256), 2, 1)
+    assert not conv.takes_winograd((3, 3, 128, 128), 1, 2)
+    assert not conv.takes_winograd((5, 5, 128, 128), 1, 1)
+    wide = next(c for c in _cases("conv2d") if c.shape == (128, 3, 5) and c.strategy == CHUNKED_XLA)
+    with strategy.forced(dict(CHUNKED_XLA)):
+        text = vjp_module([wide.obj], wide.shape, 2)
+    assert "stablehlo.convolution" not in text and "batching_dims = [0] x [0]" in text
+    assert wide.run().passed
+    monkeypatch.setattr(conv, "WINOGRAD_MIN_CHANNELS", 1)
+    small = [c for name in ("conv2d", "convBn") for c in _cases(name)
+             if set(CHUNKED_XLA) <= set(c.strategy) and c.mode == "train" and getattr(c.obj, "k", 0) == 3
+             and getattr(c.obj, "stride", 0) == 1 and getattr(c.obj, "groups", 1) == 1 and c.shape != wide.shape]
+    assert len(small) >= 3
+    for case in [wide, *small]:
+        result = case.run()
+        assert result.passed, f"\n{HEADER}\n{result.row()}"
+    tiles_in_adjoint, tiles_out_adjoint = winograd._tiles_in_adjoint, winograd._tiles_out_adjoint
+    faults = [("_tiles_in_adjoint", lambda b, parts, axis: tiles_in_adjoint(b, parts[::-1], axis)),
+              ("_tiles_out_adjoint", lambda b, g, axis: tiles_out_adjoint(b, g, axis)[::-1])]
+    for name, broken in faults:
+        with monkeypatch.context() as m:
+            m.setattr(winograd, name, broken)
+            for case in [wide, small[0]]:
+                result = case.run()
+                assert not result.passed, f"{name} broken\n{HEADER}\n{result.row()}"
 
 
 def test_shifted_depthwise_backward_is_gated_and_a_broken_one_turns_it_red() -> None:

@@ -18,8 +18,9 @@ An NHWC conv's backward is what the kind "convGrad" picks:
   large (see `dw_chunk`; one while loop over the chunks for an ungrouped conv), ∂x on flipped
   activations where the kernel outweighs them (`flips_data_for_dx`), a strided conv's ∂x as one
   GEMM summed by output phase (`_dense_dx_by_phases`), the whole conv one im2col GEMM where the
-  kernel outweighs its input GEMM_KERNEL_RATIO times (`gemm_outruns_conv`), and a strided 1×1
-  conv the GEMM of its strided view (`is_strided_pointwise`).
+  kernel outweighs its input GEMM_KERNEL_RATIO times (`gemm_outruns_conv`), a strided 1×1
+  conv the GEMM of its strided view (`is_strided_pointwise`), and a wide 3×3 stride-1 conv
+  Winograd's F(2×2, 3×3), forward and backward (`takes_winograd`, lowering/winograd.py).
 - "autodiff": autodiff's, as for "nchw" (in an NHWC stretch, free of NCHW↔NHWC relayouts).
 
 A depthwise conv (groups = in = out channels) first consults the kind "depthwise":
@@ -49,6 +50,7 @@ import numpy as np
 from hloforge.core import autodiff, strategy
 from hloforge.core.hlo import NUMPY_DTYPE, Builder, ConvSpec, Value
 from hloforge.core.strategy import StrategyKind
+from hloforge.lowering import winograd
 
 
 def window_out(n: int, k: int, stride: int, pads: tuple[int, int]) -> int:
@@ -65,6 +67,10 @@ DW_CHUNK_MIN_PIXELS = 14 * 14
 # XLA's CPU runs a convolution whose kernel outweighs its activations below its GEMM speed, most of
 # all the backward; where the kernel is about the activations' size the conv still wins (benchmarks/NOTES.md).
 GEMM_KERNEL_RATIO = 2
+
+# Winograd's transforms read and write 4× the image per pass; below this many channels a side the
+# GEMMs they shrink are too thin to pay for that (resnet18-cifar's 64-wide convs ran slower).
+WINOGRAD_MIN_CHANNELS = 128
 
 
 def dw_chunk(x_shape: Sequence[int], g_shape: Sequence[int], dtype: str) -> int | None:
@@ -84,8 +90,9 @@ CONV_GRAD = StrategyKind("convGrad", ("written", "autodiff", "chunked"),
                          "shifted dots), autodiff's (the backend's own transposed convolutions), or autodiff's "
                          f"with ∂w summed over batch chunks whose x and ḡ fit in {DW_CHUNK_BYTES >> 20} MiB "
                          f"where ḡ is at least {DW_CHUNK_MIN_PIXELS} pixels, ∂x taken on flipped "
-                         "activations where the kernel outweighs them, and the conv an im2col GEMM "
-                         f"where the kernel is at least {GEMM_KERNEL_RATIO}× its input")
+                         "activations where the kernel outweighs them, the conv an im2col GEMM "
+                         f"where the kernel is at least {GEMM_KERNEL_RATIO}× its input, and a 3×3 stride-1 conv "
+                         f"of at least {WINOGRAD_MIN_CHANNELS} channels a side Winograd's F(2×2, 3×3)")
 POINTWISE = StrategyKind("pointwise", ("conv", "dot"),
                          "a 1×1 stride-1 conv in NHWC as a convolution, or as the GEMM over its pixels it is")
 SHIFTED_MAX_K = 5  # k² + 1 = 26 buffers in ∂w's reduce, within a 32-binding dispatch
@@ -319,10 +326,12 @@ def hwio(b: Builder, w: Value) -> Value:
 def nhwc_conv2d(b: Builder, x: Value, w: Value, *, stride: int, pads: Sequence[tuple[int, int]],
                 groups: int = 1) -> Value:
     """x [N, H, W, C] ⊛ w [k, k, C/groups, O] -> [N, OH, OW, O], differentiated as "convGrad" says."""
-    pads = [tuple(p) for p in pads]
+    pads = [(lo, hi) for lo, hi in pads]
     if is_pointwise(w.shape[0], stride, groups, pads) and strategy.chosen("pointwise", b.target) == "dot":
         return pointwise_dot(b, x, w)
     form = strategy.chosen("convGrad", b.target)
+    if form == "chunked" and takes_winograd(w.shape, stride, groups):
+        return winograd.winograd_conv(b, x, w, pads)
     if form == "chunked" and gemm_outruns_conv(x.shape, w.shape, groups):
         return im2col_conv(b, x, w, stride, pads)
     if form == "chunked" and is_strided_pointwise(w.shape[0], stride, groups, pads):
@@ -445,6 +454,14 @@ def _looped_kernel_grad(b: Builder, x: Value, g: Value, w_shape: Sequence[int], 
         dw = dw + _eigen_kernel_grad(b, b.slice(x, [lo, 0, 0, 0], list(x.shape)),
                                      b.slice(g, [lo, 0, 0, 0], list(g.shape)), k, stride, pads)
     return b.transpose(dw, [1, 2, 0, 3])
+
+
+def takes_winograd(w_shape: Sequence[int], stride: int, groups: int) -> bool:
+    """Whether the chunked form (XLA's) runs an NHWC conv as Winograd's F(2×2, 3×3)
+    (`winograd.winograd_conv`): an ungrouped 3×3 stride-1 conv at least WINOGRAD_MIN_CHANNELS wide
+    on both sides."""
+    return (tuple(w_shape[:2]) == (3, 3) and stride == 1 and groups == 1
+            and min(w_shape[2], w_shape[3]) >= WINOGRAD_MIN_CHANNELS)
 
 
 def gemm_outruns_conv(x_shape: Sequence[int], w_shape: Sequence[int], groups: int) -> bool:

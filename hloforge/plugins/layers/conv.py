@@ -98,6 +98,7 @@ class Conv2d(Layer):
     def gate_cases(cls) -> list[tuple[Layer, Shape]]:
         return [
             (cls(4, k=3, act="relu"), (3, 6, 6)),
+            (cls(3, k=3, pad="valid"), (2, 5, 4)),
             (cls(8, k=2, act="relu"), (8, 3, 4)),  # kernel over activations: chunked ∂x on flipped ḡ; pads (0, 1)
             (cls(8, k=3, stride=2, act="relu"), (4, 4, 4)),  # kernel 2¼× x: chunked is an im2col GEMM; pads (0, 1)
             (cls(4, k=3, stride=2, pad="valid"), (2, 7, 7)),
@@ -109,6 +110,7 @@ class Conv2d(Layer):
             (cls(3, k=1, stride=2, pad=1), (2, 5, 5)),  # padding wider than the kernel: ∂x crops ḡ's dilation
             (cls(4, k=1, stride=2, pad="valid"), (3, 5, 6)),  # strided pointwise: chunked is one GEMM
             (cls(5, k=1, act="relu"), (3, 4, 3)),  # pointwise
+            (cls(128, k=3), (128, 3, 5)),  # wide 3×3: chunked is Winograd's; odd sizes crop its 2×2 tiles
         ]
 
 
