@@ -227,12 +227,12 @@ def test_moot_and_pinned_kinds_are_not_timed(xla: object, tmp_path: Path, monkey
 
 
 def test_xla_s_nhwc_convs_tune_their_backward(xla: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """In XLA's default (NHWC) net a conv's form is its backward: chunked (the default; on these small
-    images the same module as autodiff's, so timed once) or written out."""
+    """In XLA's default (NHWC) net a conv's form is its backward: winograd (the default; on these small
+    images the same module as chunked's and autodiff's, so timed once) or written out."""
     monkeypatch.delenv(strategy.ENV_VAR)
     calls: list[str] = []
-    res = autotune.tune(NET, BATCH, xla, cache_dir=tmp_path, prepare=slow_when("convGrad", "chunked", calls))
-    assert sorted(calls) == sorted(["convGrad=chunked", "convGrad=written"] * 2 + ["plan=defaults", "plan=tuned"])
+    res = autotune.tune(NET, BATCH, xla, cache_dir=tmp_path, prepare=slow_when("convGrad", "winograd", calls))
+    assert sorted(calls) == sorted(["convGrad=winograd", "convGrad=written"] * 2 + ["plan=defaults", "plan=tuned"])
     assert [dict(d.choices) for d in res.decisions] == [{"convGrad": "written"}] * 3
 
 

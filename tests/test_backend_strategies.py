@@ -67,7 +67,7 @@ def test_a_toy_backend_declares_its_own_choice_and_gets_it() -> None:
     assert not [b for b in reg.broken if b.distribution == "toy-dist"]
     with strategy.using(reg):
         assert strategy.chosen("convGrad", "toy") == "written"
-        assert strategy.chosen("convGrad", "xla") == "chunked" and strategy.chosen("layout", "toy") == "nhwc"
+        assert strategy.chosen("convGrad", "xla") == "winograd" and strategy.chosen("layout", "toy") == "nhwc"
         assert strategy.target_of(ToyBackend()) == "toy"
         assert strategy.target_of(Portable()) is None
         toy = vjp_module(LAYERS, SHAPE, 2, target="toy")

@@ -34,7 +34,7 @@ from hloforge.zoo import get_net
 
 # conv (bias, relu) → max-pool → conv+BN → a strided residual stage with a projection → pool → dense:
 # one NHWC stretch from the first conv to the global pool.
-# (its residual stage's 2² conv, kernel 3× x at batch 4, is an im2col GEMM in XLA's chunked form)
+# (its residual stage's 2² conv, kernel 3× x at batch 4, is an im2col GEMM in XLA's winograd form)
 SMALL = NetSpec("strategy-small", (2, 8, 8), [
     Conv2d(4, act="relu"), MaxPool(2), ConvBn(4), ResidualStage(6, n=1, stride=2), GlobalAvgPool(), Dense(3),
 ], 3)
@@ -52,7 +52,7 @@ ATTN = get_net("vit-mini", classes=3, input=(1, 8, 8))
 
 
 def test_defaults_per_target() -> None:
-    assert strategy.chosen("layout", "xla") == "nhwc" and strategy.chosen("convGrad", "xla") == "chunked"
+    assert strategy.chosen("layout", "xla") == "nhwc" and strategy.chosen("convGrad", "xla") == "winograd"
     assert strategy.chosen("conv2d", "iree") == "nhwc" and strategy.chosen("layout", "iree") == "nhwc"
     assert strategy.chosen("convGrad", "iree") == "written"
     assert strategy.chosen("conv2d", None) == "nchw"  # no target: the portable form, every kind's first choice
@@ -213,7 +213,7 @@ def test_gate_runs_each_case_under_each_choice() -> None:
     for forced in (("conv2d", "nhwc"), ("layout", "nhwc")):
         assert len([c for c in conv if c.strategy == (forced,)]) == len(base)
     # ... and as each target renders it: XLA's NHWC convs with the chunked ∂w, IREE's written out
-    xla_default = {("convGrad", "chunked"), ("layout", "nhwc")}
+    xla_default = {("convGrad", "winograd"), ("layout", "nhwc")}
     assert len([c for c in conv if xla_default <= set(c.strategy) and len(c.strategy) > 1]) == len(base)
     iree = (("conv2d", "nhwc"), ("layout", "nhwc"))  # (+ depthwise=shiftedSmall or pointwise=dot where it applies)
     iree_forms = (iree, (*iree, ("depthwise", "shiftedSmall")), (*iree, ("pointwise", "dot")))
@@ -260,7 +260,7 @@ def test_broken_written_out_backward_turns_the_gate_red(name: str, forced: tuple
     assert calls[0] == 0
 
 
-CHUNKED_XLA = (("layout", "nhwc"), ("convGrad", "chunked"))  # XLA's default combination
+XLA_FORMS = (("layout", "nhwc"), ("convGrad", "winograd"))  # XLA's default combination
 
 
 @pytest.fixture
@@ -276,7 +276,7 @@ def chunk_everything(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("name", ["conv2d", "convBn"])
 def test_chunked_kernel_gradient_is_gated_and_a_broken_one_turns_it_red(chunk_everything: None, name: str) -> None:
-    cases = [c for c in _cases(name) if set(CHUNKED_XLA) <= set(c.strategy)]  # (a depthwise one: shifted too)
+    cases = [c for c in _cases(name) if set(XLA_FORMS) <= set(c.strategy)]  # (a depthwise one: shifted too)
     assert cases and len(cases) == len([c for c in _cases(name) if not c.strategy])
     for case in cases:  # f64 against jax.vjp of the reference and finite differences, then f32
         result = case.run()
@@ -288,7 +288,7 @@ def test_chunked_kernel_gradient_is_gated_and_a_broken_one_turns_it_red(chunk_ev
 
 def test_flipped_data_input_gradient_is_gated_and_a_broken_one_turns_it_red(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where a stride-1 conv's kernel outweighs its activations, the chunked form (XLA's) takes ∂x
+    """Where a stride-1 conv's kernel outweighs its activations, the chunked and winograd forms (XLA's) take ∂x
     on flipped ḡ with an unflipped kernel. Its gate case (asymmetric padding) passes as XLA renders
     it, and leaving out the final flip turns it red."""
     from hloforge.lowering import conv
@@ -297,7 +297,7 @@ def test_flipped_data_input_gradient_is_gated_and_a_broken_one_turns_it_red(
     assert not conv.flips_data_for_dx((32, 32, 32, 64), (3, 3, 64, 64), 1, 1)  # ... and its first
     assert not conv.flips_data_for_dx((32, 4, 4, 512), (3, 3, 512, 512), 2, 1)
     assert not conv.flips_data_for_dx((32, 4, 4, 512), (3, 3, 256, 512), 1, 2)
-    case = next(c for c in _cases("conv2d") if c.shape == (8, 3, 4) and c.strategy == CHUNKED_XLA
+    case = next(c for c in _cases("conv2d") if c.shape == (8, 3, 4) and c.strategy == XLA_FORMS
                 and c.mode == "train")
     assert case.run().passed
     real = conv._conv_dx_flipping_data
@@ -313,17 +313,17 @@ def test_flipped_data_input_gradient_is_gated_and_a_broken_one_turns_it_red(
 
 def test_strided_input_gradient_by_phases_is_gated_and_a_broken_one_turns_it_red(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """The chunked form (XLA's) takes a strided conv's ∂x as one GEMM summed by output phase, never
+    """The chunked and winograd forms (XLA's) take a strided conv's ∂x as one GEMM summed by output phase, never
     as a convolution over ḡ dilated by zeros. Its gate cases (stride 2, "valid" on 7×7 and "same"
     on 6×5: a short last phase) pass as XLA renders them; a tap read from its neighbour's block of
     the GEMM turns them red."""
     from hloforge.lowering import conv
 
-    cases = [c for c in _cases("conv2d") if c.shape in ((2, 7, 7), (2, 6, 5)) and c.strategy == CHUNKED_XLA
+    cases = [c for c in _cases("conv2d") if c.shape in ((2, 7, 7), (2, 6, 5)) and c.strategy == XLA_FORMS
              and c.mode == "train"]
     assert len(cases) == 2
     for case in cases:
-        with strategy.forced(dict(CHUNKED_XLA)):
+        with strategy.forced(dict(XLA_FORMS)):
             text = vjp_module([case.obj], case.shape, 2)
         assert set(re.findall(r"lhs_dilate = \[([\d, ]*)\]", text)) == {"1, 1"}  # no ḡ dilated by zeros
         assert case.run().passed
@@ -341,7 +341,7 @@ def test_strided_input_gradient_by_phases_is_gated_and_a_broken_one_turns_it_red
 
 def test_strided_pointwise_conv_is_one_gemm_gated_and_a_broken_one_turns_it_red(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A 1×1, unpadded conv of stride 2 (a ResNet's shortcut) is, in the chunked form, the GEMM of
+    """A 1×1, unpadded conv of stride 2 (a ResNet's shortcut) is, in the chunked and winograd forms, the GEMM of
     every second pixel: no convolution is rendered, the gate passes, and the GEMM over the wrong
     pixels turns it red."""
     from hloforge.lowering import conv
@@ -350,9 +350,9 @@ def test_strided_pointwise_conv_is_one_gemm_gated_and_a_broken_one_turns_it_red(
     assert not conv.is_strided_pointwise(1, 1, 1, [(0, 0), (0, 0)])  # stride 1: the pointwise kind's
     assert not conv.is_strided_pointwise(1, 2, 1, [(1, 1), (1, 1)])
     assert not conv.is_strided_pointwise(3, 2, 1, [(0, 0), (0, 0)])
-    case = next(c for c in _cases("conv2d") if c.shape == (3, 5, 6) and c.strategy == CHUNKED_XLA
+    case = next(c for c in _cases("conv2d") if c.shape == (3, 5, 6) and c.strategy == XLA_FORMS
                 and c.mode == "train")
-    with strategy.forced(dict(CHUNKED_XLA)):
+    with strategy.forced(dict(XLA_FORMS)):
         text = vjp_module([case.obj], case.shape, 2)
     assert "stablehlo.convolution" not in text and "stablehlo.dot_general" in text
     assert case.run().passed
@@ -369,7 +369,7 @@ def test_strided_pointwise_conv_is_one_gemm_gated_and_a_broken_one_turns_it_red(
 
 
 def test_im2col_gemm_conv_is_gated_and_a_broken_one_turns_it_red(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where a conv's kernel is at least twice its input, the chunked form (XLA's) runs it as one
+    """Where a conv's kernel is at least twice its input, the chunked and winograd forms (XLA's) run it as one
     im2col GEMM with autodiff's backward. Its gate case (stride 2, padding (0, 1)) renders no
     convolution and passes as XLA renders it; taps laid out against the kernel's order turn it red."""
     from hloforge.lowering import conv
@@ -379,8 +379,8 @@ def test_im2col_gemm_conv_is_gated_and_a_broken_one_turns_it_red(monkeypatch: py
     assert not conv.gemm_outruns_conv((32, 8, 8, 256), (3, 3, 256, 256), 1)  # the stage before: the conv's
     assert not conv.gemm_outruns_conv((32, 4, 4, 512), (1, 1, 512, 512), 1)  # pointwise: its own kind
     assert not conv.gemm_outruns_conv((32, 4, 4, 512), (3, 3, 256, 512), 2)
-    case = next(c for c in _cases("conv2d") if c.shape == (4, 4, 4) and c.strategy == CHUNKED_XLA)
-    with strategy.forced(dict(CHUNKED_XLA)):
+    case = next(c for c in _cases("conv2d") if c.shape == (4, 4, 4) and c.strategy == XLA_FORMS)
+    with strategy.forced(dict(XLA_FORMS)):
         text = vjp_module([case.obj], case.shape, 2)
     assert "stablehlo.convolution" not in text and "stablehlo.dot_general" in text
     assert case.run().passed
@@ -395,7 +395,7 @@ def test_im2col_gemm_conv_is_gated_and_a_broken_one_turns_it_red(monkeypatch: py
 
 
 def test_winograd_conv_is_gated_and_a_broken_one_turns_it_red(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A 3×3 stride-1 conv of 128 channels or more a side is, in the chunked form (XLA's), Winograd's
+    """A 3×3 stride-1 conv of 128 channels or more a side is, in the winograd form (XLA's), Winograd's
     F(2×2, 3×3): 16 GEMMs each way (forward, ∂x, ∂w), no convolution. Its gate case (odd sizes: the 2×2 tiles cropped)
     passes, and so does every 3×3 stride-1 conv case of conv2d and convBn in the Winograd form (the
     width rule lowered to 1: "same" and "valid" padding, with and without BN). Breaking either
@@ -407,14 +407,14 @@ def test_winograd_conv_is_gated_and_a_broken_one_turns_it_red(monkeypatch: pytes
     assert not conv.takes_winograd((3, 3, 128, 256), 2, 1)
     assert not conv.takes_winograd((3, 3, 128, 128), 1, 2)
     assert not conv.takes_winograd((5, 5, 128, 128), 1, 1)
-    wide = next(c for c in _cases("conv2d") if c.shape == (128, 3, 5) and c.strategy == CHUNKED_XLA)
-    with strategy.forced(dict(CHUNKED_XLA)):
+    wide = next(c for c in _cases("conv2d") if c.shape == (128, 3, 5) and c.strategy == XLA_FORMS)
+    with strategy.forced(dict(XLA_FORMS)):
         text = vjp_module([wide.obj], wide.shape, 2)
     assert "stablehlo.convolution" not in text and text.count("stablehlo.dot_general") == 3 * 16
     assert wide.run().passed
     monkeypatch.setattr(conv, "WINOGRAD_MIN_CHANNELS", 1)
     small = [c for name in ("conv2d", "convBn") for c in _cases(name)
-             if set(CHUNKED_XLA) <= set(c.strategy) and c.mode == "train" and getattr(c.obj, "k", 0) == 3
+             if set(XLA_FORMS) <= set(c.strategy) and c.mode == "train" and getattr(c.obj, "k", 0) == 3
              and getattr(c.obj, "stride", 0) == 1 and getattr(c.obj, "groups", 1) == 1 and c.shape != wide.shape]
     assert len(small) >= 3
     for case in [wide, *small]:
@@ -527,7 +527,7 @@ def test_chunked_kernel_gradient_sizes_its_chunks_to_the_cache() -> None:
 @pytest.mark.parametrize("spec", [SMALL, FLAT], ids=lambda s: s.name)
 def test_chunked_train_step_matches_autodiff(chunk_everything: None, spec: NetSpec) -> None:
     xla = make_backend("xla")
-    chunked = _step_text(spec, None, dict(CHUNKED_XLA))
+    chunked = _step_text(spec, None, dict(XLA_FORMS))
     assert chunked != _step_text(spec, None, {"layout": "nhwc", "convGrad": "autodiff"})  # it did split
     want = _one_step(xla, _step_text(spec, None), spec)
     assert _rel_step(_one_step(xla, chunked, spec), want, spec) < 1e-5

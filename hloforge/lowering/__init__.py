@@ -1,9 +1,9 @@
 """The alternative forms a layer's ops take per render target, apart from the layers' math.
 
 Each module holds the forms of one family and the strategy kinds that pick among them
-(core/strategy.py): conv.py (NCHW/NHWC, the written / chunked / autodiff backward, im2col GEMM,
+(core/strategy.py): conv.py (NCHW/NHWC, the written / chunked / winograd / autodiff backward, im2col GEMM,
 ∂x on flipped activations, depthwise shifted products and phases, pointwise GEMM), winograd.py
-(Winograd's F(2×2, 3×3), one of the chunked form's), norm.py (the normaliser: two-pass, blocked,
+(Winograd's F(2×2, 3×3), the winograd backward's), norm.py (the normaliser: two-pass, blocked,
 fused), pool.py (max pooling: slices, select, window) and attention.py (dense SDPA,
 FlashAttention, sdpaGrad). A layer plugin calls into them and lists the kinds in its
 `hloforge_strategy_kinds` hook; a backend picks its choices in `strategy_defaults`; the gate runs

@@ -18,9 +18,11 @@ An NHWC conv's backward is what the kind "convGrad" picks:
   large (see `dw_chunk`; one while loop over the chunks for an ungrouped conv), ∂x on flipped
   activations where the kernel outweighs them (`flips_data_for_dx`), a strided conv's ∂x as one
   GEMM summed by output phase (`_dense_dx_by_phases`), the whole conv one im2col GEMM where the
-  kernel outweighs its input GEMM_KERNEL_RATIO times (`gemm_outruns_conv`), a strided 1×1
-  conv the GEMM of its strided view (`is_strided_pointwise`), and a wide 3×3 stride-1 conv
-  Winograd's F(2×2, 3×3), forward and backward (`takes_winograd`, lowering/winograd.py).
+  kernel outweighs its input GEMM_KERNEL_RATIO times (`gemm_outruns_conv`), and a strided 1×1
+  conv the GEMM of its strided view (`is_strided_pointwise`).
+- "winograd": "chunked", but a 3×3 stride-1 conv of at least WINOGRAD_MIN_CHANNELS channels a
+  side is Winograd's F(2×2, 3×3), forward and backward (`takes_winograd`, lowering/winograd.py):
+  fewer flops a step for a compile about twice as long (benchmarks/NOTES.md).
 - "autodiff": autodiff's, as for "nchw" (in an NHWC stretch, free of NCHW↔NHWC relayouts).
 
 A depthwise conv (groups = in = out channels) first consults the kind "depthwise":
@@ -68,8 +70,8 @@ DW_CHUNK_MIN_PIXELS = 14 * 14
 # all the backward; where the kernel is about the activations' size the conv still wins (benchmarks/NOTES.md).
 GEMM_KERNEL_RATIO = 2
 
-# Winograd's transforms read and write 4× the image per pass; below this many channels a side the
-# GEMMs they shrink are too thin to pay for that (resnet18-cifar's 64-wide convs ran slower).
+# Winograd's transformed image is 4× the image; on resnet18-cifar's 64-wide convs (32²) writing it
+# cost the step more than their GEMMs saved (benchmarks/NOTES.md).
 WINOGRAD_MIN_CHANNELS = 128
 
 
@@ -85,14 +87,15 @@ def dw_chunk(x_shape: Sequence[int], g_shape: Sequence[int], dtype: str) -> int 
 
 
 CONV2D = StrategyKind("conv2d", ("nchw", "nhwc"), "the layout of a 2-D convolution in an NCHW net (see conv.py)")
-CONV_GRAD = StrategyKind("convGrad", ("written", "autodiff", "chunked"),
+CONV_GRAD = StrategyKind("convGrad", ("written", "autodiff", "chunked", "winograd"),
                          "the backward of an NHWC convolution: written out (∂x a forward-style conv, ∂w k² "
                          "shifted dots), autodiff's (the backend's own transposed convolutions), or autodiff's "
                          f"with ∂w summed over batch chunks whose x and ḡ fit in {DW_CHUNK_BYTES >> 20} MiB "
                          f"where ḡ is at least {DW_CHUNK_MIN_PIXELS} pixels, ∂x taken on flipped "
-                         "activations where the kernel outweighs them, the conv an im2col GEMM "
-                         f"where the kernel is at least {GEMM_KERNEL_RATIO}× its input, and a 3×3 stride-1 conv "
-                         f"of at least {WINOGRAD_MIN_CHANNELS} channels a side Winograd's F(2×2, 3×3)")
+                         "activations where the kernel outweighs them, and the conv an im2col GEMM "
+                         f"where the kernel is at least {GEMM_KERNEL_RATIO}× its input; or chunked with each 3×3 "
+                         f"stride-1 conv of at least {WINOGRAD_MIN_CHANNELS} channels a side as Winograd's "
+                         "F(2×2, 3×3) (winograd)")
 POINTWISE = StrategyKind("pointwise", ("conv", "dot"),
                          "a 1×1 stride-1 conv in NHWC as a convolution, or as the GEMM over its pixels it is")
 SHIFTED_MAX_K = 5  # k² + 1 = 26 buffers in ∂w's reduce, within a 32-binding dispatch
@@ -115,7 +118,7 @@ def is_pointwise(k: int, stride: int, groups: int, pads: Sequence[tuple[int, int
 
 def is_strided_pointwise(k: int, stride: int, groups: int, pads: Sequence[tuple[int, int]]) -> bool:
     """A 1×1, ungrouped, unpadded conv of stride > 1 (a ResNet's downsampling shortcut): a GEMM over
-    every s-th pixel, which the chunked form (XLA's) runs as one (`nhwc_conv2d`)."""
+    every s-th pixel, which the chunked and winograd forms run as one (`nhwc_conv2d`)."""
     return stride > 1 and is_pointwise(k, 1, groups, pads)
 
 
@@ -330,8 +333,10 @@ def nhwc_conv2d(b: Builder, x: Value, w: Value, *, stride: int, pads: Sequence[t
     if is_pointwise(w.shape[0], stride, groups, pads) and strategy.chosen("pointwise", b.target) == "dot":
         return pointwise_dot(b, x, w)
     form = strategy.chosen("convGrad", b.target)
-    if form == "chunked" and takes_winograd(w.shape, stride, groups):
-        return winograd.winograd_conv(b, x, w, pads)
+    if form == "winograd":
+        if takes_winograd(w.shape, stride, groups):
+            return winograd.winograd_conv(b, x, w, pads)
+        form = "chunked"
     if form == "chunked" and gemm_outruns_conv(x.shape, w.shape, groups):
         return im2col_conv(b, x, w, stride, pads)
     if form == "chunked" and is_strided_pointwise(w.shape[0], stride, groups, pads):
@@ -457,7 +462,7 @@ def _looped_kernel_grad(b: Builder, x: Value, g: Value, w_shape: Sequence[int], 
 
 
 def takes_winograd(w_shape: Sequence[int], stride: int, groups: int) -> bool:
-    """Whether the chunked form (XLA's) runs an NHWC conv as Winograd's F(2×2, 3×3)
+    """Whether the winograd form (XLA's default) runs an NHWC conv as Winograd's F(2×2, 3×3)
     (`winograd.winograd_conv`): an ungrouped 3×3 stride-1 conv at least WINOGRAD_MIN_CHANNELS wide
     on both sides."""
     return (tuple(w_shape[:2]) == (3, 3) and stride == 1 and groups == 1
@@ -465,7 +470,7 @@ def takes_winograd(w_shape: Sequence[int], stride: int, groups: int) -> bool:
 
 
 def gemm_outruns_conv(x_shape: Sequence[int], w_shape: Sequence[int], groups: int) -> bool:
-    """Whether the chunked form (XLA's) runs an NHWC conv as an im2col GEMM (`im2col_conv`): an
+    """Whether the chunked and winograd forms run an NHWC conv as an im2col GEMM (`im2col_conv`): an
     ungrouped k×k conv (k > 1) whose kernel is at least GEMM_KERNEL_RATIO × its input."""
     return groups == 1 and w_shape[0] > 1 and math.prod(w_shape) >= GEMM_KERNEL_RATIO * math.prod(x_shape)
 

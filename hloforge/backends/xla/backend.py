@@ -62,7 +62,7 @@ class XlaBackend:
     name = "xla"
     # The lowering forms XLA's modules are rendered in (core/strategy.py; why: benchmarks/NOTES.md).
     strategy_defaults = {"layout": "nhwc", "update": "in_backward", "paramLayout": "hwio", "sums": "blocked",
-                         "conv2d": "nchw", "convGrad": "chunked", "pointwise": "dot", "depthwise": "shifted",
+                         "conv2d": "nchw", "convGrad": "winograd", "pointwise": "dot", "depthwise": "shifted",
                          "maxPool": "select", "bnReduce": "blocked", "sdpaGrad": "closed", "maskedSum": "broadcast"}
 
     def __init__(self, client: Client | None = None, devices: int | None = None,
