@@ -561,15 +561,21 @@ def test_iree_default_forms_match_the_gated_xla_forms(layer: object, shape: Shap
     assert _rel(got, want) < 1e-5
 
 
-@pytest.mark.parametrize(("layer", "shape", "form"), [
-    (Conv2d(8, k=2, act="relu"), (8, 3, 4), "stablehlo.reverse"),  # ∂x on flipped ḡ (and the result)
-    (Conv2d(8, k=3, stride=2, act="relu"), (4, 4, 4), "stablehlo.dot_general"),  # the im2col GEMM
-], ids=["flipped-dx", "im2col"])
-def test_xla_s_chunked_forms_compute_the_gated_form_on_iree(layer: object, shape: Shape, form: str) -> None:
-    """The chunked form's shape rules (XLA's default) rendered for IREE at the gate's batch: the
-    same (y, ∂θ, ∂x) there as the portable form on XLA, so these forms are checked on both backends."""
+@pytest.mark.parametrize(("layer", "shape", "choice", "form"), [
+    (Conv2d(8, k=2, act="relu"), (8, 3, 4), "chunked", "stablehlo.reverse"),  # ∂x on flipped ḡ (and the result)
+    (Conv2d(8, k=3, stride=2, act="relu"), (4, 4, 4), "chunked", "stablehlo.dot_general"),  # the im2col GEMM
+    (Conv2d(4, k=3), (3, 5, 5), "winograd", "stablehlo.dot_general"),  # Winograd's 16 GEMMs each way
+], ids=["flipped-dx", "im2col", "winograd"])
+def test_xla_s_chunked_forms_compute_the_gated_form_on_iree(layer: object, shape: Shape, choice: str, form: str,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chunked and winograd forms' shape rules (XLA's) rendered for IREE at the gate's batch (the
+    Winograd width rule lowered to these channels): the same (y, ∂θ, ∂x) there as the portable form on
+    XLA, so these forms are checked on both backends."""
+    from hloforge.lowering import conv
+
     pytest.importorskip("iree.runtime")
-    got_text, want_text, got, want = layer_vjp_on_iree_and_xla(layer, shape, {"convGrad": "chunked"}, batch=2)
+    monkeypatch.setattr(conv, "WINOGRAD_MIN_CHANNELS", 1)
+    got_text, want_text, got, want = layer_vjp_on_iree_and_xla(layer, shape, {"convGrad": choice}, batch=2)
     assert got_text.count(form) > want_text.count(form)  # the rule applied
     assert _rel(got, want) < 1e-5
 
