@@ -417,7 +417,7 @@ def test_winograd_conv_is_gated_and_a_broken_one_turns_it_red(monkeypatch: pytes
              if set(XLA_FORMS) <= set(c.strategy) and c.mode == "train" and getattr(c.obj, "k", 0) == 3
              and getattr(c.obj, "stride", 0) == 1 and getattr(c.obj, "groups", 1) == 1 and c.shape != wide.shape]
     assert len(small) >= 3
-    for case in [wide, *small]:
+    for case in small:  # (the wide case renders the same under the lowered rule: run above)
         result = case.run()
         assert result.passed, f"\n{HEADER}\n{result.row()}"
     tiles_in_adjoint, tiles_out_adjoint = winograd._tiles_in_adjoint, winograd._tiles_out_adjoint

@@ -335,7 +335,8 @@ def nhwc_conv2d(b: Builder, x: Value, w: Value, *, stride: int, pads: Sequence[t
     form = strategy.chosen("convGrad", b.target)
     if form == "winograd":
         if takes_winograd(w.shape, stride, groups):
-            return winograd.winograd_conv(b, x, w, pads)
+            out_hw = [window_out(n, 3, 1, p) for n, p in zip(x.shape[1:3], pads, strict=True)]
+            return winograd.winograd_conv(b, x, w, pads, out_hw)
         form = "chunked"
     if form == "chunked" and gemm_outruns_conv(x.shape, w.shape, groups):
         return im2col_conv(b, x, w, stride, pads)

@@ -151,10 +151,12 @@ def kernel_transform(b: Builder, w: Value) -> list[Value]:
     return [b.reshape(u, (c, o)) for r in combine(b, taps(w, 0), G) for u in combine(b, taps(r, 1), G)]
 
 
-def winograd_conv(b: Builder, x: Value, w: Value, pads: Sequence[tuple[int, int]]) -> Value:
-    """x [N, H, W, C] ⊛ w [3, 3, C, O] at stride 1 with `pads` per spatial axis -> [N, OH, OW, O]."""
+def winograd_conv(b: Builder, x: Value, w: Value, pads: Sequence[tuple[int, int]],
+                  out_hw: Sequence[int]) -> Value:
+    """x [N, H, W, C] ⊛ w [3, 3, C, O] at stride 1 with `pads` per spatial axis -> [N, OH, OW, O]
+    (`out_hw`: OH, OW)."""
     n, h, wd, _ = x.shape
-    out_hw = [size + lo + hi - 2 for size, (lo, hi) in zip((h, wd), pads, strict=True)]
+    out_hw = list(out_hw)
     th, tw = ((s + 1) // 2 for s in out_hw)
     # the tiles cover 2·T + 2 padded pixels per axis: an odd output size reads one pixel past `pads`
     high = [2 * t + 2 - size - lo for t, size, (lo, _) in zip((th, tw), (h, wd), pads, strict=True)]
