@@ -396,10 +396,11 @@ def test_im2col_gemm_conv_is_gated_and_a_broken_one_turns_it_red(monkeypatch: py
 
 def test_winograd_conv_is_gated_and_a_broken_one_turns_it_red(monkeypatch: pytest.MonkeyPatch) -> None:
     """A 3×3 stride-1 conv of 128 channels or more a side is, in the winograd form (XLA's), Winograd's
-    F(2×2, 3×3): 16 GEMMs each way (forward, ∂x, ∂w), no convolution. Its gate case (odd sizes: the 2×2 tiles cropped)
-    passes, and so does every 3×3 stride-1 conv case of conv2d and convBn in the Winograd form (the
-    width rule lowered to 1: "same" and "valid" padding, with and without BN). Breaking either
-    transform's written adjoint turns them red."""
+    F(2×2, 3×3): three transform products and one batched GEMM forward, no convolution. Its gate case
+    (odd sizes: the 2×2 tiles cropped) passes, and so does every 3×3 stride-1 conv case of conv2d and
+    convBn in the Winograd form (the width rule lowered to 1: "same" and "valid" padding, with and
+    without BN). A wrong entry in the input or the output transform, or the transforms' written
+    adjoints off by 0.1%, turn them red."""
     from hloforge.lowering import conv, winograd
 
     assert conv.takes_winograd((3, 3, 128, 128), 1, 1)  # resnet18-cifar's second stage on
@@ -410,7 +411,8 @@ def test_winograd_conv_is_gated_and_a_broken_one_turns_it_red(monkeypatch: pytes
     wide = next(c for c in _cases("conv2d") if c.shape == (128, 3, 5) and c.strategy == XLA_FORMS)
     with strategy.forced(dict(XLA_FORMS)):
         text = vjp_module([wide.obj], wide.shape, 2)
-    assert "stablehlo.convolution" not in text and text.count("stablehlo.dot_general") == 3 * 16
+    # forward 4, backward 5: the output transform's, ∂V and ∂U, the input and kernel transforms'
+    assert "stablehlo.convolution" not in text and text.count("stablehlo.dot_general") == 4 + 5
     assert wide.run().passed
     monkeypatch.setattr(conv, "WINOGRAD_MIN_CHANNELS", 1)
     small = [c for name in ("conv2d", "convBn") for c in _cases(name)
@@ -420,15 +422,18 @@ def test_winograd_conv_is_gated_and_a_broken_one_turns_it_red(monkeypatch: pytes
     for case in small:  # (the wide case renders the same under the lowered rule: run above)
         result = case.run()
         assert result.passed, f"\n{HEADER}\n{result.row()}"
-    tiles_in_adjoint, tiles_out_adjoint = winograd._tiles_in_adjoint, winograd._tiles_out_adjoint
-    faults = [("_tiles_in_adjoint", lambda b, parts, axis: tiles_in_adjoint(b, parts[::-1], axis)),
-              ("_tiles_out_adjoint", lambda b, g, axis: tiles_out_adjoint(b, g, axis)[::-1])]
-    for name, broken in faults:
+    for name in ("B_T", "A_T"):
         with monkeypatch.context() as m:
-            m.setattr(winograd, name, broken)
+            matrix = [list(row) for row in getattr(winograd, name)]
+            matrix[1][2] = -matrix[1][2]
+            m.setattr(winograd, name, matrix)
             for case in [wide, small[0]]:
                 result = case.run()
                 assert not result.passed, f"{name} broken\n{HEADER}\n{result.row()}"
+    for case in [wide, small[0]]:
+        with inject_fault("custom") as calls:
+            result = case.run()
+        assert calls[0] > 0 and not result.passed, f"adjoints broken\n{HEADER}\n{result.row()}"
 
 
 def test_shifted_depthwise_backward_is_gated_and_a_broken_one_turns_it_red() -> None:
@@ -564,7 +569,7 @@ def test_iree_default_forms_match_the_gated_xla_forms(layer: object, shape: Shap
 @pytest.mark.parametrize(("layer", "shape", "choice", "form"), [
     (Conv2d(8, k=2, act="relu"), (8, 3, 4), "chunked", "stablehlo.reverse"),  # ∂x on flipped ḡ (and the result)
     (Conv2d(8, k=3, stride=2, act="relu"), (4, 4, 4), "chunked", "stablehlo.dot_general"),  # the im2col GEMM
-    (Conv2d(4, k=3), (3, 5, 5), "winograd", "stablehlo.dot_general"),  # Winograd's 16 GEMMs each way
+    (Conv2d(4, k=3), (3, 5, 5), "winograd", "stablehlo.dot_general"),  # Winograd's transforms and GEMMs
 ], ids=["flipped-dx", "im2col", "winograd"])
 def test_xla_s_chunked_forms_compute_the_gated_form_on_iree(layer: object, shape: Shape, choice: str, form: str,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:

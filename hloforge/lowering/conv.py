@@ -22,7 +22,7 @@ An NHWC conv's backward is what the kind "convGrad" picks:
   conv the GEMM of its strided view (`is_strided_pointwise`).
 - "winograd": "chunked", but a 3×3 stride-1 conv of at least WINOGRAD_MIN_CHANNELS channels a
   side is Winograd's F(2×2, 3×3), forward and backward (`takes_winograd`, lowering/winograd.py):
-  fewer flops a step for a compile about twice as long (benchmarks/NOTES.md).
+  2.25× fewer flops in its GEMMs, between three small transform products (benchmarks/NOTES.md).
 - "autodiff": autodiff's, as for "nchw" (in an NHWC stretch, free of NCHW↔NHWC relayouts).
 
 A depthwise conv (groups = in = out channels) first consults the kind "depthwise":

@@ -7,19 +7,23 @@ output tile Aᵀ M A. That is 16 multiplies per 2×2 outputs where the direct co
 GEMMs are 2.25× fewer flops than the im2col one, for three linear transforms that read and write
 memory.
 
-The backward is the transposed chain: ḡ through the output transform's adjoint (M̄, shared by
-both gradients), then per position two GEMMs, V̄ = M̄·Uᵀ and Ū = Vᵀ·M̄ (∂x and ∂w in the transformed
-domain, with the same 2.25× saving), and the input transform's adjoint (each tile's Bᵀ-adjoint
-overlap-added back into the image) and the kernel transform's. The input and output transforms
-carry closed-form adjoints written like their forwards (strided slices, sums, interleaves):
-autodiff's would pad each of the 16 slices back to the whole image and add them.
+Each transform is one small dense matrix product over the 16 (or 9, or 4) positions of a tile,
+Bᵀ⊗Bᵀ, G⊗G and Aᵀ⊗Aᵀ, against the tiles laid out position-major ([16, tiles·C]): a handful of ops
+per conv, which XLA compiles in about the time of a direct conv's, where the transforms written as
+sums of strided slices cost it one kernel per position. The 4×4 input tiles are four shifted block
+views of the image split into its 2×2 pixel phases, so gathering them is one concatenate.
 
-Each transform is separable: along H, then along W, with one 1-D matrix (B_T, G, A_T below).
+The backward is the transposed chain: ḡ through the output transform's transposed matrix (M̄,
+shared by both gradients), then per position two GEMMs, V̄ = M̄·Uᵀ and Ū = Vᵀ·M̄ (∂x and ∂w in the
+transformed domain, with the same 2.25× saving), and back through the other two transforms'
+transposed matrices; autodiff's adjoint of the tile gather overlap-adds the tiles into the image.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+import numpy as np
 
 from hloforge.core.hlo import Builder, Value
 
@@ -29,140 +33,70 @@ G = ((1, 0, 0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0, 0, 1))  # kernel (3) → 
 A_T = ((1, 1, 1, 0), (0, 1, -1, -1))  # transformed (4) → output tile (2)
 
 
-def transposed(m: Sequence[Sequence[float]]) -> tuple[tuple[float, ...], ...]:
-    return tuple(zip(*m, strict=True))
+def apply(b: Builder, matrix: np.ndarray, x: Value) -> Value:
+    """matrix [R, K] · x [K, M], differentiated as matrixᵀ · ḡ: autodiff's rule would also emit the
+    constant matrix's (unused) gradient, a GEMM as large as the transform."""
 
-
-def combine(b: Builder, parts: Sequence[Value], m: Sequence[Sequence[float]]) -> list[Value]:
-    """[Σ_j m[i][j]·parts[j] for each row i]: the 1-D transform `m` applied across `parts`."""
-    out = []
-    for row in m:
-        acc: Value | None = None
-        for coef, part in zip(row, parts, strict=True):
-            if coef == 0:
-                continue
-            if acc is None:
-                acc = part if coef == 1 else part * float(coef)
-            elif coef in (1, -1):
-                acc = acc + part if coef == 1 else acc - part
-            else:
-                acc = acc + part * float(coef)
-        assert acc is not None, "a transform row of zeros"
-        out.append(acc)
-    return out
-
-
-def _strided(b: Builder, x: Value, axis: int, start: int, count: int) -> Value:
-    """x at start, start + 2, …, `count` positions along `axis`."""
-    lo, hi, step = [0] * x.type.rank, list(x.shape), [1] * x.type.rank
-    lo[axis], hi[axis], step[axis] = start, start + 2 * (count - 1) + 1, 2
-    return b.slice(x, lo, hi, step)
-
-
-def _interleave(b: Builder, even: Value, odd: Value, axis: int) -> Value:
-    """[e0, o0, e1, o1, …] along `axis`: the two phases of one axis woven back together."""
-    shape = list(even.shape)
-    unit = [*shape[:axis + 1], 1, *shape[axis + 1:]]
-    both = b.concatenate([b.reshape(even, unit), b.reshape(odd, unit)], axis + 1)
-    shape[axis] *= 2
-    return b.reshape(both, shape)
-
-
-def _tiles_in(b: Builder, x: Value, axis: int, tiles: int) -> list[Value]:
-    """Bᵀ along `axis` of every 4-wide tile at stride 2: four arrays with `tiles` along it."""
-    return combine(b, [_strided(b, x, axis, a, tiles) for a in range(4)], B_T)
-
-
-def _tiles_in_adjoint(b: Builder, parts: Sequence[Value], axis: int) -> Value:
-    """The adjoint of `_tiles_in`: each tile's four taps Σ_ξ Bᵀ[ξ, a]·V̄_ξ overlap-added back,
-    taps 0, 1 of tile t on pixels 2t, 2t + 1 and taps 2, 3 on 2t + 2, 2t + 3 (2·tiles + 2 pixels)."""
-    d = combine(b, parts, transposed(B_T))
-    rank = d[0].type.rank
-
-    def shifted(v: Value, lo: int) -> Value:
-        low, high = [0] * rank, [0] * rank
-        low[axis], high[axis] = lo, 1 - lo
-        return b.pad(v, low, high)
-
-    even = shifted(d[0], 0) + shifted(d[2], 1)
-    odd = shifted(d[1], 0) + shifted(d[3], 1)
-    return _interleave(b, even, odd, axis)
-
-
-def _tiles_out(b: Builder, parts: Sequence[Value], axis: int) -> Value:
-    """Aᵀ along `axis` of four transformed arrays, the two output phases interleaved."""
-    even, odd = combine(b, parts, A_T)
-    return _interleave(b, even, odd, axis)
-
-
-def _tiles_out_adjoint(b: Builder, g: Value, axis: int) -> list[Value]:
-    tiles = g.shape[axis] // 2
-    return combine(b, [_strided(b, g, axis, p, tiles) for p in range(2)], transposed(A_T))
-
-
-def input_transform(b: Builder, xp: Value) -> list[Value]:
-    """V: the 16 transformed planes [N·TH·TW, C] (ξν row-major) of the padded NHWC image
-    xp [N, 2·TH + 2, 2·TW + 2, C]. Sixteen arrays, not one: XLA's CPU writes a 16-way concatenate
-    ~3× slower than the planes apart."""
-    n, hp, wp, c = xp.shape
-    th, tw = (hp - 2) // 2, (wp - 2) // 2
-
-    def fwd(xp: Value) -> list[Value]:
-        return [b.reshape(v, (n * th * tw, c)) for r in _tiles_in(b, xp, 1, th) for v in _tiles_in(b, r, 2, tw)]
-
-    def bwd(b: Builder, *v_bar: Value) -> list[Value]:
-        parts = [b.reshape(v, (n, th, tw, c)) for v in v_bar]
-        rows = [_tiles_in_adjoint(b, parts[4 * xi:4 * xi + 4], 2) for xi in range(4)]
-        return [_tiles_in_adjoint(b, rows, 1)]
-
-    return b.custom_vjp(fwd, bwd, xp)
-
-
-def output_transform(b: Builder, m: Sequence[Value], n: int, th: int, tw: int) -> Value:
-    """The NHWC output [N, 2·TH, 2·TW, O] of the 16 GEMMs' products m (each [N·TH·TW, O], ξν row-major)."""
-    o = m[0].shape[1]
-
-    def fwd(*m: Value) -> list[Value]:
-        parts = [b.reshape(v, (n, th, tw, o)) for v in m]
-        cols = [_tiles_out(b, [parts[4 * xi + nu] for xi in range(4)], 1) for nu in range(4)]
-        return [_tiles_out(b, cols, 2)]
+    def fwd(x: Value) -> list[Value]:
+        return [b.dot_general(b.constant(matrix), x, ([1], [0]))]
 
     def bwd(b: Builder, g: Value) -> list[Value]:
-        cols = _tiles_out_adjoint(b, g, 2)  # per ν: [N, 2·TH, TW, O]
-        per_nu = [_tiles_out_adjoint(b, col, 1) for col in cols]  # per ν, per ξ: [N, TH, TW, O]
-        return [b.reshape(per_nu[nu][xi], (n * th * tw, o)) for xi in range(4) for nu in range(4)]
+        return [b.dot_general(b.constant(np.ascontiguousarray(matrix.T)), g, ([1], [0]))]
 
-    return b.custom_vjp(fwd, bwd, *m)[0]
+    return b.custom_vjp(fwd, bwd, x)[0]
 
 
-def kernel_transform(b: Builder, w: Value) -> list[Value]:
-    """U: the 16 transformed kernels [C, O] (ξν row-major) of the HWIO kernel w [3, 3, C, O],
-    G w Gᵀ per channel pair."""
+def input_matrix() -> np.ndarray:
+    """Bᵀ⊗Bᵀ [16, 16]: rows ξν, columns in `input_tiles`' order (p, p', q, q'), where tap a = 2p + q
+    along H (block offset p, pixel phase q) and a' = 2p' + q' along W."""
+    by_block = np.asarray(B_T, np.float32).reshape(4, 2, 2)  # [ξ, p, q]
+    product: np.ndarray = np.einsum("xpq,yst->xypsqt", by_block, by_block)
+    return product.reshape(16, 16)
+
+
+def input_tiles(b: Builder, xp: Value) -> Value:
+    """The 4×4 tiles at stride 2 of the padded NHWC image xp [N, 2·TH + 2, 2·TW + 2, C], as
+    [16, N·TH·TW·C] with the tile's 16 pixels major, ordered (p, p', q, q') as `input_matrix` reads
+    them: the pixel at tile row 2p + q of tile i is xp's row 2(i + p) + q, phase q of block i + p."""
+    n, hp, wp, c = xp.shape
+    th, tw = hp // 2 - 1, wp // 2 - 1
+    blocks = b.reshape(xp, (n, th + 1, 2, tw + 1, 2, c))
+    shifted = [b.reshape(b.transpose(b.slice(blocks, [0, p, 0, p_, 0, 0], [n, p + th, 2, p_ + tw, 2, c]),
+                                     (2, 4, 0, 1, 3, 5)), (1, 2, 2, n, th, tw, c))
+               for p in range(2) for p_ in range(2)]  # block offsets p (along H), p' (along W)
+    return b.reshape(b.concatenate(shifted, 0), (16, n * th * tw * c))
+
+
+def kernel_transform(b: Builder, w: Value) -> Value:
+    """U [16, C, O]: G w Gᵀ per channel pair of the HWIO kernel w [3, 3, C, O], ξν major."""
     c, o = w.shape[2], w.shape[3]
+    g = np.kron(np.asarray(G, np.float32), np.asarray(G, np.float32))  # [16, 9]
+    return b.reshape(apply(b, g, b.reshape(w, (9, c * o))), (16, c, o))
 
-    def taps(v: Value, axis: int) -> list[Value]:
-        lo, hi = [0] * 4, list(v.shape)
-        out = []
-        for i in range(3):
-            lo[axis], hi[axis] = i, i + 1
-            out.append(b.slice(v, list(lo), list(hi)))
-        return out
 
-    return [b.reshape(u, (c, o)) for r in combine(b, taps(w, 0), G) for u in combine(b, taps(r, 1), G)]
+def output_tiles(b: Builder, m: Value, n: int, th: int, tw: int) -> Value:
+    """The NHWC output [N, 2·TH, 2·TW, O] of the products m [16, N·TH·TW, O] (ξν major): Aᵀ M A per
+    tile, its 2×2 pixels woven back into the image."""
+    o = m.shape[2]
+    a = np.kron(np.asarray(A_T, np.float32), np.asarray(A_T, np.float32))  # [4, 16]
+    y = apply(b, a, b.reshape(m, (16, n * th * tw * o)))
+    y = b.transpose(b.reshape(y, (2, 2, n, th, tw, o)), (2, 3, 0, 4, 1, 5))
+    return b.reshape(y, (n, 2 * th, 2 * tw, o))
 
 
 def winograd_conv(b: Builder, x: Value, w: Value, pads: Sequence[tuple[int, int]],
                   out_hw: Sequence[int]) -> Value:
     """x [N, H, W, C] ⊛ w [3, 3, C, O] at stride 1 with `pads` per spatial axis -> [N, OH, OW, O]
     (`out_hw`: OH, OW)."""
-    n, h, wd, _ = x.shape
+    n, h, wd, c = x.shape
     out_hw = list(out_hw)
     th, tw = ((s + 1) // 2 for s in out_hw)
     # the tiles cover 2·T + 2 padded pixels per axis: an odd output size reads one pixel past `pads`
     high = [2 * t + 2 - size - lo for t, size, (lo, _) in zip((th, tw), (h, wd), pads, strict=True)]
     xp = b.pad(x, [0, pads[0][0], pads[1][0], 0], [0, *high, 0])
-    m = [b.dot_general(v, u, ([1], [0])) for v, u in zip(input_transform(b, xp), kernel_transform(b, w), strict=True)]
-    y = output_transform(b, m, n, th, tw)
+    v = apply(b, input_matrix(), input_tiles(b, xp))
+    m = b.dot_general(b.reshape(v, (16, n * th * tw, c)), kernel_transform(b, w), ([2], [1]), ((0,), (0,)))
+    y = output_tiles(b, m, n, th, tw)
     if [2 * th, 2 * tw] != out_hw:
         y = b.slice(y, [0, 0, 0, 0], [n, *out_hw, w.shape[3]])
     return y
