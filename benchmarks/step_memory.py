@@ -12,7 +12,6 @@ host found them still live, and `--pause-ms` waits that long after each step bef
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import re
 import subprocess
@@ -20,29 +19,25 @@ import sys
 import time
 
 
-class _Mallinfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-                 "keepcost")]
-
-
 def one_run(net: str, batch: int, steps: int, pause_ms: float) -> dict:
+    from hloforge.backends.host_memory import mallinfo2
     from hloforge.bench.common import batches, load_net
     from hloforge.bench.timing import make_hloforge, peak_rss_mb
 
-    libc = ctypes.CDLL(None)
-    libc.mallinfo2.restype = _Mallinfo2
     _, step, _ = make_hloforge(net, "hloforge-xla", batch, 1e-3, 0)
     data = batches(load_net(net), batch, 4, 0)
     times, live_after = [], []
     for i in range(steps):
         t = time.perf_counter()
         step(*data[i % len(data)])
-        live_after.append(libc.mallinfo2().uordblks >> 20)  # right after the step returned
+        info = mallinfo2()
+        assert info is not None, "step_memory.py reads glibc's heap (mallinfo2): glibc 2.33+ only"
+        live_after.append(info.uordblks >> 20)  # right after the step returned
         time.sleep(pause_ms / 1e3)
         times.append(time.perf_counter() - t)
     rss = int(re.search(r"VmRSS:\s+(\d+)", open("/proc/self/status").read()).group(1)) >> 10
-    info = libc.mallinfo2()
+    info = mallinfo2()
+    assert info is not None, "step_memory.py reads glibc's heap (mallinfo2): glibc 2.33+ only"
     timed = sorted(times[2:])
     return {"pause_ms": pause_ms, "median_ms": 1e3 * timed[len(timed) // 2], "rss_mb": rss,
             "peak_mb": round(peak_rss_mb()), "heap_live_mb": info.uordblks >> 20, "heap_free_mb": info.fordblks >> 20,

@@ -83,3 +83,76 @@ def test_a_bad_policy_is_one_line_naming_the_choices(monkeypatch):
     assert host_memory_policy() == "release"
     monkeypatch.delenv(ENV_VAR)
     assert host_memory_policy() == "retain"
+
+
+# A program whose every call takes a 96 MiB temp buffer (the [M, 192] between its two dots): after
+# each execute returns, the heap in use is back where it was (XLA frees the temp on a worker thread
+# just after the outputs are ready; the execute waits for that), so nothing the host allocates next
+# lands beside it and the next call's temp finds its place.
+_SCRATCH_BACK = r'''
+import numpy as np
+from hloforge.backends import host_memory
+from hloforge.train.session import make_backend
+be = make_backend("xla")
+m = 131072
+text = """func.func @main(%x: tensor<Mx16xf32>, %w: tensor<16x192xf32>, %v: tensor<192x8xf32>) -> tensor<Mx8xf32> {
+  %y = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0]
+    : (tensor<Mx16xf32>, tensor<16x192xf32>) -> tensor<Mx192xf32>
+  %t = stablehlo.tanh %y : tensor<Mx192xf32>
+  %z = stablehlo.dot_general %t, %v, contracting_dims = [1] x [0]
+    : (tensor<Mx192xf32>, tensor<192x8xf32>) -> tensor<Mx8xf32>
+  return %z : tensor<Mx8xf32>
+}""".replace("M", str(m))
+exe = be.compile(text)
+buffers = [be.to_device(np.full(s, 0.01, np.float32)) for s in [(m, 16), (16, 192), (192, 8)]]
+grown, scratch = [], []
+for _ in range(80):
+    before = host_memory.heap_in_use()
+    (z,) = be.execute(exe, buffers)
+    grown.append(host_memory.heap_in_use() - before)
+    be.to_host(z)
+    del z
+print(max(grown) >> 20)
+'''
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the policy is glibc's malloc settings")
+def test_an_xla_execute_returns_once_its_temp_buffer_is_freed():
+    done = subprocess.run([sys.executable, "-c", _SCRATCH_BACK], env={**os.environ, ENV_VAR: "retain"},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    grown_mib = int(done.stdout.split()[-1])
+    assert grown_mib < 16, f"the heap held {grown_mib} MiB more after an execute than before it (temp: 96 MiB)"
+
+
+def test_waiting_for_a_scratch_ends_when_it_is_freed_or_after_its_limit(monkeypatch):
+    from hloforge.backends import host_memory
+
+    if not host_memory.retain_freed_host_memory() or host_memory.heap_in_use() is None:
+        pytest.skip("heap memory is not kept here (not glibc 2.33+)")
+    import ctypes
+    import threading
+    import time
+
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, (ctypes.c_size_t,)
+    libc.free.argtypes = (ctypes.c_void_p,)
+    size = host_memory.SCRATCH_MIN_BYTES * 2
+    before = host_memory.heap_in_use()
+    block = libc.malloc(size)
+    scratch = host_memory.scratch_grown(before, output_bytes=0)
+    assert size <= scratch < size + (1 << 20)
+    freer = threading.Timer(0.005, libc.free, (block,))
+    monkeypatch.setattr(host_memory, "SCRATCH_WAIT_S", 60.0)  # a loaded machine may start the timer late
+    freer.start()
+    host_memory.wait_for_scratch(before, 0, scratch)
+    assert host_memory.heap_in_use() <= before + scratch // 2  # returned because the block was freed
+    freer.join()
+    block = libc.malloc(size)
+    monkeypatch.setattr(host_memory, "SCRATCH_WAIT_S", 0.05)
+    t = time.perf_counter()
+    host_memory.wait_for_scratch(before, 0, scratch)  # never freed meanwhile: returns at the limit
+    assert time.perf_counter() - t >= host_memory.SCRATCH_WAIT_S
+    assert host_memory.heap_in_use() > before + scratch // 2
+    libc.free(block)
+    assert host_memory.scratch_grown(host_memory.heap_in_use(), output_bytes=0) == 0  # nothing grew

@@ -18,14 +18,28 @@ processes; each setting alone: the one arena is the whole of it, no mmap and no 
 nothing). `HLOFORGE_HOST_MEMORY=release` keeps glibc's own policy. It must be chosen before the
 XLA client starts: its threads take their arenas then (set later, XLA kept faulting 47 000 pages
 per step). Elsewhere than glibc this does nothing.
+
+A kept heap has one race to close. XLA's CPU client allocates an execution's temp buffer (on the
+calling thread, at times on its worker) and frees it on its worker thread just after the outputs
+are ready; a step that starts before that free lands allocates a second temp buffer beside the
+first, and the kept heap holds both from then on (vit-cifar's peak RSS 490 MB in a run without the
+race, 812–1137 MB with it). So an executable learns its scratch, what the heap grows by beyond its
+outputs when launched (:func:`scratch_grown`), and each execute, once its outputs are ready, waits
+briefly for that scratch to be back (:func:`wait_for_scratch`) before it returns. What this cannot
+prevent is a block the runtime keeps, allocated above a live temp buffer: the freed temp is then a
+hole the next one may not fit, and the heap grows by one temp buffer once (resnet18-cifar's peak
+624 MB, or ~930 when that happens; benchmarks/NOTES.md).
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import platform
 import threading
+import time
+from collections.abc import Callable
 
 from hloforge.core.errors import BackendError
 
@@ -74,3 +88,64 @@ def host_memory_description() -> str:
     """For a backend's fingerprint: the allocator policy its steps run under."""
     retained = _applied if _applied is not None else host_memory_policy() == "retain" and _glibc()
     return f"host memory {'retained' if retained else 'released'}"
+
+
+class _Mallinfo2(ctypes.Structure):  # glibc's struct mallinfo2 (glibc 2.33+)
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+@functools.cache
+def _mallinfo2_function() -> Callable[[], _Mallinfo2] | None:
+    fn = getattr(ctypes.CDLL(None), "mallinfo2", None) if _glibc() else None
+    if fn is not None:
+        fn.restype, fn.argtypes = _Mallinfo2, ()
+    return fn
+
+
+def mallinfo2() -> _Mallinfo2 | None:
+    """glibc's heap statistics (its cost grows with the free blocks: ~1–40 µs on the suite's steps),
+    or None elsewhere than glibc 2.33+."""
+    fn = _mallinfo2_function()
+    return None if fn is None else fn()
+
+
+# An execute whose scratch (the heap it grew by beyond its outputs) is at least this large waits for
+# it to be freed; a smaller one is not worth the heap readings.
+SCRATCH_MIN_BYTES = 64 << 20
+# The longest an execute waits: the free lands within ~2 ms of the outputs (a 2 ms pause after each
+# step removed the race in 5 runs of 5, 0.2 ms did not), and a heap that does not shrink (another
+# thread allocating meanwhile) must not stall the steps.
+SCRATCH_WAIT_S = 0.02
+
+
+def heap_in_use() -> int | None:
+    """Bytes the kept heap has handed out and not had back, or None when heap memory is not kept
+    (the "release" policy, or not glibc)."""
+    if not _applied:
+        return None
+    info = mallinfo2()
+    return None if info is None else int(info.uordblks)
+
+
+def scratch_grown(before: int | None, output_bytes: int) -> int:
+    """Right after an execute was launched, with `before` the heap in use just before the launch and
+    `output_bytes` what its outputs take at most: how far the heap grew beyond them, its scratch (0
+    when the runtime has not allocated it yet: XLA's CPU client allocates it on the launching thread
+    or, at times, on its worker)."""
+    after = heap_in_use() if before is not None else None
+    return 0 if after is None or before is None else max(after - before - output_bytes, 0)
+
+
+def wait_for_scratch(before: int | None, output_bytes: int, scratch: int) -> None:
+    """Once an execute's outputs are ready, for an executable whose scratch has been seen to be
+    `scratch` bytes (`scratch_grown`): wait up to SCRATCH_WAIT_S for the heap in use to fall back
+    below `before` + `output_bytes` + half the scratch, so that nothing the host allocates next lands
+    beside a scratch about to be freed, and the next scratch finds its place free."""
+    if before is None or scratch < SCRATCH_MIN_BYTES:
+        return
+    freed_below = before + output_bytes + scratch // 2
+    deadline = time.perf_counter() + SCRATCH_WAIT_S
+    while (used := heap_in_use()) is not None and used > freed_below and time.perf_counter() < deadline:
+        time.sleep(0.0001)

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from hloforge.backends import host_memory
 from hloforge.backends.signature import ArgSpec
 from hloforge.backends.xla.pjrt.buffers import _DONATED, DeviceBuffer, Owner
 from hloforge.backends.xla.pjrt.declarations import _struct_size, ffi
@@ -21,6 +22,8 @@ class Executable:
         self._closed = False
         self.num_replicas = num_replicas
         self._output_types: list[tuple[tuple[int, ...], np.dtype]] | None = None
+        self._outputs_size: int | None = None  # bytes, from _output_types
+        self._scratch_bytes = 0  # the most the heap has been seen to grow beyond the outputs at a launch
         self._passed: list[tuple[object, ...]] | None = None  # what the last accepted arguments were
         self._options: dict[tuple[int, ...], tuple[object, object]] = {}  # keep-set -> (options, its array)
         #: the parameters of @main as read from the text (None: not recognized)
@@ -105,6 +108,14 @@ class Executable:
             made = self._options[key] = (options, non_donatable)  # the options point into the array
         return made[0]
 
+    def _output_bytes(self) -> int:
+        """What one device's outputs take, at most (an output donated an input's buffer takes none)."""
+        if self._outputs_size is None:
+            assert self._output_types is not None
+            self._outputs_size = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize
+                                     for shape, dtype in self._output_types)
+        return self._outputs_size
+
     def _check_args(self, args: Sequence[DeviceBuffer]) -> None:
         try:  # the steady state: the same kinds of live buffers as the last call that passed
             if [(b.__class__, b._client, b.shape, b.dtype, b._gone) for b in args] == self._passed:
@@ -159,6 +170,7 @@ class Executable:
         options = self._options_keeping(keep)
         doing = "executing"
         ok = False
+        heap_before = host_memory.heap_in_use()
         try:
             api.call(
                 "LoadedExecutable_Execute",
@@ -188,12 +200,15 @@ class Executable:
                 [DeviceBuffer(self._client, out[j], *t) for j, t in enumerate(self._output_types)]
                 for out in out_arrays
             ]
+        output_bytes = len(per_device) * self._output_bytes()
+        self._scratch_bytes = max(self._scratch_bytes, host_memory.scratch_grown(heap_before, output_bytes))
         try:
             # A borrowed input serves one execute: release it while the computation runs (PJRT frees
             # lazily once the computation is done with it), not on the step's critical path after it.
             self._release_borrowed(per_device)
             for i in range(len(per_device)):
                 api.await_event(events[i], doing)
+            host_memory.wait_for_scratch(heap_before, output_bytes, self._scratch_bytes)
             for outs in outputs:
                 for buf in outs:
                     buf._computed = True
