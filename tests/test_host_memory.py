@@ -105,7 +105,7 @@ text = """func.func @main(%x: tensor<Mx16xf32>, %w: tensor<16x192xf32>, %v: tens
 }""".replace("M", str(m))
 exe = be.compile(text)
 buffers = [be.to_device(np.full(s, 0.01, np.float32)) for s in [(m, 16), (16, 192), (192, 8)]]
-grown, scratch = [], []
+grown = []
 for _ in range(80):
     before = host_memory.heap_in_use()
     (z,) = be.execute(exe, buffers)

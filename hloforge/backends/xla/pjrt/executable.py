@@ -109,7 +109,7 @@ class Executable:
         return made[0]
 
     def _output_bytes(self) -> int:
-        """What one device's outputs take, at most (an output donated an input's buffer takes none)."""
+        """What one device's outputs take, at most (an output that took over a donated input's buffer takes none)."""
         if self._outputs_size is None:
             assert self._output_types is not None
             self._outputs_size = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize
