@@ -24,20 +24,22 @@ def one_run(net: str, batch: int, steps: int, pause_ms: float) -> dict:
     from hloforge.bench.common import batches, load_net
     from hloforge.bench.timing import make_hloforge, peak_rss_mb
 
+    def heap():  # glibc's heap statistics, checked once for all readings
+        info = mallinfo2()
+        assert info is not None, "step_memory.py reads glibc's heap (mallinfo2): glibc 2.33+ only"
+        return info
+
     _, step, _ = make_hloforge(net, "hloforge-xla", batch, 1e-3, 0)
     data = batches(load_net(net), batch, 4, 0)
     times, live_after = [], []
     for i in range(steps):
         t = time.perf_counter()
         step(*data[i % len(data)])
-        info = mallinfo2()
-        assert info is not None, "step_memory.py reads glibc's heap (mallinfo2): glibc 2.33+ only"
-        live_after.append(info.uordblks >> 20)  # right after the step returned
+        live_after.append(heap().uordblks >> 20)  # right after the step returned
         time.sleep(pause_ms / 1e3)
         times.append(time.perf_counter() - t)
     rss = int(re.search(r"VmRSS:\s+(\d+)", open("/proc/self/status").read()).group(1)) >> 10
-    info = mallinfo2()
-    assert info is not None, "step_memory.py reads glibc's heap (mallinfo2): glibc 2.33+ only"
+    info = heap()
     timed = sorted(times[2:])
     return {"pause_ms": pause_ms, "median_ms": 1e3 * timed[len(timed) // 2], "rss_mb": rss,
             "peak_mb": round(peak_rss_mb()), "heap_live_mb": info.uordblks >> 20, "heap_free_mb": info.fordblks >> 20,

@@ -22,7 +22,7 @@ class Executable:
         self._closed = False
         self.num_replicas = num_replicas
         self._output_types: list[tuple[tuple[int, ...], np.dtype]] | None = None
-        self._outputs_size: int | None = None  # bytes, from _output_types
+        self._output_bytes = 0  # what one device's outputs take, at most (a donated buffer taken over: none)
         self._scratch_bytes = 0  # the most the heap has been seen to grow beyond the outputs at a launch
         self._passed: list[tuple[object, ...]] | None = None  # what the last accepted arguments were
         self._options: dict[tuple[int, ...], tuple[object, object]] = {}  # keep-set -> (options, its array)
@@ -108,14 +108,6 @@ class Executable:
             made = self._options[key] = (options, non_donatable)  # the options point into the array
         return made[0]
 
-    def _output_bytes(self) -> int:
-        """What one device's outputs take, at most (an output that took over a donated input's buffer takes none)."""
-        if self._outputs_size is None:
-            assert self._output_types is not None
-            self._outputs_size = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize
-                                     for shape, dtype in self._output_types)
-        return self._outputs_size
-
     def _check_args(self, args: Sequence[DeviceBuffer]) -> None:
         try:  # the steady state: the same kinds of live buffers as the last call that passed
             if [(b.__class__, b._client, b.shape, b.dtype, b._gone) for b in args] == self._passed:
@@ -191,6 +183,8 @@ class Executable:
         if self._output_types is None:  # fixed for a compiled executable: read once
             first = [DeviceBuffer(self._client, out_arrays[0][j]) for j in range(self.num_outputs)]
             self._output_types = [(b.shape, b.dtype) for b in first]
+            self._output_bytes = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize
+                                     for shape, dtype in self._output_types)
             outputs = [first] + [
                 [DeviceBuffer(self._client, out[j], *t) for j, t in enumerate(self._output_types)]
                 for out in out_arrays[1:]
@@ -200,7 +194,7 @@ class Executable:
                 [DeviceBuffer(self._client, out[j], *t) for j, t in enumerate(self._output_types)]
                 for out in out_arrays
             ]
-        output_bytes = len(per_device) * self._output_bytes()
+        output_bytes = len(per_device) * self._output_bytes
         self._scratch_bytes = max(self._scratch_bytes, host_memory.scratch_grown(heap_before, output_bytes))
         try:
             # A borrowed input serves one execute: release it while the computation runs (PJRT frees
