@@ -54,6 +54,26 @@ def test_a_round_that_fails_is_said_and_the_others_still_count(monkeypatch, tmp_
     assert row["note"] == "round 2 failed: RuntimeError: the machine fell over"
 
 
+@pytest.mark.parametrize("cold", [False, True])
+def test_setup_of_each_round_is_counted_as_compiled_or_cached(cold, monkeypatch, tmp_path, capsys):
+    """Without --cold a net's later rounds load the first round's executable from the cache (as a
+    second run would) and the table says so in a row of its own; with --cold every round compiles."""
+    monkeypatch.setenv("HLOFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "r.json"
+    bench.main(["--nets", "mnist-linear", "--batch", "4", "--steps", "1", "--warmup", "1", "--rounds", "3",
+                "--isolate", "", "--backends", "hloforge-xla", "--dispatch-calls", "0", "--no-roofline",
+                "--json", str(out), *(["--cold"] if cold else [])])
+    (row,) = json.loads(out.read_text())["results"]
+    assert (len(row["cold_setups"]), len(row["cached_setups"])) == ((3, 0) if cold else (1, 2))
+    assert row["compile_s"] == row["cold_setups"][0] > 0
+    text = capsys.readouterr().out
+    assert "  setup " in text and ("  setup, cached" in text) != cold
+    assert "(compiled " in text
+    import os  # the empty caches were the rounds' own: the user's setting is back
+    assert os.environ["HLOFORGE_CACHE_DIR"] == str(tmp_path / "cache")
+    assert any((tmp_path / "cache").rglob("*")) != cold
+
+
 def test_bench_skips_unavailable_backend_with_a_note(monkeypatch, capsys):
     monkeypatch.setattr(bench.common, "hloforge_backend_names", lambda: ["xla"])
     rc = bench.main(["--nets", "mnist-linear", "--batch", "4", "--steps", "1", "--warmup", "1",
@@ -116,7 +136,7 @@ def test_torch_and_jax_peers_of_a_vit_follow_hloforge_step_by_step():
     x, y = bench.batches(bench.load_net(net), 4, 1, 0)[0]
     losses = {}
     for backend in ("hloforge-xla", "jax.jit", "torch"):
-        _, step, _ = bench.make_step(net, backend, 4, 1e-3, 0)
+        _, step, _, _ = bench.make_step(net, backend, 4, 1e-3, 0)
         losses[backend] = [step(x, y) for _ in range(3)]
     ours = losses["hloforge-xla"]
     assert ours[2] < ours[1] < ours[0]

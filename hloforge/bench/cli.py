@@ -15,7 +15,10 @@ with compile time reported separately:
   (inductor), compiled in setup.
 
 Each (net, backend) runs in a child process of its own (``--isolate``); the
-table's "peak RSS" rows are that child's peak resident set size, MB.
+table's "peak RSS" rows are that child's peak resident set size, MB. Its "setup"
+rows are the median over the rounds of the setups that compiled and, apart, of
+those that loaded hloforge's cached executable (a net's rounds after the first,
+unless ``--cold`` gives every round an empty cache).
 
 All start from ``spec.init_params(seed)`` and see the same batches, so their
 first-step losses must agree (printed as a sanity check; a mismatch fails).
@@ -33,6 +36,7 @@ imported on the training path.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -56,6 +60,7 @@ from hloforge.bench.report import details, sanity, strategy_table, table, throug
 from hloforge.bench.timing import (
     _in_child,
     dispatch_us,
+    empty_cache,
     measure,
     measure_isolated,
     peak_rss_mb,
@@ -82,6 +87,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=1,
                    help="measure each net's backends this many times, alternating, and pool the steps: "
                         "a ratio then compares steps from the same stretches of time (default %(default)s)")
+    p.add_argument("--cold", action="store_true",
+                   help="every round's hloforge setup compiles, its executable cache empty (by default the rounds "
+                        "after a net's first load it from the cache, as a second run would)")
     p.add_argument("--backends", default=",".join(BACKENDS),
                    help=f"comma-separated subset of {', '.join(BACKENDS)}; unavailable ones are skipped with a note "
                         "(default: all)")
@@ -157,14 +165,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"[bench] {net} batch {batch} on {b}: compile, {args.warmup} warm-up, {steps} timed steps"
                       + (f" (round {rnd + 1}/{args.rounds})" if args.rounds > 1 else ""), file=sys.stderr, flush=True)
                 try:
-                    if b in isolate:
-                        r = measure_isolated(net, b, batch, steps, args.warmup, args.lr, args.seed, args.cap_s)
-                    else:
-                        r = measure(net, b, batch, steps, args.warmup, args.lr, args.seed)
+                    with empty_cache() if args.cold and b.startswith("hloforge-") else contextlib.nullcontext():
+                        if b in isolate:
+                            r = measure_isolated(net, b, batch, steps, args.warmup, args.lr, args.seed, args.cap_s)
+                        else:
+                            r = measure(net, b, batch, steps, args.warmup, args.lr, args.seed)
                 except Exception as e:  # noqa: BLE001 - report the failure in the table, keep benchmarking
                     r = Result(net, b, batch, note=f"failed: {type(e).__name__}: {e}"[:300])
-                if b in pooled:  # a later round: its steps join the first round's (compile and loss stay)
+                if b in pooled:  # a later round: its steps and setup join the first round's (its loss stays)
                     pooled[b].ms += r.ms
+                    pooled[b].cold_setups += r.cold_setups
+                    pooled[b].cached_setups += r.cached_setups
                     if not r.ms:  # said, not dropped: the median is then over the rounds that ran
                         pooled[b].note = "; ".join(n for n in (pooled[b].note, f"round {rnd + 1} {r.note}") if n)
                 else:

@@ -47,10 +47,13 @@ class Result:
     backend: str
     batch: int
     ms: list[float] = field(default_factory=list)
-    compile_s: float | None = None
+    compile_s: float | None = None  # the (first round's) setup, s
     first_loss: float | None = None
     note: str = ""
     peak_rss_mb: float | None = None  # the measuring child's peak resident set; None when measured in-process
+    # every round's setup, s, apart by whether it compiled or loaded its executable from hloforge's cache
+    cold_setups: list[float] = field(default_factory=list)
+    cached_setups: list[float] = field(default_factory=list)
 
     @property
     def median_ms(self) -> float | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,7 +50,9 @@ def sanity(results: Sequence[Result]) -> list[tuple[str, bool]]:
 
 def table(results: Sequence[Result], backends: Sequence[str], dispatch: dict[str, dict[str, Any]]) -> str:
     """One row per net (and one for dispatch), one column per backend: median and ratio to jax.jit;
-    under each net a row of the measuring child's peak resident memory, MB (ratio to jax.jit)."""
+    under each net a row of the measuring child's peak resident memory, MB, one of the median setup
+    that compiled, s, and where some setup loaded its executable from the cache one of those (each
+    ratio to jax.jit's peak or compiling setup)."""
     def cell(value: float | None, base: float | None, unit: str) -> str:
         if value is None:
             return "-"
@@ -68,6 +71,11 @@ def table(results: Sequence[Result], backends: Sequence[str], dispatch: dict[str
         base = mine["jax.jit"].peak_rss_mb if "jax.jit" in mine else None
         rows.append(["  peak RSS", *(cell(mine[b].peak_rss_mb if b in mine else None, base, "MB")
                                      for b in backends)])
+        cold = {b: statistics.median(r.cold_setups) for b, r in mine.items() if r.cold_setups}
+        cached = {b: statistics.median(r.cached_setups) for b, r in mine.items() if r.cached_setups}
+        rows.append(["  setup", *(cell(cold.get(b), cold.get("jax.jit"), "s") for b in backends)])
+        if cached:
+            rows.append(["  setup, cached", *(cell(cached.get(b), cold.get("jax.jit"), "s") for b in backends)])
     if dispatch:
         base = dispatch.get("jax.jit", {}).get("us")
         rows.append(["dispatch (a+1)", *(cell(dispatch.get(b, {}).get("us"), base, "us") for b in backends)])
@@ -108,12 +116,20 @@ def throughput(results: Sequence[Result], backends: Sequence[str], gflop: dict[s
 
 
 def details(results: Sequence[Result], dispatch: dict[str, dict[str, Any]]) -> str:
+    def rounds(r: Result) -> str:
+        """Every round's setup where there were several: those that compiled, then the cache hits."""
+        if len(r.cold_setups) + len(r.cached_setups) < 2:
+            return ""
+        parts = [f"{name} " + " ".join(f"{s:.2f}" for s in setups)
+                 for name, setups in (("compiled", r.cold_setups), ("cached", r.cached_setups)) if setups]
+        return f" ({'; '.join(parts)})"
+
     lines = ["", "per (net, backend): median / min ms per step over N timed steps, setup (compile) s, first loss, "
              "peak RSS"]
     for r in results:
         if r.ms:
             lines.append(f"  {r.net:12} {r.backend:14} median {r.median_ms:8.3f}  min {min(r.ms):8.3f}  "
-                         f"N={len(r.ms):3}  setup {r.compile_s:7.2f}s  loss0 {r.first_loss:.6f}"
+                         f"N={len(r.ms):3}  setup {r.compile_s:7.2f}s{rounds(r)}  loss0 {r.first_loss:.6f}"
                          + (f"  peak {r.peak_rss_mb:.0f} MB" if r.peak_rss_mb is not None else "")
                          + (f"  ({r.note})" if r.note else ""))
         else:

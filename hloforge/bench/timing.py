@@ -3,6 +3,7 @@ a cap), the work of a step and the sgemm roofline, and the dispatch overhead of 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -11,17 +12,18 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
+from hloforge.backends.base import CACHE_ENV_VAR
 from hloforge.bench.common import BACKENDS, SGEMM_N, Result, StepFn, batches, load_net
 from hloforge.bench.peers_jax import jax_adam_step, make_jax
 from hloforge.bench.peers_torch import make_torch
 
 
-def make_hloforge(net: str, backend: str, batch: int, lr: float, seed: int) -> tuple[float, StepFn, str]:
+def make_hloforge(net: str, backend: str, batch: int, lr: float, seed: int) -> tuple[float, StepFn, str, bool]:
     from hloforge.core.variant import Variant
     from hloforge.train import autotune
     from hloforge.train.session import TrainSession, make_backend
@@ -33,30 +35,49 @@ def make_hloforge(net: str, backend: str, batch: int, lr: float, seed: int) -> t
         session = TrainSession(spec, Variant("adam"), batch, be, seed=seed)
     compile_s = time.perf_counter() - t
     # Both backends keep compiled executables on disk: a cache hit did not really compile.
-    note = "setup was a compile-cache hit" if getattr(session.exe, "cache_hit", False) else ""
+    cache_hit = bool(getattr(session.exe, "cache_hit", False))
+    note = "setup was a compile-cache hit" if cache_hit else ""
     if tuning is not None:
         note = "; ".join(n for n in (note, tuning.summary()) if n)
 
     def step(x: np.ndarray, y: np.ndarray) -> float:
         return session.train_step(x, y, lr)
 
-    return compile_s, step, note
+    return compile_s, step, note, cache_hit
 
 
-def make_step(net: str, backend: str, batch: int, lr: float, seed: int) -> tuple[float, StepFn, str]:
+def make_step(net: str, backend: str, batch: int, lr: float, seed: int) -> tuple[float, StepFn, str, bool]:
+    """(setup s, the step, a note, whether the setup loaded a cached executable instead of compiling)."""
     if backend.startswith("hloforge-"):
         return make_hloforge(net, backend, batch, lr, seed)
     if backend == "jax.jit":
-        return make_jax(net, batch, lr, seed)
+        return (*make_jax(net, batch, lr, seed), False)
     if backend in ("torch", "torch-compile"):
-        return make_torch(net, batch, lr, seed, compiled=backend == "torch-compile")
+        return (*make_torch(net, batch, lr, seed, compiled=backend == "torch-compile"), False)
     raise ValueError(f"unknown benchmark backend {backend!r}; expected one of {BACKENDS}")
+
+
+@contextlib.contextmanager
+def empty_cache() -> Iterator[None]:
+    """hloforge's executable caches in a new empty directory inside the block (a child process
+    started in it inherits the setting), so a setup there compiles."""
+    before = os.environ.get(CACHE_ENV_VAR)
+    with tempfile.TemporaryDirectory(prefix="hloforge-bench-cache-") as d:
+        os.environ[CACHE_ENV_VAR] = d
+        try:
+            yield
+        finally:
+            if before is None:
+                del os.environ[CACHE_ENV_VAR]
+            else:
+                os.environ[CACHE_ENV_VAR] = before
 
 
 def measure(net: str, backend: str, batch: int, steps: int, warmup: int, lr: float, seed: int) -> Result:
     res = Result(net, backend, batch)
     data = batches(load_net(net), batch, 4, seed)
-    res.compile_s, step, res.note = make_step(net, backend, batch, lr, seed)
+    res.compile_s, step, res.note, cache_hit = make_step(net, backend, batch, lr, seed)
+    (res.cached_setups if cache_hit else res.cold_setups).append(res.compile_s)
     for i in range(max(warmup, 1)):  # the first warm-up step gives the first-step loss
         loss = step(*data[i % len(data)])
         if i == 0:
@@ -109,7 +130,7 @@ def measure_isolated(net: str, backend: str, batch: int, steps: int, warmup: int
     if isinstance(d, str):
         return Result(net, backend, batch, note=d)
     return Result(d["net"], d["backend"], d["batch"], d["ms"], d["compile_s"], d["first_loss"], d["note"],
-                  d.get("peak_rss_mb"))
+                  d.get("peak_rss_mb"), d["cold_setups"], d["cached_setups"])
 
 
 # ------------------------------------------------------------ work and roofline ---
