@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -69,9 +70,19 @@ def test_setup_of_each_round_is_counted_as_compiled_or_cached(cold, monkeypatch,
     text = capsys.readouterr().out
     assert "  setup " in text and ("  setup, cached" in text) != cold
     assert "(compiled " in text
-    import os  # the empty caches were the rounds' own: the user's setting is back
+    # the empty caches were the rounds' own: the user's setting is back
     assert os.environ["HLOFORGE_CACHE_DIR"] == str(tmp_path / "cache")
     assert any((tmp_path / "cache").rglob("*")) != cold
+
+
+def test_cold_gives_torch_compile_an_empty_inductor_cache_and_puts_the_setting_back(monkeypatch):
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    with bench.timing.empty_cache("torch-compile"):
+        inside = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+        assert os.path.isdir(inside) and not os.listdir(inside)
+    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ and not os.path.exists(inside)
+    with bench.timing.empty_cache("torch"):  # eager torch keeps nothing on disk
+        assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ
 
 
 def test_bench_skips_unavailable_backend_with_a_note(monkeypatch, capsys):
@@ -144,13 +155,15 @@ def test_torch_and_jax_peers_of_a_vit_follow_hloforge_step_by_step():
         assert losses[backend] == pytest.approx(ours, rel=bench.LOSS_RTOL), backend
 
 
-def test_torch_compile_peer_and_peak_memory_in_table_and_json(tmp_path, capsys):
-    """torch.compile runs as a peer (its compile in setup, the same first loss) and every isolated
-    (net, backend) reports its child's peak resident memory."""
+def test_torch_compile_peer_and_peak_memory_in_table_and_json(monkeypatch, tmp_path, capsys):
+    """torch.compile runs as a peer (its compile in setup, the same first loss; a second round loads
+    its graphs from inductor's cache and is counted so) and every isolated (net, backend) reports its
+    child's peak resident memory."""
     pytest.importorskip("torch")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     out = tmp_path / "bench.json"
-    rc = bench.main(["--nets", "mnist-linear", "--batch", "4", "--steps", "2", "--warmup", "1", "--dispatch-calls", "0",
-                     "--no-roofline", "--backends", "hloforge-xla,torch-compile", "--json", str(out)])
+    rc = bench.main(["--nets", "mnist-linear", "--batch", "4", "--steps", "1", "--warmup", "1", "--dispatch-calls", "0",
+                     "--rounds", "2", "--no-roofline", "--backends", "hloforge-xla,torch-compile", "--json", str(out)])
     text = capsys.readouterr().out
     assert rc == 0 and "torch-compile first-step loss" in text and "MISMATCH" not in text
     assert "peak RSS" in text
@@ -158,6 +171,7 @@ def test_torch_compile_peer_and_peak_memory_in_table_and_json(tmp_path, capsys):
     tc = rows["torch-compile"]
     assert len(tc["ms"]) == 2 and tc["median_ms"] > 0 and tc["compile_s"] > 0, tc["note"]
     assert "torch.compile" in tc["note"]
+    assert (len(tc["cold_setups"]), len(tc["cached_setups"])) == (1, 1)
     assert all(r["peak_rss_mb"] > 0 for r in rows.values())
 
 

@@ -17,8 +17,9 @@ with compile time reported separately:
 Each (net, backend) runs in a child process of its own (``--isolate``); the
 table's "peak RSS" rows are that child's peak resident set size, MB. Its "setup"
 rows are the median over the rounds of the setups that compiled and, apart, of
-those that loaded hloforge's cached executable (a net's rounds after the first,
-unless ``--cold`` gives every round an empty cache).
+those that loaded their compiled program from an on-disk cache (hloforge's
+executables, torch.compile's inductor graphs: a net's rounds after the first,
+unless ``--cold`` gives every round empty caches).
 
 All start from ``spec.init_params(seed)`` and see the same batches, so their
 first-step losses must agree (printed as a sanity check; a mismatch fails).
@@ -88,8 +89,8 @@ def parser() -> argparse.ArgumentParser:
                    help="measure each net's backends this many times, alternating, and pool the steps: "
                         "a ratio then compares steps from the same stretches of time (default %(default)s)")
     p.add_argument("--cold", action="store_true",
-                   help="every round's hloforge setup compiles, its executable cache empty (by default the rounds "
-                        "after a net's first load it from the cache, as a second run would)")
+                   help="every round's setup compiles: hloforge's executable cache and torch.compile's inductor "
+                        "cache empty (by default a net's later rounds load from them, as a second run would)")
     p.add_argument("--backends", default=",".join(BACKENDS),
                    help=f"comma-separated subset of {', '.join(BACKENDS)}; unavailable ones are skipped with a note "
                         "(default: all)")
@@ -165,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"[bench] {net} batch {batch} on {b}: compile, {args.warmup} warm-up, {steps} timed steps"
                       + (f" (round {rnd + 1}/{args.rounds})" if args.rounds > 1 else ""), file=sys.stderr, flush=True)
                 try:
-                    with empty_cache() if args.cold and b.startswith("hloforge-") else contextlib.nullcontext():
+                    with empty_cache(b) if args.cold else contextlib.nullcontext():
                         if b in isolate:
                             r = measure_isolated(net, b, batch, steps, args.warmup, args.lr, args.seed, args.cap_s)
                         else:

@@ -210,9 +210,28 @@ def _torch_act(name: str) -> list[Any]:
     return [acts[name]()]
 
 
-def make_torch(net: str, batch: int, lr: float, seed: int, compiled: bool = False) -> tuple[float, StepFn, str]:
-    """The torch peer's step; with `compiled`, the same module's forward and loss through
-    `torch.compile` (inductor), compiled in setup by one forward and backward on a zero batch."""
+def compile_counters() -> Any:
+    """torch.compile's event counters, or None where this torch lacks them (they are its internals)."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        return None
+    return counters
+
+
+def all_from_cache(counters: Any) -> bool:
+    """Whether what torch.compile compiled since `counters` were cleared all came from its on-disk
+    caches (AOTAutograd's and inductor's FX graphs): some hits, no miss."""
+    hits = counters["aot_autograd"]["autograd_cache_hit"] + counters["inductor"]["fxgraph_cache_hit"]
+    misses = counters["aot_autograd"]["autograd_cache_miss"] + counters["inductor"]["fxgraph_cache_miss"]
+    return bool(hits > 0 and misses == 0)
+
+
+def make_torch(net: str, batch: int, lr: float, seed: int,
+               compiled: bool = False) -> tuple[float, StepFn, str, bool]:
+    """The torch peer's step (and whether its setup loaded torch.compile's graphs from the cache);
+    with `compiled`, the same module's forward and loss through `torch.compile` (inductor), compiled
+    in setup by one forward and backward on a zero batch."""
     import torch
     import torch.nn.functional as F
 
@@ -229,6 +248,9 @@ def make_torch(net: str, batch: int, lr: float, seed: int, compiled: bool = Fals
         return F.cross_entropy(model(x), y)
 
     fwd = torch.compile(loss_of) if compiled else loss_of
+    counters = compile_counters() if compiled else None
+    if counters is not None:
+        counters.clear()
     if compiled:  # the first step would compile: do it here, without an update, so it counts as setup
         fwd(torch.zeros((batch, *spec.input_shape)), torch.zeros((batch,), dtype=torch.long)).backward()
         opt.zero_grad(set_to_none=True)
@@ -242,5 +264,6 @@ def make_torch(net: str, batch: int, lr: float, seed: int, compiled: bool = Fals
         return float(loss.item())
 
     if compiled:
-        return compile_s, step, "setup is model construction + torch.compile (inductor) of forward and backward"
-    return compile_s, step, "setup is model construction (eager: no compile)"
+        return (compile_s, step, "setup is model construction + torch.compile (inductor) of forward and backward",
+                counters is not None and all_from_cache(counters))
+    return compile_s, step, "setup is model construction (eager: no compile)", False

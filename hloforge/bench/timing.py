@@ -53,24 +53,34 @@ def make_step(net: str, backend: str, batch: int, lr: float, seed: int) -> tuple
     if backend == "jax.jit":
         return (*make_jax(net, batch, lr, seed), False)
     if backend in ("torch", "torch-compile"):
-        return (*make_torch(net, batch, lr, seed, compiled=backend == "torch-compile"), False)
+        return make_torch(net, batch, lr, seed, compiled=backend == "torch-compile")
     raise ValueError(f"unknown benchmark backend {backend!r}; expected one of {BACKENDS}")
 
 
+# Where each peer that keeps compiled programs on disk looks for them (torch.compile: inductor's cache).
+CACHE_DIR_VARS = {"hloforge-xla": CACHE_ENV_VAR, "hloforge-iree": CACHE_ENV_VAR,
+                  "torch-compile": "TORCHINDUCTOR_CACHE_DIR"}
+
+
 @contextlib.contextmanager
-def empty_cache() -> Iterator[None]:
-    """hloforge's executable caches in a new empty directory inside the block (a child process
-    started in it inherits the setting), so a setup there compiles."""
-    before = os.environ.get(CACHE_ENV_VAR)
+def empty_cache(backend: str) -> Iterator[None]:
+    """`backend`'s on-disk cache of compiled programs in a new empty directory inside the block (a
+    child process started in it inherits the setting), so a setup there compiles; nothing for a
+    peer without one."""
+    var = CACHE_DIR_VARS.get(backend)
+    if var is None:
+        yield
+        return
+    before = os.environ.get(var)
     with tempfile.TemporaryDirectory(prefix="hloforge-bench-cache-") as d:
-        os.environ[CACHE_ENV_VAR] = d
+        os.environ[var] = d
         try:
             yield
         finally:
             if before is None:
-                del os.environ[CACHE_ENV_VAR]
+                del os.environ[var]
             else:
-                os.environ[CACHE_ENV_VAR] = before
+                os.environ[var] = before
 
 
 def measure(net: str, backend: str, batch: int, steps: int, warmup: int, lr: float, seed: int) -> Result:
