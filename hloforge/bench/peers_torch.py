@@ -248,12 +248,14 @@ def make_torch(net: str, batch: int, lr: float, seed: int,
         return F.cross_entropy(model(x), y)
 
     fwd = torch.compile(loss_of) if compiled else loss_of
-    counters = compile_counters() if compiled else None
-    if counters is not None:
-        counters.clear()
+    cached = False
     if compiled:  # the first step would compile: do it here, without an update, so it counts as setup
+        counters = compile_counters()
+        if counters is not None:
+            counters.clear()
         fwd(torch.zeros((batch, *spec.input_shape)), torch.zeros((batch,), dtype=torch.long)).backward()
         opt.zero_grad(set_to_none=True)
+        cached = counters is not None and all_from_cache(counters)
     compile_s = time.perf_counter() - t
 
     def step(x: np.ndarray, y: np.ndarray) -> float:
@@ -264,6 +266,5 @@ def make_torch(net: str, batch: int, lr: float, seed: int,
         return float(loss.item())
 
     if compiled:
-        return (compile_s, step, "setup is model construction + torch.compile (inductor) of forward and backward",
-                counters is not None and all_from_cache(counters))
+        return compile_s, step, "setup is model construction + torch.compile (inductor) of forward and backward", cached
     return compile_s, step, "setup is model construction (eager: no compile)", False

@@ -47,7 +47,7 @@ def make_hloforge(net: str, backend: str, batch: int, lr: float, seed: int) -> t
 
 
 def make_step(net: str, backend: str, batch: int, lr: float, seed: int) -> tuple[float, StepFn, str, bool]:
-    """(setup s, the step, a note, whether the setup loaded a cached executable instead of compiling)."""
+    """(setup s, the step, a note, whether the setup loaded its compiled program from an on-disk cache)."""
     if backend.startswith("hloforge-"):
         return make_hloforge(net, backend, batch, lr, seed)
     if backend == "jax.jit":
