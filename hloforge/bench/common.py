@@ -51,7 +51,7 @@ class Result:
     first_loss: float | None = None
     note: str = ""
     peak_rss_mb: float | None = None  # the measuring child's peak resident set; None when measured in-process
-    # every round's setup, s, apart by whether it compiled or loaded its executable from hloforge's cache
+    # every round's setup, s, apart by whether it compiled or loaded its program from an on-disk cache
     cold_setups: list[float] = field(default_factory=list)
     cached_setups: list[float] = field(default_factory=list)
 

@@ -51,8 +51,8 @@ def sanity(results: Sequence[Result]) -> list[tuple[str, bool]]:
 def table(results: Sequence[Result], backends: Sequence[str], dispatch: dict[str, dict[str, Any]]) -> str:
     """One row per net (and one for dispatch), one column per backend: median and ratio to jax.jit;
     under each net a row of the measuring child's peak resident memory, MB, one of the median setup
-    that compiled, s, and where some setup loaded its executable from the cache one of those (each
-    ratio to jax.jit's peak or compiling setup)."""
+    that compiled, s, and where some setup loaded its program from an on-disk cache one of those
+    (each ratio to jax.jit's peak or compiling setup)."""
     def cell(value: float | None, base: float | None, unit: str) -> str:
         if value is None:
             return "-"

@@ -14,6 +14,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
+from unittest import mock
 
 import numpy as np
 
@@ -71,16 +72,8 @@ def empty_cache(backend: str) -> Iterator[None]:
     if var is None:
         yield
         return
-    before = os.environ.get(var)
-    with tempfile.TemporaryDirectory(prefix="hloforge-bench-cache-") as d:
-        os.environ[var] = d
-        try:
-            yield
-        finally:
-            if before is None:
-                del os.environ[var]
-            else:
-                os.environ[var] = before
+    with tempfile.TemporaryDirectory(prefix="hloforge-bench-cache-") as d, mock.patch.dict(os.environ, {var: d}):
+        yield
 
 
 def measure(net: str, backend: str, batch: int, steps: int, warmup: int, lr: float, seed: int) -> Result:
