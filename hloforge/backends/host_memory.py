@@ -15,7 +15,10 @@ mnist-mlp 1.6 either way; IREE mobilenetv2-mini 194 → 145.
 The costs: the process keeps its peak heap until it exits; and a step too small to need it pays
 for the one arena its threads then share: mnist-mlp on XLA 1.80–1.83 vs 1.66 ms (alternating
 processes; each setting alone: the one arena is the whole of it, no mmap and no trimming cost
-nothing). `HLOFORGE_HOST_MEMORY=release` keeps glibc's own policy. It must be chosen before the
+nothing). So does an XLA compile: its two threads wait on that arena's lock, resnet18-cifar's step
+compiling in 3.5 s against 2.7 (benchmarks/NOTES.md). The one arena cannot be lifted for a compile
+alone: glibc fixes the arena limit when a thread first takes an arena, and a thread keeps its arena.
+`HLOFORGE_HOST_MEMORY=release` keeps glibc's own policy. It must be chosen before the
 XLA client starts: its threads take their arenas then (set later, XLA kept faulting 47 000 pages
 per step). Elsewhere than glibc this does nothing.
 
