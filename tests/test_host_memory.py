@@ -156,3 +156,54 @@ def test_waiting_for_a_scratch_ends_when_it_is_freed_or_after_its_limit(monkeypa
     assert host_memory.heap_in_use() > before + scratch // 2
     libc.free(block)
     assert host_memory.scratch_grown(host_memory.heap_in_use(), output_bytes=0) == 0  # nothing grew
+
+
+# A kept heap where a freed scratch is stranded below a block allocated above it while it was live
+# (XLA's CPU client does this at times: a small allocation of its own lands just above the temp
+# buffer), in a fresh process. The next scratch cannot reuse that hole, so without hold_stranded_scratch
+# the heap keeps two; with it, the hole is taken over and its pages go back to the kernel.
+_STRANDED = r'''
+import ctypes, re, sys
+from hloforge.backends import host_memory
+assert host_memory.retain_freed_host_memory()
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, (ctypes.c_size_t,)
+libc.free.argtypes = (ctypes.c_void_p,)
+size = 2 * host_memory.SCRATCH_MIN_BYTES
+def rss():
+    return int(re.search(r"VmRSS:\s+(\d+)", open("/proc/self/status").read()).group(1)) << 10
+def block_above():  # larger than all the heap has free, so it comes from the top, above what came before
+    return libc.malloc(host_memory.mallinfo2().fordblks + (1 << 20))
+if sys.argv[1] == "one hole":
+    scratch = libc.malloc(size)
+    ctypes.memset(scratch, 1, size)  # in memory, as a used scratch is
+    block_above()
+    libc.free(scratch)
+else:  # two holes of half a scratch each: free memory enough, but no hole the next scratch fits
+    for k in (1, 2):  # the second larger than the first, so it cannot take the first's place
+        half = libc.malloc(size // 2 + (k << 20))
+        ctypes.memset(half, 1, size // 2)
+        block_above()
+        libc.free(half)
+info = host_memory.mallinfo2()
+assert info.keepcost < size <= info.fordblks - info.keepcost, "not the stranded layout this test needs"
+before = rss()
+held = host_memory.hold_stranded_scratch(size)
+again = host_memory.hold_stranded_scratch(size)
+print(held, again, (before - rss()) >> 20, len(host_memory._held_holes), host_memory.mallinfo2().arena >= info.arena)
+'''
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the policy is glibc's malloc settings")
+@pytest.mark.parametrize("layout", ["one hole", "two half holes"])
+def test_a_stranded_scratch_is_taken_over_and_its_memory_given_back(layout):
+    done = subprocess.run([sys.executable, "-c", _STRANDED, layout], env={**os.environ, ENV_VAR: "retain"},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    held, again, released_mib, kept, _ = done.stdout.split()
+    if layout == "one hole":
+        assert (held, again, kept) == ("True", "False", "1")  # taken once; then nothing is stranded
+        assert int(released_mib) >= 120, f"{released_mib} MiB given back of the 128 MiB hole"
+    else:  # no hole fits: the block it tried came from the top and went back to it
+        assert (held, again, kept) == ("False", "False", "0")
+        assert int(released_mib) < 16

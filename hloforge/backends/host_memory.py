@@ -26,18 +26,22 @@ A kept heap has one race to close. XLA's CPU client allocates an execution's tem
 calling thread, at times on its worker) and frees it on its worker thread just after the outputs
 are ready; a step that starts before that free lands allocates a second temp buffer beside the
 first, and the kept heap holds both from then on (vit-cifar's peak RSS 490 MB in a run without the
-race, 812–1137 MB with it). So an executable learns its scratch, what the heap grows by beyond its
-outputs when launched (:func:`scratch_grown`), and each execute, once its outputs are ready, waits
-briefly for that scratch to be back (:func:`wait_for_scratch`) before it returns. What this cannot
-prevent is a block the runtime keeps, allocated above a live temp buffer: the freed temp is then a
-hole the next one may not fit, and the heap grows by one temp buffer once (resnet18-cifar's peak
-624 MB, or ~930 when that happens; benchmarks/NOTES.md).
+race, 812–1137 MB with it). So an executable learns its scratch, what the heap grows by beyond the
+outputs it allocates when launched (:func:`scratch_grown`), and each execute, once its outputs are
+ready, waits briefly for that scratch to be back (:func:`wait_for_scratch`) before it returns.
+
+And one hole to fill. At times the client makes a small allocation of its own just above a live
+temp buffer; the freed temp is then a hole below it that the next temp, allocated aligned, cannot
+fit, and the heap would grow by one temp buffer (resnet18-cifar's peak 624 MB, or ~930 when that
+happened). After each execute :func:`hold_stranded_scratch` takes such a hole over with a block it
+never touches and gives the hole's pages back to the kernel (benchmarks/NOTES.md).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import mmap
 import os
 import platform
 import threading
@@ -55,6 +59,8 @@ _M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8
 
 _lock = threading.Lock()
 _applied: bool | None = None  # None until first asked; then whether glibc took the settings
+_held_holes: list[int] = []  # the blocks hold_stranded_scratch took over (their addresses)
+_held_hole_bytes = 0
 
 
 def _glibc() -> bool:
@@ -124,17 +130,19 @@ SCRATCH_WAIT_S = 0.02
 
 
 def heap_in_use() -> int | None:
-    """Bytes the kept heap has handed out and not had back, or None when heap memory is not kept
-    (the "release" policy, or not glibc)."""
+    """Bytes the kept heap has handed out and not had back, less the holes it holds (see
+    `hold_stranded_scratch`), or None when heap memory is not kept (the "release" policy, or not
+    glibc)."""
     if not _applied:
         return None
     info = mallinfo2()
-    return None if info is None else int(info.uordblks)
+    return None if info is None else int(info.uordblks) - _held_hole_bytes
 
 
 def scratch_grown(before: int | None, output_bytes: int) -> int:
     """Right after an execute was launched, with `before` the heap in use just before the launch and
-    `output_bytes` what its outputs take at most: how far the heap grew beyond them, its scratch (0
+    `output_bytes` what its outputs allocate (an output that takes over a donated input allocates
+    nothing): how far the heap grew beyond them, its scratch (0
     when the runtime has not allocated it yet: XLA's CPU client allocates it on the launching thread
     or, at times, on its worker)."""
     after = heap_in_use() if before is not None else None
@@ -152,3 +160,53 @@ def wait_for_scratch(before: int | None, output_bytes: int, scratch: int) -> Non
     deadline = time.perf_counter() + SCRATCH_WAIT_S
     while (used := heap_in_use()) is not None and used > freed_below and time.perf_counter() < deadline:
         time.sleep(0.0001)
+
+
+# How much less than a stranded scratch the block that takes its place asks for, so that it fits the
+# hole (a scratch reading includes what else the launch allocated), and how many such blocks a
+# process keeps at most (each holds address space, none of it memory).
+HOLE_SLACK_BYTES = 1 << 20
+MAX_HELD_HOLES = 4
+_MADV_DONTNEED = 4
+
+
+@functools.cache
+def _libc_calls() -> tuple[Callable[..., int], Callable[..., None], Callable[..., int]]:
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, (ctypes.c_size_t,)
+    libc.free.restype, libc.free.argtypes = None, (ctypes.c_void_p,)
+    libc.madvise.restype, libc.madvise.argtypes = ctypes.c_int, (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    return libc.malloc, libc.free, libc.madvise
+
+
+def hold_stranded_scratch(scratch: int) -> bool:
+    """After an execute whose `scratch` bytes are back in the kept heap: when that scratch came
+    back below a block allocated above it while it was live (the heap's top is too small for the
+    next scratch, and at least a scratch is free below it), the next scratch cannot reuse that
+    hole (XLA allocates it aligned, which asks for a little more than the hole), so the heap would
+    keep two. Take the hole over with a block that is never touched and give its pages back to the
+    kernel: the heap then keeps one scratch in memory. True when a hole was taken."""
+    global _held_hole_bytes
+    if scratch < SCRATCH_MIN_BYTES or len(_held_holes) >= MAX_HELD_HOLES or heap_in_use() is None:
+        return False
+    info = mallinfo2()
+    assert info is not None  # (heap_in_use read it)
+    top, free_below = int(info.keepcost), int(info.fordblks - info.keepcost)
+    if top >= scratch or free_below < scratch:
+        return False
+    malloc, free, madvise = _libc_calls()
+    size = scratch - HOLE_SLACK_BYTES
+    with _lock:
+        block = malloc(size)
+        if not block:
+            return False
+        after = mallinfo2()
+        if after is None or after.arena > info.arena or after.keepcost + size // 2 < top:  # from the top
+            free(block)
+            return False
+        page = mmap.PAGESIZE
+        start = -(-block // page) * page
+        madvise(start, (block + size - start) // page * page, _MADV_DONTNEED)
+        _held_holes.append(block)
+        _held_hole_bytes += size
+    return True

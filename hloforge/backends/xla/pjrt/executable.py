@@ -22,7 +22,8 @@ class Executable:
         self._closed = False
         self.num_replicas = num_replicas
         self._output_types: list[tuple[tuple[int, ...], np.dtype]] | None = None
-        self._output_bytes = 0  # what one device's outputs take, at most (a donated buffer taken over: none)
+        self._output_sizes: list[int] = []  # bytes of each output on one device
+        self._fresh_output_bytes: dict[tuple[int, ...], int] = {}  # keep-set -> what one device's outputs allocate
         self._scratch_bytes = 0  # the most the heap has been seen to grow beyond the outputs at a launch
         self._passed: list[tuple[object, ...]] | None = None  # what the last accepted arguments were
         self._options: dict[tuple[int, ...], tuple[object, object]] = {}  # keep-set -> (options, its array)
@@ -108,6 +109,18 @@ class Executable:
             made = self._options[key] = (options, non_donatable)  # the options point into the array
         return made[0]
 
+    def _output_bytes_allocated(self, keep: Sequence[int]) -> int:
+        """What one device's outputs allocate at a launch: an output that takes over a donated input
+        (one not in ``keep``) allocates nothing."""
+        key = tuple(sorted(set(keep)))
+        allocated = self._fresh_output_bytes.get(key)
+        if allocated is None:
+            taken_over = {spec.aliasing_output for i, spec in enumerate(self.input_specs or ())
+                          if spec.aliasing_output is not None and i not in key}
+            allocated = self._fresh_output_bytes[key] = sum(
+                size for j, size in enumerate(self._output_sizes) if j not in taken_over)
+        return allocated
+
     def _check_args(self, args: Sequence[DeviceBuffer]) -> None:
         try:  # the steady state: the same kinds of live buffers as the last call that passed
             if [(b.__class__, b._client, b.shape, b.dtype, b._gone) for b in args] == self._passed:
@@ -183,8 +196,7 @@ class Executable:
         if self._output_types is None:  # fixed for a compiled executable: read once
             first = [DeviceBuffer(self._client, out_arrays[0][j]) for j in range(self.num_outputs)]
             self._output_types = [(b.shape, b.dtype) for b in first]
-            self._output_bytes = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize
-                                     for shape, dtype in self._output_types)
+            self._output_sizes = [int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in self._output_types]
             outputs = [first] + [
                 [DeviceBuffer(self._client, out[j], *t) for j, t in enumerate(self._output_types)]
                 for out in out_arrays[1:]
@@ -194,7 +206,7 @@ class Executable:
                 [DeviceBuffer(self._client, out[j], *t) for j, t in enumerate(self._output_types)]
                 for out in out_arrays
             ]
-        output_bytes = len(per_device) * self._output_bytes
+        output_bytes = len(per_device) * self._output_bytes_allocated(keep)
         self._scratch_bytes = max(self._scratch_bytes, host_memory.scratch_grown(heap_before, output_bytes))
         try:
             # A borrowed input serves one execute: release it while the computation runs (PJRT frees
@@ -203,6 +215,7 @@ class Executable:
             for i in range(len(per_device)):
                 api.await_event(events[i], doing)
             host_memory.wait_for_scratch(heap_before, output_bytes, self._scratch_bytes)
+            host_memory.hold_stranded_scratch(self._scratch_bytes)
             for outs in outputs:
                 for buf in outs:
                     buf._computed = True
