@@ -63,7 +63,9 @@ def given(args: argparse.Namespace, cls: type) -> dict[str, Any]:
 
 
 def train_config(args: argparse.Namespace) -> TrainConfig:
-    """`hloforge train`'s parsed flags as the run's config (over --config's file when given)."""
+    """`hloforge train`'s parsed flags as the run's config: over --config's file when given, else on
+    --resume over the run's own config.toml."""
+    from hloforge.train.config import resumed_config
     from hloforge.train.trainer import TrainConfig, load_config
 
     if args.net_flag:
@@ -71,7 +73,9 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
             raise UnsupportedSpec(f"two nets given: {args.net!r} and --net {args.net_flag!r}")
         args.net = args.net_flag
     flags = given(args, TrainConfig)
-    return load_config(args.config, **flags) if args.config else TrainConfig(**flags)
+    if args.config:
+        return load_config(args.config, **flags)
+    return resumed_config(TrainConfig(**flags), flags) if args.resume else TrainConfig(**flags)
 
 
 def _train(args: argparse.Namespace) -> None:

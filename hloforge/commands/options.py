@@ -198,7 +198,9 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--run-dir", help="the run directory (default: runs/<net>_<variant>_<backend>[_<tag>], "
                                       "a new _2, _3 ... if taken)")
     sp.add_argument("--tag", help="a suffix of the default run directory (default: none)")
-    sp.add_argument("--resume", action="store_true", help="continue the run directory's checkpoint")
+    sp.add_argument("--resume", action="store_true",
+                    help="continue the run directory's checkpoint, with its config.toml (a flag given replaces "
+                         "its value)")
     sp.add_argument("--init", metavar="DIR_OR_FILE",
                     help="start a new run from these weights (a run directory, a checkpoint, an export directory "
                          "or a weights file), matched by name and shape; a new class count re-initialises the "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import tomllib
+from collections.abc import Collection
 from typing import Any
 
 import attrs
@@ -191,3 +192,24 @@ def parse_data_options(items: Any, what: str = "data option") -> dict[str, Any]:
         opts[key] = value
     return opts
 
+
+
+def resumed_config(cfg: TrainConfig, given: Collection[str]) -> TrainConfig:
+    """What `hloforge train --resume` continues: the run directory's own config.toml with `cfg`'s values
+    for the fields in `given` (the flags on the command line) on top, so a flag left out keeps the run's
+    value, not the default. A different batch is refused: the run's steps and schedule are counted in
+    its batches. With no config.toml there, `cfg` (the trainer then says what there is to resume)."""
+    from hloforge.backends.base import BACKEND_ENV_VAR, DEFAULT_BACKEND
+    from hloforge.zoo import get_net
+
+    spec = get_net(cfg.net, cfg.classes, cfg.input)
+    named = attrs.evolve(cfg, backend=cfg.backend or os.environ.get(BACKEND_ENV_VAR) or DEFAULT_BACKEND)
+    path = os.path.join(named.resolved_run_dir(named.variant(spec).apply_to(spec), resume=True), CONFIG)
+    if not os.path.exists(path):
+        return cfg
+    recorded = load_config(path)
+    if "batch" in given and cfg.batch != recorded.batch:
+        raise UnsupportedSpec(f"--batch {cfg.batch}: the run in {os.path.dirname(path)} trains with batch "
+                              f"{recorded.batch} (its config.toml), and its steps and schedule are counted in "
+                              "those; resume with that batch, or start a new run")
+    return load_config(path, **{name: getattr(cfg, name) for name in given})
