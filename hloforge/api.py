@@ -27,13 +27,13 @@ from hloforge.core.registry import default_registry
 from hloforge.core.spec import NetSpec
 from hloforge.core.variant import Variant, VariantFields
 from hloforge.train import checkpoint as ckpt
-from hloforge.train.config import CHECKPOINT, CONFIG
+from hloforge.train.config import CHECKPOINT, CONFIG, TrainConfig
 from hloforge.train.metrics import eval_set_id
-from hloforge.train.schedule import SCHEDULES
 from hloforge.train.session import ForwardSession, TrainSession, checked_labels, finite_inputs, make_backend
 
 NET_FILE = "net.json"  # a NetSpec the zoo does not name, written next to the checkpoint so `eval` rebuilds it
 ARRAYS = "arrays"  # what a fit on arrays names its data in the run's config (no registered dataset)
+PLOT_SUFFIXES = (".png",)  # what Model.plot writes: hloforge.train.curves.draw renders PNG
 
 
 class History(list):  # type: ignore[type-arg]
@@ -124,14 +124,19 @@ class Model:
                  **variant_fields: Any):
         from hloforge.train.tasks import default_loss
 
-        if not (lr > 0 and math.isfinite(lr)):
-            raise UnsupportedSpec(f"lr must be a positive number, got {lr}")
-        if schedule not in SCHEDULES:
-            raise UnsupportedSpec(f"unknown schedule {schedule!r}; expected one of {list(SCHEDULES)}")
         known = {f.name for f in attrs.fields(Variant)} - {"optimizer"}
         unknown = sorted(set(variant_fields) - known)
         if unknown:
             raise UnsupportedSpec(f"Model takes no option(s) {unknown}; the variant's are {sorted(known)}")
+        lr, seed, warmup_epochs, decay_rate, bn_momentum, classes = map(
+            _plain, (lr, seed, warmup_epochs, decay_rate, bn_momentum, classes))
+        variant_fields = {k: _plain(v) for k, v in variant_fields.items()}
+        if isinstance(input, (list, tuple, np.ndarray)):
+            input = [_plain(d) for d in input]
+        # The run config's own checks (each value's type, then its range: lr > 0, seed an integer ≥ 0, ...), the
+        # one definition `hloforge train` refuses by: a bad value is one line here, not a TypeError from numpy.
+        TrainConfig(optimizer=optimizer, lr=lr, schedule=schedule, warmup_epochs=warmup_epochs, decay_rate=decay_rate,
+                    bn_momentum=bn_momentum, seed=seed, classes=classes, input=input, **variant_fields)
         spec, self._net_ref = _spec_of(net, classes, input)
         self._classes, self._input = classes, (None if input is None else tuple(input))
         variant_fields.setdefault("loss", default_loss(spec, None))
@@ -189,7 +194,15 @@ class Model:
 
     # ------------------------------------------------------------------ checks
     def _check_x(self, x: Any, what: str) -> np.ndarray:
-        n = _rows(x, f"{what} x")
+        try:
+            n = _rows(x, f"{what} x")
+            x = np.asarray(x)
+        except ValueError:  # numpy's, on rows of different lengths
+            raise DataError(f"{what} x is ragged (its rows differ in length); expected an array of shape "
+                            f"{batched(self.spec.input_shape)}") from None
+        if tuple(x.shape[1:]) != tuple(self.spec.input_shape):  # said as [N, ...]: a lone row's length is no batch size
+            raise DataError(f"{what} x has shape {list(x.shape)}, expected {batched(self.spec.input_shape)} "
+                            "(a batch of rows; one row is x[None])")
         return finite_inputs(x, (n, *self.spec.input_shape), what)
 
     def _check_xy(self, x: Any, y: Any, session: TrainSession, what: str,
@@ -245,12 +258,12 @@ class Model:
                 if xs and (bx.shape[1:] != xs[0].shape[1:] or by.shape[1:] != ys[0].shape[1:]):
                     what, got, want = (("x", bx, xs[0]) if bx.shape[1:] != xs[0].shape[1:] else ("y", by, ys[0]))
                     raise DataError(f"fit batch {len(xs)} has {what} of shape {list(got.shape)}, expected "
-                                    f"[N, {', '.join(map(str, want.shape[1:]))}] as batch 0's")
+                                    f"{batched(want.shape[1:])} as batch 0's")
                 xs.append(bx)
                 ys.append(by)
             if not xs:
                 raise DataError("fit batches: the iterable gave no batch, expected at least one (x, y)")
-            batch_size = batch_size or len(xs[0])
+            batch_size = len(xs[0]) if batch_size is None else batch_size  # 0 is refused below, not defaulted
             x, y = np.concatenate(xs), np.concatenate(ys)
         batch_size = checked_batch_size(batch_size, 32)
         xa = self._check_x(x, "fit")  # before the compile: a bad x is refused at once
@@ -288,6 +301,7 @@ class Model:
         steps — a ragged last batch is dropped (`drop_last`, the only mode) and said once, never
         padded into the gradient. The schedule runs over this call's steps. Every array is checked
         whole before the first step."""
+        epochs = _plain(epochs)
         if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
             raise UnsupportedSpec(f"epochs must be an integer ≥ 1, got {epochs!r}")
         if not drop_last:
@@ -309,7 +323,7 @@ class Model:
             if x is not None or y is not None or validation_data is not None:
                 raise UnsupportedSpec("fit(data=NAME) trains on the dataset's train split and scores its test split; "
                                       "pass no x, y or validation_data with it")
-            batch = 32 if batch_size is None else batch_size
+            batch = checked_batch_size(batch_size, 32)
             run = self._run(data, batch, epochs, shuffle, verbose, data_options)
             self._data = data
         else:
@@ -360,10 +374,21 @@ class Model:
         """This model's curves over `self.history` (loss, and the validation metric), written to `path`."""
         from hloforge.train import curves
 
+        path = _checked_path(path, "plot")
+        suffix = os.path.splitext(path)[1]
+        if suffix.lower() not in PLOT_SUFFIXES:  # curves.draw renders PNG bytes alone
+            got = f"suffix {suffix!r}" if suffix else "no suffix"
+            raise UnsupportedSpec(f"plot cannot write {path}: it has {got}; expected a path ending in one of "
+                                  f"{list(PLOT_SUFFIXES)} (the format curves are drawn in)")
         if not self.history:
             raise HloforgeError("no history to plot yet; fit first")
-        with open(path, "wb") as f:
-            f.write(curves.draw(list(self.history), self.spec.name))
+        png = curves.draw(list(self.history), self.spec.name)
+        try:
+            with open(path, "wb") as f:
+                f.write(png)
+        except OSError as e:
+            raise HloforgeError(f"cannot write the plot to {path}: {e.strerror or e}; expected a writable file "
+                                "in an existing directory") from None
         return path
 
     # ------------------------------------------------------------------ scoring
@@ -496,6 +521,7 @@ class Model:
         the trainer's own writers), so `hloforge eval DIR` scores it on `data`'s test split (the
         dataset the config names; default: the one a loaded run named, else digits, `hloforge train`'s)
         and `hf.load(DIR)` reads it back bit for bit. Returns `path`."""
+        path = _checked_path(path, "save")
         data = data or self._data
         if os.path.exists(path) and not os.path.isdir(path):
             raise HloforgeError(f"cannot save to {path}: it is a file; expected a directory (new or a run's)")
@@ -509,12 +535,16 @@ class Model:
         meta = {"spec": self.spec.to_dict(), "variant": attrs.asdict(self.variant), "backend": self.backend.name,
                 "epoch": self._epoch, "step": self._step, "seed": self.seed, "config": attrs.asdict(cfg),
                 "eval_set": eval_set_id(data, "test", y_te)}
-        os.makedirs(path, exist_ok=True)
-        if not self._net_ref:
-            with open(os.path.join(path, NET_FILE), "w", encoding="utf-8") as f:
-                f.write(self._declared_spec.to_json())
-        with open(os.path.join(path, CONFIG), "w", encoding="utf-8") as f:
-            f.write(cfg.to_toml())
+        try:
+            os.makedirs(path, exist_ok=True)
+            if not self._net_ref:
+                with open(os.path.join(path, NET_FILE), "w", encoding="utf-8") as f:
+                    f.write(self._declared_spec.to_json())
+            with open(os.path.join(path, CONFIG), "w", encoding="utf-8") as f:
+                f.write(cfg.to_toml())
+        except OSError as e:  # a missing parent that cannot be made, a read-only or virtual file system (/proc)
+            raise HloforgeError(f"cannot save to {path}: {e.strerror or e}; expected a directory that can be "
+                                "created and written") from None
         ckpt.save_checkpoint(file, names, [*self._params, *self._state_tensors()], meta)
         return path
 
@@ -529,10 +559,28 @@ class Model:
 
 def checked_batch_size(batch_size: Any, default: int) -> int:
     """`batch_size` (None: `default`), refused unless an integer ≥ 1."""
-    batch_size = default if batch_size is None else batch_size
+    batch_size = default if batch_size is None else _plain(batch_size)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise UnsupportedSpec(f"batch_size must be an integer ≥ 1, got {batch_size!r}")
     return batch_size
+
+
+def _plain(v: Any) -> Any:
+    """A numpy scalar (np.float32(0.1), np.int64(3)) as the Python number it holds; anything else as it is."""
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def _checked_path(path: Any, what: str) -> str:
+    """A str or os.PathLike path as a str, refused otherwise."""
+    p = os.fspath(path) if isinstance(path, os.PathLike) else path
+    if not isinstance(p, str) or not p:
+        raise UnsupportedSpec(f"{what} takes a path (a non-empty str or os.PathLike), got {path!r}")
+    return p
+
+
+def batched(shape: Sequence[int]) -> str:
+    """A batch of rows of `shape`, as messages say it: [N, 784]."""
+    return "[" + ", ".join(["N", *map(str, shape)]) + "]"
 
 
 def load(path: str, backend: str | None = None) -> Model:
@@ -540,6 +588,7 @@ def load(path: str, backend: str | None = None) -> Model:
     BN statistics, step and epoch as saved, bit for bit."""
     from hloforge.train.trainer import load_config
 
+    path = _checked_path(path, "hf.load")
     if os.path.isfile(path):
         raise DataError(f"hf.load reads a run directory; {path} is a file (pass {os.path.dirname(path) or '.'}, "
                         "the directory holding it)")

@@ -165,7 +165,7 @@ def test_early_stopping_on_real_validation(tmp_path: str) -> None:
 
 @pytest.mark.parametrize(("x", "y", "message"), [
     (np.zeros((8, 4), np.complex64), np.zeros(8, int), "fit x has dtype complex64, expected real numbers"),
-    (np.zeros((8, 5), np.float32), np.zeros(8, int), r"fit x has shape \[8, 5\], expected \[8, 4\]"),
+    (np.zeros((8, 5), np.float32), np.zeros(8, int), r"fit x has shape \[8, 5\], expected \[N, 4\]"),
     (np.zeros((8, 4), np.float32), np.full(8, 3), r"fit labels span 3..3, expected ids 0..2"),
     (np.zeros((8, 4), np.float32), np.zeros(8, np.float32), "fit labels have dtype float32, expected integer ids"),
     (np.zeros((0, 4), np.float32), np.zeros(0, int), r"fit x is empty \(0 rows\)"),
