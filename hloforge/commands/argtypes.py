@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
-from hloforge.core.errors import HloforgeError
+from hloforge.core.errors import DataError, HloforgeError
 
 # Every numeric option is parsed by one of these, so a value of the wrong kind or range is refused at
 # parse time (exit 2, one line naming the flag and what it expects), before anything is read or
@@ -97,3 +98,26 @@ def _shape(text: str) -> tuple[int, ...]:
     if not dims or min(dims) <= 0 or max(dims) > I64_MAX:
         raise argparse.ArgumentTypeError(f"expected positive dimensions, got {text!r}")
     return dims
+
+
+# The images cam (matplotlib's savefig), detect (PIL) and sample (matplotlib's imsave) write: the suffixes
+# all three writers take (imsave refuses .tif, savefig .bmp, PIL .svg) and write to exactly the name given.
+IMAGE_OUT_SUFFIXES = (".png", ".jpg", ".jpeg")
+
+
+def image_out(path: str) -> str:
+    """`path` as the --out of a command that writes an image, checked before anything is opened or computed:
+    a name ending in one of IMAGE_OUT_SUFFIXES (any case), not an existing directory, in a directory that
+    exists. Refused with one line (exit 3: a file that cannot be written). Not an argparse type: it looks
+    at the filesystem, so it is checked when the command starts, not while its flags are parsed."""
+    want = ", ".join(IMAGE_OUT_SUFFIXES)
+    if os.path.isdir(path):
+        raise DataError(f"--out {path!r} is a directory; expected an image file name ending in {want}")
+    suffix = os.path.splitext(path)[1]
+    if suffix.lower() not in IMAGE_OUT_SUFFIXES:
+        got = f"suffix {suffix!r}" if suffix else "no suffix"
+        raise DataError(f"--out {path!r} has {got}; expected an image file name ending in {want}")
+    parent = os.path.dirname(path)
+    if parent and not os.path.isdir(parent):
+        raise DataError(f"--out {path!r}: directory {parent!r} does not exist")
+    return path

@@ -13,12 +13,14 @@ from typing import Any
 
 import numpy as np
 
+from hloforge.commands.argtypes import image_out
 from hloforge.commands.opening import open_checkpoint
-from hloforge.core.cam import cam_module
+from hloforge.core.cam import cam_module, feature_layer
 from hloforge.core.errors import DataError, UnsupportedSpec
 from hloforge.core.resample import bilinear_matrix
 from hloforge.core.spec import NetSpec
 from hloforge.train import checkpoint as ckpt
+from hloforge.train.session import finite_inputs
 from hloforge.train.trainer import Run
 
 
@@ -33,14 +35,33 @@ def heatmap(fmap: np.ndarray, grad: np.ndarray, size: Sequence[int]) -> np.ndarr
     return out
 
 
+def check_camable(spec: NetSpec) -> None:
+    """Refuse, with one line, a net Grad-CAM cannot explain: it takes the gradient of one class score
+    (the module's `sel` is [B, classes]) at an image feature map, so the net must be a classifier (output
+    [classes]) with a [C, H, W] layer before it leaves image space."""
+    nc = spec.num_classes
+    if tuple(spec.out_shape) != (nc,):
+        raise UnsupportedSpec(f"net {spec.name!r} outputs {list(spec.out_shape)}; cam explains a classifier, a conv "
+                              f"net whose output is its {nc} class scores ([{nc}]), not a detector, segmentation "
+                              "net, DDPM or language model")
+    feature_layer(spec)  # refuses a net with no image feature map (an MLP)
+
+
+def check_image(image: Any, spec: NetSpec, what: str = "image") -> np.ndarray:
+    """`image` as the float32 array the cam module takes: real numbers of the net's input shape (no batch
+    axis), all finite (a NaN would draw a plausible-looking heatmap of nothing)."""
+    return finite_inputs(image, spec.input_shape, what, f" (the input of net {spec.name!r}, no batch axis)")
+
+
 def gradcam(spec: NetSpec, params: Sequence[np.ndarray], running: Sequence[np.ndarray], image: np.ndarray,
             backend: Any, class_index: int | None = None) -> np.ndarray:
     """The Grad-CAM heatmap [H, W] (values in [0, 1]) of `image` (the net's input shape, no batch
     axis) for `class_index` (default: the predicted class). `params` and `running` are in
     spec.params() / spec.stats() order, as a checkpoint stores them."""
-    image = np.asarray(image, np.float32)
-    if image.shape != spec.input_shape:
-        raise UnsupportedSpec(f"image of shape {list(image.shape)}; net {spec.name!r} takes {list(spec.input_shape)}")
+    check_camable(spec)
+    image = check_image(image, spec)
+    if class_index is not None and not 0 <= class_index < spec.num_classes:  # before compiling anything
+        raise UnsupportedSpec(f"class {class_index} is not one of the net's {spec.num_classes} classes")
     exe = backend.compile(cam_module(spec, 1))
     args = [image[None], *(np.asarray(p, np.float32) for p in params), *(np.asarray(r, np.float32) for r in running)]
     dev = [backend.to_device(a) for a in args]
@@ -52,8 +73,6 @@ def gradcam(spec: NetSpec, params: Sequence[np.ndarray], running: Sequence[np.nd
     sel = np.zeros((1, spec.num_classes), np.float32)
     if class_index is None:
         class_index = int(np.argmax(run(sel)[0][0]))
-    if not 0 <= class_index < spec.num_classes:
-        raise UnsupportedSpec(f"class {class_index} is not one of the net's {spec.num_classes} classes")
     sel[0, class_index] = 1.0
     _, fmap, grad = run(sel)
     return heatmap(fmap[0], grad[0], spec.input_shape[1:])
@@ -61,7 +80,7 @@ def gradcam(spec: NetSpec, params: Sequence[np.ndarray], running: Sequence[np.nd
 
 def save_overlay(image: np.ndarray, heat: np.ndarray, path: str, alpha: float = 0.45) -> None:
     """The image ([C, H, W], [H, W] or [H, W, C]; RGB drawn as colour, other channel counts as their mean)
-    with the heatmap over it, as a PNG."""
+    with the heatmap over it, as an image of the format `path`'s suffix names."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -84,16 +103,19 @@ def save_overlay(image: np.ndarray, heat: np.ndarray, path: str, alpha: float = 
 
 
 def load_image(ref: str, run: Run) -> np.ndarray:
-    """`test:N` (the N-th image of the run's eval split) or a .npy file of the net's input shape."""
+    """`test:N` (the N-th image of the run's eval split) or a .npy file, as stored: check_image checks it."""
     if ref.startswith("test:"):
+        n = len(run.x_te)
         try:
             i = int(ref[5:])
-            return run.x_te[i]
-        except (ValueError, IndexError):
-            raise DataError(f"image {ref!r}: expected test:N with 0 ≤ N < {len(run.x_te)}") from None
+        except ValueError:
+            i = -1
+        if not 0 <= i < n:  # a negative N would index from the end
+            raise DataError(f"image {ref!r}: expected test:N with 0 ≤ N < {n}")
+        return run.x_te[i]
     if ref.endswith(".npy") and os.path.exists(ref):
         try:
-            return np.load(ref).astype(np.float32)
+            return np.load(ref)
         except (OSError, ValueError) as e:
             raise DataError(f"{ref}: not a readable .npy array ({e})") from None
     raise DataError(f"image {ref!r}: expected test:N or an existing .npy file of shape {list(run.spec.input_shape)}")
@@ -101,9 +123,11 @@ def load_image(ref: str, run: Run) -> np.ndarray:
 
 def cam_run(path: str, image_ref: str, out: str, class_index: int | None = None,
             log: Callable[[str], None] = print) -> np.ndarray:
+    image_out(out)
     oc = open_checkpoint(path, log=log)
     spec = oc.spec
-    image = load_image(image_ref, oc.run).reshape(spec.input_shape)
+    check_camable(spec)  # before the image: a DDPM's test images are not its input (that adds a time plane)
+    image = check_image(load_image(image_ref, oc.run), spec, f"image {image_ref}:")
     params = oc.weights(ckpt.PARAMS, [n for n, _ in spec.params()])
     running = oc.weights(ckpt.STATS, [n for n, _ in spec.stats()])
     heat = gradcam(spec, params, running, image, oc.run.backend, class_index)

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from hloforge.commands.argtypes import image_out
 from hloforge.commands.opening import open_checkpoint
 from hloforge.core.errors import DataError
 from hloforge.train import checkpoint as ckpt
@@ -20,6 +21,7 @@ def detect_run(run_path: str, image: str | None, out: str, *, index: int | None 
     run's dataset — drawn with its detections to `out`. Returns the detections."""
     if (image is None) == (index is None):
         raise DataError("detect takes an image file or --index N (a test image of the run's dataset), one of them")
+    image_out(out)
     oc = open_checkpoint(run_path, backend, log=lambda _: None)
     run, spec = oc.run, oc.spec
     head = getattr(run.task, "head", None)

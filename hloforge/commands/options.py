@@ -6,6 +6,7 @@ import argparse
 from typing import Any, NoReturn
 
 from hloforge.commands.argtypes import (
+    IMAGE_OUT_SUFFIXES,
     MAX_DIFFUSION_STEPS,
     MAX_PROCESSES,
     _shape,
@@ -40,6 +41,7 @@ from hloforge.commands.handlers import (
 )
 
 DESCRIPTION = "The `hloforge` command."
+IMAGE_OUT_HELP = f"the image written ({', '.join(IMAGE_OUT_SUFFIXES)})"  # cam, detect and sample's --out
 
 
 def version() -> str:
@@ -290,7 +292,7 @@ def parser() -> argparse.ArgumentParser:
     sp = _command(sub, "cam", help="Grad-CAM heatmap of one image through a run's checkpoint")
     sp.add_argument("run", help="a run directory or a checkpoint file")
     sp.add_argument("image", help="test:N (the N-th eval image) or a .npy array of the net's input shape")
-    sp.add_argument("--out", default="cam.png", help="the PNG written")
+    sp.add_argument("--out", default="cam.png", help=IMAGE_OUT_HELP)
     sp.add_argument("--class", dest="cls", type=nonneg_int, help="class to explain (default: the predicted one)")
     sp.set_defaults(func=_cam)
 
@@ -299,7 +301,7 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("image", nargs="?", help="a PNG/JPEG file (or give --index; default: none)")
     sp.add_argument("--index", type=nonneg_int, help="take test image N of the run's dataset instead of a file "
                                                      "(default: none)")
-    sp.add_argument("--out", default="boxes.png", help="the PNG written")
+    sp.add_argument("--out", default="boxes.png", help=IMAGE_OUT_HELP)
     sp.add_argument("--score", type=probability, default=0.3, help="lowest score drawn")
     sp.add_argument("--backend", help="run on this backend (default: the one it trained on)")
     sp.set_defaults(func=_detect)
@@ -313,7 +315,7 @@ def parser() -> argparse.ArgumentParser:
                   help="draw images from a DDPM run's checkpoint (ancestral sampling) as a PNG grid")
     sp.add_argument("run", help="a run directory or a checkpoint file")
     sp.add_argument("-n", type=positive_int, default=16, help="how many images")
-    sp.add_argument("--out", default="grid.png", help="the PNG written")
+    sp.add_argument("--out", default="grid.png", help=IMAGE_OUT_HELP)
     sp.add_argument("--seed", type=nonneg_int, default=0, help="seeds the sampling noise")
     sp.add_argument("--backend", help="run on this backend (default: the one it trained on)")
     sp.add_argument("--region", default="auto", choices=("live", "ema", "auto"),

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from hloforge.commands.argtypes import image_out
 from hloforge.commands.opening import open_checkpoint
 from hloforge.core.errors import DataError, UnsupportedSpec
 from hloforge.train.diffusion import ancestral_sample, image_grid, to_unit
@@ -17,10 +18,11 @@ from hloforge.train.tasks import DiffusionTask
 def sample_run(run_path: str, n: int = 16, out: str = "grid.png", seed: int = 0, backend: str | None = None,
                region: str = "auto", clip: bool = True, log: Callable[[str], None] = print) -> np.ndarray:
     """Draw n samples from a DDPM run's checkpoint through its eval forward module; write the grid
-    PNG to `out` and return the samples [n, C, H, W] (the data's standardised scale). `region`:
+    image to `out` and return the samples [n, C, H, W] (the data's standardised scale). `region`:
     the live weights, the EMA shadow, or auto (the shadow when the run kept one)."""
     if n < 1:
         raise UnsupportedSpec(f"-n must be positive, got {n}")
+    image_out(out)  # before the T forward passes, not after them
     oc = open_checkpoint(run_path, backend, log)
     run, spec = oc.run, oc.spec
     if not isinstance(run.task, DiffusionTask):
@@ -35,12 +37,17 @@ def sample_run(run_path: str, n: int = 16, out: str = "grid.png", seed: int = 0,
     schedule = run.task.schedule
     x = ancestral_sample(lambda xin: evaluator.logits(xin, weights, gen=0), n, shape, schedule,
                          np.random.default_rng(seed), (lo, hi) if clip else None)
+    save_grid(image_grid(to_unit(x, lo, hi), cols=math.ceil(math.sqrt(n))), out)
+    log(f"{spec.name} epoch {oc.meta['epoch']} ({region}): {n} samples ({schedule.steps} ancestral steps, "
+        f"{schedule.describe()}, x̂0 {'clipped to the data range' if clip else 'unclipped'}) -> {out}")
+    return x
+
+
+def save_grid(grid: np.ndarray, out: str) -> None:
+    """Write an image grid ([H, W, 3] in [0, 1]) to `out` (its format from its suffix: image_out's)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    plt.imsave(out, image_grid(to_unit(x, lo, hi), cols=math.ceil(math.sqrt(n))))
-    log(f"{spec.name} epoch {oc.meta['epoch']} ({region}): {n} samples ({schedule.steps} ancestral steps, "
-        f"{schedule.describe()}, x̂0 {'clipped to the data range' if clip else 'unclipped'}) -> {out}")
-    return x
+    plt.imsave(out, grid)

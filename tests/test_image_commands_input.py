@@ -1,0 +1,159 @@
+"""What cam, detect and sample refuse before they compute: an image cam cannot explain (not finite, not the
+net's input shape, a negative test index), a net cam does not support (a detector, a DDPM, an MLP), and an
+--out they cannot write as an image (checked by one helper, argtypes.image_out). Each refusal is one line
+and exit 3, and nothing is written."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hloforge.cli import main
+from hloforge.commands.argtypes import IMAGE_OUT_SUFFIXES
+from hloforge.core.errors import DataError
+from hloforge.core.spec import NetSpec
+from hloforge.plugins.layers.conv import Conv2d
+from hloforge.plugins.layers.ddpm import NoiseHead, TimeResBlock
+from hloforge.train.trainer import TrainConfig, train
+
+
+def quiet(_: str) -> None:
+    pass
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, str]:
+    """One small run per kind cam meets: a conv classifier, an MLP, a detector and a DDPM (one epoch each)."""
+    d = tmp_path_factory.mktemp("image-cmds")
+    out = {"cnn": str(d / "cnn"), "mlp": str(d / "mlp"), "det": str(d / "det"), "ddpm": str(d / "ddpm")}
+    train(TrainConfig(net="mnist-cnn", epochs=1, batch=64, run_dir=out["cnn"]), progress=False, log=quiet)
+    train(TrainConfig(net="mnist-mlp", epochs=1, batch=64, run_dir=out["mlp"]), progress=False, log=quiet)
+    shapes = ["--data", "shapes", "--data-opt", "n_train=32", "--data-opt", "n_test=4", "--epochs", "1",
+              "--batch", "16", "--no-progress"]
+    assert main(["train", "yolov1-mini", *shapes, "--run-dir", out["det"]]) == 0
+    ddpm = d / "ddpm.toml"
+    ddpm.write_text(NetSpec("ddpm-cam", (4, 16, 16), [Conv2d(4, k=3), TimeResBlock(4, nfreq=2), NoiseHead(3)],
+                            3).to_toml())
+    assert main(["train", str(ddpm), *shapes, "--data-opt", "size=16", "--diffusion-steps", "8",
+                 "--beta-start", "0.3", "--beta-end", "0.9", "--run-dir", out["ddpm"]]) == 0
+    return out
+
+
+def refused(argv: list[str], capsys) -> str:
+    """Run `hloforge ARGV`: it must exit 3 with one line on stderr; that line."""
+    capsys.readouterr()
+    assert main(argv) == 3
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "internal error" not in err, err
+    return err
+
+
+# ------------------------------------------------------------------ cam's image and net
+@pytest.mark.parametrize("array,needle", [
+    (np.full((1, 28, 28), np.nan, np.float32), "x holds NaN or inf"),
+    (np.full((1, 28, 28), np.inf, np.float32), "x holds NaN or inf"),
+    (np.full((1, 28, 28), 1e300), "x holds NaN or inf"),  # finite in float64, inf as the f32 the net takes
+    (np.zeros((3, 28, 28), np.float32), "x has shape [3, 28, 28], expected [1, 28, 28] (the input of net "
+                                        "'mnist-cnn'"),
+    (np.zeros((784,), np.float32), "x has shape [784], expected [1, 28, 28]"),  # no longer reshaped into one
+    (np.zeros((1, 28, 28), np.complex64), "x has dtype complex64, expected real numbers"),
+])
+def test_cam_refuses_an_image_the_net_cannot_take(array, needle, runs, tmp_path, capsys):
+    x = tmp_path / "x.npy"
+    np.save(x, array)
+    out = tmp_path / "cam.png"
+    err = refused(["cam", runs["cnn"], str(x), "--out", str(out)], capsys)
+    assert needle in err and str(x) in err, err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("ref", ["test:-1", "test:-360", "test:360", "test:x"])
+def test_cam_refuses_a_test_index_out_of_range(ref, runs, tmp_path, capsys):
+    err = refused(["cam", runs["cnn"], ref, "--out", str(tmp_path / "cam.png")], capsys)
+    assert f"image {ref!r}: expected test:N with 0 ≤ N < 360" in err, err
+
+
+@pytest.mark.parametrize("kind,needle", [
+    ("det", "net 'yolov1-mini' outputs [13, 8, 8]; cam explains a classifier"),
+    ("ddpm", "net 'ddpm-cam' outputs [3, 16, 16]; cam explains a classifier"),
+    ("mlp", "net 'mnist-mlp' has no image feature map"),
+])
+def test_cam_refuses_a_net_it_does_not_support(kind, needle, runs, tmp_path, capsys):
+    x = tmp_path / "x.npy"
+    np.save(x, np.zeros((10, 10), np.float32))  # the net is refused first, whatever the image
+    for ref in ("test:0", str(x)):
+        err = refused(["cam", runs[kind], ref, "--out", str(tmp_path / "cam.png")], capsys)
+        assert needle in err, err
+    assert not (tmp_path / "cam.png").exists()
+
+
+def test_gradcam_refuses_nan_before_compiling(runs):
+    from hloforge.commands.cam import gradcam
+    from hloforge.commands.opening import open_checkpoint
+    from hloforge.train import checkpoint as ckpt
+
+    oc = open_checkpoint(runs["cnn"], log=quiet)
+    params = oc.weights(ckpt.PARAMS, [n for n, _ in oc.spec.params()])
+    running = oc.weights(ckpt.STATS, [n for n, _ in oc.spec.stats()])
+    with pytest.raises(DataError, match="holds NaN or inf"):
+        gradcam(oc.spec, params, running, np.full((1, 28, 28), np.nan, np.float32), oc.run.backend)
+
+
+# ------------------------------------------------------------------ --out, before anything is opened
+def _commands(run: str, out: str) -> list[list[str]]:
+    return [["cam", run, "test:0", "--out", out], ["detect", run, "--index", "0", "--out", out],
+            ["sample", run, "-n", "1", "--out", out]]
+
+
+@pytest.mark.parametrize("name,needle", [
+    ("x.txt", "has suffix '.txt'; expected an image file name ending in .png, .jpg, .jpeg"),
+    ("noext", "has no suffix; expected an image file name ending in .png, .jpg, .jpeg"),
+    ("DIR", "is a directory; expected an image file name ending in .png"),
+    ("DIR.png", "is a directory"),
+    ("missing/x.png", "directory"),
+])
+def test_every_image_command_checks_its_out_first(name, needle, tmp_path, capsys):
+    (tmp_path / "DIR").mkdir()
+    (tmp_path / "DIR.png").mkdir()
+    out = str(tmp_path / name)
+    # the run does not exist: --out is refused before the run is opened (or anything computed)
+    for argv in _commands(str(tmp_path / "no-such-run"), out):
+        err = refused(argv, capsys)
+        assert f"--out {out!r}" in err and needle in err, (argv, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["DIR", "DIR.png"]  # nothing written
+
+
+def test_cam_writes_and_names_exactly_the_out_given(runs, tmp_path, capsys):
+    out = tmp_path / "heat.JPG"  # any case of a supported suffix
+    capsys.readouterr()
+    assert main(["cam", runs["cnn"], "test:3", "--out", str(out)]) == 0
+    assert f"wrote {out} (" in capsys.readouterr().out
+    assert [p.name for p in tmp_path.iterdir()] == ["heat.JPG"] and out.read_bytes()[:2] == b"\xff\xd8"
+
+
+@pytest.mark.parametrize("suffix", IMAGE_OUT_SUFFIXES)
+def test_each_writer_writes_each_accepted_suffix(suffix, tmp_path):
+    """IMAGE_OUT_SUFFIXES says what all three writers (matplotlib's savefig and imsave, PIL) can write."""
+    from PIL import Image
+
+    from hloforge.commands.cam import save_overlay
+    from hloforge.commands.sample import save_grid
+    from hloforge.train.detection import draw_detections
+
+    img = np.random.default_rng(0).random((1, 16, 16)).astype(np.float32)
+    save_overlay(img, img[0], str(tmp_path / f"cam{suffix}"))
+    draw_detections(img, np.zeros((0, 6)), str(tmp_path / f"det{suffix}"))
+    save_grid(np.random.default_rng(0).random((16, 16, 3)), str(tmp_path / f"grid{suffix}"))
+    want = "PNG" if suffix == ".png" else "JPEG"
+    for name in ("cam", "det", "grid"):
+        assert Image.open(tmp_path / f"{name}{suffix}").format == want
+    assert len(list(tmp_path.iterdir())) == 3  # each at exactly the name given
+
+
+def test_image_out_on_its_own(tmp_path):
+    from hloforge.commands.argtypes import image_out
+
+    assert image_out(str(tmp_path / "a.PNG")) == str(tmp_path / "a.PNG")
+    assert image_out("grid.png") == "grid.png"  # the current directory
+    with pytest.raises(DataError, match=r"has suffix '\.gif'"):
+        image_out(str(tmp_path / "a.gif"))
