@@ -136,7 +136,8 @@ def prepare_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
         q.add_argument("src", help="the downloaded layout to read")
         q.add_argument("out", help="the directory the binaries are written to")
         for o in prep.options:
-            kind = {int: integer(), float: finite_float}.get(o.type, o.type)  # its range is the preparer's
+            # The Option's least value is refused here, before SRC is read; the preparer checks the rest.
+            kind = {int: integer() if o.lo is None else integer(o.lo), float: finite_float}.get(o.type, o.type)
             q.add_argument("--" + o.name.replace("_", "-"), dest=o.name, type=kind, default=o.default,
                            help=f"{o.help} (default {o.default})")
     sp.set_defaults(func=_prepare)

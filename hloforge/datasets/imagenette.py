@@ -42,6 +42,13 @@ def record_bytes(side: int) -> int:
     return 1 + 3 * side * side
 
 
+def check_sides(train_size: int, crop: int, train_name: str = "train_size", crop_name: str = "crop") -> None:
+    """The stored sides' rule: positive, and the val side (the crop) at most the train side, which
+    training crops to it. The names are the caller's (prepare calls the crop val_size)."""
+    if not 0 < crop <= train_size:
+        raise DataError(f"imagenette: {crop_name} {crop} must be positive and at most {train_name} {train_size}")
+
+
 def read_counted_images(path: str, side: int, classes: int) -> tuple[np.ndarray, np.ndarray]:
     """(images uint8 [N, 3, side, side] view of the file, labels int32 [N])."""
     n = check_counted_records(path, record_bytes(side), f"1 label + 3·{side}² CHW pixel bytes")
@@ -57,8 +64,7 @@ class Imagenette(RecordDataset):
     def __init__(self, data_dir: str = "data/imagenette", train_size: int = TRAIN_SIZE, crop: int = CROP,
                  classes: int = CLASSES):
         super().__init__()
-        if not 0 < crop <= train_size:
-            raise DataError(f"imagenette: crop {crop} must be positive and at most train_size {train_size}")
+        check_sides(train_size, crop)
         if not 0 < classes <= 256:
             raise DataError(f"imagenette: classes {classes} must be in 1..256 (labels are one byte)")
         self.data_dir, self.train_size, self.crop, self.num_classes = data_dir, train_size, crop, classes

@@ -50,6 +50,7 @@ class Option:
     type: type
     default: Any
     help: str
+    lo: int | None = None  # an int option's least value, refused below it at parse time (None: any int)
 
 
 @attrs.frozen
@@ -89,6 +90,7 @@ def _image_records(split_dir: str, classes: list[str], side: int) -> Iterator[by
 
 def prepare_imagenette(src: str, out: str, train_size: int = imagenette.TRAIN_SIZE,
                        val_size: int = imagenette.CROP) -> dict[str, Any]:
+    imagenette.check_sides(train_size, val_size, "train_size", "val_size")  # files its loader can read
     classes = _class_folders(os.path.join(src, "train"))
     if len(classes) > 256:
         raise DataError(f"{src}/train has {len(classes)} class folders; the format's one label byte holds 256")
@@ -191,9 +193,10 @@ def prepare_brats(src: str, out: str, size: int = brats.NATIVE_SIZE, context: in
                   val_frac: float = 0.15, seed: int = 0, min_tumor_px: int = 1, stride: int = 2) -> dict[str, Any]:
     if size <= 0 or size % 16:
         raise DataError(f"brats size {size} is not a positive multiple of 16 (a depth-4 UNet halves it 4 times)")
-    if context < 0 or context_step < 1 or stride < 1 or min_tumor_px < 0 or not 0 < val_frac < 1:
-        raise DataError(f"brats: need context >= 0, context_step >= 1, stride >= 1, min_tumor_px >= 0 and "
-                        f"0 < val_frac < 1; got {context}, {context_step}, {stride}, {min_tumor_px}, {val_frac}")
+    if context < 0 or context_step < 1 or stride < 1 or min_tumor_px < 0 or seed < 0 or not 0 < val_frac < 1:
+        raise DataError(f"brats: need context >= 0, context_step >= 1, stride >= 1, min_tumor_px >= 0, seed >= 0 "
+                        f"and 0 < val_frac < 1; got {context}, {context_step}, {stride}, {min_tumor_px}, {seed}, "
+                        f"{val_frac}")
     cases = _cases(src)
     if len(cases) < 2:
         raise DataError(f"{src}: {len(cases)} training volume; a patient-level split needs at least 2")
@@ -221,23 +224,24 @@ def prepare_brats(src: str, out: str, size: int = brats.NATIVE_SIZE, context: in
 
 PREPARERS: dict[str, Preparer] = {
     "imagenette": Preparer(prepare_imagenette, "JPEG class folders (SRC/train, SRC/val) -> train.bin, val.bin", (
-        Option("train_size", int, imagenette.TRAIN_SIZE, "side of the stored train images (random-cropped later)"),
-        Option("val_size", int, imagenette.CROP, "side of the stored val images"),
+        Option("train_size", int, imagenette.TRAIN_SIZE, "side of the stored train images (random-cropped later)",
+               lo=1),
+        Option("val_size", int, imagenette.CROP, "side of the stored val images (at most --train-size)", lo=1),
     )),
     "brats": Preparer(prepare_brats, "MSD Task01_BrainTumour NIfTI -> train.bin, val.bin of 2D/2.5D slices", (
-        Option("size", int, brats.NATIVE_SIZE, "in-plane side (240 native, 224 the centre crop)"),
-        Option("context", int, 0, "2.5D: slices stacked on each side of the centre (0 = 2D)"),
-        Option("context_step", int, 1, "spacing of the context slices"),
+        Option("size", int, brats.NATIVE_SIZE, "in-plane side (240 native, 224 the centre crop)", lo=1),
+        Option("context", int, 0, "2.5D: slices stacked on each side of the centre (0 = 2D)", lo=0),
+        Option("context_step", int, 1, "spacing of the context slices", lo=1),
         Option("val_frac", float, 0.15, "fraction of volumes held out for val"),
-        Option("seed", int, 0, "seed of the patient-level split"),
-        Option("min_tumor_px", int, 1, "keep slices with at least this many tumour voxels (0: all)"),
-        Option("stride", int, 2, "keep every N-th qualifying slice"),
+        Option("seed", int, 0, "seed of the patient-level split", lo=0),
+        Option("min_tumor_px", int, 1, "keep slices with at least this many tumour voxels (0: all)", lo=0),
+        Option("stride", int, 2, "keep every N-th qualifying slice", lo=1),
     )),
     "yolo": Preparer(yolo.prepare_yolo, "YOLO txt labels (SRC/images, SRC/labels) -> YOLOv1 train.bin, test.bin", (
-        Option("size", int, 224, "side of the stored images"),
-        Option("grid", int, 7, "YOLOv1 grid side"),
-        Option("boxes", int, 2, "box slots per cell"),
-        Option("classes", int, 20, "number of classes (labels 0..classes-1)"),
+        Option("size", int, 224, "side of the stored images", lo=1),
+        Option("grid", int, 7, "YOLOv1 grid side (at most --size)", lo=1),
+        Option("boxes", int, 2, "box slots per cell", lo=1),
+        Option("classes", int, 20, "number of classes (labels 0..classes-1)", lo=1),
     )),
 }
 

@@ -50,6 +50,17 @@ def record_size(size: int, grid: int, per_cell: int) -> int:
     return 3 * size * size + 4 * per_cell * grid * grid + 4 * grid * grid + 4 + MAX_BOXES * BOX_ROW.size
 
 
+def check_geometry(size: int, grid: int, boxes: int, classes: int) -> None:
+    """The records' geometry rule, the loader's and prepare's: all positive, and no more grid cells
+    across than pixels (a cell under a pixel wide holds no box centre of its own)."""
+    if min(size, grid, boxes, classes) < 1:
+        raise DataError(f"yolo: size, grid, boxes and classes must be positive, got {size}, {grid}, {boxes}, "
+                        f"{classes}")
+    if grid > size:
+        raise DataError(f"yolo: grid {grid} is larger than the image size {size}; expected a grid of at most "
+                        "size cells across")
+
+
 class Yolo(Dataset):
     name = "yolo"
     label_kind = "boxes"
@@ -57,9 +68,7 @@ class Yolo(Dataset):
 
     def __init__(self, data_dir: str = "data/yolo", size: int = 224, grid: int = 7, boxes: int = 2,
                  classes: int = 20):
-        if min(size, grid, boxes, classes) < 1:
-            raise DataError(f"yolo: size, grid, boxes and classes must be positive, got {size}, {grid}, {boxes}, "
-                            f"{classes}")
+        check_geometry(size, grid, boxes, classes)
         self.data_dir, self.size, self.grid, self.boxes_per_cell = data_dir, size, grid, boxes
         self.num_classes = classes
         self.per_cell = 5 * boxes + classes
@@ -183,12 +192,14 @@ def _records(src: str, split: str, size: int, grid: int, boxes: int, classes: in
 
 def prepare_yolo(src: str, out: str, size: int = 224, grid: int = 7, boxes: int = 2,
                  classes: int = 20) -> dict[str, object]:
+    check_geometry(size, grid, boxes, classes)  # before anything is read or written
     os.makedirs(out, exist_ok=True)
     record = record_size(size, grid, 5 * boxes + classes)
     counts = {}
     for split, source in SOURCE_SPLITS.items():
-        path = os.path.join(out, SPLIT_FILES[split])
-        counts[path] = write_counted(path, _records(src, source, size, grid, boxes, classes), record)
+        fname = SPLIT_FILES[split]  # keyed by file name, as every preparer's summary: the caller joins OUT
+        counts[fname] = write_counted(os.path.join(out, fname), _records(src, source, size, grid, boxes, classes),
+                                      record)
     return {"records": counts}
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import zipfile
+import zlib
 from collections.abc import Callable
 
 import numpy as np
@@ -16,11 +18,19 @@ def load_bitmap(run: str) -> tuple[np.ndarray, str, int]:
     path = os.path.join(run, BITMAP) if os.path.isdir(run) else run
     if not os.path.exists(path):
         raise DataError(f"{path} does not exist; expected a run directory holding {BITMAP}")
+    # A truncated or corrupt .npz fails in zipfile or zlib, a non-.npz file (np.load gives a bare array,
+    # no context manager) or a field of the wrong shape as TypeError.
     try:
         with np.load(path) as z:
-            return z["correct"].astype(bool), str(z["set_id"]), int(z["epoch"])
-    except (OSError, KeyError, ValueError) as e:
-        raise DataError(f"{path} is not an eval bitmap ({e})") from None
+            correct, set_id, epoch = z["correct"], str(z["set_id"]), int(z["epoch"])
+    except (OSError, EOFError, KeyError, ValueError, TypeError, NotImplementedError, zipfile.BadZipFile,
+            zlib.error) as e:
+        why = next(iter(str(e).strip().splitlines()), "")
+        raise DataError(f"{path} is not an eval bitmap ({type(e).__name__}: {why}); expected the {BITMAP} "
+                        "a run writes, whole") from None
+    if correct.dtype != bool:  # as bool, any string or number but 0 would read as right: a plausible wrong count
+        raise DataError(f"{path}: 'correct' holds {correct.dtype}, expected bool (one right/wrong per example)")
+    return correct, set_id, epoch
 
 
 def compare_runs(run_a: str, run_b: str, log: Callable[[str], None] = print) -> tuple[int, int, float]:

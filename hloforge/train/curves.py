@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from hloforge.core.errors import DataError
@@ -40,21 +41,53 @@ def history(run_dir: str) -> list[dict[str, Any]]:
             lacks = [k for k in ("epoch", "loss") if k not in r]
             if lacks:
                 raise DataError(f"{path} line {i} (epoch record) lacks {', '.join(map(repr, lacks))}")
+            bad = _bad_value(r)
+            if bad:
+                raise DataError(f"{path} line {i} (epoch record): {bad}")
             out.append(r)
     return out
 
 
-def panel(history: Sequence[dict[str, Any]]) -> tuple[str, str] | None:
-    """(metrics key, axis label) of the right panel, the first the history holds: a language model's,
-    then each task's own (its `plot`), a Model's validation scores under val_."""
+def _bad_value(record: dict[str, Any]) -> str:
+    """What is wrong with the values `draw` reads from an epoch record ("" when nothing): a null or a
+    string would crash the drawing or turn an axis into categories."""
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    def shown(key: str) -> str:
+        text = json.dumps(record[key])
+        return f"{key!r} is {text if len(text) <= 40 else text[:37] + '...'}"
+
+    e = record["epoch"]
+    if not number(e) or not float(e).is_integer() or e < 1:
+        return f"{shown('epoch')}, expected an integer ≥ 1"
+    # The trainer stops on a non-finite train loss, so one here was not written by a run.
+    if not number(record["loss"]) or not math.isfinite(record["loss"]):
+        return f"{shown('loss')}, expected a finite number"
+    for key, _ in _panels():
+        # A diverged net's eval score may be NaN or infinite as scored: drawn as a gap, so allowed.
+        if key in record and not number(record[key]):
+            return f"{shown(key)}, expected a number"
+        for band in (f"{key}_lo", f"{key}_hi"):  # the Wilson interval: always finite
+            if band in record and not (number(record[band]) and math.isfinite(record[band])):
+                return f"{shown(band)}, expected a finite number"
+    return ""
+
+
+def _panels() -> Iterator[tuple[str, str]]:
+    """Every (metrics key, axis label) the right panel may draw, in order of preference: a language
+    model's, then each task's own (its `plot`), a Model's validation scores under val_."""
     from hloforge.train.tasks import TASKS
 
-    keys = set(history[-1]) if history else set()
     for key, label in (("val_bits_per_char", "validation bits/char"), *(t.plot for t in TASKS.values())):
-        for k, lab in ((key, label), (f"val_{key}", label.replace("test", "validation"))):
-            if k in keys:
-                return k, lab
-    return None
+        yield key, label
+        yield f"val_{key}", label.replace("test", "validation")
+
+
+def panel(history: Sequence[dict[str, Any]]) -> tuple[str, str] | None:
+    """(metrics key, axis label) of the right panel, the first the history's last epoch holds."""
+    keys = set(history[-1]) if history else set()
+    return next(((k, lab) for k, lab in _panels() if k in keys), None)
 
 
 def draw(history: Sequence[dict[str, Any]], title: str) -> bytes:
@@ -69,16 +102,21 @@ def draw(history: Sequence[dict[str, Any]], title: str) -> bytes:
     a.plot(ep, [h["loss"] for h in history], marker="o")
     a.set(xlabel="epoch", ylabel="train loss", title=title)
     right = panel(history)
+    # The right panel draws the epochs that hold its key: a Model's earlier fits without validation
+    # data hold none.
     if right is not None and right[0].endswith("top1"):
         key = right[0]
-        b.plot(ep, [100 * h[key] for h in history], marker="o", label="top-1")
-        if f"{key}_lo" in history[-1]:
-            b.fill_between(ep, [100 * h[f"{key}_lo"] for h in history], [100 * h[f"{key}_hi"] for h in history],
-                           alpha=0.2, label="95% Wilson")
+        held = [h for h in history if key in h]
+        b.plot([h["epoch"] for h in held], [100 * h[key] for h in held], marker="o", label="top-1")
+        banded = [h for h in held if f"{key}_lo" in h and f"{key}_hi" in h]
+        if banded:
+            b.fill_between([h["epoch"] for h in banded], [100 * h[f"{key}_lo"] for h in banded],
+                           [100 * h[f"{key}_hi"] for h in banded], alpha=0.2, label="95% Wilson")
         b.set(xlabel="epoch", ylabel=f"{right[1]} (%)")
         b.legend()
     elif right is not None:
-        b.plot(ep, [h[right[0]] for h in history], marker="o")
+        held = [h for h in history if right[0] in h]
+        b.plot([h["epoch"] for h in held], [h[right[0]] for h in held], marker="o")
         b.set(xlabel="epoch", ylabel=right[1])
     fig.tight_layout()
     png = io.BytesIO()
