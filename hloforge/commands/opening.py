@@ -18,6 +18,7 @@ from hloforge.core.variant import SHADOW
 from hloforge.train import checkpoint as ckpt
 from hloforge.train.config import CHECKPOINT, CONFIG, TrainConfig, load_config
 from hloforge.train.evaluation import EvalResult, evaluate, evaluate_lm, evaluate_stream
+from hloforge.train.metrics import describe_eval_set, eval_set_id
 from hloforge.train.parallel import make_forward_session
 from hloforge.train.session import ForwardSession, replica_devices
 from hloforge.train.trainer import Run, check_matches
@@ -98,6 +99,13 @@ def open_checkpoint(path: str, backend: str | None = None,
     if spec != run.spec:
         raise DataError(f"checkpoint {file} holds a spec that differs from net {cfg.net!r} as defined now "
                         f"({ckpt.first_difference(spec.to_dict(), run.spec.to_dict())})")
+    # The data as it reads now against what the run was scored on: a corpus or data file edited or replaced since
+    # would score (and a text run decode) plausibly and wrongly.
+    scored_on, now = meta.get("eval_set"), eval_set_id(cfg.data, "test", run.y_te)
+    if scored_on is not None and scored_on != now:
+        raise DataError(f"checkpoint {file}: the test split of dataset {cfg.data!r} is not the one the run was "
+                        f"scored on ({describe_eval_set(now)} now, {describe_eval_set(scored_on)} then); its data "
+                        "changed since")
     # what the tensors were trained as, against what the config makes (a field newer than the checkpoint aside)
     made = json.loads(json.dumps(attrs.asdict(run.variant)))  # as stored: tuples as lists
     if any(k not in made or made[k] != v for k, v in meta["variant"].items()):

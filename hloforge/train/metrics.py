@@ -76,3 +76,9 @@ def eval_set_id(dataset: str, split: str, labels: np.ndarray) -> str:
     """Names an eval set, so bitmaps of different sets are never compared."""
     h = hashlib.sha256(np.ascontiguousarray(labels, np.int64).tobytes()).hexdigest()[:16]
     return f"{dataset}:{split}:{len(labels)}:{h}"
+
+
+def describe_eval_set(set_id: str) -> str:
+    """An `eval_set_id` as a message says it: "360 labels, hash 1a2b…"."""
+    parts = set_id.rsplit(":", 2)
+    return f"{parts[1]} labels, hash {parts[2]}" if len(parts) == 3 else set_id
