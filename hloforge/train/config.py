@@ -28,6 +28,7 @@ CONFIG = "config.toml"
 BITMAP = "eval_correct.npz"
 
 
+TAG_FORBIDDEN = ("/", "\\", "\0")  # a tag with these would name a directory elsewhere than under runs/ (or none)
 MAX_DEVICES = 4096  # far above any host's devices, far below the backend's 32-bit count
 
 
@@ -103,16 +104,18 @@ class TrainConfig(VariantFields):
         return "_".join(p for p in (spec.ident, self.variant(spec).slug, dp, self.backend, self.tag) if p)
 
     def resolved_run_dir(self, spec: NetSpec, resume: bool = False) -> str:
-        """An explicit run_dir as given; otherwise runs/<scope>, runs/<scope>_2, ...: a new run
-        takes the first free one (nothing is overwritten), a resumed run the latest."""
+        """An explicit run_dir as given; otherwise runs/<scope>, runs/<scope>_2, ...: a new run takes
+        the one after the last that holds a checkpoint (nothing is overwritten), a resumed run that last."""
         if self.run_dir:
             return self.run_dir
         base = os.path.join("runs", self.scope(spec))
-        taken = [base] + [f"{base}_{i}" for i in range(2, 10_000) if os.path.exists(f"{base}_{i}")]
-        taken = [d for d in taken if os.path.exists(os.path.join(d, CHECKPOINT))]
+        named = [base] + [f"{base}_{i}" for i in range(2, 10_000)]
         if resume:
+            taken = [d for d in named if os.path.exists(os.path.join(d, CHECKPOINT))]
             return taken[-1] if taken else base
-        return base if not taken else f"{base}_{len(taken) + 1}"
+        # after the last directory holding a checkpoint (not the count of them: one deleted between others)
+        last = max((k for k, d in enumerate(named) if os.path.exists(os.path.join(d, CHECKPOINT))), default=-1)
+        return named[last + 1]
 
     def to_toml(self) -> str:
         """The config as TOML that `load_config` reads back to an equal config (None: left out)."""
@@ -120,6 +123,9 @@ class TrainConfig(VariantFields):
                        if getattr(self, f.name) is not None)
 
     def check(self) -> None:
+        if set(self.tag) & set(TAG_FORBIDDEN) or self.tag.startswith("."):  # it ends a directory's name under runs/
+            raise UnsupportedSpec(f"tag {self.tag!r}: expected a name without {' '.join(map(repr, TAG_FORBIDDEN))} "
+                                  "that does not start with '.' (it ends the run directory's name under runs/)")
         if self.epochs < 1 or self.batch < 1:
             raise UnsupportedSpec(f"epochs and batch must be positive, got epochs={self.epochs} batch={self.batch}")
         if self.lr <= 0 or not math.isfinite(self.lr):

@@ -67,6 +67,9 @@ NETS: dict[str, Callable[..., NetSpec]] = {
 }
 
 
+SPEC_SUFFIXES = (".toml", ".json")  # what NetSpec.from_file reads
+
+
 def get_net(name: str, classes: int | None = None, input: Sequence[int] | None = None) -> NetSpec:
     """A named net (with `classes` / `input` overriding its defaults), or a spec file (as written)."""
     if name in NETS:
@@ -78,6 +81,11 @@ def get_net(name: str, classes: int | None = None, input: Sequence[int] | None =
         spec = NETS[name](**kw)
         spec.walk()  # refuse an impossible size here, naming the layer
         return spec
-    if name.endswith((".toml", ".json")) and os.path.exists(name):
+    if name.endswith(SPEC_SUFFIXES):
+        if not os.path.isfile(name):
+            raise UnsupportedSpec(f"spec file {name!r} does not exist (from {os.getcwd()})")
         return NetSpec.from_file(name)
+    if os.sep in name or os.path.splitext(name)[1]:  # a path, not a zoo name
+        raise UnsupportedSpec(f"net {name!r}: a spec file must end in {' or '.join(SPEC_SUFFIXES)}, and no zoo net "
+                              "is named so")
     raise UnsupportedSpec(f"unknown net {name!r}; expected one of {sorted(NETS)} or a .toml/.json spec file")
