@@ -47,7 +47,7 @@ class History(list):  # type: ignore[type-arg]
 
 def _spec_of(net: NetSpec | str, classes: int | None, input: Sequence[int] | None) -> tuple[NetSpec, str]:
     """(the net, what a config names it by: a zoo name or a spec file's path; "" for a NetSpec object)."""
-    from hloforge.zoo import get_net
+    from hloforge.zoo import SPEC_SUFFIXES, get_net
 
     if isinstance(net, NetSpec):
         if classes is not None or input is not None:
@@ -57,7 +57,7 @@ def _spec_of(net: NetSpec | str, classes: int | None, input: Sequence[int] | Non
     if not isinstance(net, str):
         raise UnsupportedSpec(f"net must be a NetSpec, a zoo name or a spec file path, got {type(net).__name__}")
     spec = get_net(net, classes, input)
-    return spec, (os.path.abspath(net) if net.endswith((".toml", ".json")) else net)
+    return spec, (os.path.abspath(net) if net.endswith(SPEC_SUFFIXES) else net)
 
 
 def _rows(a: Any, what: str) -> int:
@@ -587,6 +587,7 @@ def load(path: str, backend: str | None = None) -> Model:
     """A run directory written by `Model.save` or `hloforge train`, as a Model: θ, optimizer state,
     BN statistics, step and epoch as saved, bit for bit."""
     from hloforge.train.trainer import load_config
+    from hloforge.zoo import SPEC_SUFFIXES
 
     path = _checked_path(path, "hf.load")
     if os.path.isfile(path):
@@ -599,13 +600,15 @@ def load(path: str, backend: str | None = None) -> Model:
     cfg = load_config(os.path.join(path, CONFIG))
     v = Variant(**meta["variant"])
     fields = {f.name: getattr(v, f.name) for f in attrs.fields(Variant) if f.name != "optimizer"}
-    model = Model(cfg.net, v.optimizer, cfg.lr, cfg.schedule, backend or meta["backend"], cfg.seed,
+    # A net from a spec file (a saved NetSpec's net.json among them) is the checkpoint's own copy: the run
+    # directory or the file may have moved since. A zoo net is rebuilt by name and checked below.
+    net = NetSpec.from_dict(meta["spec"], source=file) if cfg.net.endswith(SPEC_SUFFIXES) else cfg.net
+    by_name = isinstance(net, str)  # (a NetSpec states its own classes and input)
+    model = Model(net, v.optimizer, cfg.lr, cfg.schedule, backend or meta["backend"], cfg.seed,
                   warmup_epochs=cfg.warmup_epochs, decay_rate=cfg.decay_rate, bn_momentum=cfg.bn_momentum,
-                  classes=cfg.classes, input=cfg.input, **fields)
+                  classes=cfg.classes if by_name else None, input=cfg.input if by_name else None, **fields)
     if json.loads(json.dumps(model.spec.to_dict())) != meta["spec"]:
         raise DataError(f"checkpoint {file} holds a spec that differs from net {cfg.net!r} as defined now")
-    if os.path.basename(cfg.net) == NET_FILE:
-        model._net_ref = ""  # a saved NetSpec: saving it again writes its own net.json
     lay = model._state_layout
     trained = model._trained_names()
     names = ckpt.tensor_names([n for n, _ in model._param_slots], lay.slots, model._stat_names,

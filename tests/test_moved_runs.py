@@ -1,0 +1,38 @@
+"""A run of a net from a spec file opens from its checkpoint's own copy of the spec: evaluated from
+another folder, after the file was deleted, or after the run directory (a saved NetSpec's included)
+was moved, instead of "unknown net" for a path that no longer resolves."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+
+import hloforge as hf
+from hloforge.cli import main
+from hloforge.zoo import get_net
+
+
+def test_a_spec_file_run_evaluates_from_elsewhere_with_its_file_gone(tmp_path, monkeypatch, capsys):
+    os.makedirs(tmp_path / "work" / "specs")
+    os.makedirs(tmp_path / "elsewhere")
+    (tmp_path / "work" / "specs" / "net.json").write_text(get_net("mnist-linear").to_json(), encoding="utf-8")
+    monkeypatch.chdir(tmp_path / "work")
+    assert main(["train", "specs/net.json", "--epochs", "1", "--run-dir", "run", "--no-progress"]) == 0
+    os.remove("specs/net.json")
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path / "work" / "run")]) == 0, capsys.readouterr().err
+    assert "epoch 1" in capsys.readouterr().out
+
+
+def test_a_saved_netspec_run_loads_and_evaluates_after_its_directory_moved(tmp_path, capsys):
+    m = hf.Model(get_net("mnist-linear"))
+    x, y = np.random.default_rng(0).normal(size=(64, 784)).astype(np.float32), np.arange(64) % 10
+    m.fit(x, y, epochs=1, verbose=0)
+    m.save(str(tmp_path / "saved"), data="digits")
+    shutil.move(tmp_path / "saved", tmp_path / "moved")
+    loaded = hf.load(str(tmp_path / "moved"))
+    assert all(np.array_equal(a, b) for a, b in zip(loaded.params, m.params, strict=True))
+    assert main(["eval", str(tmp_path / "moved")]) == 0, capsys.readouterr().err
