@@ -187,10 +187,11 @@ def hold_stranded_scratch(scratch: int) -> bool:
     keep two. Take the hole over with a block that is never touched and give its pages back to the
     kernel: the heap then keeps one scratch in memory. True when a hole was taken."""
     global _held_hole_bytes
-    if scratch < SCRATCH_MIN_BYTES or len(_held_holes) >= MAX_HELD_HOLES or heap_in_use() is None:
+    if scratch < SCRATCH_MIN_BYTES or len(_held_holes) >= MAX_HELD_HOLES or not _applied:
         return False
     info = mallinfo2()
-    assert info is not None  # (heap_in_use read it)
+    if info is None:
+        return False
     top, free_below = int(info.keepcost), int(info.fordblks - info.keepcost)
     if top >= scratch or free_below < scratch:
         return False

@@ -65,18 +65,18 @@ class OpenedCheckpoint:
             ckpt.shadow_stats(self.tensors, run.stat_names, self.file, "use the live weights (--region live)")
 
 
-def own_spec(net: str, meta: dict[str, Any], file: str) -> NetSpec | None:
-    """For a net a config names by a spec file's path, the checkpoint's own copy of it: the file may have
-    moved, been edited or be named relative to another folder since. None for a zoo net (rebuilt by name,
-    and refused if it changed)."""
-    return NetSpec.from_dict(meta["spec"], source=file) if net.endswith(SPEC_SUFFIXES) else None
+def own_spec(net: str, stored: NetSpec) -> NetSpec | None:
+    """For a net a config names by a spec file's path, the checkpoint's own copy of it (`stored`): the
+    file may have moved, been edited or be named relative to another folder since. None for a zoo net
+    (rebuilt by name, and refused if it changed)."""
+    return stored if net.endswith(SPEC_SUFFIXES) else None
 
 
 def check_run_dir(path: str, file: str, meta: dict[str, Any]) -> None:
     """A run directory whose config.toml names another net or variant than its checkpoint holds is
     refused, as --resume refuses it: scoring it would report the checkpoint's net as the run's."""
     cfg = load_config(os.path.join(path, CONFIG))
-    spec = own_spec(cfg.net, meta, file) or get_net(cfg.net, cfg.classes, cfg.input)
+    spec = own_spec(cfg.net, NetSpec.from_dict(meta["spec"], source=file)) or get_net(cfg.net, cfg.classes, cfg.input)
     variant = cfg.variant(spec)
     try:
         check_matches(file, meta, variant.apply_to(spec), variant, cfg.backend, allow_cross_backend=True)
@@ -98,11 +98,11 @@ def open_checkpoint(path: str, backend: str | None = None,
         cfg = attrs.evolve(cfg, backend=backend)
     if devices:
         cfg = attrs.evolve(cfg, devices=devices)
+    spec = NetSpec.from_dict(meta["spec"], source=file)
     try:  # scoring never opens the train split
-        run = Run(cfg, log, progress=False, eval_only=True, spec=own_spec(cfg.net, meta, file))
+        run = Run(cfg, log, progress=False, eval_only=True, spec=own_spec(cfg.net, spec))
     except HloforgeError as e:  # the stored config's net, variant or data refused: say whose config it is
         raise type(e)(f"checkpoint {file}: {e}") from None
-    spec = NetSpec.from_dict(meta["spec"], source=file)
     if spec != run.spec:
         raise DataError(f"checkpoint {file} holds a spec that differs from net {cfg.net!r} as defined now "
                         f"({ckpt.first_difference(spec.to_dict(), run.spec.to_dict())})")

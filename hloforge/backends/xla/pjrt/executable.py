@@ -115,8 +115,8 @@ class Executable:
         key = tuple(sorted(set(keep)))
         allocated = self._fresh_output_bytes.get(key)
         if allocated is None:
-            taken_over = {spec.aliasing_output for i, spec in enumerate(self.input_specs or ())
-                          if spec.aliasing_output is not None and i not in key}
+            specs = self.input_specs or []
+            taken_over = {specs[i].aliasing_output for i in self.donated_inputs if i not in key}
             allocated = self._fresh_output_bytes[key] = sum(
                 size for j, size in enumerate(self._output_sizes) if j not in taken_over)
         return allocated
