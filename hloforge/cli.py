@@ -31,6 +31,7 @@ from hloforge.commands.exits import EXIT_INTERNAL as EXIT_INTERNAL
 from hloforge.commands.exits import EXIT_INTERRUPTED as EXIT_INTERRUPTED
 from hloforge.commands.exits import EXIT_OK as EXIT_OK
 from hloforge.commands.exits import EXIT_USAGE as EXIT_USAGE
+from hloforge.commands.exits import debug_enabled as debug_enabled
 from hloforge.commands.exits import exit_codes_text as exit_codes_text
 from hloforge.commands.handlers import given as given
 from hloforge.commands.handlers import train_config as train_config
@@ -81,12 +82,16 @@ def _end_mpi_run(e: BaseException, code: int) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The command; returns its exit status (EXIT_CODES), --help's and a usage error's included."""
+    try:  # first: a value it does not know is refused before any work (an MPI rank's worker included)
+        debug = debug_enabled()
+    except HloforgeError as e:
+        print(f"hloforge: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if argv is None and os.environ.get("PMI_FD"):  # a rank under hydra: its worker (hloforge.train.mpi.supervise)
         from hloforge.train.mpi import supervise
 
         supervise(sys.orig_argv[1:])
     argv = list(sys.argv[1:] if argv is None else argv)
-    debug = os.environ.get(DEBUG_ENV_VAR, "") not in ("", "0")
     try:
         if argv[:1] == ["bench"]:  # bench parses its own options, -h included
             from hloforge import bench

@@ -344,6 +344,21 @@ def test_prepare_yolo_refuses_a_bad_label(tmp_path) -> None:
     assert not (tmp_path / "out" / "train.bin").exists()
 
 
+def test_prepare_yolo_uses_no_deprecated_pillow_constant(tmp_path, monkeypatch) -> None:
+    """The reader resizes with Image.Resampling.BILINEAR, not the deprecated Image.BILINEAR that
+    Pillow's typed stubs lack (mypy flags it): it runs on a Pillow without the old aliases."""
+    from PIL import Image
+
+    from hloforge.datasets.yolo import Yolo, prepare_yolo
+
+    _yolo_tree(tmp_path / "src", n=2)
+    for name in ("NEAREST", "BILINEAR", "BICUBIC", "LANCZOS", "BOX", "HAMMING"):
+        monkeypatch.delattr(Image, name)
+    prepare_yolo(str(tmp_path / "src"), str(tmp_path / "out"), size=32, grid=4, classes=3)
+    x, _ = Yolo(str(tmp_path / "out"), size=32, grid=4, classes=3).arrays("test")
+    assert x.shape == (2, 3, 32, 32)
+
+
 # ------------------------------------------------------------------ shapes' normalize, dataset options
 def test_shapes_normalize_is_its_own_standardisation() -> None:
     from hloforge.datasets.shapes import Shapes

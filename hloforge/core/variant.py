@@ -21,6 +21,7 @@ checkpoint and the scorer all read it from here.
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
@@ -366,9 +367,32 @@ class VariantFields:
 
 @attrs.frozen
 class Variant(VariantFields):
+    # Each numeric field's type and range, said when its value is not a number: checked before the range
+    # checks below (and Wrappers'), so a string or None built in directly is one line, not a TypeError from `<`.
+    # A bool is no number here (as in a config: hloforge.train.configio); None only where the field's default is.
+    _NUMBERS: ClassVar[dict[str, str]] = {
+        "weight_decay": "a finite number ≥ 0, or None (the optimizer's own)",
+        "label_smoothing": "a number in [0, 1)",
+        "ema": "a decay in [0, 1) (0: no shadow)",
+        "accum": "a positive integer (micro-batches per update)",
+        "clip": "a finite norm ≥ 0 (0: no clipping)",
+        "mixup": "a finite α ≥ 0 (0: off)",
+        "cutmix": "a finite α ≥ 0 (0: off)",
+        "dropout": "a number in [0, 1)",
+        "drop_path": "a number in [0, 1)",
+        "bn_eps": "a positive number, or None (each layer's own)",
+    }
+
     def __attrs_post_init__(self) -> None:
         _check_name("optimizer", self.optimizer)
         _check_name("loss", self.loss)
+        for what, expected in self._NUMBERS.items():
+            v = getattr(self, what)
+            if v is None and attrs.fields_dict(Variant)[what].default is None:
+                continue
+            number = isinstance(v, int) if what == "accum" else isinstance(v, numbers.Real)
+            if isinstance(v, bool) or not number:
+                raise UnsupportedSpec(f"{what} must be {expected}, got {v!r} (type {type(v).__name__})")
         if self.weight_decay is not None and not (self.weight_decay >= 0 and math.isfinite(self.weight_decay)):
             raise UnsupportedSpec(f"weight_decay must be a finite number ≥ 0, got {self.weight_decay}")
         for what in ("label_smoothing", "dropout", "drop_path"):

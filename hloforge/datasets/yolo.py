@@ -170,7 +170,7 @@ def _records(src: str, split: str, size: int, grid: int, boxes: int, classes: in
     for name in names:
         path = os.path.join(image_dir, name)
         try:
-            img = Image.open(path).convert("RGB").resize((size, size), Image.BILINEAR)
+            img = Image.open(path).convert("RGB").resize((size, size), Image.Resampling.BILINEAR)
         except OSError as e:
             raise DataError(f"{path}: cannot decode it ({e})") from None
         label = os.path.join(label_dir, os.path.splitext(name)[0] + ".txt")

@@ -269,7 +269,7 @@ def draw_detections(image: np.ndarray, dets: np.ndarray, path: str, *, names: Se
         a = a[:, :, 0]
     img = Image.fromarray(a).convert("RGB")
     if scale > 1:
-        img = img.resize((img.width * scale, img.height * scale), Image.NEAREST)
+        img = img.resize((img.width * scale, img.height * scale), Image.Resampling.NEAREST)
     pen = ImageDraw.Draw(img)
     if truth is not None:
         for _, *xyxy in np.asarray(truth, np.float64).reshape(-1, 5):
@@ -292,7 +292,7 @@ def load_image(path: str, size: int) -> np.ndarray:
     except (OSError, UnidentifiedImageError) as e:
         raise DataError(f"{path}: cannot read it as an image ({e})") from None
     if img.size != (size, size):
-        img = img.resize((size, size), Image.BILINEAR)
+        img = img.resize((size, size), Image.Resampling.BILINEAR)
     return (np.asarray(img, np.float32) / 255.0).transpose(2, 0, 1).copy()
 
 

@@ -13,7 +13,7 @@ task — detection — is a `Task` subclass added to `TASKS` with its label kind
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
@@ -204,12 +204,18 @@ class DiffusionTask(Task):
     def default_loss(cls, spec: NetSpec, data_cls: Any) -> str | None:
         return "mse" if diffusion.is_time_conditioned(spec) else None
 
+    @staticmethod
+    def ddpm_shaped(spec: NetSpec) -> bool:
+        """Whether the net maps images plus the time channel [C + 1, ...] to their noise [C, ...]."""
+        out = tuple(spec.out_shape)
+        return bool(out) and tuple(spec.input_shape) == (out[0] + 1, *out[1:])
+
     def check(self) -> None:
         run = self.run
         self.schedule  # noqa: B018 — refuse an impossible schedule before anything trains with it
         out = tuple(run.spec.out_shape)
         image = tuple(getattr(run.data, "image_shape", Dataset.image_shape) or ())
-        if image != out or tuple(run.spec.input_shape) != (out[0] + 1, *out[1:]):
+        if image != out or not self.ddpm_shaped(run.spec):
             raise DataError(f"a DDPM on {out[0]}-channel images {list(out[1:])} takes input "
                             f"{[out[0] + 1, *out[1:]]} (the images and the time channel) and predicts {list(out)}; "
                             f"net {run.spec.name!r} takes {list(run.spec.input_shape)}, dataset {run.cfg.data!r} "
@@ -307,6 +313,57 @@ def default_loss(spec: NetSpec, data: str | None) -> str:
                           "default; pass --loss")
 
 
+_LABELS_SAID = {"class": "integer class indices", "mask": "integer per-pixel class masks",
+                "noise": "float targets", "boxes": "boxes", "tokens": "next-token ids"}
+
+
+def _shape_said(shape: Sequence[int]) -> str:
+    return "[" + ", ".join(["N", *map(str, shape)]) + "]"
+
+
+def losses_for(spec: NetSpec, data_kind: str) -> list[str]:
+    """The registered losses that train `spec` on labels of `data_kind` (each with its default options)."""
+    from hloforge.core.registry import default_registry
+
+    reg, out, fit = default_registry(), tuple(spec.out_shape), []
+    for name in reg.names("loss"):
+        try:
+            loss = reg.make("loss", name)
+            loss.check(out)
+            kind = loss_label_kind(loss, out)
+        except Exception:  # a plugin loss that needs options, or refuses this output: not a fit
+            continue
+        if kind == data_kind and (kind != "noise" or DiffusionTask.ddpm_shaped(spec)):
+            fit.append(name)
+    return fit
+
+
+def _misfit(run: Any, loss: Loss, kind: str) -> str | None:
+    """One line when the loss's labels are not what the dataset gives or the net is not the loss's
+    task's (mse on a classifier: its float targets train a DDPM); None when they fit. The task's own
+    check then names any finer mismatch (a DDPM's image size, a class count)."""
+    spec, out = run.spec, tuple(run.spec.out_shape)
+    data_kind = str(getattr(run.data, "label_kind", Dataset.label_kind))
+    shape, dtype = loss.label_spec(out)
+    if kind == "noise" and not DiffusionTask.ddpm_shaped(spec):
+        wants = (f"float targets shaped like the net's output ({_shape_said(shape)}) and trains only a DDPM (images "
+                 f"plus a time channel [C + 1, ...] to their noise [C, ...]), which a net from "
+                 f"{list(spec.input_shape)} to {list(out)} is not")
+    elif kind == "class" and data_kind != "class":
+        wants = f"{_LABELS_SAID['class'] if dtype == 'i32' else 'class targets'} of shape {_shape_said(shape)}"
+    else:
+        return None
+    labels = _LABELS_SAID.get(data_kind, f"{data_kind!r} labels")
+    y = getattr(run, "y_te", None)
+    if y is not None:
+        labels += f" of shape {_shape_said(np.shape(y)[1:])}"
+    fit = [n for n in losses_for(spec, data_kind) if n != loss.name]
+    fits = (f"losses that fit: {', '.join(fit)}" if fit else
+            f"no registered loss trains net {spec.name!r} (output {list(out)}) on these labels")
+    return (f"loss {loss.name!r} does not fit net {spec.name!r} on dataset {run.cfg.data!r}: the dataset gives "
+            f"{labels}; {loss.name} wants {wants}; {fits}")
+
+
 def make_task(run: Any) -> Task:
     """The task of the run's loss (its label kind), checked against the net and the dataset."""
     from hloforge.core.registry import default_registry
@@ -318,4 +375,7 @@ def make_task(run: Any) -> Task:
     if kind not in TASKS:
         raise UnsupportedSpec(f"loss {loss.name!r} takes {kind!r} labels; no task trains with those "
                               f"(tasks: {sorted(TASKS)})")
+    why = _misfit(run, loss, kind)
+    if why:  # before the task's own check, which would speak of the wrong task (a DDPM's shapes for mse)
+        raise DataError(why)
     return TASKS[kind](run)
