@@ -114,6 +114,21 @@ def fit_child(out: str) -> None:
         f.write(f"{m._epoch} {m._step}")
 
 
+def fit_refused_child(out: str) -> None:
+    """Model.fit whose callback (rank 0's alone) monitors a metric the fit never logs: every rank refuses
+    before a step, none waits on the others; each rank's message and step count to OUT."""
+    import hloforge as hf
+    from hloforge.core.errors import HloforgeError
+
+    rank = mpi.world().rank
+    m = hf.Model("mnist-mlp")
+    try:
+        m.fit(data="digits", epochs=2, batch_size=64, callbacks=[hf.EarlyStopping("zzz")], verbose=False)
+    except HloforgeError as e:
+        with open(os.path.join(out, f"refused{rank}.txt"), "w") as f:
+            f.write(f"{m._step} {e}")
+
+
 # ------------------------------------------------------------------ one process: the split step's halves
 
 
@@ -371,6 +386,14 @@ def test_model_fit_in_a_script_under_mpiexec_is_the_two_replica_run(tmp_path):
 
 
 @needs_mpi
+def test_a_fit_callback_refused_on_rank_0_is_refused_on_every_rank_before_a_step(tmp_path):
+    r = launch(2, sys.executable, str(Path(__file__).resolve()), "fit-refused", str(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    said = [(tmp_path / f"refused{i}.txt").read_text() for i in range(2)]
+    assert said[0] == said[1] and said[0].startswith("0 EarlyStopping monitors 'zzz', but the epoch's metrics are")
+
+
+@needs_mpi
 def test_hloforge_train_freeze_under_mpiexec_is_the_two_replica_run(tmp_path):
     """`--freeze 0` across 2 processes: the frozen layer's θ is the one-process run's (the init's) bit for
     bit, the trained θ and state within 1e-6 of `--replicas 2 --devices 2` with the same flags."""
@@ -394,6 +417,7 @@ def test_hloforge_train_freeze_under_mpiexec_is_the_two_replica_run(tmp_path):
      "--sync-bn across 2 MPI processes runs one replica per process; --replicas 4 puts 2 in each"),
     (("--batch", "63"), "batch 63 (the global batch) does not split evenly over 2 replicas"),
     (("--init", "no-such-run"), "--init no-such-run does not exist"),
+    (("--callback", "early_stopping:monitor=zzz"), "EarlyStopping monitors 'zzz', but the epoch's metrics are"),
 ])
 def test_a_refusal_every_rank_reaches_under_mpiexec_is_one_line(tmp_path, more, message):
     """Printed by rank 0 alone; --replicas left at its default (one per process) refused for what MPI makes of it."""
@@ -566,3 +590,5 @@ if __name__ == "__main__":
         session_child(sys.argv[2])
     elif sys.argv[1] == "fit":
         fit_child(sys.argv[2])
+    elif sys.argv[1] == "fit-refused":
+        fit_refused_child(sys.argv[2])

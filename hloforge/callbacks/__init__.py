@@ -13,7 +13,8 @@ import csv
 import math
 import os
 import sys
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from hloforge.core.errors import HloforgeError, UnsupportedSpec
@@ -27,6 +28,12 @@ class Callback:
 
     name = ""
     model: Any = None
+    # The keys this callback's on_epoch_end adds to each epoch's logs: the callbacks after it may monitor them.
+    adds_metrics: tuple[str, ...] = ()
+
+    def check_metrics(self, metrics: frozenset[str]) -> None:
+        """Refuse, with one line, an option this run cannot honour, before its first step (not after an
+        epoch's training): `metrics` are the keys every epoch's logs will hold."""
 
     def on_train_begin(self, logs: dict[str, Any]) -> None: ...
 
@@ -61,17 +68,28 @@ class Monitor(Callback):
     def on_train_begin(self, logs: dict[str, Any]) -> None:
         self.best = math.inf if self.mode == "min" else -math.inf
 
+    def check_metrics(self, metrics: frozenset[str]) -> None:
+        if self.monitor not in metrics:
+            raise self.missing(metrics)
+
+    def missing(self, keys: Collection[str]) -> UnsupportedSpec:
+        """The refusal of a monitor that is not one of `keys` (an epoch's metrics), with a hint at the prefix."""
+        hint = ""
+        if self.monitor.startswith("val_") and not any(k.startswith("val_") for k in keys):
+            hint = " (hloforge train scores its test split unprefixed: monitor=top1, say)"
+        elif f"val_{self.monitor}" in keys:  # a Model's fit prefixes its validation scores
+            hint = f" (the validation scores are prefixed: monitor=val_{self.monitor}, say)"
+        return UnsupportedSpec(f"{type(self).__name__} monitors {self.monitor!r}, but the epoch's metrics are "
+                               f"{sorted(keys)}{hint}")
+
     def past_epochs(self, logs: dict[str, Any]) -> list[dict[str, Any]]:
         """A resumed run's earlier epochs that logged the monitored metric (on_train_begin's logs)."""
         return [m for m in logs.get("history", ()) if self.monitor in m]
 
     def improved(self, logs: dict[str, Any]) -> bool:
         """Whether this epoch's value beats the best so far (and it becomes the best)."""
-        if self.monitor not in logs:
-            cli = self.monitor.startswith("val_") and not any(k.startswith("val_") for k in logs)
-            hint = " (hloforge train scores its test split unprefixed: monitor=top1, say)" if cli else ""
-            raise UnsupportedSpec(f"{type(self).__name__} monitors {self.monitor!r}, but the epoch's metrics are "
-                                  f"{sorted(logs)}{hint}")
+        if self.monitor not in logs:  # else refused before the first step (check_metrics): logs a callback made
+            raise self.missing(logs)
         v = float(logs[self.monitor])
         better = v < self.best - self.min_delta if self.mode == "min" else v > self.best + self.min_delta
         if better:
@@ -122,8 +140,19 @@ class ModelCheckpoint(Monitor):
                  data: str | None = None):
         if not isinstance(path, (str, os.PathLike)) or not str(path):
             raise UnsupportedSpec(f"ModelCheckpoint wants path a directory name, got {path!r}")
+        path = os.fspath(path)
         if os.path.isfile(path):  # else refused only when the first improvement is written
             raise UnsupportedSpec(f"ModelCheckpoint writes a run directory, but {path} is a file")
+        writable(path, "ModelCheckpoint", directory=True)
+        if data is not None:  # a Model's save reads it at the first improvement: an unknown one is refused now
+            from hloforge.core.registry import default_registry
+
+            if not isinstance(data, str) or not data:
+                raise UnsupportedSpec(f"ModelCheckpoint wants data a registered dataset's name, got {data!r}")
+            try:
+                default_registry().get("dataset", data)
+            except HloforgeError as e:
+                raise UnsupportedSpec(f"ModelCheckpoint data: {e}") from None
         super().__init__(monitor, mode, min_delta)
         self.path, self.data = path, data
         self.best_epoch = 0
@@ -151,29 +180,40 @@ class ModelCheckpoint(Monitor):
 
 
 class CSVLogger(Callback):
-    """One row per epoch (its metrics) to `path`, the header from the first epoch's keys."""
+    """One row per epoch (its metrics) to `path`, the header from the first epoch's keys. A resumed run's
+    file starts with the epochs it already trained (on_train_begin's history), so none is lost."""
 
     name = "csv_logger"
 
     def __init__(self, path: str):
+        if not isinstance(path, (str, os.PathLike)) or not str(path):  # an int would name a file descriptor
+            raise UnsupportedSpec(f"CSVLogger wants path a file name, got {path!r}")
+        path = os.fspath(path)
         if os.path.isdir(path):  # else refused only after the first epoch's training
             raise UnsupportedSpec(f"CSVLogger writes a file, but {path} is a directory")
+        writable(path, "CSVLogger")
         self.path = path
         self._keys: list[str] = []
 
     def on_train_begin(self, logs: dict[str, Any]) -> None:
         self._keys = []
+        history = logs.get("history", ())
+        if history:
+            self._write(history)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> None:
+        self._write([logs])
+
+    def _write(self, rows: Sequence[dict[str, Any]]) -> None:
         first = not self._keys
         if first:
-            self._keys = list(logs)
+            self._keys = list(rows[0])
             os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         with open(self.path, "w" if first else "a", newline="", encoding="utf-8") as f:
             w = csv.DictWriter(f, self._keys, extrasaction="ignore")
             if first:
                 w.writeheader()
-            w.writerow(logs)
+            w.writerows(rows)
 
 
 class TensorBoard(Callback):
@@ -189,6 +229,14 @@ class TensorBoard(Callback):
         except ImportError:
             raise HloforgeError("the TensorBoard callback writes event files with tensorboardX, which is not "
                                 "installed; pip install tensorboardX") from None
+        if not isinstance(logdir, (str, os.PathLike)) or not str(logdir):  # None: tensorboardX's own runs/...
+            raise UnsupportedSpec(f"TensorBoard wants logdir a directory name, got {logdir!r}")
+        if not isinstance(every_step, bool):  # "no" would be true
+            raise UnsupportedSpec(f"TensorBoard wants every_step true or false, got {every_step!r}")
+        logdir = os.fspath(logdir)
+        if os.path.exists(logdir) and not os.path.isdir(logdir):
+            raise UnsupportedSpec(f"TensorBoard writes event files into a directory, but {logdir} is a file")
+        writable(logdir, "TensorBoard", directory=True)
         self._writer_cls, self.logdir, self.every_step = SummaryWriter, logdir, every_step
         self._writer: Any = None
 
@@ -209,6 +257,35 @@ class TensorBoard(Callback):
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+
+
+def writable(path: str, what: str, directory: bool = False) -> None:
+    """Refuse, when the callback is made (before anything trains), a `path` it will write that cannot be
+    written: an existing file that cannot be opened for writing, or a folder for it (`directory`: `path`
+    itself) that neither is nor can be made writable. The nearest existing folder is probed by making and
+    removing a file in it: access() says yes to root even under /proc or on a read-only mount."""
+    if "\0" in path:  # os.path's tests say False to it; the write itself would be a ValueError
+        raise UnsupportedSpec(f"{what} cannot write {path!r}: a path cannot hold a NUL character")
+    full = os.path.abspath(path)
+    if not directory and os.path.isfile(full):
+        try:
+            open(full, "ab").close()  # opened, not written: its rows are replaced on the first epoch's end
+        except OSError as e:
+            raise UnsupportedSpec(f"{what} cannot write {path} ({e.strerror or e}); expected a writable file") from None
+        return
+    near = full if directory else os.path.dirname(full)
+    while not os.path.exists(near):
+        near = os.path.dirname(near)
+    want = "a directory that exists or can be created, and is writable"
+    if not os.path.isdir(near):
+        raise UnsupportedSpec(f"{what} cannot write {path}: {near} is a file, not a directory; expected {want}")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".hloforge-probe-", dir=near)
+        os.close(fd)
+        os.remove(probe)
+    except OSError as e:
+        raise UnsupportedSpec(f"{what} cannot write {path}: {near} is not writable ({e.strerror or e}); "
+                              f"expected {want}") from None
 
 
 def from_items(items: Sequence[str]) -> list[Callback]:

@@ -42,8 +42,10 @@ class TrainConfig(VariantFields):
     input: tuple[int, ...] | None = attrs.field(default=None,
                                                 converter=lambda v: None if v is None else as_tuple(v, "input"))
     data: str = "digits"
-    data_dir: str = ""
-    data_file: str = ""  # a file-based dataset's file (e.g. text's UTF-8 corpus)
+    # the paths a run reads are kept absolute, so its config.toml names them for eval and --resume from any
+    # folder: a dataset's directory, a file-based dataset's file (e.g. text's UTF-8 corpus)
+    data_dir: str = attrs.field(default="", converter=lambda v: absolute(v))
+    data_file: str = attrs.field(default="", converter=lambda v: absolute(v))
     # the dataset's own options as "key=value" items (--data-opt, repeatable; e.g. shapes "size=48"):
     # stored with the run, so eval, detect and sample rebuild the same dataset (parse_data_options)
     data_options: tuple[str, ...] = attrs.field(default=(), converter=lambda v: option_items(v))
@@ -146,6 +148,13 @@ class TrainConfig(VariantFields):
                                   f"{self.replicas} replicas")
         if self.sync_bn and self.replicas == 1 and launched_processes() == 1:  # MPI: the processes pool it
             raise UnsupportedSpec("sync_bn pools BN statistics across replicas; it needs replicas > 1")
+
+
+def absolute(path: Any) -> Any:
+    """A file a run reads, made absolute when its config is made, so the config.toml it writes names it for
+    `hloforge eval` and `--resume` from another folder. An old run's relative path resolves from the current
+    folder, as the dataset resolved it before; "" (none) and a non-string (refused by check_fields) as given."""
+    return os.path.abspath(path) if isinstance(path, str) and path else path
 
 
 def launched_processes() -> int:

@@ -101,6 +101,12 @@ def default_regions(classes: int) -> dict[str, frozenset[int]]:
     return {f"class{c}": frozenset({c}) for c in range(1, classes)}
 
 
+def score_names(classes: int, regions: Regions) -> set[str]:
+    """The keys `scores` gives for `classes` classes and these regions."""
+    return {"pixel_acc", "miou", *(f"iou/{c}" for c in range(classes)),
+            *(f"{d}/{k}" for k in regions for d in ("dice", "dice_img"))}
+
+
 def scores(confs: np.ndarray, regions: Regions) -> dict[str, float]:
     """The metrics of per-image confusion matrices [N, C, C]: pixel_acc, miou, iou/<c>,
     dice/<region> (whole set) and dice_img/<region> (mean of per-image Dice)."""

@@ -100,6 +100,11 @@ class Task:
     def evaluate(self, evaluator: ForwardSession, buffers: list[Any]) -> Evaluation:
         raise NotImplementedError  # abstract
 
+    def metric_names(self) -> set[str] | None:
+        """The keys `evaluate` scores, known before anything is scored (a callback monitoring another is
+        refused before the first step); None where they are not known ahead (checked at the epoch's end)."""
+        return None
+
     def ema_metrics(self, ev: Evaluation) -> dict[str, Any]:
         """The EMA shadow's scores, as metrics.jsonl records them beside the live ones."""
         return {f"{k}_ema": v for k, v in ev.metrics.items() if k != "n"}
@@ -129,6 +134,9 @@ class ClassificationTask(Task):
         metrics = {"top1": res.top1 / res.n, "top1_lo": lo, "top1_hi": hi, "top5": res.top5 / res.n,
                    "correct": res.top1, "n": res.n}
         return Evaluation(metrics, f"test {res.line()}", res.correct, res.nll)
+
+    def metric_names(self) -> set[str] | None:
+        return {"top1", "top1_lo", "top1_hi", "top5", "correct", "n"}
 
     def ema_metrics(self, ev: Evaluation) -> dict[str, Any]:
         return {"top1_ema": ev.metrics["top1"], "correct_ema": ev.metrics["correct"]}
@@ -186,6 +194,9 @@ class SegmentationTask(Task):
         line = f"test mIoU {m['miou']:.4f}  pixel acc {100 * m['pixel_acc']:.2f}%  Dice {dice}"
         return Evaluation({**m, "n": n}, line)
 
+    def metric_names(self) -> set[str] | None:
+        return {*segmentation.score_names(self.run.data.num_classes, self.regions), "n"}
+
 
 class DiffusionTask(Task):
     """A DDPM: the feed's clean images x0 become (x_t with the time channel, ε) on the host, per
@@ -240,6 +251,9 @@ class DiffusionTask(Task):
         return Evaluation({"noise_mse": mse, "n": len(x0)},
                           f"test noise MSE {mse:.4f} ({len(x0)} images, fixed timesteps)")
 
+    def metric_names(self) -> set[str] | None:
+        return {"noise_mse", "n"}
+
 
 class DetectionTask(Task):
     """Boxes: the net's head (yolov1Head, fpnDetect) says how the dataset's boxes (`boxes(split)`,
@@ -288,6 +302,10 @@ class DetectionTask(Task):
         res = mean_ap(dets, self.truth)
         metrics = {"map50": res.map, **{f"ap50/{c}": v for c, v in res.ap.items()}, "n": res.n_images}
         return Evaluation(metrics, f"test {res.line()}")
+
+    def metric_names(self) -> set[str] | None:  # mean_ap scores the classes the truth holds
+        truth = {int(c) for g in self.truth for c in np.asarray(g, np.float64).reshape(-1, 5)[:, 0]}
+        return {"map50", "n", *(f"ap50/{c}" for c in truth)}
 
 
 # In the order default_loss asks them: a time-conditioned net is a DDPM even on a dataset with masks,

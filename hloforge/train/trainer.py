@@ -31,7 +31,7 @@ from hloforge.core.registry import default_registry
 from hloforge.core.spec import NetSpec
 from hloforge.core.variant import SHADOW, Variant, ema_decay_at
 from hloforge.datasets.stream import DataRef, Feed, split_labels
-from hloforge.train import autotune, curves, finetune, fp8, mpi, rundir
+from hloforge.train import autotune, curves, finetune, fp8, mpi, rundir, tasks
 from hloforge.train import checkpoint as ckpt
 
 # the config and the evaluation helpers, re-exported: `from hloforge.train.trainer import TrainConfig, ...`
@@ -221,6 +221,51 @@ class Run:
                 with open(src, "rb") as f:
                     ckpt.write_atomic(os.path.join(path, name), f.read(), name)
 
+    def logged_metrics(self, session: TrainSession | None = None) -> frozenset[str] | None:
+        """The keys of every epoch's metrics as the callbacks get them ("kind" aside: no number), known
+        before the first step, so a callback monitoring another is refused then, not after an epoch; None
+        where the task's scores are not known ahead. `session`: the loop's; else the one `_train` makes."""
+        base = {"epoch", "step", "loss", "lr", "seconds"}
+        scored = len(self.y_te) > 0
+        if self.lm:  # _lm_epoch's
+            return frozenset({*base, "tokens_per_s", *(("val_bits_per_char", "n") if scored else ())})
+        base.add("images_per_s")
+        assert self.task is not None
+        scores = self.task.metric_names() if scored else set()
+        if scores is None:
+            return None
+        p = self.eval_prefix
+        keys = base | {p + k for k in scores}
+        if p and type(self.task) is tasks.ClassificationTask:  # the one Evaluation with a loss
+            keys.add(f"{p}loss")
+        parallel = (isinstance(session, DataParallelTrainSession) if session is not None
+                    else self.cfg.replicas > 1 or self.world.size > 1)
+        if scores and self.variant.ema and not self.feed.streams and not parallel:  # as loop scores the shadow
+            keys |= {p + k for k in self.task.ema_metrics(tasks.Evaluation(dict.fromkeys(scores, 0.0), ""))}
+        return frozenset(keys)
+
+    def check_callbacks(self, callbacks: Sequence[Any], session: TrainSession | None = None) -> None:
+        """The callbacks' options against the metrics this run logs (each one's `check_metrics`, with the
+        keys the callbacks before it add: their `adds_metrics`), refused on every rank alike: under a fit,
+        rank 0 alone holds the callbacks."""
+        keys, failed, world = self.logged_metrics(session), None, self.world
+        try:
+            if keys is not None:
+                for cb in callbacks:
+                    check = getattr(cb, "check_metrics", None)
+                    if check is not None:
+                        check(keys)
+                    keys |= frozenset(getattr(cb, "adds_metrics", ()))
+        except HloforgeError as e:
+            failed = e
+        if world.size > 1:
+            said = world.bcast("" if failed is None else str(failed), "the callbacks' check")
+            if said:  # else a refusal of this rank's own (an every_rank callback's), raised as it is
+                same = failed is not None and str(failed) == said
+                failed = mpi.shared(failed if same and failed is not None else UnsupportedSpec(said), world)
+        if failed is not None:
+            raise failed
+
     def host_state(self, session: TrainSession) -> tuple[list[str], list[np.ndarray]]:
         """What a checkpoint holds (names, tensors), copied to the host once an epoch and refused if
         not finite. Each step's loss is checked as it is read; an update that turns θ to NaN on an
@@ -313,6 +358,7 @@ class Run:
         for cb in callbacks:
             cb.model = self
         w = self.world
+        self.check_callbacks(callbacks)  # before anything is read, compiled or written
         if w.size > 1:  # every rank started alike, and writing where rank 0 says
             w.agree("config or net", {"config": attrs.asdict(self.cfg), "net": self.spec.to_dict(), "resume": resume})
             self.dir = w.bcast(self.dir, "the run directory")
@@ -405,6 +451,7 @@ class Run:
         and handed to the callbacks; `owner.stop_training` (default this run's) ends it after an epoch."""
         cfg, owner = self.cfg, self if owner is None else owner
         t0 = time.perf_counter() if t0 is None else t0
+        self.check_callbacks(callbacks, session)  # a Model's fit's: against its own session and val_ prefix
         w = bn_weight(cfg.bn_momentum, self.variant.accum)
         metrics: dict[str, Any] = {}
         if start and self.writes:
