@@ -11,8 +11,8 @@ takes the loop's host copy back at the end of every epoch.
 
 from __future__ import annotations
 
+import contextlib
 import json
-import math
 import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -24,13 +24,17 @@ import numpy as np
 from hloforge.callbacks import Callback, Monitor
 from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
 from hloforge.core.registry import default_registry
-from hloforge.core.spec import NetSpec
+from hloforge.core.spec import NetSpec, summary_table
 from hloforge.core.variant import Variant, VariantFields
 from hloforge.train import checkpoint as ckpt
-from hloforge.train.config import CHECKPOINT, CONFIG, TrainConfig
+from hloforge.train.config import BITMAP, CHECKPOINT, CONFIG, TrainConfig
+from hloforge.train.curves import PNG
 from hloforge.train.metrics import eval_set_id
+from hloforge.train.rundir import METRICS, locked
 from hloforge.train.session import ForwardSession, TrainSession, checked_labels, finite_inputs, make_backend
 
+# What fit reads of an iterable of batches before it refuses it as endless (it holds them all, then a copy).
+FIT_BATCHES_MAX_BYTES = 8 << 30
 NET_FILE = "net.json"  # a NetSpec the zoo does not name, written next to the checkpoint so `eval` rebuilds it
 ARRAYS = "arrays"  # what a fit on arrays names its data in the run's config (no registered dataset)
 PLOT_SUFFIXES = (".png",)  # what Model.plot writes: hloforge.train.curves.draw renders PNG
@@ -148,6 +152,7 @@ class Model:
         self.backend = make_backend(backend)
         reg = default_registry()
         self._state_layout = self.variant.state_layout(self.variant.make_optimizer(reg))
+        self.variant.make_loss(reg)  # an unknown loss or option: refused now, not at the first fit
         self._param_slots = self.spec.params()
         self._stat_names = [n for n, _ in self.spec.stats()]
         self._params = self.spec.init_params(seed)
@@ -244,7 +249,12 @@ class Model:
                                 "(x, y) batches, or a dataset name")
             xs: list[np.ndarray] = []
             ys: list[np.ndarray] = []
+            held = 0
             for item in x:
+                if held > FIT_BATCHES_MAX_BYTES:  # an endless generator (itertools.cycle) would never return
+                    raise DataError(f"fit read {len(xs)} batches ({held / 2**30:.1f} GiB) from its iterable without "
+                                    "reaching its end; it is read whole into memory, so pass a finite one "
+                                    "(itertools.islice(it, n)) or arrays x, y")
                 if not (isinstance(item, (tuple, list)) and len(item) == 2):
                     raise DataError(f"fit batch {len(xs)} is a {type(item).__name__}, expected a pair (x, y)")
                 bx, by = np.asarray(item[0]), np.asarray(item[1])
@@ -261,6 +271,7 @@ class Model:
                                     f"{batched(want.shape[1:])} as batch 0's")
                 xs.append(bx)
                 ys.append(by)
+                held += bx.nbytes + by.nbytes
             if not xs:
                 raise DataError("fit batches: the iterable gave no batch, expected at least one (x, y)")
             batch_size = len(xs[0]) if batch_size is None else batch_size  # 0 is refused below, not defaulted
@@ -302,6 +313,8 @@ class Model:
         padded into the gradient. The schedule runs over this call's steps. Every array is checked
         whole before the first step."""
         epochs = _plain(epochs)
+        if not isinstance(shuffle, (bool, np.bool_)):  # "no" would shuffle
+            raise UnsupportedSpec(f"shuffle must be True or False, got {shuffle!r}")
         if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
             raise UnsupportedSpec(f"epochs must be an integer ≥ 1, got {epochs!r}")
         if not drop_last:
@@ -520,7 +533,9 @@ class Model:
         """Write the run directory `hloforge train` writes (config.toml and checkpoint.safetensors, by
         the trainer's own writers), so `hloforge eval DIR` scores it on `data`'s test split (the
         dataset the config names; default: the one a loaded run named, else digits, `hloforge train`'s)
-        and `hf.load(DIR)` reads it back bit for bit. Returns `path`."""
+        and `hf.load(DIR)` reads it back bit for bit; what a run wrote beside its last checkpoint (its
+        metrics, curves, eval bitmap) goes, being another model's. Under the directory's lock: a run
+        training there is never overwritten. Returns `path`."""
         path = _checked_path(path, "save")
         data = data or self._data
         if os.path.exists(path) and not os.path.isdir(path):
@@ -536,16 +551,19 @@ class Model:
                 "epoch": self._epoch, "step": self._step, "seed": self.seed, "config": attrs.asdict(cfg),
                 "eval_set": eval_set_id(data, "test", y_te)}
         try:
-            os.makedirs(path, exist_ok=True)
-            if not self._net_ref:
-                with open(os.path.join(path, NET_FILE), "w", encoding="utf-8") as f:
-                    f.write(self._declared_spec.to_json())
-            with open(os.path.join(path, CONFIG), "w", encoding="utf-8") as f:
-                f.write(cfg.to_toml())
+            with locked(path, file):
+                if not self._net_ref:
+                    with open(os.path.join(path, NET_FILE), "w", encoding="utf-8") as f:
+                        f.write(self._declared_spec.to_json())
+                with open(os.path.join(path, CONFIG), "w", encoding="utf-8") as f:
+                    f.write(cfg.to_toml())
+                ckpt.save_checkpoint(file, names, [*self._params, *self._state_tensors()], meta)
+                for stale in (METRICS, BITMAP, PNG, *((NET_FILE,) if self._net_ref else ())):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(os.path.join(path, stale))
         except OSError as e:  # a missing parent that cannot be made, a read-only or virtual file system (/proc)
             raise HloforgeError(f"cannot save to {path}: {e.strerror or e}; expected a directory that can be "
                                 "created and written") from None
-        ckpt.save_checkpoint(file, names, [*self._params, *self._state_tensors()], meta)
         return path
 
     def summary(self) -> str:
@@ -611,6 +629,10 @@ def load(path: str, backend: str | None = None) -> Model:
         raise DataError(f"checkpoint {file} holds a spec that differs from net {cfg.net!r} as defined now")
     lay = model._state_layout
     trained = model._trained_names()
+    lay.check_slots(f"checkpoint {file}", list(tensors))  # the shapes, dtype and finiteness eval checks too
+    ckpt.check_tensors(file, tensors, *ckpt.expected_tensors(
+        [(n, s.shape) for n, s in model._param_slots], lay.slots, [(n, s.shape) for n, s in model.spec.stats()],
+        lay.shadows, [i for i, (n, _) in enumerate(model._param_slots) if n not in trained]))
     names = ckpt.tensor_names([n for n, _ in model._param_slots], lay.slots, model._stat_names,
                               shadow_stats=lay.shadows, trained=trained)
     try:
@@ -623,22 +645,3 @@ def load(path: str, backend: str | None = None) -> Model:
         model._shadow_running = got[n + k + m:]
     model._step, model._epoch, model._batch, model._data = int(meta["step"]), int(meta["epoch"]), cfg.batch, cfg.data
     return model
-
-
-def summary_table(spec: NetSpec) -> str:
-    """A net's layers as a table (index, kind, input → output shape, parameters) and its totals."""
-    walk = spec.walk()
-    rows = [(str(w.index), w.layer.kind, f"{list(w.in_shape)} → {list(w.out_shape)}",
-             f"{sum(s.size for s in w.slots):,}") for w in walk]
-    head = ("#", "kind", "input → output", "params")
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(4)]
-
-    def line(r: Sequence[str]) -> str:
-        return "  ".join([r[0].rjust(widths[0]), r[1].ljust(widths[1]), r[2].ljust(widths[2]), r[3].rjust(widths[3])])
-
-    rule = "-" * len(line(head))
-    total = spec.param_count()
-    stats = sum(math.prod(s.shape) for _, s in spec.stats())
-    foot = [f"{spec.name}: {len(walk)} layers, {total:,} parameters (trainable), "
-            f"{stats:,} running statistics, input {list(spec.input_shape)}"]
-    return "\n".join([line(head), rule, *map(line, rows), rule, *foot])

@@ -208,12 +208,15 @@ class CSVLogger(Callback):
         first = not self._keys
         if first:
             self._keys = list(rows[0])
+        try:
             os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-        with open(self.path, "w" if first else "a", newline="", encoding="utf-8") as f:
-            w = csv.DictWriter(f, self._keys, extrasaction="ignore")
-            if first:
-                w.writeheader()
-            w.writerows(rows)
+            with open(self.path, "w" if first else "a", newline="", encoding="utf-8") as f:
+                w = csv.DictWriter(f, self._keys, extrasaction="ignore")
+                if first:
+                    w.writeheader()
+                w.writerows(rows)
+        except OSError as e:  # a full disk, the file removed or made read-only since the check
+            raise HloforgeError(f"CSVLogger cannot write {self.path}: {e.strerror or e}") from None
 
 
 class TensorBoard(Callback):

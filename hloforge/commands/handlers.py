@@ -104,7 +104,7 @@ def _eval(args: argparse.Namespace) -> None:
 
 
 def _summary(args: argparse.Namespace) -> None:
-    from hloforge.api import summary_table
+    from hloforge.core.spec import summary_table
     from hloforge.zoo import get_net
 
     print(summary_table(get_net(args.net, args.classes, args.input)))

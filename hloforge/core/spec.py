@@ -358,3 +358,22 @@ def _toml_value(v: Any) -> str:
 def _brief(layer: Layer) -> str:
     fields = ", ".join(f"{k}={v!r}" for k, v in layer.to_dict().items() if k != "kind")
     return f"{layer.kind}({fields})"
+
+
+def summary_table(spec: NetSpec) -> str:
+    """A net's layers as a table (index, kind, input → output shape, parameters) and its totals."""
+    walk = spec.walk()
+    rows = [(str(w.index), w.layer.kind, f"{list(w.in_shape)} → {list(w.out_shape)}",
+             f"{sum(s.size for s in w.slots):,}") for w in walk]
+    head = ("#", "kind", "input → output", "params")
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(4)]
+
+    def line(r: Sequence[str]) -> str:
+        return "  ".join([r[0].rjust(widths[0]), r[1].ljust(widths[1]), r[2].ljust(widths[2]), r[3].rjust(widths[3])])
+
+    rule = "-" * len(line(head))
+    total = spec.param_count()
+    stats = sum(math.prod(s.shape) for _, s in spec.stats())
+    foot = [f"{spec.name}: {len(walk)} layers, {total:,} parameters (trainable), "
+            f"{stats:,} running statistics, input {list(spec.input_shape)}"]
+    return "\n".join([line(head), rule, *map(line, rows), rule, *foot])

@@ -100,11 +100,13 @@ def write_atomic(path: str, data: bytes, what: str, *, fault: bool = False) -> N
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as e:
+    except BaseException as e:  # Ctrl-C too: no half-written temp file is left beside the checkpoint
         try:
             os.remove(tmp)
         except OSError:
             pass
+        if not isinstance(e, OSError):
+            raise
         old = f"the previous {what} is whole" if os.path.exists(path) else f"there was no {what} before"
         raise HloforgeError(f"could not write {what} {path}: {e.strerror or e} ({old}, the temp file removed); "
                             "free space and --resume") from None
