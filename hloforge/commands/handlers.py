@@ -17,12 +17,24 @@ if TYPE_CHECKING:
 
 
 def _plugins(args: argparse.Namespace) -> None:
-    from hloforge.core.registry import default_registry
+    import warnings
 
-    reg = default_registry()
+    from hloforge.core.registry import NameClash, PluginLoadWarning, Registry, default_registry
+
+    try:
+        reg = default_registry()
+    except NameClash:
+        # Every other command refuses a name two plugins claim; this one is where a user finds which
+        # distribution to uninstall, so it lists what is installed and the clash. (Broken plugins
+        # were warned about by the first attempt, and are rows below.)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", PluginLoadWarning)
+            reg = Registry(keep_clashes=True)
     rows = [(e.kind, e.name, e.distribution) for e in reg.entries()]
     # A plugin that failed to load: its entry-point name, its distribution and why (see Registry.broken).
     rows += [("broken", b.name, f"{b.distribution}  {b.error}") for b in reg.broken]
+    rows += [("clash", c.second.name, f"{c.second.distribution}  {c.message}; other commands refuse to run "
+                                      "until one of them is uninstalled") for c in reg.clashes]
     w = max(len(r[1]) for r in rows)
     for kind, name, dist in rows:
         print(f"{kind:10} {name:{w}}  {dist}")

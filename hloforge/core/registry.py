@@ -62,11 +62,36 @@ class BrokenPlugin:
         return self.plugin.rsplit(":", 1)[-1]
 
 
+class NameClash(PluginError):
+    """Two plugins claim one name: every command that needs the registry refuses (`hloforge plugins`
+    lists them instead, through `Registry(keep_clashes=True)`)."""
+
+
+@attrs.frozen
+class Clash:
+    """One name claimed by two plugins: `first` keeps it in a registry that lists clashes (hloforge's own
+    component where it is one of the two, else the first loaded)."""
+
+    first: Entry
+    second: Entry
+
+    @property
+    def message(self) -> str:
+        a, b = self.first, self.second
+        return (f"{a.kind} {a.name!r} is claimed twice: by distribution {a.distribution!r} ({a.plugin}) "
+                f"and by {b.distribution!r} ({b.plugin})")
+
+
 class Registry:
-    def __init__(self, extra_plugins: tuple[tuple[Any, str], ...] = (), kinds: Sequence[str] | None = None):
+    def __init__(self, extra_plugins: tuple[tuple[Any, str], ...] = (), kinds: Sequence[str] | None = None,
+                 keep_clashes: bool = False):
         """Load every entry point; `extra_plugins` (module, distribution) serve tests. `kinds` (default
         all) limits the registry to those kinds' entry-point groups: a process that only needs datasets
-        (a streaming producer) then imports no layer, loss or backend module."""
+        (a streaming producer) then imports no layer, loss or backend module. A name two plugins claim
+        is a NameClash (a PluginError), unless `keep_clashes` (`hloforge plugins`, which must still
+        list what is installed): then it is listed in `clashes` and one claimant keeps it."""
+        self.keep_clashes = keep_clashes
+        self.clashes: list[Clash] = []
         self.kinds = tuple(KINDS) if kinds is None else tuple(kinds)
         unknown = sorted(set(self.kinds) - set(KINDS))
         if unknown:
@@ -135,8 +160,14 @@ class Registry:
         table = self._tables[e.kind]
         prev = table.get(e.name)
         if prev is not None and prev.obj is not e.obj:
-            raise PluginError(f"{e.kind} {e.name!r} is claimed twice: by distribution {prev.distribution!r} "
-                              f"({prev.plugin}) and by {e.distribution!r} ({e.plugin})")
+            if not self.keep_clashes:
+                raise NameClash(Clash(prev, e).message)
+            # hloforge's own component keeps its name: the listing then shows the newcomer as the clash
+            builtin_second = e.distribution == "hloforge" and prev.distribution != "hloforge"
+            kept, other = (e, prev) if builtin_second else (prev, e)
+            table[e.name] = kept
+            self.clashes.append(Clash(kept, other))
+            return
         table[e.name] = e
 
     def get(self, kind: str, name: str) -> Any:

@@ -1,4 +1,5 @@
-"""The oracle gate, shipped for plugin authors: `gate_layer`, `gate_loss`, `gate_optimizer`, `gate_all`.
+"""The oracle gate, shipped for plugin authors: `gate_layer`, `gate_loss`, `gate_optimizer`, `gate_all`
+(`collect_cases` lists every case, and a `CaseError` for each plugin whose cases cannot be built).
 
 `pytest --hloforge-gate` (the `hloforge` pytest plugin) runs every registered
 plugin's gate cases as test items. `hloforge.testing.backend_conformance` checks a backend
@@ -14,8 +15,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from hloforge.testing.gate import (
         HEADER,
+        CaseError,
         GateCase,
         GateResult,
+        collect_cases,
         gate_all,
         gate_cases,
         gate_layer,
@@ -23,7 +26,8 @@ if TYPE_CHECKING:
         gate_optimizer,
     )
 
-__all__ = ["HEADER", "GateCase", "GateResult", "gate_all", "gate_cases", "gate_layer", "gate_loss", "gate_optimizer"]
+__all__ = ["HEADER", "CaseError", "GateCase", "GateResult", "collect_cases", "gate_all", "gate_cases", "gate_layer",
+           "gate_loss", "gate_optimizer"]
 
 
 def __getattr__(name: str) -> Any:

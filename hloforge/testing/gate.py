@@ -20,13 +20,15 @@ VJP rule and the tests see every gate go red.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
 import numpy as np
 
-from hloforge.core import modules, strategy
+from hloforge.core import contracts, modules, strategy
+from hloforge.core.errors import HloforgeError, PluginError
 from hloforge.core.spec import Ctx, Layer, Loss, ParamSlot, Shape, qualified_params, walk_layers
 from hloforge.core.variant import Optimizer, Wrappers, ema_decay_at
 
@@ -358,47 +360,147 @@ def _compact(v: Any) -> str:
     return str(v).replace(" ", "")
 
 
-def gate_cases(registry: Any = None, names: Sequence[str] | None = None) -> list[GateCase]:
-    """Every gate case of every registered layer, loss and optimizer, in registry order."""
+def plugin_label(kind: str, name: str, dist: str) -> str:
+    """How a fault names the plugin: `layer 'x' (dist 'y')`."""
+    return f"{kind} {name!r} (dist {dist!r})"
+
+
+def fault(e: BaseException, doing: str = "") -> str:
+    """What a plugin's exception says about it, as a phrase after its name: "does not implement
+    forward" for an abstract contract method it left out (the base's body in core/contracts.py
+    raises NotImplementedError), else "failed <doing>: <Type>: <message>" on one line."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if isinstance(e, NotImplementedError) and tb is not None:
+        code = tb.tb_frame.f_code
+        if os.path.abspath(code.co_filename) == os.path.abspath(contracts.__file__):
+            return f"does not implement {code.co_name}"
+    if isinstance(e, HloforgeError):
+        what = str(e)
+    else:
+        # an attrs validator's ValueError carries (message, attribute, allowed, value): the message says it
+        msg = e.args[0] if isinstance(e, ValueError) and len(e.args) > 1 and isinstance(e.args[0], str) else str(e)
+        if not msg and tb is not None:
+            msg = f"(raised in {tb.tb_frame.f_code.co_name})"
+        what = f"{type(e).__name__}: {msg}"
+    return " ".join(f"failed{' ' + doing if doing else ''}: {what}".split())
+
+
+@attrs.frozen
+class CaseError:
+    """A plugin whose gate cases cannot even be listed or built (its `gate_cases()` raises or returns
+    none, a case's shape walk fails, its class is no attrs class): a FAIL row in `hloforge verify`
+    and a failing item under `pytest --hloforge-gate`, never an error that stops the others."""
+
+    kind: str
+    name: str
+    distribution: str
+    reason: str  # a phrase after the plugin's name: "declares no gate cases", "failed ...: ..."
+
+    @property
+    def id(self) -> str:
+        return f"{self.kind}:{self.name}:gate_cases"
+
+    @property
+    def message(self) -> str:
+        return f"{plugin_label(self.kind, self.name, self.distribution)} {self.reason}"
+
+
+def _pairs(declared: Sequence[Any], what: str) -> list[tuple[Any, Shape]]:
+    bad = [c for c in declared if not (isinstance(c, (tuple, list)) and len(c) == 2)]
+    if bad:
+        raise PluginError(f"gate_cases() must return ({what}) pairs, not {bad[0]!r}"[:200])
+    return [(obj, tuple(shape)) for obj, shape in declared]
+
+
+def _layer_cases(e: Any, declared: Sequence[Any]) -> list[GateCase]:
+    # each case as rendered for no target (every strategy kind's first choice), then once
+    # per other choice of each strategy kind the layer consults (layout=nhwc only where the
+    # case takes NHWC at all: otherwise it renders the same module), then as each target
+    # renders it by default where that combines several (convGrad=autodiff acts only
+    # inside an NHWC conv: XLA's layout=nhwc + convGrad=autodiff)
+    out: list[GateCase] = []
+    for obj, shape in _pairs(declared, "layer instance, input shape"):
+        stats = bool(walk_layers([obj], shape)[0].stats)
+        nhwc = len(shape) == 3 and obj.supports_nhwc(shape)
+        kinds = [k for k in obj.strategies_for(shape) if k != "layout" or nhwc]
+        forcings: list[tuple[tuple[str, str], ...]] = [()]
+        forcings += [((k, c),) for k in kinds for c in strategy.kind(k).choices[1:]]
+        for target in strategy.targets():
+            defaults = tuple((k, d) for k in kinds
+                             if (d := strategy.kind(k).default(target)) != strategy.kind(k).choices[0])
+            if len(defaults) > 1 and defaults not in forcings:
+                forcings.append(defaults)
+        for forced in forcings:
+            out.append(GateCase(e.kind, e.name, obj, shape, e.distribution, strategy=forced))
+            if stats:
+                out.append(GateCase(e.kind, e.name, obj, shape, e.distribution, "eval", strategy=forced))
+    return out
+
+
+def _loss_cases(e: Any, declared: Sequence[Any]) -> list[GateCase]:
+    # each case in the portable form, then once per other choice of each kind the loss consults
+    out: list[GateCase] = []
+    for obj, shape in _pairs(declared, "loss instance, output shape"):
+        forcings = [()] + [((k, c),) for k in obj.strategy_kinds for c in strategy.kind(k).choices[1:]]
+        out += [GateCase(e.kind, e.name, obj, shape, e.distribution, strategy=f) for f in forcings]
+    return out
+
+
+def _optimizer_cases(e: Any, declared: Sequence[Any]) -> list[GateCase]:
+    out = [GateCase(e.kind, e.name, opt, (), e.distribution) for opt in declared]
+    # The wrappers compose with any optimizer: gated composed, on its first case.
+    return out + [GateCase(e.kind, e.name, declared[0], (), e.distribution, wrappers=w) for w in Wrappers.gate_cases()]
+
+
+BUILDERS: dict[str, Callable[[Any, Sequence[Any]], list[GateCase]]] = {
+    "layer": _layer_cases, "loss": _loss_cases, "optimizer": _optimizer_cases}
+
+
+def collect_cases(registry: Any = None, names: Sequence[str] | None = None) -> tuple[list[GateCase], list[CaseError]]:
+    """The gate cases of every registered (or each named: a component or a distribution) layer, loss
+    and optimizer, in registry order, and a `CaseError` for each whose cases cannot be built. The
+    names are applied first, so a named plugin's gate never runs another plugin's `gate_cases()`."""
     from hloforge.core.registry import default_registry
 
     reg = registry or default_registry()
+    wanted = set(names or ())
     out: list[GateCase] = []
+    errors: list[CaseError] = []
     for e in reg.entries():
-        if names and e.name not in names:
+        if e.kind not in BUILDERS or (wanted and not wanted & {e.name, e.distribution}):
             continue
-        if e.kind == "layer":
-            # each case as rendered for no target (every strategy kind's first choice), then once
-            # per other choice of each strategy kind the layer consults (layout=nhwc only where the
-            # case takes NHWC at all: otherwise it renders the same module), then as each target
-            # renders it by default where that combines several (convGrad=autodiff acts only
-            # inside an NHWC conv: XLA's layout=nhwc + convGrad=autodiff)
-            for obj, shape in e.obj.gate_cases():
-                stats = bool(walk_layers([obj], tuple(shape))[0].stats)
-                nhwc = len(shape) == 3 and obj.supports_nhwc(tuple(shape))
-                kinds = [k for k in obj.strategies_for(tuple(shape)) if k != "layout" or nhwc]
-                forcings = [()] + [((k, c),) for k in kinds for c in strategy.kind(k).choices[1:]]
-                for target in strategy.targets():
-                    defaults = tuple((k, d) for k in kinds
-                                     if (d := strategy.kind(k).default(target)) != strategy.kind(k).choices[0])
-                    if len(defaults) > 1 and defaults not in forcings:
-                        forcings.append(defaults)
-                for forced in forcings:
-                    out.append(GateCase(e.kind, e.name, obj, tuple(shape), e.distribution, strategy=forced))
-                    if stats:
-                        out.append(GateCase(e.kind, e.name, obj, tuple(shape), e.distribution, "eval",
-                                            strategy=forced))
-        elif e.kind == "loss":
-            # each case in the portable form, then once per other choice of each kind the loss consults
-            for obj, shape in e.obj.gate_cases():
-                forcings = [()] + [((k, c),) for k in obj.strategy_kinds for c in strategy.kind(k).choices[1:]]
-                out += [GateCase(e.kind, e.name, obj, tuple(shape), e.distribution, strategy=f) for f in forcings]
-        elif e.kind == "optimizer":
-            cases = e.obj.gate_cases()
-            out += [GateCase(e.kind, e.name, opt, (), e.distribution) for opt in cases]
-            # The wrappers compose with any optimizer: gated composed, on its first case.
-            out += [GateCase(e.kind, e.name, cases[0], (), e.distribution, wrappers=w) for w in Wrappers.gate_cases()]
-    return out
+        # A third party's mistake is its own FAIL, never the end of everyone's gate.
+        try:
+            declared = list(e.obj.gate_cases())
+        except Exception as ex:
+            errors.append(CaseError(e.kind, e.name, e.distribution, fault(ex, "in gate_cases()")))
+            continue
+        if not declared:
+            checked = "update" if e.kind == "optimizer" else "backward"
+            errors.append(CaseError(e.kind, e.name, e.distribution,
+                                    f"declares no gate cases: its {checked} is not verified"))
+            continue
+        try:
+            built = BUILDERS[e.kind](e, declared)
+            for case in built:
+                case.id  # noqa: B018  a case must name itself: a class that is not attrs cannot
+        except Exception as ex:
+            errors.append(CaseError(e.kind, e.name, e.distribution, fault(ex, "building its gate cases")))
+            continue
+        out += built
+    return out, errors
+
+
+def gate_cases(registry: Any = None, names: Sequence[str] | None = None) -> list[GateCase]:
+    """Every gate case of every registered (or named) layer, loss and optimizer, in registry order.
+    A plugin whose cases cannot be built is a PluginError naming each such plugin: `collect_cases`
+    returns them beside the others instead."""
+    cases, errors = collect_cases(registry, names)
+    if errors:
+        raise PluginError("; ".join(err.message for err in errors))
+    return cases
 
 
 def gate_all(registry: Any = None, names: Sequence[str] | None = None) -> list[GateResult]:

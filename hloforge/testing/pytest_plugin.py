@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from hloforge.testing.gate import GateCase, GateResult
+    from hloforge.testing.gate import CaseError, GateCase, GateResult
 
 OPTION = "--hloforge-gate"
 
@@ -37,6 +37,30 @@ class GateFailure(Exception):
         self.result = result
 
 
+class PluginFault(Exception):
+    """A plugin's gate case could not be built or run: reported as its one line, not a traceback."""
+
+
+class CaseErrorItem(pytest.Item):
+    """A plugin whose gate cases cannot be built (`gate.CaseError`): one failing item, so the other
+    plugins are still collected and gated."""
+
+    def __init__(self, *, error: CaseError, **kw: Any):
+        super().__init__(**kw)
+        self.error = error
+        self.add_marker("hloforge_gate")
+        self.extra_keyword_matches.update({error.kind, error.name, error.distribution})
+
+    def runtest(self) -> None:
+        raise PluginFault(self.error.message)
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
+        return str(excinfo.value)
+
+    def reportinfo(self) -> tuple[Any, int | None, str]:
+        return self.path, None, self.name
+
+
 class GateItem(pytest.Item):
     """Runs one `GateCase`; fails with its row (errors against tolerances) when the gate is red."""
 
@@ -47,7 +71,13 @@ class GateItem(pytest.Item):
         self.extra_keyword_matches.update({case.kind, case.name, case.distribution})
 
     def runtest(self) -> None:
-        result = self.case.run()
+        try:
+            result = self.case.run()
+        except Exception as e:  # the plugin's fault, said in one line (as `hloforge verify` says it)
+            from hloforge.testing.gate import fault, plugin_label
+
+            c = self.case
+            raise PluginFault(f"{plugin_label(c.kind, c.name, c.distribution)} {fault(e, f'on {c.id}')}") from e
         self.user_properties.append(("gate_row", result.row()))
         if not result.passed:
             raise GateFailure(result)
@@ -63,6 +93,8 @@ class GateItem(pytest.Item):
                 gate.HEADER,
                 excinfo.value.result.row(),
             ])
+        if isinstance(excinfo.value, PluginFault):
+            return str(excinfo.value)
         return super().repr_failure(excinfo, style=style)
 
     def reportinfo(self) -> tuple[Any, int | None, str]:
@@ -77,16 +109,19 @@ class GateCollector(pytest.Collector):
     """The `hloforge-gate` node: its children are the registry's gate cases."""
 
     def collect(self) -> list[pytest.Item]:
-        from hloforge.testing.gate import gate_cases
+        from hloforge.testing.gate import collect_cases
 
         seen: dict[str, int] = {}
         out: list[pytest.Item] = []
-        for case in gate_cases():
+        cases, errors = collect_cases()
+        for case in cases:
             name = item_name(case)
             seen[name] = seen.get(name, 0) + 1
             if seen[name] > 1:  # two identical cases: keep both, distinguishable
                 name = f"{name}#{seen[name]}"
             out.append(GateItem.from_parent(self, name=name, case=case))
+        # A plugin whose cases cannot be built fails on its own; the others' items are still collected.
+        out += [CaseErrorItem.from_parent(self, name=f"gate[{err.id}]", error=err) for err in errors]
         return out
 
 

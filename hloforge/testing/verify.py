@@ -1,11 +1,12 @@
 """`hloforge verify [NAME...]`: the gate on every registered (or each named) plugin, as one table.
 
-One row per gate case (`gate.gate_cases`), with the distribution the plugin came from, its
+One row per gate case (`gate.collect_cases`), with the distribution the plugin came from, its
 three errors (f64 vs jax.vjp of its reference, f64 vs finite differences, f32 vs jax) and
 pass/FAIL against the gate's tolerances. A case whose modules cannot even be built or run,
-a layer/loss/optimizer with no gate cases, and a plugin that failed to load
-(`Registry.broken`) are failures too: verify passes only when everything asked about is gated
-and green. A NAME is a component name (`conv2d`, `adam`) or a distribution (`hloforge-foo`).
+a layer/loss/optimizer whose gate cases are missing or cannot be built (`gate.CaseError`), and a
+plugin that failed to load (`Registry.broken`) are failures too, each a FAIL row naming the
+plugin and its distribution: verify passes only when everything asked about is gated and green.
+A NAME is a component name (`conv2d`, `adam`) or a distribution (`hloforge-foo`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from hloforge.testing.gate import (
     TOL_OPT_F64,
     GateCase,
     GateResult,
-    gate_cases,
+    collect_cases,
+    fault,
+    plugin_label,
 )
 
 GATED = ("layer", "loss", "optimizer")
@@ -42,7 +45,8 @@ def error_row(kind: str, name: str, dist: str, what: str) -> str:
 
 def select(registry: Any, names: Sequence[str]) -> tuple[list[GateCase], list[str]]:
     """The gate cases of the named plugins (all when `names` is empty), and the failure rows for
-    what cannot be gated: a named or registered component without cases, a broken plugin."""
+    what cannot be gated: a component whose cases are missing or cannot be built, a broken plugin,
+    a named component of a kind that has no gate."""
     wanted = set(names)
     broken = [b for b in registry.broken if not wanted or wanted & {b.name, b.distribution}]
     entries = [e for e in registry.entries() if not wanted or wanted & {e.name, e.distribution}]
@@ -52,13 +56,12 @@ def select(registry: Any, names: Sequence[str]) -> tuple[list[GateCase], list[st
     if unknown:
         known = ", ".join(f"{e.name} ({e.distribution})" for e in registry.entries() if e.kind in GATED)
         raise PluginError(f"verify: no plugin or distribution named {unknown}; gated plugins: {known}")
-    cases = [c for c in gate_cases(registry) if not wanted or wanted & {c.name, c.distribution}]
-    with_cases = {(c.kind, c.name) for c in cases}
+    # Only the named plugins' cases are built: another plugin's broken gate_cases() is not run.
+    cases, errors = collect_cases(registry, names)
     rows = [error_row("broken", b.name, b.distribution, b.error) for b in broken]
+    rows += [error_row(err.kind, err.name, err.distribution, err.message) for err in errors]
     for e in entries:
-        if e.kind in GATED and (e.kind, e.name) not in with_cases:
-            rows.append(error_row(e.kind, e.name, e.distribution, "no gate cases: its backward is not verified"))
-        elif e.kind not in GATED and wanted & {e.name}:
+        if e.kind not in GATED and wanted & {e.name}:
             rows.append(error_row(e.kind, e.name, e.distribution, f"a {e.kind} has no gate (layers, losses and "
                                                                  "optimizers do)"))
     return cases, rows
@@ -81,7 +84,8 @@ def verify(names: Sequence[str] = (), registry: Any = None, out: Callable[[str],
         try:
             r = case.run()
         except Exception as e:  # a plugin whose gate modules cannot be built or run has failed its gate
-            out(error_row(case.kind, case.name, case.distribution, f"{case.id}: {type(e).__name__}: {e}"))
+            who = plugin_label(case.kind, case.name, case.distribution)
+            out(error_row(case.kind, case.name, case.distribution, f"{who} {fault(e, f'on {case.id}')}"))
             failures += 1
             continue
         out(result_row(case, r))
