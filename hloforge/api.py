@@ -31,7 +31,7 @@ from hloforge.train.config import BITMAP, CHECKPOINT, CONFIG, TrainConfig
 from hloforge.train.curves import PNG
 from hloforge.train.metrics import eval_set_id
 from hloforge.train.rundir import METRICS, locked
-from hloforge.train.session import ForwardSession, TrainSession, checked_labels, finite_inputs, make_backend
+from hloforge.train.session import ForwardSession, TrainSession, checked_labels, make_backend, net_inputs
 
 # What fit reads of an iterable of batches before it refuses it as endless (it holds them all, then a copy).
 FIT_BATCHES_MAX_BYTES = 8 << 30
@@ -208,7 +208,7 @@ class Model:
         if tuple(x.shape[1:]) != tuple(self.spec.input_shape):  # said as [N, ...]: a lone row's length is no batch size
             raise DataError(f"{what} x has shape {list(x.shape)}, expected {batched(self.spec.input_shape)} "
                             "(a batch of rows; one row is x[None])")
-        return finite_inputs(x, (n, *self.spec.input_shape), what)
+        return net_inputs(x, self.spec, n, what)
 
     def _check_xy(self, x: Any, y: Any, session: TrainSession, what: str,
                   scored: bool = False) -> tuple[np.ndarray, np.ndarray]:

@@ -60,3 +60,10 @@ def test_a_csv_that_cannot_be_written_any_more_is_one_line(tmp_path) -> None:
     with pytest.raises(HloforgeError, match=r"CSVLogger cannot write .*log\.csv: ") as e:
         log.on_epoch_end(1, {"epoch": 1, "loss": 0.5})
     assert "\n" not in str(e.value)
+
+
+def test_a_fit_without_validation_data_lists_no_val_metric() -> None:
+    x, y = np.zeros((32, 784), np.float32), np.zeros(32, np.int32)
+    with pytest.raises(HloforgeError, match=r"monitors 'acc', but the epoch's metrics are \['epoch', 'images_per_s', "
+                                            r"'loss', 'lr', 'seconds', 'step'\]$"):
+        hf.Model("mnist-linear").fit(x, y, verbose=False, callbacks=[hf.EarlyStopping("acc")])

@@ -107,17 +107,20 @@ class TrainConfig(VariantFields):
 
     def resolved_run_dir(self, spec: NetSpec, resume: bool = False) -> str:
         """An explicit run_dir as given; otherwise runs/<scope>, runs/<scope>_2, ...: a new run takes
-        the one after the last that holds a checkpoint (nothing is overwritten), a resumed run that last."""
+        the one after the last that holds a checkpoint (nothing is overwritten; one a run left without a
+        checkpoint is taken again). A resumed run takes the newest, the one the last new run took: that
+        next directory where it exists (a run stopped before its first checkpoint, which the trainer
+        refuses, saying so), else the last holding a checkpoint."""
         if self.run_dir:
             return self.run_dir
         base = os.path.join("runs", self.scope(spec))
         named = [base] + [f"{base}_{i}" for i in range(2, 10_000)]
-        if resume:
-            taken = [d for d in named if os.path.exists(os.path.join(d, CHECKPOINT))]
-            return taken[-1] if taken else base
         # after the last directory holding a checkpoint (not the count of them: one deleted between others)
         last = max((k for k, d in enumerate(named) if os.path.exists(os.path.join(d, CHECKPOINT))), default=-1)
-        return named[last + 1]
+        after = named[last + 1]
+        # not the last checkpoint when a newer run sits after it: resuming that older, finished run would
+        # extend it (overwriting its checkpoint) and leave the interrupted one behind
+        return named[last] if resume and last >= 0 and not os.path.isdir(after) else after
 
     def to_toml(self) -> str:
         """The config as TOML that `load_config` reads back to an equal config (None: left out)."""
@@ -213,14 +216,16 @@ def resumed_config(cfg: TrainConfig, given: Collection[str]) -> TrainConfig:
     """What `hloforge train --resume` continues: the run directory's own config.toml with `cfg`'s values
     for the fields in `given` (the flags on the command line) on top, so a flag left out keeps the run's
     value, not the default. A different batch is refused: the run's steps and schedule are counted in
-    its batches. With no config.toml there, `cfg` (the trainer then says what there is to resume)."""
+    its batches. With no config.toml or no checkpoint there, `cfg` (the trainer then says what there is to
+    resume, not this check of a run that has nothing to resume)."""
     from hloforge.backends.base import BACKEND_ENV_VAR, DEFAULT_BACKEND
     from hloforge.zoo import get_net
 
     spec = get_net(cfg.net, cfg.classes, cfg.input)
     named = attrs.evolve(cfg, backend=cfg.backend or os.environ.get(BACKEND_ENV_VAR) or DEFAULT_BACKEND)
-    path = os.path.join(named.resolved_run_dir(named.variant(spec).apply_to(spec), resume=True), CONFIG)
-    if not os.path.exists(path):
+    run_dir = named.resolved_run_dir(named.variant(spec).apply_to(spec), resume=True)
+    path = os.path.join(run_dir, CONFIG)
+    if not os.path.exists(path) or not os.path.exists(os.path.join(run_dir, CHECKPOINT)):
         return cfg
     recorded = load_config(path)
     if "batch" in given and cfg.batch != recorded.batch:

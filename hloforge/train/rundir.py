@@ -13,14 +13,16 @@ import fcntl
 import io
 import json
 import os
+import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
-from hloforge.core.errors import HloforgeError
+from hloforge.core.errors import DataError, HloforgeError
 from hloforge.train.checkpoint import write_atomic
+from hloforge.train.config import CHECKPOINT, CONFIG
 
 LOCK = ".lock"
 METRICS = "metrics.jsonl"
@@ -88,3 +90,22 @@ def save_npz(path: str, **arrays: Any) -> None:
     buf = io.BytesIO()
     np.savez(buf, **arrays)
     write_atomic(path, buf.getvalue(), "eval bitmap")
+
+
+def check_resumable(run_dir: str, default_of: str = "") -> None:
+    """A run directory `--resume` can continue: it exists and holds a checkpoint, else one line saying
+    which is missing and how to go on. `default_of`: the net whose default directory `run_dir` is (no
+    --run-dir given), named, since the user did not name the directory."""
+    if not os.path.isdir(run_dir):
+        which = (f" (the default for net {default_of!r} and these options; give the net and options the run "
+                 "was started with, or its --run-dir)" if default_of else "")
+        raise DataError(f"nothing to resume: run directory {run_dir} does not exist{which}")
+    if os.path.exists(os.path.join(run_dir, CHECKPOINT)):
+        return
+    # a fresh start into a directory with no checkpoint is accepted (nothing is overwritten); its own
+    # config.toml, where written, starts it with the options it had
+    config = os.path.join(run_dir, CONFIG)
+    again = (f"hloforge train --config {shlex.quote(config)} --run-dir {shlex.quote(run_dir)}"
+             if os.path.exists(config) else f"hloforge train NET [OPTIONS] --run-dir {shlex.quote(run_dir)}")
+    raise DataError(f"run directory {run_dir} has no checkpoint yet: it stopped before its first epoch ended, so "
+                    f"there is nothing to resume; start it again with `{again}`")

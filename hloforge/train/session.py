@@ -130,20 +130,56 @@ def label_classes(y_dtype: str, label_shape: Sequence[int], out_shape: Sequence[
     return hit[0] if hit else None
 
 
-def finite_inputs(x: Any, shape: Sequence[int], what: str, note: str = "") -> np.ndarray:
+def token_vocab(spec: NetSpec) -> int | None:
+    """The vocabulary of a net whose input is token ids: its first layer's integer `vocab`
+    (tokenPositionEmbed's, or a plugin's layer that names its table so); None for any other net."""
+    vocab = getattr(spec.layers[0], "vocab", None) if spec.layers else None
+    return vocab if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0 else None
+
+
+def net_inputs(x: Any, spec: NetSpec, rows: int, what: str, note: str = "") -> np.ndarray:
+    """`x` ([rows, *input]) checked as `spec`'s input: `finite_inputs`, with the token-id check for a
+    net that takes ids (`token_vocab`)."""
+    return finite_inputs(x, (rows, *spec.input_shape), what, note, token_vocab(spec))
+
+
+def finite_inputs(x: Any, shape: Sequence[int], what: str, note: str = "", vocab: int | None = None) -> np.ndarray:
     """`x` as the float32 array a module takes, refused with one line unless it is real numbers of
-    `shape`, all finite (after the float32 cast: 1e300 is inf there). One min and one max on the host."""
+    `shape`, all finite (after the float32 cast: 1e300 is inf there). One min and one max on the host.
+    `vocab`: x is token ids, refused unless whole numbers in 0..vocab−1 (the embedding clamps the
+    others, so id 1000 would silently read row vocab−1): one more pass, for a float x alone."""
     x = np.asarray(x)
     if x.dtype.kind not in "fiu":
         raise DataError(f"{what} x has dtype {x.dtype}, expected real numbers (float32)")
     if tuple(x.shape) != tuple(shape):
         raise DataError(f"{what} x has shape {list(x.shape)}, expected {list(shape)}{note}")
+    given = x
     with np.errstate(over="ignore"):  # a float64 past float32's range: inf, refused just below
         x = np.ascontiguousarray(x, np.float32)
     lo, hi = _span(x)
     if not (math.isfinite(lo) and math.isfinite(hi)):
         raise DataError(f"{what} x holds NaN or inf (it spans {lo} … {hi}); expected finite numbers")
+    if vocab is not None:
+        check_token_ids(given, lo, hi, vocab, what)
     return x
+
+
+def check_token_ids(x: np.ndarray, lo: float, hi: float, vocab: int, what: str) -> None:
+    """Token ids `x` (as given: a float64 3.0000001 rounds to a whole float32) in 0..vocab−1 and whole,
+    else one line naming them. `lo`/`hi`: x's span, already taken; whole-ness costs one pass over a float x."""
+    outside = lo < 0 or hi > vocab - 1
+    fractional = x.dtype.kind == "f" and not outside and not np.array_equal(x, np.rint(x))
+    if not outside and not fractional:
+        return
+    with np.errstate(invalid="ignore"):
+        bad = np.unique(x[(x < 0) | (x > vocab - 1) | (x != np.rint(x))])
+    # each as given, in its dtype's shortest form (a float64 64.99999999 is no 65)
+    shown = ", ".join(str(v).removesuffix(".0") for v in bad[:5]) + (", …" if len(bad) > 5 else "")
+    found = (("out-of-range", bool((bad < 0).any() or (bad > vocab - 1).any())),
+             ("non-integer", bool((bad != np.rint(bad)).any())))
+    kinds = " and ".join(k for k, hit in found if hit)
+    raise DataError(f"{what} x holds {kinds} token ids ({shown}); expected integer ids 0..{vocab - 1} "
+                    f"(the net's vocabulary of {vocab})")
 
 
 def _span(a: np.ndarray) -> tuple[float, float]:
@@ -272,7 +308,7 @@ class TrainSession:
     def checked_batch(self, x: Any, y: Any, x_shape: Sequence[int], y_shape: Sequence[int],
                       note: str = "") -> tuple[np.ndarray, np.ndarray]:
         """(x, labels) as the step takes them, checked before the step counts: shape, kind, range, finite."""
-        return (finite_inputs(x, x_shape, "train batch", note),
+        return (finite_inputs(x, x_shape, "train batch", note, token_vocab(self.spec)),
                 checked_labels(y, y_shape, self.layout.y_dtype, self.label_classes, "train batch"))
 
     def _advance(self, masks: Sequence[np.ndarray] | None) -> Sequence[np.ndarray]:
@@ -432,7 +468,7 @@ class ForwardSession:
     def checked_inputs(self, x: Any) -> np.ndarray:
         """The rows to score as float32, refused unless real numbers of the net's input shape, all finite."""
         n = len(x) if hasattr(x, "__len__") else 0
-        return finite_inputs(x, (n, *self.spec.input_shape), "eval")
+        return net_inputs(x, self.spec, n, "eval")
 
     def logits(self, x: np.ndarray, params: Sequence[Any], gen: Hashable | None = None) -> np.ndarray:
         """Logits for all rows of x (params: θ… then any running statistics, as the eval module takes them)."""

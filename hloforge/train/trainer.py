@@ -236,7 +236,7 @@ class Run:
             return None
         p = self.eval_prefix
         keys = base | {p + k for k in scores}
-        if p and type(self.task) is tasks.ClassificationTask:  # the one Evaluation with a loss
+        if p and scores and type(self.task) is tasks.ClassificationTask:  # the one Evaluation with a loss
             keys.add(f"{p}loss")
         parallel = (isinstance(session, DataParallelTrainSession) if session is not None
                     else self.cfg.replicas > 1 or self.world.size > 1)
@@ -365,6 +365,8 @@ class Run:
         # the init weights read and matched before anything is written (resume reads the run's own checkpoint)
         init, failed = None, None
         try:
+            if resume and w.is_root and not os.path.isdir(self.dir):  # said before the lock makes it
+                rundir.check_resumable(self.dir, "" if self.cfg.run_dir else self.cfg.net)
             init = finetune.read_init(self, self.log) if self.cfg.init and not resume else None
         except HloforgeError as e:
             failed = e
@@ -386,6 +388,18 @@ class Run:
                callbacks: Sequence[Any] = ()) -> dict[str, Any]:
         assert self.dir is not None
         cfg, world = self.cfg, self.world
+        if resume:  # under rank 0's lock (a run in its first epoch holds it), before the compile; every rank alike
+            missing = None
+            try:
+                if world.is_root:
+                    rundir.check_resumable(self.dir, "" if cfg.run_dir else cfg.net)
+            except HloforgeError as e:
+                missing = e
+            said = world.bcast("" if missing is None else str(missing), "the resume check") if world.size > 1 else ""
+            if said:
+                missing = mpi.shared(missing or DataError(said), world)
+            if missing is not None:
+                raise missing
         recorded = cfg.tuned
         if world.size > 1 and not recorded:  # rank 0 times, every rank renders its choices
             tuned = autotune.resolve(self.spec, cfg.batch // cfg.replicas, self.backend,
