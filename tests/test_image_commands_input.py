@@ -52,7 +52,7 @@ def refused(argv: list[str], capsys) -> str:
 @pytest.mark.parametrize("array,needle", [
     (np.full((1, 28, 28), np.nan, np.float32), "x holds NaN or inf"),
     (np.full((1, 28, 28), np.inf, np.float32), "x holds NaN or inf"),
-    (np.full((1, 28, 28), 1e300), "x holds NaN or inf"),  # finite in float64, inf as the f32 the net takes
+    (np.full((1, 28, 28), 1e300), "beyond float32's range"),  # finite in float64, inf as the f32 the net takes
     (np.zeros((3, 28, 28), np.float32), "x has shape [3, 28, 28], expected [1, 28, 28] (the input of net "
                                         "'mnist-cnn'"),
     (np.zeros((784,), np.float32), "x has shape [784], expected [1, 28, 28]"),  # no longer reshaped into one

@@ -98,7 +98,7 @@ GOOD_X = np.linspace(-1, 1, 24, dtype=np.float32).reshape(4, 6)
     (GOOD_X, np.array([[1], [2], [0], [3]]), r"labels have shape \[4, 1\], expected \[4\]"),
     (np.where(np.eye(4, 6, dtype=bool), np.nan, GOOD_X), np.array([1, 2, 0, 3]), "x holds NaN or inf"),
     (np.where(np.eye(4, 6, dtype=bool), -np.inf, GOOD_X), np.array([1, 2, 0, 3]), "x holds NaN or inf"),
-    (GOOD_X.astype(np.float64) * 1e300, np.array([1, 2, 0, 3]), "x holds NaN or inf"),  # inf in float32
+    (GOOD_X.astype(np.float64) * 1e300, np.array([1, 2, 0, 3]), "beyond float32.s range"),  # finite, inf in float32
     (GOOD_X.astype(str), np.array([1, 2, 0, 3]), "x has dtype <U.*, expected real numbers"),
     (GOOD_X[:3], np.array([1, 2, 0]), r"x has shape \[3, 6\], expected \[4, 6\]"),
 ])

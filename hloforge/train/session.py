@@ -158,6 +158,10 @@ def finite_inputs(x: Any, shape: Sequence[int], what: str, note: str = "", vocab
         x = np.ascontiguousarray(x, np.float32)
     lo, hi = _span(x)
     if not (math.isfinite(lo) and math.isfinite(hi)):
+        if given.dtype.itemsize > 4 and np.isfinite(given).all():  # finite as given: float32 cannot hold it
+            glo, ghi = _span(given)
+            raise DataError(f"{what} x spans {glo:g} … {ghi:g}, beyond float32's range (±3.4e38) the net "
+                            "computes in; expected numbers float32 holds")
         raise DataError(f"{what} x holds NaN or inf (it spans {lo} … {hi}); expected finite numbers")
     if vocab is not None:
         check_token_ids(given, lo, hi, vocab, what)
