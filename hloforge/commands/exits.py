@@ -6,6 +6,7 @@ import os
 from collections.abc import Mapping
 
 from hloforge.core.errors import HloforgeError
+from hloforge.core.switches import OFF, ON, switch
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 EXIT_CODES = {
@@ -19,22 +20,17 @@ EXIT_CODES = {
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
 }
 DEBUG_ENV_VAR = "HLOFORGE_DEBUG"
-# HLOFORGE_AUTOTUNE's spellings (hloforge.train.autotune.enabled), any case; unset or empty is off
-DEBUG_ON, DEBUG_OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
 def debug_enabled(environ: Mapping[str, str] | None = None) -> bool:
     """$HLOFORGE_DEBUG: whether a refusal or an internal error prints its traceback. Any other value
     is one error line, never a guess (`false` once meant on: everything but empty and 0 did)."""
     raw = (os.environ if environ is None else environ).get(DEBUG_ENV_VAR, "")
-    text = raw.strip().lower()
-    if text in ("", *DEBUG_OFF):
-        return False
-    if text in DEBUG_ON:
-        return True
-    # !r: a newline or undecodable byte in the value stays on the one line, escaped
-    raise HloforgeError(f"{DEBUG_ENV_VAR}={raw!r}: expected {'/'.join(DEBUG_ON)} (print tracebacks) or "
-                        f"{'/'.join(DEBUG_OFF)} (the default, as is empty or unset)")
+    on = switch(raw)
+    if on is None:  # !r: a newline or undecodable byte in the value stays on the one line, escaped
+        raise HloforgeError(f"{DEBUG_ENV_VAR}={raw!r}: expected {'/'.join(ON)} (print tracebacks) or "
+                            f"{'/'.join(OFF)} (the default, as is empty or unset)")
+    return on
 
 
 def exit_codes_text() -> str:
