@@ -268,7 +268,8 @@ class Backend(Protocol):
 
     def compile(self, mlir_text: str, num_replicas: int = 1) -> Any:
         """Compile StableHLO text; a BackendError with the compiler's message when it is rejected,
-        and when `num_replicas` is more than the backend can run (never a quiet single-device run)."""
+        and when `num_replicas` is more than the backend can run (never a quiet single-device run).
+        A session places its initial state with `to_device` from another thread meanwhile."""
         ...
 
     def to_device(self, array: np.ndarray, borrow: bool = False, device: int = 0) -> Any:

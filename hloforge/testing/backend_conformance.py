@@ -10,15 +10,18 @@ wrong. tests/test_backend_conformance.py runs it over every registered backend.
 
 The checks: the interface and `backend_name()`; a host→device→host round trip of every dtype the
 builder emits (`hloforge.core.hlo.NUMPY_DTYPE`); `to_host` returns a copy; compiling and running a
-tiny train step; donation (a donated input is consumed, the others are not) and `keep`; arguments
-of the wrong dtype, shape or count refused with BackendError before anything runs; a rejected
-module is a BackendError; more replicas than devices refused (never a quiet run on one device).
+tiny train step, and placing buffers on another thread while it compiles; donation (a donated input
+is consumed, the others are not) and `keep`; arguments of the wrong dtype, shape or count refused
+with BackendError before anything runs; a rejected module is a BackendError; more replicas than
+devices refused (never a quiet run on one device).
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import attrs
@@ -137,6 +140,30 @@ def check_keep(be: Any) -> None:
     np.testing.assert_allclose(be.to_host(out), STEP_W, rtol=1e-6)
     again, _ = be.execute(exe, [w, g], keep=[0])
     np.testing.assert_allclose(be.to_host(again), STEP_W, rtol=1e-6)
+
+
+@_check
+def check_place_while_compiling(be: Any) -> None:
+    """`to_device` on another thread while `compile` runs (a session places its initial state so): the
+    buffers placed meanwhile hold what was sent and run the step compiled meanwhile."""
+    placed: list[tuple[Any, Any]] = []
+    compiled = threading.Event()
+
+    def place() -> None:
+        while not compiled.is_set() or not placed:
+            placed.append((be.to_device(W), be.to_device(G)))
+
+    with ThreadPoolExecutor(1) as pool:
+        placing = pool.submit(place)
+        try:
+            exe = be.compile(STEP)
+        finally:
+            compiled.set()
+        placing.result()
+    for w, g in placed[:: max(1, len(placed) // 4)]:
+        assert np.array_equal(be.to_host(g), G), "a buffer placed during a compile holds other values"
+        new_w, _ = be.execute(exe, [w, g])
+        np.testing.assert_allclose(be.to_host(new_w), STEP_W, rtol=1e-6)
 
 
 @_check

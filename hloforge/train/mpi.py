@@ -42,7 +42,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -483,7 +483,7 @@ class MpiTrainSession(DataParallelTrainSession):
             off += s
         self.comm_s = 0.0  # seconds spent in the all-reduce (what a benchmark reads)
 
-    def _compile_step(self, registry: Registry) -> tuple[Any, TrainStepLayout]:
+    def _step_program(self, registry: Registry) -> tuple[Callable[[], Any], TrainStepLayout]:
         target = target_of(self.backend)
         text, layout = gradient_step_module(self.spec, self.variant, self.local_batch, registry=registry,
                                             replicas=self.replicas, sync_bn=self.sync_bn, processes=self.world.size,
@@ -492,8 +492,11 @@ class MpiTrainSession(DataParallelTrainSession):
                                        wrappers=self.variant.wrappers, target=target,
                                        storage=tuple(layout.storage[i] for i in layout.trained),
                                        name=f"{self.spec.ident}_{self.variant.slug}_update_step")
-        self.update_exe = self._compile(update)
-        return self._compile(text), layout
+
+        def compile_both() -> Any:
+            self.update_exe = self._compile(update)
+            return self._compile(text)
+        return compile_both, layout
 
     def _process_sum(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
         """The sync-BN step's host call (Builder.process_sum), on an XLA thread mid-step: the statistics'

@@ -25,7 +25,7 @@ BackendError before anything is compiled, never a quiet run on one device.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import numpy as np
@@ -87,10 +87,10 @@ class DataParallelTrainSession(TrainSession):
                          resident=resident)
         self.placement = step_placement(self.layout)
 
-    def _compile_step(self, registry: Registry) -> tuple[Any, TrainStepLayout]:
+    def _step_program(self, registry: Registry) -> tuple[Callable[[], Any], TrainStepLayout]:
         text, layout = train_step_module(self.spec, self.variant, self.local_batch, registry=registry,
                                          replicas=self.replicas, sync_bn=self.sync_bn, target=target_of(self.backend))
-        return self.backend.compile(text, num_replicas=self.replicas), layout
+        return lambda: self.backend.compile(text, num_replicas=self.replicas), layout
 
     def _place(self, carried: list[np.ndarray]) -> None:
         if self.resident:

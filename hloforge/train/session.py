@@ -18,10 +18,12 @@ Sessions use only the backend interface of `hloforge.backends.base.Backend`.
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 import math
 import os
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -242,32 +244,45 @@ class TrainSession:
         self.resident = resident_default() if resident is None else resident
         self.optimizer = variant.make_optimizer(reg)
         self.state_layout = variant.state_layout(self.optimizer)  # what the carried state is, slot by slot
-        self.exe, self.layout = self._compile_step(reg)
+        compile_step, self.layout = self._step_program(reg)
         self.label_classes = label_classes(self.layout.y_dtype, self.layout.y_shape[1:], spec.out_shape)
-        host = list(params) if params is not None else spec.init_params(seed)
-        check_param_shapes(self.layout, host)
-        trained = self.layout.trained
-        slots = [self.layout.params[i][1] for i in trained]
-        # [θ…, state group 0…, state group 1…]: the train step's held inputs, in its order (state: trained θ only).
-        carried = [np.asarray(p, np.float32) for p in host]
-        carried += self.state_layout.initial(self.optimizer, slots, [host[i] for i in trained])
-        del host
+        given = None if params is None else list(params)
+        if given is not None:
+            check_param_shapes(self.layout, given)  # before the compile: a θ of another net costs none
+        # θ drawn, its optimizer state made, relaid and placed on a thread of its own while the backend
+        # compiles: XLA runs its HLO passes on one thread, leaving a core idle (benchmarks/NOTES.md).
         self._carried: list[Any] = []
-        storage = self.layout.held_storage
-        for i, a in enumerate(carried):  # relaid one at a time: each original freed as its copy is made
-            carried[i] = host_relaid(a, storage[i])
-            del a
-        self._place(carried)
+        with ThreadPoolExecutor(1, thread_name_prefix="hloforge-setup") as pool:
+            placed = pool.submit(contextvars.copy_context().run, self._place_initial, given, seed)
+            self.exe = compile_step()
+            placed.result()
         self._step_inputs = InputStager(backend)
         self._batch_stats: list[Any] = []  # the last step's batch statistics (device buffers), one per stat slot
         self.step = 0
         self.seed = seed
 
-    def _compile_step(self, registry: Registry) -> tuple[Any, TrainStepLayout]:
-        """The compiled train step and its layout (a data-parallel session compiles its own)."""
+    def _step_program(self, registry: Registry) -> tuple[Callable[[], Any], TrainStepLayout]:
+        """The train step's layout and a call that compiles it (a data-parallel session renders its own)."""
         text, layout = train_step_module(self.spec, self.variant, self.batch, registry=registry,
                                          target=target_of(self.backend))
-        return self.backend.compile(text), layout
+        return lambda: self.backend.compile(text), layout
+
+    def _place_initial(self, params: list[np.ndarray] | None, seed: int) -> None:
+        """Place the step's held inputs (see `_place`): θ (`params`, or drawn from `seed`), then each
+        optimizer-state group (trained θ only), in the step's order and stored layouts."""
+        host = params if params is not None else self.spec.init_params(seed)
+        if params is None:
+            check_param_shapes(self.layout, host)
+        trained = self.layout.trained
+        slots = [self.layout.params[i][1] for i in trained]
+        carried = [np.asarray(p, np.float32) for p in host]
+        carried += self.state_layout.initial(self.optimizer, slots, [host[i] for i in trained])
+        del host
+        storage = self.layout.held_storage
+        for i, a in enumerate(carried):  # relaid one at a time: each original freed as its copy is made
+            carried[i] = host_relaid(a, storage[i])
+            del a
+        self._place(carried)
 
     def _place(self, carried: list[np.ndarray]) -> None:
         """Make `carried` (host arrays in the step's carried order) the state: on the device if resident,
