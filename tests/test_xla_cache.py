@@ -175,8 +175,9 @@ def test_the_cache_is_off_with_zero_and_a_bad_value_is_one_line(cache, monkeypat
     be = XlaBackend()
     assert not be.compile(STEP).cache_hit and not be.compile(STEP).cache_hit
     assert be.stats["compiles"] == 2 and not cache.exists()
-    monkeypatch.setenv(xla_cache.CACHE_ENV_VAR, "yes")
-    with pytest.raises(BackendError, match=r"^HLOFORGE_XLA_CACHE='yes': expected 1 .* or 0 \(compile every time\)$"):
+    monkeypatch.setenv(xla_cache.CACHE_ENV_VAR, "maybe")
+    with pytest.raises(BackendError, match=r"^HLOFORGE_XLA_CACHE='maybe': expected 1/true/yes/on \(.*, the default, "
+                                           r"as is empty or unset\) or 0/false/no/off \(compile every time\)$"):
         be.compile(STEP)
     assert not cache.exists()
 
@@ -293,3 +294,21 @@ def test_a_plugin_that_cannot_serialize_warns_once_and_still_compiles(cache, mon
     assert len(caught) == 1 and not first.cache_hit and not second.cache_hit and be.stats["compiles"] == 2
     assert not cache.exists() or not entries(cache)
     np.testing.assert_allclose(run_step(be, second)[0], W - 0.1, rtol=1e-6)
+
+
+def test_a_cache_directory_that_cannot_be_written_warns_once(tmp_path, monkeypatch):
+    """Every entry of an unwritable cache fails alike: one warning naming the directory and the two
+    variables, not one per executable; each still compiles and runs."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("HLOFORGE_CACHE_DIR", str(blocker))  # a file: its xla/ subdirectory cannot be made
+    monkeypatch.delenv(xla_cache.CACHE_ENV_VAR, raising=False)
+    monkeypatch.setattr(xla_cache, "_UNWRITABLE", set())
+    be = XlaBackend()
+    with pytest.warns(XlaCacheWarning) as caught:
+        exes = [be.compile(STEP), be.compile(STEP.replace("1.000000e-01", "2.000000e-01"))]
+    assert [str(w.message) for w in caught] == [
+        f"XLA cache: cannot write to {blocker / 'xla'} (Not a directory); executables are not cached "
+        "($HLOFORGE_CACHE_DIR names a writable directory, $HLOFORGE_XLA_CACHE=0 turns the cache off)"]
+    assert [e.cache_hit for e in exes] == [False, False]
+    np.testing.assert_allclose(run_step(be, exes[1])[0], W - 0.2, rtol=1e-6)

@@ -24,10 +24,12 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from hloforge.backends.base import CACHE_ENV_VAR as CACHE_ROOT_ENV_VAR
 from hloforge.backends.base import cache_root
 from hloforge.backends.disk_cache import max_bytes, prune, sha256_key, touch, write_atomic
 from hloforge.backends.xla.pjrt import Client, Executable
 from hloforge.core.errors import BackendError
+from hloforge.core.switches import env_switch
 
 CACHE_ENV_VAR = "HLOFORGE_XLA_CACHE"
 SUFFIX = ".xlaexe"
@@ -36,6 +38,7 @@ SUFFIX = ".xlaexe"
 MAGIC = b"hloforge xla executable 1\n"
 _LENGTH = struct.Struct("<Q")
 _UNSERIALIZABLE: set[str] = set()  # plugins that said so (warned once per process)
+_UNWRITABLE: set[tuple[Path, str]] = set()  # (cache directory, why) already warned of
 
 
 class XlaCacheWarning(UserWarning):
@@ -43,12 +46,10 @@ class XlaCacheWarning(UserWarning):
 
 
 def cache_enabled() -> bool:
-    """$HLOFORGE_XLA_CACHE: 1 (the default) caches executables on disk, 0 compiles every time."""
-    text = os.environ.get(CACHE_ENV_VAR, "1").strip()
-    if text not in ("0", "1"):
-        raise BackendError(f"{CACHE_ENV_VAR}={text!r}: expected 1 (cache compiled XLA executables on disk, "
-                           f"the default) or 0 (compile every time)")
-    return text == "1"
+    """$HLOFORGE_XLA_CACHE, an on/off switch: on (the default) caches executables on disk, off compiles
+    every time."""
+    return env_switch(CACHE_ENV_VAR, default=True, on="cache compiled XLA executables on disk",
+                      off="compile every time", error=BackendError)
 
 
 def default_cache_dir() -> Path:
@@ -167,8 +168,12 @@ class ExecutableCache:
         try:
             write_atomic(path, encode_entry(key, material, payload))
             prune(self.directory, SUFFIX, keep=path)
-        except OSError as e:
-            _warn(f"XLA cache: cannot write {path} ({e.strerror or e}); the executable is not cached")
+        except OSError as e:  # said once per directory and cause: every later entry would fail alike
+            why = e.strerror or str(e)
+            if (self.directory, why) not in _UNWRITABLE:
+                _UNWRITABLE.add((self.directory, why))
+                _warn(f"XLA cache: cannot write to {self.directory} ({why}); executables are not cached "
+                      f"(${CACHE_ROOT_ENV_VAR} names a writable directory, ${CACHE_ENV_VAR}=0 turns the cache off)")
         return exe
 
     def _compile(self, client: Client, mlir_text: str, options: bytes, num_replicas: int,
@@ -186,7 +191,7 @@ class ExecutableCache:
         t0 = time.perf_counter()
         try:
             blob = path.read_bytes()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # a miss (a cache root that is a file: the write says so)
             return None
         except OSError as e:
             _warn(f"XLA cache entry {path} cannot be read ({e.strerror or e}); compiling again")
