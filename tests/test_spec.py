@@ -207,3 +207,22 @@ def test_the_walk_is_made_once_per_spec_and_each_caller_gets_its_own_list(monkey
     for _ in range(2):  # a refusal is not kept as a walk: it is raised again on every call
         with pytest.raises(UnsupportedSpec, match="num_classes"):
             bad.walk()
+
+
+@pytest.mark.parametrize("name", ["mnist-cnn", "resnet18-cifar", "vit-cifar"])
+def test_json_and_toml_text_round_trip(name: str) -> None:
+    spec = get_net(name)
+    assert NetSpec.from_json(spec.to_json()).to_json() == spec.to_json()
+    assert NetSpec.from_toml(spec.to_toml()).to_json() == spec.to_json()
+
+
+@pytest.mark.parametrize("text, says", [
+    ("{", "JSON spec text: not a valid spec: Expecting property name"),
+    ("[1, 2]", "JSON spec text: a spec is a table of name, input_shape, num_classes, layers; got list"),
+    ('{"name": "x", "input_shape": [3], "num_classes": 2, "layers": [{"kind": "dense", "units": NaN}]}',
+     "JSON spec text: not a valid spec: NaN is not a number"),
+])
+def test_malformed_json_text_is_one_line(text: str, says: str) -> None:
+    with pytest.raises(UnsupportedSpec) as e:
+        NetSpec.from_json(text)
+    assert str(e.value).startswith(says) and "\n" not in str(e.value)

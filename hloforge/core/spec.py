@@ -262,21 +262,37 @@ class NetSpec:
         return "\n".join(lines) + "\n"
 
     @classmethod
+    def from_json(cls, text: str, registry: Registry | None = None, source: str = "JSON spec text") -> NetSpec:
+        """The net of JSON spec text (`to_json`'s); a malformed one is one line naming `source`."""
+        return cls._from_text(text, "JSON", registry, source)
+
+    @classmethod
+    def from_toml(cls, text: str, registry: Registry | None = None, source: str = "TOML spec text") -> NetSpec:
+        """The net of TOML spec text (`to_toml`'s); a malformed one is one line naming `source`."""
+        return cls._from_text(text, "TOML", registry, source)
+
+    @classmethod
     def from_file(cls, path: str, registry: Registry | None = None) -> NetSpec:
+        """The net of a .json spec file, else a TOML one."""
         try:
             with open(path, encoding="utf-8") as f:
                 text = f.read()
         except (OSError, UnicodeDecodeError) as e:
             raise UnsupportedSpec(f"{path}: cannot read it as a UTF-8 spec file ({e})") from None
+        return cls._from_text(text, "JSON" if path.endswith(".json") else "TOML", registry, path, "spec file")
+
+    @classmethod
+    def _from_text(cls, text: str, syntax: str, registry: Registry | None, source: str,
+                   what: str = "spec") -> NetSpec:
         try:  # JSON's NaN and Infinity are no spec's values: refused like any other non-JSON
-            d = (json.loads(text, parse_constant=_no_constant) if path.endswith(".json") else tomllib.loads(text))
+            d = json.loads(text, parse_constant=_no_constant) if syntax == "JSON" else tomllib.loads(text)
         except (ValueError, RecursionError) as e:
-            raise UnsupportedSpec(f"{path}: not a valid spec file: {_one_line(e)}") from None
-        spec = cls.from_dict(d, registry, source=path)
-        try:  # a file's net is walked here, so what it cannot render is refused naming the file
+            raise UnsupportedSpec(f"{source}: not a valid {what}: {_one_line(e)}") from None
+        spec = cls.from_dict(d, registry, source=source)
+        try:  # a text's net is walked here, so what it cannot render is refused naming its source
             spec.walk()
         except UnsupportedSpec as e:
-            raise UnsupportedSpec(f"{path}: {e}") from None
+            raise UnsupportedSpec(f"{source}: {e}") from None
         return spec
 
 
