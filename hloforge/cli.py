@@ -72,6 +72,20 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {lines[0] if lines else ''}".rstrip(": ")
 
 
+def _plugin_fault(e: BaseException) -> str | None:
+    """Which third-party plugin's own code raised `e` and how, as one phrase (`layer 'x' (dist 'y') failed:
+    KeyError: ...`); None where it is hloforge's code (Registry.at_fault), or no registry was loaded."""
+    registry = sys.modules.get("hloforge.core.registry")
+    if registry is None or not registry.default_registry.cache_info().currsize:  # no plugin has run
+        return None
+    entry = registry.default_registry().at_fault(e)
+    if entry is None:
+        return None
+    from hloforge.testing.gate import fault, plugin_label
+
+    return f"{plugin_label(entry.kind, entry.name, entry.distribution)} {fault(e)}"
+
+
 def _end_mpi_run(e: BaseException, code: int) -> None:
     """A rank of a run across MPI processes ends for the others too (hloforge.train.mpi.end_after_error);
     nothing where none was started."""
@@ -124,13 +138,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         _end_mpi_run(e, EXIT_BAD_INPUT)
         return EXIT_BAD_INPUT
     except Exception as e:
+        plugin = _plugin_fault(e)  # a third-party plugin's bug is said to be its, not hloforge's
+        said = f"plugin error: {plugin}" if plugin else f"internal error: {_one_line(e)}"
+        whose = "a bug in that plugin, not in hloforge: tell its authors" if plugin else "a bug"
         if debug:
             import traceback
 
             traceback.print_exc()
-            print(f"hloforge: internal error: {_one_line(e)}", file=sys.stderr)
+            print(f"hloforge: {said} ({whose})" if plugin else f"hloforge: {said}", file=sys.stderr)
         else:
-            print(f"hloforge: internal error: {_one_line(e)} (a bug; the full traceback is in {_internal_error(e)}, "
+            print(f"hloforge: {said} ({whose}; the full traceback is in {_internal_error(e)}, "
                   f"or run with {DEBUG_ENV_VAR}=1)", file=sys.stderr)
         _end_mpi_run(e, EXIT_INTERNAL)
         return EXIT_INTERNAL

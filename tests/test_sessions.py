@@ -56,14 +56,14 @@ def test_hloforge_resident_env_turns_residency_off(monkeypatch, tmp_path, capsys
     assert on.train_step(x, y, 1e-3) == off.train_step(x, y, 1e-3)
     for a, b in zip(on.read_params(), off.read_params(), strict=True):
         np.testing.assert_array_equal(a, b)
-    monkeypatch.setenv("HLOFORGE_RESIDENT", "yes")
-    with pytest.raises(BackendError, match="HLOFORGE_RESIDENT='yes': expected 0 .* or 1"):
+    monkeypatch.setenv("HLOFORGE_RESIDENT", "maybe")
+    with pytest.raises(BackendError, match="HLOFORGE_RESIDENT='maybe': expected 1/true/yes/on .* or 0/false/no/off"):
         TrainSession(spec, Variant("adam"), 8, be, seed=1)
     run = tmp_path / "run"
     assert main(["train", "mnist-mlp", "--epochs", "1", "--run-dir", str(run),
                  "--no-progress"]) != 0
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "HLOFORGE_RESIDENT='yes'" in err
+    assert len(err.splitlines()) == 1 and "HLOFORGE_RESIDENT='maybe'" in err
     assert not run.exists()
 
 

@@ -17,7 +17,6 @@ the same, so a driver that reuses a donated input fails on either.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +27,7 @@ import numpy as np
 from hloforge.backends.signature import ArgSpec, parse_main_signature  # one definition, shared
 from hloforge.core.contracts import Backend  # the protocol lives with the other contracts; re-exported here
 from hloforge.core.errors import BackendError
+from hloforge.core.switches import env_path
 
 __all__ = ["ArgSpec", "Backend", "BACKEND_ENV_VAR", "CACHE_ENV_VAR", "CROSS_REPLICA_OPS", "DEFAULT_BACKEND",
            "InputSlot", "backend_fingerprint", "cache_root", "check_args", "cross_replica_op", "parse_main_signature"]
@@ -52,8 +52,8 @@ CACHE_ENV_VAR = "HLOFORGE_CACHE_DIR"
 
 
 def cache_root() -> Path:
-    """$HLOFORGE_CACHE_DIR, else ~/.cache/hloforge: each cache is a subdirectory of it."""
-    explicit = os.environ.get(CACHE_ENV_VAR)
+    """$HLOFORGE_CACHE_DIR (`~` expanded), else ~/.cache/hloforge: each cache is a subdirectory of it."""
+    explicit = env_path(CACHE_ENV_VAR)
     return Path(explicit) if explicit else Path.home() / ".cache" / "hloforge"
 
 

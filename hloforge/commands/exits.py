@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 
-from hloforge.core.errors import HloforgeError
-from hloforge.core.switches import OFF, ON, switch
+from hloforge.core.switches import env_switch
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 EXIT_CODES = {
@@ -15,22 +13,17 @@ EXIT_CODES = {
     EXIT_USAGE: "usage: an unknown command or flag, a missing argument, a value of the wrong kind or range",
     EXIT_BAD_INPUT: "bad input, refused in one line: a spec, dataset, checkpoint or run that cannot be\n"
                     "used, options that do not go together, a file that cannot be read or written",
-    EXIT_INTERNAL: "internal error (a bug): one line naming the file that holds the traceback\n"
-                   "(HLOFORGE_DEBUG=1 prints it instead)",
+    EXIT_INTERNAL: "internal error (a bug; a third-party plugin's is a plugin error naming it): one line\n"
+                   "naming the file that holds the traceback (HLOFORGE_DEBUG=1 prints it instead)",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
 }
 DEBUG_ENV_VAR = "HLOFORGE_DEBUG"
 
 
 def debug_enabled(environ: Mapping[str, str] | None = None) -> bool:
-    """$HLOFORGE_DEBUG: whether a refusal or an internal error prints its traceback. Any other value
+    """$HLOFORGE_DEBUG: whether a refusal or an internal error prints its traceback. A value not on/off
     is one error line, never a guess (`false` once meant on: everything but empty and 0 did)."""
-    raw = (os.environ if environ is None else environ).get(DEBUG_ENV_VAR, "")
-    on = switch(raw)
-    if on is None:  # !r: a newline or undecodable byte in the value stays on the one line, escaped
-        raise HloforgeError(f"{DEBUG_ENV_VAR}={raw!r}: expected {'/'.join(ON)} (print tracebacks) or "
-                            f"{'/'.join(OFF)} (the default, as is empty or unset)")
-    return on
+    return env_switch(DEBUG_ENV_VAR, on="print tracebacks", environ=environ)
 
 
 def exit_codes_text() -> str:

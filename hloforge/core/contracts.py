@@ -17,11 +17,15 @@ no plugin and no backend.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import abc
+import inspect
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast, runtime_checkable
 
 import attrs
 import numpy as np
+
+from hloforge.core.errors import UnsupportedSpec
 
 if TYPE_CHECKING:
     from hloforge.core.hlo import Builder, Value
@@ -31,8 +35,54 @@ __all__ = ["Backend", "BackendExtras", "BoxSource", "Dataset", "Executable", "La
            "RecordSource", "TextSource", "layer_fields"]
 
 
+def check_constructor_options(kind: str, name: str, cls: Any, options: Collection[str]) -> None:
+    """A component's options given to its class `cls`: one it does not take, or a required one left out,
+    is one UnsupportedSpec naming the component and the options it takes, not Python's TypeError.
+    Read by `Registry.make` (a spec file's layer, a config's callback) and a layer class's call."""
+    if attrs.has(cls):
+        fields = attrs.fields(cls)
+        known = [f.name for f in fields]
+        required = [f.name for f in fields if f.init and f.default is attrs.NOTHING]
+    else:
+        params = inspect.signature(cls).parameters.values()
+        known = [p.name for p in params if p.name not in ("self", "args", "kwargs")]
+        required = [p.name for p in params if p.default is p.empty and p.name in known
+                    and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise UnsupportedSpec(f"{kind} {name!r} does not take option(s) {unknown}; its options are {known}")
+    missing = [n for n in required if n not in options]
+    if missing:
+        raise UnsupportedSpec(f"{kind} {name!r} needs option(s) {missing}; its options are {known}")
+
+
+class _LayerClass(abc.ABCMeta):
+    """Layer's metaclass: `hf.layers.Dense()` (a required option left out, or one it does not take) is
+    refused as a spec file's layer is (`check_constructor_options`), not with Python's TypeError. An
+    ABCMeta, so a plugin's layer may also derive from `abc.ABC` (two unrelated metaclasses would clash)."""
+
+    def __call__(cls, /, *args: Any, **kwargs: Any) -> Any:  # `/`: a layer may have an option named cls
+        try:
+            return super().__call__(*args, **kwargs)
+        except TypeError as e:
+            signature = inspect.signature(cls)
+            try:
+                signature.bind(*args, **kwargs)
+            except TypeError:  # the call did not fit the constructor (else the TypeError is the layer's own)
+                name = getattr(cls, "kind", cls.__name__)
+                check_constructor_options("layer", name, cls, [*list(signature.parameters)[:len(args)], *kwargs])
+                raise UnsupportedSpec(f"layer {name!r}: {e}") from None  # e.g. too many positional arguments
+            raise
+
+    @property
+    def __signature__(cls) -> inspect.Signature:
+        """The constructor's own (help(), editors, `check_constructor_options`), not that of `__call__` above."""
+        init = inspect.signature(cls.__init__)  # type: ignore[misc]
+        return init.replace(parameters=list(init.parameters.values())[1:])
+
+
 # ------------------------------------------------------------------------------------------ Layer
-class Layer:
+class Layer(metaclass=_LayerClass):
     """Base of layer plugins: attrs frozen subclasses whose fields are the layer's options.
 
     A subclass sets `kind` (its registered name) and implements `out_shape`,

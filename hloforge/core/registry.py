@@ -9,9 +9,9 @@ a `PluginLoadWarning` says so once, and every other plugin still loads.
 from __future__ import annotations
 
 import functools
-import inspect
 import os
 import sys
+import traceback
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from importlib.metadata import entry_points
@@ -20,8 +20,10 @@ from typing import Any
 import attrs
 import pluggy
 
-from hloforge.core import hookspecs
+from hloforge.core import contracts, hookspecs
+from hloforge.core.contracts import check_constructor_options
 from hloforge.core.errors import PluginError, UnsupportedSpec
+from hloforge.core.switches import env_switch
 
 # kind -> (entry-point group, hook that lists its components, attribute holding a component's name)
 KINDS: dict[str, tuple[str, str, str]] = {
@@ -34,6 +36,8 @@ KINDS: dict[str, tuple[str, str, str]] = {
     # the lowering strategy kinds a layer (or loss) plugin's forms consult (core/strategy.py)
     "strategy": ("hloforge.layers", "hloforge_strategy_kinds", "name"),
 }
+TRACE_ENV_VAR = "HLOFORGE_TRACE_PLUGINS"
+BUILTIN_DISTRIBUTION = "hloforge"  # the distribution whose entry points are hloforge's own components
 
 
 @attrs.frozen
@@ -43,6 +47,11 @@ class Entry:
     obj: Any
     distribution: str
     plugin: str
+
+    @property
+    def builtin(self) -> bool:
+        """hloforge's own component (its entry points are hloforge's distribution's)."""
+        return self.distribution == BUILTIN_DISTRIBUTION
 
 
 class PluginLoadWarning(UserWarning):
@@ -98,7 +107,7 @@ class Registry:
             raise PluginError(f"unknown component kind(s) {unknown}; expected some of {list(KINDS)}")
         self.pm = pluggy.PluginManager("hloforge")
         self.pm.add_hookspecs(hookspecs)
-        if os.environ.get("HLOFORGE_TRACE_PLUGINS") == "1":
+        if env_switch(TRACE_ENV_VAR, on="print every plugin hook call", error=PluginError):
             self.pm.add_hookcall_monitoring(_trace_before, _trace_after)
         self._dist: dict[str, str] = {}
         self.broken: list[BrokenPlugin] = []
@@ -163,7 +172,7 @@ class Registry:
             if not self.keep_clashes:
                 raise NameClash(Clash(prev, e).message)
             # hloforge's own component keeps its name: the listing then shows the newcomer as the clash
-            builtin_second = e.distribution == "hloforge" and prev.distribution != "hloforge"
+            builtin_second = e.builtin and not prev.builtin
             kept, other = (e, prev) if builtin_second else (prev, e)
             table[e.name] = kept
             self.clashes.append(Clash(kept, other))
@@ -189,19 +198,7 @@ class Registry:
     def make(self, kind: str, name: str, **options: Any) -> Any:
         """An instance of the named component; an option it does not take is one clear error."""
         cls = self.get(kind, name)
-        if attrs.has(cls):
-            known = [f.name for f in attrs.fields(cls)]
-        else:
-            known = [p for p in inspect.signature(cls).parameters if p not in ("self", "args", "kwargs")]
-        unknown = sorted(set(options) - set(known))
-        if unknown:
-            raise UnsupportedSpec(f"{kind} {name!r} does not take option(s) {unknown}; its options are {known}")
-        if not attrs.has(cls):  # a required argument left out: name it and how to give it, not Python's TypeError
-            sig = inspect.signature(cls).parameters.values()
-            missing = [p.name for p in sig if p.default is p.empty and p.name in known and p.name not in options
-                       and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-            if missing:
-                raise UnsupportedSpec(f"{kind} {name!r} needs option(s) {missing}; its options are {known}")
+        check_constructor_options(kind, name, cls, options)
         try:
             return cls(**options)
         except (TypeError, ValueError) as e:
@@ -214,6 +211,83 @@ class Registry:
         for kind in KINDS:
             for name in sorted(self._tables[kind]):
                 yield self._tables[kind][name]
+
+    def at_fault(self, e: BaseException) -> Entry | None:
+        """The third-party plugin whose own code raised `e`, else None (hloforge's code, or no plugin's).
+
+        Read off the traceback, innermost frame first; frames of other libraries (numpy, the standard
+        library) are passed over, so the first frame that is hloforge's or a third-party plugin's decides:
+        hloforge's is hloforge's bug (but for a contract method the plugin left out: the base's
+        NotImplementedError); a plugin's is the component whose class (or a base of it the plugin
+        defines) holds the code, or whose caller out from there is one; a hook function is a `hook` entry;
+        code of a plugin's module that no component calls, a `module` entry."""
+        classes, hooks, modules = self._plugin_code()
+        frames = [frame for frame, _ in traceback.walk_tb(e.__traceback__)][::-1]
+        for i, frame in enumerate(frames):
+            path = _source(frame.f_code.co_filename)
+            if path in modules:
+                for outer in frames[i:]:
+                    found = _component_of(outer, classes, hooks)
+                    if found is not None:
+                        return found
+                module, dist = modules[path]
+                return Entry("module", module, None, dist, "")
+            if path.startswith(_OWN):
+                me = frame.f_locals.get("self")
+                if isinstance(e, NotImplementedError) and path == _source(contracts.__file__) and me is not None:
+                    return next((c for c in self.entries() if c.obj is type(me) and not c.builtin), None)
+                return None
+        return None
+
+    def _plugin_code(self) -> tuple[dict[str, list[tuple[str, Entry]]], dict[Any, Entry], dict[str, tuple[str, str]]]:
+        """Where the third-party plugins' code is: by source file, (class qualified name, component) for
+        each component's class and the bases its distribution defines; each hook function's code object;
+        each such file's (module, distribution)."""
+        classes: dict[str, list[tuple[str, Entry]]] = {}
+        modules: dict[str, tuple[str, str]] = {}
+        for entry in self.entries():
+            if entry.builtin:
+                continue
+            for cls in (entry.obj if isinstance(entry.obj, type) else type(entry.obj)).__mro__:
+                path = _source(getattr(sys.modules.get(cls.__module__), "__file__", None))
+                if path and not path.startswith(_OWN):
+                    classes.setdefault(path, []).append((cls.__qualname__, entry))
+                    modules[path] = (cls.__module__, entry.distribution)
+        hooks: dict[Any, Entry] = {}
+        for plugin_name, dist in self._dist.items():
+            module = self.pm.get_plugin(plugin_name)
+            path = _source(getattr(module, "__file__", None))
+            if dist == BUILTIN_DISTRIBUTION or module is None or not path or path.startswith(_OWN):
+                continue
+            modules[path] = (module.__name__, dist)
+            for caller in self.pm.get_hookcallers(module) or ():
+                for impl in caller.get_hookimpls():
+                    code = getattr(impl.function, "__code__", None)  # None: a callable object, named by its class
+                    if impl.plugin is module and code is not None:
+                        hooks[code] = Entry("hook", caller.name, impl.function, dist, plugin_name)
+        return classes, hooks, modules
+
+
+# hloforge's own source (the package's directory): code there is never a plugin's
+_OWN = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep
+
+
+def _source(path: str | None) -> str:
+    return os.path.realpath(path) if path else ""
+
+
+def _component_of(frame: Any, classes: Mapping[str, list[tuple[str, Entry]]],
+                  hooks: Mapping[Any, Entry]) -> Entry | None:
+    """The component whose class's code (a method, or a function defined in one) `frame` runs, or the
+    hook function it is; where one base class of the plugin's serves several, the one `self` is."""
+    code = frame.f_code
+    if code in hooks:
+        return hooks[code]
+    found = [e for qualname, e in classes.get(_source(code.co_filename), ())
+             if code.co_qualname.startswith(qualname + ".")]
+    me = frame.f_locals.get("self", frame.f_locals.get("cls"))
+    mine = [e for e in found if e.obj is me or e.obj is type(me)] or found
+    return mine[0] if mine else None
 
 
 def _component_name(obj: Any, kind: str, attr: str) -> str:

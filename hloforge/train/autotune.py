@@ -57,7 +57,7 @@ from hloforge.core import strategy
 from hloforge.core.errors import BackendError, UnsupportedSpec
 from hloforge.core.modules import vjp_module
 from hloforge.core.spec import LayerShapes, NetSpec
-from hloforge.core.switches import OFF, ON, switch
+from hloforge.core.switches import env_switch
 
 ENV_VAR = "HLOFORGE_AUTOTUNE"
 REPS = 5  # timed rounds (one run of every candidate each) after one warm-up run; the median decides
@@ -158,11 +158,8 @@ def enabled(flag: bool | None = None) -> bool:
     """Tuning is on when asked (`--autotune`, a config's `autotune = true`) or HLOFORGE_AUTOTUNE is set."""
     if flag:
         return True
-    text = os.environ.get(ENV_VAR, "")
-    on = switch(text)
-    if on is None:
-        raise UnsupportedSpec(f"{ENV_VAR}={text.strip().lower()!r}: expected {'/'.join(ON)} or {'/'.join(OFF)}")
-    return on
+    return env_switch(ENV_VAR, on="time each layer's lowering strategies and render with the fastest",
+                      error=UnsupportedSpec)
 
 
 def default_cache_dir() -> Path:

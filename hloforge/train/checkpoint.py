@@ -28,6 +28,7 @@ import attrs
 import numpy as np
 
 from hloforge.core.errors import DataError, HloforgeError
+from hloforge.core.switches import env_path
 from hloforge.core.variant import SHADOW
 
 FORMAT = "hloforge-checkpoint-1"
@@ -137,7 +138,7 @@ def save_checkpoint(path: str, names: Sequence[str], tensors: Sequence[np.ndarra
 
 def mark(phase: str, epoch: Any, n: int | None = None) -> None:
     """One TRACE_ENV line (the crash drill reads where each kill landed); nothing when it is unset."""
-    trace = os.environ.get(TRACE_ENV)
+    trace = env_path(TRACE_ENV)
     if not trace:
         return
     fd = os.open(trace, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

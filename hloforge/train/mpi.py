@@ -54,12 +54,13 @@ from hloforge.core.modules import TrainStepLayout, gradient_step_module, optimiz
 from hloforge.core.registry import Registry
 from hloforge.core.spec import NetSpec
 from hloforge.core.strategy import target_of
+from hloforge.core.switches import env_switch
 from hloforge.core.variant import Variant
 from hloforge.train.parallel import DataParallelTrainSession, require_replicas, split_batch
 from hloforge.train.session import ForwardSession, TrainSession, merge_carried
 
 WORKER_ENV = "HLOFORGE_MPI_WORKER"  # set in a rank's worker (supervise); "0" beforehand: no parent, run as started
-FORCE_ENV = "HLOFORGE_MPI"  # "1": use MPI even where no launcher variable says so
+FORCE_ENV = "HLOFORGE_MPI"  # on (1, yes, ...): use MPI even where no launcher variable says so
 TIMEOUT_ENV = "HLOFORGE_MPI_TIMEOUT"  # seconds a rank waits for the others at a step before naming the missing
 DEFAULT_TIMEOUT_S = 30.0
 # Waits that follow work one rank does alone (compiling, rank 0's checkpoint and plots) get this many timeouts.
@@ -316,7 +317,8 @@ def world(environ: Any = None) -> World:
         return _WORLD
     env = os.environ if environ is None else environ
     rank, size, var = launched(env)
-    forced = env.get(FORCE_ENV, "") not in ("", "0")
+    forced = env_switch(FORCE_ENV, on="use MPI even where no launcher variable says so", error=UnsupportedSpec,
+                        environ=env)
     if size == 1 and not forced:
         w = World()
     else:
@@ -326,7 +328,8 @@ def world(environ: Any = None) -> World:
             mpi4py.rc.finalize = False  # World.finalize does it on success; a failed rank must not wait in it
             from mpi4py import MPI
         except ImportError:
-            asked = f"{var}={size}: one of {size} processes an MPI launcher started" if var else f"{FORCE_ENV}=1"
+            asked = (f"{var}={size}: one of {size} processes an MPI launcher started" if var
+                     else f"{FORCE_ENV}={env[FORCE_ENV]}")
             raise BackendError(f"training across processes needs mpi4py ({asked}); {INSTALL}") from None
         comm = MPI.COMM_WORLD
         raw = env.get(TIMEOUT_ENV, "")

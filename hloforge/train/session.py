@@ -42,6 +42,7 @@ from hloforge.core.modules import (
 from hloforge.core.registry import Registry, default_registry
 from hloforge.core.spec import NetSpec
 from hloforge.core.strategy import target_of
+from hloforge.core.switches import env_switch
 from hloforge.core.variant import Variant
 
 
@@ -113,12 +114,10 @@ RESIDENT_ENV_VAR = "HLOFORGE_RESIDENT"
 
 
 def resident_default() -> bool:
-    """$HLOFORGE_RESIDENT: 1 (the default) keeps θ and state on the device, 0 is the copying path;
-    anything else is one error line, never a guess."""
-    text = os.environ.get(RESIDENT_ENV_VAR, "1").strip()
-    if text not in ("0", "1"):
-        raise BackendError(f"{RESIDENT_ENV_VAR}={text!r}: expected 0 (residency off) or 1 (on, the default)")
-    return text == "1"
+    """$HLOFORGE_RESIDENT, an on/off switch: on (the default, as is empty) keeps θ and state on the
+    device, off is the copying path; anything else is one error line, never a guess."""
+    return env_switch(RESIDENT_ENV_VAR, default=True, on="residency: θ and the optimizer state stay on the device",
+                      off="copy them to the host after every step", error=BackendError)
 
 
 def label_classes(y_dtype: str, label_shape: Sequence[int], out_shape: Sequence[int]) -> int | None:

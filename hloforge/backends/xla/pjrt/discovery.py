@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hloforge.core.errors import BackendError
+from hloforge.core.switches import env_path
 
 PLUGIN_ENV_VAR = "HLOFORGE_PJRT_PLUGIN"
 
@@ -60,8 +61,8 @@ _PLUGIN_FINDERS: list[tuple[str, Callable[[], str | None]]] = [
 
 
 def find_plugin() -> str:
-    """Path of the PJRT plugin to load: $HLOFORGE_PJRT_PLUGIN, else an installed package."""
-    explicit = os.environ.get(PLUGIN_ENV_VAR)
+    """Path of the PJRT plugin to load: $HLOFORGE_PJRT_PLUGIN (`~` expanded), else an installed package."""
+    explicit = env_path(PLUGIN_ENV_VAR)
     if explicit:
         if not os.path.isfile(explicit):
             raise BackendError(f"{PLUGIN_ENV_VAR}={explicit}: no such plugin file")

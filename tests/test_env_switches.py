@@ -1,0 +1,142 @@
+"""Every HLOFORGE_* on/off variable reads through one rule (hloforge.core.switches.env_switch): 1/true/yes/on
+and 0/false/no/off in any case, empty or unset its default, anything else one line naming the variable,
+its value and the accepted spellings. A path variable may start with `~`."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from hloforge.backends.base import cache_root
+from hloforge.backends.xla import cache as xla_cache
+from hloforge.backends.xla.pjrt.discovery import find_plugin
+from hloforge.commands.exits import debug_enabled
+from hloforge.core.errors import BackendError, HloforgeError, PluginError, UnsupportedSpec
+from hloforge.core.registry import Registry
+from hloforge.train import autotune, checkpoint
+from hloforge.train.session import resident_default
+
+
+def _tracing() -> bool:
+    """Whether a new registry prints its hook calls (HLOFORGE_TRACE_PLUGINS)."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        Registry(kinds=("loss",))
+    return "hloforge trace:" in err.getvalue()
+
+
+# (variable, its reader, its default, the error it refuses a value with)
+SWITCHES: list[tuple[str, Callable[[], bool], bool, type[HloforgeError]]] = [
+    ("HLOFORGE_DEBUG", debug_enabled, False, HloforgeError),
+    ("HLOFORGE_AUTOTUNE", autotune.enabled, False, UnsupportedSpec),
+    ("HLOFORGE_RESIDENT", resident_default, True, BackendError),
+    ("HLOFORGE_XLA_CACHE", xla_cache.cache_enabled, True, BackendError),
+    ("HLOFORGE_TRACE_PLUGINS", _tracing, False, PluginError),
+]
+IDS = [var for var, *_ in SWITCHES]
+
+
+@pytest.mark.parametrize(("var", "read", "default", "error"), SWITCHES, ids=IDS)
+@pytest.mark.parametrize(("value", "on"), [
+    ("1", True), ("true", True), ("YES", True), (" on ", True),
+    ("0", False), ("false", False), ("No", False), ("OFF\n", False)])
+def test_every_switch_takes_the_same_spellings(monkeypatch, var, read, default, error, value, on):
+    monkeypatch.setenv(var, value)
+    assert read() is on
+
+
+@pytest.mark.parametrize(("var", "read", "default", "error"), SWITCHES, ids=IDS)
+@pytest.mark.parametrize("value", [None, "", "  "])
+def test_unset_or_empty_is_the_default(monkeypatch, var, read, default, error, value):
+    """HLOFORGE_RESIDENT='' was refused, where every other variable takes empty as unset."""
+    if value is None:
+        monkeypatch.delenv(var, raising=False)
+    else:
+        monkeypatch.setenv(var, value)
+    assert read() is default
+
+
+@pytest.mark.parametrize(("var", "read", "default", "error"), SWITCHES, ids=IDS)
+@pytest.mark.parametrize("value", ["maybe", "2", "tru", "a\nb"])
+def test_an_unknown_value_is_one_line_naming_the_variable_and_the_spellings(monkeypatch, var, read, default,
+                                                                            error, value):
+    """HLOFORGE_TRACE_PLUGINS=maybe was silently off (only "1" turned it on)."""
+    monkeypatch.setenv(var, value)
+    with pytest.raises(error) as e:
+        read()
+    message = str(e.value)
+    assert len(message.splitlines()) == 1
+    assert message.startswith(f"{var}={value!r}: expected 1/true/yes/on")
+    assert " or 0/false/no/off" in message and "the default, as is empty or unset" in message
+
+
+def test_mpi_off_spellings_start_no_mpi():
+    """HLOFORGE_MPI=false asked for MPI (anything but empty and 0 did); now it is off, as 0 is, and
+    no MPI is imported (a fresh process: MPI started in this one would stay)."""
+    code = ("import sys; from hloforge.train.mpi import world; "
+            "ws = [world({'HLOFORGE_MPI': v}) for v in ('false', 'no', 'OFF', '')]; "
+            "print([w.comm is None and w.size == 1 for w in ws], 'mpi4py' in sys.modules)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "[True, True, True, True] False"
+
+
+def test_mpi_unknown_value_is_one_line():
+    from hloforge.train.mpi import world
+
+    with pytest.raises(UnsupportedSpec) as e:
+        world({"HLOFORGE_MPI": "maybe"})
+    assert str(e.value).startswith("HLOFORGE_MPI='maybe': expected 1/true/yes/on (use MPI")
+    assert len(str(e.value).splitlines()) == 1
+
+
+def test_the_command_refuses_an_unknown_trace_value_in_one_line(tmp_path):
+    env = {**os.environ, "HLOFORGE_TRACE_PLUGINS": "maybe", "HLOFORGE_CACHE_DIR": str(tmp_path / "cache")}
+    p = subprocess.run([sys.executable, "-m", "hloforge.cli", "plugins"], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 3, p.stderr
+    assert p.stderr.startswith("hloforge: error: HLOFORGE_TRACE_PLUGINS='maybe': expected 1/true/yes/on")
+    assert len(p.stderr.splitlines()) == 1
+
+
+# ------------------------------------------------------------------------------------ paths
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)  # where a `~` taken literally would be made
+    return tmp_path
+
+
+def test_the_cache_dir_expands_a_tilde(home, monkeypatch):
+    """HLOFORGE_CACHE_DIR='~/x' made a directory named `~` in the working directory."""
+    monkeypatch.setenv("HLOFORGE_CACHE_DIR", "~/caches")
+    assert cache_root() == home / "caches"
+    assert autotune.default_cache_dir() == home / "caches" / "autotune"
+
+
+def test_an_empty_cache_dir_is_the_default(home, monkeypatch):
+    monkeypatch.setenv("HLOFORGE_CACHE_DIR", "")
+    assert cache_root() == home / ".cache" / "hloforge"
+
+
+def test_the_pjrt_plugin_path_expands_a_tilde(home, monkeypatch):
+    (home / "plugin.so").write_bytes(b"")
+    monkeypatch.setenv("HLOFORGE_PJRT_PLUGIN", "~/plugin.so")
+    assert find_plugin() == str(home / "plugin.so")
+    monkeypatch.setenv("HLOFORGE_PJRT_PLUGIN", "~/missing.so")
+    with pytest.raises(BackendError, match=f"HLOFORGE_PJRT_PLUGIN={home}/missing.so: no such plugin file"):
+        find_plugin()
+
+
+def test_the_drill_trace_path_expands_a_tilde(home, monkeypatch):
+    monkeypatch.setenv(checkpoint.TRACE_ENV, "~/trace.txt")
+    checkpoint.mark("checkpoint", 3)
+    assert (home / "trace.txt").read_text() == "checkpoint 3\n"
+    assert not (home / "~").exists()
