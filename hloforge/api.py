@@ -27,6 +27,7 @@ from hloforge.core.registry import default_registry
 from hloforge.core.spec import NetSpec, summary_table
 from hloforge.core.variant import Variant, VariantFields
 from hloforge.train import checkpoint as ckpt
+from hloforge.train.arraydata import ARRAYS, ArrayData, label_kind
 from hloforge.train.config import BITMAP, CHECKPOINT, CONFIG, TrainConfig
 from hloforge.train.curves import PNG
 from hloforge.train.metrics import eval_set_id
@@ -36,7 +37,6 @@ from hloforge.train.session import ForwardSession, TrainSession, checked_labels,
 # What fit reads of an iterable of batches before it refuses it as endless (it holds them all, then a copy).
 FIT_BATCHES_MAX_BYTES = 8 << 30
 NET_FILE = "net.json"  # a NetSpec the zoo does not name, written next to the checkpoint so `eval` rebuilds it
-ARRAYS = "arrays"  # what a fit on arrays names its data in the run's config (no registered dataset)
 PLOT_SUFFIXES = (".png",)  # what Model.plot writes: hloforge.train.curves.draw renders PNG
 
 
@@ -71,28 +71,6 @@ def _rows(a: Any, what: str) -> int:
     if n == 0:
         raise DataError(f"{what} is empty (0 rows), expected at least one example")
     return n
-
-
-class ArrayData:
-    """A fit's arrays as a dataset the trainer's Run reads: `train` (x, y) and `test` (the validation
-    data, or none), rows already net input; `num_classes` and `label_kind` the net's own."""
-
-    name = ARRAYS
-
-    def __init__(self, spec: NetSpec, label_kind: str, train: tuple[np.ndarray, np.ndarray] | None,
-                 test: tuple[np.ndarray, np.ndarray] | None):
-        out = spec.out_shape
-        self.label_kind = label_kind
-        self.num_classes = out[0] if label_kind == "mask" else spec.num_classes
-        self.image_shape = tuple(out)  # a DDPM's images (hloforge.train.tasks.DiffusionTask)
-        ref = train or test
-        assert ref is not None
-        empty = (np.zeros((0, *ref[0].shape[1:]), ref[0].dtype), np.zeros((0, *ref[1].shape[1:]), ref[1].dtype))
-        self._splits = {"train": train or empty, "test": test or empty}
-        self.n = len(self._splits["train"][0])
-
-    def arrays(self, split: str) -> tuple[np.ndarray, np.ndarray]:
-        return self._splits[split]
 
 
 class _Keep(Callback):
@@ -161,7 +139,9 @@ class Model:
         # the EMA shadow's BN statistics (the trainer's shadow_running); None: the initial ones
         self._shadow_running: list[np.ndarray] | None = None
         self._step, self._epoch, self._batch = 0, 0, 32
-        self._data = "digits"  # the dataset a saved run directory names for `hloforge eval` (TrainConfig's default)
+        # The dataset a saved run directory names for `hloforge eval`: the one the model last trained on (its
+        # last fit's, or the loaded run's); ARRAYS, none, until a fit on a registered dataset.
+        self._data = ARRAYS
         self._sessions: dict[tuple[int, int], TrainSession] = {}  # by (batch, processes)
         self._live: Any = None  # the session the last fit ran on
         self._forwards: dict[int, ForwardSession] = {}
@@ -210,18 +190,21 @@ class Model:
                             "(a batch of rows; one row is x[None])")
         return net_inputs(x, self.spec, n, what)
 
-    def _check_xy(self, x: Any, y: Any, session: TrainSession, what: str,
-                  scored: bool = False) -> tuple[np.ndarray, np.ndarray]:
-        """x and y checked whole; `scored`: labels only scored (a language model's may hold its padding)."""
+    def _check_xy(self, x: Any, y: Any, what: str, scored: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """x and y checked whole, against the labels the loss takes (as a train step's layout has them:
+        no compile needed); `scored`: labels only scored (a language model's may hold its padding)."""
+        from hloforge.core.modules import label_type
         from hloforge.datasets.text import IGNORE
+        from hloforge.train.session import label_classes
 
         xa = self._check_x(x, what)
         n = _rows(y, f"{what} y")
         if n != len(xa):
             raise DataError(f"{what}: x has {len(xa)} rows but y has {n}; expected one label per row")
-        lay = session.layout
+        out = self.spec.out_shape
+        y_shape, y_dtype = label_type(self.variant.make_loss(default_registry()), out, "f32")
         lowest = IGNORE if scored and self._label_kind() == "tokens" else 0
-        return xa, checked_labels(y, (n, *lay.y_shape[1:]), lay.y_dtype, session.label_classes, what, lowest)
+        return xa, checked_labels(y, (n, *y_shape), y_dtype, label_classes(y_dtype, y_shape, out), what, lowest)
 
     # ------------------------------------------------------------------ training
     def _run(self, data: Any, batch: int, epochs: int = 1, shuffle: bool = True, verbose: bool = False,
@@ -285,18 +268,14 @@ class Model:
         if batch_size > len(xa):
             raise DataError(f"batch_size {batch_size} is larger than the {len(xa)} rows of x; expected at most "
                             f"{len(xa)}")
-        session = self._session(batch_size, spread=True)
-        xa, ya = self._check_xy(xa, y, session, "fit")
+        xa, ya = self._check_xy(xa, y, "fit")
         val = None
         if validation_data is not None:  # checked whole here, so a bad one is refused before any step
-            val = self._check_xy(validation_data[0], validation_data[1], session, "validation_data", scored=True)
+            val = self._check_xy(validation_data[0], validation_data[1], "validation_data", scored=True)
         return ArrayData(self.spec, self._label_kind(), (xa, ya), val), batch_size
 
     def _label_kind(self) -> str:
-        from hloforge.train.tasks import loss_label_kind
-
-        out = self.spec.out_shape
-        return "tokens" if len(out) == 2 else loss_label_kind(self.variant.make_loss(default_registry()), out)
+        return label_kind(self.spec, self.variant)
 
     def fit(self, x: Any = None, y: Any = None, epochs: int = 1, batch_size: int | None = None,
             validation_data: tuple[Any, Any] | None = None, callbacks: Iterable[Callback] = (),
@@ -338,7 +317,6 @@ class Model:
                                       "pass no x, y or validation_data with it")
             batch = checked_batch_size(batch_size, 32)
             run = self._run(data, batch, epochs, shuffle, verbose, data_options)
-            self._data = data
         else:
             if x is None:
                 raise DataError("fit takes arrays x and y, an iterable of (x, y) batches or a dataset name; got none")
@@ -354,10 +332,14 @@ class Model:
             if verbose and n % batch and run.world.is_root:
                 print(f"hloforge: {n % batch} of {n} rows do not fill a batch of {batch}; each epoch "
                       f"trains on {n // batch * batch} of them (drop_last)", file=sys.stderr)
+        run.origin, run.end_epoch, run.eval_prefix = (self._epoch, self._step), self._epoch + epochs, "val_"
+        # Under MPI every rank trains and keeps the weights (_Keep); the callbacks are rank 0's alone, and a
+        # stop one of them decides reaches every rank (Run._epoch_end).
+        mine = callbacks if run.world.is_root else []
+        run.check_callbacks(mine)  # before the compile: a callback's wrong option costs none
         session, evaluator = self._session(batch, spread=True), self._forward(batch)
         self._live = session  # the session this fit's epochs run on (_kept reads its step)
         self._batch = batch
-        run.origin, run.end_epoch, run.eval_prefix = (self._epoch, self._step), self._epoch + epochs, "val_"
         run.running = [r.copy() for r in self._running]
         if self._shadow_running is not None:
             run.shadow_running = [r.copy() for r in self._shadow_running]
@@ -365,9 +347,6 @@ class Model:
         self.stop_training = False
         for cb in callbacks:
             cb.model = self
-        # Under MPI every rank trains and keeps the weights (_Keep); the callbacks are rank 0's alone, and a
-        # stop one of them decides reaches every rank (Run._epoch_end).
-        mine = callbacks if run.world.is_root else []
         run.loop(session, evaluator, self._epoch, [_Keep(self, run, history), *mine], owner=self)
         run.world.finalize()
         return history
@@ -382,6 +361,7 @@ class Model:
             self._shadow_running = tensors[n + k + m:]
         self._epoch = epoch
         self._step = self._live.step
+        self._data = run.cfg.data  # weights trained on it now: a registered dataset's name, or ARRAYS
 
     def plot(self, path: str = "curves.png") -> str:
         """This model's curves over `self.history` (loss, and the validation metric), written to `path`."""
@@ -428,7 +408,7 @@ class Model:
                 raise UnsupportedSpec("evaluate(data=NAME) scores the dataset's test split; pass no x or y with it")
             run = self._run(data, batch, data_options=data_options, eval_only=True)
         else:
-            xa, ya = self._check_xy(x, y, self._session(batch), "evaluate", scored=True)
+            xa, ya = self._check_xy(x, y, "evaluate", scored=True)
             run = self._run(ArrayData(self.spec, self._label_kind(), None, (xa, ya)), batch, eval_only=True)
         buffers = [*self._params, *self._running]
         if run.lm:
@@ -532,10 +512,12 @@ class Model:
     def save(self, path: str, data: str | None = None, overwrite: bool = False) -> str:
         """Write the run directory `hloforge train` writes (config.toml and checkpoint.safetensors, by
         the trainer's own writers), so `hloforge eval DIR` scores it on `data`'s test split (the
-        dataset the config names; default: the one a loaded run named, else digits, `hloforge train`'s)
-        and `hf.load(DIR)` reads it back bit for bit; what a run wrote beside its last checkpoint (its
-        metrics, curves, eval bitmap) goes, being another model's. Under the directory's lock: a run
-        training there is never overwritten. Returns `path`."""
+        dataset the config names, refused unless the net fits it; default: the one the model last
+        trained on or a loaded run named; none, "arrays", for a model fit on arrays or not at all:
+        `eval` then refuses it, `hloforge export` needs none) and `hf.load(DIR)` reads it back bit for
+        bit; what a run wrote beside its last checkpoint (its metrics, curves, eval bitmap) goes, being
+        another model's. Under the directory's lock: a run training there is never overwritten.
+        Returns `path`."""
         path = _checked_path(path, "save")
         data = data or self._data
         if os.path.exists(path) and not os.path.isdir(path):
@@ -544,12 +526,17 @@ class Model:
         if os.path.exists(file) and not overwrite:
             raise HloforgeError(f"{path} already holds a checkpoint; pass overwrite=True to replace it")
         cfg = self._config(path, data)  # checked before anything is written
-        y_te = default_registry().make("dataset", data).arrays("test")[1]
+        eval_set = {}  # the user's arrays are no registered eval set: nothing to compare a later eval against
+        if data != ARRAYS:  # a named dataset fits the net (input shape, classes) as `hloforge eval` will read it
+            try:
+                y_te = self._run(data, self._batch, eval_only=True).y_te
+            except HloforgeError as e:
+                raise type(e)(f"cannot save {path} naming dataset {data!r}: {e}") from None
+            eval_set["eval_set"] = eval_set_id(data, "test", y_te)
         names = ckpt.tensor_names([n for n, _ in self._param_slots], self._state_layout.slots, self._stat_names,
                                   shadow_stats=self._state_layout.shadows, trained=self._trained_names())
         meta = {"spec": self.spec.to_dict(), "variant": attrs.asdict(self.variant), "backend": self.backend.name,
-                "epoch": self._epoch, "step": self._step, "seed": self.seed, "config": attrs.asdict(cfg),
-                "eval_set": eval_set_id(data, "test", y_te)}
+                "epoch": self._epoch, "step": self._step, "seed": self.seed, "config": attrs.asdict(cfg), **eval_set}
         try:
             with locked(path, file):
                 if not self._net_ref:

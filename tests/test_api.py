@@ -99,7 +99,7 @@ def test_params_assignment_checked(fitted: hf.Model) -> None:
 
 def test_save_load_bit_identical(fitted: hf.Model, tmp_path: str) -> None:
     d = os.path.join(tmp_path, "run")
-    fitted.save(d, data="digits")
+    fitted.save(d)
     back = hf.load(d)
     for a, b in ((fitted.params, back.params), (fitted.state, back.state)):
         assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
@@ -117,7 +117,7 @@ def test_hloforge_eval_prints_the_evaluate_top1(tmp_path: str) -> None:
     m.fit(x.reshape(len(x), 784), y, epochs=1, batch_size=64, verbose=False)
     ours = m.evaluate(xt.reshape(len(xt), 784), yt)
     d = os.path.join(tmp_path, "lin")
-    m.save(d)
+    m.save(d, data="digits")  # its arrays were digits': named, as `hloforge eval` scores on it
     env = {**os.environ, "PYTHONPATH": ROOT}
     out = subprocess.run([sys.executable, "-m", "hloforge.cli", "eval", d], capture_output=True, text=True, env=env,
                          cwd=tmp_path)
@@ -582,7 +582,7 @@ def test_a_saved_model_keeps_its_frozen_prefixes(tmp_path: str) -> None:
     m = hf.Model("mnist-mlp", lr=1e-3, frozen=("0",))
     m.fit(x[:128].reshape(128, 784), y[:128], epochs=1, batch_size=64, verbose=False)
     d = os.path.join(tmp_path, "frozen")
-    m.save(d)
+    m.save(d, data="digits")
     assert load_config(os.path.join(d, "config.toml")).frozen == ("0",)
     back = hf.load(d)
     assert back.variant.frozen == ("0",) and back.state.keys() == m.state.keys()

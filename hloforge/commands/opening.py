@@ -16,6 +16,7 @@ from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
 from hloforge.core.spec import NetSpec
 from hloforge.core.variant import SHADOW
 from hloforge.train import checkpoint as ckpt
+from hloforge.train.arraydata import ARRAYS, no_rows
 from hloforge.train.config import CHECKPOINT, CONFIG, TrainConfig, load_config
 from hloforge.train.evaluation import EvalResult, evaluate, evaluate_lm, evaluate_stream
 from hloforge.train.metrics import describe_eval_set, eval_set_id
@@ -84,11 +85,12 @@ def check_run_dir(path: str, file: str, meta: dict[str, Any]) -> None:
         raise DataError(f"run directory {path}: its config.toml and checkpoint disagree: {e}") from None
 
 
-def open_checkpoint(path: str, backend: str | None = None,
-                    log: Callable[[str], None] = print, devices: int | None = None) -> OpenedCheckpoint:
+def open_checkpoint(path: str, backend: str | None = None, log: Callable[[str], None] = print,
+                    devices: int | None = None, needs_data: bool = True) -> OpenedCheckpoint:
     """A run directory's (or a file's) checkpoint, its run rebuilt from the stored config
     (on `backend` if given, with `devices` devices if given), refused if the net as defined now
-    differs from the stored spec."""
+    differs from the stored spec. A run trained on the user's arrays (no registered dataset) is
+    refused where the caller `needs_data`; else (export) it opens on no rows."""
     file = os.path.join(path, CHECKPOINT) if os.path.isdir(path) else path
     tensors, meta = ckpt.load_checkpoint(file)
     if os.path.isdir(path) and os.path.exists(os.path.join(path, CONFIG)):
@@ -99,8 +101,16 @@ def open_checkpoint(path: str, backend: str | None = None,
     if devices:
         cfg = attrs.evolve(cfg, devices=devices)
     spec = NetSpec.from_dict(meta["spec"], source=file)
+    arrays = None
+    if cfg.data == ARRAYS:
+        if needs_data:
+            where = path if os.path.isdir(path) else os.path.dirname(file) or "."
+            raise DataError(f"{where} was trained on arrays, not a registered dataset, so it has no test split to "
+                            f"read; score it with hf.load({where!r}).evaluate(x, y), or name a dataset its net fits "
+                            f"with hf.load({where!r}).save({where!r}, data=NAME, overwrite=True)")
+        arrays = no_rows(spec, cfg.variant(spec))
     try:  # scoring never opens the train split
-        run = Run(cfg, log, progress=False, eval_only=True, spec=own_spec(cfg.net, spec))
+        run = Run(cfg, log, progress=False, eval_only=True, spec=own_spec(cfg.net, spec), data=arrays)
     except HloforgeError as e:  # the stored config's net, variant or data refused: say whose config it is
         raise type(e)(f"checkpoint {file}: {e}") from None
     if spec != run.spec:

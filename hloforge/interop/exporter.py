@@ -61,7 +61,7 @@ def export_run(run: str, out: str, fmt: str = "hloforge", log: Callable[[str], N
 
     if fmt not in FORMATS:
         raise UnsupportedSpec(f"export format {fmt!r}; expected one of {list(FORMATS)}")
-    oc = open_checkpoint(run, log=log)
+    oc = open_checkpoint(run, log=log, needs_data=False)  # a net and its weights: no dataset read
     spec, cfg = oc.spec, oc.run.cfg
     _, params, stats = oc.region_weights("live")
     if fmt != "hloforge":
