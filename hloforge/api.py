@@ -28,7 +28,7 @@ from hloforge.core.spec import NetSpec, summary_table
 from hloforge.core.variant import Variant, VariantFields
 from hloforge.train import checkpoint as ckpt
 from hloforge.train.arraydata import ARRAYS, ArrayData, label_kind
-from hloforge.train.config import BITMAP, CHECKPOINT, CONFIG, TrainConfig
+from hloforge.train.config import BITMAP, CHECKPOINT, CONFIG, TrainConfig, parse_data_options
 from hloforge.train.curves import PNG
 from hloforge.train.metrics import eval_set_id
 from hloforge.train.rundir import METRICS, locked
@@ -141,7 +141,7 @@ class Model:
         self._step, self._epoch, self._batch = 0, 0, 32
         # The dataset a saved run directory names for `hloforge eval`: the one the model last trained on (its
         # last fit's, or the loaded run's); ARRAYS, none, until a fit on a registered dataset.
-        self._data = ARRAYS
+        self._data, self._data_options = ARRAYS, ()  # and its options ("key=value" items), as a config has them
         self._sessions: dict[tuple[int, int], TrainSession] = {}  # by (batch, processes)
         self._live: Any = None  # the session the last fit ran on
         self._forwards: dict[int, ForwardSession] = {}
@@ -361,7 +361,8 @@ class Model:
             self._shadow_running = tensors[n + k + m:]
         self._epoch = epoch
         self._step = self._live.step
-        self._data = run.cfg.data  # weights trained on it now: a registered dataset's name, or ARRAYS
+        # weights trained on it now: a registered dataset's name (with its options), or ARRAYS
+        self._data, self._data_options = run.cfg.data, run.cfg.data_options
 
     def plot(self, path: str = "curves.png") -> str:
         """This model's curves over `self.history` (loss, and the validation metric), written to `path`."""
@@ -519,17 +520,18 @@ class Model:
         another model's. Under the directory's lock: a run training there is never overwritten.
         Returns `path`."""
         path = _checked_path(path, "save")
+        options = self._data_options if data in (None, self._data) else ()  # another dataset: its defaults
         data = data or self._data
         if os.path.exists(path) and not os.path.isdir(path):
             raise HloforgeError(f"cannot save to {path}: it is a file; expected a directory (new or a run's)")
         file = os.path.join(path, CHECKPOINT)
         if os.path.exists(file) and not overwrite:
             raise HloforgeError(f"{path} already holds a checkpoint; pass overwrite=True to replace it")
-        cfg = self._config(path, data)  # checked before anything is written
+        cfg = self._config(path, data, data_options=options)  # checked before anything is written
         eval_set = {}  # the user's arrays are no registered eval set: nothing to compare a later eval against
         if data != ARRAYS:  # a named dataset fits the net (input shape, classes) as `hloforge eval` will read it
             try:
-                y_te = self._run(data, self._batch, eval_only=True).y_te
+                y_te = self._run(data, self._batch, data_options=parse_data_options(options), eval_only=True).y_te
             except HloforgeError as e:
                 raise type(e)(f"cannot save {path} naming dataset {data!r}: {e}") from None
             eval_set["eval_set"] = eval_set_id(data, "test", y_te)
@@ -630,5 +632,6 @@ def load(path: str, backend: str | None = None) -> Model:
     model._params, model._opt_state, model._running = got[:n], got[n:n + k], got[n + k:n + k + m]
     if lay.shadows:
         model._shadow_running = got[n + k + m:]
-    model._step, model._epoch, model._batch, model._data = int(meta["step"]), int(meta["epoch"]), cfg.batch, cfg.data
+    model._step, model._epoch, model._batch = int(meta["step"]), int(meta["epoch"]), cfg.batch
+    model._data, model._data_options = cfg.data, cfg.data_options
     return model

@@ -97,3 +97,19 @@ def test_a_model_fit_on_digits_still_names_digits(tmp_path, capsys) -> None:
     x = np.random.default_rng(0).normal(size=(64, 784)).astype(np.float32)
     loaded.fit(x, np.arange(64) % 10, epochs=1, batch_size=32, verbose=False)  # now trained on arrays last
     assert saved_data(loaded.save(str(tmp_path / "tuned")))[0] == "arrays"
+
+
+def test_a_dataset_fit_with_options_saves_them(tmp_path, capsys) -> None:
+    """digits at size 16 for a 16×16 net: the saved config keeps size=16, so eval rebuilds the dataset the
+    net fits; a loaded run's save keeps them too, and naming another dataset takes that one's defaults."""
+    net = hf.NetSpec("digits16", (1, 16, 16), [hf.layers.Flatten(), hf.layers.Dense(10)], 10)
+    m = hf.Model(net, lr=1e-2)
+    m.fit(data="digits", data_options={"size": 16}, epochs=1, verbose=False)
+    d, again = str(tmp_path / "d"), str(tmp_path / "again")
+    m.save(d)
+    assert load_config(os.path.join(d, CONFIG)).data_options == ("size=16",)
+    assert main(["eval", d]) == 0
+    hf.load(d).save(again)
+    assert load_config(os.path.join(again, CONFIG)).data_options == ("size=16",)
+    with pytest.raises(HloforgeError, match=re.escape(f"cannot save {tmp_path / 'x'} naming dataset 'shapes'")):
+        m.save(str(tmp_path / "x"), data="shapes")
