@@ -113,3 +113,13 @@ def test_a_dataset_fit_with_options_saves_them(tmp_path, capsys) -> None:
     assert load_config(os.path.join(again, CONFIG)).data_options == ("size=16",)
     with pytest.raises(HloforgeError, match=re.escape(f"cannot save {tmp_path / 'x'} naming dataset 'shapes'")):
         m.save(str(tmp_path / "x"), data="shapes")
+
+
+def test_resuming_an_arrays_run_from_the_command_line_says_how(tmp_path, capsys) -> None:
+    m, _, _ = fit_on_arrays(tiny_net(), 64, 3)
+    d = str(tmp_path / "d")
+    m.save(d)
+    assert main(["train", "--resume", "--run-dir", d, "--no-progress"]) == 3
+    err = capsys.readouterr().err.strip()
+    assert err == (f"hloforge: error: run {d} was trained on arrays from Python, not a registered dataset; "
+                   f"continue it there (hf.load({d!r}).fit(x, y)), or on a dataset its net fits (--data NAME)")

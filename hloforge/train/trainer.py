@@ -33,6 +33,7 @@ from hloforge.core.variant import SHADOW, Variant, ema_decay_at
 from hloforge.datasets.stream import DataRef, Feed, split_labels
 from hloforge.train import autotune, curves, finetune, fp8, mpi, rundir, tasks
 from hloforge.train import checkpoint as ckpt
+from hloforge.train.arraydata import ARRAYS
 
 # the config and the evaluation helpers, re-exported: `from hloforge.train.trainer import TrainConfig, ...`
 from hloforge.train.config import (  # noqa: F401
@@ -128,6 +129,10 @@ class Run:
                 raise DataError(f"net {self.spec.name!r} is a language model (per-token logits); dataset "
                                 f"{cfg.data!r} has no token labels — use --data text")
             opts["seq_len"] = self.spec.input_shape[0]
+        if data is None and cfg.data == ARRAYS:  # a Model.save of a fit on the user's arrays: nothing to read here
+            raise DataError(f"run {cfg.run_dir or '?'} was trained on arrays from Python, not a registered dataset; "
+                            f"continue it there (hf.load({cfg.run_dir or 'DIR'!r}).fit(x, y)), or on a dataset its net "
+                            "fits (--data NAME)")
         self.data = data if data is not None else reg.make("dataset", cfg.data, **opts)
         x_te: np.ndarray | None = None
         if cfg.workers:  # the eval streams too: its labels here, the float split only if a consumer asks (x_te)
