@@ -1,6 +1,7 @@
 """A layer class called without a required option, or with one it does not take (`hf.layers.Dense()`), is
 one UnsupportedSpec naming the layer and its options: the line a spec file's layer gets
-(hloforge.core.contracts.check_constructor_options), not Python's TypeError."""
+(hloforge.core.contracts.check_constructor_options), not Python's TypeError. Loss and optimizer classes
+alike."""
 
 from __future__ import annotations
 
@@ -73,3 +74,18 @@ class _Broken(Layer):
 def test_a_type_error_of_the_layers_own_code_is_not_taken_for_the_callers():
     with pytest.raises(TypeError, match="a bug in the layer's own code"):
         _Broken(1)
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda: hf.losses["focalCrossEntropy"](gama=2.0),
+     "loss 'focalCrossEntropy' does not take option(s) ['gama']; its options are ['gamma']"),
+    (lambda: hf.optimizers["adam"](beta1=0.8),
+     "optimizer 'adam' does not take option(s) ['beta1']; its options are ['weight_decay', 'b1', 'b2', 'eps']"),
+    (lambda: hf.optimizers["adam"](1, 2, 3, 4, 5),
+     "optimizer 'adam': Adam.__init__() takes from 1 to 5 positional arguments but 6 were given"),
+], ids=["loss", "optimizer", "optimizer-positional"])
+def test_loss_and_optimizer_classes_refuse_alike(make, message):
+    with pytest.raises(UnsupportedSpec) as e:
+        make()
+    assert str(e.value) == message
+    assert hf.optimizers["adam"](b1=0.8).b1 == 0.8  # a good call is untouched

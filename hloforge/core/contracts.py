@@ -56,22 +56,26 @@ def check_constructor_options(kind: str, name: str, cls: Any, options: Collectio
         raise UnsupportedSpec(f"{kind} {name!r} needs option(s) {missing}; its options are {known}")
 
 
-class _LayerClass(abc.ABCMeta):
-    """Layer's metaclass: `hf.layers.Dense()` (a required option left out, or one it does not take) is
-    refused as a spec file's layer is (`check_constructor_options`), not with Python's TypeError. An
-    ABCMeta, so a plugin's layer may also derive from `abc.ABC` (two unrelated metaclasses would clash)."""
+class _Component(abc.ABCMeta):
+    """The metaclass of Layer, Loss and Optimizer: a class called without a required option, or with one it
+    does not take (`hf.layers.Dense()`), is refused as a spec file's or a config's is
+    (`check_constructor_options`), not with Python's TypeError. An ABCMeta, so a plugin's class may also
+    derive from `abc.ABC` (two unrelated metaclasses would clash)."""
 
-    def __call__(cls, /, *args: Any, **kwargs: Any) -> Any:  # `/`: a layer may have an option named cls
+    _component: tuple[str, str]  # (what the messages call it, the class attribute holding its registered name)
+
+    def __call__(cls, /, *args: Any, **kwargs: Any) -> Any:  # `/`: a component may have an option named cls
         try:
             return super().__call__(*args, **kwargs)
         except TypeError as e:
             signature = inspect.signature(cls)
             try:
                 signature.bind(*args, **kwargs)
-            except TypeError:  # the call did not fit the constructor (else the TypeError is the layer's own)
-                name = getattr(cls, "kind", cls.__name__)
-                check_constructor_options("layer", name, cls, [*list(signature.parameters)[:len(args)], *kwargs])
-                raise UnsupportedSpec(f"layer {name!r}: {e}") from None  # e.g. too many positional arguments
+            except TypeError:  # the call did not fit the constructor (else the TypeError is the component's own)
+                kind, attr = cls._component
+                name = getattr(cls, attr, cls.__name__)
+                check_constructor_options(kind, name, cls, [*list(signature.parameters)[:len(args)], *kwargs])
+                raise UnsupportedSpec(f"{kind} {name!r}: {e}") from None  # e.g. too many positional arguments
             raise
 
     @property
@@ -82,7 +86,7 @@ class _LayerClass(abc.ABCMeta):
 
 
 # ------------------------------------------------------------------------------------------ Layer
-class Layer(metaclass=_LayerClass):
+class Layer(metaclass=_Component):
     """Base of layer plugins: attrs frozen subclasses whose fields are the layer's options.
 
     A subclass sets `kind` (its registered name) and implements `out_shape`,
@@ -91,6 +95,7 @@ class Layer(metaclass=_LayerClass):
     `out_shape`, which the shape walk calls first.
     """
 
+    _component = ("layer", "kind")
     kind: ClassVar[str]
     """The layer's registered name, what a spec's `kind` key says. Required. Read by the registry,
     `NetSpec.from_dict`/`to_dict`, error messages and the gate's case ids."""
@@ -177,12 +182,13 @@ def layer_fields(layer: Layer) -> tuple[attrs.Attribute[Any], ...]:
 
 
 # ------------------------------------------------------------------------------------------- Loss
-class Loss:
+class Loss(metaclass=_Component):
     """Base of loss plugins: attrs frozen subclasses whose fields are the loss's options.
 
     `forward` maps logits [B, *out] and labels to a scalar (mean over the batch).
     """
 
+    _component = ("loss", "name")
     name: ClassVar[str]
     """The loss's registered name (`--loss`, a variant's `loss`). Required. Read by the registry,
     the variant's slug and error messages."""
@@ -225,7 +231,7 @@ class Loss:
 
 # -------------------------------------------------------------------------------------- Optimizer
 @attrs.frozen
-class Optimizer:
+class Optimizer(metaclass=_Component):
     """Base of optimizer plugins: attrs frozen subclasses whose fields are the options.
 
     `state` names the per-parameter state tensors (in train-step order),
@@ -234,6 +240,7 @@ class Optimizer:
     applies only to slots with `decay=True`.
     """
 
+    _component = ("optimizer", "name")
     name: ClassVar[str]
     """The optimizer's registered name (`--optimizer`, a variant's `optimizer`). Required. Read by
     the registry and the variant's slug."""
