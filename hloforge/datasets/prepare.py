@@ -8,7 +8,8 @@ Adding a dataset is one entry there; the CLI builds its subcommand from it.
   the WordNet ids, so label 0 is n01440764, tench); val must use the same folders. Each image
   is decoded with Pillow, converted to RGB and resized bilinearly to S×S (train S = 256, val
   S = 224), and written as `OUT/train.bin` / `OUT/val.bin` in `hloforge.datasets.imagenette`'s
-  format, with `OUT/classes.json` naming the labels.
+  format, with `OUT/classes.json` naming the labels. Where the sizes or the class count are not the
+  dataset's defaults (256², 224², 10), the `--data-opt` options that read the files are printed.
 - brats: SRC is MSD's `Task01_BrainTumour` (dataset.json, imagesTr/*.nii.gz 4D (X, Y, Z, 4),
   labelsTr/*.nii.gz 3D), read with nibabel. The split is by patient (adjacent slices of one
   brain are near-duplicates, so a slice-level split would leak): `val_frac` of the volumes,
@@ -110,6 +111,10 @@ def prepare_imagenette(src: str, out: str, train_size: int = imagenette.TRAIN_SI
         summary["records"][fname] = n
     with open(os.path.join(out, "classes.json"), "w", encoding="utf-8") as f:
         json.dump(classes, f, indent=1)
+    # the dataset's options these files need where they are not its defaults (10 classes, 256² / 224²)
+    read_as = {"train_size": (train_size, imagenette.TRAIN_SIZE), "crop": (val_size, imagenette.CROP),
+               "classes": (len(classes), imagenette.CLASSES)}
+    summary["data_options"] = [f"{k}={v}" for k, (v, default) in read_as.items() if v != default]
     return summary
 
 

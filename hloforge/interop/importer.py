@@ -11,6 +11,7 @@ written unless all of them fit.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -20,9 +21,11 @@ import numpy as np
 from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
 from hloforge.core.spec import NetSpec
 from hloforge.interop.torch_names import IGNORED_SUFFIXES, LAYOUTS, SOURCES, Family, Unit, units
+from hloforge.train.checkpoint import read_weights_file
 from hloforge.zoo import get_net
 
 PICKLED = (".pth", ".pt", ".bin")
+WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # what nn.DataParallel / DistributedDataParallel and torch.compile add
 
 
 def family(source: str) -> Family:
@@ -36,13 +39,7 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
     if not os.path.isfile(path):
         raise DataError(f"weights file {path} does not exist")
     if path.endswith(".safetensors"):
-        from safetensors import SafetensorError
-        from safetensors.numpy import load_file
-
-        try:
-            return dict(load_file(path))
-        except (SafetensorError, OSError, ValueError) as e:
-            raise DataError(f"weights file {path} is truncated or not a safetensors file ({e})") from None
+        return read_weights_file(path, "weights file")
     if not path.endswith(PICKLED):
         raise DataError(f"weights file {path}: expected a .safetensors file, or {'/'.join(PICKLED)} (needs torch)")
     try:
@@ -55,9 +52,8 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise DataError(f"weights file {path}: refused, its pickle would run code or build objects other than "
-                        f"tensors (torch.load weights_only=True: {first})") from None
+                        f"tensors ({_unpickling_refusal(str(e))})") from None
     except (RuntimeError, OSError, EOFError, ValueError) as e:
         raise DataError(f"weights file {path} cannot be read as a PyTorch state dict ({e})") from None
     if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):  # a training checkpoint's wrapper
@@ -68,8 +64,34 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
     for k, v in obj.items():
         if not isinstance(v, torch.Tensor):
             raise DataError(f"weights file {path}: entry {k!r} is a {type(v).__name__}, not a tensor")
-        out[str(k)] = v.detach().cpu().numpy()
+        v = v.detach().cpu()
+        out[str(k)] = (v.float() if v.dtype == torch.bfloat16 else v).numpy()  # numpy has no bfloat16 of torch's
     return out
+
+
+def _unpickling_refusal(text: str) -> str:
+    """What torch.load(weights_only=True) refused, in a clause: the class the pickle builds (a whole model
+    saved with torch.save(model) builds its nn.Module), else torch's first line, without its ANSI escapes
+    and its advice to load with weights_only=False."""
+    built = re.search(r"GLOBAL ([\w.]+)", text)
+    if built and built.group(1).rpartition(".")[2][:1].isupper():  # a class, by Python's naming
+        return (f"it builds a {built.group(1)}: a whole model saved with torch.save(model)? save its "
+                "state_dict() instead")
+    if built:
+        return f"it calls {built.group(1)}"
+    first = re.sub(r"\x1b\[[0-9;]*m", "", text).strip().splitlines()
+    return f"torch.load weights_only=True: {first[0] if first else 'refused'}"
+
+
+def unwrapped(sd: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
+    """`sd` without the prefix a wrapper gives every name (a state dict saved from a DataParallel or a
+    compiled model), so it maps as the bare model's."""
+    while sd:
+        prefix = next((p for p in WRAPPER_PREFIXES if all(k.startswith(p) for k in sd)), None)
+        if prefix is None:
+            break
+        sd = {k[len(prefix):]: v for k, v in sd.items()}
+    return sd
 
 
 @attrs.frozen
@@ -99,9 +121,11 @@ def head_classes(fam: Family, spec: NetSpec, sd: Mapping[str, np.ndarray]) -> in
 
 def map_state_dict(source: str, sd: Mapping[str, np.ndarray], *, input: Sequence[int] | None = None,
                    where: str = "the state dict") -> Imported:
-    """`sd` onto the zoo net of `source` (its classes read off the classifier). Raises one DataError
+    """`sd` onto the zoo net of `source` (its classes read off the classifier; a wrapper's `module.` or
+    `_orig_mod.` prefix on every name dropped). Raises one DataError
     listing every tensor that does not fit, every missing one and every unused one."""
     fam = family(source)
+    sd = unwrapped(sd)
     spec = get_net(fam.net, input=input)
     classes = head_classes(fam, spec, sd)
     if classes is not None and classes != spec.num_classes:

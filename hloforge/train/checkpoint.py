@@ -148,6 +148,22 @@ def mark(phase: str, epoch: Any, n: int | None = None) -> None:
         os.close(fd)
 
 
+FLOAT_WEIGHTS = ("float16", "bfloat16", "float32", "float64")  # the weight dtypes read as float32
+
+
+def read_weights_file(path: str, what: str) -> dict[str, np.ndarray]:
+    """A foreign safetensors file's tensors (`import-weights`, `train --init`), bfloat16 ones too; one
+    DataError, naming the file as `what`, for a truncated or foreign one."""
+    import ml_dtypes  # noqa: F401  # safetensors' numpy loader knows bfloat16 only once ml_dtypes registers it
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    try:
+        return dict(load_file(path))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise DataError(f"{what} {path} is truncated or not a safetensors file ({e})") from None
+
+
 def load_checkpoint(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """All tensors by name and the decoded metadata; a truncated or foreign file is one clear error."""
     from safetensors import SafetensorError

@@ -3,10 +3,11 @@
 The init is a run directory (`hloforge train`, `hloforge import-weights`, `Model.save`), a checkpoint
 file, an export directory (`hloforge export`: weights.safetensors and manifest.json) or a bare weights
 file of `param/…` and `stat/…` tensors. θ and the BatchNorm running statistics are taken, every tensor
-matched by name and shape; the optimizer state is not (it starts at step 0, as any new run's), nor an EMA
-shadow's (the shadow starts at the init's θ). When the run's class count differs from the init's, the
-head (the last layer with parameters) is re-initialised by the net's own rule at the run's seed, and
-the log says so. Anything else that does not fit is one line, read before anything is written.
+matched by name and shape (half, bfloat16 and double ones read as float32); the optimizer state is not (it
+starts at step 0, as any new run's), nor an EMA shadow's (the shadow starts at the init's θ). When the run's
+class count differs from the init's (as its metadata or export manifest states it, else as its head's shapes
+give it), the head (the last layer with parameters) is re-initialised by the net's own rule at the run's
+seed, and the log says so. Anything else that does not fit is one line, read before anything is written.
 """
 
 from __future__ import annotations
@@ -64,9 +65,7 @@ def _read(path: str) -> tuple[str, dict[str, np.ndarray], int | None]:
     if fmt == ckpt.FORMAT:
         tensors, meta = ckpt.load_checkpoint(path)
         return path, tensors, int(meta["spec"].get("num_classes", 0)) or None
-    from safetensors.numpy import load_file
-
-    tensors = dict(load_file(path))
+    tensors = ckpt.read_weights_file(path, "--init")
     manifest = os.path.join(os.path.dirname(path), EXPORT_MANIFEST)
     with safe_open(path, "np") as f:  # a bare weights file (import-weights --out FILE.safetensors) says it
         said = (f.metadata() or {}).get("classes", "")
@@ -85,11 +84,6 @@ def read_init(run: Run, log: Callable[[str], None] = print) -> Init:
     path, tensors, classes = _read(run.cfg.init)
     spec = run.spec
     params, stats = spec.params(), spec.stats()
-    head: list[str] = []
-    if classes is not None and classes != spec.num_classes and params:
-        layer = params[-1][0].split(".")[0]  # the last layer with parameters
-        head = [f"{g}/{n}" for g, slots in ((ckpt.PARAMS, params), (ckpt.STATS, stats))
-                for n, _ in slots if covers(layer, n)]
     want = {f"{g}/{n}": s.shape for g, slots in ((ckpt.PARAMS, params), (ckpt.STATS, stats)) for n, s in slots}
     # θ and the running statistics are taken; optimizer state and an EMA shadow's statistics are not
     have = {n: a for n, a in tensors.items()
@@ -100,17 +94,21 @@ def read_init(run: Run, log: Callable[[str], None] = print) -> Init:
         have = {_renamed(n, moved): a for n, a in have.items()}
         log(f"  init {path}: its layers with tensors are the net's, numbered otherwise (layers without tensors, "
             f"e.g. dropout, differ): {', '.join(f'{o} → {n}' for o, n in sorted(moved.items()))}")
+    layer = params[-1][0].split(".")[0] if params else ""  # the head: the last layer with parameters
+    in_head = [n for n in want if layer and covers(layer, n.split("/", 1)[1])]
+    if classes is None:  # a file that does not say: its head's shapes do
+        classes = _head_classes(have, {n: want[n] for n in in_head}, spec.num_classes)
+    head = in_head if classes is not None and classes != spec.num_classes else []
     problems = [f"lacks {n} {list(s)}" for n, s in want.items() if n not in have and n not in head]
     problems += [f"holds {n} {list(np.shape(have[n]))} that the net does not have" for n in have if n not in want]
     for n, s in want.items():
         if n in have and n not in head:
             a = have[n]
-            if a.dtype != np.float32 or tuple(a.shape) != tuple(s):
-                hint = (f" (a head of {classes} classes? pass --classes to re-initialise it)"
-                        if classes is None and n.split("/", 1)[1].split(".")[0] == params[-1][0].split(".")[0]
-                        else "")
-                problems.append(f"{n} is {a.dtype} {list(a.shape)}, expected float32 {list(s)}{hint}")
-            elif not np.isfinite(a).all():
+            if a.dtype.name not in ckpt.FLOAT_WEIGHTS or tuple(a.shape) != tuple(s):
+                problems.append(f"{n} is {a.dtype} {list(a.shape)}, expected float32 {list(s)}")
+                continue
+            a = have[n] = np.asarray(a, np.float32)  # half, bfloat16 and double weights are read as float32
+            if not np.isfinite(a).all():
                 problems.append(f"{n} holds a NaN or an infinity")
     if problems:
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
@@ -125,6 +123,26 @@ def read_init(run: Run, log: Callable[[str], None] = print) -> Init:
         log(f"  init {path}: {classes} classes there, {spec.num_classes} here: head {names} re-initialised"
             f" (the net's own init, seed {run.cfg.seed})")
     return Init(path, [np.array(a, np.float32) for a in p], [np.array(a, np.float32) for a in st], tuple(head))
+
+
+def _head_classes(have: dict[str, np.ndarray], head: dict[str, tuple[int, ...]], num_classes: int) -> int | None:
+    """The class count of an init that does not state one, read off its head's tensors (`head`: the
+    net's shapes): the one size they all have where the net's have `num_classes` (a [512, 7] and a [7]
+    against [512, 10] and [10]: 7), every other size alike. None when the head is the net's or differs
+    otherwise (another net: its mismatches are then listed as any tensor's)."""
+    sizes: set[int] = set()
+    for n, shape in head.items():
+        if n not in have:
+            continue
+        got = tuple(np.shape(have[n]))
+        if len(got) != len(shape):
+            return None
+        for g, w in zip(got, shape, strict=True):
+            if g != w:
+                if w != num_classes:
+                    return None
+                sizes.add(g)
+    return sizes.pop() if len(sizes) == 1 else None
 
 
 def _split(name: str) -> tuple[str, str, str]:
