@@ -121,7 +121,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_USAGE
         rc = args.func(args)  # a command may return its exit status (verify: 1 on a failed gate)
     except KeyboardInterrupt:
-        print("hloforge: interrupted", file=sys.stderr)
+        def say() -> None:
+            print("hloforge: interrupted", file=sys.stderr)
+
+        mpi = sys.modules.get("hloforge.train.mpi")  # under MPI: one line for the job (end_after_interrupt)
+        if mpi is not None:
+            mpi.end_after_interrupt(say)
+        else:
+            say()
         return EXIT_INTERRUPTED
     except (HloforgeError, OSError) as e:  # a refusal, or a file the user named that cannot be read or written
         if not getattr(e, "quiet", False):  # quiet: an MPI rank whose refusal another rank reports

@@ -55,6 +55,7 @@ from hloforge.bench.common import (
     SUITE,
     Result,
     cpu_count,
+    load_net,
     unavailable,
 )
 from hloforge.bench.report import details, sanity, strategy_table, table, throughput, versions
@@ -68,24 +69,26 @@ from hloforge.bench.timing import (
     sgemm_gflops,
     step_gflop,
 )
+from hloforge.commands.argtypes import nonneg_int, positive_float, positive_int
+from hloforge.commands.options import Parser
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hloforge bench", description=__doc__.split("\n\n")[0],
+    p = Parser(prog="hloforge bench", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nets", default="mnist-mlp,mnist-cnn",
                    help="comma-separated zoo nets (or spec files; default %(default)s)")
-    p.add_argument("--batch", type=int, default=None,
+    p.add_argument("--batch", type=positive_int, default=None,
                    help="per-step batch (default 128; with --suite each net's own: " +
                    ", ".join(f"{n} {b}" for n, b in SUITE) + ")")
     p.add_argument("--suite", action="store_true", help="benchmark the issue-#11 suite (overrides --nets)")
     p.add_argument("--roofline", action=argparse.BooleanOptionalAction, default=True,
                    help=f"measure the sgemm roofline ({SGEMM_N}³ f32) and report GFLOP/s against it")
-    p.add_argument("--steps", type=int, default=None,
+    p.add_argument("--steps", type=positive_int, default=None,
                    help=f"timed steps per (net, backend); default {DEFAULT_STEPS}, else 10")
-    p.add_argument("--warmup", type=int, default=3,
+    p.add_argument("--warmup", type=positive_int, default=3,
                    help="untimed steps after compile (at least 1; default %(default)s)")
-    p.add_argument("--rounds", type=int, default=1,
+    p.add_argument("--rounds", type=positive_int, default=1,
                    help="measure each net's backends this many times, alternating, and pool the steps: "
                         "a ratio then compares steps from the same stretches of time (default %(default)s)")
     p.add_argument("--cold", action="store_true",
@@ -94,16 +97,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--backends", default=",".join(BACKENDS),
                    help=f"comma-separated subset of {', '.join(BACKENDS)}; unavailable ones are skipped with a note "
                         "(default: all)")
-    p.add_argument("--lr", type=float, default=1e-3, help="the steps' learning rate (default %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="seeds the weights and the batch (default %(default)s)")
-    p.add_argument("--dispatch-calls", type=int, default=2000,
+    p.add_argument("--lr", type=positive_float, default=1e-3, help="the steps' learning rate (default %(default)s)")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="seeds the weights and the batch (default %(default)s)")
+    p.add_argument("--dispatch-calls", type=nonneg_int, default=2000,
                    help="0 skips the dispatch measurement (default %(default)s)")
     # Every backend in a process of its own by default: XLA (jaxlib's and the plugin's), IREE and
     # PyTorch each keep worker threads that spin after a step and slowed whichever ran next in one process.
     p.add_argument("--isolate", default=",".join(BACKENDS),
                    help="backends measured in a child process killed after --cap-s (comma-separated; '' for none; "
                         "default: all)")
-    p.add_argument("--cap-s", type=float, default=600.0,
+    p.add_argument("--cap-s", type=positive_float, default=600.0,
                    help="time cap per isolated (net, backend), seconds (default %(default)s)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON (default: not written)")
     p.add_argument("--autotune", action="store_true",
@@ -115,7 +118,14 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    try:
+        args = p.parse_args(argv)
+        bad = [b for b in args.backends.split(",") if b and b not in BACKENDS]
+        if bad:
+            p.error(f"argument --backends: unknown backend(s) {bad}; expected a subset of {list(BACKENDS)}")
+    except SystemExit as e:  # a usage error (2) or -h (0), printed: returned, as hloforge.cli.main returns its own
+        return e.code if isinstance(e.code, int) else 2
     nets = [n for n, _ in SUITE] if args.suite else [n for n in args.nets.split(",") if n]
     suite_batch = dict(SUITE) if args.suite else {}
     if args._child:  # the parent resolved the batch already
@@ -124,10 +134,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     def batch_of(net: str) -> int:
         return args.batch or suite_batch.get(net) or 128
     backends = [b for b in args.backends.split(",") if b]
-    bad = [b for b in backends if b not in BACKENDS]
-    if bad:
-        print(f"unknown backend(s) {bad}; expected a subset of {list(BACKENDS)}", file=sys.stderr)
-        return 2
     if args.autotune:  # through the environment, so isolated children tune too
         from hloforge.train.autotune import ENV_VAR as AUTOTUNE_ENV_VAR
 
@@ -144,6 +150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             json.dump({"us": us, "compile_s": c, "calls": args.dispatch_calls}, f)
         return 0
 
+    for net in nets:  # a name no peer can build is the user's typo: refused before minutes of measuring
+        load_net(net)
     isolate = {b for b in args.isolate.split(",") if b}
     notes = {b: unavailable(b) for b in backends}
     results: list[Result] = []

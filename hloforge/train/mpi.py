@@ -76,6 +76,7 @@ INSTALL = "pip install 'hloforge[mpi]' (mpi4py and the mpich wheels)"
 QUIET_GRACE_S = 5.0  # a rank that does not report gives the one that does this long to end the job itself
 # Before MPI_Abort: the launcher forwards the line printed before it kills (hydra lost it 1 run in 3 without).
 OUTPUT_GRACE_S = 0.5
+INTERRUPT_GRACE_S = 2.0  # after Ctrl-C, how long a rank waits to learn whether every rank was interrupted
 
 
 class PeerError(HloforgeError):
@@ -92,6 +93,16 @@ def shared(err: HloforgeError, w: World) -> HloforgeError:
     err.quiet = not w.is_root  # type: ignore[attr-defined]
     err.together = True  # type: ignore[attr-defined]
     return err
+
+
+def raise_roots(w: World, failed: HloforgeError | None, what: str, kind: type[HloforgeError] = HloforgeError) -> None:
+    """Rank 0's refusal at `what` (`failed` there, None where it passed; rank 0 alone decides), raised by
+    every rank alike: printed once, MPI ends in order (no MPI_Abort, whose launcher line would follow it)."""
+    said = w.bcast("" if failed is None else str(failed), what) if w.size > 1 else ""
+    if said:
+        raise shared(failed or kind(said), w)
+    if failed is not None:
+        raise failed
 
 
 def end_after_error(err: BaseException, code: int) -> None:
@@ -112,6 +123,29 @@ def end_after_error(err: BaseException, code: int) -> None:
     sys.stderr.flush()
     time.sleep(QUIET_GRACE_S if getattr(err, "quiet", False) else OUTPUT_GRACE_S)
     w._mpi.COMM_WORLD.Abort(code)
+
+
+def end_after_interrupt(say: Callable[[], None]) -> None:
+    """After Ctrl-C ended this rank's run. The launcher passes Ctrl-C to every rank: when they all meet
+    within INTERRUPT_GRACE_S, rank 0 alone calls `say` and MPI shuts down in order (the job exits 130, not
+    hydra's 9); a rank interrupted alone calls `say` and leaves as before (hydra then stops the others)."""
+    w = _WORLD
+    if w is None or w.size == 1 or w._halt is None or w._mpi.Is_finalized():
+        say()
+        return
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C while the ranks meet
+    met, deadline = w._halt.Ibarrier(), time.monotonic() + INTERRUPT_GRACE_S
+    while not met.Test():
+        if time.monotonic() > deadline:
+            say()
+            return
+        time.sleep(0.005)
+    if w.is_root:
+        say()
+    sys.stderr.flush()
+    # the interrupted collectives stay pending, which MPICH's finalize notes on stderr: after the one line, noise
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+    w._mpi.Finalize()
 
 
 def launched(environ: Any = None) -> tuple[int, int, str]:
@@ -137,6 +171,7 @@ class World:
     allreduce_calls: int = 0  # MPI all-reduce calls so far (one per step below BUCKET_BYTES)
     _mpi: Any = None
     _diag: Any = None  # a communicator of its own for the missing-rank round
+    _halt: Any = None  # one more, for the ranks to meet after Ctrl-C (end_after_interrupt)
 
     @property
     def is_root(self) -> bool:
@@ -314,7 +349,7 @@ def world(environ: Any = None) -> World:
     """The processes this one was launched with (detected once, lazily). One process: World(0, 1)."""
     global _WORLD
     if _WORLD is not None and environ is None:
-        return _WORLD
+        return _checked(_WORLD, os.environ)
     env = os.environ if environ is None else environ
     rank, size, var = launched(env)
     forced = env_switch(FORCE_ENV, on="use MPI even where no launcher variable says so", error=UnsupportedSpec,
@@ -332,22 +367,36 @@ def world(environ: Any = None) -> World:
                      else f"{FORCE_ENV}={env[FORCE_ENV]}")
             raise BackendError(f"training across processes needs mpi4py ({asked}); {INSTALL}") from None
         comm = MPI.COMM_WORLD
-        raw = env.get(TIMEOUT_ENV, "")
-        try:
-            timeout = float(raw) if raw else DEFAULT_TIMEOUT_S
-        except ValueError:
-            timeout = -1.0
-        if not timeout > 0 or not math.isfinite(timeout):
-            raise UnsupportedSpec(f"{TIMEOUT_ENV}={raw!r}: expected a positive number of seconds")
+        timeout = _timeout(env)
         if var and comm.Get_size() != size:  # e.g. srun without its MPI plugin: P lone copies of one run
             raise BackendError(f"the launcher started {size} processes ({var}={size}) but MPI sees "
                                f"{comm.Get_size()}: this MPI is not the launcher's (with srun: --mpi=pmi2 or "
                                "--mpi=pmix, as the MPI library was built)")
-        w = World(comm.Get_rank(), comm.Get_size(), comm, timeout, mpi=MPI, diag=comm.Dup())
+        w = World(comm.Get_rank(), comm.Get_size(), comm, timeout or DEFAULT_TIMEOUT_S, mpi=MPI, diag=comm.Dup(),
+                  halt=comm.Dup())
         if w.size > 1 and signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None):
             signal.signal(signal.SIGUSR1, _on_peer_death)
     if environ is None:
         _WORLD = w
+    return _checked(w, env)
+
+
+def _timeout(env: Any) -> float | None:
+    """$HLOFORGE_MPI_TIMEOUT in seconds (unset: the default); None for a value that is not a positive number."""
+    raw = env.get(TIMEOUT_ENV, "")
+    try:
+        timeout = float(raw) if raw else DEFAULT_TIMEOUT_S
+    except ValueError:
+        return None
+    return timeout if timeout > 0 and math.isfinite(timeout) else None
+
+
+def _checked(w: World, env: Any) -> World:
+    """`w`, or the refusal of a bad timeout: raised by every rank alike (they share the launch environment),
+    so rank 0 alone prints it and MPI shuts down in order (the world is kept for that)."""
+    if w._mpi is not None and _timeout(env) is None:
+        raise shared(UnsupportedSpec(f"{TIMEOUT_ENV}={env.get(TIMEOUT_ENV)!r}: expected a positive number of "
+                                     "seconds"), w)
     return w
 
 

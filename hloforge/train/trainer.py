@@ -14,6 +14,7 @@ its rows of each global batch; rank 0 alone writes the run directory, logs and d
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
@@ -381,11 +382,18 @@ class Run:
                 failed = mpi.shared(failed, w)
         if failed is not None:
             raise failed
-        if not w.is_root:
+        with contextlib.ExitStack() as held:  # rank 0's lock; a run dir it cannot take is refused by every rank
+            taken = None
+            try:
+                if w.is_root:
+                    held.enter_context(rundir.locked(self.dir, self.ckpt_path))
+                    if not resume and os.path.exists(self.ckpt_path):  # before the compile
+                        raise HloforgeError(f"run directory {self.dir} already holds a checkpoint; pass --resume to "
+                                            "continue it, or --tag/--run-dir for a new run")
+            except HloforgeError as e:
+                taken = e
+            mpi.raise_roots(w, taken, "the run directory's lock")
             out = self._train(resume, cross_backend, init, callbacks)
-        else:
-            with rundir.locked(self.dir, self.ckpt_path):
-                out = self._train(resume, cross_backend, init, callbacks)
         w.finalize()
         return out
 
@@ -400,11 +408,7 @@ class Run:
                     rundir.check_resumable(self.dir, "" if cfg.run_dir else cfg.net)
             except HloforgeError as e:
                 missing = e
-            said = world.bcast("" if missing is None else str(missing), "the resume check") if world.size > 1 else ""
-            if said:
-                missing = mpi.shared(missing or DataError(said), world)
-            if missing is not None:
-                raise missing
+            mpi.raise_roots(world, missing, "the resume check", DataError)
         recorded = cfg.tuned
         if world.size > 1 and not recorded:  # rank 0 times, every rank renders its choices
             tuned = autotune.resolve(self.spec, cfg.batch // cfg.replicas, self.backend,
@@ -441,9 +445,6 @@ class Run:
             if start >= cfg.epochs:
                 raise mpi.PeerError(f"run {self.dir} already finished: its checkpoint is at epoch {start} of "
                                     f"{cfg.epochs}; raise --epochs to train further", quiet=not world.is_root)
-        elif world.is_root and os.path.exists(self.ckpt_path):
-            raise HloforgeError(f"run directory {self.dir} already holds a checkpoint; pass --resume to continue it, "
-                                "or --tag/--run-dir for a new run")
         if init is not None:
             finetune.start_from(self, session, init)
         if world.is_root:

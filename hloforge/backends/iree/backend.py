@@ -11,12 +11,13 @@ point); the packages are imported when an :class:`IreeBackend` is made.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -180,6 +181,22 @@ def runtime_flags() -> tuple[str, ...]:
     return DEFAULT_RUNTIME_FLAGS if env is None else tuple(env.split())
 
 
+# IREE's runtime reads these launcher variables when a device is created and then wants an MPI channel
+# provider of its own (libmpi.so dlopened; "MPI runtime library not available" where it is not on the path).
+# hloforge's ranks exchange gradients through mpi4py on the host, so each rank's device is a plain local one.
+IREE_LAUNCHER_ENVS = ("PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK")
+
+
+@contextlib.contextmanager
+def _launcher_hidden() -> Iterator[None]:
+    """The MPI launcher's variables out of the environment while IREE creates a device, then back."""
+    saved = {k: os.environ.pop(k) for k in IREE_LAUNCHER_ENVS if k in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
 class _Runtime:
     """One runtime config (instance + device) per driver per process: devices own threads and memory."""
 
@@ -203,9 +220,11 @@ class _Runtime:
                 retain_freed_host_memory()  # before the device starts the threads that allocate its buffers
                 nice, before = worker_nice(), _thread_ids()
                 try:
-                    cls._configs[driver] = runtime.Config(driver)
-                except Exception as e:
-                    raise BackendError(f"IREE could not open the {driver!r} driver: {e}") from None
+                    with _launcher_hidden():
+                        cls._configs[driver] = runtime.Config(driver)
+                except Exception as e:  # iree.runtime's own text says only "Exception for last tried follows"
+                    why = f"{e}: {e.__cause__}" if e.__cause__ is not None else str(e)
+                    raise BackendError(f"IREE could not open the {driver!r} driver: {why}") from None
                 if driver == "local-task":  # the threads the device started: its task-system workers
                     _renice(_thread_ids() - before, nice)
             return cls._configs[driver]
