@@ -476,7 +476,8 @@ class Model:
     @staticmethod
     def _assigned(new: Mapping[str, Any], want: list[tuple[str, tuple[int, ...]]], what: str,
                   current: list[np.ndarray]) -> list[np.ndarray]:
-        """`current` with the tensors `new` names replaced, each checked for name, shape and dtype."""
+        """`current` with the tensors `new` names replaced, each checked for name, shape and dtype (a float one
+        read as float32)."""
         if not isinstance(new, Mapping):
             raise DataError(f"{what} must be a mapping of name → array, got {type(new).__name__}")
         index = {n: i for i, (n, _) in enumerate(want)}
@@ -489,11 +490,16 @@ class Model:
             shape = want[index[name]][1]
             if tuple(a.shape) != tuple(shape):
                 raise DataError(f"{what}[{name!r}] has shape {list(a.shape)}, expected {list(shape)}")
-            if a.dtype != np.float32:
-                raise DataError(f"{what}[{name!r}] has dtype {a.dtype}, expected float32")
+            if a.dtype.name not in ckpt.FLOAT_WEIGHTS:  # half, bfloat16 and double are read as float32, as --init does
+                raise DataError(f"{what}[{name!r}] has dtype {a.dtype}, expected a float one "
+                                f"({', '.join(ckpt.FLOAT_WEIGHTS)}; read as float32)")
             if not np.isfinite(a).all():
                 raise DataError(f"{what}[{name!r}] holds NaN or inf, expected finite numbers")
-            out[index[name]] = a.copy()
+            with np.errstate(over="ignore"):  # beyond float32's range: said below, in one line
+                f32 = np.array(a, np.float32)
+            if not np.isfinite(f32).all():
+                raise DataError(f"{what}[{name!r}] holds values beyond float32's range (±3.4e38)")
+            out[index[name]] = f32
         return out
 
     # ------------------------------------------------------------------ run directories

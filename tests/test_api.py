@@ -90,8 +90,13 @@ def test_params_assignment_checked(fitted: hf.Model) -> None:
     assert all(np.array_equal(m.params[n], w) for n, w in fitted.params.items())
     with pytest.raises(HloforgeError, match=r"params\['0.w'\] has shape \[2, 2\], expected \[4, 8\]"):
         m.params = {"0.w": np.zeros((2, 2), np.float32)}
-    with pytest.raises(HloforgeError, match=r"dtype float64, expected float32"):
-        m.params = {"0.w": np.zeros((4, 8))}
+    with pytest.raises(HloforgeError, match=re.escape("dtype int64, expected a float one (float16, bfloat16, float32, "
+                                                      "float64; read as float32)")):
+        m.params = {"0.w": np.zeros((4, 8), np.int64)}
+    with pytest.raises(HloforgeError, match=re.escape("params['0.w'] holds values beyond float32's range")):
+        m.params = {"0.w": np.full((4, 8), 1e300)}
+    m.params = {"0.w": np.full((4, 8), 0.1)}  # float64, as numpy makes it: read as float32, as --init reads it
+    assert m.params["0.w"].dtype == np.float32 and np.array_equal(m.params["0.w"], np.full((4, 8), 0.1, np.float32))
     with pytest.raises(HloforgeError, match="no tensor named 'nope'"):
         m.params = {"nope": np.zeros(1, np.float32)}
     assert set(m.state) >= {"m/0.w", "v/1.b"}
