@@ -9,22 +9,15 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import numpy as np
 import pytest
+from test_api import blobs, tiny_net  # tests/ is on sys.path (rootdir-relative, no package)
 
 import hloforge as hf
 from hloforge.core.errors import HloforgeError
 
 
-def blobs(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    y = rng.integers(0, 3, n)
-    return (rng.normal(size=(n, 4)) + 3.0 * y[:, None]).astype(np.float32), y
-
-
 def tiny_model() -> hf.Model:
-    Dense = hf.layers.Dense
-    return hf.Model(hf.NetSpec("tiny", (4,), [Dense(8, act="relu"), Dense(3)], 3))
+    return hf.Model(tiny_net())
 
 
 def counting_compiles(model: hf.Model, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
