@@ -86,6 +86,19 @@ def _plugin_fault(e: BaseException) -> str | None:
     return f"{plugin_label(entry.kind, entry.name, entry.distribution)} {fault(e)}"
 
 
+# What runs across the processes an MPI launcher starts; any other command is one job's work, done by
+# rank 0 alone (the others end at once, exit 0), so it is measured, printed and written once.
+ACROSS_PROCESSES = ("train",)
+
+
+def _another_rank_does_it(argv: Sequence[str]) -> bool:
+    if argv[:1] and argv[0] in ACROSS_PROCESSES:
+        return False
+    from hloforge.core.launcher import launched
+
+    return launched()[0] > 0
+
+
 def _end_mpi_run(e: BaseException, code: int) -> None:
     """A rank of a run across MPI processes ends for the others too (hloforge.train.mpi.end_after_error);
     nothing where none was started."""
@@ -101,11 +114,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except HloforgeError as e:
         print(f"hloforge: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if argv is None and os.environ.get("PMI_FD"):  # a rank under hydra: its worker (hloforge.train.mpi.supervise)
+    given_argv, argv = argv, list(sys.argv[1:] if argv is None else argv)
+    if _another_rank_does_it(argv):
+        return EXIT_OK
+    if given_argv is None and os.environ.get("PMI_FD"):  # a rank under hydra: its worker (hloforge.train.mpi.supervise)
         from hloforge.train.mpi import supervise
 
         supervise(sys.orig_argv[1:])
-    argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv[:1] == ["bench"]:  # bench parses its own options, -h included
             from hloforge import bench

@@ -178,3 +178,23 @@ def test_eval_under_mpiexec_prints_its_score_once(tmp_path, capsys):
     assert r.returncode == 0, r.stderr
     assert len(scored) == 1 and "test top-1" in scored[0]
     assert r.stdout.strip().splitlines() == scored
+
+
+@pytest.mark.parametrize("rank, prints", [("1", False), ("0", True)])
+def test_a_command_that_is_not_training_runs_on_rank_0_alone(monkeypatch, capsys, rank, prints):
+    """Under a launcher only `train` runs across the ranks; `summary`, `render`, `bench`, `plot`, ... ran once
+    per rank, printing (and measuring, and writing) it all again; the other ranks now end at once, exit 0."""
+    monkeypatch.setenv("PMI_SIZE", "2")
+    monkeypatch.setenv("PMI_RANK", rank)
+    assert main(["summary", "mnist-mlp"]) == 0
+    out = capsys.readouterr().out
+    assert ("params" in out.lower()) == prints, out
+
+
+@needs_mpi
+def test_summary_under_mpiexec_prints_once():
+    one = subprocess.run([*HLOFORGE, "summary", "mnist-mlp"], capture_output=True, text=True, env=env(), timeout=120)
+    assert one.returncode == 0, one.stderr
+    r = under_two_ranks("summary", "mnist-mlp")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == one.stdout

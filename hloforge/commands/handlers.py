@@ -110,10 +110,7 @@ def _plot(args: argparse.Namespace) -> None:
 
 def _eval(args: argparse.Namespace) -> None:
     from hloforge.commands.opening import evaluate_checkpoint
-    from hloforge.train.mpi import launched
 
-    if launched()[0] > 0:  # under an MPI launcher scoring is rank 0's alone: the others would print it again
-        return
     evaluate_checkpoint(args.run, backend=args.backend, region=args.region, replicas=args.replicas,
                         devices=args.devices, batch_stats=args.batch_stats, size=args.size, crop=args.crop)
 

@@ -162,7 +162,7 @@ def absolute(path: Any) -> Any:
 
 def launched_processes() -> int:
     """How many processes an MPI launcher started (1 for a plain run): --replicas defaults to one each."""
-    from hloforge.train.mpi import launched
+    from hloforge.core.launcher import launched
 
     return launched()[1]
 

@@ -50,6 +50,7 @@ import numpy as np
 
 from hloforge.core.errors import BackendError, DataError, HloforgeError, UnsupportedSpec
 from hloforge.core.hlo import PROCESS_SUM
+from hloforge.core.launcher import launched as launched
 from hloforge.core.modules import TrainStepLayout, gradient_step_module, optimizer_step_module, stored_shape
 from hloforge.core.registry import Registry
 from hloforge.core.spec import NetSpec
@@ -65,9 +66,6 @@ TIMEOUT_ENV = "HLOFORGE_MPI_TIMEOUT"  # seconds a rank waits for the others at a
 DEFAULT_TIMEOUT_S = 30.0
 # Waits that follow work one rank does alone (compiling, rank 0's checkpoint and plots) get this many timeouts.
 SLOW_PHASE_FACTOR = 20
-SIZE_ENVS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS")
-RANK_ENVS = {"PMI_SIZE": "PMI_RANK", "OMPI_COMM_WORLD_SIZE": "OMPI_COMM_WORLD_RANK",
-             "SLURM_STEP_NUM_TASKS": "SLURM_PROCID"}
 BUCKET_BYTES = 64 << 20  # the all-reduce in calls of at most this much: one call for any net below it
 # Test knob (seed 003's fault knobs), never set in a real run: "RANK:WHAT" makes that rank SIGSTOP itself as
 # it reaches the all-reduce named WHAT, before posting it: a hang at an exact place (the hung-rank drills).
@@ -146,17 +144,6 @@ def end_after_interrupt(say: Callable[[], None]) -> None:
     # the interrupted collectives stay pending, which MPICH's finalize notes on stderr: after the one line, noise
     os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
     w._mpi.Finalize()
-
-
-def launched(environ: Any = None) -> tuple[int, int, str]:
-    """(rank, size, the variable that said so) from a launcher's environment; (0, 1, "") for a plain run."""
-    env = os.environ if environ is None else environ
-    for var in SIZE_ENVS:
-        raw = env.get(var, "")
-        if raw.strip().isdigit() and int(raw) > 1:
-            rank = env.get(RANK_ENVS[var], "0")
-            return int(rank) if rank.strip().isdigit() else 0, int(raw), var
-    return 0, 1, ""
 
 
 @attrs.define
