@@ -138,13 +138,13 @@ def _prepared(tmp_path, capsys) -> tuple[str, str]:
 
 def test_prepare_names_the_data_options_its_files_need(tmp_path, capsys) -> None:
     out, said = _prepared(tmp_path, capsys)
-    assert (f"train on them with: --data imagenette --data-dir {out} --data-opt train_size=12 --data-opt crop=8 "
-            "--data-opt classes=2") in said
+    assert f"train on them with: --data imagenette --data-dir {out} --data-opt train_size=12 --data-opt crop=8\n" \
+        in said  # the class count the dataset reads from classes.json
 
 
 @pytest.mark.parametrize("opts, what", [
     ([], "its length fits 8×8 images, not 224×224: prepared at another size? pass --data-opt crop=8"),
-    (["--data-opt", "crop=8"],
+    (["--data-opt", "crop=8", "--data-opt", "classes=10"],  # mnist-cnn's 10 classes, else that is refused first
      "its length fits 12×12 images, not 256×256: prepared at another size? pass --data-opt train_size=12"),
 ])
 def test_imagenette_files_of_another_size_name_the_option_that_reads_them(tmp_path, capsys, opts, what) -> None:

@@ -54,8 +54,9 @@ def test_prepare_imagenette_refuses_mismatched_classes_and_bad_images(tmp_path):
     with pytest.raises(DataError, match=r"val has class folders \['n99999999'\] not in train"):
         prepare("imagenette", str(tmp_path / "src"), str(tmp_path / "out"))
     (tmp_path / "src" / "val" / "n99999999").rmdir()
-    (tmp_path / "src" / "train" / CLASSES[0] / "broken.jpg").write_bytes(b"not a jpeg")
-    with pytest.raises(DataError, match=r"broken\.jpg: cannot decode it as an image"):
+    for i in range(2):  # every image of one class undecodable (one alone is skipped: test_imagenette_classes)
+        (tmp_path / "src" / "train" / CLASSES[0] / f"img_{i}.JPEG").write_bytes(b"not a jpeg")
+    with pytest.raises(DataError, match=rf"train/{CLASSES[0]}: none of its 2 images can be decoded"):
         prepare("imagenette", str(tmp_path / "src"), str(tmp_path / "out"), train_size=12, val_size=8)
     assert not (tmp_path / "out" / "train.bin").exists() and not (tmp_path / "out" / "train.bin.tmp").exists()
     with pytest.raises(DataError, match="no preparer for 'mnist'"):

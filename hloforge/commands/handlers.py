@@ -162,7 +162,9 @@ def _prepare(args: argparse.Namespace) -> None:
     summary = prepare(args.dataset, args.src, args.out, **opts)
     written = ", ".join(f"{os.path.join(args.out, f)} ({n} records)" for f, n in summary["records"].items())
     print(f"prepared {args.dataset}: {written}")
-    if summary.get("data_options"):  # files the dataset's defaults would misread (another size or class count)
+    for line in summary.get("warnings", ()):  # e.g. the images that could not be decoded, per split
+        print(f"  {line}")
+    if summary.get("data_options"):  # files the dataset's defaults would misread (another size)
         opts_line = " ".join(f"--data-opt {o}" for o in summary["data_options"])
         print(f"  train on them with: --data {args.dataset} --data-dir {args.out} {opts_line}")
 

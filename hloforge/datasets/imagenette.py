@@ -9,6 +9,10 @@ checked against 4 + count·(1 + 3·S²) before any record is read, so a train fi
 as val (or a file of another resolution) fails at load, naming the side its length fits and the option
 (`train_size`, `crop`) that reads it.
 
+The class count is the length of `data_dir/classes.json` (the label names prepare writes, label i
+the i-th) where the directory has one, else 10 (Imagenette's); a `classes` option may widen the head
+past the file's count, never narrow it. A label byte at or past the count is refused at load.
+
 Training batches: a random `crop`×`crop` window of the 256² image and a random
 horizontal flip; without augmentation the centre window (so the net still sees
 `crop`²). Every batch is then scaled to [0, 1] and standardised with the ImageNet
@@ -17,6 +21,7 @@ mean and standard deviation.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 
@@ -45,6 +50,8 @@ from hloforge.datasets.records import (
 
 TRAIN_SIZE, CROP, CLASSES = 256, 224, 10
 FILES = {"train": "train.bin", "test": "val.bin"}
+CLASSES_FILE = "classes.json"  # the label names prepare writes beside the files, label i the i-th
+MAX_CLASSES = 256  # the label is one byte
 
 
 def record_bytes(side: int) -> int:
@@ -71,9 +78,43 @@ def stored_side(path: str) -> int | None:
     return side if not over and side and record_bytes(side) == per else None
 
 
-def read_counted_images(path: str, side: int, classes: int, option: str = "") -> tuple[np.ndarray, np.ndarray]:
+def _names_problem(names: object) -> str:
+    """What is wrong with a classes.json's content ("" if nothing): a list of distinct names, 1..256 of them."""
+    if not isinstance(names, list):
+        kind = {dict: "an object", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
+        return f"{kind.get(type(names), 'null')}, not a list"
+    if not 0 < len(names) <= MAX_CLASSES:
+        return f"{len(names)} names"
+    odd = next((n for n in names if not isinstance(n, str)), None)
+    if odd is not None:
+        return f"a name that is not a string ({json.dumps(odd)})"
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    return f"names repeated ({', '.join(map(repr, repeated[:3]))})" if repeated else ""
+
+
+def stated_classes(data_dir: str) -> int | None:
+    """The class count `data_dir/classes.json` states (its names' number); None where there is none."""
+    path = os.path.join(data_dir, CLASSES_FILE)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            names = json.load(f)
+    except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8
+        raise DataError(f"{path}: cannot read it as JSON ({e}); expected the list of class names "
+                        "`hloforge prepare imagenette` writes") from None
+    problem = _names_problem(names)
+    if problem:
+        raise DataError(f"{path}: {problem}; expected a JSON list of 1..{MAX_CLASSES} distinct class names "
+                        "(label i the i-th), as `hloforge prepare imagenette` writes")
+    return len(names)
+
+
+def read_counted_images(path: str, side: int, classes: int, option: str = "",
+                        classes_from: str = "") -> tuple[np.ndarray, np.ndarray]:
     """(images uint8 [N, 3, side, side] view of the file, labels int32 [N]); `option`: the dataset option
-    that sets `side`, named when the file holds images of another side (prepared at another size)."""
+    that sets `side`, named when the file holds images of another side (prepared at another size);
+    `classes_from`: the file that gave `classes`, named when a label is past it."""
     try:
         n = check_counted_records(path, record_bytes(side), f"1 label + 3·{side}² CHW pixel bytes")
     except DataError as e:
@@ -84,7 +125,7 @@ def read_counted_images(path: str, side: int, classes: int, option: str = "") ->
                         f"pass --data-opt {option}={fits}") from None
     rec = map_records(path, n, record_bytes(side), COUNT_HEADER.size)
     labels = np.asarray(rec[:, 0], np.int32)
-    check_labels(path, labels, classes)
+    check_labels(path, labels, classes, f" (the class count {classes_from} gives)" if classes_from else "")
     return rec[:, 1:].reshape(n, 3, side, side), labels
 
 
@@ -92,12 +133,19 @@ class Imagenette(RecordDataset):
     name = "imagenette"
 
     def __init__(self, data_dir: str = "data/imagenette", train_size: int = TRAIN_SIZE, crop: int = CROP,
-                 classes: int = CLASSES):
+                 classes: int | None = None):
         super().__init__()
         check_sides(train_size, crop)
-        if not 0 < classes <= 256:
-            raise DataError(f"imagenette: classes {classes} must be in 1..256 (labels are one byte)")
+        stated = stated_classes(data_dir)
+        if classes is None:
+            classes = stated or CLASSES
+        if not 0 < classes <= MAX_CLASSES:
+            raise DataError(f"imagenette: classes {classes} must be in 1..{MAX_CLASSES} (labels are one byte)")
+        if stated and classes < stated:  # a head too narrow for the labels prepare wrote
+            raise DataError(f"imagenette: classes {classes}, but {os.path.join(data_dir, CLASSES_FILE)} names "
+                            f"{stated}; leave the option out to read its count")
         self.data_dir, self.train_size, self.crop, self.num_classes = data_dir, train_size, crop, classes
+        self._classes_from = os.path.join(data_dir, CLASSES_FILE) if classes == stated else ""
         self.image_shape = (3, crop, crop)
 
     def side(self, split: str) -> int:
@@ -105,7 +153,7 @@ class Imagenette(RecordDataset):
 
     def _load(self, split: str) -> tuple[np.ndarray, np.ndarray]:
         return read_counted_images(os.path.join(self.data_dir, FILES[split]), self.side(split), self.num_classes,
-                                   "train_size" if split == "train" else "crop")
+                                   "train_size" if split == "train" else "crop", self._classes_from)
 
     def transform(self, split: str, augment: bool = False) -> Transform:
         self._check_split(split)

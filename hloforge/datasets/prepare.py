@@ -8,8 +8,11 @@ Adding a dataset is one entry there; the CLI builds its subcommand from it.
   the WordNet ids, so label 0 is n01440764, tench); val must use the same folders. Each image
   is decoded with Pillow, converted to RGB and resized bilinearly to S×S (train S = 256, val
   S = 224), and written as `OUT/train.bin` / `OUT/val.bin` in `hloforge.datasets.imagenette`'s
-  format, with `OUT/classes.json` naming the labels. Where the sizes or the class count are not the
-  dataset's defaults (256², 224², 10), the `--data-opt` options that read the files are printed.
+  format, with `OUT/classes.json` naming the labels (the dataset reads its class count there). An
+  image Pillow cannot decode is skipped: one line per split counts them and names the first with its
+  error; a class none of whose images decodes, or a split without one image, is refused. Where the
+  sizes are not the dataset's defaults (256², 224²), the `--data-opt` options that read the files
+  are printed.
 - brats: SRC is MSD's `Task01_BrainTumour` (dataset.json, imagesTr/*.nii.gz 4D (X, Y, Z, 4),
   labelsTr/*.nii.gz 3D), read with nibabel. The split is by patient (adjacent slices of one
   brain are near-duplicates, so a slice-level split would leak): `val_frac` of the volumes,
@@ -56,7 +59,9 @@ class Option:
 
 @attrs.frozen
 class Preparer:
-    run: Callable[..., dict[str, Any]]  # run(src, out, **options) -> a summary; its "records" maps file -> count
+    # run(src, out, **options) -> a summary: its "records" maps file -> count; its "warnings", if any, are
+    # one line each that the CLI prints (e.g. the images it skipped)
+    run: Callable[..., dict[str, Any]]
     help: str
     options: tuple[Option, ...] = ()
 
@@ -71,30 +76,47 @@ def _class_folders(split_dir: str) -> list[str]:
     return classes
 
 
-def _image_records(split_dir: str, classes: list[str], side: int) -> Iterator[bytes]:
-    from PIL import Image, UnidentifiedImageError
+def _decoded(path: str, side: int) -> np.ndarray:
+    """The image at `path` as uint8 RGB [3, side, side], resized bilinearly."""
+    from PIL import Image
 
+    with Image.open(path) as im:
+        rgb = im.convert("RGB").resize((side, side), Image.Resampling.BILINEAR)
+    return np.asarray(rgb, np.uint8).transpose(2, 0, 1)
+
+
+def _image_records(split_dir: str, classes: list[str], side: int, skipped: list[str]) -> Iterator[bytes]:
+    """The split's records, class by class. An image Pillow cannot decode is left out and appended to
+    `skipped` as "PATH (its error)"; a class none of whose images decodes, or a split with no image, is
+    refused (raised before write_counted renames its file into place)."""
+    kept = 0
     for label, cls in enumerate(classes):
         folder = os.path.join(split_dir, cls)
-        for fname in sorted(os.listdir(folder)):
-            if not fname.lower().endswith(IMAGE_SUFFIXES):
-                continue
+        images = [f for f in sorted(os.listdir(folder)) if f.lower().endswith(IMAGE_SUFFIXES)]
+        bad_before = len(skipped)
+        for fname in images:
             path = os.path.join(folder, fname)
             try:
-                with Image.open(path) as im:
-                    rgb = im.convert("RGB").resize((side, side), Image.Resampling.BILINEAR)
-            except (OSError, UnidentifiedImageError) as e:
-                raise DataError(f"{path}: cannot decode it as an image ({e})") from None
-            chw = np.asarray(rgb, np.uint8).transpose(2, 0, 1)
+                chw = _decoded(path, side)
+            except Exception as e:  # Pillow raises many types for a bad file (OSError, SyntaxError, ValueError, …)
+                skipped.append(f"{path} ({' '.join(str(e).split()) or type(e).__name__})")
+                continue
+            kept += 1
             yield bytes([label]) + chw.tobytes()
+        if images and len(skipped) - bad_before == len(images):
+            raise DataError(f"{folder}: none of its {len(images)} images can be decoded (the first: "
+                            f"{skipped[bad_before]}); each class needs at least one")
+    if not kept:
+        raise DataError(f"{split_dir}: no images ({', '.join(IMAGE_SUFFIXES)}) in its class folders")
 
 
 def prepare_imagenette(src: str, out: str, train_size: int = imagenette.TRAIN_SIZE,
                        val_size: int = imagenette.CROP) -> dict[str, Any]:
     imagenette.check_sides(train_size, val_size, "train_size", "val_size")  # files its loader can read
     classes = _class_folders(os.path.join(src, "train"))
-    if len(classes) > 256:
-        raise DataError(f"{src}/train has {len(classes)} class folders; the format's one label byte holds 256")
+    if len(classes) > imagenette.MAX_CLASSES:
+        raise DataError(f"{src}/train has {len(classes)} class folders; the format's one label byte holds "
+                        f"{imagenette.MAX_CLASSES}")
     val_classes = _class_folders(os.path.join(src, "val"))
     if val_classes != classes:
         extra = sorted(set(val_classes) - set(classes))
@@ -102,18 +124,22 @@ def prepare_imagenette(src: str, out: str, train_size: int = imagenette.TRAIN_SI
         raise DataError(f"{src}/val has class folders {extra} not in train and lacks {missing}; both splits must "
                         "use the same classes")
     os.makedirs(out, exist_ok=True)
-    summary: dict[str, Any] = {"classes": classes, "records": {}}
+    summary: dict[str, Any] = {"classes": classes, "records": {}, "skipped": {}, "warnings": []}
     for split, fname, side in (("train", "train.bin", train_size), ("val", "val.bin", val_size)):
-        n = write_counted(os.path.join(out, fname), _image_records(os.path.join(src, split), classes, side),
+        skipped: list[str] = []
+        split_dir = os.path.join(src, split)
+        n = write_counted(os.path.join(out, fname), _image_records(split_dir, classes, side, skipped),
                           imagenette.record_bytes(side))
-        if n == 0:
-            raise DataError(f"{src}/{split}: no images ({', '.join(IMAGE_SUFFIXES)}) in its class folders")
         summary["records"][fname] = n
-    with open(os.path.join(out, "classes.json"), "w", encoding="utf-8") as f:
+        summary["skipped"][split] = skipped
+        if skipped:
+            summary["warnings"].append(f"{split_dir}: skipped {len(skipped)} of {n + len(skipped)} images that "
+                                       f"cannot be decoded; the first: {skipped[0]}")
+    with open(os.path.join(out, imagenette.CLASSES_FILE), "w", encoding="utf-8") as f:
         json.dump(classes, f, indent=1)
-    # the dataset's options these files need where they are not its defaults (10 classes, 256² / 224²)
-    read_as = {"train_size": (train_size, imagenette.TRAIN_SIZE), "crop": (val_size, imagenette.CROP),
-               "classes": (len(classes), imagenette.CLASSES)}
+    # the dataset's options these files need where they are not its defaults (256² / 224²; the class count
+    # it reads from classes.json)
+    read_as = {"train_size": (train_size, imagenette.TRAIN_SIZE), "crop": (val_size, imagenette.CROP)}
     summary["data_options"] = [f"{k}={v}" for k, (v, default) in read_as.items() if v != default]
     return summary
 

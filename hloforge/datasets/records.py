@@ -87,10 +87,11 @@ def map_records(path: str, count: int, record: int, offset: int) -> np.ndarray:
     return np.memmap(path, np.uint8, mode="r", offset=offset, shape=(count, record))
 
 
-def check_labels(path: str, labels: np.ndarray, classes: int) -> None:
+def check_labels(path: str, labels: np.ndarray, classes: int, whence: str = "") -> None:
+    """Labels below `classes`; `whence`: where that count came from, said after the range."""
     top = int(labels.max(initial=0))
     if top >= classes:
-        raise DataError(f"{path}: label {top} out of range 0..{classes - 1}")
+        raise DataError(f"{path}: label {top} out of range 0..{classes - 1}{whence}")
 
 
 class RecordDataset(Dataset, abc.ABC):

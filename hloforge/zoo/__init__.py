@@ -15,6 +15,8 @@ from hloforge.core.errors import UnsupportedSpec
 from hloforge.core.spec import NetSpec
 from hloforge.zoo import convnext, ddpm, efficientnet, mnist, mobilenet, resnet, tinygpt, unet, vit, yolo
 
+_FIXED: set[Callable[..., NetSpec]] = set()  # the factories `_fixed` made
+
 
 def _fixed(factory: Callable[[], NetSpec]) -> Callable[..., NetSpec]:
     """A net defined at one size: `classes`/`input` may only restate it."""
@@ -27,6 +29,7 @@ def _fixed(factory: Callable[[], NetSpec]) -> Callable[..., NetSpec]:
                                   f"{list(spec.input_shape)} only")
         return spec
 
+    _FIXED.add(make)
     return make
 
 
@@ -68,6 +71,12 @@ NETS: dict[str, Callable[..., NetSpec]] = {
 
 
 SPEC_SUFFIXES = (".toml", ".json")  # what NetSpec.from_file reads
+
+
+def takes_classes(name: str) -> bool:
+    """Whether `get_net(name, classes)` reshapes the net's head: a zoo net not defined at one size (a spec
+    file states its own classes)."""
+    return name in NETS and NETS[name] not in _FIXED
 
 
 def get_net(name: str, classes: int | None = None, input: Sequence[int] | None = None) -> NetSpec:

@@ -1,0 +1,176 @@
+"""The imagenette dataset's class count from the classes.json `hloforge prepare imagenette` writes (a
+2-class folder once trained a 10-class head silently), and prepare skipping an image it cannot decode
+instead of aborting the whole run (fuzz3 findings 5 and 10). Tiny JPEG trees written with Pillow."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import numpy as np
+import pytest
+
+import hloforge as hf
+from hloforge.cli import EXIT_BAD_INPUT, EXIT_OK, main
+from hloforge.core.errors import DataError
+from hloforge.datasets import imagenette
+from hloforge.datasets.imagenette import Imagenette
+from hloforge.datasets.prepare import prepare
+from hloforge.datasets.records import COUNT_HEADER
+
+CLASSES = ("cat", "dog")
+COLOURS = ((200, 30, 30), (30, 30, 200))
+TRAIN, VAL = 12, 8  # the stored sides: small, so every test prepares in milliseconds
+
+
+def write_tree(root, per_class: int = 3) -> None:
+    """root/{train,val}/<class>/<i>.jpg: solid colour images, one colour per class."""
+    from PIL import Image
+
+    for split in ("train", "val"):
+        for c, name in enumerate(CLASSES):
+            d = root / split / name
+            d.mkdir(parents=True)
+            for i in range(per_class):
+                Image.new("RGB", (20 + 3 * i, 16), COLOURS[c]).save(d / f"{i}.jpg", quality=95)
+
+
+def prepared(tmp_path) -> str:
+    write_tree(tmp_path / "src")
+    out = str(tmp_path / "out")
+    prepare("imagenette", str(tmp_path / "src"), out, train_size=TRAIN, val_size=VAL)
+    return out
+
+
+def train_args(out: str, run_dir, *extra: str) -> list[str]:
+    return ["train", *extra, "--data", "imagenette", "--data-dir", out, "--data-opt", f"train_size={TRAIN}",
+            "--data-opt", f"crop={VAL}", "--epochs", "1", "--batch", "2", "--run-dir", str(run_dir), "--no-progress"]
+
+
+# ------------------------------------------------------------------ the class count
+def test_the_dataset_takes_its_class_count_from_classes_json(tmp_path) -> None:
+    out = prepared(tmp_path)
+    ds = Imagenette(out, train_size=TRAIN, crop=VAL)
+    assert ds.num_classes == 2
+    assert list(ds.records("train")[1]) == [0, 0, 0, 1, 1, 1]
+    assert Imagenette(out, train_size=TRAIN, crop=VAL, classes=5).num_classes == 5  # a wider head, asked for
+    with pytest.raises(DataError, match=rf"^imagenette: classes 1, but {out}/classes.json names 2; leave the option "
+                                        "out to read its count$"):
+        Imagenette(out, train_size=TRAIN, crop=VAL, classes=1)
+    os.remove(os.path.join(out, "classes.json"))  # files without one: Imagenette's 10, as before
+    assert Imagenette(out, train_size=TRAIN, crop=VAL).num_classes == imagenette.CLASSES == 10
+
+
+def test_a_two_class_folder_trains_a_two_class_head_or_says_what_to_pass(tmp_path, capsys) -> None:
+    out = prepared(tmp_path)
+    capsys.readouterr()
+    net = ["resnet-mini", "--input", f"3,{VAL},{VAL}"]
+    assert main(train_args(out, tmp_path / "ten", *net)) == EXIT_BAD_INPUT  # the net's own 10 classes
+    err = capsys.readouterr().err
+    assert err == ("hloforge: error: dataset 'imagenette' has 2 classes, net 'resnet-mini' has 10; pass --classes 2 "
+                   "to give the net a head of 2\n")
+    assert main(train_args(out, tmp_path / "two", *net, "--classes", "2")) == EXIT_OK
+    assert "test top-1" in capsys.readouterr().out
+    assert hf.load(str(tmp_path / "two")).spec.num_classes == 2
+    # a net defined at one size: --classes cannot reshape it, and the line says so
+    assert main(train_args(out, tmp_path / "fixed", "mnist-cnn")) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "dataset 'imagenette' has 2 classes, net 'mnist-cnn' has 10, a head it states " \
+        "itself (--classes does not reshape it): train a net of 2 classes, e.g. a zoo net that takes --classes 2" in err
+
+
+@pytest.mark.parametrize("text, what", [
+    ("not json", "cannot read it as JSON (Expecting value: line 1 column 1 (char 0)); expected the list of class "
+                 "names `hloforge prepare imagenette` writes"),
+    ('{"cat": 0}', "an object, not a list; expected a JSON list of 1..256 distinct class names"),
+    ('"cat"', "a string, not a list; expected"),
+    ("[]", "0 names; expected"),
+    ('["cat", 7]', "a name that is not a string (7); expected"),
+    ('["cat", "cat"]', "names repeated ('cat'); expected"),
+    (json.dumps([f"c{i}" for i in range(257)]), "257 names; expected"),
+])
+def test_a_malformed_classes_json_is_one_line(tmp_path, capsys, text, what) -> None:
+    out = prepared(tmp_path)
+    path = os.path.join(out, "classes.json")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    with pytest.raises(DataError, match="^" + re.escape(f"{path}: {what}")):
+        Imagenette(out, train_size=TRAIN, crop=VAL)
+    capsys.readouterr()
+    assert main(train_args(out, tmp_path / "run", "resnet-mini", "--input", f"3,{VAL},{VAL}")) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.startswith(f"hloforge: error: {path}: {what}") and err.count("\n") == 1
+
+
+def test_labels_past_the_count_classes_json_gives_are_refused(tmp_path) -> None:
+    out = prepared(tmp_path)
+    with open(os.path.join(out, "classes.json"), "w", encoding="utf-8") as f:
+        json.dump(["cat"], f)  # the files hold labels 0 and 1
+    ds = Imagenette(out, train_size=TRAIN, crop=VAL)
+    assert ds.num_classes == 1
+    for split, fname in imagenette.FILES.items():
+        with pytest.raises(DataError, match=rf"^{out}/{fname}: label 1 out of range 0..0 \(the class count "
+                                            rf"{out}/classes.json gives\)$"):
+            ds.records(split)
+
+
+# ------------------------------------------------------------------ undecodable images
+def counted(path: str, side: int) -> tuple[int, int]:
+    """(the header's record count, the records the file's length holds)."""
+    with open(path, "rb") as f:
+        (count,) = COUNT_HEADER.unpack(f.read(COUNT_HEADER.size))
+    held, over = divmod(os.path.getsize(path) - COUNT_HEADER.size, imagenette.record_bytes(side))
+    assert over == 0
+    return count, held
+
+
+def test_prepare_skips_an_undecodable_image_and_names_the_first_per_split(tmp_path, capsys) -> None:
+    src = tmp_path / "src"
+    write_tree(src)
+    (src / "train" / "cat" / "1.jpg").write_bytes(b"not a jpeg")
+    (src / "train" / "dog" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n garbage")
+    good = (src / "val" / "dog" / "0.jpg").read_bytes()
+    (src / "val" / "dog" / "2.jpg").write_bytes(good[:len(good) // 3])  # a truncated JPEG
+    out = str(tmp_path / "out")
+    capsys.readouterr()
+    assert main(["prepare", "imagenette", str(src), out, "--train-size", str(TRAIN), "--val-size", str(VAL)]) == EXIT_OK
+    said, err = capsys.readouterr()
+    assert err == "" and "Traceback" not in said
+    lines = said.splitlines()
+    assert lines[0] == f"prepared imagenette: {out}/train.bin (5 records), {out}/val.bin (5 records)"
+    assert lines[1] == (f"  {src}/train: skipped 2 of 7 images that cannot be decoded; the first: "
+                        f"{src}/train/cat/1.jpg (cannot identify image file '{src}/train/cat/1.jpg')")
+    assert lines[2].startswith(f"  {src}/val: skipped 1 of 6 images that cannot be decoded; the first: "
+                               f"{src}/val/dog/2.jpg (") and lines[2].endswith(")")
+    assert len(lines) == 4 and lines[3].startswith("  train on them with:")
+    # the headers count the records written, so the dataset's length check reads both files
+    assert counted(os.path.join(out, "train.bin"), TRAIN) == (5, 5)
+    assert counted(os.path.join(out, "val.bin"), VAL) == (5, 5)
+    ds = Imagenette(out, train_size=TRAIN, crop=VAL)
+    x, y = ds.records("train")
+    assert list(y) == [0, 0, 1, 1, 1] and np.abs(x[:, 2].astype(int) - np.array([30, 30, 200, 200, 200])[:, None,
+                                                                                  None]).max() <= 3
+    assert list(ds.records("test")[1]) == [0, 0, 0, 1, 1]
+
+
+def test_prepare_refuses_a_class_or_split_with_no_readable_image(tmp_path, capsys) -> None:
+    src = tmp_path / "src"
+    write_tree(src, per_class=2)
+    for i in range(2):
+        (src / "val" / "dog" / f"{i}.jpg").write_bytes(b"garbage")
+    out = tmp_path / "out"
+    capsys.readouterr()
+    assert main(["prepare", "imagenette", str(src), str(out), "--train-size", str(TRAIN), "--val-size",
+                 str(VAL)]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err == (f"hloforge: error: {src}/val/dog: none of its 2 images can be decoded (the first: "
+                   f"{src}/val/dog/0.jpg (cannot identify image file '{src}/val/dog/0.jpg')); each class needs at "
+                   "least one\n")
+    assert not (out / "val.bin").exists() and not (out / "val.bin.tmp").exists()
+    for i in range(2):  # no image files left in val at all: the split is refused, and leaves no empty val.bin
+        os.remove(src / "val" / "dog" / f"{i}.jpg")
+        os.remove(src / "val" / "cat" / f"{i}.jpg")
+    with pytest.raises(DataError, match=rf"^{src}/val: no images \(.jpeg, .jpg, .png\) in its class folders$"):
+        prepare("imagenette", str(src), str(out), train_size=TRAIN, val_size=VAL)
+    assert sorted(os.listdir(out)) == ["train.bin"]
