@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -12,6 +11,7 @@ from typing import Any
 import attrs
 import numpy as np
 import pytest
+from plugin_site import env_with, fake_dist
 
 from hloforge.core.autodiff import inject_fault
 from hloforge.core.hlo import Builder, Value
@@ -220,18 +220,11 @@ def third_party(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[st
     """A 'pip-installed' third-party plugin (a dist-info on PYTHONPATH) and an unrelated project tree."""
     root = tmp_path_factory.mktemp("thirdparty")
     site = root / "site"
-    info = site / "hloforge_fake-0.1.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: hloforge-fake\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[hloforge.layers]\nfake = hloforge_fake\n")
-    (site / "hloforge_fake.py").write_text(FAKE_MODULE)
+    fake_dist(site, "hloforge-fake", {"hloforge_fake": FAKE_MODULE}, {"hloforge.layers": {"fake": "hloforge_fake"}})
     project = root / "project"
     project.mkdir()
     (project / "test_own.py").write_text("def test_own():\n    assert 1 + 1 == 2\n")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(site), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env.pop("HLOFORGE_TRACE_PLUGINS", None)
-    return project, env
+    return project, env_with(site)
 
 
 def _pytest(project: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

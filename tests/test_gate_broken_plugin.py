@@ -12,7 +12,6 @@ tests/test_plugins_ecosystem.py; the in-process ones go through `Registry(extra_
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import types
 from pathlib import Path
 
 import pytest
+from plugin_site import env_with, fake_dist
 
 from hloforge.core.errors import PluginError
 from hloforge.core.registry import NameClash, Registry
@@ -205,14 +205,8 @@ def bad() -> tuple[Registry, types.ModuleType]:
 def _site(root: Path, dist: str, module: str, source: str) -> dict[str, str]:
     """A 'pip-installed' distribution `dist` (module + dist-info) under root/site; the env that sees it."""
     site = root / "site"
-    info = site / f"{dist.replace('-', '_')}-0.1.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(f"[hloforge.layers]\nplug = {module}\n")
-    (site / f"{module}.py").write_text(source)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(site), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env.pop("HLOFORGE_TRACE_PLUGINS", None)
+    fake_dist(site, dist, {module: source}, {"hloforge.layers": {"plug": module}})
+    env = env_with(site)
     env.pop("HLOFORGE_DEBUG", None)
     return env
 

@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from plugin_site import fake_dist
 
 from hloforge.cli import main
 from hloforge.core import registry
@@ -171,12 +172,8 @@ BUGGY = textwrap.dedent('''
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     site = tmp_path_factory.mktemp("buggy")
-    info = site / "hloforge_buggy-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {DIST}\nVersion: 0.1\n")
     groups = ("layers", "losses", "optimizers", "datasets", "callbacks", "backends")
-    (info / "entry_points.txt").write_text("".join(f"[hloforge.{g}]\nbuggy = hf_buggy\n" for g in groups))
-    (site / "hf_buggy.py").write_text(BUGGY)
+    fake_dist(site, DIST, {"hf_buggy": BUGGY}, {f"hloforge.{g}": {"buggy": "hf_buggy"} for g in groups})
     return site
 
 

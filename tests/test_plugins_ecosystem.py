@@ -9,7 +9,6 @@ importlib.metadata reads for an installed wheel, without pip or a network.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -19,6 +18,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from plugin_site import env_with, fake_dist
 
 import hloforge
 from hloforge.core.errors import PluginError
@@ -27,17 +27,6 @@ from hloforge.core.registry import BrokenPlugin, PluginLoadWarning, Registry
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "hloforge-groupnorm"
 DOCS = ROOT / "docs"
-
-
-def fake_dist(site: Path, dist: str, modules: dict[str, str], entry_points: dict[str, dict[str, str]]) -> None:
-    """Write modules and a dist-info for distribution `dist` into `site`."""
-    info = site / f"{dist.replace('-', '_')}-0.1.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("".join(
-        f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) for group, eps in entry_points.items()))
-    for name, text in modules.items():
-        (site / f"{name}.py").write_text(textwrap.dedent(text))
 
 
 def layer_module(kind: str, header: str = "") -> str:
@@ -69,13 +58,6 @@ def layer_module(kind: str, header: str = "") -> str:
         def hloforge_layers():
             return [Scale]
         ''')
-
-
-def env_with(*paths: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([*map(str, paths), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env.pop("HLOFORGE_TRACE_PLUGINS", None)
-    return env
 
 
 def hloforge_cli(env: dict[str, str], *args: str, cwd: Path | None = None,

@@ -1,0 +1,28 @@
+"""A "pip-installed" distribution, as the plugin tests make one: its modules and a `<name>.dist-info`
+(METADATA, entry_points.txt) in a directory put first on sys.path or PYTHONPATH, which is exactly what
+importlib.metadata reads for an installed wheel."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+
+
+def fake_dist(site: Path, dist: str, modules: dict[str, str], entry_points: dict[str, dict[str, str]]) -> None:
+    """Write modules and a dist-info for distribution `dist` into `site` (entry points: group -> name -> target)."""
+    info = site / f"{dist.replace('-', '_')}-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("".join(
+        f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) for group, eps in entry_points.items()))
+    for name, text in modules.items():
+        (site / f"{name}.py").write_text(textwrap.dedent(text))
+
+
+def env_with(*paths: Path) -> dict[str, str]:
+    """This process's environment with `paths` first on PYTHONPATH, and no plugin tracing asked for."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([*map(str, paths), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.pop("HLOFORGE_TRACE_PLUGINS", None)
+    return env
