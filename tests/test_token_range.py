@@ -87,3 +87,13 @@ def test_a_models_predict_and_fit_refuse_them():
     xb[0, 0] = VOCAB
     with pytest.raises(DataError, match=rf"x holds out-of-range token ids \({VOCAB}\); {EXPECTED}$"):
         m.fit(xb, np.zeros((2, T), np.int64), batch_size=2, epochs=1)
+
+
+def test_a_language_model_of_another_vocabulary_than_its_text_names_the_classes_that_fit(tmp_path, capsys):
+    """The language models' check says what to pass, as the classifiers' does (tasks.classes_mismatch)."""
+    from hloforge.cli import main
+
+    assert main(["train", "tinygpt-nano", "--classes", "50", "--data", "text", "--epochs", "1",
+                 "--run-dir", str(tmp_path / "r"), "--no-progress"]) == 3
+    assert capsys.readouterr().err == ("hloforge: error: dataset 'text' has 65 classes, net 'tinygpt-nano' has 50; "
+                                       "pass --classes 65 to give the net a head of 65\n")
