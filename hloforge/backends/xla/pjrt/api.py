@@ -73,6 +73,14 @@ def _dtype_of(code: int) -> np.dtype:
 Doing = str | Callable[[], str]
 
 
+# The calls a finalizer may make (freeing an executable, a client, a borrowed array's event, and an error
+# any of them returns), their argument types parsed when a plugin is loaded. cffi parses a type under a
+# lock it does not re-enter; a garbage collection inside that parse that ran a finalizer whose call
+# parsed a type too would wait on that lock for ever.
+RELEASE_CALLS = ("LoadedExecutable_Destroy", "Client_Destroy", "Event_Await", "Event_Destroy", "Error_Message",
+                 "Error_GetCode", "Error_Destroy")
+
+
 @functools.cache
 def _args_type(name: str) -> tuple[object, int]:
     """The cffi pointer type of ``PJRT_<name>_Args`` and its struct_size (the hot path asks often)."""
@@ -109,6 +117,8 @@ class Api:
         self.call("Plugin_Initialize", "initializing the PJRT plugin")
         self._destroy = self._api.PJRT_Buffer_Destroy
         self._destroy_type, self._destroy_size = _args_type("Buffer_Destroy")
+        for name in RELEASE_CALLS:
+            _args_type(name)
         self.attributes = self._plugin_attributes()
 
     def args(self, name: str, **fields):
