@@ -26,13 +26,14 @@ from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
 from hloforge.core.registry import default_registry
 from hloforge.core.spec import NetSpec, summary_table
 from hloforge.core.variant import Variant, VariantFields
+from hloforge.train import arraydata
 from hloforge.train import checkpoint as ckpt
-from hloforge.train.arraydata import ARRAYS, ArrayData, label_kind
+from hloforge.train.arraydata import ARRAYS, ArrayData, InputKind, batched, label_kind, row_count
 from hloforge.train.config import BITMAP, CHECKPOINT, CONFIG, TrainConfig, parse_data_options
 from hloforge.train.curves import PNG
 from hloforge.train.metrics import eval_set_id
 from hloforge.train.rundir import METRICS, locked
-from hloforge.train.session import ForwardSession, TrainSession, checked_labels, make_backend, net_inputs
+from hloforge.train.session import ForwardSession, TrainSession, checked_labels, make_backend
 
 # What fit reads of an iterable of batches before it refuses it as endless (it holds them all, then a copy).
 FIT_BATCHES_MAX_BYTES = 8 << 30
@@ -62,15 +63,6 @@ def _spec_of(net: NetSpec | str, classes: int | None, input: Sequence[int] | Non
         raise UnsupportedSpec(f"net must be a NetSpec, a zoo name or a spec file path, got {type(net).__name__}")
     spec = get_net(net, classes, input)
     return spec, (os.path.abspath(net) if net.endswith(SPEC_SUFFIXES) else net)
-
-
-def _rows(a: Any, what: str) -> int:
-    if not hasattr(a, "__len__") or np.ndim(a) == 0:
-        raise DataError(f"{what} is a {type(a).__name__}, expected an array with one row per example")
-    n = len(a)
-    if n == 0:
-        raise DataError(f"{what} is empty (0 rows), expected at least one example")
-    return n
 
 
 class _Keep(Callback):
@@ -142,6 +134,9 @@ class Model:
         # The dataset a saved run directory names for `hloforge eval`: the one the model last trained on (its
         # last fit's, or the loaded run's); ARRAYS, none, until a fit on a registered dataset.
         self._data, self._data_options = ARRAYS, ()  # and its options ("key=value" items), as a config has them
+        # the kind of x it was fit on (refused of another kind when scored); None: not known, nothing checked
+        self._inputs: InputKind | None = None
+        self._fit_inputs: InputKind | None = None  # the fit in progress's, the model's when an epoch is kept
         self._sessions: dict[tuple[int, int], TrainSession] = {}  # by (batch, processes)
         self._live: Any = None  # the session the last fit ran on
         self._forwards: dict[int, ForwardSession] = {}
@@ -178,27 +173,22 @@ class Model:
         return self._forwards[batch]
 
     # ------------------------------------------------------------------ checks
-    def _check_x(self, x: Any, what: str) -> np.ndarray:
-        try:
-            n = _rows(x, f"{what} x")
-            x = np.asarray(x)
-        except ValueError:  # numpy's, on rows of different lengths
-            raise DataError(f"{what} x is ragged (its rows differ in length); expected an array of shape "
-                            f"{batched(self.spec.input_shape)}") from None
-        if tuple(x.shape[1:]) != tuple(self.spec.input_shape):  # said as [N, ...]: a lone row's length is no batch size
-            raise DataError(f"{what} x has shape {list(x.shape)}, expected {batched(self.spec.input_shape)} "
-                            "(a batch of rows; one row is x[None])")
-        return net_inputs(x, self.spec, n, what)
+    def _check_x(self, x: Any, what: str, trained: InputKind | None = None) -> np.ndarray:
+        """x as the net's float32 rows, refused if of another kind than `trained` (the model's, to score)."""
+        given, xa = arraydata.input_rows(x, self.spec, what)
+        arraydata.check_input_kind(trained, given, xa, what)
+        return xa
 
-    def _check_xy(self, x: Any, y: Any, what: str, scored: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    def _check_xy(self, x: Any, y: Any, what: str, scored: bool = False,
+                  trained: InputKind | None = None) -> tuple[np.ndarray, np.ndarray]:
         """x and y checked whole, against the labels the loss takes (as a train step's layout has them:
         no compile needed); `scored`: labels only scored (a language model's may hold its padding)."""
         from hloforge.core.modules import label_type
         from hloforge.datasets.text import IGNORE
         from hloforge.train.session import label_classes
 
-        xa = self._check_x(x, what)
-        n = _rows(y, f"{what} y")
+        xa = self._check_x(x, what, trained)
+        n = row_count(y, f"{what} y")
         if n != len(xa):
             raise DataError(f"{what}: x has {len(xa)} rows but y has {n}; expected one label per row")
         out = self.spec.out_shape
@@ -260,11 +250,12 @@ class Model:
             batch_size = len(xs[0]) if batch_size is None else batch_size  # 0 is refused below, not defaulted
             x, y = np.concatenate(xs), np.concatenate(ys)
         batch_size = checked_batch_size(batch_size, 32)
-        xa = self._check_x(x, "fit")  # before the compile: a bad x is refused at once
+        given, xa = arraydata.input_rows(x, self.spec, "fit")  # before the compile: a bad x is refused at once
+        self._fit_inputs = arraydata.input_kind(given, xa, self.spec)  # the model's once an epoch of it is kept
         if validation_data is not None:
             if not (isinstance(validation_data, (tuple, list)) and len(validation_data) == 2):
                 raise DataError("validation_data must be a pair (x, y)")
-            self._check_x(validation_data[0], "validation_data")
+            self._check_x(validation_data[0], "validation_data", self._fit_inputs)
         if batch_size > len(xa):
             raise DataError(f"batch_size {batch_size} is larger than the {len(xa)} rows of x; expected at most "
                             f"{len(xa)}")
@@ -317,6 +308,7 @@ class Model:
                                       "pass no x, y or validation_data with it")
             batch = checked_batch_size(batch_size, 32)
             run = self._run(data, batch, epochs, shuffle, verbose, data_options)
+            self._fit_inputs = arraydata.dataset_inputs(data, self.spec)
         else:
             if x is None:
                 raise DataError("fit takes arrays x and y, an iterable of (x, y) batches or a dataset name; got none")
@@ -362,7 +354,7 @@ class Model:
         self._epoch = epoch
         self._step = self._live.step
         # weights trained on it now: a registered dataset's name (with its options), or ARRAYS
-        self._data, self._data_options = run.cfg.data, run.cfg.data_options
+        self._data, self._data_options, self._inputs = run.cfg.data, run.cfg.data_options, self._fit_inputs
 
     def plot(self, path: str = "curves.png") -> str:
         """This model's curves over `self.history` (loss, and the validation metric), written to `path`."""
@@ -388,7 +380,7 @@ class Model:
     # ------------------------------------------------------------------ scoring
     def predict(self, x: Any, batch_size: int | None = None) -> np.ndarray:
         """The eval-mode logits of every row of x (a short last batch padded, its padding dropped)."""
-        xa = self._check_x(x, "predict")
+        xa = self._check_x(x, "predict", self._inputs)
         return self._forward(checked_batch_size(batch_size, self._batch)).logits(xa, [*self._params, *self._running])
 
     def evaluate(self, x: Any = None, y: Any = None, batch_size: int | None = None, *, data: str | None = None,
@@ -409,7 +401,7 @@ class Model:
                 raise UnsupportedSpec("evaluate(data=NAME) scores the dataset's test split; pass no x or y with it")
             run = self._run(data, batch, data_options=data_options, eval_only=True)
         else:
-            xa, ya = self._check_xy(x, y, "evaluate", scored=True)
+            xa, ya = self._check_xy(x, y, "evaluate", scored=True, trained=self._inputs)
             run = self._run(ArrayData(self.spec, self._label_kind(), None, (xa, ya)), batch, eval_only=True)
         buffers = [*self._params, *self._running]
         if run.lm:
@@ -458,7 +450,7 @@ class Model:
         names = [n for n, _ in self._param_slots]
         full = ckpt.tensor_names(names, self._state_layout.slots, self._stat_names,
                                  shadow_stats=self._state_layout.shadows, trained=self._trained_names())
-        return [t.removeprefix("state/") for t in full[len(names):]]
+        return [t.removeprefix(f"{ckpt.STATE}/") for t in full[len(names):]]
 
     def _trained_names(self) -> list[str]:
         """The parameters the step updates (all but the frozen ones): each state group holds one tensor per each."""
@@ -483,7 +475,8 @@ class Model:
         index = {n: i for i, (n, _) in enumerate(want)}
         unknown = sorted(set(new) - set(index))
         if unknown:
-            raise DataError(f"{what}: no tensor named {unknown[0]!r}; the names are {list(index)[:6]}...")
+            raise DataError(f"{what}: no tensor named {unknown[0]!r}; the names are {list(index)[:6]}..."
+                            f"{ckpt.named_by_checkpoint(unknown[0], what)}")
         out = list(current)
         for name, a in new.items():
             a = np.asarray(a)
@@ -544,7 +537,8 @@ class Model:
         names = ckpt.tensor_names([n for n, _ in self._param_slots], self._state_layout.slots, self._stat_names,
                                   shadow_stats=self._state_layout.shadows, trained=self._trained_names())
         meta = {"spec": self.spec.to_dict(), "variant": attrs.asdict(self.variant), "backend": self.backend.name,
-                "epoch": self._epoch, "step": self._step, "seed": self.seed, "config": attrs.asdict(cfg), **eval_set}
+                "epoch": self._epoch, "step": self._step, "seed": self.seed, "config": attrs.asdict(cfg), **eval_set,
+                **({"inputs": attrs.asdict(self._inputs)} if self._inputs else {})}
         try:
             with locked(path, file):
                 if not self._net_ref:
@@ -591,11 +585,6 @@ def _checked_path(path: Any, what: str) -> str:
     return p
 
 
-def batched(shape: Sequence[int]) -> str:
-    """A batch of rows of `shape`, as messages say it: [N, 784]."""
-    return "[" + ", ".join(["N", *map(str, shape)]) + "]"
-
-
 def load(path: str, backend: str | None = None) -> Model:
     """A run directory written by `Model.save` or `hloforge train`, as a Model: θ, optimizer state,
     BN statistics, step and epoch as saved, bit for bit."""
@@ -640,4 +629,5 @@ def load(path: str, backend: str | None = None) -> Model:
         model._shadow_running = got[n + k + m:]
     model._step, model._epoch, model._batch = int(meta["step"]), int(meta["epoch"]), cfg.batch
     model._data, model._data_options = cfg.data, cfg.data_options
+    model._inputs = arraydata.saved_inputs(file, meta, cfg.data, model.spec)
     return model

@@ -21,11 +21,8 @@ import numpy as np
 from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
 from hloforge.core.spec import NetSpec
 from hloforge.interop.torch_names import IGNORED_SUFFIXES, LAYOUTS, SOURCES, Family, Unit, units
-from hloforge.train.checkpoint import read_weights_file
+from hloforge.train.checkpoint import PICKLED, read_weights_file, unwrapped
 from hloforge.zoo import get_net
-
-PICKLED = (".pth", ".pt", ".bin")
-WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # what nn.DataParallel / DistributedDataParallel and torch.compile add
 
 
 def family(source: str) -> Family:
@@ -81,17 +78,6 @@ def _unpickling_refusal(text: str) -> str:
         return f"it calls {built.group(1)}"
     first = re.sub(r"\x1b\[[0-9;]*m", "", text).strip().splitlines()
     return f"torch.load weights_only=True: {first[0] if first else 'refused'}"
-
-
-def unwrapped(sd: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
-    """`sd` without the prefix a wrapper gives every name (a state dict saved from a DataParallel or a
-    compiled model), so it maps as the bare model's."""
-    while sd:
-        prefix = next((p for p in WRAPPER_PREFIXES if all(k.startswith(p) for k in sd)), None)
-        if prefix is None:
-            break
-        sd = {k[len(prefix):]: v for k, v in sd.items()}
-    return sd
 
 
 @attrs.frozen

@@ -1,15 +1,26 @@
 """The user's own arrays as the dataset a Run reads (what `Model.fit(x, y)` and `Model.evaluate(x, y)`
 train and score on), and the name a run directory's config gives them: no registered dataset. A run
-saved from them opens without data (`hloforge export`: its net and weights alone) on `no_rows`."""
+saved from them opens without data (`hloforge export`: its net and weights alone) on `no_rows`.
+
+Also the checks of a Model's x (`input_rows`) and the kind of input a model was fit on (`InputKind`:
+integers such as uint8 pixels, or real numbers, and their span), kept with the model and saved with it,
+so x of the other kind (uint8 pixels 0…255 to a net trained on standardised floats: a plausible, wrong
+score) is refused by evaluate and predict rather than scored."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
 import numpy as np
 
+from hloforge.core.errors import DataError, HloforgeError
 from hloforge.core.modules import label_type
 from hloforge.core.registry import default_registry
 from hloforge.core.spec import NetSpec
 from hloforge.core.variant import Variant
+from hloforge.train.session import net_inputs, token_vocab
 
 ARRAYS = "arrays"  # what a fit on arrays names its data in the run's config (no registered dataset)
 
@@ -51,3 +62,139 @@ def no_rows(spec: NetSpec, variant: Variant) -> ArrayData:
     x = np.zeros((0, *spec.input_shape), np.float32)
     y = np.zeros((0, *y_shape), np.int32 if y_dtype == "i32" else np.float32)
     return ArrayData(spec, label_kind(spec, variant), None, (x, y))
+
+
+def batched(shape: Sequence[int]) -> str:
+    """A batch of rows of `shape`, as messages say it: [N, 784]."""
+    return "[" + ", ".join(["N", *map(str, shape)]) + "]"
+
+
+def row_count(a: Any, what: str) -> int:
+    """The rows of `a`, refused unless an array of at least one."""
+    if not hasattr(a, "__len__") or np.ndim(a) == 0:
+        raise DataError(f"{what} is a {type(a).__name__}, expected an array with one row per example")
+    n = len(a)
+    if n == 0:
+        raise DataError(f"{what} is empty (0 rows), expected at least one example")
+    return n
+
+
+def input_rows(x: Any, spec: NetSpec, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """(x as given, as an array; x as the float32 rows the net takes), checked whole: rows of `spec`'s
+    input shape, real and finite (token ids for a net that takes them)."""
+    want = tuple(spec.input_shape)
+    try:
+        n = row_count(x, f"{what} x")
+        x = np.asarray(x)
+    except ValueError:  # numpy's, on rows of different lengths
+        raise DataError(f"{what} x is ragged (its rows differ in length); expected an array of shape "
+                        f"{batched(want)}") from None
+    if tuple(x.shape[1:]) != want:  # said as [N, ...]: a lone row's length is no batch size
+        raise DataError(f"{what} x has shape {list(x.shape)}, expected {batched(want)} ({_shape_hint(x.shape, want)})")
+    return x, net_inputs(x, spec, n, what)
+
+
+def _shape_hint(got: tuple[int, ...], want: tuple[int, ...]) -> str:
+    """What x of shape `got` may be, for a net taking rows of `want`: images with their channels last
+    (NHWC, as PIL, TensorFlow and most image files have them) for a net taking them first (NCHW)."""
+    if len(want) == 3 and want[0] != want[2]:
+        last = (*want[1:], want[0])
+        if tuple(got[1:]) == last:
+            return "images with their channels last; x.transpose(0, 3, 1, 2) puts them first, as the net takes them"
+        if tuple(got) == last:
+            return "one image with its channels last; x.transpose(2, 0, 1)[None] is a batch of it as the net takes it"
+    return "a batch of rows; one row is x[None]"
+
+
+@attrs.frozen
+class InputKind:
+    """The inputs a model was fit on: of an integer dtype (pixels 0…255), all whole numbers (an integer
+    dtype's, or floats that hold whole numbers), their dtype and span; `dataset`: a registered dataset's
+    (its images scaled and standardised; no span kept), "" for arrays."""
+
+    integer: bool
+    whole: bool
+    dtype: str
+    lo: float | None = None
+    hi: float | None = None
+    dataset: str = ""
+
+    def said(self) -> str:
+        if self.dataset:
+            return f"real numbers (dataset {self.dataset!r}, which scales and standardises its images)"
+        return f"{'integers' if self.integer else 'real numbers'} ({self.dtype} in {_span(self.lo, self.hi)})"
+
+    @classmethod
+    def from_meta(cls, path: str, stored: Any) -> InputKind:
+        """The kind a checkpoint's metadata `inputs` records (Model.save writes it), one line if tampered."""
+        span = (int, float, type(None))
+        types: dict[str, type | tuple[type, ...]] = {"integer": bool, "whole": bool, "dtype": str, "lo": span,
+                                                     "hi": span, "dataset": str}
+        if not (isinstance(stored, dict) and set(stored) == set(types)
+                and all(isinstance(stored[k], t) for k, t in types.items())):
+            raise DataError(f"checkpoint {path}: its metadata 'inputs' is {stored!r:.60}, expected the kind of input "
+                            f"the model was fit on (keys {sorted(types)}); tampered, or not written by hloforge")
+        return cls(**stored)
+
+
+def _span(lo: float | None, hi: float | None) -> str:
+    """A span as messages say it: 0 … 255, -2.12 … 2.82 ("?" for a bound not known)."""
+    def said(v: float | None) -> str:
+        if v is None:
+            return "?"
+        return str(int(v)) if float(v).is_integer() and abs(v) < 1e15 else f"{v:.3g}"
+    return f"{said(lo)} … {said(hi)}"
+
+
+def _all_whole(x: np.ndarray) -> bool:
+    """Every value of the float32 `x` a whole number; a chunk at a time, so real data stops at its first."""
+    flat = x.reshape(-1)
+    step = 1 << 20
+    return all(np.array_equal(c, np.rint(c)) for c in (flat[i:i + step] for i in range(0, len(flat), step)))
+
+
+def input_kind(given: np.ndarray, x: np.ndarray, spec: NetSpec) -> InputKind | None:
+    """The kind of `given` (x as given; `x` its float32 rows); None for a net taking token ids (ids are ids,
+    whatever their dtype)."""
+    if token_vocab(spec) is not None:
+        return None
+    integer = given.dtype.kind in "iu"
+    return InputKind(integer, integer or _all_whole(x), given.dtype.name, float(x.min()), float(x.max()))
+
+
+def dataset_inputs(name: str, spec: NetSpec) -> InputKind | None:
+    """The kind of input a model fit on dataset `name` was trained on: hloforge's own datasets scale and
+    standardise their images (real numbers); None (not known, nothing checked) for arrays without a
+    record, a plugin's dataset or token ids."""
+    if name == ARRAYS or token_vocab(spec) is not None:
+        return None
+    try:
+        builtin = default_registry().entry("dataset", name).builtin
+    except HloforgeError:  # a dataset no longer installed
+        return None
+    return InputKind(False, False, "float32", dataset=name) if builtin else None
+
+
+def saved_inputs(path: str, meta: dict[str, Any], data: str, spec: NetSpec) -> InputKind | None:
+    """The kind of input a checkpoint's model was fit on: its record (Model.save), else its dataset's
+    (`hloforge train`), else None: a model saved on arrays before the record was kept is not checked."""
+    return InputKind.from_meta(path, meta["inputs"]) if "inputs" in meta else dataset_inputs(data, spec)
+
+
+def check_input_kind(trained: InputKind | None, given: np.ndarray, x: np.ndarray, what: str) -> None:
+    """Refuse x (`given`; `x` its float32 rows) of another kind than the model was `trained` on: integers
+    for a model fit on real numbers, or real numbers (not whole) for one fit on integers."""
+    if trained is None:
+        return
+    integer = given.dtype.kind in "iu"
+    if (integer and trained.whole) or (not integer and (not trained.integer or _all_whole(x))):
+        return
+    got = f"{given.dtype} in {_span(float(x.min()), float(x.max()))}" + ("" if integer else ", not whole numbers")
+    if not integer:
+        todo = f"pass x in the training data's scale, as {trained.dtype}"
+    elif trained.dataset:
+        todo = f"scale and standardise x as dataset {trained.dataset!r} does its images"
+    else:
+        todo = "scale x as the training data was (e.g. x.astype(np.float32) / 255, then the same standardisation)"
+    raise DataError(f"{what} x is {got}, but the model was trained on {trained.said()}; {todo}, or fit the model "
+                    "on x of this kind")

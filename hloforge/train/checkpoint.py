@@ -21,7 +21,7 @@ import signal
 import struct
 import time
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 import attrs
@@ -41,6 +41,7 @@ SLOW_WRITE_ENV = "HLOFORGE_DRILL_SLOW_WRITE"
 TRACE_ENV = "HLOFORGE_DRILL_TRACE"
 TMP_SUFFIX = ".tmp"  # one writer per run directory (the run's lock), so one fixed temp name
 PARAMS = "param"  # θ
+STATE = "state"  # the optimizer state's groups: state/m, state/E, ...
 T = TypeVar("T")
 STATS = "stat"  # the running BatchNorm statistics: what the live weights are scored with
 SHADOW_STATS = f"{STATS}/{SHADOW}"  # the EMA shadow's statistics: what the shadow is scored with
@@ -48,7 +49,7 @@ SHADOW_STATS = f"{STATS}/{SHADOW}"  # the EMA shadow's statistics: what the shad
 
 def state_group(slot: str) -> str:
     """The group of a state slot's tensors (`state/m`, `state/E`, ...)."""
-    return f"state/{slot}"
+    return f"{STATE}/{slot}"
 
 
 def names_in(group: str, names: Sequence[str]) -> list[str]:
@@ -162,6 +163,55 @@ def read_weights_file(path: str, what: str) -> dict[str, np.ndarray]:
         return dict(load_file(path))
     except (SafetensorError, OSError, ValueError) as e:
         raise DataError(f"{what} {path} is truncated or not a safetensors file ({e})") from None
+
+
+WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # what nn.DataParallel / DistributedDataParallel and torch.compile add
+PICKLED = (".pth", ".pt", ".bin")  # PyTorch's pickles: `import-weights` reads them (through torch)
+
+
+def unwrapped(sd: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
+    """`sd` without the prefix a wrapper gives every name (a state dict saved from a DataParallel or a
+    compiled model), so it maps as the bare model's."""
+    while sd:
+        prefix = next((p for p in WRAPPER_PREFIXES if all(k.startswith(p) for k in sd)), None)
+        if prefix is None:
+            break
+        sd = {k[len(prefix):]: v for k, v in sd.items()}
+    return sd
+
+
+def foreign_format(path: str) -> str | None:
+    """What a file that does not read as safetensors is instead, when it is a common one (said in a
+    refusal: "a NumPy .npz archive"), else None. A PyTorch pickle by its suffix: torch.save's is a zip too."""
+    if path.endswith(PICKLED):
+        return "a PyTorch pickle"
+    try:
+        with open(path, "rb") as f:
+            head = f.read(6)
+    except OSError:
+        return None
+    if head.startswith(b"\x93NUMPY"):
+        return "a NumPy .npy array"
+    if head.startswith(b"PK") or path.endswith(".npz"):  # np.savez writes a zip
+        return "a NumPy .npz archive" if path.endswith(".npz") else "a zip archive"
+    return None
+
+
+def named_by_checkpoint(name: str, what: str) -> str:
+    """For `Model.params = …` / `Model.state = …` (`what`) handed a tensor under a weights file's or
+    checkpoint's own name (`param/0.w`, `stat/1.mean`, `state/m/0.w`): where it goes, as a clause; else ""."""
+    group = name.partition("/")[0]
+    if group == PARAMS and what == "params":
+        return (f"; a weights file's names carry the prefix '{PARAMS}/': drop it ({{k.removeprefix('{PARAMS}/'): v "
+                f"for k, v in d.items() if k.startswith('{PARAMS}/')}}), and give its {STATS}/… tensors to "
+                "model.state as they are")
+    if group == PARAMS:
+        return f"; {PARAMS}/… tensors are weights: model.params takes them without the prefix '{PARAMS}/'"
+    if group == STATS and what == "params":
+        return f"; {STATS}/… tensors are BatchNorm statistics: model.state takes them as they are"
+    if group == STATE:
+        return f"; a checkpoint's optimizer state: model.state takes it without the prefix '{STATE}/'"
+    return ""
 
 
 def load_checkpoint(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:

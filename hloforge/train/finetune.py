@@ -2,12 +2,14 @@
 
 The init is a run directory (`hloforge train`, `hloforge import-weights`, `Model.save`), a checkpoint
 file, an export directory (`hloforge export`: weights.safetensors and manifest.json) or a bare weights
-file of `param/…` and `stat/…` tensors. θ and the BatchNorm running statistics are taken, every tensor
-matched by name and shape (half, bfloat16 and double ones read as float32); the optimizer state is not (it
-starts at step 0, as any new run's), nor an EMA shadow's (the shadow starts at the init's θ). When the run's
-class count differs from the init's (as its metadata or export manifest states it, else as its head's shapes
-give it), the head (the last layer with parameters) is re-initialised by the net's own rule at the run's
-seed, and the log says so. Anything else that does not fit is one line, read before anything is written.
+file of `param/…` and `stat/…` tensors (a `module.` / `_orig_mod.` prefix on every name dropped). θ and
+the BatchNorm running statistics are taken, every tensor matched by name and shape (half, bfloat16 and
+double ones read as float32); the optimizer state is not (it starts at step 0, as any new run's), nor an
+EMA shadow's (the shadow starts at the init's θ). When the run's class count differs from the init's (as
+its metadata or export manifest states it, else as its head's shapes give it), the head (the last layer
+with parameters) is re-initialised by the net's own rule at the run's seed, and the log says so. Anything
+else that does not fit is one line, read before anything is written; a file that is no safetensors (an
+.npz, a PyTorch pickle) is named as what it is.
 """
 
 from __future__ import annotations
@@ -61,11 +63,12 @@ def _read(path: str) -> tuple[str, dict[str, np.ndarray], int | None]:
         with safe_open(path, "np") as f:
             fmt = (f.metadata() or {}).get("format")
     except (SafetensorError, OSError, ValueError) as e:
-        raise DataError(f"--init {path} is truncated or not a safetensors file ({e})") from None
+        raise DataError(_not_safetensors(path, e)) from None
     if fmt == ckpt.FORMAT:
         tensors, meta = ckpt.load_checkpoint(path)
         return path, tensors, int(meta["spec"].get("num_classes", 0)) or None
-    tensors = ckpt.read_weights_file(path, "--init")
+    # a DataParallel's or torch.compile's prefix on every name dropped, as import-weights drops it
+    tensors = dict(ckpt.unwrapped(ckpt.read_weights_file(path, "--init")))
     manifest = os.path.join(os.path.dirname(path), EXPORT_MANIFEST)
     with safe_open(path, "np") as f:  # a bare weights file (import-weights --out FILE.safetensors) says it
         said = (f.metadata() or {}).get("classes", "")
@@ -77,6 +80,21 @@ def _read(path: str) -> tuple[str, dict[str, np.ndarray], int | None]:
         except (OSError, ValueError, KeyError, TypeError):
             raise DataError(f"--init {path}: its {manifest} does not read as an export manifest") from None
     return path, tensors, classes
+
+
+def _not_safetensors(path: str, error: Exception) -> str:
+    """The refusal of an --init file that does not read as safetensors: what it is when that is known
+    (an .npz, a PyTorch pickle) and what --init reads instead."""
+    what = ckpt.foreign_format(path)
+    if what is None:
+        return f"--init {path} is truncated or not a safetensors file ({error})"
+    if path.endswith(ckpt.PICKLED):
+        return (f"--init {path} is {what}; --init reads safetensors files: map a torchvision / timm state dict "
+                f"onto its zoo net with `hloforge import-weights SOURCE {path} --out FILE.safetensors`, then --init "
+                "that file")
+    return (f"--init {path} is {what}; --init reads safetensors files (an hloforge run directory or checkpoint, a "
+            f"weights file of {ckpt.PARAMS}/… and {ckpt.STATS}/… tensors, `hloforge import-weights` output): write "
+            "the arrays with safetensors.numpy.save_file under those names")
 
 
 def read_init(run: Run, log: Callable[[str], None] = print) -> Init:

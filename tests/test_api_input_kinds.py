@@ -1,0 +1,173 @@
+"""The kind of input a Model was fit on (integer pixels or real numbers), kept and saved with it so x of
+the other kind is refused rather than scored; the hints for x with its channels last and for a weights
+file's names given to `model.params`; and `--init` of an .npz, a PyTorch pickle or a wrapped model's
+prefixed file (the own-data fuzz's findings 6, 8, 11 and 12)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from safetensors import safe_open
+from safetensors.numpy import load_file, save_file
+
+import hloforge as hf
+from hloforge.cli import EXIT_BAD_INPUT, main
+from hloforge.core.errors import DataError
+from hloforge.train import arraydata, finetune
+from hloforge.train.config import CHECKPOINT
+from hloforge.train.trainer import Run, TrainConfig
+from hloforge.zoo import get_net
+
+Dense = hf.layers.Dense
+
+
+def tiny_net(inputs: int = 4) -> hf.NetSpec:
+    return hf.NetSpec("kinds-tiny", (inputs,), [Dense(8, act="relu"), Dense(3)], 3)
+
+
+def standardised(n: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(n, 4)).astype(np.float32), rng.integers(0, 3, n).astype(np.int32)
+
+
+def pixels(n: int = 64) -> np.ndarray:
+    x = np.random.default_rng(1).integers(0, 256, (n, 4)).astype(np.uint8)
+    x[0, :2] = 0, 255  # the whole range, as images have it
+    return x
+
+
+def fitted(x: np.ndarray, y: np.ndarray) -> hf.Model:
+    m = hf.Model(tiny_net(), seed=0)
+    m.fit(x, y, epochs=1, batch_size=16, verbose=False)
+    return m
+
+
+@pytest.fixture(scope="module")
+def on_floats() -> hf.Model:
+    return fitted(*standardised())
+
+
+def one_line(e: pytest.ExceptionInfo[DataError]) -> str:
+    msg = str(e.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_uint8_pixels_for_a_model_fit_on_standardised_floats_are_refused_naming_both_kinds(on_floats) -> None:
+    x, y = standardised()
+    with pytest.raises(DataError) as e:
+        on_floats.evaluate(pixels(), y)
+    msg = one_line(e)
+    lo, hi = float(x.min()), float(x.max())
+    assert msg.startswith("evaluate x is uint8 in 0 … 255, but the model was trained on real numbers (float32 in "
+                          f"{lo:.3g} … {hi:.3g}); scale x as the training data was"), msg
+    with pytest.raises(DataError, match=r"^predict x is int64 in 200 … 200, .*trained on real numbers"):
+        on_floats.predict(np.full((3, 4), 200))
+    assert on_floats.predict(x[:3].astype(np.float64)).shape == (3, 3)  # floats of any width are floats
+
+
+def test_a_model_fit_on_integer_pixels_refuses_scaled_floats_and_takes_the_same_pixels_as_floats() -> None:
+    _, y = standardised()
+    m = fitted(pixels(), y)  # fit on integers trains as before
+    xu = pixels()[:5]
+    assert np.array_equal(m.predict(xu.astype(np.float32)), m.predict(xu))
+    with pytest.raises(DataError) as e:
+        m.predict(xu / 255.0)
+    msg = one_line(e)
+    assert "predict x is float64 in" in msg and "not whole numbers" in msg and "trained on integers (uint8 in" in msg
+    assert "as uint8" in msg
+    with pytest.raises(DataError, match=r"^validation_data x is float32 in .*, but the model was trained on integers"):
+        hf.Model(tiny_net(), seed=0).fit(pixels(), y, epochs=1, batch_size=16, verbose=False,
+                                         validation_data=(standardised()[0], y))
+
+
+def test_the_kind_is_saved_with_the_model_and_one_saved_without_it_is_scored_as_before(on_floats, tmp_path) -> None:
+    path = str(tmp_path / "run")
+    on_floats.save(path)
+    with pytest.raises(DataError, match=r"^predict x is uint8 in 0 … 255, but the model was trained on real"):
+        hf.load(path).predict(pixels()[:3])
+    file = str(tmp_path / "run" / CHECKPOINT)  # as Model.save wrote it before it kept the record
+    with safe_open(file, "np") as f:
+        meta = dict(f.metadata())
+    assert json.loads(meta.pop("inputs"))["integer"] is False
+    save_file(load_file(file), file, metadata=meta)
+    assert hf.load(path).predict(pixels()[:3]).shape == (3, 3)
+    meta["inputs"] = json.dumps({"integer": "no"})
+    save_file(load_file(file), file, metadata=meta)
+    with pytest.raises(DataError, match=r"its metadata 'inputs' is .*tampered"):
+        hf.load(path)
+
+
+def test_a_model_fit_on_a_builtin_dataset_counts_as_trained_on_floats() -> None:
+    m = hf.Model(hf.NetSpec("kinds-digits", (784,), [Dense(10)], 10), seed=0)
+    m.fit("digits", epochs=1, batch_size=256, verbose=False)
+    with pytest.raises(DataError) as e:
+        m.predict(np.zeros((2, 784), np.uint8))
+    assert "trained on real numbers (dataset 'digits', which scales and standardises its images)" in one_line(e)
+    assert arraydata.dataset_inputs(arraydata.ARRAYS, m.spec) is None
+    assert arraydata.input_kind(np.zeros((1, 16), np.int32), np.zeros((1, 16), np.float32),
+                                get_net("tinygpt-nano")) is None  # token ids are ids, whatever their dtype
+
+
+def test_images_with_their_channels_last_are_refused_with_the_transpose_that_fixes_them() -> None:
+    m = hf.Model(hf.NetSpec("kinds-conv", (3, 8, 8), [hf.layers.Conv2d(4), hf.layers.Flatten(), Dense(2)], 2))
+    with pytest.raises(DataError) as e:
+        m.predict(np.zeros((5, 8, 8, 3), np.float32))
+    assert one_line(e) == ("predict x has shape [5, 8, 8, 3], expected [N, 3, 8, 8] (images with their channels "
+                           "last; x.transpose(0, 3, 1, 2) puts them first, as the net takes them)")
+    with pytest.raises(DataError, match=r"one image with its channels last; x\.transpose\(2, 0, 1\)\[None\]"):
+        m.predict(np.zeros((8, 8, 3), np.float32))
+    with pytest.raises(DataError, match=r"\(a batch of rows; one row is x\[None\]\)$"):
+        m.predict(np.zeros((5, 8, 3, 8), np.float32))
+
+
+def test_a_weights_files_names_given_to_params_say_how_to_hand_them_over() -> None:
+    net = hf.NetSpec("kinds-bn", (4,), [Dense(8), hf.layers.BatchNorm(act="relu"), Dense(3)], 3)
+    m = hf.Model(net, seed=0)
+    src = hf.Model(net, seed=5)
+    file = {**{f"param/{k}": v for k, v in src.params.items()},  # a bare weights / export file's names
+            **{k: v + 1 for k, v in src.state.items() if k.startswith("stat/")}}
+    with pytest.raises(DataError) as e:
+        m.params = file
+    msg = one_line(e)
+    assert msg.startswith("params: no tensor named 'param/0.b'; the names are ['0.w', ")
+    assert "drop it ({k.removeprefix('param/'): v for k, v in d.items() if k.startswith('param/')})" in msg
+    assert "stat/… tensors to model.state" in msg
+    d = file  # the hint, followed
+    m.params = {k.removeprefix('param/'): v for k, v in d.items() if k.startswith('param/')}
+    m.state = {k: v for k, v in d.items() if k.startswith("stat/")}
+    assert all(np.array_equal(m.params[k], v) for k, v in src.params.items())
+    assert np.array_equal(m.state["stat/1.mean"], src.state["stat/1.mean"] + 1)
+    with pytest.raises(DataError, match=r"stat/… tensors are BatchNorm statistics: model\.state takes them"):
+        m.params = {"stat/1.mean": np.zeros(8)}
+    with pytest.raises(DataError, match=r"model\.params takes them without the prefix 'param/'$"):
+        m.state = {"param/0.w": np.zeros((4, 8))}
+
+
+def test_init_of_an_npz_or_a_pytorch_pickle_says_what_it_is_and_what_init_reads(tmp_path, capsys) -> None:
+    np.savez(tmp_path / "w.npz", a=np.zeros(3))
+    (tmp_path / "w.pth").write_bytes(b"\x80\x02}q\x00.")  # a pickled {} as torch.save's legacy format starts
+    for name, said in (("w.npz", "is a NumPy .npz archive; --init reads safetensors files (an hloforge run "
+                                 "directory or checkpoint, a weights file of param/… and stat/… tensors, "
+                                 "`hloforge import-weights` output)"),
+                       ("w.pth", "is a PyTorch pickle; --init reads safetensors files: map a torchvision / timm "
+                                 "state dict onto its zoo net with `hloforge import-weights SOURCE")):
+        run = tmp_path / f"run-{name}"
+        capsys.readouterr()
+        assert main(["train", "mnist-mlp", "--init", str(tmp_path / name), "--run-dir", str(run),
+                     "--no-progress"]) == EXIT_BAD_INPUT
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and said in err and not run.exists(), err
+
+
+@pytest.mark.parametrize("prefix", ["module.", "_orig_mod.", "module._orig_mod."])
+def test_init_of_a_wrapped_models_prefixed_file_reads_as_the_bare_one(tmp_path, prefix: str) -> None:
+    spec = get_net("mnist-mlp")
+    w = {f"param/{n}": p + 0.5 for (n, _), p in zip(spec.params(), spec.init_params(4), strict=True)}
+    path = str(tmp_path / "wrapped.safetensors")
+    save_file({prefix + k: v for k, v in w.items()}, path)
+    init = finetune.read_init(Run(TrainConfig(net="mnist-mlp", init=path, seed=2, run_dir=str(tmp_path / "r")),
+                                  progress=False), log=print)
+    assert all(np.array_equal(p, w[f"param/{n}"]) for (n, _), p in zip(spec.params(), init.params, strict=True))
