@@ -56,6 +56,18 @@ def test_classes_and_input_override() -> None:
     assert get_net("convnext_tiny", classes=10).walk()[-1].out_shape == (10,)
 
 
+def test_a_spec_file_refuses_classes_or_input_it_does_not_state(tmp_path) -> None:
+    """--classes / --input were dropped without a word for a spec file (its net as written): a run then
+    trained another head than asked, or a mismatch surfaced later, far from its cause."""
+    path = tmp_path / "net.json"
+    path.write_text(get_net("mnist-mlp").to_json(), encoding="utf-8")
+    assert get_net(str(path), 10, (784,)).num_classes == 10  # restating what it states is fine
+    with pytest.raises(UnsupportedSpec, match=r"states 10 classes, not 7: --classes does not reshape"):
+        get_net(str(path), 7)
+    with pytest.raises(UnsupportedSpec, match=r"states input \[784\], not \[1, 28, 28\]: --input does not"):
+        get_net(str(path), input=(1, 28, 28))
+
+
 def test_impossible_input_names_the_layer_block_and_rule() -> None:
     with pytest.raises(UnsupportedSpec) as e:
         get_net("resnet18", input=(3, 100, 100))  # 100 → 50 → 25, then a stride-2 stage

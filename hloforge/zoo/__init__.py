@@ -80,7 +80,8 @@ def takes_classes(name: str) -> bool:
 
 
 def get_net(name: str, classes: int | None = None, input: Sequence[int] | None = None) -> NetSpec:
-    """A named net (with `classes` / `input` overriding its defaults), or a spec file (as written)."""
+    """A named net (with `classes` / `input` overriding its defaults), or a spec file (as written: a
+    `classes` / `input` it does not state is refused)."""
     if name in NETS:
         kw: dict[str, Any] = {}
         if classes is not None:
@@ -93,7 +94,15 @@ def get_net(name: str, classes: int | None = None, input: Sequence[int] | None =
     if name.endswith(SPEC_SUFFIXES):
         if not os.path.isfile(name):
             raise UnsupportedSpec(f"spec file {name!r} does not exist (from {os.getcwd()})")
-        return NetSpec.from_file(name)
+        spec = NetSpec.from_file(name)
+        # a spec file states its own head and input: another asked for would be dropped without a word
+        if classes is not None and classes != spec.num_classes:
+            raise UnsupportedSpec(f"spec file {name!r} states {spec.num_classes} classes, not {classes}: --classes "
+                                  "does not reshape a spec file's net; edit its num_classes (and its head)")
+        if input is not None and tuple(input) != tuple(spec.input_shape):
+            raise UnsupportedSpec(f"spec file {name!r} states input {list(spec.input_shape)}, not {list(input)}: "
+                                  "--input does not reshape a spec file's net; edit its input_shape")
+        return spec
     if os.sep in name or os.path.splitext(name)[1]:  # a path, not a zoo name
         raise UnsupportedSpec(f"net {name!r}: a spec file must end in {' or '.join(SPEC_SUFFIXES)}, and no zoo net "
                               "is named so")
