@@ -171,3 +171,14 @@ def test_init_of_a_wrapped_models_prefixed_file_reads_as_the_bare_one(tmp_path, 
     init = finetune.read_init(Run(TrainConfig(net="mnist-mlp", init=path, seed=2, run_dir=str(tmp_path / "r")),
                                   progress=False), log=print)
     assert all(np.array_equal(p, w[f"param/{n}"]) for (n, _), p in zip(spec.params(), init.params, strict=True))
+
+
+def test_flat_rows_and_unflattened_images_get_the_reshape_that_fixes_them() -> None:
+    flat = hf.Model(hf.NetSpec("kinds-flat", (64,), [Dense(2)], 2))
+    with pytest.raises(DataError) as e:
+        flat.predict(np.zeros((5, 8, 8), np.float32))
+    assert one_line(e) == ("predict x has shape [5, 8, 8], expected [N, 64] (rows of the same size in another "
+                           "shape; x.reshape(len(x), 64) gives the net's)")
+    image = hf.Model(hf.NetSpec("kinds-image", (1, 8, 8), [hf.layers.Flatten(), Dense(2)], 2))
+    with pytest.raises(DataError, match=r"x\.reshape\(len\(x\), 1, 8, 8\) gives the net's\)$"):
+        image.predict(np.zeros((5, 64), np.float32))

@@ -9,6 +9,7 @@ score) is refused by evaluate and predict rather than scored."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -103,6 +104,9 @@ def _shape_hint(got: tuple[int, ...], want: tuple[int, ...]) -> str:
             return "images with their channels last; x.transpose(0, 3, 1, 2) puts them first, as the net takes them"
         if tuple(got) == last:
             return "one image with its channels last; x.transpose(2, 0, 1)[None] is a batch of it as the net takes it"
+    # flat rows for an image net, or images for a net of flat rows: [N, 28, 28] for [784], [N, 784] for [1, 28, 28]
+    if len(got) > 1 and (len(want) == 1 or len(got) == 2) and math.prod(got[1:]) == math.prod(want):
+        return f"rows of the same size in another shape; x.reshape(len(x), {', '.join(map(str, want))}) gives the net's"
     return "a batch of rows; one row is x[None]"
 
 
