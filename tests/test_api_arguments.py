@@ -90,7 +90,8 @@ def test_a_single_row_is_said_to_want_a_batch() -> None:
     want = "expected [N, 4] (a batch of rows; one row is x[None])"
     with pytest.raises(DataError, match=re.escape(f"predict x has shape [4], {want}")):
         m.predict(x[0])
-    with pytest.raises(DataError, match=re.escape(f"evaluate x has shape [8, 2, 2], {want}")):
+    with pytest.raises(DataError, match=re.escape("evaluate x has shape [8, 2, 2], expected [N, 4] (rows of the "
+                                                  "same size in another shape; x.reshape(len(x), 4) gives the net's)")):
         m.evaluate(x.reshape(8, 2, 2), y)
     with pytest.raises(DataError, match=re.escape(f"fit x has shape [4], {want}")):
         m.fit(x[0], y[:4], verbose=False)
