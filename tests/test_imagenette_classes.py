@@ -10,6 +10,7 @@ import re
 
 import numpy as np
 import pytest
+from test_prepare import write_jpeg_tree
 
 import hloforge as hf
 from hloforge.cli import EXIT_BAD_INPUT, EXIT_OK, main
@@ -20,24 +21,11 @@ from hloforge.datasets.prepare import prepare
 from hloforge.datasets.records import COUNT_HEADER
 
 CLASSES = ("cat", "dog")
-COLOURS = ((200, 30, 30), (30, 30, 200))
 TRAIN, VAL = 12, 8  # the stored sides: small, so every test prepares in milliseconds
 
 
-def write_tree(root, per_class: int = 3) -> None:
-    """root/{train,val}/<class>/<i>.jpg: solid colour images, one colour per class."""
-    from PIL import Image
-
-    for split in ("train", "val"):
-        for c, name in enumerate(CLASSES):
-            d = root / split / name
-            d.mkdir(parents=True)
-            for i in range(per_class):
-                Image.new("RGB", (20 + 3 * i, 16), COLOURS[c]).save(d / f"{i}.jpg", quality=95)
-
-
 def prepared(tmp_path) -> str:
-    write_tree(tmp_path / "src")
+    write_jpeg_tree(tmp_path / "src", per_class=3, classes=CLASSES)
     out = str(tmp_path / "out")
     prepare("imagenette", str(tmp_path / "src"), out, train_size=TRAIN, val_size=VAL)
     return out
@@ -127,11 +115,11 @@ def counted(path: str, side: int) -> tuple[int, int]:
 
 def test_prepare_skips_an_undecodable_image_and_names_the_first_per_split(tmp_path, capsys) -> None:
     src = tmp_path / "src"
-    write_tree(src)
-    (src / "train" / "cat" / "1.jpg").write_bytes(b"not a jpeg")
+    write_jpeg_tree(src, per_class=3, classes=CLASSES)
+    (src / "train" / "cat" / "img_1.JPEG").write_bytes(b"not a jpeg")
     (src / "train" / "dog" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n garbage")
-    good = (src / "val" / "dog" / "0.jpg").read_bytes()
-    (src / "val" / "dog" / "2.jpg").write_bytes(good[:len(good) // 3])  # a truncated JPEG
+    good = (src / "val" / "dog" / "img_0.JPEG").read_bytes()
+    (src / "val" / "dog" / "img_2.JPEG").write_bytes(good[:len(good) // 3])  # a truncated JPEG
     out = str(tmp_path / "out")
     capsys.readouterr()
     assert main(["prepare", "imagenette", str(src), out, "--train-size", str(TRAIN), "--val-size", str(VAL)]) == EXIT_OK
@@ -140,37 +128,38 @@ def test_prepare_skips_an_undecodable_image_and_names_the_first_per_split(tmp_pa
     lines = said.splitlines()
     assert lines[0] == f"prepared imagenette: {out}/train.bin (5 records), {out}/val.bin (5 records)"
     assert lines[1] == (f"  {src}/train: skipped 2 of 7 images that cannot be decoded; the first: "
-                        f"{src}/train/cat/1.jpg (cannot identify image file '{src}/train/cat/1.jpg')")
+                        f"{src}/train/cat/img_1.JPEG (cannot identify image file '{src}/train/cat/img_1.JPEG')")
     assert lines[2].startswith(f"  {src}/val: skipped 1 of 6 images that cannot be decoded; the first: "
-                               f"{src}/val/dog/2.jpg (") and lines[2].endswith(")")
+                               f"{src}/val/dog/img_2.JPEG (") and lines[2].endswith(")")
     assert len(lines) == 4 and lines[3].startswith("  train on them with:")
     # the headers count the records written, so the dataset's length check reads both files
     assert counted(os.path.join(out, "train.bin"), TRAIN) == (5, 5)
     assert counted(os.path.join(out, "val.bin"), VAL) == (5, 5)
     ds = Imagenette(out, train_size=TRAIN, crop=VAL)
     x, y = ds.records("train")
-    assert list(y) == [0, 0, 1, 1, 1] and np.abs(x[:, 2].astype(int) - np.array([30, 30, 200, 200, 200])[:, None,
+    # green (channel 1) is the second class's colour in write_jpeg_tree
+    assert list(y) == [0, 0, 1, 1, 1] and np.abs(x[:, 1].astype(int) - np.array([30, 30, 200, 200, 200])[:, None,
                                                                                   None]).max() <= 3
     assert list(ds.records("test")[1]) == [0, 0, 0, 1, 1]
 
 
 def test_prepare_refuses_a_class_or_split_with_no_readable_image(tmp_path, capsys) -> None:
     src = tmp_path / "src"
-    write_tree(src, per_class=2)
+    write_jpeg_tree(src, per_class=2, classes=CLASSES)
     for i in range(2):
-        (src / "val" / "dog" / f"{i}.jpg").write_bytes(b"garbage")
+        (src / "val" / "dog" / f"img_{i}.JPEG").write_bytes(b"garbage")
     out = tmp_path / "out"
     capsys.readouterr()
     assert main(["prepare", "imagenette", str(src), str(out), "--train-size", str(TRAIN), "--val-size",
                  str(VAL)]) == EXIT_BAD_INPUT
     err = capsys.readouterr().err
     assert err == (f"hloforge: error: {src}/val/dog: none of its 2 images can be decoded (the first: "
-                   f"{src}/val/dog/0.jpg (cannot identify image file '{src}/val/dog/0.jpg')); each class needs at "
-                   "least one\n")
+                   f"{src}/val/dog/img_0.JPEG (cannot identify image file '{src}/val/dog/img_0.JPEG')); "
+                   "each class needs at least one\n")
     assert not (out / "val.bin").exists() and not (out / "val.bin.tmp").exists()
     for i in range(2):  # no image files left in val at all: the split is refused, and leaves no empty val.bin
-        os.remove(src / "val" / "dog" / f"{i}.jpg")
-        os.remove(src / "val" / "cat" / f"{i}.jpg")
+        os.remove(src / "val" / "dog" / f"img_{i}.JPEG")
+        os.remove(src / "val" / "cat" / f"img_{i}.JPEG")
     with pytest.raises(DataError, match=rf"^{src}/val: no images \(.jpeg, .jpg, .png\) in its class folders$"):
         prepare("imagenette", str(src), str(out), train_size=TRAIN, val_size=VAL)
     assert sorted(os.listdir(out)) == ["train.bin"]

@@ -18,13 +18,14 @@ from hloforge.datasets.prepare import PREPARERS, fit_plane, prepare, znorm_brain
 CLASSES = ("n01440764", "n02102040", "n02979186")
 
 
-def write_jpeg_tree(root, per_class=2):
-    """SRC/{train,val}/<wnid>/*.JPEG: solid colour images, one colour per class (JPEG keeps flat colour)."""
+def write_jpeg_tree(root, per_class=2, classes=CLASSES):
+    """SRC/{train,val}/<class>/img_<i>.JPEG: solid colour images, one colour per class (JPEG keeps flat
+    colour), and a stray notes.txt in each class folder."""
     from PIL import Image
 
     colours = [(200, 30, 30), (30, 200, 30), (30, 30, 200)]
     for split in ("train", "val"):
-        for c, wnid in enumerate(CLASSES):
+        for c, wnid in enumerate(classes):
             d = root / split / wnid
             d.mkdir(parents=True)
             for i in range(per_class):
