@@ -162,4 +162,23 @@ def test_prepare_refuses_a_class_or_split_with_no_readable_image(tmp_path, capsy
         os.remove(src / "val" / "cat" / f"img_{i}.JPEG")
     with pytest.raises(DataError, match=rf"^{src}/val: no images \(.jpeg, .jpg, .png\) in its class folders$"):
         prepare("imagenette", str(src), str(out), train_size=TRAIN, val_size=VAL)
-    assert sorted(os.listdir(out)) == ["train.bin"]
+    assert os.listdir(out) == []  # not even the train split it had written
+
+
+def test_a_prepare_that_fails_on_its_second_split_leaves_the_earlier_files_whole(tmp_path) -> None:
+    """Before, the new train.bin was renamed into place before val failed, beside the old val.bin and the
+    old classes.json: a set whose class counts disagree, read without a word."""
+    out = tmp_path / "out"
+    before = tmp_path / "before"
+    write_jpeg_tree(before, per_class=1, classes=("ant", "bee", "cow"))
+    prepare("imagenette", str(before), str(out), train_size=TRAIN, val_size=VAL)
+    earlier = {name: (out / name).read_bytes() for name in os.listdir(out)}
+    assert sorted(earlier) == ["classes.json", "train.bin", "val.bin"]
+    src = tmp_path / "src"
+    write_jpeg_tree(src, per_class=2, classes=CLASSES)
+    for i in range(2):
+        (src / "val" / "dog" / f"img_{i}.JPEG").write_bytes(b"garbage")
+    with pytest.raises(DataError, match="none of its 2 images can be decoded"):
+        prepare("imagenette", str(src), str(out), train_size=TRAIN, val_size=VAL)
+    assert {name: (out / name).read_bytes() for name in os.listdir(out)} == earlier
+    assert imagenette.stated_classes(str(out)) == 3

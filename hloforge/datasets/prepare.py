@@ -43,7 +43,7 @@ import numpy as np
 
 from hloforge.core.errors import DataError
 from hloforge.datasets import brats, imagenette, yolo
-from hloforge.datasets.records import write_counted
+from hloforge.datasets.records import replaced_together, write_counted
 
 IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")
 
@@ -88,7 +88,7 @@ def _decoded(path: str, side: int) -> np.ndarray:
 def _image_records(split_dir: str, classes: list[str], side: int, skipped: list[str]) -> Iterator[bytes]:
     """The split's records, class by class. An image Pillow cannot decode is left out and appended to
     `skipped` as "PATH (its error)"; a class none of whose images decodes, or a split with no image, is
-    refused (raised before write_counted renames its file into place)."""
+    refused (raised before any file of the set is renamed into place)."""
     kept = 0
     for label, cls in enumerate(classes):
         folder = os.path.join(split_dir, cls)
@@ -125,18 +125,19 @@ def prepare_imagenette(src: str, out: str, train_size: int = imagenette.TRAIN_SI
                         "use the same classes")
     os.makedirs(out, exist_ok=True)
     summary: dict[str, Any] = {"classes": classes, "records": {}, "skipped": {}, "warnings": []}
-    for split, fname, side in (("train", "train.bin", train_size), ("val", "val.bin", val_size)):
-        skipped: list[str] = []
-        split_dir = os.path.join(src, split)
-        n = write_counted(os.path.join(out, fname), _image_records(split_dir, classes, side, skipped),
-                          imagenette.record_bytes(side))
-        summary["records"][fname] = n
-        summary["skipped"][split] = skipped
-        if skipped:
-            summary["warnings"].append(f"{split_dir}: skipped {len(skipped)} of {n + len(skipped)} images that "
-                                       f"cannot be decoded; the first: {skipped[0]}")
-    with open(os.path.join(out, imagenette.CLASSES_FILE), "w", encoding="utf-8") as f:
-        json.dump(classes, f, indent=1)
+    with replaced_together(out) as stage:
+        for split, fname, side in (("train", "train.bin", train_size), ("val", "val.bin", val_size)):
+            skipped: list[str] = []
+            split_dir = os.path.join(src, split)
+            n = write_counted(stage(fname), _image_records(split_dir, classes, side, skipped),
+                              imagenette.record_bytes(side))
+            summary["records"][fname] = n
+            summary["skipped"][split] = skipped
+            if skipped:
+                summary["warnings"].append(f"{split_dir}: skipped {len(skipped)} of {n + len(skipped)} images "
+                                           f"that cannot be decoded; the first: {skipped[0]}")
+        with open(stage(imagenette.CLASSES_FILE), "w", encoding="utf-8") as f:
+            json.dump(classes, f, indent=1)
     # the dataset's options these files need where they are not its defaults (256² / 224²; the class count
     # it reads from classes.json)
     read_as = {"train_size": (train_size, imagenette.TRAIN_SIZE), "crop": (val_size, imagenette.CROP)}
@@ -240,16 +241,18 @@ def prepare_brats(src: str, out: str, size: int = brats.NATIVE_SIZE, context: in
     summary: dict[str, Any] = {"size": size, "context": context, "context_step": context_step,
                                "channels": brats.channels(context), "seed": seed, "val_frac": val_frac,
                                "min_tumor_px": min_tumor_px, "stride": stride, "records": {}}
-    for split, chosen in split_cases.items():
-        def records(chosen: list[str] = chosen) -> Iterator[bytes]:
-            for case in chosen:
-                yield from volume_records(os.path.join(src, "imagesTr", case), os.path.join(src, "labelsTr", case),
-                                          size, context, context_step, min_tumor_px, stride)
+    with replaced_together(out) as stage:
+        for split, chosen in split_cases.items():
+            def records(chosen: list[str] = chosen) -> Iterator[bytes]:
+                for case in chosen:
+                    yield from volume_records(os.path.join(src, "imagesTr", case),
+                                              os.path.join(src, "labelsTr", case), size, context, context_step,
+                                              min_tumor_px, stride)
 
-        summary[f"{split}_volumes"] = chosen
-        summary["records"][f"{split}.bin"] = write_counted(os.path.join(out, f"{split}.bin"), records(), rec)
-    with open(os.path.join(out, "split.json"), "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=1)
+            summary[f"{split}_volumes"] = chosen
+            summary["records"][f"{split}.bin"] = write_counted(stage(f"{split}.bin"), records(), rec)
+        with open(stage("split.json"), "w", encoding="utf-8") as f:
+            json.dump(summary, f, indent=1)
     return summary
 
 

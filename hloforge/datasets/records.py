@@ -15,9 +15,10 @@ becomes what the net reads:
 from __future__ import annotations
 
 import abc
+import contextlib
 import os
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -47,6 +48,28 @@ def write_counted(path: str, records: Iterable[bytes], record: int) -> int:
         if os.path.exists(tmp):
             os.remove(tmp)
     return count
+
+
+@contextlib.contextmanager
+def replaced_together(out: str) -> Iterator[Callable[[str], str]]:
+    """A preparer's files as one set: inside the block each file NAME is written at `stage(NAME)`, a hidden
+    path in `out`; when the block ends every staged file is renamed over `out/NAME`, and when it raises none
+    is (and the staged ones are removed). So a prepare that fails on its second split leaves the earlier
+    set whole, not a new train.bin beside an old val.bin and an old classes.json."""
+    staged: dict[str, str] = {}
+
+    def stage(name: str) -> str:
+        staged[name] = os.path.join(out, f".{name}.staged")
+        return staged[name]
+
+    try:
+        yield stage
+        for name, path in staged.items():
+            os.replace(path, os.path.join(out, name))
+    finally:
+        for path in staged.values():
+            if os.path.exists(path):
+                os.remove(path)
 
 
 def file_size(path: str) -> int:

@@ -35,7 +35,7 @@ import numpy as np
 from hloforge.core.contracts import Dataset
 from hloforge.core.errors import DataError
 from hloforge.core.hookspecs import hookimpl
-from hloforge.datasets.records import check_counted_records, map_records, write_counted
+from hloforge.datasets.records import check_counted_records, map_records, replaced_together, write_counted
 
 MAX_BOXES = 56
 BOX_ROW = struct.Struct("<iffff")
@@ -196,10 +196,10 @@ def prepare_yolo(src: str, out: str, size: int = 224, grid: int = 7, boxes: int 
     os.makedirs(out, exist_ok=True)
     record = record_size(size, grid, 5 * boxes + classes)
     counts = {}
-    for split, source in SOURCE_SPLITS.items():
-        fname = SPLIT_FILES[split]  # keyed by file name, as every preparer's summary: the caller joins OUT
-        counts[fname] = write_counted(os.path.join(out, fname), _records(src, source, size, grid, boxes, classes),
-                                      record)
+    with replaced_together(out) as stage:
+        for split, source in SOURCE_SPLITS.items():
+            fname = SPLIT_FILES[split]  # keyed by file name, as every preparer's summary: the caller joins OUT
+            counts[fname] = write_counted(stage(fname), _records(src, source, size, grid, boxes, classes), record)
     return {"records": counts}
 
 
