@@ -251,6 +251,9 @@ class Model:
             x, y = np.concatenate(xs), np.concatenate(ys)
         batch_size = checked_batch_size(batch_size, 32)
         given, xa = arraydata.input_rows(x, self.spec, "fit")  # before the compile: a bad x is refused at once
+        # a fit goes on from the weights so far: x of another kind than they were trained on undoes them
+        arraydata.check_input_kind(self._inputs, given, xa, "fit", otherwise="build a new Model to train on x of "
+                                   "this kind")
         self._fit_inputs = arraydata.input_kind(given, xa, self.spec)  # the model's once an epoch of it is kept
         if validation_data is not None:
             if not (isinstance(validation_data, (tuple, list)) and len(validation_data) == 2):
@@ -307,8 +310,11 @@ class Model:
                 raise UnsupportedSpec("fit(data=NAME) trains on the dataset's train split and scores its test split; "
                                       "pass no x, y or validation_data with it")
             batch = checked_batch_size(batch_size, 32)
-            run = self._run(data, batch, epochs, shuffle, verbose, data_options)
             self._fit_inputs = arraydata.dataset_inputs(data, self.spec)
+            if self._inputs is not None and self._inputs.integer and self._fit_inputs is not None:
+                raise DataError(f"fit on dataset {data!r}: its x is {self._fit_inputs.said()}, but the model was "
+                                f"trained on {self._inputs.said()}; build a new Model to train on it")
+            run = self._run(data, batch, epochs, shuffle, verbose, data_options)
         else:
             if x is None:
                 raise DataError("fit takes arrays x and y, an iterable of (x, y) batches or a dataset name; got none")

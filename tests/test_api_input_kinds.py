@@ -83,6 +83,31 @@ def test_a_model_fit_on_integer_pixels_refuses_scaled_floats_and_takes_the_same_
                                          validation_data=(standardised()[0], y))
 
 
+def test_a_further_fit_on_x_of_the_other_kind_is_refused_before_a_step() -> None:
+    """A fit goes on from the weights so far; pixels for weights trained on standardised floats (or the
+    reverse) would undo them without a word."""
+    x, y = standardised()
+    m = fitted(x, y)
+    before = {k: v.copy() for k, v in m.params.items()}
+    with pytest.raises(DataError) as e:
+        m.fit(pixels(), y, epochs=1, batch_size=16, verbose=False)
+    assert one_line(e).startswith("fit x is uint8 in 0 … 255, but the model was trained on real numbers (float32 in")
+    assert one_line(e).endswith("or build a new Model to train on x of this kind")
+    assert all(np.array_equal(v, m.params[k]) for k, v in before.items())
+    m.fit(x * 1.5, y, epochs=1, batch_size=16, verbose=False)  # real numbers again: trains
+    on_pixels = fitted(pixels(), y)
+    with pytest.raises(DataError, match=r"^fit x is float32 in .*, but the model was trained on integers"):
+        on_pixels.fit(x, y, epochs=1, batch_size=16, verbose=False)
+    digits = hf.Model(hf.NetSpec("kinds-digits-u8", (784,), [Dense(10)], 10), seed=0)
+    rows = np.random.default_rng(2).integers(0, 17, (32, 784)).astype(np.uint8)
+    digits.fit(rows, np.arange(32) % 10, epochs=1, batch_size=16, verbose=False)
+    with pytest.raises(DataError) as e:
+        digits.fit("digits", epochs=1, batch_size=256, verbose=False)
+    assert one_line(e) == ("fit on dataset 'digits': its x is real numbers (dataset 'digits', which scales and "
+                           "standardises its images), but the model was trained on integers (uint8 in 0 … 16); "
+                           "build a new Model to train on it")
+
+
 def test_the_kind_is_saved_with_the_model_and_one_saved_without_it_is_scored_as_before(on_floats, tmp_path) -> None:
     path = str(tmp_path / "run")
     on_floats.save(path)

@@ -185,9 +185,11 @@ def saved_inputs(path: str, meta: dict[str, Any], data: str, spec: NetSpec) -> I
     return InputKind.from_meta(path, meta["inputs"]) if "inputs" in meta else dataset_inputs(data, spec)
 
 
-def check_input_kind(trained: InputKind | None, given: np.ndarray, x: np.ndarray, what: str) -> None:
+def check_input_kind(trained: InputKind | None, given: np.ndarray, x: np.ndarray, what: str,
+                     otherwise: str = "fit the model on x of this kind") -> None:
     """Refuse x (`given`; `x` its float32 rows) of another kind than the model was `trained` on: integers
-    for a model fit on real numbers, or real numbers (not whole) for one fit on integers."""
+    for a model fit on real numbers, or real numbers (not whole) for one fit on integers. `otherwise`: the
+    message's last way out."""
     if trained is None:
         return
     integer = given.dtype.kind in "iu"
@@ -200,5 +202,4 @@ def check_input_kind(trained: InputKind | None, given: np.ndarray, x: np.ndarray
         todo = f"scale and standardise x as dataset {trained.dataset!r} does its images"
     else:
         todo = "scale x as the training data was (e.g. x.astype(np.float32) / 255, then the same standardisation)"
-    raise DataError(f"{what} x is {got}, but the model was trained on {trained.said()}; {todo}, or fit the model "
-                    "on x of this kind")
+    raise DataError(f"{what} x is {got}, but the model was trained on {trained.said()}; {todo}, or {otherwise}")
