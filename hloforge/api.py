@@ -192,7 +192,7 @@ class Model:
         if n != len(xa):
             raise DataError(f"{what}: x has {len(xa)} rows but y has {n}; expected one label per row")
         out = self.spec.out_shape
-        y_shape, y_dtype = label_type(self.variant.make_loss(default_registry()), out, "f32")
+        y_shape, y_dtype = label_type(self.variant.label_loss(default_registry()), out, "f32")
         lowest = IGNORE if scored and self._label_kind() == "tokens" else 0
         return xa, checked_labels(y, (n, *y_shape), y_dtype, label_classes(y_dtype, y_shape, out), what, lowest)
 
@@ -352,7 +352,8 @@ class Model:
     def _kept(self, run: Any, epoch: int, host: tuple[list[str], list[np.ndarray]]) -> None:
         """An epoch's end state (the loop's host copy, checked finite) as this model's."""
         tensors = host[1]
-        n, k, m = len(self._param_slots), len(run.state_layout.slots) * len(self._param_slots), len(self._stat_names)
+        n, m = len(self._param_slots), len(self._stat_names)
+        k = len(run.state_layout.slots) * (n - len(run.frozen))  # each state slot holds the trained θ's alone
         self._params, self._opt_state = tensors[:n], tensors[n:n + k]
         self._running = tensors[n + k:n + k + m]
         if run.state_layout.shadows:

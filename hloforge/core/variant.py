@@ -530,6 +530,11 @@ class Variant(VariantFields):
         loss: Loss = registry.make("loss", self.loss, **opts)
         return loss
 
+    def label_loss(self, registry: Registry) -> Loss:
+        """The loss the data's own labels are for: mixing makes its soft targets on the host from class
+        labels, so a mixing variant's arrays hold (and are checked and scored as) the unmixed loss's labels."""
+        return attrs.evolve(self, mixup=0.0, cutmix=0.0).make_loss(registry)
+
     def apply_to(self, spec: NetSpec, registry: Registry | None = None) -> NetSpec:
         """The net this variant trains: classifier dropout before the last layer, drop_path on every
         layer that has the option, and bn_eps on every layer with BatchNorm statistics. The eval

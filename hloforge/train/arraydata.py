@@ -59,7 +59,7 @@ def label_kind(spec: NetSpec, variant: Variant) -> str:
 def no_rows(spec: NetSpec, variant: Variant) -> ArrayData:
     """The data of a run trained on arrays when only its net and weights are wanted (export): the net's
     own input and label shapes, no rows; nothing is scored on it."""
-    y_shape, y_dtype = label_type(variant.make_loss(default_registry()), tuple(spec.out_shape), "f32")
+    y_shape, y_dtype = label_type(variant.label_loss(default_registry()), tuple(spec.out_shape), "f32")
     x = np.zeros((0, *spec.input_shape), np.float32)
     y = np.zeros((0, *y_shape), np.int32 if y_dtype == "i32" else np.float32)
     return ArrayData(spec, label_kind(spec, variant), None, (x, y))

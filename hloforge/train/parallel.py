@@ -141,6 +141,14 @@ class DataParallelTrainSession(TrainSession):
             return [list(c[:n]) for c in self._replicas]
         return [[self.backend.to_device(a, device=r) for a in self._carried[:n]] for r in range(self.replicas)]
 
+    def replica_slot_buffers(self, slot: str) -> list[list[Any]]:
+        """One state slot's tensors (e.g. "E", the EMA shadow) on every replica's device, as `replica_params`
+        gives θ: what a ShardedForwardSession takes. In the copying path, a fresh push per call."""
+        if self.resident:
+            return [self.slot_of(c, slot) for c in self._replicas]
+        part = self.slot_of(self._carried, slot)
+        return [[self.backend.to_device(a, device=r) for a in part] for r in range(self.replicas)]
+
 
 def compile_sharded(backend: Any, mlir_text: str, replicas: int) -> Any:
     """Compile a graph for sharded inference over `replicas` devices. A graph with a cross-replica

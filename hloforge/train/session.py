@@ -402,11 +402,16 @@ class TrainSession:
         """One state slot's tensors (e.g. "E", the EMA shadow) as the eval forward takes θ: device
         buffers (a fresh push in the copying path). Located through the StateLayout, never a literal. A
         frozen parameter has no state; its entry is θ itself (what the shadow of a constant is)."""
+        part = self.slot_of(self._carried, slot)
+        return list(part) if self.resident else [self.backend.to_device(a) for a in part]
+
+    def slot_of(self, carried: Sequence[Any], slot: str) -> list[Any]:
+        """One state slot's tensors out of `carried` (the step's carried order), one per θ: a frozen θ's
+        entry is θ itself."""
         lay = self.layout
         n_tr = len(lay.trained)
         start = lay.n_params + (self.state_layout.region(slot) - 1) * n_tr
-        part = merge_carried(lay, self._carried, self._carried[start:start + n_tr])[:lay.n_params]
-        return list(part) if self.resident else [self.backend.to_device(a) for a in part]
+        return merge_carried(lay, carried, carried[start:start + n_tr])[:lay.n_params]
 
     def replace_params(self, params: Sequence[np.ndarray]) -> None:
         """Overwrite θ alone (the optimizer state stays): fp8 training swaps its quantized weights in

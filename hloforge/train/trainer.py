@@ -243,9 +243,8 @@ class Run:
         keys = base | {p + k for k in scores}
         if p and scores and type(self.task) is tasks.ClassificationTask:  # the one Evaluation with a loss
             keys.add(f"{p}loss")
-        parallel = (isinstance(session, DataParallelTrainSession) if session is not None
-                    else self.cfg.replicas > 1 or self.world.size > 1)
-        if scores and self.variant.ema and not self.feed.streams and not parallel:  # as loop scores the shadow
+        spread = isinstance(session, mpi.MpiTrainSession) if session is not None else self.world.size > 1
+        if scores and self.variant.ema and not spread:  # as loop scores the shadow
             keys |= {p + k for k in self.task.ema_metrics(tasks.Evaluation(dict.fromkeys(scores, 0.0), ""))}
         return frozenset(keys)
 
@@ -533,11 +532,9 @@ class Run:
                            **({f"{p}loss": ev.loss} if p and ev is not None and ev.loss is not None else {}),
                            "images_per_s": self.steps_per_epoch * cfg.batch / secs, "seconds": secs}
                 ema_line = ""
-                if (scored and self.variant.ema and not self.feed.streams
-                        and not isinstance(session, DataParallelTrainSession)):
+                if scored and self.variant.ema and self.world.size == 1:
                     # The shadow, found through the state layout (never a literal region), with its own BN stats.
-                    shadow = [*session.slot_buffers(SHADOW), *(self.backend.to_device(r) for r in self.shadow_running)]
-                    ev_ema = self.task.evaluate(evaluator, shadow)
+                    ev_ema = self.task.evaluate(evaluator, self._eval_buffers(session, shadow=True))
                     metrics.update({f"{p}{k}": v for k, v in self.task.ema_metrics(ev_ema).items()})
                     ema_line = f"  ema {ev_ema.line.removeprefix('test ')}"
                 ckpt.mark("logs", epoch)
@@ -598,11 +595,14 @@ class Run:
         self.world.barrier(f"epoch {epoch}'s checkpoint", slow=True)
         return metrics
 
-    def _eval_buffers(self, session: TrainSession) -> list[Any]:
+    def _eval_buffers(self, session: TrainSession, shadow: bool = False) -> list[Any]:
+        """θ (`shadow`: the EMA shadow) and its BN statistics as the evaluator takes them."""
+        running = self.shadow_running if shadow else self.running
         if isinstance(session, DataParallelTrainSession) and session.replicas > 1:  # each replica: its own copy
-            return [[*theta, *(self.backend.to_device(s, device=r) for s in self.running)]
-                    for r, theta in enumerate(session.replica_params())]
-        return [*session.params, *(self.backend.to_device(r) for r in self.running)]
+            thetas = session.replica_slot_buffers(SHADOW) if shadow else session.replica_params()
+            return [[*theta, *(self.backend.to_device(s, device=r) for s in running)] for r, theta in enumerate(thetas)]
+        theta = session.slot_buffers(SHADOW) if shadow else session.params
+        return [*theta, *(self.backend.to_device(r) for r in running)]
 
     def _bar(self, epoch: int) -> Any:
         if not self.progress:
