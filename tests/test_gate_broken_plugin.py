@@ -179,7 +179,8 @@ DUP_MODULE = textwrap.dedent('''
 CASE_ERRORS = {
     "badInit": "layer 'badInit' (dist 'hloforge-bad') failed building its gate cases: ValueError: 'init' must be in",
     "casesRaise": "layer 'casesRaise' (dist 'hloforge-bad') failed in gate_cases(): RuntimeError: my cases are broken",
-    "notAttrs": "layer 'notAttrs' (dist 'hloforge-bad') failed building its gate cases: NotAnAttrsClassError",
+    "notAttrs": "layer 'notAttrs' (dist 'hloforge-bad') failed building its gate cases: layer 'notAttrs' "
+                "(hf_bad.NotAttrs) is not an attrs class: decorate it with @attrs.frozen",
     "noCasesOpt": "optimizer 'noCasesOpt' (dist 'hloforge-bad') declares no gate cases: its update is not verified",
 }
 # (name, its row's text) for each plugin whose cases build but cannot run: the missing method named

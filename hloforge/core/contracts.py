@@ -20,12 +20,12 @@ from __future__ import annotations
 import abc
 import inspect
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import attrs
 import numpy as np
 
-from hloforge.core.errors import UnsupportedSpec
+from hloforge.core.errors import PluginError, UnsupportedSpec
 
 if TYPE_CHECKING:
     from hloforge.core.hlo import Builder, Value
@@ -178,7 +178,11 @@ class Layer(metaclass=_Component):
 
 def layer_fields(layer: Layer) -> tuple[attrs.Attribute[Any], ...]:
     """A layer's options: the fields of its class (every Layer subclass is an attrs class; the base is not)."""
-    return tuple(attrs.fields(cast("type[attrs.AttrsInstance]", type(layer))))
+    cls = type(layer)
+    if not attrs.has(cls):  # the plugin author's mistake, not attrs' error from deep inside hloforge
+        raise PluginError(f"layer {getattr(cls, 'kind', cls.__name__)!r} ({cls.__module__}.{cls.__qualname__}) "
+                          "is not an attrs class: decorate it with @attrs.frozen (its fields are its options)")
+    return tuple(attrs.fields(cls))
 
 
 # ------------------------------------------------------------------------------------------- Loss

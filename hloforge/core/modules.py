@@ -13,9 +13,9 @@ import attrs
 import numpy as np
 
 from hloforge.core import autodiff, strategy
-from hloforge.core.errors import UnsupportedSpec
+from hloforge.core.errors import PluginError, UnsupportedSpec
 from hloforge.core.hlo import FLOAT_DTYPES, Builder, Value
-from hloforge.core.registry import Registry, default_registry
+from hloforge.core.registry import Registry, component_label, default_registry
 from hloforge.core.spec import (
     Ctx,
     Layer,
@@ -61,16 +61,20 @@ def emit_layers(b: Builder, walk: Sequence[LayerShapes], x: Value, params: Seque
                   sync_processes=sync_processes, skips=skips, net_input=net_input, layout=layout)
         with strategy.in_layer(ls.layer, ls.in_shape):  # a `strategy.tuned` plan's choices for this layer
             x = ls.layer.forward(b, x, mine, ctx)
+        if not isinstance(x, Value):
+            raise PluginError(f"{component_label('layer', ls.layer)}: layer {ls.index}'s forward returned {x!r}, "
+                              "expected the builder value of its output")
         want = strategy.physical((x.shape[0], *ls.out_shape), layout)
-        if x.shape != want:
-            raise AssertionError(f"layer {ls.index} ({ls.layer.kind}) emitted {list(x.shape)}, declared {list(want)}"
-                                 f" ({layout})")
+        if x.shape != want:  # the plugin's two rules disagree: say so before the next layer's ops fail on it
+            raise PluginError(f"{component_label('layer', ls.layer)}: layer {ls.index}'s forward emitted "
+                              f"{list(x.shape)}, but its out_shape declares {list(want)} ({layout}, batch first)")
         if x.type.rank != 4:
             layout = strategy.NCHW
         if train:
             missing = [s.name for s in ls.stats if s.name not in ctx.batch_stats]
             if missing:
-                raise AssertionError(f"layer {ls.index} ({ls.layer.kind}) did not report stats {missing}")
+                raise PluginError(f"{component_label('layer', ls.layer)}: layer {ls.index}'s forward did not "
+                                  f"report the batch statistics {missing} its stat_slots declare (ctx.batch_stats)")
             batch_stats += [ctx.batch_stats[s.name] for s in ls.stats]
     return strategy.to_layout(b, x, layout, strategy.NCHW), batch_stats
 
@@ -313,7 +317,7 @@ def _emit_loss(b: Builder, walk: Sequence[LayerShapes], loss: Loss, lay: TrainSt
     views = [stored_view(b, p, perm) for p, perm in zip(params, lay.storage, strict=True)]
     logits, batch_stats = emit_layers(b, walk, x, views, train=True, masks=masks, sync_replicas=sync_replicas,
                                       sync_processes=sync_processes)
-    return loss.forward(b, logits, y), batch_stats
+    return emit_loss(b, loss, logits, y), batch_stats
 
 
 def gradient_step_module(spec: NetSpec, variant: Variant, batch: int, *, dtype: str = "f32",
@@ -430,13 +434,23 @@ def layers_forward_module(layers: Sequence[Layer], in_shape: Shape, batch: int, 
     return b.module([emit_layers(b, walk, x, params, train=True, masks=masks)[0]])
 
 
+def emit_loss(b: Builder, loss: Loss, logits: Value, y: Value) -> Value:
+    """The loss's forward, which must be one scalar of the module's float type (the mean over the batch)."""
+    lv = loss.forward(b, logits, y)
+    if not isinstance(lv, Value) or lv.shape != () or lv.dtype != logits.dtype:
+        got = lv.type if isinstance(lv, Value) else repr(lv)
+        raise PluginError(f"{component_label('loss', loss)}: forward returned {got}, expected a scalar "
+                          f"tensor<{logits.dtype}> (the mean over the batch)")
+    return lv
+
+
 def loss_module(loss: Loss, out_shape: Shape, batch: int, *, dtype: str = "f32", target: str | None = None) -> str:
     """Probe `@main(logits, y) -> (loss, ∂loss/∂logits)`."""
     y_shape, y_dtype = label_type(loss, out_shape, dtype)
     b = Builder(dtype, f"probe_{loss.name}", target)
     logits = b.arg((batch, *out_shape))
     y = b.arg((batch, *y_shape), y_dtype)
-    lv = loss.forward(b, logits, y)
+    lv = emit_loss(b, loss, logits, y)
     (g,) = autodiff.grad(b, [lv], [b.full(1.0)], [logits])
     return b.module([lv, g])
 

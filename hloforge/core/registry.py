@@ -1,13 +1,15 @@
 """The plugin registry: entry points loaded into a pluggy PluginManager, looked up by name.
 
-A plugin that cannot be loaded (its import raises, its hook raises or returns something
-that is not a component, or it declares another plugin API than `hloforge.PLUGIN_API_VERSION`)
+A plugin that cannot be loaded (its import raises, its hook functions fit no hook — misspelt, not
+decorated, other arguments —, its hook raises or returns something that is not a list of components,
+or it declares another plugin API than `hloforge.PLUGIN_API_VERSION`)
 is not registered: it is recorded in `Registry.broken` with its distribution and the error,
 a `PluginLoadWarning` says so once, and every other plugin still loads.
 """
 
 from __future__ import annotations
 
+import difflib
 import functools
 import os
 import sys
@@ -36,6 +38,10 @@ KINDS: dict[str, tuple[str, str, str]] = {
     # the lowering strategy kinds a layer (or loss) plugin's forms consult (core/strategy.py)
     "strategy": ("hloforge.layers", "hloforge_strategy_kinds", "name"),
 }
+# the base class a kind's components must subclass (None: any class; backends and datasets satisfy a protocol)
+CONTRACTS: dict[str, type | None] = {"layer": contracts.Layer, "loss": contracts.Loss,
+                                     "optimizer": contracts.Optimizer, "backend": None, "dataset": None,
+                                     "callback": None}
 TRACE_ENV_VAR = "HLOFORGE_TRACE_PLUGINS"
 BUILTIN_DISTRIBUTION = "hloforge"  # the distribution whose entry points are hloforge's own components
 
@@ -133,10 +139,11 @@ class Registry:
                 try:
                     found = [Entry(kind, _component_name(obj, kind, attr), obj, self._dist[impl.plugin_name],
                                    impl.plugin_name)
-                             for result in self.pm.subset_hook_caller(hook, others)() for obj in result or ()]
+                             for result in self.pm.subset_hook_caller(hook, others)()
+                             for obj in _returned_list(result)]
                 except Exception as e:
-                    self._broken(impl.plugin_name, self._dist[impl.plugin_name],
-                                 f"{hook}() failed: {type(e).__name__}: {e}")
+                    what = str(e) if isinstance(e, PluginError) else f"failed: {type(e).__name__}: {e}"
+                    self._broken(impl.plugin_name, self._dist[impl.plugin_name], f"{hook}() {what}")
                     continue
                 for entry in found:
                     self._add(entry)  # a name claimed twice is an error, never a skipped plugin
@@ -151,8 +158,15 @@ class Registry:
                                                 f"install a release of {dist!r} made for plugin API "
                                                 f"{ours} (or an hloforge that provides {api!r})")
                 return
-            self.pm.register(module, name=plugin_name)
+            try:
+                self.pm.register(module, name=plugin_name)
+            except pluggy.PluginValidationError as e:  # a hook function whose arguments are not its hook's
+                self._broken(plugin_name, dist, f"module {module.__name__!r} does not fit hloforge's hooks: {e}")
+                return
             self._dist[plugin_name] = dist
+            wrong = _hook_mistakes(module, self.pm)
+            if wrong:
+                self._broken(plugin_name, dist, f"module {module.__name__!r} {wrong}")
 
     def _broken(self, plugin_name: str, dist: str, error: str) -> None:
         if self.pm.get_plugin(plugin_name) is not None:
@@ -290,10 +304,45 @@ def _component_of(frame: Any, classes: Mapping[str, list[tuple[str, Entry]]],
     return mine[0] if mine else None
 
 
+def _hook_mistakes(module: Any, pm: pluggy.PluginManager) -> str:
+    """What keeps a plugin module's hooks from ever being called, as a phrase after its name ("" when
+    nothing does): a decorated function named after no hook (a typo), or no decorated hook at all."""
+    hooks = [n for n in dir(hookspecs) if n.startswith("hloforge_")]
+    for caller in pm.get_hookcallers(module) or ():
+        if caller.spec is None:
+            near = difflib.get_close_matches(caller.name, hooks, n=1)
+            hint = f"did you mean {near[0]}?" if near else f"the hooks are {', '.join(hooks)}"
+            return f"implements {caller.name}, which is not a hloforge hook ({hint})"
+    if pm.get_hookcallers(module):
+        return ""
+    bare = [n for n in hooks if callable(getattr(module, n, None))]
+    if bare:
+        return f"defines {', '.join(bare)} without the @hookimpl decorator (hloforge.core.hookspecs.hookimpl)"
+    return f"implements no hloforge hook; expected a function decorated with @hookimpl named one of {', '.join(hooks)}"
+
+
+def _returned_list(result: Any) -> Sequence[Any]:
+    """A hook's result, which must be a list (None: the hook provides nothing)."""
+    if result is None:
+        return ()
+    if not isinstance(result, (list, tuple)):
+        raise PluginError(f"returned {result!r}, expected a list of classes (`return [{result.__name__}]`)"
+                          if isinstance(result, type) else f"returned {result!r}, expected a list")
+    return result
+
+
 def _component_name(obj: Any, kind: str, attr: str) -> str:
+    if kind in CONTRACTS:  # a strategy kind is an instance; every other component is a class
+        if not isinstance(obj, type):
+            raise PluginError(f"returned {obj!r}, which is not a {kind} component: an instance, expected its "
+                              "class (hloforge makes the instances)")
+        base = CONTRACTS[kind]
+        if base is not None and not issubclass(obj, base):
+            raise PluginError(f"returned {obj!r}, which is not a {kind} component: expected a subclass of "
+                              f"hloforge.core.contracts.{base.__name__}")
     name = getattr(obj, attr, None)
     if not isinstance(name, str) or not name:
-        raise TypeError(f"{obj!r} is not a {kind} component: it has no string attribute {attr!r}")
+        raise PluginError(f"returned {obj!r}, which is not a {kind} component: it has no string attribute {attr!r}")
     return name
 
 
@@ -309,6 +358,23 @@ def _trace_after(outcome: pluggy.Result[object], hook_name: str, impls: Sequence
         print(f"hloforge trace: {hook_name} raised {outcome.exception!r}", file=sys.stderr)
     else:
         print(f"hloforge trace: {hook_name} returned {outcome.get_result()!r}", file=sys.stderr)
+
+
+def plugin_label(kind: str, name: str, dist: str) -> str:
+    """How a message names a plugin's component: `layer 'x' (dist 'y')`."""
+    return f"{kind} {name!r} (dist {dist!r})"
+
+
+def component_label(kind: str, obj: Any) -> str:
+    """`plugin_label` of a component (its class or an instance), its distribution read off the loaded
+    default registry; `layer 'x'` for one it does not hold (a class the caller made, no registry yet)."""
+    cls = obj if isinstance(obj, type) else type(obj)
+    name = getattr(cls, KINDS[kind][2], cls.__name__)
+    if default_registry.cache_info().currsize:  # never load the plugins just to name one
+        for e in default_registry().entries():
+            if e.kind == kind and e.obj is cls:
+                return plugin_label(kind, name, e.distribution)
+    return f"{kind} {name!r}"
 
 
 @functools.cache

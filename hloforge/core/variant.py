@@ -31,7 +31,8 @@ import numpy as np
 
 # the optimizer base lives with the other contracts; re-exported so `from hloforge.core.variant import Optimizer` works
 from hloforge.core.contracts import Optimizer as Optimizer
-from hloforge.core.errors import DataError, UnsupportedSpec
+from hloforge.core.errors import DataError, PluginError, UnsupportedSpec
+from hloforge.core.registry import component_label
 from hloforge.core.spec import Loss, ParamSlot
 
 if TYPE_CHECKING:
@@ -99,9 +100,10 @@ class Wrappers:
         for i in range(n):
             p2, s2 = opt.update(b, params[i], g_eff[i], {k: state[k][i] for k in lay.optimizer_slots}, scalars,
                                 slots[i])
-            missing = set(lay.optimizer_slots) - set(s2)
-            if missing:
-                raise AssertionError(f"optimizer {opt.name!r} did not return state {sorted(missing)}")
+            if not isinstance(s2, Mapping) or set(s2) != set(lay.optimizer_slots):  # the plugin's, not ours
+                got = sorted(s2) if isinstance(s2, Mapping) else repr(s2)
+                raise PluginError(f"{component_label('optimizer', opt)}: its update returned new state {got}, "
+                                  f"expected one tensor per name its `state` declares: {sorted(lay.optimizer_slots)}")
             new_p.append(p2)
             for k in lay.optimizer_slots:
                 new_s[k].append(s2[k])

@@ -29,6 +29,7 @@ import numpy as np
 
 from hloforge.core import contracts, modules, strategy
 from hloforge.core.errors import HloforgeError, PluginError
+from hloforge.core.registry import component_label, plugin_label
 from hloforge.core.spec import Ctx, Layer, Loss, ParamSlot, Shape, qualified_params, walk_layers
 from hloforge.core.variant import Optimizer, Wrappers, ema_decay_at
 
@@ -195,6 +196,9 @@ def gate_layer(layer: Layer, in_shape: Shape, *, batch: int = 2, seed: int = 0, 
         return layer.reference({s.name: p for s, p in zip(slots, ps, strict=True)}, xv, ctx)
 
     y_ref, pullback = jax.vjp(reference, params, running, x)
+    if tuple(np.shape(y_ref)) != (batch, *out_shape):  # else jax's pullback fails on ḡ, naming neither
+        raise PluginError(f"{component_label('layer', layer)}: reference returned {list(np.shape(y_ref))}, "
+                          f"but out_shape declares {[batch, *out_shape]} (batch first)")
     dps_ref, drs_ref, dx_ref = pullback(gbar)
     refs = [np.asarray(y_ref), *map(np.asarray, dps_ref), *map(np.asarray, drs_ref), np.asarray(dx_ref)]
     if stats and not eval_mode:
@@ -360,15 +364,11 @@ def _compact(v: Any) -> str:
     return str(v).replace(" ", "")
 
 
-def plugin_label(kind: str, name: str, dist: str) -> str:
-    """How a fault names the plugin: `layer 'x' (dist 'y')`."""
-    return f"{kind} {name!r} (dist {dist!r})"
-
-
-def fault(e: BaseException, doing: str = "") -> str:
-    """What a plugin's exception says about it, as a phrase after its name: "does not implement
+def fault(e: BaseException, doing: str = "", who: str = "") -> str:
+    """What a plugin's exception says about it, as a phrase after its name `who`: "does not implement
     forward" for an abstract contract method it left out (the base's body in core/contracts.py
-    raises NotImplementedError), else "failed <doing>: <Type>: <message>" on one line."""
+    raises NotImplementedError), else "failed <doing>: <Type>: <message>" on one line (a PluginError
+    that already begins with `who` without it, so the row names the plugin once)."""
     tb = e.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
@@ -377,7 +377,7 @@ def fault(e: BaseException, doing: str = "") -> str:
         if os.path.abspath(code.co_filename) == os.path.abspath(contracts.__file__):
             return f"does not implement {code.co_name}"
     if isinstance(e, HloforgeError):
-        what = str(e)
+        what = str(e).removeprefix(f"{who}: ") if who else str(e)
     else:
         # an attrs validator's ValueError carries (message, attribute, allowed, value): the message says it
         msg = e.args[0] if isinstance(e, ValueError) and len(e.args) > 1 and isinstance(e.args[0], str) else str(e)

@@ -77,7 +77,8 @@ class GateItem(pytest.Item):
             from hloforge.testing.gate import fault, plugin_label
 
             c = self.case
-            raise PluginFault(f"{plugin_label(c.kind, c.name, c.distribution)} {fault(e, f'on {c.id}')}") from e
+            who = plugin_label(c.kind, c.name, c.distribution)
+            raise PluginFault(f"{who} {fault(e, f'on {c.id}', who)}") from e
         self.user_properties.append(("gate_row", result.row()))
         if not result.passed:
             raise GateFailure(result)

@@ -85,7 +85,7 @@ def verify(names: Sequence[str] = (), registry: Any = None, out: Callable[[str],
             r = case.run()
         except Exception as e:  # a plugin whose gate modules cannot be built or run has failed its gate
             who = plugin_label(case.kind, case.name, case.distribution)
-            out(error_row(case.kind, case.name, case.distribution, f"{who} {fault(e, f'on {case.id}')}"))
+            out(error_row(case.kind, case.name, case.distribution, f"{who} {fault(e, f'on {case.id}', who)}"))
             failures += 1
             continue
         out(result_row(case, r))
