@@ -17,15 +17,18 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import attrs
+import numpy as np
 import pytest
 from plugin_site import env_with, fake_dist
 
+from hloforge.commands.exits import EXIT_BAD_INPUT
 from hloforge.core import modules
 from hloforge.core.errors import PluginError
 from hloforge.core.hookspecs import hookimpl
 from hloforge.core.registry import PluginLoadWarning, Registry
 from hloforge.core.spec import Layer, Loss, NetSpec, ParamSlot
 from hloforge.core.variant import Optimizer
+from hloforge.datasets.stream import split_labels, split_pair
 from hloforge.testing.gate import gate_layer
 
 HEAD = '''
@@ -303,3 +306,57 @@ def test_verify_names_the_disagreeing_rule_and_the_plugin_once(doubled_env: dict
     row = next(r for r in proc.stdout.splitlines() if "FAIL" in r)
     assert row.endswith("FAIL  layer 'twice' (dist 'hf-doubled') failed on layer:twice:@3: reference returned "
                         "[2, 3], but out_shape declares [2, 6] (batch first)"), row
+
+
+# ------------------------------------------------------------------ a dataset's arrays
+class _Rows:
+    name, num_classes = "rowsOff", 10
+
+    def __init__(self, got: Any) -> None:
+        self.got = got
+
+    def arrays(self, split: str) -> Any:
+        return self.got
+
+
+X, Y = np.zeros((6, 4), np.float32), np.zeros(6, np.int32)
+
+
+@pytest.mark.parametrize("got, said", [
+    ((X, Y[:4]), "arrays('test') gave 6 rows of x but 4 labels, expected one label per row"),
+    (X, "arrays('test') returned ndarray, expected a pair (x, y) of arrays, one label per row of x"),
+    ((X, Y, Y), "arrays('test') returned 3 items, expected a pair"),
+    ((X, 3), "arrays('test') returned 2 items, expected a pair"),
+])
+def test_a_dataset_whose_arrays_are_no_pair_of_equal_lengths_is_one_line(got: Any, said: str) -> None:
+    """(was: an IndexError out of the feed, or "too many values to unpack" in the trainer: exit 4, a bug)"""
+    with pytest.raises(PluginError) as e:
+        split_labels(_Rows(got), "test")
+    assert str(e.value).startswith(f"dataset 'rowsOff': {said}")
+    assert split_pair(_Rows((X, Y)), "test") == (X, Y)
+
+
+def test_train_on_a_pip_installed_dataset_with_short_labels_names_it(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    fake_dist(site, "hf-short", {"hf_short": '''
+        import numpy as np
+        from hloforge.core.hookspecs import hookimpl
+
+
+        class Short:
+            name, num_classes = "shortLabels", 10
+
+            def arrays(self, split):
+                return np.zeros((64, 1, 28, 28), np.float32), np.zeros(60, np.int32)
+
+
+        @hookimpl
+        def hloforge_datasets():
+            return [Short]
+        '''}, {"hloforge.datasets": {"short": "hf_short"}})
+    env = env_with(site)
+    env.pop("HLOFORGE_DEBUG", None)
+    proc = _cli(env, "train", "--net", "mnist-cnn", "--data", "shortLabels", "--run-dir", str(tmp_path / "run"))
+    assert proc.returncode == EXIT_BAD_INPUT and proc.stdout == ""
+    assert proc.stderr == ("hloforge: error: dataset 'shortLabels' (dist 'hf-short'): arrays('test') gave 64 rows "
+                           "of x but 60 labels, expected one label per row\n")

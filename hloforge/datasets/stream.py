@@ -49,7 +49,8 @@ from typing import IO, Any
 import attrs
 import numpy as np
 
-from hloforge.core.errors import DataError
+from hloforge.core.errors import DataError, PluginError
+from hloforge.core.registry import component_label
 from hloforge.datasets.augment import Compose, Transform, step_rng
 
 MAGIC = b"HFST"
@@ -67,15 +68,33 @@ class StreamError(DataError):
 
 
 # ---------------------------------------------------------------------------------------- the dataset side
+def split_pair(data: Any, split: str, stored: bool = False) -> tuple[Any, Any]:
+    """`data.arrays(split)` (`stored`: `data.records(split)`) checked as every consumer reads it: a pair
+    (x, y) of arrays, one label per row. A dataset plugin's other return is one line naming it, not an
+    unpacking or index error deep in the loop."""
+    call = f"{'records' if stored else 'arrays'}({split!r})"
+    got = data.records(split) if stored else data.arrays(split)
+    if not (isinstance(got, (tuple, list)) and len(got) == 2
+            and all(np.ndim(a) >= 1 for a in got)):  # np.ndim: an array, a memmap or a nested list alike
+        said = f"{len(got)} items" if isinstance(got, (tuple, list)) else type(got).__name__
+        raise PluginError(f"{component_label('dataset', data)}: {call} returned {said}, expected a pair (x, y) "
+                          "of arrays, one label per row of x")
+    x, y = got
+    if len(x) != len(y):
+        raise PluginError(f"{component_label('dataset', data)}: {call} gave {len(x)} rows of x but {len(y)} "
+                          "labels, expected one label per row")
+    return x, y
+
+
 def split_view(data: Any, split: str, augment: bool) -> tuple[Any, np.ndarray, Transform]:
     """(stored rows, labels, the transform to net input) of a split, for any dataset plugin.
 
     A record dataset (uint8 stored pixels) gives its own transform; an array dataset's rows are
     already net input, so its transform is the identity."""
     if hasattr(data, "records"):
-        x, y = data.records(split)
+        x, y = split_pair(data, split, stored=True)
         return x, y, data.transform(split, augment=augment and split == "train")
-    x, y = data.arrays(split)
+    x, y = split_pair(data, split)
     return x, y, Compose(())
 
 
@@ -88,7 +107,7 @@ def split_labels(data: Any, split: str) -> np.ndarray:
     transform a chunk at a time and only the labels are kept. An array dataset's split is already
     in memory, so its labels are read off it."""
     if not hasattr(data, "records"):
-        return np.asarray(data.arrays(split)[1])
+        return np.asarray(split_pair(data, split)[1])
     x, y, t = split_view(data, split, augment=False)
     parts = [t(np.asarray(x[i:i + LABEL_CHUNK]), np.asarray(y[i:i + LABEL_CHUNK]), step_rng(0))[1]
              for i in range(0, len(x), LABEL_CHUNK)]

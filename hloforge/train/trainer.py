@@ -31,7 +31,7 @@ from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
 from hloforge.core.registry import default_registry
 from hloforge.core.spec import NetSpec
 from hloforge.core.variant import SHADOW, Variant, ema_decay_at
-from hloforge.datasets.stream import DataRef, Feed, split_labels
+from hloforge.datasets.stream import DataRef, Feed, split_labels, split_pair
 from hloforge.train import autotune, curves, finetune, fp8, mpi, rundir, tasks
 from hloforge.train import checkpoint as ckpt
 from hloforge.train.arraydata import ARRAYS
@@ -139,7 +139,7 @@ class Run:
         if cfg.workers:  # the eval streams too: its labels here, the float split only if a consumer asks (x_te)
             self.y_te = split_labels(self.data, "test")
         else:
-            x_te, self.y_te = self.data.arrays("test")
+            x_te, self.y_te = split_pair(self.data, "test")
         # what the loss's label kind trains: feed shape, train-step inputs, evaluation (LM: its own path)
         self.task = None if self.lm else make_task(self)
         labels = None if self.task is None else self.task.labels
