@@ -157,6 +157,22 @@ def test_forward_disagreeing_with_out_shape_is_a_plugin_error_naming_the_layer()
         modules.layers_forward_module([ForgetsReturn()], (3,), 2)
 
 
+@attrs.frozen
+class BadReshape(ForgetsReturn):
+    kind = "fuzzBadReshape"
+
+    def forward(self, b: Any, x: Any, params: Any, ctx: Any) -> Any:
+        return b.reshape(x, (x.shape[0], 4))  # the author's mistake: 3 features do not make 4
+
+
+def test_a_builder_op_misused_in_forward_names_the_layer() -> None:
+    """Was: the builder's line alone ("reshape tensor<2x3xf32> -> tensor<2x4xf32>: element counts differ"),
+    naming no layer."""
+    with pytest.raises(PluginError, match=r"^layer 'fuzzBadReshape': layer 0's forward: reshape tensor<2x3xf32> "
+                                          r"-> tensor<2x4xf32>: element counts differ$"):
+        modules.layers_forward_module([BadReshape()], (3,), 2)
+
+
 def test_the_gate_names_a_reference_disagreeing_with_out_shape() -> None:
     """Was: jax's "unexpected JAX type ... for argument to VJP function", naming neither rule."""
     with pytest.raises(PluginError, match=r"layer 'fuzzDoubled'.*reference returned \[2, 3\], but out_shape "

@@ -6,13 +6,14 @@ result order; sessions, checkpoints and tests read it rather than restating it.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 
 import attrs
 import numpy as np
 
-from hloforge.core import autodiff, strategy
+from hloforge.core import autodiff, hlo, strategy
 from hloforge.core.errors import PluginError, UnsupportedSpec
 from hloforge.core.hlo import FLOAT_DTYPES, Builder, Value
 from hloforge.core.registry import Registry, component_label, default_registry
@@ -60,7 +61,13 @@ def emit_layers(b: Builder, walk: Sequence[LayerShapes], x: Value, params: Seque
                   masks={s.name: next(m_it) for s in ls.masks} if masks else {}, sync_replicas=sync_replicas,
                   sync_processes=sync_processes, skips=skips, net_input=net_input, layout=layout)
         with strategy.in_layer(ls.layer, ls.in_shape):  # a `strategy.tuned` plan's choices for this layer
-            x = ls.layer.forward(b, x, mine, ctx)
+            try:
+                x = ls.layer.forward(b, x, mine, ctx)
+            except UnsupportedSpec as e:
+                if not _raised_by_builder(e):
+                    raise
+                # the builder's refusal names an op; the author needs the layer whose forward misused it
+                raise PluginError(f"{component_label('layer', ls.layer)}: layer {ls.index}'s forward: {e}") from e
         if not isinstance(x, Value):
             raise PluginError(f"{component_label('layer', ls.layer)}: layer {ls.index}'s forward returned {x!r}, "
                               "expected the builder value of its output")
@@ -432,6 +439,14 @@ def layers_forward_module(layers: Sequence[Layer], in_shape: Shape, batch: int, 
     x = b.arg((batch, *in_shape))
     masks = [b.arg((batch, *s.shape)) for _, s in qualified_masks(walk)]
     return b.module([emit_layers(b, walk, x, params, train=True, masks=masks)[0]])
+
+
+def _raised_by_builder(e: BaseException) -> bool:
+    """Whether `e` was raised inside the builder (core/hlo.py) itself."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) == os.path.abspath(hlo.__file__)
 
 
 def emit_loss(b: Builder, loss: Loss, logits: Value, y: Value) -> Value:
