@@ -7,7 +7,9 @@ from __future__ import annotations
 import os
 import sys
 import time
+import warnings
 from collections.abc import Sequence
+from typing import Any, TextIO
 
 from hloforge.commands.argtypes import F32_MAX as F32_MAX
 from hloforge.commands.argtypes import I64_MAX as I64_MAX
@@ -42,7 +44,7 @@ from hloforge.commands.options import parser as parser
 from hloforge.commands.options import prepare_parser as prepare_parser
 from hloforge.commands.options import variant_flags as variant_flags
 from hloforge.commands.options import version as version
-from hloforge.core.errors import HloforgeError
+from hloforge.core.errors import HloforgeError, HloforgeWarning
 
 
 def _internal_error(e: BaseException) -> str:
@@ -107,6 +109,20 @@ def _end_mpi_run(e: BaseException, code: int) -> None:
         mpi.end_after_error(e, code)
 
 
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: TextIO | None = None, line: str | None = None) -> None:
+    """hloforge's own warnings as the command's other lines (`hloforge: warning: ...`), not Python's file:line
+    and source line from inside hloforge; another library's as Python shows it."""
+    if issubclass(category, HloforgeWarning):
+        print(f"hloforge: warning: {message}", file=file or sys.stderr)
+    else:
+        _python_show_warning(filename=filename, lineno=lineno, message=message, category=category, file=file,
+                             line=line)
+
+
+_python_show_warning: Any = warnings.showwarning
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The command; returns its exit status (EXIT_CODES), --help's and a usage error's included."""
     try:  # first: a value it does not know is refused before any work (an MPI rank's worker included)
@@ -114,6 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except HloforgeError as e:
         print(f"hloforge: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if argv is None and not debug:  # the process's own command (HLOFORGE_DEBUG: where each was raised)
+        warnings.showwarning = _show_warning
     given_argv, argv = argv, list(sys.argv[1:] if argv is None else argv)
     if _another_rank_does_it(argv):
         return EXIT_OK

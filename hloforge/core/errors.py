@@ -7,6 +7,10 @@ class HloforgeError(Exception):
     """Base of every error hloforge raises on purpose."""
 
 
+class HloforgeWarning(UserWarning):
+    """Base of hloforge's warnings: the work goes on, and the command line prints each as one line."""
+
+
 class UnsupportedSpec(HloforgeError):
     """A spec (or an option in it) that no plugin can render faithfully."""
 

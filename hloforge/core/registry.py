@@ -24,7 +24,7 @@ import pluggy
 
 from hloforge.core import contracts, hookspecs
 from hloforge.core.contracts import check_constructor_options
-from hloforge.core.errors import PluginError, UnsupportedSpec
+from hloforge.core.errors import HloforgeWarning, PluginError, UnsupportedSpec
 from hloforge.core.switches import env_switch
 
 # kind -> (entry-point group, hook that lists its components, attribute holding a component's name)
@@ -60,7 +60,7 @@ class Entry:
         return self.distribution == BUILTIN_DISTRIBUTION
 
 
-class PluginLoadWarning(UserWarning):
+class PluginLoadWarning(HloforgeWarning):
     """A plugin was skipped (it is listed in `Registry.broken`); the others loaded."""
 
 

@@ -54,7 +54,7 @@ import numpy as np
 
 from hloforge.backends.base import backend_fingerprint, cache_root, parse_main_signature
 from hloforge.core import strategy
-from hloforge.core.errors import BackendError, UnsupportedSpec
+from hloforge.core.errors import BackendError, HloforgeWarning, UnsupportedSpec
 from hloforge.core.modules import vjp_module
 from hloforge.core.spec import LayerShapes, NetSpec
 from hloforge.core.switches import env_switch
@@ -72,11 +72,11 @@ TUNED: Choices = (("plan", "tuned"),)
 DEFAULTS: Choices = (("plan", "defaults"),)
 
 
-class AutotuneCacheWarning(UserWarning):
+class AutotuneCacheWarning(HloforgeWarning):
     """A cache entry was unreadable or did not match its key; the layer was timed again."""
 
 
-class AutotuneCandidateWarning(UserWarning):
+class AutotuneCandidateWarning(HloforgeWarning):
     """The backend refused a candidate form of a layer (it did not compile or run); the others competed."""
 
 

@@ -28,7 +28,7 @@ from hloforge.backends.base import CACHE_ENV_VAR as CACHE_ROOT_ENV_VAR
 from hloforge.backends.base import cache_root
 from hloforge.backends.disk_cache import max_bytes, prune, sha256_key, touch, write_atomic
 from hloforge.backends.xla.pjrt import Client, Executable
-from hloforge.core.errors import BackendError
+from hloforge.core.errors import BackendError, HloforgeWarning
 from hloforge.core.switches import env_switch
 
 CACHE_ENV_VAR = "HLOFORGE_XLA_CACHE"
@@ -41,7 +41,7 @@ _UNSERIALIZABLE: set[str] = set()  # plugins that said so (warned once per proce
 _UNWRITABLE: set[tuple[Path, str]] = set()  # (cache directory, why) already warned of
 
 
-class XlaCacheWarning(UserWarning):
+class XlaCacheWarning(HloforgeWarning):
     """A cache entry that could not be used or written (the run goes on, compiling)."""
 
 
