@@ -109,6 +109,9 @@ def _end_mpi_run(e: BaseException, code: int) -> None:
         mpi.end_after_error(e, code)
 
 
+_python_show_warning: Any = warnings.showwarning  # as Python shows a warning, for every other library's
+
+
 def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
                   file: TextIO | None = None, line: str | None = None) -> None:
     """hloforge's own warnings as the command's other lines (`hloforge: warning: ...`), not Python's file:line
@@ -118,9 +121,6 @@ def _show_warning(message: Warning | str, category: type[Warning], filename: str
     else:
         _python_show_warning(filename=filename, lineno=lineno, message=message, category=category, file=file,
                              line=line)
-
-
-_python_show_warning: Any = warnings.showwarning
 
 
 def main(argv: Sequence[str] | None = None) -> int:
