@@ -132,7 +132,7 @@ def _import_weights(args: argparse.Namespace) -> None:
 def _export(args: argparse.Namespace) -> None:
     from hloforge.interop.exporter import export_run
 
-    export_run(args.run, args.out, args.format)
+    export_run(args.run, args.out, args.format, region=args.region)
 
 
 def _verify(args: argparse.Namespace) -> int:

@@ -273,6 +273,9 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--format", default="hloforge", choices=("hloforge", "torchvision", "timm"),
                     help="hloforge: forward.mlir, weights.safetensors, manifest.json; torchvision/timm: "
                          "model.safetensors, loadable with load_state_dict(strict=True)")
+    sp.add_argument("--region", default="auto", choices=("live", "ema", "auto"),
+                    help="live weights, the EMA shadow, or auto (default: the shadow when the run kept one, the "
+                         "weights `hloforge eval` scores)")
     sp.set_defaults(func=_export)
 
     sp = _command(sub, "verify", help="gate every registered (or each named) plugin against its oracles; "

@@ -3,7 +3,8 @@
 The default format writes the eval forward as StableHLO (`forward.mlir`, batch 1: `@main(x, θ…,
 running…)`), the weights as safetensors under their names (`weights.safetensors`: `param/…`,
 `stat/…`) and `manifest.json` (spec, input shape and preprocessing, classes, the module's argument
-order, the backend it trained on). `torchvision` / `timm` write the state dict of the matching
+order, the backend it trained on, the region). The weights are those `hloforge eval` scores: by
+default the EMA shadow when the run kept one. `torchvision` / `timm` write the state dict of the matching
 PyTorch model instead (`model.safetensors`, names and layouts by hloforge.interop.torch_names), which
 that model loads with `load_state_dict(strict=True)`.
 """
@@ -52,8 +53,11 @@ def _source_for(net: str, fmt: str, meta: dict[str, Any]) -> str:
     return found[0]
 
 
-def export_run(run: str, out: str, fmt: str = "hloforge", log: Callable[[str], None] = print) -> str:
-    """Export the run directory (or checkpoint file) `run` into directory `out`; its path."""
+def export_run(run: str, out: str, fmt: str = "hloforge", log: Callable[[str], None] = print, *,
+               region: str = "auto") -> str:
+    """Export the run directory (or checkpoint file) `run` into directory `out`; its path. `region` picks
+    the weights as `hloforge eval` does: the live ones, the EMA shadow, or (the default) auto, the shadow
+    when the run kept one."""
     from safetensors.numpy import save_file
 
     from hloforge.commands.opening import open_checkpoint
@@ -63,7 +67,8 @@ def export_run(run: str, out: str, fmt: str = "hloforge", log: Callable[[str], N
         raise UnsupportedSpec(f"export format {fmt!r}; expected one of {list(FORMATS)}")
     oc = open_checkpoint(run, log=log, needs_data=False)  # a net and its weights: no dataset read
     spec, cfg = oc.spec, oc.run.cfg
-    _, params, stats = oc.region_weights("live")
+    # the weights eval scores (each with its own BN statistics): the EMA shadow's when the run kept one
+    region, params, stats = oc.region_weights(region)
     if fmt != "hloforge":
         source = _source_for(cfg.net, fmt, oc.meta)
         sd = torch_state_dict(source, spec, params, stats)
@@ -71,8 +76,8 @@ def export_run(run: str, out: str, fmt: str = "hloforge", log: Callable[[str], N
         if os.path.exists(target):
             raise HloforgeError(f"{target} already exists; pick another --out")
         os.makedirs(out, exist_ok=True)
-        save_file(sd, target, metadata={"source": source})
-        log(f"exported {spec.name} as {source} ({len(sd)} tensors) -> {target}")
+        save_file(sd, target, metadata={"source": source, "region": region})
+        log(f"exported {spec.name} as {source} ({region} weights, {len(sd)} tensors) -> {target}")
         return out
     files = [os.path.join(out, f) for f in ("forward.mlir", "weights.safetensors", "manifest.json")]
     if any(os.path.exists(f) for f in files):
@@ -82,7 +87,7 @@ def export_run(run: str, out: str, fmt: str = "hloforge", log: Callable[[str], N
     snames = [f"stat/{n}" for n, _ in spec.stats()]
     manifest = {
         "format": "hloforge-export-1", "spec": spec.to_dict(), "input_shape": list(spec.input_shape),
-        "classes": spec.num_classes, "batch": 1, "arguments": ["x", *pnames, *snames],
+        "classes": spec.num_classes, "batch": 1, "arguments": ["x", *pnames, *snames], "region": region,
         "preprocessing": {"data": cfg.data, "data_options": list(cfg.data_options)},
         "backend": oc.meta.get("backend"), "epoch": oc.meta.get("epoch"), "step": oc.meta.get("step"),
     }
@@ -93,5 +98,6 @@ def export_run(run: str, out: str, fmt: str = "hloforge", log: Callable[[str], N
               files[1])
     with open(files[2], "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=1)
-    log(f"exported {spec.name} (eval forward, {len(pnames)} parameters, {len(snames)} statistics) -> {out}")
+    log(f"exported {spec.name} (eval forward, {region} weights: {len(pnames)} parameters, {len(snames)} "
+        f"statistics) -> {out}")
     return out

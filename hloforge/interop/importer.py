@@ -3,7 +3,8 @@
 command reading a checkpoint accept.
 
 `.safetensors` are read with the safetensors library (no torch); `.pth` / `.pt` / `.bin` only through
-`torch.load(weights_only=True)`, so a pickle that would run code is refused, never run. Every problem
+`torch.load(weights_only=True)`, so a pickle that would run code is refused, never run; a training
+script's checkpoint dict is read for the state dict in it (`CHECKPOINT_KEYS`). Every problem
 (a tensor of the wrong shape, a missing one, an unused one) is reported together, and nothing is
 written unless all of them fit.
 """
@@ -35,6 +36,8 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
     """A state dict's tensors as float32 numpy arrays (integer buffers kept as they are)."""
     if not os.path.isfile(path):
         raise DataError(f"weights file {path} does not exist")
+    if os.path.getsize(path) == 0:  # torch.load and safetensors both fail on one with no message worth quoting
+        raise DataError(f"weights file {path} is empty; expected a saved state dict")
     if path.endswith(".safetensors"):
         return read_weights_file(path, "weights file")
     if not path.endswith(PICKLED):
@@ -53,10 +56,9 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
                         f"tensors ({_unpickling_refusal(str(e))})") from None
     except (RuntimeError, OSError, EOFError, ValueError) as e:
         raise DataError(f"weights file {path} cannot be read as a PyTorch state dict ({e})") from None
-    if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):  # a training checkpoint's wrapper
-        obj = obj["state_dict"]
     if not isinstance(obj, dict):
         raise DataError(f"weights file {path} holds a {type(obj).__name__}, not a state dict (a name → tensor dict)")
+    obj = _inner_state_dict(path, obj)
     out: dict[str, np.ndarray] = {}
     for k, v in obj.items():
         if not isinstance(v, torch.Tensor):
@@ -64,6 +66,26 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
         v = v.detach().cpu()
         out[str(k)] = (v.float() if v.dtype == torch.bfloat16 else v).numpy()  # numpy has no bfloat16 of torch's
     return out
+
+
+# where training scripts put the model's state dict in a checkpoint dict (Lightning and timm's train.py:
+# "state_dict"; DeiT / torchvision's references: "model"); the first one present is taken, so a live model
+# wins over an EMA copy saved beside it ("state_dict_ema", "model_ema")
+CHECKPOINT_KEYS = ("state_dict", "model_state_dict", "model")
+
+
+def _inner_state_dict(path: str, obj: dict[Any, Any]) -> dict[Any, Any]:
+    """The state dict in a training checkpoint's dict (`CHECKPOINT_KEYS`), else `obj` itself; one DataError for a
+    checkpoint dict that holds none there."""
+    key = next((k for k in CHECKPOINT_KEYS if isinstance(obj.get(k), dict)), None)
+    if key is not None:
+        return dict(obj[key])
+    nested = [str(k) for k, v in obj.items() if isinstance(v, dict)]
+    if nested:
+        raise DataError(f"weights file {path} is a checkpoint dict (keys {sorted(map(str, obj))[:8]}) with no state "
+                        f"dict under {' / '.join(map(repr, CHECKPOINT_KEYS))}; save the one you mean alone: "
+                        f"torch.save(ckpt[{nested[0]!r}], FILE)")
+    return obj
 
 
 def _unpickling_refusal(text: str) -> str:
@@ -111,8 +133,8 @@ def map_state_dict(source: str, sd: Mapping[str, np.ndarray], *, input: Sequence
     `_orig_mod.` prefix on every name dropped). Raises one DataError
     listing every tensor that does not fit, every missing one and every unused one."""
     fam = family(source)
-    sd = unwrapped(sd)
     spec = get_net(fam.net, input=input)
+    sd = _unprefixed(unwrapped(sd), source_names(source))
     classes = head_classes(fam, spec, sd)
     if classes is not None and classes != spec.num_classes:
         spec = get_net(fam.net, classes=classes, input=input)
@@ -143,9 +165,41 @@ def map_state_dict(source: str, sd: Mapping[str, np.ndarray], *, input: Sequence
     lines = ([f"shape: {b}" for b in bad] + [f"missing: {m}" for m in missing]
              + [f"unused: {u} {list(np.shape(sd[u]))}" for u in unused])
     if lines:
-        raise DataError(f"{where} does not fit {source} (zoo net {spec.name!r}), {len(lines)} problem(s); "
-                        "nothing written:\n  " + "\n  ".join(lines))
+        other = [s for s in SOURCES if s != source and source_names(s) == _names(sd)]
+        said = f"; its names are those of {other[0]}: pass that SOURCE" if other else ""
+        shown = lines[:MAX_LISTED] + ([f"... and {len(lines) - MAX_LISTED} more"] if len(lines) > MAX_LISTED else [])
+        raise DataError(f"{where} does not fit {source} (zoo net {spec.name!r}), {len(lines)} problem(s){said}; "
+                        "nothing written:\n  " + "\n  ".join(shown))
     return Imported(source, spec, out["param"], out["stat"])
+
+
+MAX_LISTED = 12  # problems listed under a refusal; the rest are counted
+
+
+def source_names(source: str) -> set[str]:
+    """The tensor names of `source`'s state dict (less the ignored buffers)."""
+    fam = family(source)
+    spec = get_net(fam.net)
+    tables = fam.table(spec)
+    return {e[0] for name, _ in [*spec.params(), *spec.stats()] if (e := _entry(tables, name)) is not None}
+
+
+def _names(sd: Mapping[str, Any]) -> set[str]:
+    return {k for k in sd if not k.endswith(IGNORED_SUFFIXES)}
+
+
+def _unprefixed(sd: Mapping[str, np.ndarray], expected: set[str]) -> Mapping[str, np.ndarray]:
+    """`sd` without an attribute prefix every name shares (`model.` from a Lightning module holding the net
+    as `self.model`), when no name matches as it is and the names without it do."""
+    while sd and not _names(sd) & expected:
+        heads = {k.partition(".")[0] for k in sd}
+        if len(heads) != 1 or not all("." in k for k in sd):
+            break
+        stripped = {k.partition(".")[2]: v for k, v in sd.items()}
+        if not _names(stripped) & expected:
+            break
+        sd = stripped
+    return sd
 
 
 def write_run(imp: Imported, out: str, *, data: str = "", data_options: Sequence[str] = (), backend: str = "",
@@ -167,7 +221,17 @@ def write_run(imp: Imported, out: str, *, data: str = "", data_options: Sequence
         given["data"] = data
     if backend:
         given["backend"] = backend
-    run = Run(TrainConfig(**given), log=log, progress=False)
+    try:
+        run = Run(TrainConfig(**given), log=log, progress=False)
+    except DataError as e:
+        head = f"net {imp.spec.name!r} has {imp.spec.num_classes}"
+        if head not in str(e):  # not the dataset's class count against the head's
+            raise
+        said = str(e).partition(";")[0]  # the trainer's advice (--classes) is train's, not import-weights'
+        train = f"hloforge train {fam.net} --init FILE.safetensors" + (f" --data {data}" if data else "")
+        raise DataError(f"{said} (the state dict's head); to fine-tune on this dataset, write the weights alone "
+                        f"(--out FILE.safetensors) and start a run from them: `{train}` re-initialises the head "
+                        "for the dataset's classes") from None
     if run.spec != imp.spec:
         raise UnsupportedSpec(f"{imp.source}: the run's net differs from the imported one (a variant that changes "
                               "the net, e.g. dropout or BN eps, is not imported)")

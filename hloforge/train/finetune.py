@@ -107,6 +107,10 @@ def read_init(run: Run, log: Callable[[str], None] = print) -> Init:
     have = {n: a for n, a in tensors.items()
             if n.startswith(f"{ckpt.PARAMS}/") or (n.startswith(f"{ckpt.STATS}/")
                                                     and not n.startswith(f"{ckpt.SHADOW_STATS}/"))}
+    if tensors and not have:  # no name of ours at all: most likely a PyTorch state dict saved as safetensors
+        raise DataError(f"--init {path} holds no {ckpt.PARAMS}/… or {ckpt.STATS}/… tensors (its names are like "
+                        f"{min(tensors, key=len)!r}); a torchvision / timm state dict is mapped onto its zoo net "
+                        f"first: `hloforge import-weights SOURCE {path} --out FILE.safetensors`, then --init that file")
     moved = _renumbered(list(have), list(want))
     if moved:
         have = {_renamed(n, moved): a for n, a in have.items()}

@@ -1,0 +1,143 @@
+"""Own weights in, models out: the state dicts users bring as their training scripts save them (a checkpoint
+dict, a Lightning module's prefix, another variant's weights, an empty file, a head of other classes) and the
+weights `hloforge export` writes for a run with an EMA shadow. The state dicts are made without torch (the
+exporter's own `torch_state_dict` of a zoo net's init) except where a pickle is the point: those tests skip
+without torch."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from hloforge.core.errors import DataError
+from hloforge.interop import export_run, import_weights, map_state_dict, read_state_dict, torch_state_dict
+from hloforge.interop.importer import MAX_LISTED
+from hloforge.zoo import get_net
+
+INPUT = (3, 32, 32)
+
+
+def _state_dict(source: str, net: str, classes: int = 10, seed: int = 0) -> dict[str, np.ndarray]:
+    """`source`'s PyTorch state dict holding the zoo net's init (seed `seed`), as numpy arrays."""
+    spec = get_net(net, classes=classes, input=INPUT)
+    return torch_state_dict(source, spec, spec.init_params(seed), [s.initial() for _, s in spec.stats()])
+
+
+def test_a_lightning_modules_prefix_on_every_name_is_dropped() -> None:
+    sd = _state_dict("torchvision:resnet18", "resnet18")
+    got = map_state_dict("torchvision:resnet18", {f"model.{k}": v for k, v in sd.items()}, input=INPUT)
+    want = map_state_dict("torchvision:resnet18", sd, input=INPUT)
+    assert all(np.array_equal(a, b) for a, b in zip(got.params, want.params, strict=True))
+
+
+def test_a_prefix_that_does_not_make_the_names_match_is_kept_and_refused() -> None:
+    sd = _state_dict("torchvision:resnet18", "resnet18")
+    with pytest.raises(DataError, match=r"missing: conv1\.weight"):
+        map_state_dict("torchvision:resnet18", {f"model.backbone.{k}": v for k, v in sd.items()}, input=INPUT)
+
+
+def test_another_variants_state_dict_is_named_and_the_listing_is_capped() -> None:
+    sd = _state_dict("torchvision:resnet34", "resnet34")
+    with pytest.raises(DataError) as e:
+        map_state_dict("torchvision:resnet18", sd, input=INPUT)
+    text = str(e.value)
+    assert "its names are those of torchvision:resnet34: pass that SOURCE" in text.splitlines()[0]
+    assert len(text.splitlines()) == 1 + MAX_LISTED + 1 and text.endswith(f"and {80 - MAX_LISTED} more")
+
+
+def test_an_empty_weights_file_is_one_line(tmp_path) -> None:
+    for name in ("w.pth", "w.safetensors"):
+        (tmp_path / name).write_bytes(b"")
+        with pytest.raises(DataError, match=r"is empty; expected a saved state dict$"):
+            read_state_dict(str(tmp_path / name))
+
+
+def test_a_head_of_other_classes_than_the_dataset_says_how_to_fine_tune(tmp_path) -> None:
+    from safetensors.numpy import save_file
+
+    file = str(tmp_path / "r18_4.safetensors")
+    save_file(_state_dict("torchvision:resnet18", "resnet18", classes=4), file)
+    with pytest.raises(DataError) as e:
+        import_weights("torchvision:resnet18", file, str(tmp_path / "run"), input=INPUT, data="digits",
+                       data_options=("size=32", "channels=3"), log=lambda s: None)
+    text = str(e.value)
+    assert "--classes" not in text  # import-weights has no such option: the trainer's advice does not apply
+    assert "dataset 'digits' has 10 classes, net 'resnet18' has 4" in text and "--init FILE.safetensors" in text
+    assert not os.path.exists(tmp_path / "run")
+
+
+def test_init_from_a_pytorch_state_dict_in_safetensors_points_to_import_weights(tmp_path) -> None:
+    from safetensors.numpy import save_file
+
+    from hloforge.train.trainer import TrainConfig, train
+
+    file = str(tmp_path / "resnet18.safetensors")
+    save_file(_state_dict("torchvision:resnet18", "resnet18"), file)
+    with pytest.raises(DataError, match=r"holds no param/… or stat/… tensors \(its names are like 'fc\.bias'\); a "
+                                        r"torchvision / timm state dict is mapped onto its zoo net first: `hloforge "
+                                        r"import-weights SOURCE .*resnet18\.safetensors --out FILE\.safetensors`"):
+        train(TrainConfig(net="resnet-mini", input=(1, 12, 12), data_options=("size=12",), epochs=1, batch=128,
+                          init=file, run_dir=str(tmp_path / "run")), progress=False)
+    assert not os.path.exists(tmp_path / "run" / "checkpoint.safetensors")
+
+
+# ------------------------------------------------------------------ PyTorch pickles as training scripts save them
+def _pickled(tmp_path, obj: object) -> str:
+    torch = pytest.importorskip("torch", reason="reading a .pth needs torch")
+    path = str(tmp_path / "ckpt.pth")
+    torch.save(obj, path)
+    return path
+
+
+def test_a_checkpoint_dict_under_model_imports_the_live_model_not_its_ema(tmp_path) -> None:
+    torch = pytest.importorskip("torch", reason="reading a .pth needs torch")
+    live, ema = (_state_dict("torchvision:resnet18", "resnet18", seed=s) for s in (0, 1))
+    path = _pickled(tmp_path, {"model": {k: torch.from_numpy(v) for k, v in live.items()},
+                               "model_ema": {k: torch.from_numpy(v) for k, v in ema.items()}, "epoch": 3})
+    sd = read_state_dict(path)
+    assert sorted(sd) == sorted(live) and all(np.array_equal(sd[k], live[k]) for k in live)
+
+
+def test_a_checkpoint_dict_with_no_state_dict_where_scripts_put_it_is_one_line(tmp_path) -> None:
+    torch = pytest.importorskip("torch", reason="reading a .pth needs torch")
+    path = _pickled(tmp_path, {"net": {"conv1.weight": torch.zeros(1)}, "optimizer": {}})
+    with pytest.raises(DataError, match=r"a checkpoint dict \(keys \['net', 'optimizer'\]\) with no state dict under "
+                                        r"'state_dict' / 'model_state_dict' / 'model'; save the one you mean alone: "
+                                        r"torch.save\(ckpt\['net'\], FILE\)$"):
+        read_state_dict(path)
+
+
+# ------------------------------------------------------------------ models out
+def test_the_export_of_an_ema_run_holds_the_weights_eval_scores(tmp_path) -> None:
+    from safetensors.numpy import load_file
+
+    from hloforge.commands.opening import open_checkpoint
+    from hloforge.train.trainer import TrainConfig, train
+
+    run = str(tmp_path / "run")
+    train(TrainConfig(net="resnet-mini", input=(1, 12, 12), data_options=("size=12",), epochs=1, batch=128,
+                      augment=False, ema=0.5, run_dir=run), progress=False)
+    oc = open_checkpoint(run, log=lambda s: None, needs_data=False)
+    names = [f"param/{n}" for n, _ in oc.spec.params()] + [f"stat/{n}" for n, _ in oc.spec.stats()]
+    for region, want in (("auto", "ema"), ("live", "live")):
+        out = str(tmp_path / region)
+        export_run(run, out, log=lambda s: None, region=region)
+        _, params, stats = oc.region_weights(want)
+        got = load_file(os.path.join(out, "weights.safetensors"))
+        assert all(np.array_equal(got[n], a) for n, a in zip(names, [*params, *stats], strict=True))
+        with open(os.path.join(out, "manifest.json"), encoding="utf-8") as f:
+            assert json.load(f)["region"] == want
+    live = load_file(os.path.join(tmp_path, "live", "weights.safetensors"))
+    shadow = load_file(os.path.join(tmp_path, "auto", "weights.safetensors"))
+    assert not np.array_equal(shadow["param/0.w"], live["param/0.w"])  # the shadow is not θ: the test can tell
+    # the command line: the default is the shadow too, and --region live picks θ in the PyTorch format as well
+    from hloforge.cli import EXIT_OK, main
+
+    assert main(["export", run, "--out", str(tmp_path / "cli")]) == EXIT_OK
+    assert np.array_equal(load_file(str(tmp_path / "cli" / "weights.safetensors"))["param/0.w"], shadow["param/0.w"])
+    assert main(["export", run, "--out", str(tmp_path / "cli_live"), "--region", "live"]) == EXIT_OK
+    assert np.array_equal(load_file(str(tmp_path / "cli_live" / "weights.safetensors"))["param/0.w"],
+                          live["param/0.w"])
