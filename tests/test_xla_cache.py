@@ -303,7 +303,7 @@ def test_a_cache_directory_that_cannot_be_written_warns_once(tmp_path, monkeypat
     blocker.write_text("")
     monkeypatch.setenv("HLOFORGE_CACHE_DIR", str(blocker))  # a file: its xla/ subdirectory cannot be made
     monkeypatch.delenv(xla_cache.CACHE_ENV_VAR, raising=False)
-    monkeypatch.setattr(xla_cache, "_UNWRITABLE", set())
+    monkeypatch.setattr(disk_cache, "_UNWRITABLE", set())
     be = XlaBackend()
     with pytest.warns(XlaCacheWarning) as caught:
         exes = [be.compile(STEP), be.compile(STEP.replace("1.000000e-01", "2.000000e-01"))]

@@ -8,9 +8,11 @@ oldest-first (by mtime: least recently used) down to $HLOFORGE_CACHE_MAX_MB.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
+import platform
 import tempfile
 import time
 from pathlib import Path
@@ -28,6 +30,37 @@ _STALE_TEMP_S = 24 * 3600
 def sha256_key(material: dict[str, Any]) -> str:
     """The hex sha256 of `material` as canonical JSON (every cache key is one)."""
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+
+
+@functools.cache
+def host_cpu() -> str:
+    """The host CPU a CPU compiler targets (XLA's CPU plugin; IREE's llvm-cpu at target-cpu=host): an
+    entry from another CPU could hold instructions this one lacks, so it is part of those caches' keys.
+    Its model and feature flags where /proc/cpuinfo says, else the machine type."""
+    try:
+        info = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        info = ""
+    fields: dict[str, str] = {}
+    for line in info.splitlines():
+        name, _, value = line.partition(":")
+        name = name.strip()
+        if name in ("model name", "flags", "Features", "CPU part") and name not in fields:
+            fields[name] = " ".join(sorted(value.split())) if name in ("flags", "Features") else value.strip()
+    return json.dumps({"machine": platform.machine(), **fields}, sort_keys=True)
+
+
+_UNWRITABLE: set[tuple[Path, str]] = set()  # (cache directory, why) already said
+
+
+def first_unwritable(directory: Path, e: OSError) -> str | None:
+    """Why `directory` could not be written, the first time this process meets that (directory, cause); None
+    after: every later entry would fail alike, so a cache says it once."""
+    why = e.strerror or str(e)
+    if (directory, why) in _UNWRITABLE:
+        return None
+    _UNWRITABLE.add((directory, why))
+    return why
 
 
 def write_atomic(path: Path, data: bytes) -> None:

@@ -112,7 +112,8 @@ def _eval(args: argparse.Namespace) -> None:
     from hloforge.commands.opening import evaluate_checkpoint
 
     evaluate_checkpoint(args.run, backend=args.backend, region=args.region, replicas=args.replicas,
-                        devices=args.devices, batch_stats=args.batch_stats, size=args.size, crop=args.crop)
+                        devices=args.devices, batch_stats=args.batch_stats, size=args.size, crop=args.crop,
+                        data_dir=args.data_dir, data_file=args.data_file)
 
 
 def _summary(args: argparse.Namespace) -> None:

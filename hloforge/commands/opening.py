@@ -21,9 +21,10 @@ from hloforge.train.config import CHECKPOINT, CONFIG, TrainConfig, load_config
 from hloforge.train.evaluation import EvalResult, evaluate, evaluate_lm, evaluate_stream
 from hloforge.train.metrics import describe_eval_set, eval_set_id
 from hloforge.train.parallel import make_forward_session
+from hloforge.train.rundir import own_spec
 from hloforge.train.session import ForwardSession, replica_devices
 from hloforge.train.trainer import Run, check_matches
-from hloforge.zoo import SPEC_SUFFIXES, get_net
+from hloforge.zoo import get_net
 
 REGIONS = ("live", "ema", "auto")
 
@@ -66,13 +67,6 @@ class OpenedCheckpoint:
             ckpt.shadow_stats(self.tensors, run.stat_names, self.file, "use the live weights (--region live)")
 
 
-def own_spec(net: str, stored: NetSpec) -> NetSpec | None:
-    """For a net a config names by a spec file's path, the checkpoint's own copy of it (`stored`): the
-    file may have moved, been edited or be named relative to another folder since. None for a zoo net
-    (rebuilt by name, and refused if it changed)."""
-    return stored if net.endswith(SPEC_SUFFIXES) else None
-
-
 def check_run_dir(path: str, file: str, meta: dict[str, Any]) -> None:
     """A run directory whose config.toml names another net or variant than its checkpoint holds is
     refused, as --resume refuses it: scoring it would report the checkpoint's net as the run's."""
@@ -85,12 +79,18 @@ def check_run_dir(path: str, file: str, meta: dict[str, Any]) -> None:
         raise DataError(f"run directory {path}: its config.toml and checkpoint disagree: {e}") from None
 
 
+# the paths a run's config records for its data, and the flag that names where each is now
+DATA_PATHS = {"data_dir": "--data-dir", "data_file": "--data-file"}
+
+
 def open_checkpoint(path: str, backend: str | None = None, log: Callable[[str], None] = print,
-                    devices: int | None = None, needs_data: bool = True) -> OpenedCheckpoint:
+                    devices: int | None = None, needs_data: bool = True, data_dir: str | None = None,
+                    data_file: str | None = None) -> OpenedCheckpoint:
     """A run directory's (or a file's) checkpoint, its run rebuilt from the stored config
     (on `backend` if given, with `devices` devices if given), refused if the net as defined now
     differs from the stored spec. A run trained on the user's arrays (no registered dataset) is
-    refused where the caller `needs_data`; else (export) it opens on no rows."""
+    refused where the caller `needs_data`; else (export) it opens on no rows. `data_dir`, `data_file`:
+    where the run's data is now, when it moved since (its test split is still checked against the run's)."""
     file = os.path.join(path, CHECKPOINT) if os.path.isdir(path) else path
     tensors, meta = ckpt.load_checkpoint(file)
     if os.path.isdir(path) and os.path.exists(os.path.join(path, CONFIG)):
@@ -100,6 +100,9 @@ def open_checkpoint(path: str, backend: str | None = None, log: Callable[[str], 
         cfg = attrs.evolve(cfg, backend=backend)
     if devices:
         cfg = attrs.evolve(cfg, devices=devices)
+    moved = {k: v for k, v in (("data_dir", data_dir), ("data_file", data_file)) if v}
+    if moved:
+        cfg = attrs.evolve(cfg, **moved)
     spec = NetSpec.from_dict(meta["spec"], source=file)
     arrays = None
     if cfg.data == ARRAYS:
@@ -112,7 +115,9 @@ def open_checkpoint(path: str, backend: str | None = None, log: Callable[[str], 
     try:  # scoring never opens the train split
         run = Run(cfg, log, progress=False, eval_only=True, spec=own_spec(cfg.net, spec), data=arrays)
     except HloforgeError as e:  # the stored config's net, variant or data refused: say whose config it is
-        raise type(e)(f"checkpoint {file}: {e}") from None
+        gone = [flag for k, flag in DATA_PATHS.items() if getattr(cfg, k) and not os.path.exists(getattr(cfg, k))]
+        hint = f"; if the run's data moved, give where it is now with {gone[0]}" if gone else ""
+        raise type(e)(f"checkpoint {file}: {e}{hint}") from None
     if spec != run.spec:
         raise DataError(f"checkpoint {file} holds a spec that differs from net {cfg.net!r} as defined now "
                         f"({ckpt.first_difference(spec.to_dict(), run.spec.to_dict())})")
@@ -138,7 +143,8 @@ def open_checkpoint(path: str, backend: str | None = None, log: Callable[[str], 
 def evaluate_checkpoint(path: str, backend: str | None = None, region: str = "auto",
                         log: Callable[[str], None] = print, replicas: int = 1,
                         devices: int | None = None, batch_stats: bool = False,
-                        size: int | None = None, crop: float | None = None) -> EvalResult:
+                        size: int | None = None, crop: float | None = None, data_dir: str | None = None,
+                        data_file: str | None = None) -> EvalResult:
     """Score a run directory's (or a file's) checkpoint alone, with the training run's batching.
     `region` picks the weights: the live ones, the EMA shadow of an EMA variant, or (the default, as
     `sample`'s) auto: the shadow when the run kept one. `replicas` > 1
@@ -146,11 +152,13 @@ def evaluate_checkpoint(path: str, backend: str | None = None, region: str = "au
     result as one device: the same eval loop, the logits gathered in row order. `batch_stats`:
     seed 003's diagnostic, BN with each batch's statistics instead of the running ones (ForwardSession).
     `size` (and `crop`): a classifier scored at size×size, its eval graph rendered there and the eval
-    images resized and center-cropped to match (hloforge.commands.resolution: timm's test protocol)."""
+    images resized and center-cropped to match (hloforge.commands.resolution: timm's test protocol).
+    `data_dir`, `data_file`: where the run's data is now, when it moved (open_checkpoint)."""
     if region not in REGIONS:
         raise UnsupportedSpec(f"region {region!r}; expected one of {list(REGIONS)}")
     check_size_crop(size, crop)  # a bad value is refused before anything is opened
-    oc = open_checkpoint(path, backend, log, replica_devices(backend, replicas, devices))
+    oc = open_checkpoint(path, backend, log, replica_devices(backend, replicas, devices), data_dir=data_dir,
+                         data_file=data_file)
     run, spec, meta, cfg = oc.run, oc.spec, oc.meta, oc.run.cfg
     # each region with its own BN statistics: the live weights with the running ones, the shadow with its EMA
     region, params, running = oc.region_weights(region)

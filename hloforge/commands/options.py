@@ -239,6 +239,10 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--crop", type=number(0, 1, lo_open=True),
                     help="with --size: the crop fraction F (timm's crop_pct): resize the short side to "
                          "floor(S / F), keep the center S×S (default: the net's timm protocol, else 1)")
+    sp.add_argument("--data-dir", help="where the run's file-based dataset is now, when it moved (default: the "
+                                       "path the run recorded); its test split must be the one the run scored")
+    sp.add_argument("--data-file", help="where the run's dataset file (text's corpus) is now, when it moved "
+                                        "(default: the path the run recorded)")
     sp.set_defaults(func=_eval)
 
     sp = _command(sub, "plot", help="draw a run's curves.png (train loss and the task's metric) from its metrics")

@@ -31,7 +31,8 @@ from hloforge.core.errors import DataError, HloforgeError
 from hloforge.core.switches import env_path
 from hloforge.core.variant import SHADOW
 
-FORMAT = "hloforge-checkpoint-1"
+FORMAT_FAMILY = "hloforge-checkpoint-"  # + the layout's version
+FORMAT = f"{FORMAT_FAMILY}1"
 # Test knobs (seed 003's "fault knobs"), never set in a real run:
 # SIGKILL the process halfway through writing epoch N's checkpoint;
 FAULT_ENV = "HLOFORGE_FAULT_KILL_IN_CHECKPOINT"
@@ -231,6 +232,9 @@ def load_checkpoint(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     except (SafetensorError, OSError, ValueError) as e:
         raise DataError(f"checkpoint {path} is truncated or not a safetensors file ({e})") from None
     if raw.get("format") != FORMAT:
+        if str(raw.get("format")).startswith(FORMAT_FAMILY):  # another hloforge version's layout, not a foreign file
+            raise DataError(f"checkpoint {path} was written by another hloforge version (format {raw.get('format')!r}; "
+                            f"this one reads {FORMAT!r}); open it with the hloforge that wrote it")
         raise DataError(f"checkpoint {path} is not an hloforge checkpoint (format {raw.get('format')!r}, "
                         f"expected {FORMAT!r})")
     meta = {}

@@ -138,5 +138,8 @@ def plot_run(run_dir: str) -> str:
     cfg_path = os.path.join(run_dir, CONFIG)
     title = os.path.basename(load_config(cfg_path).net) if os.path.exists(cfg_path) else os.path.basename(run_dir)
     out = os.path.join(run_dir, PNG)
+    if not os.access(run_dir, os.W_OK):  # a read-only mount or another user's run: said as such, not as a full disk
+        raise DataError(f"run directory {run_dir} is not writable, and plot writes its {PNG} there; copy the run "
+                        "to a writable place and plot the copy")
     write_atomic(out, draw(hist, title), "plot")
     return out

@@ -21,12 +21,15 @@ from typing import Any
 import numpy as np
 
 from hloforge.core.errors import DataError, HloforgeError
-from hloforge.train.checkpoint import write_atomic
-from hloforge.train.config import CHECKPOINT, CONFIG
+from hloforge.core.spec import NetSpec
+from hloforge.train.checkpoint import load_checkpoint, write_atomic
+from hloforge.train.config import CHECKPOINT, CONFIG, TrainConfig
+from hloforge.zoo import SPEC_SUFFIXES
 
 LOCK = ".lock"
 METRICS = "metrics.jsonl"
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
 @contextmanager
@@ -36,9 +39,15 @@ def locked(run_dir: str, last_good: str) -> Iterator[None]:
     of a directory it made. A full disk anywhere in the block is one line naming `last_good`, the
     checkpoint that is still whole."""
     made = not os.path.isdir(run_dir)
-    os.makedirs(run_dir, exist_ok=True)
     path = os.path.join(run_dir, LOCK)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as e:  # a read-only mount, another user's directory: nothing was written
+        if e.errno not in NOT_WRITABLE:
+            raise
+        raise HloforgeError(f"run directory {run_dir} is not writable ({e.strerror}); a run writes its checkpoint "
+                            "and logs there: pass a writable --run-dir (a copy of this run, to resume it)") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -109,3 +118,21 @@ def check_resumable(run_dir: str, default_of: str = "") -> None:
              if os.path.exists(config) else f"hloforge train NET [OPTIONS] --run-dir {shlex.quote(run_dir)}")
     raise DataError(f"run directory {run_dir} has no checkpoint yet: it stopped before its first epoch ended, so "
                     f"there is nothing to resume; start it again with `{again}`")
+
+
+def own_spec(net: str, stored: NetSpec) -> NetSpec | None:
+    """For a net a config names by a spec file's path, the checkpoint's own copy of it (`stored`): the
+    file may have moved, been edited or be named relative to another folder since. None for a zoo net
+    (rebuilt by name, and refused if it changed)."""
+    return stored if net.endswith(SPEC_SUFFIXES) else None
+
+
+def resumed_spec(cfg: TrainConfig, resume: bool) -> NetSpec | None:
+    """What `--resume` continues for a net named by a spec file: its checkpoint's own copy (own_spec), as
+    eval reads it; None where the net is rebuilt by name (a zoo net, no run directory named, no checkpoint
+    yet: the trainer says which)."""
+    path = os.path.join(cfg.run_dir, CHECKPOINT)
+    if not (resume and cfg.run_dir and cfg.net.endswith(SPEC_SUFFIXES) and os.path.exists(path)):
+        return None
+    _, meta = load_checkpoint(path)
+    return own_spec(cfg.net, NetSpec.from_dict(meta["spec"], source=path))

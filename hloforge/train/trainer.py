@@ -640,7 +640,7 @@ def check_matches(path: str, meta: dict[str, Any], spec: NetSpec, variant: Varia
 
 def train(cfg: TrainConfig, *, resume: bool = False, cross_backend: bool = False,
           log: Callable[[str], None] = print, progress: bool = True, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
-    """Train per `cfg`; `resume` continues the run directory's checkpoint, `cross_backend`
-    lets that checkpoint come from another backend (results then differ in the last bits);
-    `callbacks` (hloforge.callbacks' hooks) run in the loop, seeing the Run as their `model`."""
-    return Run(cfg, log, progress, resume).train(resume=resume, cross_backend=cross_backend, callbacks=callbacks)
+    """Train per `cfg`; `resume` continues the run directory's checkpoint (a spec file's net as it holds it),
+    `cross_backend` lets it be another backend's (its last bits differ); `callbacks` see the Run as `model`."""
+    run = Run(cfg, log, progress, resume, spec=rundir.resumed_spec(cfg, resume))
+    return run.train(resume=resume, cross_backend=cross_backend, callbacks=callbacks)

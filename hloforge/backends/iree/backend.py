@@ -1,9 +1,11 @@
 """The `iree` backend plugin: StableHLO text through `iree.compiler`, run with `iree.runtime`.
 
 Compiled artifacts (.vmfb) are cached on disk, keyed by a sha256 of the module text,
-the target, the flags and the compiler version (see :func:`cache_key`), written and
-pruned as :mod:`hloforge.backends.disk_cache` says (atomically: two processes can share
-one cache and a reader never sees a half-written artifact).
+the target, the flags, the compiler version and, for llvm-cpu (which compiles for this host's
+CPU), the host CPU (see :func:`cache_key`), written and pruned as
+:mod:`hloforge.backends.disk_cache` says (atomically: two processes can share one cache and a
+reader never sees a half-written artifact). A cache that cannot be written (read-only, full) is
+said once; the artifact is then loaded from memory and the run goes on.
 
 This module imports without IREE installed (the registry loads every backend's entry
 point); the packages are imported when an :class:`IreeBackend` is made.
@@ -17,6 +19,7 @@ import os
 import re
 import threading
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from hloforge.backends.base import (
+    CACHE_ENV_VAR,
     CROSS_REPLICA_OPS,
     ArgSpec,
     InputSlot,
@@ -31,9 +35,9 @@ from hloforge.backends.base import (
     check_args,
     parse_main_signature,
 )
-from hloforge.backends.disk_cache import prune, sha256_key, touch, write_atomic
+from hloforge.backends.disk_cache import first_unwritable, host_cpu, prune, sha256_key, touch, write_atomic
 from hloforge.backends.host_memory import host_memory_description, retain_freed_host_memory
-from hloforge.core.errors import BackendError
+from hloforge.core.errors import BackendError, HloforgeWarning
 from hloforge.core.hookspecs import hookimpl
 
 TARGET_ENV_VAR = "HLOFORGE_IREE_TARGET"
@@ -93,8 +97,15 @@ def default_cache_dir() -> Path:
     return cache_root() / "iree"
 
 
-def cache_key(mlir_text: str, target: str, flags: Sequence[str], version: str) -> str:
-    return sha256_key({"mlir": mlir_text, "target": target, "flags": list(flags), "compiler": version})
+def cache_key(mlir_text: str, target: str, flags: Sequence[str], version: str, host: str = "") -> str:
+    """`host`: the CPU the code is compiled for where it is this machine's (llvm-cpu), so a cache shared
+    with another machine never hands this one instructions its CPU lacks."""
+    return sha256_key({"mlir": mlir_text, "target": target, "flags": list(flags), "compiler": version,
+                       "host": host})
+
+
+class IreeCacheWarning(HloforgeWarning):
+    """The artifact cache could not be written (the run goes on, the artifact loaded from memory)."""
 
 
 def _compiler_message(err: Exception) -> str:
@@ -323,7 +334,8 @@ class IreeBackend:
 
     def artifact_path(self, mlir_text: str) -> Path:
         """Where the artifact of this (already alias-stripped) text lives in the cache."""
-        return self.cache_dir / f"{cache_key(mlir_text, self.target, self.flags, self.version)}.vmfb"
+        host = host_cpu() if self.target == "llvm-cpu" else ""  # a GPU target's code is not the host's
+        return self.cache_dir / f"{cache_key(mlir_text, self.target, self.flags, self.version, host)}.vmfb"
 
     def _compile_vmfb(self, mlir_text: str, path: Path) -> bytes:
         t0 = time.perf_counter()
@@ -342,16 +354,36 @@ class IreeBackend:
     def compile_artifact(self, mlir_text: str) -> tuple[Path, bool]:
         """The cached .vmfb for this text, target and flags, compiling on a miss; (path, was it a hit).
         Needs no device, so a GPU target can be built ahead of time on a CPU machine."""
+        path, hit, unstored = self._artifact(mlir_text)
+        if unstored is not None:
+            raise BackendError(f"could not write the artifact {path}: cache directory {self.cache_dir} is not "
+                               f"writable (${CACHE_ENV_VAR} names a writable directory)")
+        return path, hit
+
+    def _artifact(self, mlir_text: str) -> tuple[Path, bool, bytes | None]:
+        """(the cache path, was it a hit, the artifact's bytes where the cache could not store them)."""
         mlir_text = strip_aliasing(mlir_text)
         path = self.artifact_path(mlir_text)
-        hit = path.is_file()
-        if hit:
+        if path.is_file():
             self.stats["hits"] += 1
             touch(path)
-        else:
-            write_atomic(path, self._compile_vmfb(mlir_text, path))
+            return path, True, None
+        vmfb = self._compile_vmfb(mlir_text, path)
+        return path, False, None if self._store(path, vmfb) else vmfb
+
+    def _store(self, path: Path, vmfb: bytes) -> bool:
+        """`vmfb` into the cache; False (said once per directory and cause) where it cannot be written."""
+        try:
+            write_atomic(path, vmfb)
             prune(self.cache_dir, ".vmfb", keep=path)
-        return path, hit
+            return True
+        except OSError as e:
+            why = first_unwritable(self.cache_dir, e)
+            if why is not None:
+                warnings.warn(IreeCacheWarning(
+                    f"IREE cache: cannot write to {self.cache_dir} ({why}); artifacts are not cached "
+                    f"(${CACHE_ENV_VAR} names a writable directory)"), stacklevel=4)
+            return False
 
     def compile(self, mlir_text: str, num_replicas: int = 1) -> IreeExecutable:
         if num_replicas != 1:
@@ -361,15 +393,15 @@ class IreeBackend:
         if found:
             raise BackendError(f"the module asks for cross-replica work ({found.group(0)!r}); the iree backend "
                                f"runs one device only and will not run it on one quietly")
-        path, hit = self.compile_artifact(mlir_text)
+        path, hit, unstored = self._artifact(mlir_text)
         try:
-            module, context = self._load(path)
+            module, context = self._load(path, unstored)
         except BackendError:
             if not hit:
                 raise
             # A damaged cache entry (e.g. a disk filled up mid-copy elsewhere): rebuild it once.
-            write_atomic(path, self._compile_vmfb(strip_aliasing(mlir_text), path))
-            module, context = self._load(path)
+            vmfb = self._compile_vmfb(strip_aliasing(mlir_text), path)
+            module, context = self._load(path, None if self._store(path, vmfb) else vmfb)
         function = module.lookup_function("main")
         if function is None:
             raise BackendError(f"the module in {path} has no @main (functions: {module.function_names})")
@@ -379,10 +411,12 @@ class IreeBackend:
                                f"{ABI_MODEL} (compile with {' '.join(EXECUTION_FLAGS)})")
         return IreeExecutable(self, module, context, function, parse_main_signature(mlir_text), path, hit)
 
-    def _load(self, path: Path) -> tuple[Any, Any]:
+    def _load(self, path: Path, unstored: bytes | None = None) -> tuple[Any, Any]:
+        """The artifact at `path`, or `unstored` (its bytes, which the cache could not keep) from memory."""
         rt, cfg = self.runtime, self.config
         try:
-            module = rt.VmModule.mmap(cfg.vm_instance, str(path))
+            module = (rt.VmModule.mmap(cfg.vm_instance, str(path)) if unstored is None
+                      else rt.VmModule.copy_buffer(cfg.vm_instance, unstored))
             return module, rt.VmContext(cfg.vm_instance, modules=[*cfg.default_vm_modules, module])
         except Exception as e:
             raise BackendError(f"IREE could not load the artifact {path}: {e}") from None

@@ -13,11 +13,9 @@ cache off.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import os
-import platform
 import struct
 import time
 import warnings
@@ -26,7 +24,7 @@ from typing import Any
 
 from hloforge.backends.base import CACHE_ENV_VAR as CACHE_ROOT_ENV_VAR
 from hloforge.backends.base import cache_root
-from hloforge.backends.disk_cache import max_bytes, prune, sha256_key, touch, write_atomic
+from hloforge.backends.disk_cache import first_unwritable, host_cpu, max_bytes, prune, sha256_key, touch, write_atomic
 from hloforge.backends.xla.pjrt import Client, Executable
 from hloforge.core.errors import BackendError, HloforgeWarning
 from hloforge.core.switches import env_switch
@@ -38,7 +36,6 @@ SUFFIX = ".xlaexe"
 MAGIC = b"hloforge xla executable 1\n"
 _LENGTH = struct.Struct("<Q")
 _UNSERIALIZABLE: set[str] = set()  # plugins that said so (warned once per process)
-_UNWRITABLE: set[tuple[Path, str]] = set()  # (cache directory, why) already warned of
 
 
 class XlaCacheWarning(HloforgeWarning):
@@ -54,23 +51,6 @@ def cache_enabled() -> bool:
 
 def default_cache_dir() -> Path:
     return cache_root() / "xla"
-
-
-@functools.cache
-def host_cpu() -> str:
-    """The host CPU the CPU plugin compiles for (an entry from another CPU could hold instructions
-    this one lacks): its model and feature flags where /proc/cpuinfo says, else the machine type."""
-    try:
-        info = Path("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:
-        info = ""
-    fields: dict[str, str] = {}
-    for line in info.splitlines():
-        name, _, value = line.partition(":")
-        name = name.strip()
-        if name in ("model name", "flags", "Features", "CPU part") and name not in fields:
-            fields[name] = " ".join(sorted(value.split())) if name in ("flags", "Features") else value.strip()
-    return json.dumps({"machine": platform.machine(), **fields}, sort_keys=True)
 
 
 def plugin_identity(client: Client) -> dict[str, Any]:
@@ -168,10 +148,9 @@ class ExecutableCache:
         try:
             write_atomic(path, encode_entry(key, material, payload))
             prune(self.directory, SUFFIX, keep=path)
-        except OSError as e:  # said once per directory and cause: every later entry would fail alike
-            why = e.strerror or str(e)
-            if (self.directory, why) not in _UNWRITABLE:
-                _UNWRITABLE.add((self.directory, why))
+        except OSError as e:
+            why = first_unwritable(self.directory, e)
+            if why is not None:
                 _warn(f"XLA cache: cannot write to {self.directory} ({why}); executables are not cached "
                       f"(${CACHE_ROOT_ENV_VAR} names a writable directory, ${CACHE_ENV_VAR}=0 turns the cache off)")
         return exe
