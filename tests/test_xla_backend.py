@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -412,3 +413,23 @@ def test_compile_hands_the_compilers_freed_heap_back(monkeypatch, tmp_path):
     be.compile(text)
     be.compile(text)  # the cache's hit
     assert calls == [0, 0] and be.stats["hits"] == 1
+
+
+def test_an_xla_flag_the_plugin_does_not_know_is_one_line_before_xla_stops_the_process(monkeypatch, tmp_path):
+    """XLA ends the process at its first compile on an unknown name in XLA_FLAGS (exit 1, a fatal log line,
+    no hloforge line); the plugin's file holds every name it knows, so the name is checked before it loads."""
+    from hloforge.backends.xla.pjrt.options import check_xla_flags
+
+    plugin = find_plugin()
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false --xla_dump_to=/tmp/d --v=1")
+    check_xla_flags(plugin)  # XLA's own names pass, and a name not XLA's is left to XLA
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false --xla_cpu_enable_fast_mth=true")
+    with pytest.raises(BackendError, match=r"^XLA_FLAGS: --xla_cpu_enable_fast_mth is not a flag of the XLA plugin "):
+        check_xla_flags(plugin)
+    env = {**os.environ, "XLA_FLAGS": "--xla_bogus_flag"}
+    env.pop("HLOFORGE_DEBUG", None)
+    proc = subprocess.run([sys.executable, "-m", "hloforge.cli", "train", "--net", "mnist-mlp", "--epochs", "1",
+                           "--run-dir", str(tmp_path / "run")], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stderr.startswith("hloforge: error: XLA_FLAGS: --xla_bogus_flag is not a flag of the XLA plugin ")
+    assert len(proc.stderr.splitlines()) == 1 and not (tmp_path / "run").exists()

@@ -27,6 +27,7 @@ from hloforge.backends.xla.pjrt.declarations import (
     _struct_size,
     ffi,
 )
+from hloforge.backends.xla.pjrt.options import check_xla_flags
 from hloforge.core.errors import BackendError
 
 # -------------------------------------------------------------------- dtypes ---
@@ -208,6 +209,7 @@ def load_api(path: str) -> Api:
     key = os.path.realpath(path)
     with _APIS_LOCK:
         if key not in _APIS:
+            check_xla_flags(path)
             _APIS[key] = Api(path)
         return _APIS[key]
 

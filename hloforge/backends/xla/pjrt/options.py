@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 from collections.abc import Sequence
@@ -30,6 +31,25 @@ def xla_scheduler() -> str | None:
 def scheduler_in_xla_flags() -> bool:
     """Whether the user's XLA_FLAGS choose the scheduler (then they win over any per-executable choice)."""
     return any(flag in os.environ.get("XLA_FLAGS", "") for flag in _SCHEDULER_FLAGS)
+
+
+def check_xla_flags(plugin_path: str) -> None:
+    """Refuse an `--xla_*` name in $XLA_FLAGS that the plugin does not know: XLA itself would end the
+    process at its first compile with a fatal log line. A flag XLA knows is a string in its library, so
+    a name absent from the plugin's file is no flag of that build (a typo, or another version's); any
+    other doubt is left to XLA."""
+    names = [a.removeprefix("--").partition("=")[0] for a in os.environ.get("XLA_FLAGS", "").split()]
+    names = [n for n in names if n.startswith(("xla_", "noxla_"))]
+    if not names:
+        return
+    try:
+        with open(plugin_path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as lib:
+            unknown = [n for n in names if lib.find(n.encode() + b"\0") < 0 and lib.find(n[2:].encode() + b"\0") < 0]
+    except (OSError, ValueError):  # unreadable here: the plugin's own loading says why
+        return
+    if unknown:
+        raise BackendError(f"XLA_FLAGS: --{unknown[0]} is not a flag of the XLA plugin {plugin_path} (XLA would "
+                           "stop at it); expected one of its DebugOptions names, as --xla_NAME=VALUE")
 
 
 def forced_scheduler() -> str | None:
