@@ -12,7 +12,7 @@ import numpy as np
 
 from hloforge.core.errors import DataError
 from hloforge.core.spec import NetSpec
-from hloforge.train.metrics import check_ids, topk_correct, wilson
+from hloforge.train.metrics import check_finite, check_ids, topk_correct, wilson
 from hloforge.train.session import ForwardSession
 
 
@@ -55,6 +55,7 @@ def evaluate_lm(evaluator: ForwardSession, buffers: list[Any], x: np.ndarray, y:
 
     logits = evaluator.logits(x, buffers)
     check_ids(y, logits.shape[-1], "eval token labels", lowest=IGNORE)
+    check_finite(logits, "eval logits")
     return LMEvalResult(*bits_per_char(logits, y))
 
 

@@ -13,12 +13,24 @@ Z95 = 1.959963984540054
 
 
 def topk_correct(logits: np.ndarray, labels: np.ndarray, k: int) -> np.ndarray:
-    """Per-example: is the label among the k highest logits. A label that is no class of the logits
-    (another net's, a wrong dtype) is refused: it would score as a plausible miss."""
+    """Per-example: is the label among the k highest logits, ties going to the lower class index (as
+    np.argmax breaks them, so top-1 agrees with the predicted class). A label that is no class of the
+    logits (another net's, a wrong dtype) is refused: it would score as a plausible miss."""
     check_ids(labels, logits.shape[1], "eval labels")
-    k = min(k, logits.shape[1])
-    top = np.argpartition(-logits, k - 1, axis=1)[:, :k]
-    return np.any(top == labels[:, None], axis=1)
+    check_finite(logits, "eval logits")
+    mine = logits[np.arange(len(labels)), labels][:, None]
+    lower = np.arange(logits.shape[1])[None, :] < labels[:, None]
+    rank = np.sum((logits > mine) | ((logits == mine) & lower), axis=1)  # its place in a stable descending sort
+    return np.asarray(rank < k)
+
+
+def check_finite(logits: np.ndarray, what: str) -> None:
+    """Refuse NaN or inf logits: a NaN ranks last and an inf first, scoring a plausible miss or hit."""
+    bad = ~np.isfinite(logits)
+    if bad.any():
+        nan = int(np.isnan(logits).sum())
+        raise DataError(f"{what} hold {nan} NaN and {int(bad.sum()) - nan} infinite values, expected finite "
+                        "numbers; a net that diverged or overflows is not scored")
 
 
 def check_ids(labels: np.ndarray, classes: int, what: str, lowest: int = 0) -> None:

@@ -24,7 +24,7 @@ from hloforge.core.errors import DataError, UnsupportedSpec
 from hloforge.core.hlo import FLOAT_DTYPES
 from hloforge.core.spec import Loss, NetSpec
 from hloforge.train import diffusion, segmentation
-from hloforge.train.metrics import wilson
+from hloforge.train.metrics import check_finite, wilson
 
 if TYPE_CHECKING:
     from hloforge.train.session import ForwardSession
@@ -99,6 +99,13 @@ class Task:
 
     def evaluate(self, evaluator: ForwardSession, buffers: list[Any]) -> Evaluation:
         raise NotImplementedError  # abstract
+
+    @staticmethod
+    def scored_logits(evaluator: ForwardSession, buffers: list[Any], x: np.ndarray) -> np.ndarray:
+        """The net's outputs on x, refused when not finite (argmax and the decoder would score NaN as a miss)."""
+        out = evaluator.logits(x, buffers)
+        check_finite(out, "eval outputs")
+        return out
 
     def metric_names(self) -> set[str] | None:
         """The keys `evaluate` scores, known before anything is scored (a callback monitoring another is
@@ -195,8 +202,8 @@ class SegmentationTask(Task):
 
     def evaluate(self, evaluator: ForwardSession, buffers: list[Any]) -> Evaluation:
         classes = self.run.data.num_classes
-        confs = [segmentation.confusion_matrices(y, np.argmax(evaluator.logits(x, buffers), axis=1), classes)
-                 for x, y in eval_chunks(self.run)]
+        confs = [segmentation.confusion_matrices(y, np.argmax(self.scored_logits(evaluator, buffers, x), axis=1),
+                                                 classes) for x, y in eval_chunks(self.run)]
         n = sum(len(c) for c in confs)
         if n != len(self.run.y_te):
             raise DataError(f"the eval pass scored {n} images; the eval split has {len(self.run.y_te)}")
@@ -309,7 +316,8 @@ class DetectionTask(Task):
     def evaluate(self, evaluator: ForwardSession, buffers: list[Any]) -> Evaluation:
         from hloforge.train.detection import mean_ap
 
-        dets = [d for x, _ in eval_chunks(self.run) for d in self.head.decode(evaluator.logits(x, buffers))]
+        dets = [d for x, _ in eval_chunks(self.run)
+                for d in self.head.decode(self.scored_logits(evaluator, buffers, x))]
         res = mean_ap(dets, self.truth)
         metrics = {"map50": res.map, **{f"ap50/{c}": v for c, v in res.ap.items()}, "n": res.n_images}
         return Evaluation(metrics, f"test {res.line()}")
