@@ -385,22 +385,27 @@ class Model:
         return path
 
     # ------------------------------------------------------------------ scoring
-    def predict(self, x: Any, batch_size: int | None = None) -> np.ndarray:
-        """The eval-mode logits of every row of x (a short last batch padded, its padding dropped)."""
+    def predict(self, x: Any, batch_size: int | None = None, *, region: str = "auto") -> np.ndarray:
+        """The eval-mode logits of every row of x (a short last batch padded, its padding dropped), by
+        `region`'s weights as `evaluate`'s."""
+        buffers = self._region_buffers(region)
         xa = self._check_x(x, "predict", self._inputs)
-        return self._forward(checked_batch_size(batch_size, self._batch)).logits(xa, [*self._params, *self._running])
+        return self._forward(checked_batch_size(batch_size, self._batch)).logits(xa, buffers)
 
     def evaluate(self, x: Any = None, y: Any = None, batch_size: int | None = None, *, data: str | None = None,
-                 data_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                 data_options: Mapping[str, Any] | None = None, region: str = "auto") -> dict[str, Any]:
         """The task's own scores, as `hloforge train` scores an epoch (its Task's evaluation), on
         every row (the short last batch included): a classifier's top1 (a fraction), its 95% Wilson
         interval top1_lo / top1_hi, top5, the mean cross-entropy `loss`, `correct` and `n`; a
         segmenter's miou, pixel_acc, iou/*, dice/*; a DDPM's noise_mse; a language model's
         bits_per_char. On arrays (x, y), or a registered dataset's test split (`evaluate("shapes")`
-        or `data=`; a detector's mAP@0.5 scores its boxes: map50, ap50/*)."""
+        or `data=`; a detector's mAP@0.5 scores its boxes: map50, ap50/*). `region`: the weights
+        `hloforge eval --region` scores: "live" (θ with the running BN statistics), "ema" (the EMA shadow
+        with its own), "auto" (the default: the shadow when the variant keeps one, else θ)."""
         from hloforge.train.evaluation import evaluate_lm
 
         batch = checked_batch_size(batch_size, self._batch)
+        buffers = self._region_buffers(region)
         if isinstance(x, str):
             x, data = None, x
         if data is not None:
@@ -410,7 +415,6 @@ class Model:
         else:
             xa, ya = self._check_xy(x, y, "evaluate", scored=True, trained=self._inputs)
             run = self._run(ArrayData(self.spec, self._label_kind(), None, (xa, ya)), batch, eval_only=True)
-        buffers = [*self._params, *self._running]
         if run.lm:
             res = evaluate_lm(self._forward(batch), buffers, run.x_te, run.y_te)
             return {"bits_per_char": res.bits_per_char, "n": res.n}
@@ -425,7 +429,7 @@ class Model:
 
     @params.setter
     def params(self, new: Mapping[str, Any]) -> None:
-        self._params = self._assigned(new, [(n, s.shape) for n, s in self._param_slots], "params", self._params)
+        self._params = ckpt.assigned(new, [(n, s.shape) for n, s in self._param_slots], "params", self._params)
 
     @property
     def state(self) -> dict[str, np.ndarray]:
@@ -436,7 +440,7 @@ class Model:
     @state.setter
     def state(self, new: Mapping[str, Any]) -> None:
         cur = self._state_tensors()
-        got = self._assigned(new, [(n, a.shape) for n, a in zip(self._state_names(), cur, strict=True)], "state", cur)
+        got = ckpt.assigned(new, [(n, a.shape) for n, a in zip(self._state_names(), cur, strict=True)], "state", cur)
         k, m = len(cur) - len(self._running) - len(self._shadow_stats()), len(self._running)
         self._opt_state, self._running = got[:k], got[k:k + m]
         if self._state_layout.shadows:
@@ -459,11 +463,30 @@ class Model:
                                  shadow_stats=self._state_layout.shadows, trained=self._trained_names())
         return [t.removeprefix(f"{ckpt.STATE}/") for t in full[len(names):]]
 
+    def _checkpoint_tensors(self) -> dict[str, np.ndarray]:
+        """Every tensor by its checkpoint name (ckpt.tensor_names): what `save` writes."""
+        names = ckpt.tensor_names([n for n, _ in self._param_slots], self._state_layout.slots, self._stat_names,
+                                  shadow_stats=self._state_layout.shadows, trained=self._trained_names())
+        return dict(zip(names, [*self._params, *self._state_tensors()], strict=True))
+
+    def _region_buffers(self, region: str) -> list[np.ndarray]:
+        """θ and the BN statistics of `region` as the forward takes them: ckpt.region_weights, the meaning
+        `hloforge eval --region` has."""
+        names = [n for n, _ in self._param_slots]
+        _, theta, stats = ckpt.region_weights(
+            self._checkpoint_tensors(), region, names, self._stat_names,
+            self._frozen(), self._state_layout.shadows,
+            f"model {self.spec.name!r}", self.variant.slug, "region='live'")
+        return [*theta, *stats]
+
+    def _frozen(self) -> tuple[int, ...]:
+        """The positions of the θ the variant freezes: no state, and no shadow of their own."""
+        return self.variant.frozen_indices([n for n, _ in self._param_slots], f"net {self.spec.name!r}")
+
     def _trained_names(self) -> list[str]:
         """The parameters the step updates (all but the frozen ones): each state group holds one tensor per each."""
-        names = [n for n, _ in self._param_slots]
-        frozen = self.variant.frozen_indices(names, f"net {self.spec.name!r}")
-        return [n for i, n in enumerate(names) if i not in frozen]
+        frozen = self._frozen()
+        return [n for i, (n, _) in enumerate(self._param_slots) if i not in frozen]
 
     def _initial_state(self) -> list[np.ndarray]:
         trained = set(self._trained_names())
@@ -471,36 +494,6 @@ class Model:
         return [np.asarray(a, np.float32) for a in
                 self._state_layout.initial(self.variant.make_optimizer(default_registry()), [s for s, _ in kept],
                                            [p for _, p in kept])]
-
-    @staticmethod
-    def _assigned(new: Mapping[str, Any], want: list[tuple[str, tuple[int, ...]]], what: str,
-                  current: list[np.ndarray]) -> list[np.ndarray]:
-        """`current` with the tensors `new` names replaced, each checked for name, shape and dtype (a float one
-        read as float32)."""
-        if not isinstance(new, Mapping):
-            raise DataError(f"{what} must be a mapping of name → array, got {type(new).__name__}")
-        index = {n: i for i, (n, _) in enumerate(want)}
-        unknown = sorted(set(new) - set(index))
-        if unknown:
-            raise DataError(f"{what}: no tensor named {unknown[0]!r}; the names are {list(index)[:6]}..."
-                            f"{ckpt.named_by_checkpoint(unknown[0], what)}")
-        out = list(current)
-        for name, a in new.items():
-            a = np.asarray(a)
-            shape = want[index[name]][1]
-            if tuple(a.shape) != tuple(shape):
-                raise DataError(f"{what}[{name!r}] has shape {list(a.shape)}, expected {list(shape)}")
-            if a.dtype.name not in ckpt.FLOAT_WEIGHTS:  # half, bfloat16 and double are read as float32, as --init does
-                raise DataError(f"{what}[{name!r}] has dtype {a.dtype}, expected a float one "
-                                f"({', '.join(ckpt.FLOAT_WEIGHTS)}; read as float32)")
-            if not np.isfinite(a).all():
-                raise DataError(f"{what}[{name!r}] holds NaN or inf, expected finite numbers")
-            with np.errstate(over="ignore"):  # beyond float32's range: said below, in one line
-                f32 = np.array(a, np.float32)
-            if not np.isfinite(f32).all():
-                raise DataError(f"{what}[{name!r}] holds values beyond float32's range (±3.4e38)")
-            out[index[name]] = f32
-        return out
 
     # ------------------------------------------------------------------ run directories
     def _config(self, path: str, data: str, **fields: Any) -> Any:
@@ -541,8 +534,7 @@ class Model:
             except HloforgeError as e:
                 raise type(e)(f"cannot save {path} naming dataset {data!r}: {e}") from None
             eval_set["eval_set"] = eval_set_id(data, "test", y_te)
-        names = ckpt.tensor_names([n for n, _ in self._param_slots], self._state_layout.slots, self._stat_names,
-                                  shadow_stats=self._state_layout.shadows, trained=self._trained_names())
+        tensors = self._checkpoint_tensors()
         meta = {"spec": self.spec.to_dict(), "variant": attrs.asdict(self.variant), "backend": self.backend.name,
                 "epoch": self._epoch, "step": self._step, "seed": self.seed, "config": attrs.asdict(cfg), **eval_set,
                 **({"inputs": attrs.asdict(self._inputs)} if self._inputs else {})}
@@ -553,7 +545,7 @@ class Model:
                         f.write(self._declared_spec.to_json())
                 with open(os.path.join(path, CONFIG), "w", encoding="utf-8") as f:
                     f.write(cfg.to_toml())
-                ckpt.save_checkpoint(file, names, [*self._params, *self._state_tensors()], meta)
+                ckpt.save_checkpoint(file, list(tensors), list(tensors.values()), meta)
                 for stale in (METRICS, BITMAP, PNG, *((NET_FILE,) if self._net_ref else ())):
                     with contextlib.suppress(FileNotFoundError):
                         os.remove(os.path.join(path, stale))
@@ -623,17 +615,17 @@ def load(path: str, backend: str | None = None) -> Model:
     lay.check_slots(f"checkpoint {file}", list(tensors))  # the shapes, dtype and finiteness eval checks too
     ckpt.check_tensors(file, tensors, *ckpt.expected_tensors(
         [(n, s.shape) for n, s in model._param_slots], lay.slots, [(n, s.shape) for n, s in model.spec.stats()],
-        lay.shadows, [i for i, (n, _) in enumerate(model._param_slots) if n not in trained]))
-    names = ckpt.tensor_names([n for n, _ in model._param_slots], lay.slots, model._stat_names,
-                              shadow_stats=lay.shadows, trained=trained)
+        lay.shadows, model._frozen()))
+    names = ckpt.tensor_names([n for n, _ in model._param_slots], lay.slots, model._stat_names, trained=trained)
     try:
         got = [tensors[n] for n in names]
     except KeyError as e:
         raise DataError(f"checkpoint {file} lacks tensor {e.args[0]}; it is not of this net") from None
     n, k, m = len(model._param_slots), len(lay.slots) * len(trained), len(model._stat_names)
     model._params, model._opt_state, model._running = got[:n], got[n:n + k], got[n + k:n + k + m]
-    if lay.shadows:
-        model._shadow_running = got[n + k + m:]
+    if lay.shadows:  # one that predates them is refused, as `hloforge eval` refuses its shadow
+        model._shadow_running = ckpt.shadow_stats(tensors, model._stat_names, f"checkpoint {file}",
+                                                  "`hloforge eval --region live` scores its live weights")
     model._step, model._epoch, model._batch = int(meta["step"]), int(meta["epoch"]), cfg.batch
     model._data, model._data_options = cfg.data, cfg.data_options
     model._inputs = arraydata.saved_inputs(file, meta, cfg.data, model.spec)

@@ -273,7 +273,9 @@ def test_fit_on_a_dataset_by_name_is_hloforge_train_with_the_variants_wrappers(k
     assert cli.state.keys() == m.state.keys() and any(k.startswith("E/") for k in m.state) == ("ema" in kw)
     assert all(np.array_equal(cli.state[n], w) for n, w in m.state.items())
     assert h[-1]["val_top1"] == cli_metrics["top1"] and h[-1].get("val_top1_ema") == cli_metrics.get("top1_ema")
-    assert m.evaluate("digits")["correct"] == cli_metrics["correct"]
+    assert m.evaluate("digits", region="live")["correct"] == cli_metrics["correct"]
+    # by default (auto) the shadow when there is one, as `hloforge eval` scores the run
+    assert m.evaluate("digits")["correct"] == cli_metrics.get("correct_ema", cli_metrics["correct"])
 
 
 def test_fit_on_an_iterable_of_batches() -> None:
@@ -332,12 +334,11 @@ def test_cli_runs_registered_callbacks_in_its_loop(tmp_path: str, monkeypatch: p
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     """A third-party callback found by name through the registry, and the built-in best-checkpoint
     one, both run in `hloforge train`'s loop; `hloforge eval` reads the kept directory."""
-    import hloforge.callbacks as callbacks_module
     from hloforge.cli import main
     from hloforge.core import registry
 
     plugin = counter_plugin()
-    reg = registry.Registry(extra_plugins=((plugin, "test-callbacks"), (callbacks_module, "hloforge")))
+    reg = registry.Registry(extra_plugins=((plugin, "test-callbacks"),))  # beside the built-ins' entry points
     monkeypatch.setattr(registry, "default_registry", lambda: reg)
     assert hf.callbacks["test_epoch_counter"] is plugin.EpochCounter and "model_checkpoint" in hf.callbacks
     d, best = os.path.join(tmp_path, "run"), os.path.join(tmp_path, "best")

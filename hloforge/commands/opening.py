@@ -14,7 +14,6 @@ import numpy as np
 from hloforge.commands.resolution import check_size_crop, scoring_size
 from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
 from hloforge.core.spec import NetSpec
-from hloforge.core.variant import SHADOW
 from hloforge.train import checkpoint as ckpt
 from hloforge.train.arraydata import ARRAYS, no_rows
 from hloforge.train.config import CHECKPOINT, CONFIG, TrainConfig, load_config
@@ -25,8 +24,6 @@ from hloforge.train.rundir import own_spec
 from hloforge.train.session import ForwardSession, replica_devices
 from hloforge.train.trainer import Run, check_matches
 from hloforge.zoo import get_net
-
-REGIONS = ("live", "ema", "auto")
 
 
 @attrs.frozen
@@ -46,25 +43,12 @@ class OpenedCheckpoint:
             raise DataError(f"checkpoint {self.file} lacks tensor {e.args[0]}") from None
 
     def region_weights(self, region: str) -> tuple[str, list[np.ndarray], list[np.ndarray]]:
-        """(the region, resolved; its θ; its BN statistics) for scoring or sampling: `live` is θ with the
-        running statistics, `ema` the shadow E (found through the state layout, never by position) with
-        the shadow's own statistics, `auto` the shadow when the variant keeps one."""
-        if region not in REGIONS:
-            raise UnsupportedSpec(f"region {region!r}; expected one of {list(REGIONS)}")
-        run, layout = self.run, self.run.state_layout
-        if region == "auto":  # the shadow when the variant keeps one: what its training run reported first
-            region = "ema" if layout.shadows else "live"
-        if region == "ema" and not layout.shadows:
-            raise DataError(f"checkpoint {self.file} has no EMA shadow (its variant {run.variant.slug!r} keeps "
-                            "none); use --region live")
-        names = [n for n, _ in self.spec.params()]
-        if region == "live":
-            return region, self.weights(ckpt.PARAMS, names), self.weights(ckpt.STATS, run.stat_names)
-        frozen = set(run.frozen)  # a frozen θ has no shadow of its own: it is its own shadow
-        shadow = self.weights(ckpt.state_group(SHADOW), [n for i, n in enumerate(names) if i not in frozen])[::-1]
-        live = self.weights(ckpt.PARAMS, names)
-        return region, [live[i] if i in frozen else shadow.pop() for i in range(len(names))], \
-            ckpt.shadow_stats(self.tensors, run.stat_names, self.file, "use the live weights (--region live)")
+        """(the region, resolved; its θ; its BN statistics) for scoring or sampling (ckpt.region_weights:
+        live, ema or auto, the meaning `Model.evaluate` shares)."""
+        run = self.run
+        return ckpt.region_weights(self.tensors, region, [n for n, _ in self.spec.params()], run.stat_names,
+                                   run.frozen, run.state_layout.shadows, f"checkpoint {self.file}", run.variant.slug,
+                                   "--region live")
 
 
 def check_run_dir(path: str, file: str, meta: dict[str, Any]) -> None:
@@ -154,8 +138,7 @@ def evaluate_checkpoint(path: str, backend: str | None = None, region: str = "au
     `size` (and `crop`): a classifier scored at size×size, its eval graph rendered there and the eval
     images resized and center-cropped to match (hloforge.commands.resolution: timm's test protocol).
     `data_dir`, `data_file`: where the run's data is now, when it moved (open_checkpoint)."""
-    if region not in REGIONS:
-        raise UnsupportedSpec(f"region {region!r}; expected one of {list(REGIONS)}")
+    ckpt.check_region(region)  # a bad name is refused before anything is opened
     check_size_crop(size, crop)  # a bad value is refused before anything is opened
     oc = open_checkpoint(path, backend, log, replica_devices(backend, replicas, devices), data_dir=data_dir,
                          data_file=data_file)

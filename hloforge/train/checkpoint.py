@@ -21,13 +21,13 @@ import signal
 import struct
 import time
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, TypeVar
 
 import attrs
 import numpy as np
 
-from hloforge.core.errors import DataError, HloforgeError
+from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
 from hloforge.core.switches import env_path
 from hloforge.core.variant import SHADOW
 
@@ -46,6 +46,7 @@ STATE = "state"  # the optimizer state's groups: state/m, state/E, ...
 T = TypeVar("T")
 STATS = "stat"  # the running BatchNorm statistics: what the live weights are scored with
 SHADOW_STATS = f"{STATS}/{SHADOW}"  # the EMA shadow's statistics: what the shadow is scored with
+REGIONS = ("live", "ema", "auto")  # the weights a run is scored (exported, sampled) with: region_weights
 
 
 def state_group(slot: str) -> str:
@@ -215,6 +216,36 @@ def named_by_checkpoint(name: str, what: str) -> str:
     return ""
 
 
+def assigned(new: Mapping[str, Any], want: list[tuple[str, tuple[int, ...]]], what: str,
+              current: list[np.ndarray]) -> list[np.ndarray]:
+    """`current` with the tensors `new` names replaced (`Model.params = …`, `Model.state = …`: `what`), each
+    checked for name, shape and dtype (a float one read as float32)."""
+    if not isinstance(new, Mapping):
+        raise DataError(f"{what} must be a mapping of name → array, got {type(new).__name__}")
+    index = {n: i for i, (n, _) in enumerate(want)}
+    unknown = sorted(set(new) - set(index))
+    if unknown:
+        raise DataError(f"{what}: no tensor named {unknown[0]!r}; the names are {list(index)[:6]}..."
+                        f"{named_by_checkpoint(unknown[0], what)}")
+    out = list(current)
+    for name, a in new.items():
+        a = np.asarray(a)
+        shape = want[index[name]][1]
+        if tuple(a.shape) != tuple(shape):
+            raise DataError(f"{what}[{name!r}] has shape {list(a.shape)}, expected {list(shape)}")
+        if a.dtype.name not in FLOAT_WEIGHTS:  # half, bfloat16 and double are read as float32, as --init does
+            raise DataError(f"{what}[{name!r}] has dtype {a.dtype}, expected a float one "
+                            f"({', '.join(FLOAT_WEIGHTS)}; read as float32)")
+        if not np.isfinite(a).all():
+            raise DataError(f"{what}[{name!r}] holds NaN or inf, expected finite numbers")
+        with np.errstate(over="ignore"):  # beyond float32's range: said below, in one line
+            f32 = np.array(a, np.float32)
+        if not np.isfinite(f32).all():
+            raise DataError(f"{what}[{name!r}] holds values beyond float32's range (±3.4e38)")
+        out[index[name]] = f32
+    return out
+
+
 def load_checkpoint(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """All tensors by name and the decoded metadata; a truncated or foreign file is one clear error."""
     from safetensors import SafetensorError
@@ -345,14 +376,52 @@ def _short(v: Any) -> str:
     return r if len(r) <= 60 else r[:57] + "..."
 
 
-def shadow_stats(tensors: dict[str, np.ndarray], stat_names: Sequence[str], path: str, remedy: str) -> list[np.ndarray]:
-    """The EMA shadow's BatchNorm statistics (`stat/E/…`) out of a checkpoint's tensors. One written
-    before they were kept is refused: the shadow normalised by the live running statistics would
-    print a plausible, wrong number. `remedy` says what the caller can do instead."""
+def shadow_stats(tensors: Mapping[str, np.ndarray], stat_names: Sequence[str], whose: str,
+                 remedy: str) -> list[np.ndarray]:
+    """The EMA shadow's BatchNorm statistics (`stat/E/…`) out of a checkpoint's tensors (`whose`:
+    "checkpoint PATH"). One written before they were kept is refused: the shadow normalised by the
+    live running statistics would print a plausible, wrong number. `remedy` says what the caller can
+    do instead."""
     names = names_in(SHADOW_STATS, stat_names)
     missing = [n for n, t in zip(stat_names, names, strict=True) if t not in tensors]
     if missing:
-        raise DataError(f"checkpoint {path} has no BatchNorm statistics for its EMA shadow ({SHADOW_STATS}/"
+        raise DataError(f"{whose} has no BatchNorm statistics for its EMA shadow ({SHADOW_STATS}/"
                         f"{missing[0]} and {len(missing) - 1} more are missing; it predates them), and the shadow "
                         f"is never scored with the live running statistics; {remedy}")
     return [tensors[t] for t in names]
+
+
+def check_region(region: Any) -> None:
+    """A region name refused unless one of REGIONS (before anything is opened)."""
+    if region not in REGIONS:
+        raise UnsupportedSpec(f"region {region!r}; expected one of {list(REGIONS)}")
+
+
+def region_weights(tensors: Mapping[str, np.ndarray], region: str, params: Sequence[str], stats: Sequence[str],
+                   frozen: Collection[int], shadows: bool, whose: str, slug: str,
+                   live: str) -> tuple[str, list[np.ndarray], list[np.ndarray]]:
+    """(the region, resolved; its θ; its BN statistics) out of checkpoint-named `tensors`, for scoring,
+    exporting or sampling: `live` is θ with the running statistics, `ema` the shadow E with the
+    shadow's own statistics, `auto` the shadow when the variant keeps one (`shadows`), as its training
+    run reported it first. A `frozen` θ (by position in `params`) has no shadow: it is its own. The one
+    definition `hloforge eval` / `export` / `sample` and `Model.evaluate` / `predict` share; `whose`
+    ("checkpoint PATH", "model 'NAME'") and `live` (how its caller asks for the live weights) word the
+    refusals."""
+    check_region(region)
+    if region == "auto":
+        region = "ema" if shadows else "live"
+    if region == "ema" and not shadows:
+        raise DataError(f"{whose} has no EMA shadow (its variant {slug!r} keeps none); use {live}")
+
+    def group(prefix: str, names: Sequence[str]) -> list[np.ndarray]:
+        try:
+            return [tensors[t] for t in names_in(prefix, names)]
+        except KeyError as e:
+            raise DataError(f"{whose} lacks tensor {e.args[0]}") from None
+
+    theta = group(PARAMS, params)
+    if region == "live":
+        return region, theta, group(STATS, stats)
+    shadow = iter(group(state_group(SHADOW), [n for i, n in enumerate(params) if i not in frozen]))
+    return region, [p if i in frozen else next(shadow) for i, p in enumerate(theta)], \
+        shadow_stats(tensors, stats, whose, f"use the live weights ({live})")

@@ -306,7 +306,7 @@ class Run:
         except KeyError as e:
             raise DataError(f"checkpoint {self.ckpt_path} lacks tensor {e.args[0]}; it is not of this net") from None
         if self.state_layout.shadows:
-            self.shadow_running = ckpt.shadow_stats(tensors, self.stat_names, self.ckpt_path,
+            self.shadow_running = ckpt.shadow_stats(tensors, self.stat_names, f"checkpoint {self.ckpt_path}",
                                                     "resuming would restart them; start a new run")
         session.load(params, state, meta["step"])
         return int(meta["epoch"])
