@@ -609,7 +609,12 @@ def load(path: str, backend: str | None = None) -> Model:
                   warmup_epochs=cfg.warmup_epochs, decay_rate=cfg.decay_rate, bn_momentum=cfg.bn_momentum,
                   classes=cfg.classes if by_name else None, input=cfg.input if by_name else None, **fields)
     if json.loads(json.dumps(model.spec.to_dict())) != meta["spec"]:
-        raise DataError(f"checkpoint {file} holds a spec that differs from net {cfg.net!r} as defined now")
+        held = meta["spec"].get("name")
+        if held != model.spec.name:  # another run's checkpoint copied in: said as `hloforge eval` says it
+            raise DataError(f"run directory {path}: its config.toml and checkpoint disagree: the config names net "
+                            f"{cfg.net!r}, the checkpoint holds net {held!r}")
+        raise DataError(f"checkpoint {file} holds a spec that differs from net {cfg.net!r} as defined now "
+                        f"({ckpt.first_difference(meta['spec'], model.spec.to_dict())})")
     lay = model._state_layout
     trained = model._trained_names()
     lay.check_slots(f"checkpoint {file}", list(tensors))  # the shapes, dtype and finiteness eval checks too

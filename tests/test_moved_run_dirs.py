@@ -131,3 +131,17 @@ def test_a_read_only_run_dir_evaluates_and_refuses_writes_in_one_line(tmp_path, 
     assert len(lines) == 2 and all("is not writable" in ln for ln in lines), err
     assert "Traceback" not in err and "free space" not in err, err
     assert {p: os.stat(tmp_path / "run" / p).st_mtime_ns for p in os.listdir(tmp_path / "run")} == before
+
+
+def test_hf_load_of_a_run_dir_holding_another_nets_checkpoint_says_whose(tmp_path):
+    """Was: "holds a spec that differs from net 'mnist-mlp' as defined now", as if the net's definition
+    had changed; it is another run's checkpoint, which `hloforge eval` names as such."""
+    import hloforge as hf
+    from hloforge.core.errors import DataError
+
+    hf.Model("mnist-mlp").save(str(tmp_path / "a"))
+    hf.Model("mnist-linear").save(str(tmp_path / "b"))
+    shutil.copy(tmp_path / "b" / "checkpoint.safetensors", tmp_path / "a" / "checkpoint.safetensors")
+    with pytest.raises(DataError, match=r"^run directory .*a: its config.toml and checkpoint disagree: the config "
+                                        r"names net 'mnist-mlp', the checkpoint holds net 'mnist-linear'$"):
+        hf.load(str(tmp_path / "a"))
