@@ -73,6 +73,13 @@ def test_eval_reads_a_moved_corpus_with_data_file_and_says_so_when_it_is_missing
     assert len(err.splitlines()) == 1 and "corpus.txt" in err and "--data-file" in err, err
     assert main(["eval", "run", "--data-file", "elsewhere/corpus.txt"]) == 0, capsys.readouterr().err
     assert f"val {trained} (" in capsys.readouterr().out  # the number the run printed
+    # --resume says the same (was: the dataset's "not found" line alone), and goes on given the new path
+    assert main(["train", "--resume", "--run-dir", "run", "--epochs", "2", "--no-progress"]) == 3
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.endswith("if the run's data moved, give where it is now with "
+                                                       "--data-file"), err
+    assert main(["train", "--resume", "--run-dir", "run", "--epochs", "2", "--no-progress", "--data-file",
+                 "elsewhere/corpus.txt"]) == 0, capsys.readouterr().err
 
 
 def test_a_spec_file_run_resumes_from_another_folder_with_its_checkpoints_copy(tmp_path, monkeypatch, capsys):

@@ -10,7 +10,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from hloforge.commands.exits import EXIT_FAILED, EXIT_OK
-from hloforge.core.errors import UnsupportedSpec
+from hloforge.core.errors import DataError, UnsupportedSpec
 
 if TYPE_CHECKING:
     from hloforge.train.trainer import TrainConfig
@@ -98,8 +98,17 @@ def _train(args: argparse.Namespace) -> None:
         raise UnsupportedSpec("--init starts a new run from other weights, --resume continues this run's own "
                               "checkpoint; give one of them")
     callbacks = from_items(args.callback or ())  # refused before anything trains or is written
-    train(train_config(args), resume=args.resume, cross_backend=args.cross_backend, progress=not args.no_progress,
-          callbacks=callbacks)
+    cfg = train_config(args)
+    try:
+        train(cfg, resume=args.resume, cross_backend=args.cross_backend, progress=not args.no_progress,
+              callbacks=callbacks)
+    except DataError as e:
+        from hloforge.commands.opening import moved_data_hint
+
+        hint = moved_data_hint(cfg) if args.resume else ""  # a resumed run's data may have moved since
+        if not hint:
+            raise
+        raise type(e)(f"{e}{hint}") from None
 
 
 def _plot(args: argparse.Namespace) -> None:

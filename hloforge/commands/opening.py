@@ -67,6 +67,13 @@ def check_run_dir(path: str, file: str, meta: dict[str, Any]) -> None:
 DATA_PATHS = {"data_dir": "--data-dir", "data_file": "--data-file"}
 
 
+def moved_data_hint(cfg: TrainConfig) -> str:
+    """For a refusal opening a run: the flag that says where its data is now, when a path its config
+    records is gone ("" when none is)."""
+    gone = [flag for k, flag in DATA_PATHS.items() if getattr(cfg, k) and not os.path.exists(getattr(cfg, k))]
+    return f"; if the run's data moved, give where it is now with {gone[0]}" if gone else ""
+
+
 def open_checkpoint(path: str, backend: str | None = None, log: Callable[[str], None] = print,
                     devices: int | None = None, needs_data: bool = True, data_dir: str | None = None,
                     data_file: str | None = None) -> OpenedCheckpoint:
@@ -99,9 +106,7 @@ def open_checkpoint(path: str, backend: str | None = None, log: Callable[[str], 
     try:  # scoring never opens the train split
         run = Run(cfg, log, progress=False, eval_only=True, spec=own_spec(cfg.net, spec), data=arrays)
     except HloforgeError as e:  # the stored config's net, variant or data refused: say whose config it is
-        gone = [flag for k, flag in DATA_PATHS.items() if getattr(cfg, k) and not os.path.exists(getattr(cfg, k))]
-        hint = f"; if the run's data moved, give where it is now with {gone[0]}" if gone else ""
-        raise type(e)(f"checkpoint {file}: {e}{hint}") from None
+        raise type(e)(f"checkpoint {file}: {e}{moved_data_hint(cfg)}") from None
     if spec != run.spec:
         raise DataError(f"checkpoint {file} holds a spec that differs from net {cfg.net!r} as defined now "
                         f"({ckpt.first_difference(spec.to_dict(), run.spec.to_dict())})")
