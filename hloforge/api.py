@@ -471,12 +471,14 @@ class Model:
 
     def _region_buffers(self, region: str) -> list[np.ndarray]:
         """θ and the BN statistics of `region` as the forward takes them: ckpt.region_weights, the meaning
-        `hloforge eval --region` has."""
+        `hloforge eval --region` has. The live weights are read as they are, without gathering every tensor
+        (a model not yet fit would make its optimizer's whole initial state for it)."""
+        whose, shadows = f"model {self.spec.name!r}", self._state_layout.shadows
+        if ckpt.resolved_region(region, shadows, whose, self.variant.slug, "region='live'") == "live":
+            return [*self._params, *self._running]
         names = [n for n, _ in self._param_slots]
-        _, theta, stats = ckpt.region_weights(
-            self._checkpoint_tensors(), region, names, self._stat_names,
-            self._frozen(), self._state_layout.shadows,
-            f"model {self.spec.name!r}", self.variant.slug, "region='live'")
+        _, theta, stats = ckpt.region_weights(self._checkpoint_tensors(), "ema", names, self._stat_names,
+                                              self._frozen(), shadows, whose, self.variant.slug, "region='live'")
         return [*theta, *stats]
 
     def _frozen(self) -> tuple[int, ...]:

@@ -108,7 +108,7 @@ def test_cli_logged_metrics_are_what_the_callbacks_get(tmp_path, monkeypatch: py
 
     checked: list[frozenset[str]] = []
     real = Run.logged_metrics
-    monkeypatch.setattr(Run, "logged_metrics", lambda run, session=None: checked.append(k := real(run, session)) or k)
+    monkeypatch.setattr(Run, "logged_metrics", lambda run: checked.append(k := real(run)) or k)
     rec = Record()
     stop = hf.EarlyStopping("top1_ema", patience=5)
     train(TrainConfig(net="mnist-linear", epochs=1, ema=0.9, run_dir=str(tmp_path / "run")), log=lambda s: None,
@@ -137,7 +137,7 @@ def test_every_tasks_metrics_are_known_ahead(kw: dict, tmp_path, monkeypatch: py
         kw = {**kw, "data_file": str(corpus)}
     checked: list[frozenset[str]] = []
     real = Run.logged_metrics
-    monkeypatch.setattr(Run, "logged_metrics", lambda run, session=None: checked.append(k := real(run, session)) or k)
+    monkeypatch.setattr(Run, "logged_metrics", lambda run: checked.append(k := real(run)) or k)
     rec = Record()
     train(TrainConfig(**{"epochs": 1, "batch": 32, "ema": 0.9, "run_dir": str(tmp_path / "run"), **kw}),
           log=lambda s: None, progress=False, callbacks=[rec])
@@ -173,7 +173,7 @@ def test_fit_logged_metrics_are_what_the_callbacks_get(monkeypatch: pytest.Monke
 
     checked: list[frozenset[str]] = []
     real = Run.logged_metrics
-    monkeypatch.setattr(Run, "logged_metrics", lambda run, session=None: checked.append(k := real(run, session)) or k)
+    monkeypatch.setattr(Run, "logged_metrics", lambda run: checked.append(k := real(run)) or k)
     rec = Record()
     m = hf.Model(tiny_net(), ema=0.9)
     m.fit(*blobs(32), epochs=1, batch_size=16, validation_data=blobs(16, 1), verbose=False,

@@ -397,6 +397,17 @@ def check_region(region: Any) -> None:
         raise UnsupportedSpec(f"region {region!r}; expected one of {list(REGIONS)}")
 
 
+def resolved_region(region: str, shadows: bool, whose: str, slug: str, live: str) -> str:
+    """`region` as `region_weights` reads it: `auto` is `ema` when the variant keeps a shadow (`shadows`),
+    else `live`; `ema` without a shadow is refused (`whose`, `slug`, `live`: as there)."""
+    check_region(region)
+    if region == "auto":
+        region = "ema" if shadows else "live"
+    if region == "ema" and not shadows:
+        raise DataError(f"{whose} has no EMA shadow (its variant {slug!r} keeps none); use {live}")
+    return region
+
+
 def region_weights(tensors: Mapping[str, np.ndarray], region: str, params: Sequence[str], stats: Sequence[str],
                    frozen: Collection[int], shadows: bool, whose: str, slug: str,
                    live: str) -> tuple[str, list[np.ndarray], list[np.ndarray]]:
@@ -407,11 +418,7 @@ def region_weights(tensors: Mapping[str, np.ndarray], region: str, params: Seque
     definition `hloforge eval` / `export` / `sample` and `Model.evaluate` / `predict` share; `whose`
     ("checkpoint PATH", "model 'NAME'") and `live` (how its caller asks for the live weights) word the
     refusals."""
-    check_region(region)
-    if region == "auto":
-        region = "ema" if shadows else "live"
-    if region == "ema" and not shadows:
-        raise DataError(f"{whose} has no EMA shadow (its variant {slug!r} keeps none); use {live}")
+    region = resolved_region(region, shadows, whose, slug, live)
 
     def group(prefix: str, names: Sequence[str]) -> list[np.ndarray]:
         try:

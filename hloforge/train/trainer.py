@@ -226,10 +226,10 @@ class Run:
                 with open(src, "rb") as f:
                     ckpt.write_atomic(os.path.join(path, name), f.read(), name)
 
-    def logged_metrics(self, session: TrainSession | None = None) -> frozenset[str] | None:
+    def logged_metrics(self) -> frozenset[str] | None:
         """The keys of every epoch's metrics as the callbacks get them ("kind" aside: no number), known
         before the first step, so a callback monitoring another is refused then, not after an epoch; None
-        where the task's scores are not known ahead. `session`: the loop's; else the one `_train` makes."""
+        where the task's scores are not known ahead."""
         base = {"epoch", "step", "loss", "lr", "seconds"}
         scored = len(self.y_te) > 0
         if self.lm:  # _lm_epoch's
@@ -243,16 +243,15 @@ class Run:
         keys = base | {p + k for k in scores}
         if p and scores and type(self.task) is tasks.ClassificationTask:  # the one Evaluation with a loss
             keys.add(f"{p}loss")
-        spread = isinstance(session, mpi.MpiTrainSession) if session is not None else self.world.size > 1
-        if scores and self.variant.ema and not spread:  # as loop scores the shadow
+        if scores and self.variant.ema and self.world.size == 1:  # as loop scores the shadow
             keys |= {p + k for k in self.task.ema_metrics(tasks.Evaluation(dict.fromkeys(scores, 0.0), ""))}
         return frozenset(keys)
 
-    def check_callbacks(self, callbacks: Sequence[Any], session: TrainSession | None = None) -> None:
+    def check_callbacks(self, callbacks: Sequence[Any]) -> None:
         """The callbacks' options against the metrics this run logs (each one's `check_metrics`, with the
         keys the callbacks before it add: their `adds_metrics`), refused on every rank alike: under a fit,
         rank 0 alone holds the callbacks."""
-        keys, failed, world = self.logged_metrics(session), None, self.world
+        keys, failed, world = self.logged_metrics(), None, self.world
         try:
             if keys is not None:
                 for cb in callbacks:
@@ -469,7 +468,7 @@ class Run:
         and handed to the callbacks; `owner.stop_training` (default this run's) ends it after an epoch."""
         cfg, owner = self.cfg, self if owner is None else owner
         t0 = time.perf_counter() if t0 is None else t0
-        self.check_callbacks(callbacks, session)  # a Model's fit's: against its own session and val_ prefix
+        self.check_callbacks(callbacks)  # a Model's fit's: against its val_ prefix
         w = bn_weight(cfg.bn_momentum, self.variant.accum)
         metrics: dict[str, Any] = {}
         if start and self.writes:
