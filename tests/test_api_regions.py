@@ -52,6 +52,15 @@ def test_load_evaluate_scores_what_hloforge_eval_scores(ema_run: str, capsys) ->
     assert f"({model.evaluate(data='digits')['correct']}/" in capsys.readouterr().out
 
 
+def bn_net_and_rows(name: str, n: int, seed: int) -> tuple[hf.NetSpec, np.ndarray, np.ndarray]:
+    """A small net with BatchNorm (so the shadow's own statistics matter) and n separable rows of 3 classes."""
+    layers = hf.layers
+    spec = hf.NetSpec(name, (4,), [layers.Dense(8), layers.BatchNorm(), layers.Dense(3)], 3)
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 3, n).astype(np.int32)
+    return spec, (rng.normal(size=(n, 4)) + np.eye(4)[y] * 2).astype(np.float32), y
+
+
 def test_predict_by_region(ema_run: str) -> None:
     model = hf.load(ema_run)
     x = np.random.default_rng(0).normal(size=(40, 1, 28, 28)).astype(np.float32)
@@ -61,11 +70,7 @@ def test_predict_by_region(ema_run: str) -> None:
 
 
 def test_fit_history_keeps_both_regions_and_evaluate_matches_them() -> None:
-    layers = hf.layers
-    spec = hf.NetSpec("regions-bn", (4,), [layers.Dense(8), layers.BatchNorm(), layers.Dense(3)], 3)
-    rng = np.random.default_rng(0)
-    y = rng.integers(0, 3, 96).astype(np.int32)
-    x = (rng.normal(size=(96, 4)) + np.eye(4)[y] * 2).astype(np.float32)
+    spec, x, y = bn_net_and_rows("regions-bn", 96, seed=0)
     model = hf.Model(spec, lr=1e-2, ema=0.9)
     history = model.fit(x[:64], y[:64], epochs=1, batch_size=16, validation_data=(x[64:], y[64:]), verbose=False)
     assert {"val_top1", "val_top1_ema"} <= set(history[-1])  # θ's and the shadow's, as before
@@ -112,11 +117,7 @@ def test_load_refuses_a_shadow_without_its_statistics_as_eval_does(ema_run: str,
 
 
 def test_the_shadow_of_a_frozen_bn_net_is_its_shadow_theta_and_statistics_with_frozen_theta_as_is() -> None:
-    layers = hf.layers
-    spec = hf.NetSpec("regions-frozen", (4,), [layers.Dense(8), layers.BatchNorm(), layers.Dense(3)], 3)
-    rng = np.random.default_rng(1)
-    y = rng.integers(0, 3, 64).astype(np.int32)
-    x = (rng.normal(size=(64, 4)) + np.eye(4)[y] * 2).astype(np.float32)
+    spec, x, y = bn_net_and_rows("regions-frozen", 64, seed=1)
     model = hf.Model(spec, lr=5e-2, ema=0.9, frozen=("0",))
     history = model.fit(x, y, epochs=1, batch_size=16, validation_data=(x, y), verbose=False)
     assert model.evaluate(x, y)["top1"] == history[-1]["val_top1_ema"]

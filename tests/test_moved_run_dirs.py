@@ -13,9 +13,9 @@ import textwrap
 
 import numpy as np
 import pytest
+from test_moved_runs import trained_spec_file_run
 
 from hloforge.cli import main
-from hloforge.zoo import get_net
 
 CORPUS = "the quick brown fox jumps over the lazy dog; pack my box with five dozen liquor jugs. " * 200
 
@@ -83,11 +83,7 @@ def test_eval_reads_a_moved_corpus_with_data_file_and_says_so_when_it_is_missing
 
 
 def test_a_spec_file_run_resumes_from_another_folder_with_its_checkpoints_copy(tmp_path, monkeypatch, capsys):
-    os.makedirs(tmp_path / "work" / "specs")
-    os.makedirs(tmp_path / "elsewhere")
-    (tmp_path / "work" / "specs" / "net.json").write_text(get_net("mnist-linear").to_json(), encoding="utf-8")
-    monkeypatch.chdir(tmp_path / "work")
-    assert main(["train", "specs/net.json", "--epochs", "1", "--run-dir", "run", "--no-progress"]) == 0
+    trained_spec_file_run(tmp_path, monkeypatch)
     shutil.move(tmp_path / "work" / "run", tmp_path / "elsewhere" / "run")  # the run moved, its spec file did not
     monkeypatch.chdir(tmp_path / "elsewhere")
     capsys.readouterr()

@@ -14,12 +14,18 @@ from hloforge.cli import main
 from hloforge.zoo import get_net
 
 
-def test_a_spec_file_run_evaluates_from_elsewhere_with_its_file_gone(tmp_path, monkeypatch, capsys):
+def trained_spec_file_run(tmp_path, monkeypatch) -> None:
+    """work/run: mnist-linear trained from work/ for an epoch, its net a spec file named relatively
+    (specs/net.json); tmp_path/elsewhere made for the run or its reader to move to. Leaves the cwd in work/."""
     os.makedirs(tmp_path / "work" / "specs")
     os.makedirs(tmp_path / "elsewhere")
     (tmp_path / "work" / "specs" / "net.json").write_text(get_net("mnist-linear").to_json(), encoding="utf-8")
     monkeypatch.chdir(tmp_path / "work")
     assert main(["train", "specs/net.json", "--epochs", "1", "--run-dir", "run", "--no-progress"]) == 0
+
+
+def test_a_spec_file_run_evaluates_from_elsewhere_with_its_file_gone(tmp_path, monkeypatch, capsys):
+    trained_spec_file_run(tmp_path, monkeypatch)
     os.remove("specs/net.json")
     monkeypatch.chdir(tmp_path / "elsewhere")
     capsys.readouterr()
