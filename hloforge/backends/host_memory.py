@@ -26,9 +26,10 @@ A kept heap has one race to close. XLA's CPU client allocates an execution's tem
 calling thread, at times on its worker) and frees it on its worker thread just after the outputs
 are ready; a step that starts before that free lands allocates a second temp buffer beside the
 first, and the kept heap holds both from then on (vit-cifar's peak RSS 490 MB in a run without the
-race, 812–1137 MB with it). So an executable learns its scratch, what the heap grows by beyond the
-outputs it allocates when launched (:func:`scratch_grown`), and each execute, once its outputs are
-ready, waits briefly for that scratch to be back (:func:`wait_for_scratch`) before it returns.
+race, 812–1137 MB with it). So an executable knows its scratch (the temp size XLA reports for it,
+or, where the plugin does not say, what the heap grows by beyond the outputs it allocates when
+launched: :func:`scratch_grown`), and each execute, once its outputs are ready, waits briefly for
+that scratch to be back (:func:`wait_for_scratch`) before it returns.
 
 And one hole to fill. At times the client makes a small allocation of its own just above a live
 temp buffer; the freed temp is then a hole below it that the next temp, allocated aligned, cannot
@@ -129,14 +130,20 @@ SCRATCH_MIN_BYTES = 64 << 20
 SCRATCH_WAIT_S = 0.02
 
 
+def _kept_heap_reading() -> _Mallinfo2 | None:
+    return mallinfo2() if _applied else None
+
+
+def _in_use(info: _Mallinfo2) -> int:
+    return int(info.uordblks) - _held_hole_bytes
+
+
 def heap_in_use() -> int | None:
     """Bytes the kept heap has handed out and not had back, less the holes it holds (see
     `hold_stranded_scratch`), or None when heap memory is not kept (the "release" policy, or not
     glibc)."""
-    if not _applied:
-        return None
-    info = mallinfo2()
-    return None if info is None else int(info.uordblks) - _held_hole_bytes
+    info = _kept_heap_reading()
+    return None if info is None else _in_use(info)
 
 
 def scratch_grown(before: int | None, output_bytes: int) -> int:
@@ -149,17 +156,20 @@ def scratch_grown(before: int | None, output_bytes: int) -> int:
     return 0 if after is None or before is None else max(after - before - output_bytes, 0)
 
 
-def wait_for_scratch(before: int | None, output_bytes: int, scratch: int) -> None:
-    """Once an execute's outputs are ready, for an executable whose scratch has been seen to be
-    `scratch` bytes (`scratch_grown`): wait up to SCRATCH_WAIT_S for the heap in use to fall back
-    below `before` + `output_bytes` + half the scratch, so that nothing the host allocates next lands
-    beside a scratch about to be freed, and the next scratch finds its place free."""
+def wait_for_scratch(before: int | None, output_bytes: int, scratch: int) -> _Mallinfo2 | None:
+    """Once an execute's outputs are ready, for an executable whose scratch is `scratch` bytes: wait
+    up to SCRATCH_WAIT_S for the heap in use to fall back below `before` + `output_bytes` + half the
+    scratch, so that nothing the host allocates next lands beside a scratch about to be freed, and
+    the next scratch finds its place free. Returns the last heap reading (for
+    `hold_stranded_scratch`), or None when it read none."""
     if before is None or scratch < SCRATCH_MIN_BYTES:
-        return
+        return None
     freed_below = before + output_bytes + scratch // 2
     deadline = time.perf_counter() + SCRATCH_WAIT_S
-    while (used := heap_in_use()) is not None and used > freed_below and time.perf_counter() < deadline:
+    while (info := _kept_heap_reading()) is not None and _in_use(info) > freed_below \
+            and time.perf_counter() < deadline:
         time.sleep(0.0001)
+    return info
 
 
 # How much less than a stranded scratch the block that takes its place asks for, so that it fits the
@@ -179,17 +189,18 @@ def _libc_calls() -> tuple[Callable[..., int], Callable[..., None], Callable[...
     return libc.malloc, libc.free, libc.madvise
 
 
-def hold_stranded_scratch(scratch: int) -> bool:
+def hold_stranded_scratch(scratch: int, reading: _Mallinfo2 | None = None) -> bool:
     """After an execute whose `scratch` bytes are back in the kept heap: when that scratch came
     back below a block allocated above it while it was live (the heap's top is too small for the
     next scratch, and at least a scratch is free below it), the next scratch cannot reuse that
     hole (XLA allocates it aligned, which asks for a little more than the hole), so the heap would
     keep two. Take the hole over with a block that is never touched and give its pages back to the
-    kernel: the heap then keeps one scratch in memory. True when a hole was taken."""
+    kernel: the heap then keeps one scratch in memory. `reading`: a heap reading taken since the
+    scratch came back (`wait_for_scratch`'s), spared reading it again. True when a hole was taken."""
     global _held_hole_bytes
     if scratch < SCRATCH_MIN_BYTES or len(_held_holes) >= MAX_HELD_HOLES or not _applied:
         return False
-    info = mallinfo2()
+    info = reading if reading is not None else mallinfo2()
     if info is None:
         return False
     top, free_below = int(info.keepcost), int(info.fordblks - info.keepcost)

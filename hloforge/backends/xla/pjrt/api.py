@@ -24,6 +24,7 @@ from hloforge.backends.xla.pjrt.declarations import (
     _BUFFER_TYPE_CODES,
     _ERROR_CODE_NAMES,
     HEADER_MINOR,
+    _slot_end,
     _struct_size,
     ffi,
 )
@@ -121,6 +122,11 @@ class Api:
         for name in RELEASE_CALLS:
             _args_type(name)
         self.attributes = self._plugin_attributes()
+
+    def has(self, name: str) -> bool:
+        """Whether the plugin's function table reaches ``PJRT_<name>`` and fills it (for the calls in
+        OPTIONAL)."""
+        return self._api.struct_size >= _slot_end(name) and getattr(self._api, f"PJRT_{name}") != ffi.NULL
 
     def args(self, name: str, **fields):
         """A zeroed ``PJRT_<name>_Args`` with struct_size set and ``fields`` filled in."""

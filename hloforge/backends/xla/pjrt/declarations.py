@@ -94,6 +94,10 @@ TYPED = (
     "Buffer_IsDeleted Buffer_ToHostBuffer Buffer_Device Buffer_UnsafePointer"
 ).split()
 
+# Typed too, but hloforge does without them where a plugin lacks them (`Api.has`): they do not raise
+# the function table a plugin must have.
+OPTIONAL = ("Executable_GetCompiledMemoryStats",)
+
 _TYPES = r"""
 typedef struct PJRT_Extension_Base PJRT_Extension_Base;
 typedef struct PJRT_Error PJRT_Error;
@@ -333,6 +337,16 @@ typedef struct {
 
 typedef struct {
   size_t struct_size; PJRT_Extension_Base* extension_start;
+  PJRT_Executable* executable;
+  int64_t generated_code_size_in_bytes; int64_t argument_size_in_bytes; int64_t output_size_in_bytes;
+  int64_t alias_size_in_bytes; int64_t temp_size_in_bytes;
+  int64_t host_generated_code_size_in_bytes; int64_t host_argument_size_in_bytes;
+  int64_t host_output_size_in_bytes; int64_t host_alias_size_in_bytes; int64_t host_temp_size_in_bytes;
+  int64_t peak_memory_in_bytes; int64_t total_size_in_bytes;
+} PJRT_Executable_GetCompiledMemoryStats_Args;
+
+typedef struct {
+  size_t struct_size; PJRT_Extension_Base* extension_start;
   const PJRT_Executable* executable;
   const char* serialized_bytes;
   size_t serialized_bytes_size;
@@ -446,7 +460,7 @@ _VOID_RESULT = {"Error_Destroy", "Error_Message"}
 def _api_struct() -> str:
     slots = []
     for name in API_SLOTS:
-        if name in TYPED:
+        if name in TYPED or name in OPTIONAL:
             result = "void" if name in _VOID_RESULT else "PJRT_Error*"
             slots.append(f"  {result} (*PJRT_{name})(PJRT_{name}_Args* args);")
         else:
@@ -477,7 +491,9 @@ def _struct_size(ctype: Any) -> int:
     return last.offset + ffi.sizeof(last.type)
 
 
-# The plugin's PJRT_Api must reach at least as far as the last slot hloforge calls.
-_API_SIZE_NEEDED = max(
-    ffi.offsetof("PJRT_Api", f"PJRT_{name}") + ffi.sizeof("void*") for name in TYPED
-)
+def _slot_end(name: str) -> int:
+    return ffi.offsetof("PJRT_Api", f"PJRT_{name}") + ffi.sizeof("void*")
+
+
+# The plugin's PJRT_Api must reach at least as far as the last slot hloforge always calls.
+_API_SIZE_NEEDED = max(_slot_end(name) for name in TYPED)

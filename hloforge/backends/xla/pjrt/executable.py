@@ -24,7 +24,10 @@ class Executable:
         self._output_types: list[tuple[tuple[int, ...], np.dtype]] | None = None
         self._output_sizes: list[int] = []  # bytes of each output on one device
         self._fresh_output_bytes: dict[tuple[int, ...], int] = {}  # keep-set -> what one device's outputs allocate
-        self._scratch_bytes = 0  # the most the heap has been seen to grow beyond the outputs at a launch
+        # one device's scratch: the temp size XLA reports, or (None) the most the heap has been seen to
+        # grow beyond the outputs at a launch, in _seen_scratch_bytes
+        self._temp_bytes: int | None = None
+        self._seen_scratch_bytes = 0
         self._passed: list[tuple[object, ...]] | None = None  # what the last accepted arguments were
         self._options: dict[tuple[int, ...], tuple[object, object]] = {}  # keep-set -> (options, its array)
         #: the parameters of @main as read from the text (None: not recognized)
@@ -44,6 +47,7 @@ class Executable:
         try:
             outputs = api.call("Executable_NumOutputs", "counting outputs", executable=unloaded)
             self.num_outputs: int = outputs.num_outputs
+            self._temp_bytes = _compiled_temp_bytes(api, unloaded)
         finally:
             api.call("Executable_Destroy", "destroying an executable view", executable=unloaded)
         client._own(self)
@@ -108,6 +112,10 @@ class Executable:
             options.num_non_donatable_input_indices = len(key)
             made = self._options[key] = (options, non_donatable)  # the options point into the array
         return made[0]
+
+    def _scratch_bytes(self, num_devices: int) -> int:
+        """What an execute over `num_devices` devices allocates beyond its outputs."""
+        return self._seen_scratch_bytes if self._temp_bytes is None else num_devices * self._temp_bytes
 
     def _output_bytes_allocated(self, keep: Sequence[int]) -> int:
         """What one device's outputs allocate at a launch: an output that takes over a donated input
@@ -175,7 +183,10 @@ class Executable:
         options = self._options_keeping(keep)
         doing = "executing"
         ok = False
-        heap_before = host_memory.heap_in_use()
+        scratch = self._scratch_bytes(len(per_device))
+        # the heap is read only where its scratch is waited for, or is not known yet
+        heap_before = (host_memory.heap_in_use() if self._temp_bytes is None or scratch >= host_memory.SCRATCH_MIN_BYTES
+                       else None)
         try:
             api.call(
                 "LoadedExecutable_Execute",
@@ -207,15 +218,16 @@ class Executable:
                 for out in out_arrays
             ]
         output_bytes = len(per_device) * self._output_bytes_allocated(keep)
-        self._scratch_bytes = max(self._scratch_bytes, host_memory.scratch_grown(heap_before, output_bytes))
+        if self._temp_bytes is None:
+            self._seen_scratch_bytes = scratch = max(scratch, host_memory.scratch_grown(heap_before, output_bytes))
         try:
             # A borrowed input serves one execute: release it while the computation runs (PJRT frees
             # lazily once the computation is done with it), not on the step's critical path after it.
             self._release_borrowed(per_device)
             for i in range(len(per_device)):
                 api.await_event(events[i], doing)
-            host_memory.wait_for_scratch(heap_before, output_bytes, self._scratch_bytes)
-            host_memory.hold_stranded_scratch(self._scratch_bytes)
+            reading = host_memory.wait_for_scratch(heap_before, output_bytes, scratch)
+            host_memory.hold_stranded_scratch(scratch, reading)
             for outs in outputs:
                 for buf in outs:
                     buf._computed = True
@@ -278,3 +290,16 @@ class Executable:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _compiled_temp_bytes(api, unloaded) -> int | None:
+    """The temp buffer XLA assigned the executable, bytes per device, or None where the plugin does
+    not say (its PJRT_Executable_GetCompiledMemoryStats is missing or wants another struct size)."""
+    if not api.has("Executable_GetCompiledMemoryStats"):
+        return None
+    try:
+        stats = api.call("Executable_GetCompiledMemoryStats", "reading compiled memory stats", executable=unloaded)
+    except BackendError:
+        return None
+    return int(stats.temp_size_in_bytes)
+
