@@ -23,6 +23,7 @@ import numpy as np
 
 from hloforge.callbacks import Callback, Monitor
 from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
+from hloforge.core.regions import DEFAULT_REGION
 from hloforge.core.registry import default_registry
 from hloforge.core.spec import NetSpec, summary_table
 from hloforge.core.variant import Variant, VariantFields
@@ -385,7 +386,7 @@ class Model:
         return path
 
     # ------------------------------------------------------------------ scoring
-    def predict(self, x: Any, batch_size: int | None = None, *, region: str = "auto") -> np.ndarray:
+    def predict(self, x: Any, batch_size: int | None = None, *, region: str = DEFAULT_REGION) -> np.ndarray:
         """The eval-mode logits of every row of x (a short last batch padded, its padding dropped), by
         `region`'s weights as `evaluate`'s."""
         buffers = self._region_buffers(region)
@@ -393,7 +394,7 @@ class Model:
         return self._forward(checked_batch_size(batch_size, self._batch)).logits(xa, buffers)
 
     def evaluate(self, x: Any = None, y: Any = None, batch_size: int | None = None, *, data: str | None = None,
-                 data_options: Mapping[str, Any] | None = None, region: str = "auto") -> dict[str, Any]:
+                 data_options: Mapping[str, Any] | None = None, region: str = DEFAULT_REGION) -> dict[str, Any]:
         """The task's own scores, as `hloforge train` scores an epoch (its Task's evaluation), on
         every row (the short last batch included): a classifier's top1 (a fraction), its 95% Wilson
         interval top1_lo / top1_hi, top5, the mean cross-entropy `loss`, `correct` and `n`; a

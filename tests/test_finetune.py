@@ -220,6 +220,46 @@ def test_an_init_that_does_not_fit_is_one_line_and_writes_nothing(tmp_path) -> N
     assert not out.exists()
 
 
+def test_init_from_an_ema_run_takes_the_weights_eval_scores_unless_told_otherwise(tmp_path, capsys) -> None:
+    from hloforge.train import finetune
+
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    train(TrainConfig(**SMALL, ema=0.9, frozen=("0",), run_dir=a), progress=False)
+    tensors, _ = ckpt.load_checkpoint(os.path.join(a, "checkpoint.safetensors"))
+    spec = get_net("resnet-mini", input=(1, 12, 12))
+    names, stat_names = [n for n, _ in spec.params()], [n for n, _ in spec.stats()]
+    live = [tensors[f"param/{n}"] for n in names]
+    # the frozen stem has no shadow: its θ is its own
+    shadow = [tensors.get(f"state/E/{n}", tensors[f"param/{n}"]) for n in names]
+    assert any(not np.array_equal(p, e) for p, e in zip(live, shadow, strict=True))
+
+    def taken(region: str) -> finetune.Init:
+        return finetune.read_init(Run(TrainConfig(**SMALL, run_dir=b, init=a, init_region=region), progress=False),
+                                  log=lambda line: None)
+
+    for region, params, stats in (("auto", shadow, "stat/E"), ("ema", shadow, "stat/E"), ("live", live, "stat")):
+        init = taken(region)
+        assert all(np.array_equal(p, q) for p, q in zip(init.params, params, strict=True)), region
+        assert all(np.array_equal(s, tensors[f"{stats}/{n}"]) for s, n in zip(init.stats, stat_names, strict=True))
+
+    # through the command line: the log says which, and the first step is the shadow's loss
+    assert main(["train", "--config", os.path.join(a, "config.toml"), "--init", a, "--run-dir", b,
+                 "--no-progress"]) == EXIT_OK
+    assert "its EMA shadow's weights" in capsys.readouterr().out
+    assert _first_step_loss(b) == _loss_on_first_batch(TrainConfig(**SMALL, ema=0.9, frozen=("0",),
+                                                                   run_dir=str(tmp_path / "probe")), shadow)
+
+    # a run without a shadow has no ema to take; a region without --init picks nothing
+    plain = str(tmp_path / "plain")
+    train(TrainConfig(net="mnist-mlp", epochs=1, run_dir=plain), progress=False)
+    with pytest.raises(DataError, match=r"^--init .* has no EMA shadow .*; use --init-region live$"):
+        finetune.read_init(Run(TrainConfig(net="mnist-mlp", run_dir=str(tmp_path / "c"), init=plain,
+                                           init_region="ema"), progress=False))
+    assert main(["train", "mnist-mlp", "--init-region", "live", "--run-dir", str(tmp_path / "d")]) == EXIT_BAD_INPUT
+    assert "give --init too" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()
+
+
 def test_init_and_resume_together_are_refused(tmp_path, capsys) -> None:
     assert main(["train", "mnist-mlp", "--init", str(tmp_path), "--resume", "--run-dir", str(tmp_path / "r")]) \
         == EXIT_BAD_INPUT

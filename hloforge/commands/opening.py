@@ -13,6 +13,7 @@ import numpy as np
 
 from hloforge.commands.resolution import check_size_crop, scoring_size
 from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
+from hloforge.core.regions import DEFAULT_REGION, check_region
 from hloforge.core.spec import NetSpec
 from hloforge.train import checkpoint as ckpt
 from hloforge.train.arraydata import ARRAYS, no_rows
@@ -129,7 +130,7 @@ def open_checkpoint(path: str, backend: str | None = None, log: Callable[[str], 
     return OpenedCheckpoint(file, tensors, meta, run, spec)
 
 
-def evaluate_checkpoint(path: str, backend: str | None = None, region: str = "auto",
+def evaluate_checkpoint(path: str, backend: str | None = None, region: str = DEFAULT_REGION,
                         log: Callable[[str], None] = print, replicas: int = 1,
                         devices: int | None = None, batch_stats: bool = False,
                         size: int | None = None, crop: float | None = None, data_dir: str | None = None,
@@ -143,7 +144,7 @@ def evaluate_checkpoint(path: str, backend: str | None = None, region: str = "au
     `size` (and `crop`): a classifier scored at size×size, its eval graph rendered there and the eval
     images resized and center-cropped to match (hloforge.commands.resolution: timm's test protocol).
     `data_dir`, `data_file`: where the run's data is now, when it moved (open_checkpoint)."""
-    ckpt.check_region(region)  # a bad name is refused before anything is opened
+    check_region(region)  # a bad name is refused before anything is opened
     check_size_crop(size, crop)  # a bad value is refused before anything is opened
     oc = open_checkpoint(path, backend, log, replica_devices(backend, replicas, devices), data_dir=data_dir,
                          data_file=data_file)

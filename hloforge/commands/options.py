@@ -39,9 +39,16 @@ from hloforge.commands.handlers import (
     _train,
     _verify,
 )
+from hloforge.core.regions import DEFAULT_REGION, REGIONS
 
 DESCRIPTION = "The `hloforge` command."
 IMAGE_OUT_HELP = f"the image written ({', '.join(IMAGE_OUT_SUFFIXES)})"  # cam, detect and sample's --out
+
+
+def _region_flag(sp: argparse.ArgumentParser, auto_also: str = "") -> None:
+    sp.add_argument("--region", default=DEFAULT_REGION, choices=REGIONS,
+                    help="live weights, the EMA shadow, or auto (default: the shadow when the run kept "
+                         f"one{auto_also})")
 
 
 def version() -> str:
@@ -208,6 +215,9 @@ def parser() -> argparse.ArgumentParser:
                     help="start a new run from these weights (a run directory, a checkpoint, an export directory "
                          "or a weights file), matched by name and shape; a new class count re-initialises the "
                          "head; fresh optimizer state (default: none, the net's own init)")
+    sp.add_argument("--init-region", choices=REGIONS,
+                    help="which of an hloforge run's weights --init takes: live, ema, or auto, the EMA shadow "
+                         "where that run kept one: the weights `hloforge eval` scores")
     sp.add_argument("--cross-backend", action="store_true",
                     help="with --resume: accept a checkpoint trained on another backend")
     sp.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -223,8 +233,7 @@ def parser() -> argparse.ArgumentParser:
     sp = _command(sub, "eval", help="score a run's checkpoint alone (the same top-1 the run printed)")
     sp.add_argument("run", help="a run directory or a checkpoint file")
     sp.add_argument("--backend", help="score on this backend (default: the one it trained on)")
-    sp.add_argument("--region", default="auto", choices=("live", "ema", "auto"),
-                    help="live weights, the EMA shadow, or auto (default: the shadow when the run kept one)")
+    _region_flag(sp)
     sp.add_argument("--replicas", type=positive_int, default=1,
                     help="score sharded over N devices (XLA; same result)")
     sp.add_argument("--devices", type=integer(1, MAX_PROCESSES),
@@ -277,9 +286,7 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--format", default="hloforge", choices=("hloforge", "torchvision", "timm"),
                     help="hloforge: forward.mlir, weights.safetensors, manifest.json; torchvision/timm: "
                          "model.safetensors, loadable with load_state_dict(strict=True)")
-    sp.add_argument("--region", default="auto", choices=("live", "ema", "auto"),
-                    help="live weights, the EMA shadow, or auto (default: the shadow when the run kept one, the "
-                         "weights `hloforge eval` scores)")
+    _region_flag(sp, ", the weights `hloforge eval` scores")
     sp.set_defaults(func=_export)
 
     sp = _command(sub, "verify", help="gate every registered (or each named) plugin against its oracles; "
@@ -326,8 +333,7 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", default="grid.png", help=IMAGE_OUT_HELP)
     sp.add_argument("--seed", type=nonneg_int, default=0, help="seeds the sampling noise")
     sp.add_argument("--backend", help="run on this backend (default: the one it trained on)")
-    sp.add_argument("--region", default="auto", choices=("live", "ema", "auto"),
-                    help="live weights, the EMA shadow, or auto (default: the shadow when the run kept one)")
+    _region_flag(sp)
     sp.add_argument("--no-clip", dest="clip", action="store_false",
                     help="leave each step's predicted clean image unclipped (default: clip it to the data's range)")
     sp.set_defaults(func=_sample)

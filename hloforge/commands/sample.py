@@ -10,13 +10,14 @@ import numpy as np
 from hloforge.commands.argtypes import image_out
 from hloforge.commands.opening import open_checkpoint
 from hloforge.core.errors import DataError, UnsupportedSpec
+from hloforge.core.regions import DEFAULT_REGION
 from hloforge.train.diffusion import ancestral_sample, image_grid, to_unit
 from hloforge.train.session import ForwardSession
 from hloforge.train.tasks import DiffusionTask
 
 
 def sample_run(run_path: str, n: int = 16, out: str = "grid.png", seed: int = 0, backend: str | None = None,
-               region: str = "auto", clip: bool = True, log: Callable[[str], None] = print) -> np.ndarray:
+               region: str = DEFAULT_REGION, clip: bool = True, log: Callable[[str], None] = print) -> np.ndarray:
     """Draw n samples from a DDPM run's checkpoint through its eval forward module; write the grid
     image to `out` and return the samples [n, C, H, W] (the data's standardised scale). `region`:
     the live weights, the EMA shadow, or auto (the shadow when the run kept one)."""

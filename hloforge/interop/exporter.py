@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from hloforge.core.errors import HloforgeError, UnsupportedSpec
+from hloforge.core.regions import DEFAULT_REGION
 from hloforge.core.spec import NetSpec
 from hloforge.interop.torch_names import LAYOUTS, SOURCES, units
 
@@ -54,7 +55,7 @@ def _source_for(net: str, fmt: str, meta: dict[str, Any]) -> str:
 
 
 def export_run(run: str, out: str, fmt: str = "hloforge", log: Callable[[str], None] = print, *,
-               region: str = "auto") -> str:
+               region: str = DEFAULT_REGION) -> str:
     """Export the run directory (or checkpoint file) `run` into directory `out`; its path. `region` picks
     the weights as `hloforge eval` does: the live ones, the EMA shadow, or (the default) auto, the shadow
     when the run kept one."""

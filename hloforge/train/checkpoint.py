@@ -27,7 +27,8 @@ from typing import Any, TypeVar
 import attrs
 import numpy as np
 
-from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
+from hloforge.core.errors import DataError, HloforgeError
+from hloforge.core.regions import check_region
 from hloforge.core.switches import env_path
 from hloforge.core.variant import SHADOW
 
@@ -46,7 +47,6 @@ STATE = "state"  # the optimizer state's groups: state/m, state/E, ...
 T = TypeVar("T")
 STATS = "stat"  # the running BatchNorm statistics: what the live weights are scored with
 SHADOW_STATS = f"{STATS}/{SHADOW}"  # the EMA shadow's statistics: what the shadow is scored with
-REGIONS = ("live", "ema", "auto")  # the weights a run is scored (exported, sampled) with: region_weights
 
 
 def state_group(slot: str) -> str:
@@ -389,12 +389,6 @@ def shadow_stats(tensors: Mapping[str, np.ndarray], stat_names: Sequence[str], w
                         f"{missing[0]} and {len(missing) - 1} more are missing; it predates them), and the shadow "
                         f"is never scored with the live running statistics; {remedy}")
     return [tensors[t] for t in names]
-
-
-def check_region(region: Any) -> None:
-    """A region name refused unless one of REGIONS (before anything is opened)."""
-    if region not in REGIONS:
-        raise UnsupportedSpec(f"region {region!r}; expected one of {list(REGIONS)}")
 
 
 def resolved_region(region: str, shadows: bool, whose: str, slug: str, live: str) -> str:

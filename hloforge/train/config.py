@@ -18,6 +18,7 @@ from typing import Any
 import attrs
 
 from hloforge.core.errors import UnsupportedSpec
+from hloforge.core.regions import DEFAULT_REGION, check_region
 from hloforge.core.spec import NetSpec
 from hloforge.core.variant import Variant, VariantFields
 from hloforge.train.configio import as_tuple, check_fields, toml_value
@@ -72,6 +73,9 @@ class TrainConfig(VariantFields):
     # the weights a new run starts from (hloforge.train.finetune): a run directory, a checkpoint file or an
     # export directory; its optimizer state is not taken. Kept with the run; --resume reads its own checkpoint.
     init: str = ""
+    # which of an hloforge checkpoint's weights `init` takes: auto (its EMA shadow where the run kept one, the
+    # weights `hloforge eval` scored), live or ema
+    init_region: str = DEFAULT_REGION
     # PyTorch's convention (running ← 0.9·running + 0.1·batch). Seed 003's 0.99 suits ImageNet-length
     # runs; on a 22-step digits epoch it leaves eval normalising by near-initial statistics.
     bn_momentum: float = 0.9
@@ -131,6 +135,10 @@ class TrainConfig(VariantFields):
         if set(self.tag) & set(TAG_FORBIDDEN) or self.tag.startswith("."):  # it ends a directory's name under runs/
             raise UnsupportedSpec(f"tag {self.tag!r}: expected a name without {' '.join(map(repr, TAG_FORBIDDEN))} "
                                   "that does not start with '.' (it ends the run directory's name under runs/)")
+        check_region(self.init_region, "init_region")
+        if self.init_region != DEFAULT_REGION and not self.init:
+            raise UnsupportedSpec(f"init_region {self.init_region!r} picks which of --init's weights a new run "
+                                  "starts from; give --init too")
         if self.epochs < 1 or self.batch < 1:
             raise UnsupportedSpec(f"epochs and batch must be positive, got epochs={self.epochs} batch={self.batch}")
         if self.lr <= 0 or not math.isfinite(self.lr):

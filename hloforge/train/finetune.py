@@ -4,8 +4,10 @@ The init is a run directory (`hloforge train`, `hloforge import-weights`, `Model
 file, an export directory (`hloforge export`: weights.safetensors and manifest.json) or a bare weights
 file of `param/…` and `stat/…` tensors (a `module.` / `_orig_mod.` prefix on every name dropped). θ and
 the BatchNorm running statistics are taken, every tensor matched by name and shape (half, bfloat16 and
-double ones read as float32); the optimizer state is not (it starts at step 0, as any new run's), nor an
-EMA shadow's (the shadow starts at the init's θ). When the run's class count differs from the init's (as
+double ones read as float32); the optimizer state is not (it starts at step 0, as any new run's). Of a run
+that kept an EMA shadow, the shadow's weights and statistics are θ and the statistics taken, the weights
+`hloforge eval` scores (`init_region`, --init-region: auto, live or ema); the new run's own shadow, if it
+keeps one, starts at that θ. When the run's class count differs from the init's (as
 its metadata or export manifest states it, else as its head's shapes give it), the head (the last layer
 with parameters) is re-initialised by the net's own rule at the run's seed, and the log says so. Anything
 else that does not fit is one line, read before anything is written; a file that is no safetensors (an
@@ -23,7 +25,7 @@ import attrs
 import numpy as np
 
 from hloforge.core.errors import DataError
-from hloforge.core.variant import covers
+from hloforge.core.variant import SHADOW, Variant, covers
 from hloforge.train import checkpoint as ckpt
 from hloforge.train.config import CHECKPOINT
 
@@ -45,8 +47,9 @@ class Init:
     reinit: tuple[str, ...]  # the head's tensors re-initialised (a new class count), else ()
 
 
-def _read(path: str) -> tuple[str, dict[str, np.ndarray], int | None]:
-    """(the file read, its tensors, the class count it was trained for, when it says)."""
+def _read(path: str, region: str) -> tuple[str, dict[str, np.ndarray], int | None, str]:
+    """(the file read, its tensors, the class count it was trained for when it says, the region of an
+    hloforge checkpoint's weights taken: `_in_region`; "" for another file)."""
     if os.path.isdir(path):
         if os.path.exists(os.path.join(path, CHECKPOINT)):
             path = os.path.join(path, CHECKPOINT)
@@ -66,7 +69,8 @@ def _read(path: str) -> tuple[str, dict[str, np.ndarray], int | None]:
         raise DataError(_not_safetensors(path, e)) from None
     if fmt == ckpt.FORMAT:
         tensors, meta = ckpt.load_checkpoint(path)
-        return path, tensors, int(meta["spec"].get("num_classes", 0)) or None
+        tensors, region = _in_region(tensors, region, path, Variant(**meta["variant"]).slug)
+        return path, tensors, int(meta["spec"].get("num_classes", 0)) or None, region
     # a DataParallel's or torch.compile's prefix on every name dropped, as import-weights drops it
     tensors = dict(ckpt.unwrapped(ckpt.read_weights_file(path, "--init")))
     manifest = os.path.join(os.path.dirname(path), EXPORT_MANIFEST)
@@ -79,7 +83,26 @@ def _read(path: str) -> tuple[str, dict[str, np.ndarray], int | None]:
                 classes = int(json.load(f)["classes"])
         except (OSError, ValueError, KeyError, TypeError):
             raise DataError(f"--init {path}: its {manifest} does not read as an export manifest") from None
-    return path, tensors, classes
+    return path, tensors, classes, ""
+
+
+def _in_region(tensors: dict[str, np.ndarray], region: str, path: str,
+               slug: str) -> tuple[dict[str, np.ndarray], str]:
+    """An hloforge checkpoint's tensors with `region`'s weights (resolved: ckpt.resolved_region) as its
+    θ and running statistics: under `ema` each θ with a shadow is the shadow's, the statistics the
+    shadow's own, and a frozen θ (it has no shadow) its own; the weights `hloforge eval` scores."""
+    shadow = f"{ckpt.state_group(SHADOW)}/"
+    region = ckpt.resolved_region(region, any(n.startswith(shadow) for n in tensors), f"--init {path}", slug,
+                                  "--init-region live")
+    if region == "live":
+        return tensors, region
+    stat_names = [n.split("/", 1)[1] for n in tensors
+                  if n.startswith(f"{ckpt.STATS}/") and not n.startswith(f"{ckpt.SHADOW_STATS}/")]
+    stats = ckpt.shadow_stats(tensors, stat_names, f"--init {path}", "take the live weights: --init-region live")
+    taken = dict(tensors)
+    taken.update((f"{ckpt.PARAMS}/{n.removeprefix(shadow)}", a) for n, a in tensors.items() if n.startswith(shadow))
+    taken.update(zip(ckpt.names_in(ckpt.STATS, stat_names), stats, strict=True))
+    return taken, region
 
 
 def _not_safetensors(path: str, error: Exception) -> str:
@@ -99,7 +122,9 @@ def _not_safetensors(path: str, error: Exception) -> str:
 
 def read_init(run: Run, log: Callable[[str], None] = print) -> Init:
     """`run.cfg.init` read and matched against `run`'s net, or one DataError naming what does not fit."""
-    path, tensors, classes = _read(run.cfg.init)
+    path, tensors, classes, region = _read(run.cfg.init, run.cfg.init_region)
+    if region == "ema":
+        log(f"  init {path}: its EMA shadow's weights, the ones `hloforge eval` scores (--init-region live: θ)")
     spec = run.spec
     params, stats = spec.params(), spec.stats()
     want = {f"{g}/{n}": s.shape for g, slots in ((ckpt.PARAMS, params), (ckpt.STATS, stats)) for n, s in slots}
