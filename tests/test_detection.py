@@ -291,6 +291,11 @@ def test_map_counts_duplicates_as_false_positives() -> None:
     assert mean_ap(dets, gts).map == 1.0
 
 
+def test_map_without_any_ground_truth_is_refused_not_zero() -> None:
+    with pytest.raises(DataError, match=r"^mean_ap: no ground-truth box in any of the 2 images; mAP needs"):
+        mean_ap([np.array([[0, 0.9, 0, 0, 10, 10]]), np.zeros((0, 6))], [np.zeros((0, 5)), []])
+
+
 def test_all_point_ap() -> None:
     assert average_precision(np.array([0.5, 1.0]), np.array([1.0, 0.5])) == pytest.approx(0.75)
     assert average_precision(np.array([]), np.array([])) == 0.0
@@ -414,6 +419,25 @@ def test_a_detector_refuses_streaming_workers(tmp_path, capsys) -> None:
                  "--workers", "1", "--run-dir", str(tmp_path / "r")]) == 3
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "encoded in process" in err and "--workers 0" in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_detector_on_a_test_split_without_boxes_is_refused_before_training(tmp_path, capsys) -> None:
+    from hloforge.cli import main
+
+    _yolo_tree(tmp_path / "src")
+    for label in (tmp_path / "src" / "labels" / "val").iterdir():  # the test images hold no object
+        label.unlink()
+    out = tmp_path / "data"
+    assert main(["prepare", "yolo", str(tmp_path / "src"), str(out), "--size", "32", "--grid", "8",
+                 "--classes", "3"]) == 0
+    capsys.readouterr()
+    assert main(["train", "yolov1-mini", "--data", "yolo", "--data-dir", str(out), "--data-opt", "classes=3",
+                 "--data-opt", "size=32", "--data-opt", "grid=8",
+                 "--run-dir", str(tmp_path / "r")]) == 3
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "its test split holds no ground-truth box in any of its 3 images" in err
     assert not (tmp_path / "r").exists()
 
 

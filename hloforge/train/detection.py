@@ -221,10 +221,14 @@ class MapResult:
 
 
 def mean_ap(dets: Sequence[np.ndarray], gts: Sequence[np.ndarray], iou: float = IOU_MATCH) -> MapResult:
-    """mAP over images: `dets` rows (class, score, x0, y0, x1, y1), `gts` rows (class, x0, y0, x1, y1)."""
+    """mAP over images: `dets` rows (class, score, x0, y0, x1, y1), `gts` rows (class, x0, y0, x1, y1),
+    the mean of the APs of the classes the ground truth holds. Without a ground-truth box in any image
+    it is undefined: refused, never 0."""
     if len(dets) != len(gts):
         raise DataError(f"mean_ap: {len(dets)} images of detections but {len(gts)} of ground truth")
     gts = [np.asarray(g, np.float64).reshape(-1, 5) for g in gts]
+    if not any(len(g) for g in gts):
+        raise DataError(f"mean_ap: no ground-truth box in any of the {len(gts)} images; mAP needs at least one")
     dets = [np.asarray(d, np.float64).reshape(-1, 6) for d in dets]
     ap: dict[int, float] = {}
     for c in sorted({int(v) for g in gts for v in g[:, 0]}):
@@ -247,7 +251,7 @@ def mean_ap(dets: Sequence[np.ndarray], gts: Sequence[np.ndarray], iou: float = 
         recall = ctp / n_truth
         precision = ctp / np.arange(1, len(cand) + 1)
         ap[c] = average_precision(recall, precision) if len(cand) else 0.0
-    return MapResult(float(np.mean(list(ap.values()))) if ap else 0.0, ap, len(gts))
+    return MapResult(float(np.mean(list(ap.values()))), ap, len(gts))
 
 
 PALETTE = ((230, 57, 70), (69, 123, 157), (42, 157, 143), (244, 162, 97), (131, 56, 236), (255, 190, 11))

@@ -310,6 +310,9 @@ class DetectionTask(Task):
             raise DataError(f"loss {run.variant.loss!r} reads {boxes} box(es) per cell, net {run.spec.name!r}'s head "
                             f"has {head_boxes}")
         self.truth = run.data.boxes("test")
+        if not any(len(np.asarray(g).reshape(-1, 5)) for g in self.truth):  # mAP is undefined without any
+            raise DataError(f"dataset {run.cfg.data!r}: its test split holds no ground-truth box in any of its "
+                            f"{len(self.truth)} images, so mAP cannot score the run; label some test images")
         # The feed and the eval read the encoded targets in place of the dataset's own labels.
         return DetectionLabels(run.data, self.head)
 
