@@ -394,13 +394,18 @@ def test_a_fit_callback_refused_on_rank_0_is_refused_on_every_rank_before_a_step
 
 
 @needs_mpi
-def test_hloforge_train_freeze_under_mpiexec_is_the_two_replica_run(tmp_path):
-    """`--freeze 0` across 2 processes: the frozen layer's θ is the one-process run's (the init's) bit for
-    bit, the trained θ and state within 1e-6 of `--replicas 2 --devices 2` with the same flags."""
+def test_hloforge_train_freeze_and_ema_under_mpiexec_is_the_two_replica_run(tmp_path):
+    """`--freeze 0 --ema 0.9` across 2 processes: the frozen layer's θ is the one-process run's (the
+    init's) bit for bit, the trained θ, state and EMA shadow within 1e-6 of `--replicas 2 --devices 2`
+    with the same flags, and each epoch scores the shadow as that run does."""
     ref, run = tmp_path / "ref", tmp_path / "mpi"
-    alone(train_cmd(ref, 1, "--freeze", "0"))
-    under_mpi(train_cmd(run, 1, "--freeze", "0"))
+    alone(train_cmd(ref, 1, "--freeze", "0", "--ema", "0.9"))
+    under_mpi(train_cmd(run, 1, "--freeze", "0", "--ema", "0.9"))
+    scored = [[(m["top1"], m["top1_ema"]) for m in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())
+               if m.get("kind") == "epoch"] for d in (ref, run)]
+    assert scored[0] == scored[1] and len(scored[0]) == 1
     want, got = tensors(ref), tensors(run)
+    assert any(k.startswith("state/E/") for k in want)
     assert got.keys() == want.keys()
     frozen = [k for k in want if k.startswith("param/0.")]
     assert frozen and not any(k.startswith("state/") and "/0." in k for k in want)  # no state for a frozen θ

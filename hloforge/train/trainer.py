@@ -243,7 +243,7 @@ class Run:
         keys = base | {p + k for k in scores}
         if p and scores and type(self.task) is tasks.ClassificationTask:  # the one Evaluation with a loss
             keys.add(f"{p}loss")
-        if scores and self.variant.ema and self.world.size == 1:  # as loop scores the shadow
+        if scores and self.variant.ema:  # as loop scores the shadow
             keys |= {p + k for k in self.task.ema_metrics(tasks.Evaluation(dict.fromkeys(scores, 0.0), ""))}
         return frozenset(keys)
 
@@ -531,7 +531,7 @@ class Run:
                            **({f"{p}loss": ev.loss} if p and ev is not None and ev.loss is not None else {}),
                            "images_per_s": self.steps_per_epoch * cfg.batch / secs, "seconds": secs}
                 ema_line = ""
-                if scored and self.variant.ema and self.world.size == 1:
+                if scored and self.variant.ema:
                     # The shadow, found through the state layout (never a literal region), with its own BN stats.
                     ev_ema = self.task.evaluate(evaluator, self._eval_buffers(session, shadow=True))
                     metrics.update({f"{p}{k}": v for k, v in self.task.ema_metrics(ev_ema).items()})
