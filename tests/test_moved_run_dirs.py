@@ -80,6 +80,34 @@ def test_eval_reads_a_moved_corpus_with_data_file_and_says_so_when_it_is_missing
                                                        "--data-file"), err
     assert main(["train", "--resume", "--run-dir", "run", "--epochs", "2", "--no-progress", "--data-file",
                  "elsewhere/corpus.txt"]) == 0, capsys.readouterr().err
+    # generate reads the corpus's vocabulary: the same hint, and the same flag finds it
+    capsys.readouterr()
+    shutil.move("elsewhere", "third")  # the resumed run recorded elsewhere/: moved again
+    assert main(["generate", "run", "--tokens", "5"]) == 3
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.endswith("give where it is now with --data-file"), err
+    assert main(["generate", "run", "--tokens", "5", "--prompt", "ab", "--data-file", "third/corpus.txt"]) == 0
+    assert capsys.readouterr().out.startswith("ab")
+
+
+@pytest.mark.parametrize("command", ["eval", "generate", "cam", "detect", "sample"])
+def test_every_command_that_opens_a_runs_data_takes_where_it_moved(command, monkeypatch):
+    """The hint a moved run's refusal gives (--data-dir / --data-file) is a flag of each command that
+    opens the run's dataset, and reaches `open_checkpoint`."""
+    from hloforge.commands import opening
+
+    seen = {}
+
+    def opened(*args, **kw):
+        seen.update(kw)
+        raise opening.DataError("stop here")
+
+    monkeypatch.setattr(opening, "open_checkpoint", opened)
+    for module in ("cam", "detect", "generate", "sample"):
+        monkeypatch.setattr(f"hloforge.commands.{module}.open_checkpoint", opened, raising=False)
+    more = {"cam": ["test:0"], "detect": ["--index", "0"]}.get(command, [])
+    assert main([command, "run", *more, "--data-dir", "d", "--data-file", "f"]) == 3
+    assert (seen["data_dir"], seen["data_file"]) == ("d", "f")
 
 
 def test_a_spec_file_run_resumes_from_another_folder_with_its_checkpoints_copy(tmp_path, monkeypatch, capsys):

@@ -15,14 +15,15 @@ from hloforge.train.session import ForwardSession
 
 
 def detect_run(run_path: str, image: str | None, out: str, *, index: int | None = None,
-               score_min: float = 0.3, backend: str | None = None, log: Any = print) -> np.ndarray:
+               score_min: float = 0.3, backend: str | None = None, log: Any = print, data_dir: str | None = None,
+               data_file: str | None = None) -> np.ndarray:
     """`hloforge detect`: a run's checkpoint on one image — a PNG/JPEG file (normalised as the
     run's dataset normalises, which it must say how: `normalize`) or test image `index` of the
     run's dataset — drawn with its detections to `out`. Returns the detections."""
     if (image is None) == (index is None):
         raise DataError("detect takes an image file or --index N (a test image of the run's dataset), one of them")
     image_out(out)
-    oc = open_checkpoint(run_path, backend, log=lambda _: None)
+    oc = open_checkpoint(run_path, backend, log=lambda _: None, data_dir=data_dir, data_file=data_file)
     run, spec = oc.run, oc.spec
     head = getattr(run.task, "head", None)
     if not isinstance(head, DetectionHead):

@@ -18,14 +18,16 @@ from hloforge.train.session import ForwardSession
 
 
 def generate(path: str, prompt: str = "\n", tokens: int = 200, temperature: float = 0.8, seed: int = 0,
-             backend: str | None = None, out: Callable[[str], None] | None = None) -> str:
-    """The prompt followed by `tokens` sampled characters; `out`, if given, receives each piece as it comes."""
+             backend: str | None = None, out: Callable[[str], None] | None = None, data_dir: str | None = None,
+             data_file: str | None = None) -> str:
+    """The prompt followed by `tokens` sampled characters; `out`, if given, receives each piece as it comes.
+    `data_dir`, `data_file`: where the run's data is now, when it moved (`open_checkpoint`'s)."""
     from hloforge.commands.opening import open_checkpoint
     from hloforge.train import checkpoint as ckpt
 
     if tokens < 0 or temperature < 0:
         raise UnsupportedSpec(f"tokens and temperature must be non-negative, got {tokens} and {temperature}")
-    oc = open_checkpoint(path, backend, log=lambda s: None)
+    oc = open_checkpoint(path, backend, log=lambda s: None, data_dir=data_dir, data_file=data_file)
     run, spec = oc.run, oc.spec
     if not run.lm or not hasattr(run.data, "encode"):
         raise DataError(f"{oc.file} is not a character language model run (net {spec.name!r} on {run.cfg.data!r})")

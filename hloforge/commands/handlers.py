@@ -155,14 +155,14 @@ def _generate(args: argparse.Namespace) -> None:
     from hloforge.commands.generate import generate
 
     generate(args.run, args.prompt, args.tokens, args.temperature, args.seed, args.backend,
-             out=lambda s: print(s, end="", flush=True))
+             out=lambda s: print(s, end="", flush=True), data_dir=args.data_dir, data_file=args.data_file)
     print()
 
 
 def _cam(args: argparse.Namespace) -> None:
     from hloforge.commands.cam import cam_run
 
-    cam_run(args.run, args.image, args.out, args.cls)
+    cam_run(args.run, args.image, args.out, args.cls, data_dir=args.data_dir, data_file=args.data_file)
 
 
 def _prepare(args: argparse.Namespace) -> None:
@@ -182,7 +182,8 @@ def _prepare(args: argparse.Namespace) -> None:
 def _detect(args: argparse.Namespace) -> None:
     from hloforge.commands.detect import detect_run
 
-    detect_run(args.run, args.image, args.out, index=args.index, score_min=args.score, backend=args.backend)
+    detect_run(args.run, args.image, args.out, index=args.index, score_min=args.score, backend=args.backend,
+               data_dir=args.data_dir, data_file=args.data_file)
 
 
 def _compare(args: argparse.Namespace) -> None:
@@ -194,4 +195,5 @@ def _compare(args: argparse.Namespace) -> None:
 def _sample(args: argparse.Namespace) -> None:
     from hloforge.commands.sample import sample_run
 
-    sample_run(args.run, args.n, args.out, args.seed, args.backend, args.region, args.clip)
+    sample_run(args.run, args.n, args.out, args.seed, args.backend, args.region, args.clip,
+               data_dir=args.data_dir, data_file=args.data_file)

@@ -51,6 +51,14 @@ def _region_flag(sp: argparse.ArgumentParser, auto_also: str = "") -> None:
                          f"one{auto_also})")
 
 
+def _moved_data_flags(sp: argparse.ArgumentParser) -> None:
+    """--data-dir and --data-file of a command that opens a run's dataset (`opening.open_checkpoint`)."""
+    sp.add_argument("--data-dir", help="where the run's file-based dataset is now, when it moved (default: the "
+                                       "path the run recorded); its test split must be the one the run scored")
+    sp.add_argument("--data-file", help="where the run's dataset file (text's corpus) is now, when it moved "
+                                        "(default: the path the run recorded)")
+
+
 def version() -> str:
     """The installed distribution's version (hloforge.__version__)."""
     import hloforge
@@ -248,10 +256,7 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--crop", type=number(0, 1, lo_open=True),
                     help="with --size: the crop fraction F (timm's crop_pct): resize the short side to "
                          "floor(S / F), keep the center S×S (default: the net's timm protocol, else 1)")
-    sp.add_argument("--data-dir", help="where the run's file-based dataset is now, when it moved (default: the "
-                                       "path the run recorded); its test split must be the one the run scored")
-    sp.add_argument("--data-file", help="where the run's dataset file (text's corpus) is now, when it moved "
-                                        "(default: the path the run recorded)")
+    _moved_data_flags(sp)
     sp.set_defaults(func=_eval)
 
     sp = _command(sub, "plot", help="draw a run's curves.png (train loss and the task's metric) from its metrics")
@@ -302,6 +307,7 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--temperature", type=nonneg_float, default=0.8, help="0: always the most likely character")
     sp.add_argument("--seed", type=nonneg_int, default=0, help="seeds the sampling")
     sp.add_argument("--backend", help="run on this backend (default: the one it trained on)")
+    _moved_data_flags(sp)
     sp.set_defaults(func=_generate)
 
     sp = _command(sub, "cam", help="Grad-CAM heatmap of one image through a run's checkpoint")
@@ -309,6 +315,7 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("image", help="test:N (the N-th eval image) or a .npy array of the net's input shape")
     sp.add_argument("--out", default="cam.png", help=IMAGE_OUT_HELP)
     sp.add_argument("--class", dest="cls", type=nonneg_int, help="class to explain (default: the predicted one)")
+    _moved_data_flags(sp)
     sp.set_defaults(func=_cam)
 
     sp = _command(sub, "detect", help="a detector run's boxes on one image, drawn to a PNG")
@@ -319,6 +326,7 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", default="boxes.png", help=IMAGE_OUT_HELP)
     sp.add_argument("--score", type=probability, default=0.3, help="lowest score drawn")
     sp.add_argument("--backend", help="run on this backend (default: the one it trained on)")
+    _moved_data_flags(sp)
     sp.set_defaults(func=_detect)
 
     sp = _command(sub, "compare", help="McNemar's exact test on two runs' eval bitmaps (a report: exit 0 either way)")
@@ -336,6 +344,7 @@ def parser() -> argparse.ArgumentParser:
     _region_flag(sp)
     sp.add_argument("--no-clip", dest="clip", action="store_false",
                     help="leave each step's predicted clean image unclipped (default: clip it to the data's range)")
+    _moved_data_flags(sp)
     sp.set_defaults(func=_sample)
     prepare_parser(sub)
     sub.add_parser("bench", add_help=False, help="step time vs jax.jit and PyTorch (see `hloforge bench -h`)")

@@ -17,14 +17,16 @@ from hloforge.train.tasks import DiffusionTask
 
 
 def sample_run(run_path: str, n: int = 16, out: str = "grid.png", seed: int = 0, backend: str | None = None,
-               region: str = DEFAULT_REGION, clip: bool = True, log: Callable[[str], None] = print) -> np.ndarray:
+               region: str = DEFAULT_REGION, clip: bool = True, log: Callable[[str], None] = print,
+               data_dir: str | None = None, data_file: str | None = None) -> np.ndarray:
     """Draw n samples from a DDPM run's checkpoint through its eval forward module; write the grid
     image to `out` and return the samples [n, C, H, W] (the data's standardised scale). `region`:
-    the live weights, the EMA shadow, or auto (the shadow when the run kept one)."""
+    the live weights, the EMA shadow, or auto (the shadow when the run kept one). `data_dir`, `data_file`:
+    where the run's data is now, when it moved (`open_checkpoint`'s)."""
     if n < 1:
         raise UnsupportedSpec(f"-n must be positive, got {n}")
     image_out(out)  # before the T forward passes, not after them
-    oc = open_checkpoint(run_path, backend, log)
+    oc = open_checkpoint(run_path, backend, log, data_dir=data_dir, data_file=data_file)
     run, spec = oc.run, oc.spec
     if not isinstance(run.task, DiffusionTask):
         raise DataError(f"{oc.file} is a {spec.name!r} run trained with loss {run.variant.loss!r}, not a DDPM "
