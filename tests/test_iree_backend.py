@@ -279,3 +279,64 @@ def test_same_train_step_on_xla_and_iree(iree, net, batch, tol):
     assert rel(got, init) > 1e-4  # the step moved θ
     assert rel(got, want) < tol
     assert abs(loss_i - loss_x) < 1e-5 * abs(loss_x)
+
+
+# ------------------------------------------------------------------ transient storage
+def test_main_keeps_its_transients_in_a_storage_parameter_and_each_result_goes_through_it():
+    from hloforge.backends.iree.transients import with_transient_storage
+
+    # a result attribute with a brace in a string, function attributes, a region in the body
+    signature = ('  func.func public @main(%w: tensor<2x3xf32>, %g: tensor<2x3xf32>) -> (tensor<2x3xf32> '
+                 '{a = "x}"}, tensor<f32>) attributes {b = {c}} {\n')
+    text = ("module {\n" + signature + "    %0 = stablehlo.subtract %w, %g : tensor<2x3xf32>\n"
+            '    %1 = "stablehlo.reduce"(%0, %z) ({\n    ^bb0(%p: tensor<f32>, %q: tensor<f32>):\n'
+            '      "stablehlo.return"(%p) : (tensor<f32>) -> ()\n'
+            '    }) : (tensor<2x3xf32>, tensor<f32>) -> tensor<f32>\n'
+            "    return %0, %1 : tensor<2x3xf32>, tensor<f32>\n  }\n}\n")
+    got = with_transient_storage(text)
+    assert got is not None
+    assert ", %hloforge_transients: !hal.buffer {iree.abi.transients}) -> (tensor<2x3xf32> {a = \"x}\"}" in got
+    assert "%hloforge_transient1 = hal.tensor.transients %1 : tensor<f32> from %hloforge_transients : !hal.buffer" \
+        in got
+    assert "    return %hloforge_transient0, %hloforge_transient1 : tensor<2x3xf32>, tensor<f32>\n  }\n}\n" in got
+    one = with_transient_storage("func.func @main() -> tensor<f32> {\n  %c = stablehlo.constant dense<1.0> : "
+                                 "tensor<f32>\n  func.return %c : tensor<f32>\n}\n")
+    assert one is not None and "@main(%hloforge_transients: !hal.buffer {iree.abi.transients})" in one
+    # a text whose @main it cannot read is compiled as it is
+    assert with_transient_storage("func.func @step(%a: tensor<f32>) -> tensor<f32> {\n  return %a : tensor<f32>\n}") \
+        is None
+    assert with_transient_storage("func.func @main(%a: tensor<f32>) -> tensor<f32> {\n  %b = stablehlo.abs %a : "
+                                  "tensor<f32>\n}") is None
+
+
+# resnet-mini's train step at batch 128 on IREE, ten steps in a fresh process: with its transients in the
+# executable's own storage, the process does not grow from step to step. (With IREE 3.13 allocating them
+# from its device pool the same run grew 81 MB between steps 3 and 10, and resnet18-cifar's ~200 MB a step.)
+_STEPS_IN_PLACE = r'''
+import re
+import numpy as np
+from hloforge.core.variant import Variant
+from hloforge.train.session import TrainSession, make_backend
+from hloforge.zoo import get_net
+spec = get_net("resnet-mini")
+s = TrainSession(spec, Variant("adam"), 128, make_backend("iree"), seed=0)
+rng = np.random.default_rng(0)
+x = rng.standard_normal((128, *spec.input_shape)).astype(np.float32)
+y = rng.integers(0, spec.num_classes, 128).astype(np.int32)
+def rss():
+    return int(re.search(r"VmRSS:\s+(\d+)", open("/proc/self/status").read()).group(1)) >> 10
+seen = []
+for i in range(10):
+    s.train_step(x, y, 1e-3)
+    seen.append(rss())
+print(s.exe.transient_storage is not None, seen[2], seen[-1])
+'''
+
+
+def test_an_iree_train_step_reuses_its_transient_memory_call_after_call(cache):
+    done = subprocess.run([sys.executable, "-c", _STEPS_IN_PLACE], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "HLOFORGE_CACHE_DIR": str(cache.parent)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    stored, third, last = done.stdout.split()[-3:]
+    assert stored == "True"
+    assert int(last) - int(third) < 16, f"the process grew from {third} MB at step 3 to {last} MB at step 10"

@@ -7,6 +7,9 @@ CPU), the host CPU (see :func:`cache_key`), written and pruned as
 reader never sees a half-written artifact). A cache that cannot be written (read-only, full) is
 said once; the artifact is then loaded from memory and the run goes on.
 
+@main keeps its intermediate buffers in one storage buffer per executable, made once and passed to every
+call (:mod:`hloforge.backends.iree.transients` says why: IREE's own pool grew the process every step).
+
 This module imports without IREE installed (the registry loads every backend's entry
 point); the packages are imported when an :class:`IreeBackend` is made.
 """
@@ -37,6 +40,7 @@ from hloforge.backends.base import (
 )
 from hloforge.backends.disk_cache import first_unwritable, host_cpu, prune, sha256_key, touch, write_atomic
 from hloforge.backends.host_memory import host_memory_description, retain_freed_host_memory
+from hloforge.backends.iree.transients import SIZE_KEY, TAKES_STORAGE_KEY, with_transient_storage
 from hloforge.core.errors import BackendError, HloforgeWarning
 from hloforge.core.hookspecs import hookimpl
 
@@ -138,6 +142,13 @@ def strip_aliasing(mlir_text: str) -> str:
     (`sum(w)` next to `w' = w - 0.1·g` gave sum(w') — see test_iree_backend). So on IREE
     outputs get fresh storage; donation stays part of the contract (see `execute`)."""
     return _ALIAS_ENTRY.sub("", _ALIAS_ONLY.sub("", mlir_text))
+
+
+def iree_text(mlir_text: str) -> str:
+    """The text IREE compiles: without the donation ties (`strip_aliasing`), and with @main's transients
+    in a storage buffer of the caller's where @main can be read (`transients.with_transient_storage`)."""
+    stripped = strip_aliasing(mlir_text)
+    return with_transient_storage(stripped) or stripped
 
 
 # Cross-replica work IREE's single-device path would quietly run on one device.
@@ -280,6 +291,17 @@ class IreeExecutable:
             i for i, s in enumerate(signature or ()) if s.aliasing_output is not None)
         self.artifact, self.cache_hit = artifact, cache_hit
         self.num_replicas = 1
+        #: the buffer @main keeps its transients in, made once and passed to every call (None: IREE's own)
+        self.transient_storage: Any = None
+        if TAKES_STORAGE_KEY in function.reflection:
+            size = function.reflection.get(SIZE_KEY)
+            if size is None or not size.isdigit():
+                raise BackendError(f"the artifact {artifact} takes a transient storage buffer of no constant size "
+                                   f"({TAKES_STORAGE_KEY} without {SIZE_KEY}); hloforge passes one of a fixed size")
+            rt = backend.runtime
+            self.transient_storage = backend.device.allocator.allocate_buffer(
+                memory_type=rt.MemoryType.DEVICE_LOCAL, allowed_usage=rt.BufferUsage.DEFAULT,
+                allocation_size=max(int(size), 1))
 
     def __repr__(self) -> str:
         return f"IreeExecutable({self.module.name!r}, {self.artifact})"
@@ -333,7 +355,7 @@ class IreeBackend:
     # -- compile ---------------------------------------------------------------
 
     def artifact_path(self, mlir_text: str) -> Path:
-        """Where the artifact of this (already alias-stripped) text lives in the cache."""
+        """Where the artifact of this text (as IREE compiles it: `iree_text`) lives in the cache."""
         host = host_cpu() if self.target == "llvm-cpu" else ""  # a GPU target's code is not the host's
         return self.cache_dir / f"{cache_key(mlir_text, self.target, self.flags, self.version, host)}.vmfb"
 
@@ -362,7 +384,7 @@ class IreeBackend:
 
     def _artifact(self, mlir_text: str) -> tuple[Path, bool, bytes | None]:
         """(the cache path, was it a hit, the artifact's bytes where the cache could not store them)."""
-        mlir_text = strip_aliasing(mlir_text)
+        mlir_text = iree_text(mlir_text)
         path = self.artifact_path(mlir_text)
         if path.is_file():
             self.stats["hits"] += 1
@@ -400,7 +422,7 @@ class IreeBackend:
             if not hit:
                 raise
             # A damaged cache entry (e.g. a disk filled up mid-copy elsewhere): rebuild it once.
-            vmfb = self._compile_vmfb(strip_aliasing(mlir_text), path)
+            vmfb = self._compile_vmfb(iree_text(mlir_text), path)
             module, context = self._load(path, None if self._store(path, vmfb) else vmfb)
         function = module.lookup_function("main")
         if function is None:
@@ -486,9 +508,11 @@ class IreeBackend:
         if self._semaphore is None:
             self._semaphore, self._timeline = self.device.create_semaphore(0), 0
         ready, done = (rt.HalFence.create_at(self._semaphore, t) for t in (self._timeline, self._timeline + 1))
-        arg_list = rt.VmVariantList(len(args) + 2)
+        arg_list = rt.VmVariantList(len(args) + 3)
         for buf in args:
             arg_list.push_ref(buf._view)
+        if exe.transient_storage is not None:
+            arg_list.push_ref(exe.transient_storage)
         arg_list.push_ref(ready)
         arg_list.push_ref(done)
         ret_list = rt.VmVariantList(8)

@@ -1,0 +1,134 @@
+"""A module's transient memory in one buffer the caller holds (IREE's external transients).
+
+IREE 3.13 allocates a program's intermediate buffers from a queue-ordered pool on the device and frees
+them back to it at the end of each call. Its local-task pool reuses a freed block only when it can prove
+the next call's allocation comes after the free; across our calls it cannot, so it takes a fresh 64 MiB
+slab instead, and a train step grows the process by what its transients take, every step, for as long
+as the device lives (resnet18-cifar at batch 32: ~200 MB a step; `iree-benchmark-module` alone does the
+same). Given a storage buffer of its own (`!hal.buffer {iree.abi.transients}` on @main, and each result
+passed through `hal.tensor.transients`), IREE packs every transient into it instead, and reports the size
+it needs (`iree.abi.transients.size.constant` in @main's reflection): the buffer is made once per
+executable and passed to every call.
+
+:func:`with_transient_storage` rewrites @main that way; a text whose @main it cannot read is compiled as
+it is (IREE's own allocation, as before).
+"""
+
+from __future__ import annotations
+
+import re
+
+STORAGE_ARG = "%hloforge_transients"
+# @main's reflection: what the storage must hold, bytes (a program whose sizes are all static)
+SIZE_KEY = "iree.abi.transients.size.constant"
+# what marks a compiled @main as taking the storage
+TAKES_STORAGE_KEY = "iree.abi.transients.size"
+
+_MAIN = re.compile(r"func\.func\s+(?:public\s+)?@main\s*\(")
+_RETURN = re.compile(r"^(\s*)(?:func\.)?return\s+(.+?)\s*:\s*(.+?)\s*$")
+_CLOSERS = {")": "(", "]": "[", "}": "{", ">": "<"}
+
+
+def _skip_string(text: str, i: int) -> int:
+    """The index just past the string literal that starts at text[i] (a `"`)."""
+    i += 1
+    while i < len(text) and text[i] != '"':
+        i += 2 if text[i] == "\\" else 1
+    return i + 1
+
+
+def _matching(text: str, i: int) -> int:
+    """The index of the bracket closing the one at text[i] (strings skipped, `->` not a closer)."""
+    stack = [text[i]]
+    i += 1
+    while i < len(text):
+        c = text[i]
+        if c == '"':
+            i = _skip_string(text, i)
+            continue
+        if c in "([{<":
+            stack.append(c)
+        elif c in _CLOSERS and not (c == ">" and text[i - 1] == "-"):
+            if stack[-1] != _CLOSERS[c]:
+                return -1
+            stack.pop()
+            if not stack:
+                return i
+        i += 1
+    return -1
+
+
+def _top_level_split(text: str) -> list[str]:
+    """`text` split at the commas outside any brackets."""
+    parts, depth, start, i = [], 0, 0, 0
+    while i < len(text):
+        c = text[i]
+        if c == '"':
+            i = _skip_string(text, i)
+            continue
+        if c in "([{<":
+            depth += 1
+        elif c in ")]}>" and not (c == ">" and text[i - 1] == "-"):
+            depth -= 1
+        elif c == "," and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+        i += 1
+    parts.append(text[start:].strip())
+    return [p for p in parts if p]
+
+
+def _body_start(text: str, i: int) -> int:
+    """The index of the `{` opening a function's body, from just after its parameter list: past its
+    results (`-> (...)`, `-> tensor<...>`) and `attributes {...}`; -1 where there is none."""
+    while i < len(text):
+        if text.startswith("->", i):
+            i += 2
+        elif text.startswith("attributes", i):
+            i = text.find("{", i)
+            if i < 0:
+                return -1
+            i = _matching(text, i) + 1
+            if i == 0:
+                return -1
+        elif text[i] == "{":
+            return i
+        elif text[i] in "(<":
+            i = _matching(text, i) + 1
+            if i == 0:
+                return -1
+        else:
+            i += 1
+    return -1
+
+
+def with_transient_storage(mlir_text: str) -> str | None:
+    """`mlir_text` with @main taking a transient storage buffer as its last parameter and each of its
+    results placed through it; None where @main's parameter list, body or return is not found."""
+    head = _MAIN.search(mlir_text)
+    if head is None:
+        return None
+    params_end = _matching(mlir_text, head.end() - 1)
+    if params_end < 0:
+        return None
+    body_start = _body_start(mlir_text, params_end + 1)
+    body_end = _matching(mlir_text, body_start) if body_start >= 0 else -1
+    if body_end < 0:
+        return None
+    body = mlir_text[body_start + 1:body_end].rstrip()
+    last_newline = body.rfind("\n")
+    found = _RETURN.match(body[last_newline + 1:])
+    if found is None:
+        return None
+    indent, values, types = found.group(1), _top_level_split(found.group(2)), _top_level_split(found.group(3))
+    if len(values) != len(types) or not values:
+        return None
+    placed = [f"{indent}%hloforge_transient{k} = hal.tensor.transients {v} : {t} from {STORAGE_ARG} : !hal.buffer"
+              for k, (v, t) in enumerate(zip(values, types, strict=True))]
+    ret = f"{indent}return {', '.join(f'%hloforge_transient{k}' for k in range(len(values)))} : {', '.join(types)}"
+    params = mlir_text[head.end():params_end].strip()
+    storage = f"{STORAGE_ARG}: !hal.buffer {{iree.abi.transients}}"
+    signature = mlir_text[:head.end()] + (f"{params}, {storage}" if params else storage)
+    body_from = body_start + 1
+    return (signature + mlir_text[params_end:body_from] + body[:last_newline + 1] + "\n".join(placed) + "\n" + ret
+            + mlir_text[body_from + len(body):])
