@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import numpy as np
 
-from hloforge.core.errors import DataError
+from hloforge.core.errors import DataError, HloforgeError
 from hloforge.core.variant import SHADOW, Variant, covers
 from hloforge.train import checkpoint as ckpt
 from hloforge.train.config import CHECKPOINT
@@ -69,7 +69,7 @@ def _read(path: str, region: str) -> tuple[str, dict[str, np.ndarray], int | Non
         raise DataError(_not_safetensors(path, e)) from None
     if fmt == ckpt.FORMAT:
         tensors, meta = ckpt.load_checkpoint(path)
-        tensors, region = _in_region(tensors, region, path, Variant(**meta["variant"]).slug)
+        tensors, region = _in_region(tensors, region, path, _variant_slug(meta))
         return path, tensors, int(meta["spec"].get("num_classes", 0)) or None, region
     # a DataParallel's or torch.compile's prefix on every name dropped, as import-weights drops it
     tensors = dict(ckpt.unwrapped(ckpt.read_weights_file(path, "--init")))
@@ -84,6 +84,15 @@ def _read(path: str, region: str) -> tuple[str, dict[str, np.ndarray], int | Non
         except (OSError, ValueError, KeyError, TypeError):
             raise DataError(f"--init {path}: its {manifest} does not read as an export manifest") from None
     return path, tensors, classes, ""
+
+
+def _variant_slug(meta: dict[str, Any]) -> str:
+    """The slug of the variant a checkpoint's metadata records (its optimizer's name where that variant
+    is not one this hloforge makes: another version's field, a plugin not installed)."""
+    try:
+        return Variant(**meta["variant"]).slug
+    except (TypeError, HloforgeError):
+        return str(meta["variant"].get("optimizer", "?"))
 
 
 def _in_region(tensors: dict[str, np.ndarray], region: str, path: str,
