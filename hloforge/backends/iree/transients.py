@@ -17,6 +17,7 @@ it is (IREE's own allocation, as before).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 STORAGE_ARG = "%hloforge_transients"
 # @main's reflection: what the storage must hold, bytes (a program whose sizes are all static)
@@ -29,52 +30,36 @@ _RETURN = re.compile(r"^(\s*)(?:func\.)?return\s+(.+?)\s*:\s*(.+?)\s*$")
 _CLOSERS = {")": "(", "]": "[", "}": "{", ">": "<"}
 
 
-def _skip_string(text: str, i: int) -> int:
-    """The index just past the string literal that starts at text[i] (a `"`)."""
-    i += 1
-    while i < len(text) and text[i] != '"':
-        i += 2 if text[i] == "\\" else 1
-    return i + 1
-
-
-def _matching(text: str, i: int) -> int:
-    """The index of the bracket closing the one at text[i] (strings skipped, `->` not a closer)."""
-    stack = [text[i]]
-    i += 1
+def _brackets(text: str, i: int = 0) -> Iterator[tuple[int, str, list[str]]]:
+    """From text[i] on, each character outside string literals with the brackets open after it (a
+    `->` is no closer); stops where a closer does not match its opener."""
+    stack: list[str] = []
     while i < len(text):
         c = text[i]
-        if c == '"':
-            i = _skip_string(text, i)
+        if c == '"':  # a string literal, escapes and all
+            i += 1
+            while i < len(text) and text[i] != '"':
+                i += 2 if text[i] == "\\" else 1
+            i += 1
             continue
         if c in "([{<":
             stack.append(c)
         elif c in _CLOSERS and not (c == ">" and text[i - 1] == "-"):
-            if stack[-1] != _CLOSERS[c]:
-                return -1
-            stack.pop()
-            if not stack:
-                return i
+            if not stack or stack.pop() != _CLOSERS[c]:
+                return
+        yield i, c, stack
         i += 1
-    return -1
+
+
+def _matching(text: str, i: int) -> int:
+    """The index of the bracket closing the one at text[i], or -1."""
+    return next((k for k, _, stack in _brackets(text, i) if not stack), -1)
 
 
 def _top_level_split(text: str) -> list[str]:
     """`text` split at the commas outside any brackets."""
-    parts, depth, start, i = [], 0, 0, 0
-    while i < len(text):
-        c = text[i]
-        if c == '"':
-            i = _skip_string(text, i)
-            continue
-        if c in "([{<":
-            depth += 1
-        elif c in ")]}>" and not (c == ">" and text[i - 1] == "-"):
-            depth -= 1
-        elif c == "," and depth == 0:
-            parts.append(text[start:i].strip())
-            start = i + 1
-        i += 1
-    parts.append(text[start:].strip())
+    cuts = [k for k, c, stack in _brackets(text) if c == "," and not stack]
+    parts = [text[a + 1:b].strip() for a, b in zip([-1, *cuts], [*cuts, len(text)], strict=True)]
     return [p for p in parts if p]
 
 
