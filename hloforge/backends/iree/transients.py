@@ -16,6 +16,7 @@ it is (IREE's own allocation, as before).
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator
 
@@ -27,38 +28,50 @@ TAKES_STORAGE_KEY = "iree.abi.transients.size"
 
 _MAIN = re.compile(r"func\.func\s+(?:public\s+)?@main\s*\(")
 _RETURN = re.compile(r"^(\s*)(?:func\.)?return\s+(.+?)\s*:\s*(.+?)\s*$")
-_CLOSERS = {")": "(", "]": "[", "}": "{", ">": "<"}
+_PAIRS = {"(": ")", "[": "]", "{": "}", "<": ">"}
+_STRING = re.compile(r'"(?:\\.|[^"\\])*"?')
 
 
-def _brackets(text: str, i: int = 0) -> Iterator[tuple[int, str, list[str]]]:
-    """From text[i] on, each character outside string literals with the brackets open after it (a
-    `->` is no closer); stops where a closer does not match its opener."""
+@functools.cache
+def _stops(openers: str, also: str) -> re.Pattern[str]:
+    return re.compile("[" + re.escape('"' + openers + "".join(_PAIRS[o] for o in openers) + also) + "]")
+
+
+def _brackets(text: str, i: int = 0, openers: str = "([{<",
+              also: str = "") -> Iterator[tuple[int, str, list[str]]]:
+    """From text[i] on, each bracket of the kinds `openers` opens or closes, and each character of
+    `also`, outside string literals, with the brackets open after it (a `->` is no closer); stops where
+    a closer does not match its opener. It jumps from one such character to the next: @main's body is
+    most of a step's text."""
     stack: list[str] = []
-    while i < len(text):
-        c = text[i]
+    stops = _stops(openers, also)
+    while (found := stops.search(text, i)) is not None:
+        k, c = found.start(), found.group()
+        i = k + 1
         if c == '"':  # a string literal, escapes and all
-            i += 1
-            while i < len(text) and text[i] != '"':
-                i += 2 if text[i] == "\\" else 1
-            i += 1
+            literal = _STRING.match(text, k)
+            i = literal.end() if literal is not None else len(text)
             continue
-        if c in "([{<":
+        if c in openers:
             stack.append(c)
-        elif c in _CLOSERS and not (c == ">" and text[i - 1] == "-"):
-            if not stack or stack.pop() != _CLOSERS[c]:
-                return
-        yield i, c, stack
-        i += 1
+        elif c in also:
+            pass
+        elif c == ">" and text[k - 1] == "-":
+            continue
+        elif not stack or _PAIRS[stack.pop()] != c:
+            return
+        yield k, c, stack
 
 
 def _matching(text: str, i: int) -> int:
-    """The index of the bracket closing the one at text[i], or -1."""
-    return next((k for k, _, stack in _brackets(text, i) if not stack), -1)
+    """The index of the bracket closing the one at text[i], or -1 (only that kind of bracket is counted:
+    the others between nest within it)."""
+    return next((k for k, _, stack in _brackets(text, i, openers=text[i]) if not stack), -1)
 
 
 def _top_level_split(text: str) -> list[str]:
     """`text` split at the commas outside any brackets."""
-    cuts = [k for k, c, stack in _brackets(text) if c == "," and not stack]
+    cuts = [k for k, c, stack in _brackets(text, also=",") if c == "," and not stack]
     parts = [text[a + 1:b].strip() for a, b in zip([-1, *cuts], [*cuts, len(text)], strict=True)]
     return [p for p in parts if p]
 
