@@ -97,20 +97,20 @@ def _variant_slug(meta: dict[str, Any]) -> str:
 
 def _in_region(tensors: dict[str, np.ndarray], region: str, path: str,
                slug: str) -> tuple[dict[str, np.ndarray], str]:
-    """An hloforge checkpoint's tensors with `region`'s weights (resolved: ckpt.resolved_region) as its
-    θ and running statistics: under `ema` each θ with a shadow is the shadow's, the statistics the
-    shadow's own, and a frozen θ (it has no shadow) its own; the weights `hloforge eval` scores."""
+    """An hloforge checkpoint's tensors with `region`'s weights as its θ and running statistics
+    (ckpt.region_weights, the weights `hloforge eval` scores: under `ema` the shadow's, a θ without a
+    shadow, a frozen one, its own)."""
     shadow = f"{ckpt.state_group(SHADOW)}/"
-    region = ckpt.resolved_region(region, any(n.startswith(shadow) for n in tensors), f"--init {path}", slug,
-                                  "--init-region live")
-    if region == "live":
-        return tensors, region
-    stat_names = [n.split("/", 1)[1] for n in tensors
-                  if n.startswith(f"{ckpt.STATS}/") and not n.startswith(f"{ckpt.SHADOW_STATS}/")]
-    stats = ckpt.shadow_stats(tensors, stat_names, f"--init {path}", "take the live weights: --init-region live")
+    params = [n.split("/", 1)[1] for n in tensors if n.startswith(f"{ckpt.PARAMS}/")]
+    stats = [n.split("/", 1)[1] for n in tensors
+             if n.startswith(f"{ckpt.STATS}/") and not n.startswith(f"{ckpt.SHADOW_STATS}/")]
+    frozen = {i for i, n in enumerate(params) if shadow + n not in tensors}
+    region, theta, running = ckpt.region_weights(tensors, region, params, stats, frozen,
+                                                 any(n.startswith(shadow) for n in tensors), f"--init {path}",
+                                                 slug, "--init-region live")
     taken = dict(tensors)
-    taken.update((f"{ckpt.PARAMS}/{n.removeprefix(shadow)}", a) for n, a in tensors.items() if n.startswith(shadow))
-    taken.update(zip(ckpt.names_in(ckpt.STATS, stat_names), stats, strict=True))
+    taken.update(zip(ckpt.names_in(ckpt.PARAMS, params), theta, strict=True))
+    taken.update(zip(ckpt.names_in(ckpt.STATS, stats), running, strict=True))
     return taken, region
 
 
