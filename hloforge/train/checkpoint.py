@@ -256,8 +256,19 @@ def load_checkpoint(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     try:
         with open(path, "rb") as f:
             tensors = load(f.read())
-        from safetensors import safe_open
+    except (SafetensorError, OSError, ValueError) as e:
+        raise DataError(f"checkpoint {path} is truncated or not a safetensors file ({e})") from None
+    return tensors, load_meta(path)
 
+
+def load_meta(path: str) -> dict[str, Any]:
+    """A checkpoint's decoded metadata alone (its header: no tensor is read), checked as `load_checkpoint`
+    checks it."""
+    from safetensors import SafetensorError, safe_open
+
+    if not os.path.exists(path):
+        raise DataError(f"checkpoint {path} does not exist")
+    try:
         with safe_open(path, "np") as f:
             raw = f.metadata() or {}
     except (SafetensorError, OSError, ValueError) as e:
@@ -277,7 +288,7 @@ def load_checkpoint(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
                 raise DataError(f"checkpoint {path}: its metadata {k!r} is not JSON; tampered, or not written by "
                                 "hloforge") from None
     check_meta(path, meta)
-    return tensors, meta
+    return meta
 
 
 # What the metadata must hold for resume and eval to read it (the writer, Run.meta, always writes these).

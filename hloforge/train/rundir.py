@@ -22,7 +22,7 @@ import numpy as np
 
 from hloforge.core.errors import DataError, HloforgeError
 from hloforge.core.spec import NetSpec
-from hloforge.train.checkpoint import load_checkpoint, write_atomic
+from hloforge.train.checkpoint import load_meta, write_atomic
 from hloforge.train.config import CHECKPOINT, CONFIG, TrainConfig
 from hloforge.zoo import SPEC_SUFFIXES
 
@@ -134,5 +134,4 @@ def resumed_spec(cfg: TrainConfig, resume: bool) -> NetSpec | None:
     path = os.path.join(cfg.run_dir, CHECKPOINT)
     if not (resume and cfg.run_dir and cfg.net.endswith(SPEC_SUFFIXES) and os.path.exists(path)):
         return None
-    _, meta = load_checkpoint(path)
-    return own_spec(cfg.net, NetSpec.from_dict(meta["spec"], source=path))
+    return own_spec(cfg.net, NetSpec.from_dict(load_meta(path)["spec"], source=path))
