@@ -12,7 +12,7 @@ import numpy as np
 
 from hloforge.core.errors import DataError
 from hloforge.core.spec import NetSpec
-from hloforge.train.metrics import check_finite, check_ids, topk_correct, wilson
+from hloforge.train.metrics import check_finite, check_ids, label_rank, wilson
 from hloforge.train.session import ForwardSession
 
 
@@ -62,9 +62,9 @@ def evaluate_lm(evaluator: ForwardSession, buffers: list[Any], x: np.ndarray, y:
 def evaluate(evaluator: ForwardSession, buffers: list[Any], x: np.ndarray, y: np.ndarray) -> EvalResult:
     """Every eval image scored exactly once, the short last batch included."""
     logits = evaluator.logits(x, buffers)
-    c1 = topk_correct(logits, y, 1)
-    return EvalResult(int(c1.sum()), int(topk_correct(logits, y, 5).sum()), len(y), c1,
-                      float(nll_sum(logits, y) / max(len(y), 1)))
+    rank = label_rank(logits, y)
+    c1 = rank < 1
+    return EvalResult(int(c1.sum()), int((rank < 5).sum()), len(y), c1, float(nll_sum(logits, y) / max(len(y), 1)))
 
 
 def nll_sum(logits: np.ndarray, y: np.ndarray, chunk: int = 4096) -> float:
@@ -85,8 +85,9 @@ def evaluate_stream(evaluator: ForwardSession, buffers: list[Any], batches: Iter
     nll = 0.0
     for x, y in batches:
         logits = evaluator.logits(x, buffers)
-        c1.append(topk_correct(logits, y, 1))
-        c5.append(topk_correct(logits, y, 5))
+        rank = label_rank(logits, y)
+        c1.append(rank < 1)
+        c5.append(rank < 5)
         nll += nll_sum(logits, y)
     top1 = np.concatenate(c1)
     if len(top1) != n_eval:

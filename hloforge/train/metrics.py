@@ -12,16 +12,20 @@ from hloforge.core.errors import DataError
 Z95 = 1.959963984540054
 
 
-def topk_correct(logits: np.ndarray, labels: np.ndarray, k: int) -> np.ndarray:
-    """Per-example: is the label among the k highest logits, ties going to the lower class index (as
-    np.argmax breaks them, so top-1 agrees with the predicted class). A label that is no class of the
-    logits (another net's, a wrong dtype) is refused: it would score as a plausible miss."""
+def label_rank(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Per-example: the label's place among the logits sorted high to low, ties going to the lower class
+    index (as np.argmax breaks them, so rank 0 is the predicted class); top-k is rank < k. A label that
+    is no class of the logits (another net's, a wrong dtype) is refused: it would score as a plausible miss."""
     check_ids(labels, logits.shape[1], "eval labels")
     check_finite(logits, "eval logits")
     mine = logits[np.arange(len(labels)), labels][:, None]
     lower = np.arange(logits.shape[1])[None, :] < labels[:, None]
-    rank = np.sum((logits > mine) | ((logits == mine) & lower), axis=1)  # its place in a stable descending sort
-    return np.asarray(rank < k)
+    return np.sum((logits > mine) | ((logits == mine) & lower), axis=1)
+
+
+def topk_correct(logits: np.ndarray, labels: np.ndarray, k: int) -> np.ndarray:
+    """Per-example: is the label among the k highest logits (label_rank < k)."""
+    return np.asarray(label_rank(logits, labels) < k)
 
 
 def check_finite(logits: np.ndarray, what: str) -> None:
