@@ -209,6 +209,7 @@ def write_run(imp: Imported, out: str, *, data: str = "", data_options: Sequence
     the run is rebuilt, as eval rebuilds it, before anything is written."""
     from hloforge.core.registry import default_registry
     from hloforge.train import checkpoint as ckpt
+    from hloforge.train.tasks import ClassCountMismatch
     from hloforge.train.trainer import CHECKPOINT, CONFIG, Run, TrainConfig
 
     path = os.path.join(out, CHECKPOINT)
@@ -223,11 +224,8 @@ def write_run(imp: Imported, out: str, *, data: str = "", data_options: Sequence
         given["backend"] = backend
     try:
         run = Run(TrainConfig(**given), log=log, progress=False)
-    except DataError as e:
-        head = f"net {imp.spec.name!r} has {imp.spec.num_classes}"
-        if head not in str(e):  # not the dataset's class count against the head's
-            raise
-        said = str(e).partition(";")[0]  # the trainer's advice (--classes) is train's, not import-weights'
+    except ClassCountMismatch as e:
+        said = e.stated  # the trainer's advice (--classes) is train's, not import-weights'
         train = f"hloforge train {fam.net} --init FILE.safetensors" + (f" --data {data}" if data else "")
         raise DataError(f"{said} (the state dict's head); to fine-tune on this dataset, write the weights alone "
                         f"(--out FILE.safetensors) and start a run from them: `{train}` re-initialises the head "

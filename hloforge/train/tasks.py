@@ -117,16 +117,20 @@ class Task:
         return {f"{k}_ema": v for k, v in ev.metrics.items() if k != "n"}
 
 
-def classes_mismatch(data: str, data_classes: int, net: str, spec: NetSpec) -> str:
-    """The line refusing a classifier whose head is not the dataset's class count, saying what reshapes it
-    (`net`: the name the config gives the net)."""
-    from hloforge.zoo import takes_classes
+class ClassCountMismatch(DataError):
+    """A classifier (or language model) whose head is not the dataset's class count. `stated` is the
+    fact alone; the message adds what reshapes the head (`net`: the name the config gives the net)."""
 
-    said = f"dataset {data!r} has {data_classes} classes, net {spec.name!r} has {spec.num_classes}"
-    if takes_classes(net):
-        return f"{said}; pass --classes {data_classes} to give the net a head of {data_classes}"
-    return (f"{said}, a head it states itself (--classes does not reshape it): train a net of {data_classes} "
-            f"classes, e.g. a zoo net that takes --classes {data_classes}")
+    def __init__(self, data: str, data_classes: int, net: str, spec: NetSpec):
+        from hloforge.zoo import takes_classes
+
+        self.stated = f"dataset {data!r} has {data_classes} classes, net {spec.name!r} has {spec.num_classes}"
+        if takes_classes(net):
+            advice = f"; pass --classes {data_classes} to give the net a head of {data_classes}"
+        else:
+            advice = (f", a head it states itself (--classes does not reshape it): train a net of {data_classes} "
+                      f"classes, e.g. a zoo net that takes --classes {data_classes}")
+        super().__init__(self.stated + advice)
 
 
 class ClassificationTask(Task):
@@ -140,7 +144,7 @@ class ClassificationTask(Task):
     def check(self) -> None:
         run = self.run
         if run.data.num_classes != run.spec.num_classes:
-            raise DataError(classes_mismatch(run.cfg.data, run.data.num_classes, run.cfg.net, run.spec))
+            raise ClassCountMismatch(run.cfg.data, run.data.num_classes, run.cfg.net, run.spec)
 
     def evaluate(self, evaluator: ForwardSession, buffers: list[Any]) -> Evaluation:
         from hloforge.train.evaluation import evaluate, evaluate_stream
