@@ -29,7 +29,7 @@ from hloforge.core.spec import NetSpec, summary_table
 from hloforge.core.variant import Variant, VariantFields
 from hloforge.train import arraydata
 from hloforge.train import checkpoint as ckpt
-from hloforge.train.arraydata import ARRAYS, ArrayData, InputKind, batched, label_kind, row_count
+from hloforge.train.arraydata import ARRAYS, ArrayData, InputKind, label_kind, row_count
 from hloforge.train.config import BITMAP, CHECKPOINT, CONFIG, TrainConfig, parse_data_options
 from hloforge.train.curves import PNG
 from hloforge.train.metrics import eval_set_id
@@ -140,6 +140,7 @@ class Model:
         self._fit_inputs: InputKind | None = None  # the fit in progress's, the model's when an epoch is kept
         self._sessions: dict[tuple[int, int], TrainSession] = {}  # by (batch, processes)
         self._live: Any = None  # the session the last fit ran on
+        self._fitting: Any = None  # (the Run, its session) while a fit runs: where a callback's reads and writes go
         self._forwards: dict[int, ForwardSession] = {}
         self.stop_training = False
         self.history = History()
@@ -221,35 +222,8 @@ class Model:
             if not isinstance(x, Iterable) or isinstance(x, np.ndarray):
                 raise DataError(f"fit x is a {type(x).__name__} without y; expected arrays x and y, an iterable of "
                                 "(x, y) batches, or a dataset name")
-            xs: list[np.ndarray] = []
-            ys: list[np.ndarray] = []
-            held = 0
-            for item in x:
-                if held > FIT_BATCHES_MAX_BYTES:  # an endless generator (itertools.cycle) would never return
-                    raise DataError(f"fit read {len(xs)} batches ({held / 2**30:.1f} GiB) from its iterable without "
-                                    "reaching its end; it is read whole into memory, so pass a finite one "
-                                    "(itertools.islice(it, n)) or arrays x, y")
-                if not (isinstance(item, (tuple, list)) and len(item) == 2):
-                    raise DataError(f"fit batch {len(xs)} is a {type(item).__name__}, expected a pair (x, y)")
-                bx, by = np.asarray(item[0]), np.asarray(item[1])
-                for what, a in (("x", bx), ("y", by)):
-                    if a.ndim < 1:
-                        raise DataError(f"fit batch {len(xs)} has {what} of shape [], expected an array with one "
-                                        "row per example")
-                if len(bx) != len(by):
-                    raise DataError(f"fit batch {len(xs)} has {len(bx)} rows of x but {len(by)} labels; expected one "
-                                    "label per row")
-                if xs and (bx.shape[1:] != xs[0].shape[1:] or by.shape[1:] != ys[0].shape[1:]):
-                    what, got, want = (("x", bx, xs[0]) if bx.shape[1:] != xs[0].shape[1:] else ("y", by, ys[0]))
-                    raise DataError(f"fit batch {len(xs)} has {what} of shape {list(got.shape)}, expected "
-                                    f"{batched(want.shape[1:])} as batch 0's")
-                xs.append(bx)
-                ys.append(by)
-                held += bx.nbytes + by.nbytes
-            if not xs:
-                raise DataError("fit batches: the iterable gave no batch, expected at least one (x, y)")
-            batch_size = len(xs[0]) if batch_size is None else batch_size  # 0 is refused below, not defaulted
-            x, y = np.concatenate(xs), np.concatenate(ys)
+            x, y, first = arraydata.read_batches(x, FIT_BATCHES_MAX_BYTES)
+            batch_size = first if batch_size is None else batch_size  # 0 is refused below, not defaulted
         batch_size = checked_batch_size(batch_size, 32)
         given, xa = arraydata.input_rows(x, self.spec, "fit")  # before the compile: a bad x is refused at once
         # a fit goes on from the weights so far: x of another kind than they were trained on undoes them
@@ -286,6 +260,8 @@ class Model:
         steps — a ragged last batch is dropped (`drop_last`, the only mode) and said once, never
         padded into the gradient. The schedule runs over this call's steps. Every array is checked
         whole before the first step."""
+        if self._fitting is not None:  # a callback's: it would step the running fit's session under its loop
+            raise UnsupportedSpec("fit called from a callback of this model's running fit; fit after it returns")
         epochs = _plain(epochs)
         if not isinstance(shuffle, (bool, np.bool_)):  # "no" would shuffle
             raise UnsupportedSpec(f"shuffle must be True or False, got {shuffle!r}")
@@ -346,7 +322,11 @@ class Model:
         self.stop_training = False
         for cb in callbacks:
             cb.model = self
-        run.loop(session, evaluator, self._epoch, [_Keep(self, run, history), *mine], owner=self)
+        self._fitting = (run, session)
+        try:
+            run.loop(session, evaluator, self._epoch, [_Keep(self, run, history), *mine], owner=self)
+        finally:
+            self._fitting = None
         run.world.finalize()
         return history
 
@@ -426,11 +406,13 @@ class Model:
     @property
     def params(self) -> dict[str, np.ndarray]:
         """θ by the names checkpoints use (`0.w`, `1.b`, ...), in their declared layouts; copies."""
-        return {n: p.copy() for (n, _), p in zip(self._param_slots, self._params, strict=True)}
+        return {n: p.copy() for (n, _), p in zip(self._param_slots, self._now()[0], strict=True)}
 
     @params.setter
     def params(self, new: Mapping[str, Any]) -> None:
+        self._adopt_live()
         self._params = ckpt.assigned(new, [(n, s.shape) for n, s in self._param_slots], "params", self._params)
+        self._push_live()
 
     @property
     def state(self) -> dict[str, np.ndarray]:
@@ -440,22 +422,49 @@ class Model:
 
     @state.setter
     def state(self, new: Mapping[str, Any]) -> None:
+        self._adopt_live()
         cur = self._state_tensors()
         got = ckpt.assigned(new, [(n, a.shape) for n, a in zip(self._state_names(), cur, strict=True)], "state", cur)
         k, m = len(cur) - len(self._running) - len(self._shadow_stats()), len(self._running)
         self._opt_state, self._running = got[:k], got[k:k + m]
         if self._state_layout.shadows:
             self._shadow_running = got[k + m:]
+        self._push_live()
+
+    def _now(self) -> tuple[list[np.ndarray], list[np.ndarray] | None, list[np.ndarray], list[np.ndarray] | None]:
+        """(θ, optimizer state, BN statistics, the shadow's): the model's; during a fit (a callback) its session's."""
+        if self._fitting is None:
+            return self._params, self._opt_state, self._running, self._shadow_running
+        run, s = self._fitting
+        return (s.read_params(), s.read_state(), [r.copy() for r in run.running],
+                [r.copy() for r in run.shadow_running] if self._state_layout.shadows else None)
+
+    def _adopt_live(self) -> None:
+        """Before a callback's assignment during a fit: the session's state becomes the model's (the rest goes on)."""
+        if self._fitting is not None and self._fitting[0].world.size > 1:  # callbacks run on rank 0 alone
+            raise UnsupportedSpec("params / state assigned by a callback during an MPI fit would change rank 0's "
+                                  "weights alone; assign them before or after fit")
+        if self._fitting is not None:
+            (self._params, self._opt_state, self._running, self._shadow_running) = self._now()
+            self._step = self._fitting[1].step
+
+    def _push_live(self) -> None:
+        """After an assignment during a fit: the session and the loop train on from the assigned tensors."""
+        if self._fitting is not None:
+            run, s = self._fitting
+            s.load(self._params, self._opt_state, s.step)
+            run.running = [r.copy() for r in self._running]
+            run.shadow_running = [r.copy() for r in self._shadow_running or []]  # [] without a shadow, as Run has
 
     def _shadow_stats(self) -> list[np.ndarray]:
         if not self._state_layout.shadows:
             return []
-        return self._shadow_running if self._shadow_running is not None else [s.initial() for _, s in
-                                                                              self.spec.stats()]
+        return self._shadow_running or [s.initial() for _, s in self.spec.stats()]
 
     def _state_tensors(self) -> list[np.ndarray]:
-        opt = self._opt_state if self._opt_state is not None else self._initial_state()
-        return [*opt, *self._running, *self._shadow_stats()]
+        _, opt, running, shadow = self._now()
+        return [*(self._initial_state() if opt is None else opt), *running,
+                *(self._shadow_stats() if shadow is None else shadow)]
 
     def _state_names(self) -> list[str]:
         """The checkpoint's names of `_state_tensors` (ckpt.tensor_names, less the θ group)."""
@@ -468,7 +477,7 @@ class Model:
         """Every tensor by its checkpoint name (ckpt.tensor_names): what `save` writes."""
         names = ckpt.tensor_names([n for n, _ in self._param_slots], self._state_layout.slots, self._stat_names,
                                   shadow_stats=self._state_layout.shadows, trained=self._trained_names())
-        return dict(zip(names, [*self._params, *self._state_tensors()], strict=True))
+        return dict(zip(names, [*self._now()[0], *self._state_tensors()], strict=True))
 
     def _region_buffers(self, region: str) -> list[np.ndarray]:
         """θ and the BN statistics of `region` as the forward takes them: ckpt.region_weights, the meaning
@@ -476,7 +485,8 @@ class Model:
         (a model not yet fit would make its optimizer's whole initial state for it)."""
         whose, shadows = f"model {self.spec.name!r}", self._state_layout.shadows
         if ckpt.resolved_region(region, shadows, whose, self.variant.slug, "region='live'") == "live":
-            return [*self._params, *self._running]
+            params, _, running, _ = self._now()
+            return [*params, *running]
         names = [n for n, _ in self._param_slots]
         _, theta, stats = ckpt.region_weights(self._checkpoint_tensors(), "ema", names, self._stat_names,
                                               self._frozen(), shadows, whose, self.variant.slug, "region='live'")

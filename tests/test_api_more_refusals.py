@@ -67,3 +67,45 @@ def test_a_fit_without_validation_data_lists_no_val_metric() -> None:
     with pytest.raises(HloforgeError, match=r"monitors 'acc', but the epoch's metrics are \['epoch', 'images_per_s', "
                                             r"'loss', 'lr', 'seconds', 'step'\]$"):
         hf.Model("mnist-linear").fit(x, y, verbose=False, callbacks=[hf.EarlyStopping("acc")])
+
+
+def _rows(n: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return rng.standard_normal((n, 784)).astype(np.float32), rng.integers(0, 10, n)
+
+
+def test_a_callback_reads_the_running_fits_weights_and_its_assignments_are_trained_on() -> None:
+    """In a callback, `self.model.params` is the step's θ (not the last epoch's), and an assignment there is
+    what the fit trains on from then: they read the initial weights and were silently not trained on."""
+    x, y = _rows()
+
+    class Probe(hf.Callback):
+        def __init__(self) -> None:
+            self.seen: list[np.ndarray] = []
+
+        def on_step_end(self, step, logs) -> None:
+            self.seen.append(self.model.params["0.b"])
+
+        def on_epoch_end(self, epoch, logs) -> None:
+            if epoch == 1:  # back to the start: plain SGD at a constant lr, in order, retraces epoch 1 exactly
+                self.model.params = start
+
+    m = hf.Model("mnist-linear", optimizer="sgd", lr=0.1, schedule="constant")
+    start, probe = m.params, Probe()
+    history = m.fit(x, y, epochs=2, batch_size=16, shuffle=False, callbacks=[probe], verbose=False)
+    assert not np.array_equal(probe.seen[0], start["0.b"])  # step 1's θ
+    assert np.array_equal(probe.seen[3], probe.seen[7]) and np.array_equal(probe.seen[-1], m.params["0.b"])
+    assert history["loss"][0] == history["loss"][1]
+
+
+def test_fit_from_a_callback_of_a_running_fit_is_one_line() -> None:
+    x, y = _rows()
+
+    class Refit(hf.Callback):
+        def on_epoch_end(self, epoch, logs) -> None:
+            self.model.fit(x, y, batch_size=16, verbose=False)
+
+    m = hf.Model("mnist-linear")
+    with pytest.raises(UnsupportedSpec, match="fit called from a callback of this model's running fit"):
+        m.fit(x, y, epochs=2, batch_size=16, callbacks=[Refit()], verbose=False)
+    assert m._epoch == 1 and len(m.history) == 1  # the first epoch kept, nothing trained twice

@@ -10,7 +10,7 @@ score) is refused by evaluate and predict rather than scored."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -93,6 +93,39 @@ def input_rows(x: Any, spec: NetSpec, what: str) -> tuple[np.ndarray, np.ndarray
     if tuple(x.shape[1:]) != want:  # said as [N, ...]: a lone row's length is no batch size
         raise DataError(f"{what} x has shape {list(x.shape)}, expected {batched(want)} ({_shape_hint(x.shape, want)})")
     return x, net_inputs(x, spec, n, what)
+
+
+def read_batches(batches: Iterable[Any], max_bytes: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """(x, y, the first batch's rows): an iterable of (x, y) batches (`Model.fit(batches)`) read once, each
+    pair checked (one label per row, the shapes of batch 0's), refused as endless past `max_bytes`."""
+    xs: list[np.ndarray] = []
+    ys: list[np.ndarray] = []
+    held = 0
+    for item in batches:
+        if held > max_bytes:  # an endless generator (itertools.cycle) would never return
+            raise DataError(f"fit read {len(xs)} batches ({held / 2**30:.1f} GiB) from its iterable without "
+                            "reaching its end; it is read whole into memory, so pass a finite one "
+                            "(itertools.islice(it, n)) or arrays x, y")
+        if not (isinstance(item, (tuple, list)) and len(item) == 2):
+            raise DataError(f"fit batch {len(xs)} is a {type(item).__name__}, expected a pair (x, y)")
+        bx, by = np.asarray(item[0]), np.asarray(item[1])
+        for what, a in (("x", bx), ("y", by)):
+            if a.ndim < 1:
+                raise DataError(f"fit batch {len(xs)} has {what} of shape [], expected an array with one "
+                                "row per example")
+        if len(bx) != len(by):
+            raise DataError(f"fit batch {len(xs)} has {len(bx)} rows of x but {len(by)} labels; expected one "
+                            "label per row")
+        if xs and (bx.shape[1:] != xs[0].shape[1:] or by.shape[1:] != ys[0].shape[1:]):
+            what, got, want = (("x", bx, xs[0]) if bx.shape[1:] != xs[0].shape[1:] else ("y", by, ys[0]))
+            raise DataError(f"fit batch {len(xs)} has {what} of shape {list(got.shape)}, expected "
+                            f"{batched(want.shape[1:])} as batch 0's")
+        xs.append(bx)
+        ys.append(by)
+        held += bx.nbytes + by.nbytes
+    if not xs:
+        raise DataError("fit batches: the iterable gave no batch, expected at least one (x, y)")
+    return np.concatenate(xs), np.concatenate(ys), len(xs[0])
 
 
 def _shape_hint(got: tuple[int, ...], want: tuple[int, ...]) -> str:
