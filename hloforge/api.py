@@ -34,7 +34,7 @@ from hloforge.train.config import BITMAP, CHECKPOINT, CONFIG, TrainConfig, parse
 from hloforge.train.curves import PNG
 from hloforge.train.metrics import eval_set_id
 from hloforge.train.rundir import METRICS, locked
-from hloforge.train.session import ForwardSession, TrainSession, checked_labels, make_backend
+from hloforge.train.session import ForwardSession, TrainSession, checked_labels, make_backend, positive_batch
 
 # What fit reads of an iterable of batches before it refuses it as endless (it holds them all, then a copy).
 FIT_BATCHES_MAX_BYTES = 8 << 30
@@ -578,10 +578,7 @@ class Model:
 
 def checked_batch_size(batch_size: Any, default: int) -> int:
     """`batch_size` (None: `default`), refused unless an integer ≥ 1."""
-    batch_size = default if batch_size is None else _plain(batch_size)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise UnsupportedSpec(f"batch_size must be an integer ≥ 1, got {batch_size!r}")
-    return batch_size
+    return positive_batch(default if batch_size is None else _plain(batch_size), "batch_size")
 
 
 def _plain(v: Any) -> Any:

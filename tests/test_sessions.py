@@ -321,3 +321,36 @@ def test_placing_the_state_frees_each_host_copy_once_it_is_on_the_device():
     n = len(s.layout.params)
     assert len(seen) >= 3 * n and max(alive_at_copy[:3 * n]) == 0, alive_at_copy
     s.train_step(*batches(spec, 2, 1)[0], 1e-3)
+
+
+def test_a_sessions_bad_lr_batch_step_or_rows_is_one_line_before_anything_counts():
+    """Used directly (docs/composition.md), a session took lr NaN / inf / "0.1" / -1 (θ turned NaN, or trained
+    at a rate nobody chose, silently), batch 0 (a NaN loss) or -1 (an XLA parse error), load() of NaN θ or a
+    step "x" (a bare ValueError), and scored 0 rows with numpy's "need at least one array to concatenate"."""
+    from hloforge.core.errors import UnsupportedSpec
+    from hloforge.train.composition import OptimizerStepSession
+
+    spec, be = get_net("mnist-linear"), make_backend("xla")
+    s = TrainSession(spec, Variant("sgd"), 8, be)
+    (x, y), = batches(spec, 8, 1)
+    for lr in (float("nan"), float("inf"), "0.1", -1.0, None, 1e39):
+        with pytest.raises(DataError, match="learning rate .*: expected a finite number ≥ 0"):
+            s.train_step(x, y, lr)
+    assert s.step == 0 and np.isfinite(s.read_params()[0]).all()
+    s.train_step(x, y, np.float32(0.1))
+    opt = OptimizerStepSession(spec, "sgd", be)
+    with pytest.raises(DataError, match="learning rate nan"):
+        opt.step([np.zeros_like(p) for p in opt.read_params()], float("nan"))
+    assert opt.step_count == 0
+    for batch in (0, -1, 2.5, True):
+        with pytest.raises(UnsupportedSpec, match=r"batch must be an integer ≥ 1, got "):
+            TrainSession(spec, Variant("sgd"), batch, be)
+        with pytest.raises(UnsupportedSpec, match=r"batch must be an integer ≥ 1, got "):
+            ForwardSession(spec, batch, be)
+    params = s.read_params()
+    with pytest.raises(DataError, match="load: step 'x'; expected"):
+        s.load(params, s.read_state(), "x")
+    with pytest.raises(DataError, match="load: 0.w holds NaN or inf"):
+        s.load([np.full_like(params[0], np.nan), *params[1:]], s.read_state(), 1)
+    with pytest.raises(DataError, match="eval x has no rows"):
+        ForwardSession(spec, 4, be).logits(x[:0], params)

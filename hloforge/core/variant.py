@@ -48,6 +48,15 @@ ACCUM_APPLY = "accum_apply"  # 1 on the micro-batch that applies the update, els
 EMA_DECAY, EMA_WEIGHT = "ema_decay", "ema_weight"  # d and 1 − d, both from the host (1 − d in f32 loses bits)
 
 
+def checked_lr(lr: Any) -> float:
+    """A step's learning rate, refused unless a real number in 0 … float32's max: a NaN, an inf or a string
+    ("1e-3") given to a session's step would turn θ to NaN or train at a rate nobody chose, silently."""
+    v = float(lr) if isinstance(lr, numbers.Real) and not isinstance(lr, bool) else math.nan
+    if not 0 <= v <= float(np.finfo(np.float32).max):  # NaN too
+        raise DataError(f"learning rate {lr!r}: expected a finite number ≥ 0 (at most float32's 3.4e38)")
+    return v
+
+
 def ema_decay_at(decay: float, update: int) -> float:
     """The shadow's decay for 0-based optimizer update `update`: min(d, (1 + t)/(10 + t)), a warm-up
     so the shadow does not sit at the initialisation for the first ~1/(1 − d) steps."""

@@ -38,8 +38,8 @@ from hloforge.core.modules import (
 from hloforge.core.registry import Registry, default_registry
 from hloforge.core.spec import NetSpec, ParamSlot, qualified_masks
 from hloforge.core.strategy import target_of
-from hloforge.core.variant import Optimizer, Variant, Wrappers
-from hloforge.train.session import _is_host, stage
+from hloforge.core.variant import Optimizer, Variant, Wrappers, checked_lr
+from hloforge.train.session import _is_host, positive_batch, stage
 
 __all__ = ["DeviceParams", "Gradients", "OptimizerStepSession", "VjpSession"]
 
@@ -120,6 +120,7 @@ class VjpSession:
 
     def __init__(self, spec: NetSpec, batch: int, backend: Any, *, params: Sequence[np.ndarray] | DeviceParams | None
                  = None, seed: int = 0):
+        batch = positive_batch(batch)
         walk = spec.walk()
         if qualified_masks(walk):
             raise UnsupportedSpec(f"net {spec.name!r} has dropout / drop-path masks; a VjpSession takes nets without "
@@ -249,6 +250,7 @@ class OptimizerStepSession:
             _check_shapes("step gradients", self.slots, grads)
             g = [stage(self.backend, a) for a in host_stored([np.asarray(a, np.float32) for a in grads],
                                                              self.storage)]
+        checked_lr(lr)  # before the step counts
         self.step_count += 1
         sched = self.state_layout.host_schedule(self.optimizer, self.step_count, lr)
         n = len(self.slots)

@@ -568,7 +568,7 @@ class MpiTrainSession(DataParallelTrainSession):
         want_x, want_y = (self.batch, *lay.x_shape[1:]), (self.batch, *lay.y_shape[1:])
         x, y = self.checked_batch(x, y, want_x, want_y,
                                   f" (the global batch: {self.total_replicas} replicas × {self.local_batch})")
-        masks = self._advance(masks)
+        masks = self._advance(masks, lr)
         w.step = self.step
         sched, *rows = self._step_host(x, y, lr, masks)
         n, n_tr, per = lay.n_params, len(lay.trained), self.replicas * self.local_batch

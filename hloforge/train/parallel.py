@@ -106,7 +106,7 @@ class DataParallelTrainSession(TrainSession):
         want_x, want_y = (self.batch, *lay.x_shape[1:]), (self.batch, *lay.y_shape[1:])
         x, y = self.checked_batch(x, y, want_x, want_y,
                                   f" (the global batch: {self.replicas} replicas × {self.local_batch})")
-        masks = self._advance(masks)
+        masks = self._advance(masks, lr)
         # Each step input as one part per replica: the same array replicated, or its rows split.
         parts = [[a] * self.replicas if p == REPLICATE else split_batch(a, self.replicas)
                  for a, p in zip(self._step_host(x, y, lr, masks), self.placement[lay.n_held:], strict=True)]

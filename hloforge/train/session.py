@@ -43,7 +43,7 @@ from hloforge.core.registry import Registry, default_registry
 from hloforge.core.spec import NetSpec
 from hloforge.core.strategy import target_of
 from hloforge.core.switches import env_switch
-from hloforge.core.variant import Variant
+from hloforge.core.variant import Variant, checked_lr
 
 
 def stage(backend: Any, array: np.ndarray) -> Any:
@@ -136,6 +136,14 @@ def token_vocab(spec: NetSpec) -> int | None:
     (tokenPositionEmbed's, or a plugin's layer that names its table so); None for any other net."""
     vocab = getattr(spec.layers[0], "vocab", None) if spec.layers else None
     return vocab if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0 else None
+
+
+def positive_batch(batch: Any, what: str = "batch") -> int:
+    """A session's batch (its modules are compiled for it), refused unless an integer ≥ 1: at 0 a step trains
+    on no rows (a NaN loss), and a negative one fails in the backend's parser as if the module were broken."""
+    if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
+        raise UnsupportedSpec(f"{what} must be an integer ≥ 1, got {batch!r}")
+    return int(batch)
 
 
 def net_inputs(x: Any, spec: NetSpec, rows: int, what: str, note: str = "") -> np.ndarray:
@@ -238,6 +246,7 @@ class TrainSession:
                  params: Sequence[np.ndarray] | None = None, registry: Registry | None = None,
                  resident: bool | None = None):
         reg = registry or default_registry()
+        batch = positive_batch(batch)
         spec = variant.apply_to(spec, reg)  # the net this variant trains (dropout, drop_path, BN ε)
         self.spec, self.variant, self.batch, self.backend = spec, variant, batch, backend
         self.resident = resident_default() if resident is None else resident
@@ -313,7 +322,7 @@ class TrainSession:
         default to `masks_for_step` of this step."""
         lay, be = self.layout, self.backend
         x, y = self.checked_batch(x, y, lay.x_shape, lay.y_shape)
-        masks = self._advance(masks)
+        masks = self._advance(masks, lr)
         carried = self._carried if self.resident else [be.to_device(a) for a in self._carried]
         step_inputs = self._step_inputs(self._step_host(x, y, lr, masks))
         # The carried inputs are donated and consumed here; the session never touches them again.
@@ -329,8 +338,10 @@ class TrainSession:
         return (finite_inputs(x, x_shape, "train batch", note, token_vocab(self.spec)),
                 checked_labels(y, y_shape, self.layout.y_dtype, self.label_classes, "train batch"))
 
-    def _advance(self, masks: Sequence[np.ndarray] | None) -> Sequence[np.ndarray]:
-        """Count the step and return its masks (`masks_for_step` when not given), checked."""
+    def _advance(self, masks: Sequence[np.ndarray] | None, lr: Any) -> Sequence[np.ndarray]:
+        """Count the step and return its masks (`masks_for_step` when not given), checked; a bad `lr` is
+        refused before the step counts."""
+        checked_lr(lr)
         self.step += 1
         if masks is None:
             masks = self.masks_for_step(self.step)
@@ -353,6 +364,8 @@ class TrainSession:
         held = [(n, s.shape) for n, s in lay.params] + [(lay.params[i][0], lay.params[i][1].shape)
                                                          for _ in lay.state for i in lay.trained]
         n_tr = len(lay.trained)
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+            raise DataError(f"load: step {step!r}; expected the count of steps taken, an integer ≥ 0")
         if len(params) != lay.n_params or len(state) != lay.n_held - lay.n_params:
             raise DataError(f"load: got {len(params)} parameter and {len(state)} state tensors, expected "
                             f"{lay.n_params} and {lay.n_held - lay.n_params}")
@@ -361,6 +374,8 @@ class TrainSession:
             if tuple(np.shape(a)) != want:
                 what = "parameter" if i < lay.n_params else f"state {lay.state[(i - lay.n_params) // n_tr]}"
                 raise DataError(f"load: {what} {name} has shape {list(np.shape(a))}, expected {list(want)}")
+            if not np.isfinite(np.asarray(a, np.float32)).all():  # each step would carry the NaN on, silently
+                raise DataError(f"load: {name} holds NaN or inf (or values beyond float32's range); expected finite")
         self._place(host_stored([np.array(a, np.float32) for a in [*params, *state]], self.layout.held_storage))
         self._batch_stats = []
         self.step = int(step)
@@ -447,6 +462,7 @@ class ForwardSession:
     module's name (`forward_module`): the eval graph at another size is `…_fwd_eval_s<S>`."""
 
     def __init__(self, spec: NetSpec, batch: int, backend: Any, batch_stats: bool = False, suffix: str = ""):
+        batch = positive_batch(batch)
         self.spec, self.batch, self.backend, self.batch_stats = spec, batch, backend, batch_stats
         self.suffix = suffix
         # how the module takes θ (host arrays come in declared layouts and are stored so when pushed)
@@ -491,6 +507,8 @@ class ForwardSession:
     def checked_inputs(self, x: Any) -> np.ndarray:
         """The rows to score as float32, refused unless real numbers of the net's input shape, all finite."""
         n = len(x) if hasattr(x, "__len__") else 0
+        if n == 0:  # nothing to pad a batch around: refused here, not a bare numpy error from the concatenation
+            raise DataError("eval x has no rows; expected at least one to score")
         return net_inputs(x, self.spec, n, "eval")
 
     def logits(self, x: np.ndarray, params: Sequence[Any], gen: Hashable | None = None) -> np.ndarray:
