@@ -51,21 +51,6 @@ class History(list):  # type: ignore[type-arg]
         return super().__getitem__(key)
 
 
-def _spec_of(net: NetSpec | str, classes: int | None, input: Sequence[int] | None) -> tuple[NetSpec, str]:
-    """(the net, what a config names it by: a zoo name or a spec file's path; "" for a NetSpec object)."""
-    from hloforge.zoo import SPEC_SUFFIXES, get_net
-
-    if isinstance(net, NetSpec):
-        if classes is not None or input is not None:
-            raise UnsupportedSpec("classes / input override a zoo net's defaults; a NetSpec states its own")
-        net.walk()  # refuse an impossible net here, naming the layer
-        return net, ""
-    if not isinstance(net, str):
-        raise UnsupportedSpec(f"net must be a NetSpec, a zoo name or a spec file path, got {type(net).__name__}")
-    spec = get_net(net, classes, input)
-    return spec, (os.path.abspath(net) if net.endswith(SPEC_SUFFIXES) else net)
-
-
 class _Keep(Callback):
     """First of a fit's callbacks: each epoch's end state becomes the model's (so the callbacks after
     it see it, and an error in a later epoch leaves the last good one), its metrics the history's. Under
@@ -98,6 +83,7 @@ class Model:
                  bn_momentum: float = 0.9, classes: int | None = None, input: Sequence[int] | None = None,
                  **variant_fields: Any):
         from hloforge.train.tasks import default_loss
+        from hloforge.zoo import net_of
 
         known = {f.name for f in attrs.fields(Variant)} - {"optimizer"}
         unknown = sorted(set(variant_fields) - known)
@@ -112,7 +98,7 @@ class Model:
         # one definition `hloforge train` refuses by: a bad value is one line here, not a TypeError from numpy.
         TrainConfig(optimizer=optimizer, lr=lr, schedule=schedule, warmup_epochs=warmup_epochs, decay_rate=decay_rate,
                     bn_momentum=bn_momentum, seed=seed, classes=classes, input=input, **variant_fields)
-        spec, self._net_ref = _spec_of(net, classes, input)
+        spec, self._net_ref = net_of(net, classes, input)
         self._classes, self._input = classes, (None if input is None else tuple(input))
         variant_fields.setdefault("loss", default_loss(spec, None))
         self.variant = Variant(optimizer, **variant_fields)
@@ -371,7 +357,13 @@ class Model:
         `region`'s weights as `evaluate`'s."""
         buffers = self._region_buffers(region)
         xa = self._check_x(x, "predict", self._inputs)
-        return self._forward(checked_batch_size(batch_size, self._batch)).logits(xa, buffers)
+        return self._forward(self._scoring_batch(batch_size, len(xa))).logits(xa, buffers)
+
+    def _scoring_batch(self, batch_size: Any, rows: int) -> int:
+        """The forward's batch: the last fit's (its compiled forward), or `batch_size` up to the rows scored (a
+        forward compiled and padded to batch_size=10**6 for 5 rows would take gigabytes)."""
+        batch = checked_batch_size(batch_size, self._batch)
+        return batch if batch_size is None else min(batch, rows)
 
     def evaluate(self, x: Any = None, y: Any = None, batch_size: int | None = None, *, data: str | None = None,
                  data_options: Mapping[str, Any] | None = None, region: str = DEFAULT_REGION) -> dict[str, Any]:
@@ -396,10 +388,11 @@ class Model:
         else:
             xa, ya = self._check_xy(x, y, "evaluate", scored=True, trained=self._inputs)
             run = self._run(ArrayData(self.spec, self._label_kind(), None, (xa, ya)), batch, eval_only=True)
+        forward = self._forward(self._scoring_batch(batch_size, max(len(run.y_te), 1)))
         if run.lm:
-            res = evaluate_lm(self._forward(batch), buffers, run.x_te, run.y_te)
+            res = evaluate_lm(forward, buffers, run.x_te, run.y_te)
             return {"bits_per_char": res.bits_per_char, "n": res.n}
-        ev = run.task.evaluate(self._forward(batch), buffers)
+        ev = run.task.evaluate(forward, buffers)
         return {**ev.metrics, **({"loss": ev.loss} if ev.loss is not None else {})}
 
     # ------------------------------------------------------------------ named tensors
@@ -570,6 +563,16 @@ class Model:
     def summary(self) -> str:
         """The layer table: index, kind, input → output shape, parameters; then the totals."""
         return summary_table(self.spec)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What pickle and copy.deepcopy take: the host state (in a fit's callback, its step's) and settings;
+        the compiled sessions and the backend's handle (cffi objects) are made afresh, by the backend's name."""
+        live = dict(zip(("_params", "_opt_state", "_running", "_shadow_running"), self._now(), strict=True))
+        return {**self.__dict__, **live, "_step": self._live.step if self._fitting else self._step, "_sessions": {},
+                "_forwards": {}, "_live": None, "_fitting": None, "backend": self.backend.name}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, backend=make_backend(state["backend"]))
 
     def __repr__(self) -> str:
         return (f"Model({self.spec.name!r}, {self.spec.param_count():,} params, {self.variant.slug}, "

@@ -109,3 +109,33 @@ def test_fit_from_a_callback_of_a_running_fit_is_one_line() -> None:
     with pytest.raises(UnsupportedSpec, match="fit called from a callback of this model's running fit"):
         m.fit(x, y, epochs=2, batch_size=16, callbacks=[Refit()], verbose=False)
     assert m._epoch == 1 and len(m.history) == 1  # the first epoch kept, nothing trained twice
+
+
+def test_a_model_pickles_and_deep_copies_in_and_out_of_a_fit() -> None:
+    """pickle.dumps / copy.deepcopy (keeping the best model from a callback) met a raw cffi TypeError."""
+    import copy
+    import pickle
+
+    x, y = _rows()
+
+    class KeepFirst(hf.Callback):
+        def on_epoch_end(self, epoch, logs) -> None:
+            if epoch == 1:
+                self.kept = copy.deepcopy(self.model)
+
+    m, keep = hf.Model("mnist-linear", ema=0.9), KeepFirst()
+    m.fit(x, y, epochs=2, batch_size=16, callbacks=[keep], verbose=False)
+    assert keep.kept._epoch == 1 and keep.kept._step == 4
+    again = pickle.loads(pickle.dumps(m))
+    assert again.backend.name == m.backend.name and np.array_equal(again.predict(x), m.predict(x))
+    assert again.fit(x, y, batch_size=16, verbose=False)["loss"] == m.fit(x, y, batch_size=16, verbose=False)["loss"]
+
+
+def test_a_batch_size_beyond_the_rows_scored_compiles_no_larger_forward() -> None:
+    """predict(5 rows, batch_size=10**7) compiled and padded a forward of 10**7 rows (31 GB for mnist-linear)."""
+    x, y = _rows(5)
+    m = hf.Model("mnist-linear")
+    want = m.predict(x)
+    np.testing.assert_allclose(m.predict(x, batch_size=4096), want, rtol=1e-5, atol=1e-6)
+    assert max(m._forwards) == 32
+    assert m.evaluate(x, y, batch_size=4096)["n"] == 5 and max(m._forwards) == 32

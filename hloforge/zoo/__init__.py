@@ -107,3 +107,16 @@ def get_net(name: str, classes: int | None = None, input: Sequence[int] | None =
         raise UnsupportedSpec(f"net {name!r}: a spec file must end in {' or '.join(SPEC_SUFFIXES)}, and no zoo net "
                               "is named so")
     raise UnsupportedSpec(f"unknown net {name!r}; expected one of {sorted(NETS)} or a .toml/.json spec file")
+
+
+def net_of(net: NetSpec | str, classes: int | None, input: Sequence[int] | None) -> tuple[NetSpec, str]:
+    """(the net, what a config names it by: a zoo name or a spec file's path; "" for a NetSpec object)."""
+    if isinstance(net, NetSpec):
+        if classes is not None or input is not None:
+            raise UnsupportedSpec("classes / input override a zoo net's defaults; a NetSpec states its own")
+        net.walk()  # refuse an impossible net here, naming the layer
+        return net, ""
+    if not isinstance(net, str):
+        raise UnsupportedSpec(f"net must be a NetSpec, a zoo name or a spec file path, got {type(net).__name__}")
+    spec = get_net(net, classes, input)
+    return spec, (os.path.abspath(net) if net.endswith(SPEC_SUFFIXES) else net)
