@@ -139,3 +139,25 @@ def test_a_batch_size_beyond_the_rows_scored_compiles_no_larger_forward() -> Non
     np.testing.assert_allclose(m.predict(x, batch_size=4096), want, rtol=1e-5, atol=1e-6)
     assert max(m._forwards) == 32
     assert m.evaluate(x, y, batch_size=4096)["n"] == 5 and max(m._forwards) == 32
+
+
+def test_threads_sharing_a_model_each_get_their_own_rows_scores() -> None:
+    """predict from several threads at once (a threaded server's) wrote each other's rows into the forward's
+    one input slot and returned another thread's logits (off by up to 8), silently."""
+    import threading
+
+    rng = np.random.default_rng(0)
+    m = hf.Model("mnist-mlp")
+    xs = [rng.standard_normal((256, 784)).astype(np.float32) for _ in range(4)]
+    want = [m.predict(x) for x in xs]
+    wrong: list[int] = []
+
+    def score(i: int) -> None:
+        wrong.extend(i for _ in range(8) if not np.array_equal(m.predict(xs[i]), want[i]))
+
+    threads = [threading.Thread(target=score, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wrong == []

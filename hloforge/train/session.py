@@ -22,6 +22,7 @@ import contextvars
 import inspect
 import math
 import os
+import threading
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -473,6 +474,7 @@ class ForwardSession:
         self._held_src: list[Any] = []  # the host arrays seeded from (kept alive so their ids stay theirs)
         self._x_in = InputStager(backend)
         self.seeds = 0  # how many times parameters were pushed (hold mode or not)
+        self._lock = threading.Lock()
 
     def _compile(self) -> Any:
         return self.backend.compile(forward_module(self.spec, self.batch, eval_mode=not self.batch_stats,
@@ -513,19 +515,22 @@ class ForwardSession:
 
     def logits(self, x: np.ndarray, params: Sequence[Any], gen: Hashable | None = None) -> np.ndarray:
         """Logits for all rows of x (params: θ… then any running statistics, as the eval module takes them)."""
-        x = self.checked_inputs(x)
-        dev = self._device_params(params, gen)
-        keep = range(1, 1 + len(dev))  # the parameters outlive the call, whatever the module says
-        out = []
-        for i in range(0, len(x), self.batch):
-            chunk = x[i:i + self.batch]
-            n = len(chunk)
-            if n < self.batch and self.batch_stats:
-                raise DataError(f"batch-statistics eval refuses a padded tail: the last batch has {n} of {self.batch} "
-                                f"rows and zero padding would shift the real rows' normalisation; score a split "
-                                f"whose size divides by {self.batch}")
-            if n < self.batch:
-                chunk = np.concatenate([chunk, np.zeros((self.batch - n, *chunk.shape[1:]), np.float32)])
-            res = self.backend.execute(self.exe, [*self._x_in([chunk]), *dev], keep=keep)
-            out.append(self.backend.to_host(res[0])[:n])
-        return np.concatenate(out)
+        # One call at a time (threads sharing a Model, a server's): the x slot each chunk is written into and the
+        # held θ are this session's, and two calls at once scored each other's rows.
+        with self._lock:
+            x = self.checked_inputs(x)
+            dev = self._device_params(params, gen)
+            keep = range(1, 1 + len(dev))  # the parameters outlive the call, whatever the module says
+            out = []
+            for i in range(0, len(x), self.batch):
+                chunk = x[i:i + self.batch]
+                n = len(chunk)
+                if n < self.batch and self.batch_stats:
+                    raise DataError(f"batch-statistics eval refuses a padded tail: the last batch has {n} of "
+                                    f"{self.batch} rows and zero padding would shift the real rows' normalisation; "
+                                    f"score a split whose size divides by {self.batch}")
+                if n < self.batch:
+                    chunk = np.concatenate([chunk, np.zeros((self.batch - n, *chunk.shape[1:]), np.float32)])
+                res = self.backend.execute(self.exe, [*self._x_in([chunk]), *dev], keep=keep)
+                out.append(self.backend.to_host(res[0])[:n])
+            return np.concatenate(out)
