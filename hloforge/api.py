@@ -565,8 +565,7 @@ class Model:
         return summary_table(self.spec)
 
     def __getstate__(self) -> dict[str, Any]:
-        """What pickle and copy.deepcopy take: the host state (in a fit's callback, its step's) and settings;
-        the compiled sessions and the backend's handle (cffi objects) are made afresh, by the backend's name."""
+        """pickle's and deepcopy's: host state (a callback's: the step's); sessions and backend remade by name."""
         live = dict(zip(("_params", "_opt_state", "_running", "_shadow_running"), self._now(), strict=True))
         return {**self.__dict__, **live, "_step": self._live.step if self._fitting else self._step, "_sessions": {},
                 "_forwards": {}, "_live": None, "_fitting": None, "backend": self.backend.name}
