@@ -25,6 +25,7 @@ from hloforge.callbacks import Callback, Monitor
 from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
 from hloforge.core.regions import DEFAULT_REGION
 from hloforge.core.registry import default_registry
+from hloforge.core.slots import check_stats
 from hloforge.core.spec import NetSpec, summary_table
 from hloforge.core.variant import Variant, VariantFields
 from hloforge.train import arraydata
@@ -321,8 +322,7 @@ class Model:
         tensors = host[1]
         n, m = len(self._param_slots), len(self._stat_names)
         k = len(run.state_layout.slots) * (n - len(run.frozen))  # each state slot holds the trained θ's alone
-        self._params, self._opt_state = tensors[:n], tensors[n:n + k]
-        self._running = tensors[n + k:n + k + m]
+        self._params, self._opt_state, self._running = tensors[:n], tensors[n:n + k], tensors[n + k:n + k + m]
         if run.state_layout.shadows:
             self._shadow_running = tensors[n + k + m:]
         self._epoch = epoch
@@ -419,6 +419,7 @@ class Model:
         cur = self._state_tensors()
         got = ckpt.assigned(new, [(n, a.shape) for n, a in zip(self._state_names(), cur, strict=True)], "state", cur)
         k, m = len(cur) - len(self._running) - len(self._shadow_stats()), len(self._running)
+        check_stats(self.spec.stats() * (1 + int(self._state_layout.shadows)), got[k:], "state")  # the shadow's too
         self._opt_state, self._running = got[:k], got[k:k + m]
         if self._state_layout.shadows:
             self._shadow_running = got[k + m:]
@@ -631,7 +632,7 @@ def load(path: str, backend: str | None = None) -> Model:
     trained = model._trained_names()
     lay.check_slots(f"checkpoint {file}", list(tensors))  # the shapes, dtype and finiteness eval checks too
     ckpt.check_tensors(file, tensors, *ckpt.expected_tensors(
-        [(n, s.shape) for n, s in model._param_slots], lay.slots, [(n, s.shape) for n, s in model.spec.stats()],
+        [(n, s.shape) for n, s in model._param_slots], lay.slots, model.spec.stats(),
         lay.shadows, model._frozen()))
     names = ckpt.tensor_names([n for n, _ in model._param_slots], lay.slots, model._stat_names, trained=trained)
     try:

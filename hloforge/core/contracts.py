@@ -123,7 +123,8 @@ class Layer(metaclass=_Component):
 
     def stat_slots(self, in_shape: Shape) -> tuple[StatSlot, ...]:
         """Its untrained statistics (BN running mean/variance). Default none. Read by the walk: the
-        train step returns their batch values, the eval module takes the running ones."""
+        train step returns their batch values, the eval module takes the running ones. A variance's slot
+        says `nonnegative=True`: a value below 0 is then refused wherever statistics come in."""
         return ()
 
     def mask_slots(self, in_shape: Shape) -> tuple[MaskSlot, ...]:

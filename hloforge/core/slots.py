@@ -10,13 +10,13 @@ back.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
 
-from hloforge.core.errors import UnsupportedSpec
+from hloforge.core.errors import DataError, UnsupportedSpec
 
 if TYPE_CHECKING:
     from hloforge.core.hlo import Value
@@ -61,9 +61,21 @@ class StatSlot:
     name: str
     shape: Shape = attrs.field(converter=tuple)
     init: float = 0.0
+    # a variance: below 0 it is no statistic, and the eval's rsqrt of it is NaN, which the next ReLU turns
+    # into zeros, so a net scores plausibly wrong instead of failing
+    nonnegative: bool = False
 
     def initial(self) -> np.ndarray:
         return np.full(self.shape, self.init, np.float32)
+
+
+def check_stats(stats: Sequence[tuple[str, StatSlot]], values: Sequence[Any], what: str) -> None:
+    """Refuse running statistics (`values`, in `stats`' order; `what` names where they came from) that no
+    run could have made: a negative variance."""
+    for (name, slot), value in zip(stats, values, strict=True):
+        if slot.nonnegative and (np.asarray(value) < 0).any():
+            raise DataError(f"{what}: statistic {name} holds {int((np.asarray(value) < 0).sum())} negative "
+                            "value(s); expected a variance, ≥ 0")
 
 
 @attrs.frozen

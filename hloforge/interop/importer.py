@@ -20,6 +20,7 @@ import attrs
 import numpy as np
 
 from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
+from hloforge.core.slots import check_stats
 from hloforge.core.spec import NetSpec
 from hloforge.interop.torch_names import IGNORED_SUFFIXES, LAYOUTS, SOURCES, Family, Unit, units
 from hloforge.train.checkpoint import PICKLED, read_weights_file, unwrapped
@@ -170,6 +171,7 @@ def map_state_dict(source: str, sd: Mapping[str, np.ndarray], *, input: Sequence
         shown = lines[:MAX_LISTED] + ([f"... and {len(lines) - MAX_LISTED} more"] if len(lines) > MAX_LISTED else [])
         raise DataError(f"{where} does not fit {source} (zoo net {spec.name!r}), {len(lines)} problem(s){said}; "
                         "nothing written:\n  " + "\n  ".join(shown))
+    check_stats(spec.stats(), out["stat"], where)
     return Imported(source, spec, out["param"], out["stat"])
 
 

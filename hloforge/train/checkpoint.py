@@ -29,6 +29,7 @@ import numpy as np
 
 from hloforge.core.errors import DataError, HloforgeError
 from hloforge.core.regions import check_region
+from hloforge.core.slots import StatSlot
 from hloforge.core.switches import env_path
 from hloforge.core.variant import SHADOW
 
@@ -306,9 +307,10 @@ def check_meta(path: str, meta: dict[str, Any]) -> None:
 
 
 def check_tensors(path: str, tensors: dict[str, np.ndarray], want: dict[str, tuple[int, ...]],
-                  optional: Sequence[str] = ()) -> None:
+                  optional: Sequence[str] = (), nonnegative: Collection[str] = ()) -> None:
     """Refuse a checkpoint whose tensors are not exactly `want` (names, shapes, float32); `optional` names
-    may be absent. A tensor of another shape or dtype would load misaligned or be cast without a word."""
+    may be absent; `nonnegative` ones (variances) hold no value below 0. A tensor of another shape or dtype
+    would load misaligned or be cast without a word; a negative variance would score plausibly wrong."""
     missing = [n for n in want if n not in tensors and n not in optional]
     if missing:
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
@@ -326,21 +328,26 @@ def check_tensors(path: str, tensors: dict[str, np.ndarray], want: dict[str, tup
                                 f"{list(shape)}; tampered, or not of this net")
             if not np.isfinite(a).all():  # never written: a run stops at a non-finite loss before saving
                 raise DataError(f"checkpoint {path}: tensor {n} holds a NaN or an infinity; corrupt")
+            if n in nonnegative and (a < 0).any():  # never written: a running variance averages variances
+                raise DataError(f"checkpoint {path}: tensor {n} holds {int((a < 0).sum())} negative value(s), "
+                                "expected a variance, ≥ 0; tampered, or not written by hloforge")
 
 
 def expected_tensors(params: Sequence[tuple[str, tuple[int, ...]]], state_names: Sequence[str],
-                     stats: Sequence[tuple[str, tuple[int, ...]]],
-                     shadow_stats: bool, frozen: Sequence[int] = ()) -> tuple[dict[str, tuple[int, ...]], list[str]]:
+                     stats: Sequence[tuple[str, StatSlot]], shadow_stats: bool,
+                     frozen: Sequence[int] = ()) -> tuple[dict[str, tuple[int, ...]], list[str], list[str]]:
     """(name -> shape of every tensor a checkpoint of this net and layout holds, the optional ones: the
-    shadow's statistics, absent from checkpoints that predate them), in `tensor_names`' order. The
-    `frozen` positions of `params` have no state tensors."""
+    shadow's statistics, absent from checkpoints that predate them, the variances: `check_tensors`' three
+    arguments), in `tensor_names`' order. The `frozen` positions of `params` have no state tensors."""
     pn, sn = [n for n, _ in params], [n for n, _ in stats]
     held = [p for i, p in enumerate(params) if i not in frozen]
     shapes = ([s for _, s in params] + [s for _, s in held] * len(state_names)
-              + [s for _, s in stats] * (1 + int(shadow_stats)))
+              + [s.shape for _, s in stats] * (1 + int(shadow_stats)))
     names = tensor_names(pn, state_names, sn, shadow_stats, [n for n, _ in held])
     optional = [f"{SHADOW_STATS}/{n}" for n in sn] if shadow_stats else []
-    return dict(zip(names, shapes, strict=True)), optional
+    variances = [f"{group}/{n}" for group in (STATS, SHADOW_STATS)[:1 + int(shadow_stats)]
+                 for n, s in stats if s.nonnegative]
+    return dict(zip(names, shapes, strict=True)), optional, variances
 
 
 def config_from(path: str, cls: type[T], stored: Any) -> T:

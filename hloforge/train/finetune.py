@@ -25,6 +25,7 @@ import attrs
 import numpy as np
 
 from hloforge.core.errors import DataError, HloforgeError
+from hloforge.core.slots import check_stats
 from hloforge.core.variant import SHADOW, Variant, covers
 from hloforge.train import checkpoint as ckpt
 from hloforge.train.config import CHECKPOINT
@@ -174,6 +175,7 @@ def read_init(run: Run, log: Callable[[str], None] = print) -> Init:
     p = [fresh[i] if f"{ckpt.PARAMS}/{n}" in head else have[f"{ckpt.PARAMS}/{n}"] for i, (n, _) in enumerate(params)]
     st = [fresh_stats[i] if f"{ckpt.STATS}/{n}" in head else have[f"{ckpt.STATS}/{n}"]
           for i, (n, _) in enumerate(stats)]
+    check_stats(stats, st, f"--init {path}")
     if head:
         names = [h.split("/", 1)[1] for h in head]
         log(f"  init {path}: {classes} classes there, {spec.num_classes} here: head {names} re-initialised"

@@ -41,6 +41,7 @@ from hloforge.core.modules import (
     train_step_module,
 )
 from hloforge.core.registry import Registry, default_registry
+from hloforge.core.slots import check_stats
 from hloforge.core.spec import NetSpec
 from hloforge.core.strategy import target_of
 from hloforge.core.switches import env_switch
@@ -481,7 +482,12 @@ class ForwardSession:
                                                    target=target_of(self.backend), suffix=self.suffix))
 
     def _push(self, params: Sequence[Any]) -> list[Any]:
-        """The parameters on the device: host arrays stored and copied there, device buffers as they are."""
+        """The parameters on the device: host arrays stored and copied there, device buffers as they are.
+        The eval form's running statistics, the last inputs, are checked first (every score goes through here)."""
+        stats = self.spec.stats() if not self.batch_stats else []
+        running = list(params[len(params) - len(stats):]) if stats else []
+        check_stats([s for s, p in zip(stats, running, strict=True) if _is_host(p)],
+                    [p for p in running if _is_host(p)], "eval")
         return [self.backend.to_device(self._stored(i, p)) if _is_host(p) else p for i, p in enumerate(params)]
 
     def _stored(self, i: int, p: Any) -> np.ndarray:

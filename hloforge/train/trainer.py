@@ -284,11 +284,10 @@ class Run:
                                 f"{self.last_good}", quiet=not self.world.is_root)
         return names, tensors
 
-    def expected_tensors(self) -> tuple[dict[str, tuple[int, ...]], list[str]]:
-        """Every tensor this run's checkpoint holds, name -> shape, and the optional ones."""
+    def expected_tensors(self) -> tuple[dict[str, tuple[int, ...]], list[str], list[str]]:
+        """Every tensor this run's checkpoint holds, name -> shape, the optional ones and the variances."""
         return ckpt.expected_tensors([(n, s.shape) for n, s in self.spec.params()], self.state_layout.slots,
-                                     [(n, s.shape) for n, s in self.spec.stats()], self.state_layout.shadows,
-                                     self.frozen)
+                                     self.spec.stats(), self.state_layout.shadows, self.frozen)
 
     def restore(self, session: TrainSession, cross_backend: bool = False) -> int:
         """Load the run's checkpoint into the session; returns the epoch it ended."""

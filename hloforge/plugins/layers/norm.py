@@ -59,7 +59,7 @@ def bn_slots(c: int) -> tuple[ParamSlot, ParamSlot]:
 
 
 def bn_stats(c: int) -> tuple[StatSlot, StatSlot]:
-    return StatSlot("mean", (c,), 0.0), StatSlot("var", (c,), 1.0)
+    return StatSlot("mean", (c,), 0.0), StatSlot("var", (c,), 1.0, nonnegative=True)
 
 
 # ------------------------------------------------------------------ the references (jax.numpy)
