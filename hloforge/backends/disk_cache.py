@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hloforge.core.errors import BackendError
+from hloforge.core.switches import whole_number
 
 MAX_MB_ENV_VAR = "HLOFORGE_CACHE_MAX_MB"
 #: the size one cache directory is pruned to, in MiB, when $HLOFORGE_CACHE_MAX_MB is not set
@@ -92,9 +93,10 @@ def touch(path: Path) -> None:
 def max_bytes() -> int:
     """$HLOFORGE_CACHE_MAX_MB (a whole number of MiB; 0 keeps only the entry just written) in bytes."""
     text = os.environ.get(MAX_MB_ENV_VAR, str(DEFAULT_MAX_MB)).strip()
-    if not text.isdigit():
+    mib = whole_number(text)
+    if mib is None:
         raise BackendError(f"{MAX_MB_ENV_VAR}={text!r}: expected a whole number of MiB (default {DEFAULT_MAX_MB})")
-    return int(text) * 2**20
+    return mib * 2**20
 
 
 def prune(directory: Path, suffix: str, keep: Path | None = None, limit: int | None = None) -> list[Path]:

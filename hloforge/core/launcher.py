@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from hloforge.core.switches import whole_number
+
 SIZE_ENVS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS")
 RANK_ENVS = {"PMI_SIZE": "PMI_RANK", "OMPI_COMM_WORLD_SIZE": "OMPI_COMM_WORLD_RANK",
              "SLURM_STEP_NUM_TASKS": "SLURM_PROCID"}
@@ -15,8 +17,7 @@ def launched(environ: Any = None) -> tuple[int, int, str]:
     """(rank, size, the variable that said so) from a launcher's environment; (0, 1, "") for a plain run."""
     env = os.environ if environ is None else environ
     for var in SIZE_ENVS:
-        raw = env.get(var, "")
-        if raw.strip().isdigit() and int(raw) > 1:
-            rank = env.get(RANK_ENVS[var], "0")
-            return int(rank) if rank.strip().isdigit() else 0, int(raw), var
+        size = whole_number(env.get(var, "").strip())
+        if size is not None and size > 1:
+            return whole_number(env.get(RANK_ENVS[var], "0").strip()) or 0, size, var
     return 0, 1, ""

@@ -1,6 +1,7 @@
 """How an hloforge environment variable is read, one rule per sort so each says its values the same way:
 an on/off switch (HLOFORGE_DEBUG, HLOFORGE_AUTOTUNE, HLOFORGE_RESIDENT, HLOFORGE_XLA_CACHE,
-HLOFORGE_TRACE_PLUGINS, HLOFORGE_MPI) and a path (HLOFORGE_CACHE_DIR, HLOFORGE_PJRT_PLUGIN)."""
+HLOFORGE_TRACE_PLUGINS, HLOFORGE_MPI), a path (HLOFORGE_CACHE_DIR, HLOFORGE_PJRT_PLUGIN) and a whole
+number (HLOFORGE_CACHE_MAX_MB, HLOFORGE_IREE_WORKER_NICE, a launcher's process count)."""
 
 from __future__ import annotations
 
@@ -40,3 +41,9 @@ def env_path(var: str, environ: Mapping[str, str] | None = None) -> str | None:
     would name a directory called `~`); None when unset or empty."""
     raw = (os.environ if environ is None else environ).get(var, "")
     return os.path.expanduser(raw) if raw else None
+
+
+def whole_number(text: str) -> int | None:
+    """`text` as a whole number written in ASCII digits alone, else None. Not str.isdigit() alone, which
+    passes '²' (int() then raises) and '٣' (int() reads it as 3)."""
+    return int(text) if text.isascii() and text.isdigit() else None

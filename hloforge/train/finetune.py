@@ -26,6 +26,7 @@ import numpy as np
 
 from hloforge.core.errors import DataError, HloforgeError
 from hloforge.core.slots import check_stats
+from hloforge.core.switches import whole_number
 from hloforge.core.variant import SHADOW, Variant, covers
 from hloforge.train import checkpoint as ckpt
 from hloforge.train.config import CHECKPOINT
@@ -77,7 +78,7 @@ def _read(path: str, region: str) -> tuple[str, dict[str, np.ndarray], int | Non
     manifest = os.path.join(os.path.dirname(path), EXPORT_MANIFEST)
     with safe_open(path, "np") as f:  # a bare weights file (import-weights --out FILE.safetensors) says it
         said = (f.metadata() or {}).get("classes", "")
-    classes = int(said) if said.isdigit() else None
+    classes = whole_number(said)
     if classes is None and os.path.exists(manifest):
         try:
             with open(manifest, encoding="utf-8") as f:
@@ -227,9 +228,10 @@ def _renumbered(have: list[str], want: list[str]) -> dict[int, int]:
         out: dict[int, set[tuple[str, str]]] = {}
         for n in names:
             group, top, tail = _split(n)
-            if not top.isdigit():
+            index = whole_number(top)
+            if index is None:
                 return None
-            out.setdefault(int(top), set()).add((group, tail))
+            out.setdefault(index, set()).add((group, tail))
         return sorted(out), [out[i] for i in sorted(out)]
 
     a, b = layers(have), layers(want)

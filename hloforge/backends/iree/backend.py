@@ -43,6 +43,7 @@ from hloforge.backends.host_memory import host_memory_description, retain_freed_
 from hloforge.backends.iree.transients import SIZE_KEY, TAKES_STORAGE_KEY, with_transient_storage
 from hloforge.core.errors import BackendError, HloforgeWarning
 from hloforge.core.hookspecs import hookimpl
+from hloforge.core.switches import whole_number
 
 TARGET_ENV_VAR = "HLOFORGE_IREE_TARGET"
 GPU_ARCH_ENV_VAR = "HLOFORGE_IREE_GPU_ARCH"
@@ -177,9 +178,10 @@ DEFAULT_WORKER_NICE = 1
 def worker_nice() -> int:
     """How much nicer than the process the IREE CPU workers run: $HLOFORGE_IREE_WORKER_NICE (0–19)."""
     text = os.environ.get(WORKER_NICE_ENV_VAR, str(DEFAULT_WORKER_NICE)).strip()
-    if not text.isdigit() or int(text) > 19:
+    step = whole_number(text)
+    if step is None or step > 19:
         raise BackendError(f"{WORKER_NICE_ENV_VAR}={text!r}: expected a niceness step from 0 to 19")
-    return int(text)
+    return step
 
 
 def _thread_ids() -> set[int]:
