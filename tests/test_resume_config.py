@@ -32,3 +32,26 @@ def test_a_resumed_run_keeps_its_own_settings_and_refuses_another_batch(tmp_path
 
     assert main([*first, "--epochs", "3", "--resume", "--lr", "0.005"]) == 0  # a flag given is taken
     assert (_config(run)["lr"], _config(run)["seed"]) == (0.005, 3)
+
+
+def test_a_checkpoint_of_another_batch_copied_in_is_refused_on_resume(tmp_path, capsys):
+    """A checkpoint copied from a run at batch 32 (44 steps an epoch) over a batch-64 run's (22) resumed at
+    step 44 as if at epoch 1's end: its epochs ended at steps 66 and 88 and the cosine schedule ran past
+    its end (lr rising again), with no word. Refused in one line, before anything is written."""
+    a, b = os.path.join(tmp_path, "a"), os.path.join(tmp_path, "b")
+    for run, batch in ((a, "32"), (b, "64")):
+        assert main(["train", "mnist-linear", "--run-dir", run, "--no-progress", "--epochs", "1",
+                     "--batch", batch]) == 0
+    with open(os.path.join(b, "metrics.jsonl"), "rb") as f:
+        logged = f.read()
+    with open(os.path.join(a, "checkpoint.safetensors"), "rb") as src, \
+            open(os.path.join(b, "checkpoint.safetensors"), "wb") as dst:
+        dst.write(src.read())
+    capsys.readouterr()
+    assert main(["train", "--run-dir", b, "--no-progress", "--epochs", "2", "--resume"]) == 3
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "is at step 44 after epoch 1, not this run's step 22" in err and "batch 32" in err and "--init" in err
+    assert _config(b)["epochs"] == 1  # nothing rewritten
+    with open(os.path.join(b, "metrics.jsonl"), "rb") as f:
+        assert f.read() == logged

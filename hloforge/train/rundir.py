@@ -120,6 +120,22 @@ def check_resumable(run_dir: str, default_of: str = "") -> None:
                     f"there is nothing to resume; start it again with `{again}`")
 
 
+def check_steps(path: str, meta: dict[str, Any], per_epoch: int, cfg: TrainConfig, n: int) -> None:
+    """Refuse to resume checkpoint `path` where its step is not its epoch's end in this run's epochs of
+    `per_epoch` steps (one trained at another batch, copied from another run): the loop and the schedule
+    count this run's steps from (0, 0), so it would train on with a plausible but wrong schedule."""
+    epoch, step = int(meta["epoch"]), int(meta["step"])
+    if step == epoch * per_epoch:
+        return
+    was = meta.get("config", {}).get("batch")
+    why = (f"it trained at batch {was}, this run at batch {cfg.batch}" if was != cfg.batch else
+           f"this run's epochs are {per_epoch} steps of batch {cfg.batch} over {n} training examples"
+           + (f" in {cfg.workers} workers" if cfg.workers else ""))
+    raise DataError(f"checkpoint {path} is at step {step} after epoch {epoch}, not this run's step {epoch * per_epoch} "
+                    f"({why}); it is not this run's to continue (copied from another run?): resume with the run's "
+                    "own checkpoint, or start a new run from its weights with --init")
+
+
 def own_spec(net: str, stored: NetSpec) -> NetSpec | None:
     """For a net a config names by a spec file's path, the checkpoint's own copy of it (`stored`): the
     file may have moved, been edited or be named relative to another folder since. None for a zoo net

@@ -294,6 +294,7 @@ class Run:
         tensors, meta = ckpt.load_checkpoint(self.ckpt_path)
         session.state_layout.check_slots(f"checkpoint {self.ckpt_path}", list(tensors))
         check_matches(self.ckpt_path, meta, self.spec, self.variant, self.cfg.backend, cross_backend)
+        rundir.check_steps(self.ckpt_path, meta, self.steps_per_epoch, self.cfg, self.feed.n)
         ckpt.check_tensors(self.ckpt_path, tensors, *self.expected_tensors())
         lay = session.layout
         pn = [n for n, _ in lay.params]
