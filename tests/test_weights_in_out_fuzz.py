@@ -141,3 +141,29 @@ def test_the_export_of_an_ema_run_holds_the_weights_eval_scores(tmp_path) -> Non
     assert main(["export", run, "--out", str(tmp_path / "cli_live"), "--region", "live"]) == EXIT_OK
     assert np.array_equal(load_file(str(tmp_path / "cli_live" / "weights.safetensors"))["param/0.w"],
                           live["param/0.w"])
+
+
+def test_an_export_that_meets_a_full_disk_is_one_line_and_leaves_no_half_export(tmp_path) -> None:
+    """A disk that filled up mid-export (here: a file-size limit, EFBIG) was an internal error (exit 4,
+    safetensors' SerializeError) that left forward.mlir behind, and the same --out was then refused as
+    already holding an export. Now: one line, nothing left, and the same command works once there is room."""
+    import subprocess
+    import sys
+
+    from hloforge.cli import main
+    from hloforge.train.trainer import TrainConfig, train
+
+    run, out = str(tmp_path / "run"), str(tmp_path / "out")
+    train(TrainConfig(net="mnist-linear", epochs=1, run_dir=run), progress=False)
+    code = ("import resource, sys\nresource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384))\n"
+            f"from hloforge.cli import main\nsys.exit(main(['export', {run!r}, '--out', {out!r}]))\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "HLOFORGE_CACHE_DIR": str(tmp_path / "cache")})
+    assert p.returncode == 3, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert p.stderr.startswith("hloforge: error: could not write exported weights ") and "export again" in p.stderr
+    assert not os.path.exists(out)
+    assert main(["export", run, "--out", out]) == 0
+    assert sorted(os.listdir(out)) == ["forward.mlir", "manifest.json", "weights.safetensors"]
+    (tmp_path / "file").write_text("x")
+    assert main(["export", run, "--out", str(tmp_path / "file")]) == 3

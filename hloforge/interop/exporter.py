@@ -59,7 +59,7 @@ def export_run(run: str, out: str, fmt: str = "hloforge", log: Callable[[str], N
     """Export the run directory (or checkpoint file) `run` into directory `out`; its path. `region` picks
     the weights as `hloforge eval` does: the live ones, the EMA shadow, or (the default) auto, the shadow
     when the run kept one."""
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save
 
     from hloforge.commands.opening import open_checkpoint
     from hloforge.core.modules import forward_module
@@ -76,8 +76,7 @@ def export_run(run: str, out: str, fmt: str = "hloforge", log: Callable[[str], N
         target = os.path.join(out, "model.safetensors")
         if os.path.exists(target):
             raise HloforgeError(f"{target} already exists; pick another --out")
-        os.makedirs(out, exist_ok=True)
-        save_file(sd, target, metadata={"source": source, "region": region})
+        write_whole(out, [(target, save(sd, metadata={"source": source, "region": region}), "PyTorch state dict")])
         log(f"exported {spec.name} as {source} ({region} weights, {len(sd)} tensors) -> {target}")
         return out
     files = [os.path.join(out, f) for f in ("forward.mlir", "weights.safetensors", "manifest.json")]
@@ -92,13 +91,32 @@ def export_run(run: str, out: str, fmt: str = "hloforge", log: Callable[[str], N
         "preprocessing": {"data": cfg.data, "data_options": list(cfg.data_options)},
         "backend": oc.meta.get("backend"), "epoch": oc.meta.get("epoch"), "step": oc.meta.get("step"),
     }
-    os.makedirs(out, exist_ok=True)
-    with open(files[0], "w", encoding="utf-8") as f:
-        f.write(text)
-    save_file({n: np.ascontiguousarray(a) for n, a in zip([*pnames, *snames], [*params, *stats], strict=True)},
-              files[1])
-    with open(files[2], "w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=1)
+    weights = {n: np.ascontiguousarray(a) for n, a in zip([*pnames, *snames], [*params, *stats], strict=True)}
+    write_whole(out, [(files[0], text.encode(), "exported forward"), (files[1], save(weights), "exported weights"),
+                      (files[2], json.dumps(manifest, indent=1).encode(), "export manifest")])
     log(f"exported {spec.name} (eval forward, {region} weights: {len(pnames)} parameters, {len(snames)} "
         f"statistics) -> {out}")
     return out
+
+
+def write_whole(out: str, files: list[tuple[str, bytes, str]]) -> None:
+    """Each of `files` (path, bytes, what) into directory `out`, each written aside and renamed, and all or
+    none: a write that fails (a full disk) removes the ones this export wrote, and the directory where it
+    made it, so the same --out takes the export again once there is room."""
+    from hloforge.train.checkpoint import write_atomic
+
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise HloforgeError(f"--out {out} is a file; expected a directory to export into")
+    made = not os.path.isdir(out)
+    os.makedirs(out, exist_ok=True)
+    written: list[str] = []
+    try:
+        for path, data, what in files:
+            write_atomic(path, data, what, then="free space and export again")
+            written.append(path)
+    except BaseException:
+        for path in written:
+            os.remove(path)
+        if made and not os.listdir(out):
+            os.rmdir(out)
+        raise

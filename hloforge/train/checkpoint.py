@@ -83,10 +83,12 @@ def serialize(names: Sequence[str], tensors: Sequence[np.ndarray], meta: dict[st
     return struct.pack("<Q", len(header)) + header + blob[8 + n:]
 
 
-def write_atomic(path: str, data: bytes, what: str, *, fault: bool = False) -> None:
+def write_atomic(path: str, data: bytes, what: str, *, fault: bool = False,
+                 then: str = "free space and --resume") -> None:
     """`data` to `path` through `path`.tmp, fsynced and renamed over it: a crash at any point leaves
     the old file or the new one, whole. A failed write (ENOSPC, EFBIG, EIO) removes the temp file and
-    raises one line saying the old file is untouched. `fault`: the FAULT_ENV kill, halfway through."""
+    raises one line saying the old file is untouched and what to do `then`. `fault`: the FAULT_ENV kill,
+    halfway through."""
     tmp = path + TMP_SUFFIX
     chunks = 16 if os.environ.get(SLOW_WRITE_ENV) else 1
     pause = float(os.environ.get(SLOW_WRITE_ENV) or 0)
@@ -114,7 +116,7 @@ def write_atomic(path: str, data: bytes, what: str, *, fault: bool = False) -> N
             raise
         old = f"the previous {what} is whole" if os.path.exists(path) else f"there was no {what} before"
         raise HloforgeError(f"could not write {what} {path}: {e.strerror or e} ({old}, the temp file removed); "
-                            "free space and --resume") from None
+                            f"{then}") from None
     _fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
