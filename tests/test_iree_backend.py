@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ pytest.importorskip("iree.compiler")
 pytest.importorskip("iree.runtime")
 
 from hloforge.backends.iree import IreeBackend, cache_key  # noqa: E402
+from hloforge.backends.iree.backend import IreeCacheWarning  # noqa: E402
 from hloforge.testing.backend_conformance import STEP, G, W  # the train-step pattern every backend runs
 
 
@@ -186,6 +188,29 @@ def test_a_write_prunes_the_cache_to_its_size_but_keeps_the_new_artifact(cache, 
     assert list(cache.glob("*.vmfb")) == [exe.artifact] and not old.exists()
     out, _ = be.execute(exe, [be.to_device(W), be.to_device(G)])
     np.testing.assert_allclose(be.to_host(out), W - 0.2, rtol=1e-6)
+
+
+def test_an_entry_swapped_with_another_keys_is_compiled_again_not_run(cache):
+    """Two cache entries swapped (or one copied over another): the train step's key held the eval
+    forward's artifact and the run stopped with 'expected 10 arguments but passed 24', every run after
+    it too; two modules of one signature ran the other one's program (W - 0.2 for W - 0.1: a plausible
+    wrong number). Now each artifact carries its key, and one that is not its path's is compiled again
+    with one warning, and replaced."""
+    be = IreeBackend()
+    one, two = be.compile(STEP).artifact, be.compile(STEP.replace("1.000000e-01", "2.000000e-01")).artifact
+    a, b = one.read_bytes(), two.read_bytes()
+    one.write_bytes(b)
+    two.write_bytes(a)
+    be2 = IreeBackend()
+    with pytest.warns(IreeCacheWarning, match=r"IREE cache entry .* is another key's entry .*; compiling again "
+                                              r"and replacing it"):
+        exe = be2.compile(STEP)
+    out, _ = be2.execute(exe, [be2.to_device(W), be2.to_device(G)])
+    np.testing.assert_allclose(be2.to_host(out), W - 0.1, rtol=1e-6)
+    assert be2.stats["compiles"] == 1 and one.read_bytes() != b  # replaced by its own
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert IreeBackend().compile(STEP).cache_hit  # ... which the next run takes without a word
 
 
 def test_two_processes_share_the_cache(cache):

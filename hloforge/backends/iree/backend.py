@@ -5,7 +5,9 @@ the target, the flags, the compiler version and, for llvm-cpu (which compiles fo
 CPU), the host CPU (see :func:`cache_key`), written and pruned as
 :mod:`hloforge.backends.disk_cache` says (atomically: two processes can share one cache and a
 reader never sees a half-written artifact). A cache that cannot be written (read-only, full) is
-said once; the artifact is then loaded from memory and the run goes on.
+said once; the artifact is then loaded from memory and the run goes on. An artifact carries its key
+(KEY_REFLECTION): an entry that is another key's, or does not load, is compiled again, with one
+warning, and replaced.
 
 @main keeps its intermediate buffers in one storage buffer per executable, made once and passed to every
 call (:mod:`hloforge.backends.iree.transients` says why: IREE's own pool grew the process every step).
@@ -40,7 +42,7 @@ from hloforge.backends.base import (
 )
 from hloforge.backends.disk_cache import first_unwritable, host_cpu, prune, sha256_key, touch, write_atomic
 from hloforge.backends.host_memory import host_memory_description, retain_freed_host_memory
-from hloforge.backends.iree.transients import SIZE_KEY, TAKES_STORAGE_KEY, with_transient_storage
+from hloforge.backends.iree.transients import SIZE_KEY, TAKES_STORAGE_KEY, with_reflection, with_transient_storage
 from hloforge.core.errors import BackendError, HloforgeWarning
 from hloforge.core.hookspecs import hookimpl
 from hloforge.core.switches import whole_number
@@ -102,11 +104,17 @@ def default_cache_dir() -> Path:
     return cache_root() / "iree"
 
 
+# @main's reflection in an artifact: the cache key it was compiled under (its file's name), so an entry that
+# is another key's (swapped, copied over) is compiled again, not run as this module: a .vmfb is mmapped as it
+# is, so it holds no header of ours as XLA's entries do.
+KEY_REFLECTION = "hloforge.cache_key"
+
+
 def cache_key(mlir_text: str, target: str, flags: Sequence[str], version: str, host: str = "") -> str:
     """`host`: the CPU the code is compiled for where it is this machine's (llvm-cpu), so a cache shared
     with another machine never hands this one instructions its CPU lacks."""
     return sha256_key({"mlir": mlir_text, "target": target, "flags": list(flags), "compiler": version,
-                       "host": host})
+                       "host": host, "entry": KEY_REFLECTION})  # entries from before the key are misses
 
 
 class IreeCacheWarning(HloforgeWarning):
@@ -363,8 +371,9 @@ class IreeBackend:
 
     def _compile_vmfb(self, mlir_text: str, path: Path) -> bytes:
         t0 = time.perf_counter()
+        keyed = with_reflection(mlir_text, {KEY_REFLECTION: path.stem}) or mlir_text
         try:
-            vmfb = self.compiler.compile_str(mlir_text, target_backends=[self.target], input_type="stablehlo",
+            vmfb = self.compiler.compile_str(keyed, target_backends=[self.target], input_type="stablehlo",
                                              extra_args=list(self.flags))
         except self.compiler.CompilerToolError as e:
             raise BackendError(
@@ -420,10 +429,14 @@ class IreeBackend:
         path, hit, unstored = self._artifact(mlir_text)
         try:
             module, context = self._load(path, unstored)
-        except BackendError:
+            wrong = self._not_this_key(module, path, mlir_text) if hit else ""
+        except BackendError as e:
             if not hit:
                 raise
-            # A damaged cache entry (e.g. a disk filled up mid-copy elsewhere): rebuild it once.
+            wrong = f"does not load ({str(e).splitlines()[0]})"  # damaged (e.g. a disk filled up mid-copy elsewhere)
+        if wrong:  # rebuilt once, and replaced
+            warnings.warn(IreeCacheWarning(f"IREE cache entry {path} {wrong}; compiling again and replacing it"),
+                          stacklevel=2)
             vmfb = self._compile_vmfb(iree_text(mlir_text), path)
             module, context = self._load(path, None if self._store(path, vmfb) else vmfb)
         function = module.lookup_function("main")
@@ -434,6 +447,15 @@ class IreeBackend:
             raise BackendError(f"the artifact {path} has the {model or 'synchronous'} ABI; execute expects "
                                f"{ABI_MODEL} (compile with {' '.join(EXECUTION_FLAGS)})")
         return IreeExecutable(self, module, context, function, parse_main_signature(mlir_text), path, hit)
+
+    @staticmethod
+    def _not_this_key(module: Any, path: Path, mlir_text: str) -> str:
+        """What is wrong with a cache hit whose @main does not carry its own key (KEY_REFLECTION), else ""."""
+        main = module.lookup_function("main")
+        said = main.reflection.get(KEY_REFLECTION) if main is not None else None
+        if said == path.stem or (said is None and with_reflection(iree_text(mlir_text), {}) is None):
+            return ""  # this key's, or a text whose @main cannot carry one
+        return f"is another key's entry (its @main carries {f'key {said[:12]}…' if said else 'no key'})"
 
     def _load(self, path: Path, unstored: bytes | None = None) -> tuple[Any, Any]:
         """The artifact at `path`, or `unstored` (its bytes, which the cache could not keep) from memory."""

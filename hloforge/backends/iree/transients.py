@@ -130,3 +130,16 @@ def with_transient_storage(mlir_text: str) -> str | None:
     body_from = body_start + 1
     return (signature + mlir_text[params_end:body_from] + body[:last_newline + 1] + "\n".join(placed) + "\n" + ret
             + mlir_text[body_from + len(body):])
+
+
+def with_reflection(mlir_text: str, entries: dict[str, str]) -> str | None:
+    """`mlir_text` with `entries` (string values) in @main's `iree.reflection`, which the compiled function
+    carries (its `reflection`); None where @main's parameters or body are not found, or it has attributes of
+    its own already."""
+    head = _MAIN.search(mlir_text)
+    params_end = _matching(mlir_text, head.end() - 1) if head is not None else -1
+    body_start = _body_start(mlir_text, params_end + 1) if params_end >= 0 else -1
+    if body_start < 0 or "attributes" in mlir_text[params_end:body_start]:
+        return None
+    said = ", ".join(f'{k} = "{v}"' for k, v in entries.items())
+    return f"{mlir_text[:body_start]}attributes {{iree.reflection = {{{said}}}}} {mlir_text[body_start:]}"
