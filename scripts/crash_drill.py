@@ -192,6 +192,8 @@ def compare(ref: str, got: str, report: Report) -> None:
         first = next((i for i, (x, y) in enumerate(zip(ra, rb, strict=False)) if x != y), min(len(ra), len(rb)))
         fail(f"metrics.jsonl differs from the uninterrupted run's ({len(ra)} vs {len(rb)} lines; first at line "
              f"{first + 1})")
+    if not os.path.exists(os.path.join(got, "curves.png")):
+        fail("no curves.png")
     left = [f for f in os.listdir(got) if ckpt.TMP_SUFFIX in f]
     if left:
         fail(f"temp files left in the run directory: {left}")
@@ -227,6 +229,7 @@ def drill(backend: str, kills: int, seed: int = 0, epochs: int = 3, work: str | 
     log(f"{backend}: uninterrupted run's loop {loop_s:.1f}s ({epochs} epochs of {steps} steps); {kills} kills in {got}")
     while len(report.kills) < kills:
         if checkpoint_epoch(os.path.join(got, RUN)) == epochs:  # a kill after the last checkpoint: compare, anew
+            resume_finished(config, got, env, report)
             compare(os.path.join(ref, RUN), os.path.join(got, RUN), report)
             _fresh(got)
         target = targets[len(report.kills) % len(targets)] if targets else rng.choice(TARGETS)
@@ -250,6 +253,8 @@ def drill(backend: str, kills: int, seed: int = 0, epochs: int = 3, work: str | 
         log(f"  kill {len(report.kills):2d}: aimed {kill.target}, landed {kill.landed} ({kill.at}); "
             f"checkpoint at epoch {kill.ckpt_epoch}")
     done = checkpoint_epoch(os.path.join(got, RUN))
+    if done == epochs:  # the last kill landed after the last checkpoint
+        resume_finished(config, got, env, report)
     if done != epochs:  # the last run: to the end, unkilled
         final = run_once(config, got, env, resume=done is not None)
         if final.returncode:
@@ -257,6 +262,15 @@ def drill(backend: str, kills: int, seed: int = 0, epochs: int = 3, work: str | 
             return report
     compare(os.path.join(ref, RUN), os.path.join(got, RUN), report)
     return report
+
+
+def resume_finished(config: str, cwd: str, env: dict[str, str], report: Report) -> None:
+    """After a kill that landed past the last checkpoint (drawing the end's plot, say): the user's --resume,
+    which says the run is finished and completes what the kill cut short (the plot; no temp file left)."""
+    r = run_once(config, cwd, env, resume=True)
+    if r.returncode != 3 or "already finished" not in r.stderr:
+        said = r.stderr.strip().splitlines()[-1:]
+        report.failures.append(f"--resume of a finished run exited {r.returncode}: {said}")
 
 
 def _fresh(cwd: str) -> None:

@@ -199,3 +199,22 @@ def test_a_second_trainer_in_the_same_run_directory_is_refused_and_a_resume_afte
     r = subprocess.run(train_argv("xla", "--resume"), cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT)
     assert r.returncode == 0, r.stderr
     assert "resumed after epoch 1" in r.stdout
+
+
+def test_a_kill_while_the_end_plot_is_drawn_is_finished_by_resume(tmp_path, monkeypatch):
+    """Killed after its last checkpoint, while curves.png was written aside: the run directory kept
+    curves.png.tmp and no plot, and --resume only said the run was finished, so they stayed (the drill's
+    'no temp file left' failed). Now the resume takes the lock, drops a dead writer's temp files and draws
+    the missing plot, then says the run is finished."""
+    from hloforge.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "mnist-linear", "--epochs", "1", "--run-dir", "run", "--no-progress"]
+    assert main(argv) == 0
+    drawn = read(tmp_path / "run" / "curves.png")
+    os.replace(tmp_path / "run" / "curves.png", tmp_path / "run" / "curves.png.tmp")
+    (tmp_path / "run" / "curves.png.tmp").write_bytes(drawn[:100])  # as a kill mid-write leaves it
+    assert main([*argv, "--resume"]) == EXIT_BAD_INPUT
+    assert sorted(os.listdir(tmp_path / "run")) == [".lock", "checkpoint.safetensors", "config.toml", "curves.png",
+                                                    "eval_correct.npz", "metrics.jsonl"]
+    assert read(tmp_path / "run" / "curves.png")[:8] == b"\x89PNG\r\n\x1a\n"

@@ -8,6 +8,7 @@ when the holder dies, kill -9 included, so a resume after a crash is never refus
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import io
@@ -22,8 +23,9 @@ import numpy as np
 
 from hloforge.core.errors import DataError, HloforgeError
 from hloforge.core.spec import NetSpec
-from hloforge.train.checkpoint import load_meta, write_atomic
-from hloforge.train.config import CHECKPOINT, CONFIG, TrainConfig
+from hloforge.train.checkpoint import TMP_SUFFIX, load_meta, write_atomic
+from hloforge.train.config import BITMAP, CHECKPOINT, CONFIG, TrainConfig
+from hloforge.train.curves import PNG
 from hloforge.zoo import SPEC_SUFFIXES
 
 LOCK = ".lock"
@@ -58,6 +60,9 @@ def locked(run_dir: str, last_good: str) -> Iterator[None]:
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        for name in (CHECKPOINT, CONFIG, BITMAP, METRICS, PNG):  # a writer's killed mid-write: the lock says
+            with contextlib.suppress(FileNotFoundError):          # no one else writes them
+                os.remove(os.path.join(run_dir, name + TMP_SUFFIX))
         yield
     except OSError as e:
         if e.errno not in DISK_FULL:

@@ -440,6 +440,8 @@ class Run:
             start = self.restore(session, cross_backend) if world.is_root else 0
             start = self._share_restored(session, start)
             if start >= cfg.epochs:
+                if world.is_root and not os.path.exists(os.path.join(self.dir, curves.PNG)) and self._history():
+                    self.plot(self._history())  # the end's plot, which a kill while it was drawn left undrawn
                 raise mpi.PeerError(f"run {self.dir} already finished: its checkpoint is at epoch {start} of "
                                     f"{cfg.epochs}; raise --epochs to train further", quiet=not world.is_root)
         if init is not None:
