@@ -4,11 +4,12 @@ commands/handlers.py; their names are re-exported here (`from hloforge.cli impor
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, TextIO
 
 from hloforge.commands.argtypes import F32_MAX as F32_MAX
@@ -44,7 +45,7 @@ from hloforge.commands.options import parser as parser
 from hloforge.commands.options import prepare_parser as prepare_parser
 from hloforge.commands.options import variant_flags as variant_flags
 from hloforge.commands.options import version as version
-from hloforge.core.errors import HloforgeError, HloforgeWarning
+from hloforge.core.errors import HloforgeError, HloforgeWarning, UnsupportedSpec
 
 
 def _internal_error(e: BaseException) -> str:
@@ -101,12 +102,29 @@ def _another_rank_does_it(argv: Sequence[str]) -> bool:
     return launched()[0] > 0
 
 
+def _a_later_rank() -> bool:
+    """Whether this is a rank other than 0 of an MPI launch whose ranks have not met yet (no MPI world
+    made). Every rank parses the same command line, so a usage error or a refusal of the options alone is
+    every rank's: rank 0 says it, once, as one process would (after they meet: mpi.shared)."""
+    from hloforge.core.launcher import launched
+
+    mpi = sys.modules.get("hloforge.train.mpi")
+    return launched()[0] > 0 and not (mpi is not None and mpi.world_made())
+
+
 def _end_mpi_run(e: BaseException, code: int) -> None:
     """A rank of a run across MPI processes ends for the others too (hloforge.train.mpi.end_after_error);
     nothing where none was started."""
     mpi = sys.modules.get("hloforge.train.mpi")
     if mpi is not None:
         mpi.end_after_error(e, code)
+
+
+@contextlib.contextmanager
+def _silenced() -> Iterator[None]:
+    """Standard output and error dropped inside the block (argparse prints its usage error or help there)."""
+    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null), contextlib.redirect_stderr(null):
+        yield
 
 
 _python_show_warning: Any = warnings.showwarning  # as Python shows a warning, for every other library's
@@ -146,7 +164,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return bench.main(argv[1:])
         p = parser()
         try:
-            args = p.parse_args(argv)
+            with _silenced() if _a_later_rank() else contextlib.nullcontext():
+                args = p.parse_args(argv)
         except SystemExit as e:  # a usage error (2), or -h / --version (0): argparse has printed it
             return e.code if isinstance(e.code, int) else EXIT_USAGE
         if args.command is None:  # a bare `hloforge`: the help, and nothing run
@@ -164,7 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             say()
         return EXIT_INTERRUPTED
     except (HloforgeError, OSError) as e:  # a refusal, or a file the user named that cannot be read or written
-        if not getattr(e, "quiet", False):  # quiet: an MPI rank whose refusal another rank reports
+        # quiet: an MPI rank whose refusal another rank reports; so is a later rank's refusal of the options
+        if not getattr(e, "quiet", False) and not (isinstance(e, UnsupportedSpec) and _a_later_rank()):
             if debug:
                 import traceback
 

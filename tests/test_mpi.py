@@ -423,6 +423,8 @@ def test_hloforge_train_freeze_and_ema_under_mpiexec_is_the_two_replica_run(tmp_
     (("--batch", "63"), "batch 63 (the global batch) does not split evenly over 2 replicas"),
     (("--init", "no-such-run"), "--init no-such-run does not exist"),
     (("--callback", "early_stopping:monitor=zzz"), "EarlyStopping monitors 'zzz', but the epoch's metrics are"),
+    (("--replicas", "3"), "batch 64 (the global batch) does not split evenly over 3 replicas"),  # before MPI starts
+    (("--cutmix", "0.3"), "cutmix pastes a box of an image: it needs an input [C, H, W] or [H, W], not [784]"),
 ])
 def test_a_refusal_every_rank_reaches_under_mpiexec_is_one_line(tmp_path, more, message):
     """Printed by rank 0 alone; --replicas left at its default (one per process) refused for what MPI makes of it."""
@@ -431,6 +433,15 @@ def test_a_refusal_every_rank_reaches_under_mpiexec_is_one_line(tmp_path, more, 
     lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.startswith("hloforge:")]
     assert len(lines) == 1 and message in lines[0], r.stdout + r.stderr
     assert not (tmp_path / "r").exists()
+
+
+@needs_mpi
+def test_a_usage_error_under_mpiexec_is_printed_once(tmp_path):
+    r = launch(2, *train_cmd(tmp_path / "r", 0))
+    assert r.returncode == 2
+    lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.startswith("hloforge")]
+    assert lines == ["hloforge train: error: argument --epochs: expected an integer ≥ 1, got '0' (see `hloforge "
+                     "train -h`)"], r.stdout + r.stderr
 
 
 @needs_mpi

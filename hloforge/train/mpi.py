@@ -332,6 +332,11 @@ def _on_peer_death(signum: int, frame: Any) -> None:
     _PEER_DIED = True
 
 
+def world_made() -> bool:
+    """Whether this process has made its World (after which the ranks refuse together through `shared`)."""
+    return _WORLD is not None
+
+
 def world(environ: Any = None) -> World:
     """The processes this one was launched with (detected once, lazily). One process: World(0, 1)."""
     global _WORLD

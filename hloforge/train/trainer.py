@@ -92,17 +92,17 @@ class Run:
         """`spec` / `data` (a dataset object) / `backend` in place of the ones `cfg` names (hf.Model's own
         net, arrays and backend); `directory` False: a run that writes nothing (no run directory,
         checkpoint or logs); `shuffle` False: each epoch in the split's order."""
-        cfg.check()
         # The processes an MPI launcher started (one alone): --replicas counts them all (hloforge.train.mpi);
         # a Model's fit too (its session spread over them: Model._session). Scoring alone is one process's.
         self.world = mpi.world() if not eval_only else mpi.World()
-        if self.world.size > 1:
-            try:
+        try:  # the options alone decide these refusals, so every rank refuses alike: said once (mpi.shared)
+            cfg.check()
+            if self.world.size > 1:
                 cfg = attrs.evolve(cfg, replicas=mpi.global_replicas(cfg.replicas, cfg.sync_bn, self.world))
-            except HloforgeError as e:  # e.g. the batch over the new count: every rank refuses alike
-                raise mpi.shared(e, self.world) from None
-            if not self.world.is_root:  # rank 0 logs and draws the progress bar; the others are quiet
-                log, progress = (lambda line: None), False
+        except UnsupportedSpec as e:
+            raise mpi.shared(e, self.world) from None
+        if not self.world.is_root:  # rank 0 logs and draws the progress bar; the others are quiet
+            log, progress = (lambda line: None), False
         devices = replica_devices(cfg.backend or None, cfg.replicas // self.world.size, cfg.devices)
         self.backend = backend if backend is not None else \
             make_backend(cfg.backend or None, **({"devices": devices} if devices else {}))
@@ -113,14 +113,17 @@ class Run:
         self.lm = is_lm(self.spec)
         self.variant = cfg.variant(self.spec)
         self.spec = self.variant.apply_to(self.spec)  # dropout, drop_path, BN ε: train and eval one net
-        self.mixer = (Mixer(self.spec.num_classes, self.variant.mixup, self.variant.cutmix, cfg.label_smoothing)
-                      if self.variant.soft_labels else None)
-        if self.mixer is not None:
-            self.mixer.check_input(self.spec.input_shape)
-        if self.variant.precision == "fp8":
-            fp8.check_variant(self.variant)
-            if cfg.replicas > 1:
-                raise UnsupportedSpec("precision fp8 runs on one replica (its master weights live on the host)")
+        try:  # as the options' check above: the net and variant decide alike on every rank
+            self.mixer = (Mixer(self.spec.num_classes, self.variant.mixup, self.variant.cutmix, cfg.label_smoothing)
+                          if self.variant.soft_labels else None)
+            if self.mixer is not None:
+                self.mixer.check_input(self.spec.input_shape)
+            if self.variant.precision == "fp8":
+                fp8.check_variant(self.variant)
+                if cfg.replicas > 1:
+                    raise UnsupportedSpec("precision fp8 runs on one replica (its master weights live on the host)")
+        except UnsupportedSpec as e:
+            raise mpi.shared(e, self.world) from None
         opts: dict[str, Any] = {"data_dir": cfg.data_dir} if cfg.data_dir else {}
         if cfg.data_file:
             opts["data_file"] = cfg.data_file
