@@ -360,10 +360,10 @@ class Model:
         return self._forward(self._scoring_batch(batch_size, len(xa))).logits(xa, buffers)
 
     def _scoring_batch(self, batch_size: Any, rows: int) -> int:
-        """The forward's batch: the last fit's (its compiled forward), or `batch_size` up to the rows scored (a
-        forward compiled and padded to batch_size=10**6 for 5 rows would take gigabytes)."""
+        """The forward's batch: the last fit's, or `batch_size` cut to the power of two that holds the rows (10**6 for 5
+        rows would take gigabytes; a power of two, so varying row counts share a few compiled forwards)."""
         batch = checked_batch_size(batch_size, self._batch)
-        return batch if batch_size is None else min(batch, rows)
+        return batch if batch_size is None else min(batch, 1 << (rows - 1).bit_length())
 
     def evaluate(self, x: Any = None, y: Any = None, batch_size: int | None = None, *, data: str | None = None,
                  data_options: Mapping[str, Any] | None = None, region: str = DEFAULT_REGION) -> dict[str, Any]:

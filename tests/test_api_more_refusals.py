@@ -139,6 +139,10 @@ def test_a_batch_size_beyond_the_rows_scored_compiles_no_larger_forward() -> Non
     np.testing.assert_allclose(m.predict(x, batch_size=4096), want, rtol=1e-5, atol=1e-6)
     assert max(m._forwards) == 32
     assert m.evaluate(x, y, batch_size=4096)["n"] == 5 and max(m._forwards) == 32
+    for n in (6, 7, 8):  # varying row counts share the forward of the power of two that holds them
+        np.testing.assert_allclose(m.predict(x[:1].repeat(n, 0), batch_size=4096), want[:1].repeat(n, 0), rtol=1e-5,
+                                   atol=1e-6)
+    assert sorted(m._forwards) == [8, 32]
 
 
 def test_threads_sharing_a_model_each_get_their_own_rows_scores() -> None:
