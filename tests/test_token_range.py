@@ -90,7 +90,7 @@ def test_a_models_predict_and_fit_refuse_them():
 
 
 def test_a_language_model_of_another_vocabulary_than_its_text_names_the_classes_that_fit(tmp_path, capsys):
-    """The language models' check says what to pass, as the classifiers' does (tasks.ClassCountMismatch)."""
+    """The language models' check says what to pass, as the classifiers' does (tasks.classes_mismatch)."""
     from hloforge.cli import main
 
     assert main(["train", "tinygpt-nano", "--classes", "50", "--data", "text", "--epochs", "1",

@@ -118,19 +118,25 @@ class Task:
 
 
 class ClassCountMismatch(DataError):
-    """A classifier (or language model) whose head is not the dataset's class count. `stated` is the
-    fact alone; the message adds what reshapes the head (`net`: the name the config gives the net)."""
+    """A classifier (or language model) whose head is not the dataset's class count; `stated`: the fact
+    alone, without the advice the message adds (what import-weights says in its own words)."""
 
-    def __init__(self, data: str, data_classes: int, net: str, spec: NetSpec):
-        from hloforge.zoo import takes_classes
+    def __init__(self, message: str, stated: str = ""):
+        super().__init__(message)
+        self.stated = stated or message
 
-        self.stated = f"dataset {data!r} has {data_classes} classes, net {spec.name!r} has {spec.num_classes}"
-        if takes_classes(net):
-            advice = f"; pass --classes {data_classes} to give the net a head of {data_classes}"
-        else:
-            advice = (f", a head it states itself (--classes does not reshape it): train a net of {data_classes} "
-                      f"classes, e.g. a zoo net that takes --classes {data_classes}")
-        super().__init__(self.stated + advice)
+
+def classes_mismatch(data: str, data_classes: int, net: str, spec: NetSpec) -> ClassCountMismatch:
+    """The refusal of a head that is not the dataset's class count, saying what reshapes it (`net`: the name
+    the config gives the net)."""
+    from hloforge.zoo import takes_classes
+
+    said = f"dataset {data!r} has {data_classes} classes, net {spec.name!r} has {spec.num_classes}"
+    if takes_classes(net):
+        return ClassCountMismatch(f"{said}; pass --classes {data_classes} to give the net a head of {data_classes}",
+                                  said)
+    return ClassCountMismatch(f"{said}, a head it states itself (--classes does not reshape it): train a net of "
+                              f"{data_classes} classes, e.g. a zoo net that takes --classes {data_classes}", said)
 
 
 class ClassificationTask(Task):
@@ -144,7 +150,7 @@ class ClassificationTask(Task):
     def check(self) -> None:
         run = self.run
         if run.data.num_classes != run.spec.num_classes:
-            raise ClassCountMismatch(run.cfg.data, run.data.num_classes, run.cfg.net, run.spec)
+            raise classes_mismatch(run.cfg.data, run.data.num_classes, run.cfg.net, run.spec)
 
     def evaluate(self, evaluator: ForwardSession, buffers: list[Any]) -> Evaluation:
         from hloforge.train.evaluation import evaluate, evaluate_stream

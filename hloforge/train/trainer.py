@@ -59,7 +59,7 @@ from hloforge.train.mixing import Mixer
 from hloforge.train.parallel import DataParallelTrainSession, make_forward_session
 from hloforge.train.schedule import lr_at
 from hloforge.train.session import ForwardSession, TrainSession, make_backend, replica_devices
-from hloforge.train.tasks import ClassCountMismatch, make_task
+from hloforge.train.tasks import classes_mismatch, make_task
 from hloforge.zoo import get_net
 
 
@@ -150,7 +150,7 @@ class Run:
             self.data = labels
             self.y_te = self.data.arrays("test")[1]
         if self.lm and self.data.num_classes != self.spec.num_classes:
-            raise ClassCountMismatch(cfg.data, self.data.num_classes, cfg.net, self.spec)
+            raise classes_mismatch(cfg.data, self.data.num_classes, cfg.net, self.spec)
         self.feed = Feed(self.data, DataRef(cfg.data, opts), batch=cfg.batch, seed=cfg.seed, workers=cfg.workers,
                          augment=cfg.augment, input_shape=self.task.feed_shape if self.task else self.spec.input_shape,
                          train=not eval_only, shuffle=shuffle)
