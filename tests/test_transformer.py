@@ -255,6 +255,19 @@ def test_language_model_needs_a_token_dataset():
         Run(TrainConfig(net="tinygpt-nano", data="digits"), log=lambda s: None, progress=False)
 
 
+def test_a_seq_len_data_option_other_than_the_context_is_refused_not_overridden(tmp_path):
+    """The windows are the net's context: a seq_len data option of another length was silently replaced."""
+    from hloforge.train.trainer import Run, TrainConfig
+
+    f = tmp_path / "c.txt"
+    f.write_text("abcdefgh " * 40, encoding="utf-8")
+    cfg = TrainConfig(net="tinygpt-nano", data="text", data_file=str(f), data_options=("seq_len=10",), batch=1)
+    with pytest.raises(DataError, match=r"seq_len=10: .* its context, 64 tokens .* --input 10"):
+        Run(cfg, log=lambda s: None, progress=False, directory=False)
+    same = TrainConfig(net="tinygpt-nano", data="text", data_file=str(f), data_options=("seq_len=64",), batch=1)
+    assert Run(same, log=lambda s: None, progress=False, directory=False).data.seq_len == 64
+
+
 # ------------------------------------------------------------------ a language model learns
 def test_tinygpt_trains_bits_per_char_drop_and_generates(tmp_path, backend):
     import json

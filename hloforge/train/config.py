@@ -17,7 +17,7 @@ from typing import Any
 
 import attrs
 
-from hloforge.core.errors import UnsupportedSpec
+from hloforge.core.errors import DataError, UnsupportedSpec
 from hloforge.core.regions import DEFAULT_REGION, check_region
 from hloforge.core.spec import NetSpec
 from hloforge.core.variant import Variant, VariantFields
@@ -218,6 +218,21 @@ def parse_data_options(items: Any, what: str = "data option") -> dict[str, Any]:
         opts[key] = value
     return opts
 
+
+def lm_seq_len(opts: dict[str, Any], spec: NetSpec, data_cls: Any, data: str) -> int:
+    """The windows language model `spec` reads from dataset `data` (its class or instance): the net's
+    context. A dataset without token labels, or a `seq_len` data option of another length, is refused:
+    the option is never overridden unseen (the net's input length is what reshapes the windows)."""
+    if getattr(data_cls, "label_kind", "class") != "tokens":
+        raise DataError(f"net {spec.name!r} is a language model (per-token logits); dataset {data!r} has no token "
+                        "labels — use --data text")
+    context = int(spec.input_shape[0])
+    asked = opts.get("seq_len", context)
+    if asked != context:
+        other = f"; a net of another context: --input {asked}" if isinstance(asked, int) and asked > 0 else ""
+        raise DataError(f"data option seq_len={asked}: a language model's windows are its context, {context} "
+                        f"tokens for net {spec.name!r}{other}")
+    return context
 
 
 def resumed_config(cfg: TrainConfig, given: Collection[str]) -> TrainConfig:

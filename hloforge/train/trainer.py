@@ -42,6 +42,7 @@ from hloforge.train.config import (  # noqa: F401
     CHECKPOINT,
     CONFIG,
     TrainConfig,
+    lm_seq_len,
     load_config,
     option_items,
     parse_data_options,
@@ -129,10 +130,8 @@ class Run:
             opts["data_file"] = cfg.data_file
         opts.update(parse_data_options(cfg.data_options))
         if self.lm:
-            if getattr(data if data is not None else reg.get("dataset", cfg.data), "label_kind", "class") != "tokens":
-                raise DataError(f"net {self.spec.name!r} is a language model (per-token logits); dataset "
-                                f"{cfg.data!r} has no token labels — use --data text")
-            opts["seq_len"] = self.spec.input_shape[0]
+            opts["seq_len"] = lm_seq_len(opts, self.spec, data if data is not None else reg.get("dataset", cfg.data),
+                                         cfg.data)
         if data is None and cfg.data == ARRAYS:  # a Model.save of a fit on the user's arrays: nothing to read here
             raise DataError(f"run {cfg.run_dir or '?'} was trained on arrays from Python, not a registered dataset; "
                             f"continue it there (hf.load({cfg.run_dir or 'DIR'!r}).fit(x, y)), or on a dataset its net "
