@@ -349,6 +349,20 @@ def test_prepare_yolo_refuses_a_bad_label(tmp_path) -> None:
     assert not (tmp_path / "out" / "train.bin").exists()
 
 
+def test_prepare_yolo_refuses_more_boxes_than_a_record_holds(tmp_path) -> None:
+    """An image of 60 boxes was stored with its first 56: the eval's truth silently lacked 4 (a plausible mAP)."""
+    from hloforge.datasets.yolo import MAX_BOXES, Yolo, prepare_yolo
+
+    _yolo_tree(tmp_path / "src", n=2)
+    many = "".join(f"0 {(k % 8) / 8 + 0.06:.4f} {(k // 8) / 8 + 0.06:.4f} 0.1 0.1\n" for k in range(MAX_BOXES))
+    (tmp_path / "src" / "labels" / "val" / "1.txt").write_text(many)
+    prepare_yolo(str(tmp_path / "src"), str(tmp_path / "out"), size=32, grid=4, classes=3)
+    assert len(Yolo(str(tmp_path / "out"), size=32, grid=4, classes=3).boxes("test")[1]) == MAX_BOXES  # all fit
+    (tmp_path / "src" / "labels" / "val" / "1.txt").write_text(many + "1 0.5 0.5 0.2 0.2\n")
+    with pytest.raises(DataError, match=rf"1.txt: {MAX_BOXES + 1} boxes; a yolo record holds at most {MAX_BOXES}"):
+        prepare_yolo(str(tmp_path / "src"), str(tmp_path / "out2"), size=32, grid=4, classes=3)
+
+
 def test_prepare_yolo_uses_no_deprecated_pillow_constant(tmp_path, monkeypatch) -> None:
     """The reader resizes with Image.Resampling.BILINEAR, not the deprecated Image.BILINEAR that
     Pillow's typed stubs lack (mypy flags it): it runs on a Pillow without the old aliases."""

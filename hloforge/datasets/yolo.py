@@ -16,8 +16,8 @@ head's labels use.
 `prepare_yolo(src, out)` reads the layout YOLO tools use (Ultralytics / converted VOC and
 VisDrone): `SRC/images/{train,val}/*.{jpg,jpeg,png}` with `SRC/labels/{train,val}/<stem>.txt`,
 one line `class cx cy w h` (fractions of the image) per box; an image without a label file
-has no boxes. Images are resized (squashed) bilinearly to S×S, which leaves fractional boxes
-unchanged. val becomes test.bin.
+has no boxes, one of more than MAX_BOXES is refused. Images are resized (squashed) bilinearly
+to S×S, which leaves fractional boxes unchanged. val becomes test.bin.
 
 `Yolo(data_dir)`: `arrays(split)` -> (x float32 [N, 3, S, S] = (pixels/255 − mean)/std with
 ImageNet's mean and std, labels [N, perCell + 1, g, g]: target then mask), `boxes(split)` ->
@@ -175,19 +175,20 @@ def _records(src: str, split: str, size: int, grid: int, boxes: int, classes: in
             raise DataError(f"{path}: cannot decode it ({e})") from None
         label = os.path.join(label_dir, os.path.splitext(name)[0] + ".txt")
         rows = read_label_file(label, classes) if os.path.exists(label) else np.zeros((0, 5))
+        if len(rows) > MAX_BOXES:  # cut, the eval's truth would lack boxes the image has: a plausible wrong mAP
+            raise DataError(f"{label}: {len(rows)} boxes; a yolo record holds at most {MAX_BOXES} per image")
         xyxy = np.column_stack([rows[:, 0], rows[:, 1] - rows[:, 3] / 2, rows[:, 2] - rows[:, 4] / 2,
                                 rows[:, 1] + rows[:, 3] / 2, rows[:, 2] + rows[:, 4] / 2])
         xyxy[:, 1:] = np.clip(xyxy[:, 1:], 0.0, 1.0)
         target = np.zeros((per_cell + 1, grid, grid), np.float32)
         for cls, *box in xyxy:
             encode_yolov1(target, int(cls), np.asarray(box) * size, size, boxes)
-        kept = xyxy[:MAX_BOXES]
         table = bytearray(MAX_BOXES * BOX_ROW.size)
-        for k, (cls, x0, y0, x1, y1) in enumerate(kept):
+        for k, (cls, x0, y0, x1, y1) in enumerate(xyxy):
             BOX_ROW.pack_into(table, k * BOX_ROW.size, int(cls), x0, y0, x1, y1)
         chw = np.asarray(img, np.uint8).transpose(2, 0, 1)
         yield (chw.tobytes() + target[:per_cell].astype("<f4").tobytes() + target[per_cell].astype("<f4").tobytes()
-               + struct.pack("<i", len(kept)) + bytes(table))
+               + struct.pack("<i", len(xyxy)) + bytes(table))
 
 
 def prepare_yolo(src: str, out: str, size: int = 224, grid: int = 7, boxes: int = 2,
