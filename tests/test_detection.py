@@ -244,7 +244,7 @@ def test_targets_round_trip_to_perfect_detections(head_layer) -> None:
 
 def test_encoding_refuses_bad_boxes() -> None:
     head = DetectionHead.of(NetSpec("det", (3, 32, 32), [ConvBn(4, k=3, stride=4), Yolov1Head(3)], 3))
-    with pytest.raises(DataError, match=r"classes must be integers in \[0, 3\)"):
+    with pytest.raises(DataError, match=r"box class 3 is not one of the detector's 3 classes"):
         head.targets([np.array([[3, 1, 1, 5, 5]])])
     with pytest.raises(DataError, match="x1 > x0"):
         head.targets([np.array([[0, 5, 1, 5, 5]])])
@@ -453,6 +453,28 @@ def test_a_detector_on_a_test_split_without_boxes_is_refused_before_training(tmp
     assert len(err.splitlines()) == 1, err
     assert "its test split holds no ground-truth box in any of its 3 images" in err
     assert not (tmp_path / "r").exists()
+
+
+def test_a_detector_of_fewer_classes_than_the_boxes_names_the_split_and_the_fix(tmp_path, capsys) -> None:
+    """fpn-mini --classes 2 on 3-class boxes said 'image 0: box classes must be integers in [0, 2), got
+    [np.float64(0.0), np.float64(2.0)]': no dataset, no split, valid classes listed, no way out."""
+    from hloforge.cli import main
+
+    _yolo_tree(tmp_path / "src")
+    out = tmp_path / "data"
+    assert main(["prepare", "yolo", str(tmp_path / "src"), str(out), "--size", "32", "--grid", "8",
+                 "--classes", "3"]) == 0
+    capsys.readouterr()
+    assert main(["train", "fpn-mini", "--classes", "2", "--data", "yolo", "--data-dir", str(out), "--data-opt",
+                 "classes=3", "--data-opt", "size=32", "--data-opt", "grid=8", "--run-dir", str(tmp_path / "r")]) == 3
+    err = capsys.readouterr().err.strip()
+    assert err == ("hloforge: error: dataset 'yolo' test split image 1: box class 2 is not one of the detector's 2 "
+                   "classes (integers 0..1); a detector of 3 classes: --classes 3"), err
+    head = DetectionHead.of(NetSpec("det", (3, 32, 32), [ConvBn(4, k=3, stride=4), Yolov1Head(3)], 3))
+    with pytest.raises(DataError, match=r"^image 0: box class 0.5, nan is not one .* \(integers 0..2\)$"):
+        head.targets([np.array([[0.5, 1, 1, 5, 5], [np.nan, 1, 1, 5, 5], [1, 1, 1, 5, 5]])])
+    with pytest.raises(DataError, match=r"image 0: box 1 is \[0.0, 5.0, 1.0, 5.0, 5.0\] .* x1 > x0"):
+        head.targets([np.array([[0, 1, 1, 5, 5], [0, 5, 1, 5, 5]])])
 
 
 def test_train_and_detect_end_to_end(tmp_path, capsys, backend) -> None:

@@ -58,10 +58,18 @@ def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def _check_boxes(rows: np.ndarray, classes: int, what: str) -> np.ndarray:
     rows = np.asarray(rows, np.float64).reshape(-1, 5)
-    if len(rows) and (rows[:, 0].min() < 0 or rows[:, 0].max() >= classes or np.any(rows[:, 0] % 1)):
-        raise DataError(f"{what}: box classes must be integers in [0, {classes}), got {sorted(set(rows[:, 0]))}")
+    cls = rows[:, 0]
+    bad = ~((cls >= 0) & (cls < classes) & (cls % 1 == 0))  # a NaN fails the comparisons too
+    if bad.any():
+        said = ", ".join(f"{v:g}" for v in sorted(set(cls[bad].tolist())))
+        whole = bool(np.all((cls >= 0) & (cls % 1 == 0)))
+        more = f"; a detector of {int(cls.max()) + 1} classes: --classes {int(cls.max()) + 1}" if whole else ""
+        raise DataError(f"{what}: box class {said} is not one of the detector's {classes} classes (integers "
+                        f"0..{classes - 1}){more}")
     if len(rows) and np.any(rows[:, 3:5] <= rows[:, 1:3]):
-        raise DataError(f"{what}: every box needs x1 > x0 and y1 > y0")
+        k = int(np.argmax(np.any(rows[:, 3:5] <= rows[:, 1:3], axis=1)))
+        raise DataError(f"{what}: box {k} is {[round(v, 4) for v in rows[k].tolist()]} (class, x0, y0, x1, y1); "
+                        "every box needs x1 > x0 and y1 > y0")
     return rows
 
 
@@ -92,11 +100,12 @@ class DetectionHead:
     def classes(self) -> int:
         return self.layer.classes
 
-    def targets(self, boxes: Sequence[np.ndarray]) -> np.ndarray:
-        """The loss's labels for each image's ground-truth rows (class, x0, y0, x1, y1)."""
+    def targets(self, boxes: Sequence[np.ndarray], where: str = "") -> np.ndarray:
+        """The loss's labels for each image's ground-truth rows (class, x0, y0, x1, y1); `where`: whose
+        boxes, as a refusal names them ("dataset 'yolo' test split")."""
         out = np.zeros((len(boxes), *self.label_shape), np.float32)
         for n, rows in enumerate(boxes):
-            for cls, *xyxy in _check_boxes(rows, self.classes, f"image {n}"):
+            for cls, *xyxy in _check_boxes(rows, self.classes, f"{where} image {n}".strip()):
                 self._encode(out[n], int(cls), np.asarray(xyxy))
         return out
 
@@ -174,7 +183,7 @@ class DetectionLabels:
     def arrays(self, split: str) -> tuple[np.ndarray, np.ndarray]:
         if split not in self._cache:
             x, _ = self.data.arrays(split)
-            self._cache[split] = (x, self.head.targets(self.data.boxes(split)))
+            self._cache[split] = (x, self.head.targets(self.data.boxes(split), f"dataset {self.name!r} {split} split"))
         return self._cache[split]
 
     def boxes(self, split: str) -> list[np.ndarray]:
