@@ -363,6 +363,26 @@ def test_prepare_yolo_refuses_more_boxes_than_a_record_holds(tmp_path) -> None:
         prepare_yolo(str(tmp_path / "src"), str(tmp_path / "out2"), size=32, grid=4, classes=3)
 
 
+def test_prepare_yolo_names_the_files_it_leaves_out_and_the_options_to_train_with(tmp_path, capsys) -> None:
+    """A .bmp image and a label file of no image were left out without a word, and the geometry the files were
+    written with (needed to read them) was never said."""
+    from hloforge.cli import main
+
+    _yolo_tree(tmp_path / "src", n=2)
+    val = tmp_path / "src"
+    (val / "images" / "val" / "1.png").rename(val / "images" / "val" / "1.bmp")
+    (val / "images" / "val" / ".DS_Store").write_bytes(b"")
+    (val / "labels" / "train" / "l.txt").write_text("0 0.5 0.5 0.2 0.2\n")
+    out = tmp_path / "out"
+    assert main(["prepare", "yolo", str(val), str(out), "--size", "32", "--grid", "4", "--classes", "3"]) == 0
+    said = capsys.readouterr().out.splitlines()
+    assert said[1:] == [
+        f"  {val}/labels/train: 1 label file(s) of no image (their boxes are not used); the first: l.txt",
+        f"  {val}/images/val: skipped 1 file(s) that are not .jpg/.jpeg/.png images; the first: 1.bmp",
+        f"  {val}/labels/val: 1 label file(s) of no image (their boxes are not used); the first: 1.txt",
+        f"  train on them with: --data yolo --data-dir {out} --data-opt size=32 --data-opt grid=4 --data-opt classes=3"]
+
+
 def test_prepare_yolo_uses_no_deprecated_pillow_constant(tmp_path, monkeypatch) -> None:
     """The reader resizes with Image.Resampling.BILINEAR, not the deprecated Image.BILINEAR that
     Pillow's typed stubs lack (mypy flags it): it runs on a Pillow without the old aliases."""

@@ -140,7 +140,9 @@ def test_prepare_yolo_prints_the_paths_it_wrote(tmp_path, monkeypatch: pytest.Mo
             f.write("0 0.5 0.5 0.2 0.2\n")
     out = os.path.join("ys_out", "ok")
     assert main(["prepare", "yolo", "src", out, "--size", "8", "--grid", "2", "--classes", "1"]) == 0
-    line = capsys.readouterr().out.strip()
+    line, *rest = capsys.readouterr().out.strip().splitlines()
     train, test = os.path.join(out, "train.bin"), os.path.join(out, "test.bin")
     assert line == f"prepared yolo: {train} (1 records), {test} (1 records)"
+    assert rest == [f"  train on them with: --data yolo --data-dir {out} --data-opt size=8 --data-opt grid=2 "
+                    "--data-opt classes=1"]
     assert os.path.isfile(train) and os.path.isfile(test)

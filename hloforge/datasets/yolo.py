@@ -26,6 +26,7 @@ rows (class, x0, y0, x1, y1) in pixels, `normalize(image01)` for a decoded image
 
 from __future__ import annotations
 
+import inspect
 import os
 import struct
 from collections.abc import Iterator
@@ -153,7 +154,28 @@ def read_label_file(path: str, classes: int) -> np.ndarray:
     return np.asarray(rows, np.float64).reshape(-1, 5)
 
 
-def _records(src: str, split: str, size: int, grid: int, boxes: int, classes: int) -> Iterator[bytes]:
+def _unread(image_dir: str, label_dir: str, names: list[str]) -> list[str]:
+    """One warning line per kind of file of a split that prepare leaves out, so none is dropped unseen: files
+    in images/ that are no .jpg/.jpeg/.png (a .bmp, a .webp), and label files of no image (a stem typo)."""
+    def listed(folder: str) -> list[str]:  # hidden files (.DS_Store) are no one's data
+        return sorted(n for n in os.listdir(folder) if not n.startswith(".")
+                      and os.path.isfile(os.path.join(folder, n))) if os.path.isdir(folder) else []
+
+    out = []
+    others = [n for n in listed(image_dir) if not n.lower().endswith(IMAGE_SUFFIXES)]
+    if others:
+        out.append(f"{image_dir}: skipped {len(others)} file(s) that are not {'/'.join(IMAGE_SUFFIXES)} images; "
+                   f"the first: {others[0]}")
+    stems = {os.path.splitext(n)[0] for n in names}
+    orphans = [n for n in listed(label_dir) if n.endswith(".txt") and n[:-4] not in stems]
+    if orphans:
+        out.append(f"{label_dir}: {len(orphans)} label file(s) of no image (their boxes are not used); the first: "
+                   f"{orphans[0]}")
+    return out
+
+
+def _records(src: str, split: str, size: int, grid: int, boxes: int, classes: int,
+             warnings: list[str]) -> Iterator[bytes]:
     from PIL import Image
 
     from hloforge.losses.detection import encode_yolov1
@@ -166,6 +188,7 @@ def _records(src: str, split: str, size: int, grid: int, boxes: int, classes: in
     names = sorted(n for n in os.listdir(image_dir) if n.lower().endswith(IMAGE_SUFFIXES))
     if not names:
         raise DataError(f"{image_dir} holds no .jpg/.jpeg/.png images")
+    warnings.extend(_unread(image_dir, label_dir, names))
     per_cell = 5 * boxes + classes
     for name in names:
         path = os.path.join(image_dir, name)
@@ -196,12 +219,18 @@ def prepare_yolo(src: str, out: str, size: int = 224, grid: int = 7, boxes: int 
     check_geometry(size, grid, boxes, classes)  # before anything is read or written
     os.makedirs(out, exist_ok=True)
     record = record_size(size, grid, 5 * boxes + classes)
-    counts = {}
+    counts, warnings = {}, []
     with replaced_together(out) as stage:
         for split, source in SOURCE_SPLITS.items():
             fname = SPLIT_FILES[split]  # keyed by file name, as every preparer's summary: the caller joins OUT
-            counts[fname] = write_counted(stage(fname), _records(src, source, size, grid, boxes, classes), record)
-    return {"records": counts}
+            counts[fname] = write_counted(stage(fname), _records(src, source, size, grid, boxes, classes, warnings),
+                                          record)
+    # the dataset's options these files need where they are not the loader's defaults (it takes the
+    # geometry from its options, not from the files)
+    loader = inspect.signature(Yolo).parameters
+    asked = {"size": size, "grid": grid, "boxes": boxes, "classes": classes}
+    return {"records": counts, "warnings": warnings,
+            "data_options": [f"{k}={v}" for k, v in asked.items() if v != loader[k].default]}
 
 
 @hookimpl
