@@ -383,6 +383,15 @@ def test_prepare_yolo_names_the_files_it_leaves_out_and_the_options_to_train_wit
         f"  train on them with: --data yolo --data-dir {out} --data-opt size=32 --data-opt grid=4 --data-opt classes=3"]
 
 
+def test_a_yolo_label_file_with_a_byte_order_mark_is_read(tmp_path) -> None:
+    """A label file saved with a UTF-8 BOM was refused: "expected 'class cx cy w h', got '\\ufeff1 0.5 ...'"."""
+    from hloforge.datasets.yolo import read_label_file
+
+    label = tmp_path / "a.txt"
+    label.write_bytes(b"\xef\xbb\xbf1 0.5 0.5 0.2 0.2\r\n")
+    np.testing.assert_array_equal(read_label_file(str(label), 3), [[1, 0.5, 0.5, 0.2, 0.2]])
+
+
 def test_prepare_yolo_uses_no_deprecated_pillow_constant(tmp_path, monkeypatch) -> None:
     """The reader resizes with Image.Resampling.BILINEAR, not the deprecated Image.BILINEAR that
     Pillow's typed stubs lack (mypy flags it): it runs on a Pillow without the old aliases."""

@@ -130,7 +130,7 @@ class Yolo(Dataset):
 def read_label_file(path: str, classes: int) -> np.ndarray:
     """Rows (class, cx, cy, w, h) of a YOLO txt label file; any malformed line is an error naming it."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:  # -sig: a byte-order mark (Windows Notepad's) is no data
             lines = f.readlines()
     except (OSError, UnicodeDecodeError) as e:
         raise DataError(f"{path}: cannot read it as a UTF-8 YOLO label file ({e})") from None
