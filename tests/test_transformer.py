@@ -248,6 +248,18 @@ def test_text_dataset_vocab_windows_and_baseline(tmp_path):
         Text(str(f), seq_len=5000)
 
 
+def test_a_corpus_too_short_says_how_many_characters_it_needs(tmp_path):
+    """It said 'too few for seq_len 64' and no more: the user had to guess the length that trains."""
+    from hloforge.datasets.text import Text
+
+    f = tmp_path / "c.txt"
+    f.write_text("a" * 72, encoding="utf-8")
+    with pytest.raises(DataError, match=r"has 72 characters, too few for seq_len 64: expected at least 73 "):
+        Text(str(f), seq_len=64)
+    f.write_text("a" * 73, encoding="utf-8")
+    assert Text(str(f), seq_len=64).arrays("train")[0].shape == (1, 64)
+
+
 def test_language_model_needs_a_token_dataset():
     from hloforge.train.trainer import Run, TrainConfig
 

@@ -21,6 +21,7 @@ no download.
 from __future__ import annotations
 
 import collections
+import itertools
 import math
 
 import numpy as np
@@ -40,6 +41,12 @@ def default_corpus() -> str:
     return "\n\n".join(topics[k] for k in sorted(topics))
 
 
+def _enough(chars: int, seq_len: int) -> bool:
+    """Whether a corpus of `chars` characters gives a training window and a validation target."""
+    cut = int(chars * (1.0 - VAL_FRACTION))
+    return cut >= seq_len + 1 and chars - cut >= 2
+
+
 class Text(Dataset):
     name = "text"
     splits = ("train", "test")
@@ -57,9 +64,13 @@ class Text(Dataset):
         else:
             text = default_corpus()
         self.source = data_file or "pydoc_data.topics"
+        if not _enough(len(text), seq_len):
+            need = next(n for n in itertools.count(max(0, int((seq_len + 1) / (1.0 - VAL_FRACTION)) - 2))
+                        if _enough(n, seq_len))  # from just below the closed form: a few steps
+            raise DataError(f"text: {self.source} has {len(text)} characters, too few for seq_len {seq_len}: expected "
+                            f"at least {need} (one training window of {seq_len} and its next character in the first "
+                            f"{1 - VAL_FRACTION:.0%}, two characters to validate in the rest)")
         cut = int(len(text) * (1.0 - VAL_FRACTION))
-        if cut < seq_len + 1 or len(text) - cut < 2:
-            raise DataError(f"text: {self.source} has {len(text)} characters, too few for seq_len {seq_len}")
         counts = collections.Counter(text[:cut])
         top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:vocab - 1]
         self.chars = sorted(c for c, _ in top) + [OTHER]
