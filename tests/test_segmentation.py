@@ -180,8 +180,18 @@ def test_confusion_matrix_iou_and_pixel_accuracy_are_exact():
     assert iou[:3].tolist() == [1 / 3, 2 / 3, 1 / 2] and np.isnan(iou[3])  # class 3: absent, no IoU
     assert seg.mean_iou(conf) == pytest.approx((1 / 3 + 2 / 3 + 1 / 2) / 3)
     assert seg.pixel_accuracy(conf) == 4 / 6
-    with pytest.raises(DataError, match=r"prediction: mask labels span 4\.\.4, expected 0\.\.3"):
+    with pytest.raises(DataError, match=r"prediction: mask labels span 4\.\.4, expected ids 0\.\.3"):
         seg.confusion_matrix(gt, np.full_like(gt, 4), 4)
+
+
+def test_float_masks_are_refused_not_truncated_to_classes():
+    """A dataset's float mask of 0.5s was cast to class 0 and scored: a plausible wrong mIoU."""
+    gt = np.array([[[0, 0, 1], [1, 2, 2]]])
+    with pytest.raises(DataError, match=r"^ground truth: mask labels have dtype float32, expected integer ids$"):
+        seg.confusion_matrix(gt.astype(np.float32) + 0.5, gt, 3)
+    with pytest.raises(DataError, match=r"^prediction: mask labels have dtype float64, expected integer ids$"):
+        seg.confusion_matrix(gt, np.where(gt == 2, np.nan, gt), 3)
+    assert seg.confusion_matrix(gt.astype(np.uint8), gt, 3).trace() == 6  # any integer dtype
 
 
 def test_region_dice_with_the_brats_convention():

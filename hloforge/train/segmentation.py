@@ -24,13 +24,14 @@ from collections.abc import Collection, Mapping
 import numpy as np
 
 from hloforge.core.errors import DataError, UnsupportedSpec
+from hloforge.train.metrics import check_ids
 
 Regions = Mapping[str, Collection[int]]
 
 
 def check_masks(masks: np.ndarray, classes: int, what: str) -> None:
-    if masks.size and (masks.min() < 0 or masks.max() >= classes):
-        raise DataError(f"{what}: mask labels span {int(masks.min())}..{int(masks.max())}, expected 0..{classes - 1}")
+    """Integer class ids 0..classes−1 (a float mask would be truncated to plausible wrong classes)."""
+    check_ids(masks, classes, f"{what}: mask labels")
 
 
 def confusion_matrices(gt: np.ndarray, pred: np.ndarray, classes: int) -> np.ndarray:
