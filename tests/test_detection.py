@@ -383,6 +383,41 @@ def test_prepare_yolo_names_the_files_it_leaves_out_and_the_options_to_train_wit
         f"  train on them with: --data yolo --data-dir {out} --data-opt size=32 --data-opt grid=4 --data-opt classes=3"]
 
 
+def test_prepare_yolo_keeps_a_repeated_box_line_once_and_says_so(tmp_path, capsys) -> None:
+    """A box listed twice stayed two ground-truth boxes: a detector predicts one, so that image's AP was capped
+    at 0.5 without a word."""
+    from hloforge.cli import main
+    from hloforge.datasets.yolo import Yolo
+
+    _yolo_tree(tmp_path / "src", n=2)
+    label = tmp_path / "src" / "labels" / "val" / "1.txt"
+    label.write_text("2 0.1 0.9 0.1 0.1\n1 0.55 0.4 0.3 0.2\n2 0.1 0.9 0.1 0.1\n")
+    out = tmp_path / "out"
+    assert main(["prepare", "yolo", str(tmp_path / "src"), str(out), "--size", "32", "--grid", "4", "--classes",
+                 "3"]) == 0
+    said = capsys.readouterr().out
+    assert f"{label.parent}: 1 repeated box line(s) in 1 file(s) kept once each; the first: {label}" in said
+    kept = Yolo(str(out), size=32, grid=4, classes=3).boxes("test")[1]
+    np.testing.assert_allclose(kept[:, 0], [2, 1])  # once each, in the file's order
+
+
+def test_prepare_yolo_refuses_a_box_with_no_area_inside_the_image(tmp_path) -> None:
+    """A sliver at the edge passed prepare and became a zero-area box in float32, which training then refused."""
+    from hloforge.cli import main
+
+    _yolo_tree(tmp_path / "src", n=2)
+    label = tmp_path / "src" / "labels" / "train" / "1.txt"
+    label.write_text("0 1.0 0.5 0.00000001 0.5\n")
+    out = tmp_path / "out"
+    with pytest.raises(DataError, match=rf"^{label}: box '0 1 0.5 1e-08 0.5' has no area inside the image once "
+                                        r"clipped to it at 32×32; expected a box that covers part of the image$"):
+        from hloforge.datasets.yolo import prepare_yolo
+
+        prepare_yolo(str(tmp_path / "src"), str(out), size=32, grid=4, classes=3)
+    assert main(["prepare", "yolo", str(tmp_path / "src"), str(out), "--size", "32", "--grid", "4", "--classes",
+                 "3"]) == 3
+
+
 def test_a_yolo_label_file_with_a_byte_order_mark_is_read(tmp_path) -> None:
     """A label file saved with a UTF-8 BOM was refused: "expected 'class cx cy w h', got '\\ufeff1 0.5 ...'"."""
     from hloforge.datasets.yolo import read_label_file

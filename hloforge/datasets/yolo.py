@@ -16,7 +16,8 @@ head's labels use.
 `prepare_yolo(src, out)` reads the layout YOLO tools use (Ultralytics / converted VOC and
 VisDrone): `SRC/images/{train,val}/*.{jpg,jpeg,png}` with `SRC/labels/{train,val}/<stem>.txt`,
 one line `class cx cy w h` (fractions of the image) per box; an image without a label file
-has no boxes, one of more than MAX_BOXES is refused. Images are resized (squashed) bilinearly
+has no boxes, one of more than MAX_BOXES is refused, as is a box with no area inside the image; a
+repeated box line is kept once, and said. Images are resized (squashed) bilinearly
 to S×S, which leaves fractional boxes unchanged. val becomes test.bin.
 
 `Yolo(data_dir)`: `arrays(split)` -> (x float32 [N, 3, S, S] = (pixels/255 − mean)/std with
@@ -190,6 +191,7 @@ def _records(src: str, split: str, size: int, grid: int, boxes: int, classes: in
         raise DataError(f"{image_dir} holds no .jpg/.jpeg/.png images")
     warnings.extend(_unread(image_dir, label_dir, names))
     per_cell = 5 * boxes + classes
+    repeated: list[tuple[str, int]] = []  # (label file, the copies of a box dropped)
     for name in names:
         path = os.path.join(image_dir, name)
         try:
@@ -198,11 +200,21 @@ def _records(src: str, split: str, size: int, grid: int, boxes: int, classes: in
             raise DataError(f"{path}: cannot decode it ({e})") from None
         label = os.path.join(label_dir, os.path.splitext(name)[0] + ".txt")
         rows = read_label_file(label, classes) if os.path.exists(label) else np.zeros((0, 5))
+        first = np.unique(rows, axis=0, return_index=True)[1]
+        if len(first) < len(rows):  # one object, one box: a copy could never be matched, capping the AP at 0.5
+            repeated.append((label, len(rows) - len(first)))
+            rows = rows[np.sort(first)]  # in the file's order, as every other file's boxes
         if len(rows) > MAX_BOXES:  # cut, the eval's truth would lack boxes the image has: a plausible wrong mAP
             raise DataError(f"{label}: {len(rows)} boxes; a yolo record holds at most {MAX_BOXES} per image")
         xyxy = np.column_stack([rows[:, 0], rows[:, 1] - rows[:, 3] / 2, rows[:, 2] - rows[:, 4] / 2,
                                 rows[:, 1] + rows[:, 3] / 2, rows[:, 2] + rows[:, 4] / 2])
         xyxy[:, 1:] = np.clip(xyxy[:, 1:], 0.0, 1.0)
+        stored = xyxy[:, 1:].astype(np.float32) * np.float32(size)  # the corners as training reads them back
+        thin = np.any(stored[:, 2:] <= stored[:, :2], axis=1)
+        if thin.any():  # a sliver at the edge, clipped or rounded to no area: training would refuse it
+            cls, cx, cy, w, h = rows[int(np.argmax(thin))]
+            raise DataError(f"{label}: box '{int(cls)} {cx:g} {cy:g} {w:g} {h:g}' has no area inside the image once "
+                            f"clipped to it at {size}×{size}; expected a box that covers part of the image")
         target = np.zeros((per_cell + 1, grid, grid), np.float32)
         for cls, *box in xyxy:
             encode_yolov1(target, int(cls), np.asarray(box) * size, size, boxes)
@@ -212,6 +224,9 @@ def _records(src: str, split: str, size: int, grid: int, boxes: int, classes: in
         chw = np.asarray(img, np.uint8).transpose(2, 0, 1)
         yield (chw.tobytes() + target[:per_cell].astype("<f4").tobytes() + target[per_cell].astype("<f4").tobytes()
                + struct.pack("<i", len(xyxy)) + bytes(table))
+    if repeated:
+        warnings.append(f"{label_dir}: {sum(k for _, k in repeated)} repeated box line(s) in {len(repeated)} file(s) "
+                        f"kept once each; the first: {repeated[0][0]}")
 
 
 def prepare_yolo(src: str, out: str, size: int = 224, grid: int = 7, boxes: int = 2,
