@@ -6,12 +6,13 @@ The layers and the per-token loss are also gated through tests/test_gate.py (the
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
 
 from hloforge.core import autodiff
-from hloforge.core.errors import DataError, UnsupportedSpec
+from hloforge.core.errors import DataError, HloforgeWarning, UnsupportedSpec
 from hloforge.core.hlo import Builder
 from hloforge.core.spec import NetSpec, walk_layers
 from hloforge.lowering.attention import flash_attention, flash_block, sdpa_dense
@@ -298,8 +299,14 @@ def test_tinygpt_trains_bits_per_char_drop_and_generates(tmp_path, backend):
     rows = [json.loads(ln) for ln in open(tmp_path / "run" / "metrics.jsonl")]
     bpc = [r["val_bits_per_char"] for r in rows if r.get("kind") == "epoch"]
     assert len(bpc) == 3 and bpc[-1] < bpc[0] < math.log2(65)
-    text = generate(str(tmp_path / "run"), prompt="def ", tokens=20, temperature=1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a prompt of the vocabulary's characters: no word
+        text = generate(str(tmp_path / "run"), prompt="def ", tokens=20, temperature=1.0)
     assert text.startswith("def ") and len(text) == 24
+    # characters the corpus lacks were read as its other-character token without a word
+    with pytest.warns(HloforgeWarning, match=r"^the prompt's '€', '✓' are not in the run's vocabulary of 64 "
+                                             "characters: each is read as its other-character token$"):
+        generate(str(tmp_path / "run"), prompt="✓ def €", tokens=2)
 
 
 def test_flash_lm_train_step_runs_the_same_on_iree(tmp_path, monkeypatch):

@@ -9,11 +9,12 @@ the next token is drawn from softmax(logits at the last real position / temperat
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import numpy as np
 
-from hloforge.core.errors import DataError, UnsupportedSpec
+from hloforge.core.errors import DataError, HloforgeWarning, UnsupportedSpec
 from hloforge.train.session import ForwardSession
 
 
@@ -34,6 +35,12 @@ def generate(path: str, prompt: str = "\n", tokens: int = 200, temperature: floa
     params = oc.weights(ckpt.PARAMS, [n for n, _ in spec.params()])
     fwd = ForwardSession(spec, 1, run.backend)
     t = spec.input_shape[0]
+    unknown = run.data.unknown(prompt) if hasattr(run.data, "unknown") else []
+    if unknown:  # the net reads them as one token, the one it learnt for the corpus' rare characters
+        shown = ", ".join(repr(c) for c in unknown[:8]) + (f" and {len(unknown) - 8} more" if len(unknown) > 8 else "")
+        warnings.warn(HloforgeWarning(f"the prompt's {shown} are not in the run's vocabulary of "
+                                      f"{run.data.num_classes - 1} characters: each is read as its other-character "
+                                      "token"), stacklevel=2)
     ids = list(run.data.encode(prompt or "\n"))
     rng = np.random.default_rng(seed)
     emit = out or (lambda s: None)

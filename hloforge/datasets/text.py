@@ -86,6 +86,10 @@ class Text(Dataset):
         other = self.num_classes - 1
         return np.fromiter((self._index.get(c, other) for c in s), np.int32, len(s))
 
+    def unknown(self, s: str) -> list[str]:
+        """The characters of `s` outside the vocabulary (each encoded as the other-character token), sorted."""
+        return sorted(set(s) - set(self._index))
+
     def decode(self, ids: np.ndarray) -> str:
         return "".join(self.chars[min(int(i), len(self.chars) - 1)] for i in ids)
 
