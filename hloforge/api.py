@@ -140,6 +140,8 @@ class Model:
 
         w = mpi.world() if spread else mpi.World()
         key = (batch, w.size)
+        for other in self._sessions.values():  # θ and the state live on the host between fits, and each
+            other.release()                     # session left held a device copy of them (load places them)
         s = self._sessions.get(key)
         if s is None:
             if w.size > 1:
@@ -258,8 +260,7 @@ class Model:
             raise UnsupportedSpec("drop_last=False: a ragged last batch would train on padding; only drop_last=True "
                                   "is supported")
         if isinstance(callbacks, Callback) or not isinstance(callbacks, Iterable):
-            got = f"one {type(callbacks).__name__} (pass [it])" if isinstance(callbacks, Callback) else \
-                f"{callbacks!r}"
+            got = f"one {type(callbacks).__name__} (pass [it])" if isinstance(callbacks, Callback) else repr(callbacks)
             raise UnsupportedSpec(f"callbacks must be a list of hloforge Callback instances, got {got}")
         callbacks = list(callbacks)
         for cb in callbacks:
@@ -632,8 +633,7 @@ def load(path: str, backend: str | None = None) -> Model:
     trained = model._trained_names()
     lay.check_slots(f"checkpoint {file}", list(tensors))  # the shapes, dtype and finiteness eval checks too
     ckpt.check_tensors(file, tensors, *ckpt.expected_tensors(
-        [(n, s.shape) for n, s in model._param_slots], lay.slots, model.spec.stats(),
-        lay.shadows, model._frozen()))
+        [(n, s.shape) for n, s in model._param_slots], lay.slots, model.spec.stats(), lay.shadows, model._frozen()))
     names = ckpt.tensor_names([n for n, _ in model._param_slots], lay.slots, model._stat_names, trained=trained)
     try:
         got = [tensors[n] for n in names]

@@ -99,6 +99,10 @@ class DataParallelTrainSession(TrainSession):
         else:
             self._carried = carried
 
+    def release(self) -> None:
+        super().release()
+        self._replicas = []  # each replica's copy too
+
     def train_step(self, x: np.ndarray, y: np.ndarray, lr: float,
                    masks: Sequence[np.ndarray] | None = None) -> float:
         """One data-parallel step on the global batch; returns the loss averaged over replicas."""

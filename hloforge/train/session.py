@@ -382,6 +382,13 @@ class TrainSession:
         self._batch_stats = []
         self.step = int(step)
 
+    def release(self) -> None:
+        """Free θ, the optimizer state and the last batch statistics on the device, keeping the compiled
+        step, for an owner that holds the state on the host and `load`s it before the next step: hf.Model
+        keeps a session per batch size, and each one it left held a whole copy (a fit at 30 batch sizes
+        grew mnist-mlp's process by 8 MB each)."""
+        self._carried, self._batch_stats = [], []
+
     # -- the way back ------------------------------------------------------------
 
     def _host(self, items: Sequence[Any]) -> list[np.ndarray]:
