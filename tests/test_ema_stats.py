@@ -97,7 +97,7 @@ def test_the_shadow_is_scored_with_its_own_bn_stats_and_a_checkpoint_without_the
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--region live" in err, err
     with pytest.raises(DataError, match="no BatchNorm statistics for its EMA shadow"):
-        train(TrainConfig(net=bn_net(tmp_path), epochs=3, batch=128, lr=3e-3, ema=0.9, run_dir=str(run_dir)),
+        train(TrainConfig(net=bn_net(tmp_path), epochs=3, batch=64, lr=3e-3, ema=0.9, run_dir=str(run_dir)),
               resume=True, **QUIET)
     assert os.path.exists(file)
 
