@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from hloforge.backends.host_memory import ENV_VAR, MAX_HELD_HOLES, host_memory_policy
+from hloforge.backends.host_memory import ENV_VAR, host_memory_policy
 from hloforge.core.errors import BackendError
 
 # Page faults per call of a program whose every call allocates a large buffer, in a child process
@@ -227,8 +227,10 @@ else:  # two holes of half a scratch each: free memory enough, but no hole the n
         libc.free(half)
 info = host_memory.mallinfo2()
 assert info.keepcost < size <= info.fordblks - info.keepcost, "not the stranded layout this test needs"
-if sys.argv[2] == "held before":  # a long run's: as many holes held as a process keeps
-    host_memory._held_holes.extend([0] * host_memory.MAX_HELD_HOLES)
+if sys.argv[2] == "four held":  # a long run's (mnist-cnn held four by epoch 90; four was once the most held)
+    host_memory._held_holes.extend([0] * 4)
+elif sys.argv[2] == "all held":  # as much address space held as a process holds
+    host_memory._held_hole_bytes = host_memory.MAX_HELD_BYTES - size + 1
 before = rss()
 held = host_memory.hold_stranded_scratch(size)
 again = host_memory.hold_stranded_scratch(size)
@@ -238,19 +240,19 @@ print(held, again, (before - rss()) >> 20, len(host_memory._held_holes), host_me
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the policy is glibc's malloc settings")
 @pytest.mark.parametrize(("layout", "before"), [("one hole", "none held"), ("two half holes", "none held"),
-                                                ("one hole", "held before")])
+                                                ("one hole", "four held"), ("one hole", "all held")])
 def test_a_stranded_scratch_is_taken_over_and_its_memory_given_back(layout, before):
-    """Past the blocks a process holds (a long run strands a hole every few dozen epochs: mnist-cnn reached
-    them by epoch 90), a hole's memory is given back all the same, or the heap kept one more scratch each."""
+    """A long run strands a hole every few dozen epochs: holding only the first four, mnist-cnn's process grew
+    by a scratch (79 MB) at each one after (279 → 466 MB over 200 epochs); held, it stays at ~300-330 MB."""
     done = subprocess.run([sys.executable, "-c", _STRANDED, layout, before], env={**os.environ, ENV_VAR: "retain"},
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     held, again, released_mib, kept, _ = done.stdout.split()
-    if layout == "one hole":
-        assert held == "True" and kept == str(MAX_HELD_HOLES if before == "held before" else 1)
+    if before == "all held":  # the address space a process holds is spent: the hole is left as it is
+        assert (held, again, kept) == ("False", "False", "0") and int(released_mib) < 16
+    elif layout == "one hole":
+        assert (held, again, kept) == ("True", "False", "5" if before == "four held" else "1")
         assert int(released_mib) >= 120, f"{released_mib} MiB given back of the 128 MiB hole"
-        # held: nothing is stranded after; freed again: the hole is back, and giving it back again costs nothing
-        assert again == ("True" if before == "held before" else "False")
     else:  # no hole fits: the block it tried came from the top and went back to it
         assert (held, again, kept) == ("False", "False", "0")
         assert int(released_mib) < 16

@@ -173,11 +173,11 @@ def wait_for_scratch(before: int | None, output_bytes: int, scratch: int) -> _Ma
 
 
 # How much less than a stranded scratch the block that takes its place asks for, so that it fits the
-# hole (a scratch reading includes what else the launch allocated), and how many such blocks a
-# process keeps (each holds address space, none of it memory); a hole past them has its pages given
-# back all the same, and its block freed again (a long run strands one every few dozen epochs).
+# hole (a scratch reading includes what else the launch allocated), and how much a process holds at most
+# in such blocks: address space, none of it memory (a long run strands a hole every few dozen epochs,
+# each held one grows the heap's address space by a scratch; past this, each grows its memory by one).
 HOLE_SLACK_BYTES = 1 << 20
-MAX_HELD_HOLES = 4
+MAX_HELD_BYTES = 8 << 30
 _MADV_DONTNEED = 4
 
 
@@ -196,11 +196,10 @@ def hold_stranded_scratch(scratch: int, reading: _Mallinfo2 | None = None) -> bo
     next scratch, and at least a scratch is free below it), the next scratch cannot reuse that
     hole (XLA allocates it aligned, which asks for a little more than the hole), so the heap would
     keep two. Take the hole over with a block that is never touched and give its pages back to the
-    kernel: the heap then keeps one scratch in memory (past MAX_HELD_HOLES the block is freed again, its
-    pages still given back). `reading`: a heap reading taken since the scratch came back
-    (`wait_for_scratch`'s), spared reading it again. True when a hole's pages were given back."""
+    kernel: the heap then keeps one scratch in memory. `reading`: a heap reading taken since the
+    scratch came back (`wait_for_scratch`'s), spared reading it again. True when a hole was taken."""
     global _held_hole_bytes
-    if scratch < SCRATCH_MIN_BYTES or not _applied:
+    if scratch < SCRATCH_MIN_BYTES or _held_hole_bytes + scratch > MAX_HELD_BYTES or not _applied:
         return False
     info = reading if reading is not None else mallinfo2()
     if info is None:
@@ -221,9 +220,6 @@ def hold_stranded_scratch(scratch: int, reading: _Mallinfo2 | None = None) -> bo
         page = mmap.PAGESIZE
         start = -(-block // page) * page
         madvise(start, (block + size - start) // page * page, _MADV_DONTNEED)
-        if len(_held_holes) < MAX_HELD_HOLES:
-            _held_holes.append(block)
-            _held_hole_bytes += size
-        else:  # its pages are back with the kernel either way; the heap gets the hole back, empty
-            free(block)
+        _held_holes.append(block)
+        _held_hole_bytes += size
     return True
