@@ -20,7 +20,7 @@ from hloforge.plugins.layers.norm import ConvBn
 from hloforge.train import segmentation
 from hloforge.train.detection import DetectionHead, box_iou, mean_ap
 from hloforge.train.evaluation import evaluate, evaluate_lm, nll_sum
-from hloforge.train.metrics import mcnemar_exact, topk_correct, wilson
+from hloforge.train.metrics import label_rank, mcnemar_exact, wilson
 from hloforge.train.tasks import DetectionTask, SegmentationTask
 
 
@@ -55,10 +55,10 @@ def test_top1_top5_and_loss_match_sklearn(classes: int) -> None:
 def test_top1_of_tied_logits_is_the_predicted_class() -> None:
     # argmax predicts class 2 (ties go to the lower index); top-1 must count that prediction right
     z = np.array([[0, 0, 1, 1]], np.float32)
-    assert topk_correct(z, np.array([2]), 1).tolist() == [True]
-    assert topk_correct(z, np.array([3]), 1).tolist() == [False]
+    assert (label_rank(z, np.array([2])) < 1).tolist() == [True]
+    assert (label_rank(z, np.array([3])) < 1).tolist() == [False]
     z5 = np.array([[0, 0, 0, 0, 1, 1]], np.float32)  # the top 5: 4, 5, then 0, 1, 2 of the tied zeros
-    assert topk_correct(np.repeat(z5, 6, axis=0), np.arange(6), 5).tolist() == [True, True, True, False, True, True]
+    assert (label_rank(np.repeat(z5, 6, axis=0), np.arange(6)) < 5).tolist() == [True, True, True, False, True, True]
 
 
 @pytest.mark.parametrize("k", [1, 5])
@@ -67,9 +67,9 @@ def test_topk_with_heavy_ties_is_the_stable_ranking(k: int) -> None:
     z = rng.integers(0, 3, (500, 37)).astype(np.float32)
     y = rng.integers(0, 37, 500)
     oracle = np.any(np.argsort(-z, axis=1, kind="stable")[:, :k] == y[:, None], axis=1)
-    np.testing.assert_array_equal(topk_correct(z, y, k), oracle)
+    np.testing.assert_array_equal(label_rank(z, y) < k, oracle)
     if k == 1:
-        np.testing.assert_array_equal(topk_correct(z, y, 1), z.argmax(1) == y)
+        np.testing.assert_array_equal(label_rank(z, y) < 1, z.argmax(1) == y)
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])

@@ -16,7 +16,7 @@ from hloforge.cli import main
 from hloforge.commands.opening import evaluate_checkpoint
 from hloforge.core.errors import DataError, HloforgeError
 from hloforge.train import checkpoint as ckpt
-from hloforge.train.metrics import mcnemar_exact, topk_correct, wilson
+from hloforge.train.metrics import label_rank, mcnemar_exact, wilson
 from hloforge.train.schedule import lr_at
 from hloforge.train.trainer import CHECKPOINT, TrainConfig, bn_weight, train
 
@@ -83,8 +83,8 @@ def test_mcnemar_exact_in_the_millions():
 
 def test_topk_and_schedule_and_bn_weight():
     logits = np.array([[0.1, 0.5, 0.2], [0.9, 0.0, 0.3]])
-    assert topk_correct(logits, np.array([2, 2]), 1).tolist() == [False, False]
-    assert topk_correct(logits, np.array([2, 2]), 2).tolist() == [True, True]
+    assert (label_rank(logits, np.array([2, 2])) < 1).tolist() == [False, False]
+    assert (label_rank(logits, np.array([2, 2])) < 2).tolist() == [True, True]
     assert lr_at(0, base=1.0, total_steps=10, warmup_steps=2) == 0.5
     assert lr_at(2, base=1.0, total_steps=10, warmup_steps=2) == 1.0
     assert lr_at(10, base=1.0, total_steps=10) == pytest.approx(0.0, abs=1e-12)

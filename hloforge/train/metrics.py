@@ -23,11 +23,6 @@ def label_rank(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
     return np.sum((logits > mine) | ((logits == mine) & lower), axis=1)
 
 
-def topk_correct(logits: np.ndarray, labels: np.ndarray, k: int) -> np.ndarray:
-    """Per-example: is the label among the k highest logits (label_rank < k)."""
-    return np.asarray(label_rank(logits, labels) < k)
-
-
 def check_finite(logits: np.ndarray, what: str) -> None:
     """Refuse NaN or inf logits: a NaN ranks last and an inf first, scoring a plausible miss or hit."""
     bad = ~np.isfinite(logits)

@@ -96,25 +96,22 @@ class Run:
         # The processes an MPI launcher started (one alone): --replicas counts them all (hloforge.train.mpi);
         # a Model's fit too (its session spread over them: Model._session). Scoring alone is one process's.
         self.world = mpi.world() if not eval_only else mpi.World()
-        try:  # the options alone decide these refusals, so every rank refuses alike: said once (mpi.shared)
+        if not self.world.is_root:  # rank 0 logs and draws the progress bar; the others are quiet
+            log, progress = (lambda line: None), False
+        try:  # the options and the net alone decide these refusals, so every rank refuses alike: said once
             cfg.check()
             if self.world.size > 1:
                 cfg = attrs.evolve(cfg, replicas=mpi.global_replicas(cfg.replicas, cfg.sync_bn, self.world))
-        except UnsupportedSpec as e:
-            raise mpi.shared(e, self.world) from None
-        if not self.world.is_root:  # rank 0 logs and draws the progress bar; the others are quiet
-            log, progress = (lambda line: None), False
-        devices = replica_devices(cfg.backend or None, cfg.replicas // self.world.size, cfg.devices)
-        self.backend = backend if backend is not None else \
-            make_backend(cfg.backend or None, **({"devices": devices} if devices else {}))
-        cfg = attrs.evolve(cfg, backend=self.backend.name)
-        self.cfg, self.log, self.progress = cfg, log, progress
-        reg = default_registry()
-        self.spec = spec if spec is not None else get_net(cfg.net, cfg.classes, cfg.input)
-        self.lm = is_lm(self.spec)
-        self.variant = cfg.variant(self.spec)
-        self.spec = self.variant.apply_to(self.spec)  # dropout, drop_path, BN ε: train and eval one net
-        try:  # as the options' check above: the net and variant decide alike on every rank
+            devices = replica_devices(cfg.backend or None, cfg.replicas // self.world.size, cfg.devices)
+            self.backend = backend if backend is not None else \
+                make_backend(cfg.backend or None, **({"devices": devices} if devices else {}))
+            cfg = attrs.evolve(cfg, backend=self.backend.name)
+            self.cfg, self.log, self.progress = cfg, log, progress
+            reg = default_registry()
+            self.spec = spec if spec is not None else get_net(cfg.net, cfg.classes, cfg.input)
+            self.lm = is_lm(self.spec)
+            self.variant = cfg.variant(self.spec)
+            self.spec = self.variant.apply_to(self.spec)  # dropout, drop_path, BN ε: train and eval one net
             self.mixer = (Mixer(self.spec.num_classes, self.variant.mixup, self.variant.cutmix, cfg.label_smoothing)
                           if self.variant.soft_labels else None)
             if self.mixer is not None:
@@ -442,8 +439,9 @@ class Run:
             start = self.restore(session, cross_backend) if world.is_root else 0
             start = self._share_restored(session, start)
             if start >= cfg.epochs:
-                if world.is_root and not os.path.exists(os.path.join(self.dir, curves.PNG)) and self._history():
-                    self.plot(self._history())  # the end's plot, which a kill while it was drawn left undrawn
+                undrawn = world.is_root and not os.path.exists(os.path.join(self.dir, curves.PNG))
+                if undrawn and (done := self._history()):  # the end's plot, which a kill while drawn left undrawn
+                    self.plot(done)
                 raise mpi.PeerError(f"run {self.dir} already finished: its checkpoint is at epoch {start} of "
                                     f"{cfg.epochs}; raise --epochs to train further", quiet=not world.is_root)
         if init is not None:
