@@ -404,10 +404,11 @@ def test_compile_hands_the_compilers_freed_heap_back(monkeypatch, tmp_path):
     """glibc keeps the heap XLA's compiler freed, and a session's first steps' buffers came on top of
     it (resnet18-cifar: ~165 MB of a 255 MB compile peak): the backend trims the heap after each
     compile, cache hit or not."""
+    from hloforge.backends import host_memory
     from hloforge.backends.xla import backend as xla_backend
 
     calls: list[int] = []
-    monkeypatch.setattr(xla_backend, "_malloc_trim", lambda: lambda pad: calls.append(pad))
+    monkeypatch.setattr(host_memory, "_malloc_trim", lambda: lambda pad: calls.append(pad))
     be = xla_backend.XlaBackend(cache_dir=tmp_path)
     text = "func.func @main(%a: tensor<f32>) -> tensor<f32> {\n  return %a : tensor<f32>\n}\n"
     be.compile(text)

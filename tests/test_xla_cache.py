@@ -15,6 +15,7 @@ import pytest
 
 from hloforge.backends import disk_cache
 from hloforge.backends.xla import cache as xla_cache
+from hloforge.backends.xla import compile_worker
 from hloforge.backends.xla.backend import XlaBackend
 from hloforge.backends.xla.cache import SUFFIX, XlaCacheWarning
 from hloforge.core.errors import BackendError
@@ -286,7 +287,8 @@ def test_a_plugin_that_cannot_serialize_warns_once_and_still_compiles(cache, mon
     def refuse(self):
         raise BackendError("XLA failed serializing an executable: no [UNIMPLEMENTED]")
 
-    monkeypatch.setattr(Executable, "serialize", refuse)
+    monkeypatch.setattr(Executable, "serialize", refuse)  # in this process: the compile worker's would serialize
+    monkeypatch.setenv(compile_worker.ENV_VAR, "0")
     monkeypatch.setattr(xla_cache, "_UNSERIALIZABLE", set())
     be = XlaBackend()
     with pytest.warns(XlaCacheWarning, match="cannot serialize") as caught:

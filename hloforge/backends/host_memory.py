@@ -15,9 +15,10 @@ mnist-mlp 1.6 either way; IREE mobilenetv2-mini 194 → 145.
 The costs: the process keeps its peak heap until it exits; and a step too small to need it pays
 for the one arena its threads then share: mnist-mlp on XLA 1.80–1.83 vs 1.66 ms (alternating
 processes; each setting alone: the one arena is the whole of it, no mmap and no trimming cost
-nothing). So does an XLA compile: its two threads wait on that arena's lock, resnet18-cifar's step
-compiling in 3.5 s against 2.7 (benchmarks/NOTES.md). The one arena cannot be lifted for a compile
-alone: glibc fixes the arena limit when a thread first takes an arena, and a thread keeps its arena.
+nothing). So would an XLA compile: its two threads wait on that arena's lock, resnet18-cifar's step
+compiling in 4.5–4.9 s against 3.0–3.1 (benchmarks/NOTES.md). The one arena cannot be lifted for a
+compile alone (glibc fixes the arena limit when a thread first takes an arena, and a thread keeps its
+arena), so XLA compiles in a process of its own (backends/xla/compile_worker.py).
 `HLOFORGE_HOST_MEMORY=release` keeps glibc's own policy. It must be chosen before the
 XLA client starts: its threads take their arenas then (set later, XLA kept faulting 47 000 pages
 per step). Elsewhere than glibc this does nothing.
@@ -48,6 +49,7 @@ import platform
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from hloforge.core.errors import BackendError
 
@@ -100,6 +102,23 @@ def host_memory_description() -> str:
     return f"host memory {'retained' if retained else 'released'}"
 
 
+@functools.cache
+def _malloc_trim() -> Any:
+    """glibc's malloc_trim, or None (another C library)."""
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def trim_heap() -> None:
+    """Hand the heap XLA's compiler freed back to the OS. glibc keeps it (resnet18-cifar's step: ~165 MB
+    of a 255 MB compile peak), and the first steps' buffers then came on top of it."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
 class _Mallinfo2(ctypes.Structure):  # glibc's struct mallinfo2 (glibc 2.33+)
     _fields_ = [(name, ctypes.c_size_t) for name in
                 ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
@@ -136,6 +155,11 @@ def _kept_heap_reading() -> _Mallinfo2 | None:
 
 def _in_use(info: _Mallinfo2) -> int:
     return int(info.uordblks) - _held_hole_bytes
+
+
+def heap_kept() -> bool:
+    """Whether this process's heap is kept (:func:`retain_freed_host_memory` took effect)."""
+    return bool(_applied)
 
 
 def heap_in_use() -> int | None:

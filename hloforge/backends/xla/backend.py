@@ -4,16 +4,13 @@ Executables are cached on disk (:mod:`hloforge.backends.xla.cache`; $HLOFORGE_XL
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import os
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
 from hloforge.backends.base import InputSlot
-from hloforge.backends.host_memory import host_memory_description
+from hloforge.backends.host_memory import host_memory_description, trim_heap
 from hloforge.backends.xla.cache import ExecutableCache
 from hloforge.backends.xla.pjrt import (
     Client,
@@ -37,23 +34,6 @@ def auto_scheduler(mlir_text: str) -> str:
     outnumber its dot_generals, sequentially otherwise."""
     convolutions, dots = mlir_text.count("stablehlo.convolution"), mlir_text.count("stablehlo.dot_general")
     return "concurrent" if convolutions > dots else "sequential"
-
-
-@functools.cache
-def _malloc_trim() -> Any:
-    """glibc's malloc_trim, or None (another C library)."""
-    try:
-        return ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return None
-
-
-def trim_heap() -> None:
-    """Hand the heap XLA's compiler freed back to the OS. glibc keeps it (resnet18-cifar's step: ~165 MB
-    of a 255 MB compile peak), and the first steps' buffers then came on top of it."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
 
 
 class XlaBackend:

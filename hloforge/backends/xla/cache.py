@@ -25,6 +25,7 @@ from typing import Any
 from hloforge.backends.base import CACHE_ENV_VAR as CACHE_ROOT_ENV_VAR
 from hloforge.backends.base import cache_root
 from hloforge.backends.disk_cache import first_unwritable, host_cpu, max_bytes, prune, sha256_key, touch, write_atomic
+from hloforge.backends.xla import compile_worker
 from hloforge.backends.xla.pjrt import Client, Executable
 from hloforge.core.errors import BackendError, HloforgeWarning
 from hloforge.core.switches import env_switch
@@ -118,7 +119,7 @@ class ExecutableCache:
         cache_enabled(), max_bytes()  # a bad setting fails here, before a net is rendered (and at compile)
         self.directory = Path(directory) if directory is not None else default_cache_dir()
         #: compiles and cache hits made through this cache (tests read these)
-        self.stats = {"compiles": 0, "hits": 0, "compile_s": 0.0, "load_s": 0.0}
+        self.stats = {"compiles": 0, "worker_compiles": 0, "hits": 0, "compile_s": 0.0, "load_s": 0.0}
 
     def path(self, key: str) -> Path:
         return self.directory / f"{key}{SUFFIX}"
@@ -129,22 +130,23 @@ class ExecutableCache:
         where not). ``exe.cache_hit`` says which."""
         options, scheduler = client.build_options(num_replicas, scheduler, overrides)
         if not cache_enabled():
-            return self._compile(client, mlir_text, options, num_replicas, scheduler)
+            return self._compile(client, mlir_text, options, num_replicas, scheduler)[0]
         material = key_material(client, mlir_text, options, num_replicas)
         key = sha256_key(material)
         path = self.path(key)
         exe = self._load(client, path, key, material, mlir_text, options, num_replicas, scheduler)
         if exe is not None:
             return exe
-        exe = self._compile(client, mlir_text, options, num_replicas, scheduler)
-        try:
-            payload = exe.serialize()
-        except BackendError as e:  # a plugin without serialization: nothing to store (said once)
-            if client.plugin_path not in _UNSERIALIZABLE:
-                _UNSERIALIZABLE.add(client.plugin_path)
-                _warn(f"XLA cache: the {client.platform_name} plugin {client.plugin_path} cannot serialize an "
-                      f"executable ({getattr(e, 'plugin_message', e)}); its executables are not cached")
-            return exe
+        exe, payload = self._compile(client, mlir_text, options, num_replicas, scheduler)
+        if payload is None:
+            try:
+                payload = exe.serialize()
+            except BackendError as e:  # a plugin without serialization: nothing to store (said once)
+                if client.plugin_path not in _UNSERIALIZABLE:
+                    _UNSERIALIZABLE.add(client.plugin_path)
+                    _warn(f"XLA cache: the {client.platform_name} plugin {client.plugin_path} cannot serialize "
+                          f"an executable ({getattr(e, 'plugin_message', e)}); its executables are not cached")
+                return exe
         try:
             write_atomic(path, encode_entry(key, material, payload))
             prune(self.directory, SUFFIX, keep=path)
@@ -156,13 +158,27 @@ class ExecutableCache:
         return exe
 
     def _compile(self, client: Client, mlir_text: str, options: bytes, num_replicas: int,
-                 scheduler: str | None) -> Executable:
+                 scheduler: str | None) -> tuple[Executable, bytes | None]:
+        """The executable, compiled in a worker process where it takes the module
+        (:mod:`~hloforge.backends.xla.compile_worker`), else here; and its serialization where the
+        worker sent it."""
         t0 = time.perf_counter()
-        exe = client.compile_with_options(mlir_text, options, num_replicas, scheduler)
+        exe, payload = None, None
+        if compile_worker.takes(client.platform_name, mlir_text) and client.plugin_path not in _UNSERIALIZABLE:
+            payload = compile_worker.worker_for(client.plugin_path, len(client.devices)).compile(
+                mlir_text, options, num_replicas)
+            if payload is not None:
+                try:
+                    exe = client.deserialize(payload, mlir_text, options, num_replicas, scheduler)
+                    self.stats["worker_compiles"] += 1
+                except BackendError:  # not this process's plugin build after all: compile here
+                    payload = None
+        if exe is None:
+            exe = client.compile_with_options(mlir_text, options, num_replicas, scheduler)
         self.stats["compiles"] += 1
         self.stats["compile_s"] += time.perf_counter() - t0
         exe.cache_hit = False
-        return exe
+        return exe, payload
 
     def _load(self, client: Client, path: Path, key: str, material: dict[str, Any], mlir_text: str,
               options: bytes, num_replicas: int, scheduler: str | None) -> Executable | None:

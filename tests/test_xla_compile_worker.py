@@ -1,0 +1,185 @@
+"""XLA compiles in a worker process under the kept heap: the same executable, and every failure of the
+worker answered by compiling here."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import warnings
+
+import numpy as np
+import pytest
+
+from hloforge.backends import host_memory
+from hloforge.backends.xla import cache as xla_cache
+from hloforge.backends.xla import compile_worker
+from hloforge.backends.xla.backend import XlaBackend
+from hloforge.core.errors import BackendError
+
+STEP = """func.func @main(%w: tensor<2x3xf32> {tf.aliasing_output = 0 : i32}, %g: tensor<2x3xf32>)
+    -> (tensor<2x3xf32>, tensor<f32>) {
+  %lr = stablehlo.constant dense<1.000000e-01> : tensor<f32>
+  %0 = stablehlo.broadcast_in_dim %lr, dims = [] : (tensor<f32>) -> tensor<2x3xf32>
+  %1 = stablehlo.multiply %0, %g : tensor<2x3xf32>
+  %2 = stablehlo.subtract %w, %1 : tensor<2x3xf32>
+  %zero = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+  %3 = stablehlo.reduce(%w init: %zero) applies stablehlo.add across dimensions = [0, 1]
+    : (tensor<2x3xf32>, tensor<f32>) -> tensor<f32>
+  return %2, %3 : tensor<2x3xf32>, tensor<f32>
+}
+"""
+W = np.arange(6, dtype=np.float32).reshape(2, 3)
+G = np.ones((2, 3), np.float32)
+# a type error XLA's parser refuses
+BROKEN = "func.func @main(%a: tensor<2xf32>) -> tensor<3xf32> {\n  return %a : tensor<2xf32>\n}\n"
+
+
+@pytest.fixture
+def backend(monkeypatch, tmp_path) -> XlaBackend:
+    """A backend compiling every time (no cache), with the worker on."""
+    monkeypatch.setenv(xla_cache.CACHE_ENV_VAR, "0")
+    monkeypatch.delenv(compile_worker.ENV_VAR, raising=False)
+    be = XlaBackend(cache_dir=tmp_path)
+    if not compile_worker.takes(be.client.platform_name, STEP):
+        pytest.skip("the heap is not kept here (not glibc, or HLOFORGE_HOST_MEMORY=release): no worker")
+    return be
+
+
+def worker(be: XlaBackend) -> compile_worker.CompileWorker:
+    return compile_worker.worker_for(be.client.plugin_path, len(be.client.devices))
+
+
+def run_step(be: XlaBackend, exe) -> tuple[np.ndarray, float]:
+    new_w, total = be.execute(exe, [be.to_device(W), be.to_device(G)])
+    return be.to_host(new_w), float(be.to_host(total))
+
+
+def test_the_worker_compiles_what_this_process_would(backend, monkeypatch):
+    exe = backend.compile(STEP)
+    assert backend.stats["worker_compiles"] == backend.stats["compiles"] == 1 and not exe.cache_hit
+    assert exe.donated_inputs == (0,)
+    out = run_step(backend, exe)
+
+    monkeypatch.setenv(compile_worker.ENV_VAR, "0")
+    here = backend.compile(STEP)
+    assert backend.stats["worker_compiles"] == 1 and backend.stats["compiles"] == 2
+    assert here.input_specs == exe.input_specs and here.scheduler == exe.scheduler
+    expected = run_step(backend, here)
+    np.testing.assert_array_equal(out[0], expected[0])
+    assert out[1] == expected[1] == float(W.sum())
+
+
+def test_a_cache_miss_stores_the_workers_executable_and_a_hit_loads_it(monkeypatch, tmp_path):
+    monkeypatch.delenv(xla_cache.CACHE_ENV_VAR, raising=False)
+    be = XlaBackend(cache_dir=tmp_path)
+    if not compile_worker.takes(be.client.platform_name, STEP):
+        pytest.skip("no worker here")
+    exe = be.compile(STEP)
+    assert be.stats["worker_compiles"] == 1 and len(list(tmp_path.glob(f"*{xla_cache.SUFFIX}"))) == 1
+    again = XlaBackend(cache_dir=tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hit = again.compile(STEP)
+    assert hit.cache_hit and again.stats["compiles"] == 0
+    (w_hit, total_hit), (w_miss, total_miss) = run_step(again, hit), run_step(be, exe)
+    np.testing.assert_array_equal(w_hit, w_miss)
+    assert total_hit == total_miss == float(W.sum())
+
+
+def test_a_module_that_does_not_compile_is_the_error_it_always_was(backend, monkeypatch):
+    with pytest.raises(BackendError) as in_worker:
+        backend.compile(BROKEN)
+    assert backend.stats["worker_compiles"] == 0
+    monkeypatch.setenv(compile_worker.ENV_VAR, "0")
+    with pytest.raises(BackendError) as here:
+        backend.compile(BROKEN)
+    assert str(in_worker.value) == str(here.value) and "3xf32" in str(here.value)
+    monkeypatch.delenv(compile_worker.ENV_VAR)
+    backend.compile(STEP)  # the worker is still there for the next module
+    assert backend.stats["worker_compiles"] == 1
+
+
+def test_a_worker_that_died_is_started_again(backend):
+    backend.compile(STEP)
+    proc = worker(backend)._proc
+    assert proc is not None
+    proc.kill()
+    proc.wait()
+    exe = backend.compile(STEP)
+    assert backend.stats["worker_compiles"] == 2 and worker(backend)._proc is not proc
+    assert run_step(backend, exe)[1] == float(W.sum())
+
+
+def test_an_idle_worker_exits_and_the_next_compile_starts_another(backend, monkeypatch):
+    worker(backend).close()
+    monkeypatch.setattr(compile_worker, "IDLE_EXIT_S", 0.2)
+    backend.compile(STEP)
+    proc = worker(backend)._proc
+    assert proc is not None and proc.wait(timeout=30) == 0
+    backend.compile(STEP)
+    assert backend.stats["worker_compiles"] == 2 and worker(backend)._proc is not proc
+
+
+def test_a_worker_that_cannot_start_leaves_the_compile_here(backend, monkeypatch):
+    worker(backend).close()
+    monkeypatch.setattr(compile_worker.sys, "executable", "/nonexistent/python")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        exe = backend.compile(STEP)
+    assert backend.stats["worker_compiles"] == 0 and backend.stats["compiles"] == 1
+    assert run_step(backend, exe)[1] == float(W.sum())
+
+
+def test_a_worker_that_dies_on_starting_leaves_the_compile_here(backend, monkeypatch):
+    worker(backend).close()
+    monkeypatch.setattr(compile_worker.sys, "executable", shutil.which("false"))  # started, it exits at once
+    exe = backend.compile(STEP)
+    assert backend.stats["worker_compiles"] == 0 and worker(backend)._proc is None
+    assert run_step(backend, exe)[1] == float(W.sum())
+
+
+def test_an_interrupted_compile_stops_the_worker(backend, monkeypatch):
+    backend.compile(STEP)
+    proc = worker(backend)._proc
+
+    def interrupted(stream):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(compile_worker, "_read_part", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        backend.compile(STEP)
+    assert worker(backend)._proc is None and proc is not None and proc.poll() is not None
+    monkeypatch.undo()
+    monkeypatch.setenv(xla_cache.CACHE_ENV_VAR, "0")
+    backend.compile(STEP)
+    assert backend.stats["worker_compiles"] == 2
+
+
+def test_which_modules_the_worker_takes(backend, monkeypatch):
+    host_call = STEP.replace("%3 = stablehlo.reduce", "%9 = stablehlo.custom_call @f(%w) : (tensor<2x3xf32>) -> "
+                                                       "tensor<f32>\n  %3 = stablehlo.reduce")
+    assert compile_worker.takes("cpu", STEP)
+    assert not compile_worker.takes("cpu", host_call)  # a host call is a function of this process
+    assert not compile_worker.takes("cuda", STEP)
+    monkeypatch.setenv(compile_worker.ENV_VAR, "off")
+    assert not compile_worker.takes("cpu", STEP)
+    monkeypatch.setenv(compile_worker.ENV_VAR, "sometimes")
+    with pytest.raises(BackendError, match=r"^HLOFORGE_XLA_COMPILE_WORKER='sometimes': expected 1/"):
+        compile_worker.takes("cpu", STEP)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/dump")
+    assert not compile_worker.takes("cpu", STEP)  # a dump is one process's modules
+    monkeypatch.delenv("XLA_FLAGS")
+    monkeypatch.setattr(host_memory, "_applied", False)
+    monkeypatch.setenv(compile_worker.ENV_VAR, "1")
+    assert not compile_worker.takes("cpu", STEP)
+
+
+def test_a_compile_from_another_thread_meanwhile_is_done_here(backend):
+    """One compile at a time in the worker: a second thread's compiles here rather than wait."""
+    w = worker(backend)
+    with w._lock:
+        result: list = []
+        t = threading.Thread(target=lambda: result.append(backend.compile(STEP)))
+        t.start()
+        t.join(timeout=120)
+    assert result and backend.stats["worker_compiles"] == 0 and backend.stats["compiles"] == 1
