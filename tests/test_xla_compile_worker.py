@@ -183,3 +183,11 @@ def test_a_compile_from_another_thread_meanwhile_is_done_here(backend):
         t.start()
         t.join(timeout=120)
     assert result and backend.stats["worker_compiles"] == 0 and backend.stats["compiles"] == 1
+
+
+def test_the_bench_can_read_the_workers_peak(backend):
+    backend.compile(STEP)
+    peak = compile_worker.workers_peak_rss_mb()
+    if peak is None:
+        pytest.skip("no /proc here")
+    assert 10 < peak < 4096

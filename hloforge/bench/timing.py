@@ -38,6 +38,11 @@ def make_hloforge(net: str, backend: str, batch: int, lr: float, seed: int) -> t
     # Both backends keep compiled executables on disk: a cache hit did not really compile.
     cache_hit = bool(getattr(session.exe, "cache_hit", False))
     note = "setup was a compile-cache hit" if cache_hit else ""
+    if be.stats.get("worker_compiles"):
+        from hloforge.backends.xla.compile_worker import workers_peak_rss_mb
+        worker_peak = workers_peak_rss_mb()
+        note = "compiled in a worker process" + (f" (its peak RSS {worker_peak:.0f} MB, not in this row's)"
+                                                 if worker_peak is not None else "")
     if tuning is not None:
         note = "; ".join(n for n in (note, tuning.summary()) if n)
 
