@@ -36,9 +36,10 @@ BROKEN = "func.func @main(%a: tensor<2xf32>) -> tensor<3xf32> {\n  return %a : t
 
 @pytest.fixture
 def backend(monkeypatch, tmp_path) -> XlaBackend:
-    """A backend compiling every time (no cache), with the worker on."""
+    """A backend compiling every time (no cache), with the worker on, started for any module."""
     monkeypatch.setenv(xla_cache.CACHE_ENV_VAR, "0")
     monkeypatch.delenv(compile_worker.ENV_VAR, raising=False)
+    monkeypatch.setattr(compile_worker, "COLD_START_MIN_CHARS", 0)
     be = XlaBackend(cache_dir=tmp_path)
     if not compile_worker.takes(be.client.platform_name, STEP):
         pytest.skip("the heap is not kept here (not glibc, or HLOFORGE_HOST_MEMORY=release): no worker")
@@ -71,6 +72,7 @@ def test_the_worker_compiles_what_this_process_would(backend, monkeypatch):
 
 def test_a_cache_miss_stores_the_workers_executable_and_a_hit_loads_it(monkeypatch, tmp_path):
     monkeypatch.delenv(xla_cache.CACHE_ENV_VAR, raising=False)
+    monkeypatch.setattr(compile_worker, "COLD_START_MIN_CHARS", 0)
     be = XlaBackend(cache_dir=tmp_path)
     if not compile_worker.takes(be.client.platform_name, STEP):
         pytest.skip("no worker here")
@@ -97,6 +99,18 @@ def test_a_module_that_does_not_compile_is_the_error_it_always_was(backend, monk
     monkeypatch.delenv(compile_worker.ENV_VAR)
     backend.compile(STEP)  # the worker is still there for the next module
     assert backend.stats["worker_compiles"] == 1
+
+
+def test_a_short_module_starts_no_worker_but_a_running_one_takes_it(backend, monkeypatch):
+    worker(backend).close()
+    monkeypatch.setattr(compile_worker, "COLD_START_MIN_CHARS", len(STEP) + 1)
+    backend.compile(STEP)
+    assert backend.stats["worker_compiles"] == 0 and worker(backend)._proc is None
+    monkeypatch.setattr(compile_worker, "COLD_START_MIN_CHARS", len(STEP))
+    backend.compile(STEP)  # long enough: starts one
+    monkeypatch.setattr(compile_worker, "COLD_START_MIN_CHARS", len(STEP) + 1)
+    backend.compile(STEP)  # short, but the worker is running
+    assert backend.stats["worker_compiles"] == 2
 
 
 def test_a_worker_that_died_is_started_again(backend):
@@ -140,7 +154,7 @@ def test_a_worker_that_dies_on_starting_leaves_the_compile_here(backend, monkeyp
 
 def test_an_interrupted_compile_stops_the_worker(backend, monkeypatch):
     backend.compile(STEP)
-    proc = worker(backend)._proc
+    proc, read_part = worker(backend)._proc, compile_worker._read_part
 
     def interrupted(stream):
         raise KeyboardInterrupt
@@ -149,8 +163,7 @@ def test_an_interrupted_compile_stops_the_worker(backend, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         backend.compile(STEP)
     assert worker(backend)._proc is None and proc is not None and proc.poll() is not None
-    monkeypatch.undo()
-    monkeypatch.setenv(xla_cache.CACHE_ENV_VAR, "0")
+    monkeypatch.setattr(compile_worker, "_read_part", read_part)
     backend.compile(STEP)
     assert backend.stats["worker_compiles"] == 2
 

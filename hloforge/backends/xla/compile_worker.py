@@ -6,15 +6,14 @@ one arena, and XLA's compile threads wait on its lock: resnet18-cifar's train st
 under the kept heap hands its compiles to a worker (`python -c`, this module's :func:`serve`, on the
 same plugin and device count): it compiles, serializes the executable and sends it back, and the
 client loads it (0.03–0.27 s on the suite's steps; the cache stores the same bytes). The worker
-starts at the first compile (~0.25 s), serves the next ones, and exits once idle for IDLE_EXIT_S or
-when this process goes.
+starts at the first compile of a module large enough to pay for its start (~0.25 s), serves the next
+ones, and exits once idle for IDLE_EXIT_S or when this process goes.
 
 A module the worker does not take is compiled here, as it was: one with a custom call (a host call is
 a function of this process), a client on another platform than the CPU, a heap not kept, or while
-$XLA_FLAGS dumps XLA's modules. So is
-every module the worker did not hand back (it did not start, died, or the module did not compile):
-what fails here is the error it always was. $HLOFORGE_XLA_COMPILE_WORKER=0 compiles every module
-here.
+$XLA_FLAGS dumps XLA's modules. So is every module the worker did not hand back (it did not start,
+died, or the module did not compile): what fails here is the error it always was.
+$HLOFORGE_XLA_COMPILE_WORKER=0 compiles every module here.
 """
 
 from __future__ import annotations
@@ -43,6 +42,10 @@ ENV_VAR = "HLOFORGE_XLA_COMPILE_WORKER"
 # within a second of each other (`hloforge train`: the step, then the eval), and an idle worker holds
 # ~65 MB of its own besides the plugin's pages.
 IDLE_EXIT_S = 5.0
+# A module shorter than this is compiled here unless a worker is running: starting one (~0.25 s) costs
+# more than the arena's lock does a short compile (mnist-mlp's step, 18k characters: setup 0.52 s
+# through a new worker, 0.42 here; mnist-cnn's, 56k: 1.08 against 1.31).
+COLD_START_MIN_CHARS = 32_000
 _LENGTH = struct.Struct("<Q")
 _OK, _FAILED = b"ok", b"failed"
 
@@ -94,7 +97,11 @@ class CompileWorker:
 
     def compile(self, mlir_text: str, options: bytes, num_replicas: int) -> bytes | None:
         """The serialized executable the worker compiled, or None where it did not (the caller
-        compiles here). A worker gone idle is started again once."""
+        compiles here). A worker gone idle is started again once, for a module of COLD_START_MIN_CHARS
+        or more."""
+        running = self._proc is not None and self._proc.poll() is None
+        if not running and len(mlir_text) < COLD_START_MIN_CHARS:
+            return None
         if not self._lock.acquire(blocking=False):  # another thread's compile holds it: compile there
             return None
         try:
