@@ -16,6 +16,7 @@ import pytest
 
 from hloforge.backends.base import cache_root
 from hloforge.backends.xla import cache as xla_cache
+from hloforge.backends.xla import compile_worker
 from hloforge.backends.xla.pjrt.discovery import find_plugin
 from hloforge.commands.exits import debug_enabled
 from hloforge.core.errors import BackendError, HloforgeError, PluginError, UnsupportedSpec
@@ -38,6 +39,7 @@ SWITCHES: list[tuple[str, Callable[[], bool], bool, type[HloforgeError]]] = [
     ("HLOFORGE_AUTOTUNE", autotune.enabled, False, UnsupportedSpec),
     ("HLOFORGE_RESIDENT", resident_default, True, BackendError),
     ("HLOFORGE_XLA_CACHE", xla_cache.cache_enabled, True, BackendError),
+    ("HLOFORGE_XLA_COMPILE_WORKER", compile_worker.worker_enabled, True, BackendError),
     ("HLOFORGE_TRACE_PLUGINS", _tracing, False, PluginError),
 ]
 IDS = [var for var, *_ in SWITCHES]

@@ -3,7 +3,6 @@ worker answered by compiling here."""
 
 from __future__ import annotations
 
-import shutil
 import threading
 import warnings
 
@@ -144,9 +143,12 @@ def test_a_worker_that_cannot_start_leaves_the_compile_here(backend, monkeypatch
     assert run_step(backend, exe)[1] == float(W.sum())
 
 
-def test_a_worker_that_dies_on_starting_leaves_the_compile_here(backend, monkeypatch):
+def test_a_worker_that_dies_on_starting_leaves_the_compile_here(backend, monkeypatch, tmp_path):
     worker(backend).close()
-    monkeypatch.setattr(compile_worker.sys, "executable", shutil.which("false"))  # started, it exits at once
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\nexit 3\n")  # started, it exits at once
+    python.chmod(0o755)
+    monkeypatch.setattr(compile_worker.sys, "executable", str(python))
     exe = backend.compile(STEP)
     assert backend.stats["worker_compiles"] == 0 and worker(backend)._proc is None
     assert run_step(backend, exe)[1] == float(W.sum())
@@ -174,6 +176,11 @@ def test_which_modules_the_worker_takes(backend, monkeypatch):
     assert compile_worker.takes("cpu", STEP)
     assert not compile_worker.takes("cpu", host_call)  # a host call is a function of this process
     assert not compile_worker.takes("cuda", STEP)
+    python = compile_worker.sys.executable
+    for embedding in ("/opt/app/bin/blender", ""):  # an application embedding Python, or none said
+        monkeypatch.setattr(compile_worker.sys, "executable", embedding)
+        assert not compile_worker.takes("cpu", STEP)
+    monkeypatch.setattr(compile_worker.sys, "executable", python)
     monkeypatch.setenv(compile_worker.ENV_VAR, "off")
     assert not compile_worker.takes("cpu", STEP)
     monkeypatch.setenv(compile_worker.ENV_VAR, "sometimes")
@@ -185,6 +192,12 @@ def test_which_modules_the_worker_takes(backend, monkeypatch):
     monkeypatch.setattr(host_memory, "_applied", False)
     monkeypatch.setenv(compile_worker.ENV_VAR, "1")
     assert not compile_worker.takes("cpu", STEP)
+
+
+def test_a_bad_switch_fails_when_the_backend_is_made_before_a_net_is_rendered(monkeypatch, tmp_path):
+    monkeypatch.setenv(compile_worker.ENV_VAR, "sometimes")
+    with pytest.raises(BackendError, match="HLOFORGE_XLA_COMPILE_WORKER='sometimes'"):
+        XlaBackend(cache_dir=tmp_path)
 
 
 def test_a_compile_from_another_thread_meanwhile_is_done_here(backend):

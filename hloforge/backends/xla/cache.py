@@ -116,7 +116,8 @@ class ExecutableCache:
     """Compiles through a Client, loading from and storing to one cache directory."""
 
     def __init__(self, directory: str | os.PathLike[str] | None = None):
-        cache_enabled(), max_bytes()  # a bad setting fails here, before a net is rendered (and at compile)
+        # a bad setting fails here, before a net is rendered (and at compile)
+        cache_enabled(), max_bytes(), compile_worker.worker_enabled()
         self.directory = Path(directory) if directory is not None else default_cache_dir()
         #: compiles and cache hits made through this cache (tests read these)
         self.stats = {"compiles": 0, "worker_compiles": 0, "hits": 0, "compile_s": 0.0, "load_s": 0.0}

@@ -58,10 +58,16 @@ def worker_enabled() -> bool:
 
 def takes(platform_name: str, mlir_text: str) -> bool:
     """Whether a module is compiled in a worker: a CPU client's module with no custom call, while the
-    heap is kept, XLA is not dumping (a dump is one process's modules, numbered by it) and the switch
-    is on."""
+    heap is kept, XLA is not dumping (a dump is one process's modules, numbered by it), this process
+    runs a Python interpreter and the switch is on."""
     return (platform_name == "cpu" and heap_kept() and "custom_call" not in mlir_text
-            and "xla_dump_to" not in os.environ.get("XLA_FLAGS", "") and worker_enabled())
+            and "xla_dump_to" not in os.environ.get("XLA_FLAGS", "") and _runs_python() and worker_enabled())
+
+
+def _runs_python() -> bool:
+    """Whether sys.executable is a Python interpreter: an application embedding Python (a server, a
+    3-D tool) names its own binary there, which must not be started with a worker's arguments."""
+    return os.path.basename(sys.executable or "").lower().startswith("python")
 
 
 def _frame(*parts: bytes) -> bytes:
