@@ -105,7 +105,8 @@ class CompileWorker:
         """The serialized executable the worker compiled, or None where it did not (the caller
         compiles here). A worker gone idle is started again once, for a module of COLD_START_MIN_CHARS
         or more."""
-        running = self._proc is not None and self._proc.poll() is None
+        proc = self._proc  # read once: another thread's compile may stop it meanwhile
+        running = proc is not None and proc.poll() is None
         if not running and len(mlir_text) < COLD_START_MIN_CHARS:
             return None
         if not self._lock.acquire(blocking=False):  # another thread's compile holds it: compile there
@@ -153,7 +154,7 @@ class CompileWorker:
         try:
             proc.stdin.write(_frame(str(num_replicas).encode(), mlir_text.encode(), options))
             proc.stdin.flush()
-        except (BrokenPipeError, OSError) as e:
+        except OSError as e:  # a broken pipe: it exited idle, or died
             raise _Gone from e
         status, payload = _read_part(proc.stdout), _read_part(proc.stdout)
         if status is None or payload is None:
