@@ -8,6 +8,7 @@ import warnings
 
 import numpy as np
 import pytest
+from test_xla_cache import STEP, W, run_step  # tests/ is on sys.path (rootdir-relative, no package)
 
 from hloforge.backends import host_memory
 from hloforge.backends.xla import cache as xla_cache
@@ -15,20 +16,6 @@ from hloforge.backends.xla import compile_worker
 from hloforge.backends.xla.backend import XlaBackend
 from hloforge.core.errors import BackendError
 
-STEP = """func.func @main(%w: tensor<2x3xf32> {tf.aliasing_output = 0 : i32}, %g: tensor<2x3xf32>)
-    -> (tensor<2x3xf32>, tensor<f32>) {
-  %lr = stablehlo.constant dense<1.000000e-01> : tensor<f32>
-  %0 = stablehlo.broadcast_in_dim %lr, dims = [] : (tensor<f32>) -> tensor<2x3xf32>
-  %1 = stablehlo.multiply %0, %g : tensor<2x3xf32>
-  %2 = stablehlo.subtract %w, %1 : tensor<2x3xf32>
-  %zero = stablehlo.constant dense<0.000000e+00> : tensor<f32>
-  %3 = stablehlo.reduce(%w init: %zero) applies stablehlo.add across dimensions = [0, 1]
-    : (tensor<2x3xf32>, tensor<f32>) -> tensor<f32>
-  return %2, %3 : tensor<2x3xf32>, tensor<f32>
-}
-"""
-W = np.arange(6, dtype=np.float32).reshape(2, 3)
-G = np.ones((2, 3), np.float32)
 # a type error XLA's parser refuses
 BROKEN = "func.func @main(%a: tensor<2xf32>) -> tensor<3xf32> {\n  return %a : tensor<2xf32>\n}\n"
 
@@ -47,11 +34,6 @@ def backend(monkeypatch, tmp_path) -> XlaBackend:
 
 def worker(be: XlaBackend) -> compile_worker.CompileWorker:
     return compile_worker.worker_for(be.client.plugin_path, len(be.client.devices))
-
-
-def run_step(be: XlaBackend, exe) -> tuple[np.ndarray, float]:
-    new_w, total = be.execute(exe, [be.to_device(W), be.to_device(G)])
-    return be.to_host(new_w), float(be.to_host(total))
 
 
 def test_the_worker_compiles_what_this_process_would(backend, monkeypatch):
@@ -212,8 +194,10 @@ def test_a_compile_from_another_thread_meanwhile_is_done_here(backend):
 
 
 def test_the_bench_can_read_the_workers_peak(backend):
+    from hloforge.bench.timing import peak_rss_mb
+
     backend.compile(STEP)
-    peak = compile_worker.workers_peak_rss_mb()
+    peak = max(filter(None, map(peak_rss_mb, compile_worker.worker_pids())), default=None)
     if peak is None:
         pytest.skip("no /proc here")
     assert 10 < peak < 4096

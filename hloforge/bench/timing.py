@@ -39,8 +39,8 @@ def make_hloforge(net: str, backend: str, batch: int, lr: float, seed: int) -> t
     cache_hit = bool(getattr(session.exe, "cache_hit", False))
     note = "setup was a compile-cache hit" if cache_hit else ""
     if be.stats.get("worker_compiles"):
-        from hloforge.backends.xla.compile_worker import workers_peak_rss_mb
-        worker_peak = workers_peak_rss_mb()
+        from hloforge.backends.xla.compile_worker import worker_pids
+        worker_peak = max(filter(None, map(peak_rss_mb, worker_pids())), default=None)
         note = "compiled in a worker process" + (f" (its peak RSS {worker_peak:.0f} MB, not in this row's)"
                                                  if worker_peak is not None else "")
     if tuning is not None:
@@ -98,16 +98,19 @@ def measure(net: str, backend: str, batch: int, steps: int, warmup: int, lr: flo
     return res
 
 
-def peak_rss_mb() -> float:
-    """This process's peak resident set size so far, MB. On Linux /proc's VmHWM: getrusage's
-    ru_maxrss survives exec, so a child started from a 400 MB parent reports at least 400 MB."""
+def peak_rss_mb(pid: int | None = None) -> float | None:
+    """The peak resident set size so far of this process (or of process `pid`), MB. On Linux /proc's
+    VmHWM: getrusage's ru_maxrss survives exec, so a child started from a 400 MB parent reports at least
+    400 MB. None for another process where /proc cannot say."""
     try:
-        with open("/proc/self/status", encoding="ascii") as f:
+        with open(f"/proc/{pid or 'self'}/status", encoding="ascii") as f:
             for line in f:
                 if line.startswith("VmHWM:"):
                     return int(line.split()[1]) / 2**10  # kB
     except OSError:
         pass
+    if pid is not None:
+        return None
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / (2**20 if sys.platform == "darwin" else 2**10)  # bytes on macOS, KiB elsewhere
 

@@ -218,20 +218,12 @@ def worker_for(plugin_path: str, device_count: int) -> CompileWorker:
         return worker
 
 
-def workers_peak_rss_mb() -> float | None:
-    """The largest peak resident set of this process's live workers, MB (for `hloforge bench`, whose
-    peak column is the measuring process's own); None where none is alive or /proc cannot say."""
-    peaks = []
-    for worker in list(_WORKERS.values()) if _WORKERS_PID == os.getpid() else []:
-        proc = worker._proc
-        if proc is None:
-            continue
-        try:
-            with open(f"/proc/{proc.pid}/status", encoding="ascii") as f:
-                peaks += [int(line.split()[1]) / 2**10 for line in f if line.startswith("VmHWM:")]
-        except OSError:
-            continue
-    return max(peaks, default=None)
+def worker_pids() -> list[int]:
+    """The process ids of this process's live workers (`hloforge bench` reads their peak memory: its
+    peak column is the measuring process's own)."""
+    if _WORKERS_PID != os.getpid():
+        return []
+    return [proc.pid for proc in (w._proc for w in list(_WORKERS.values())) if proc is not None and proc.poll() is None]
 
 
 @atexit.register
