@@ -327,3 +327,47 @@ def test_flash_lm_train_step_runs_the_same_on_iree(tmp_path, monkeypatch):
         losses[be] = [s.train_step(x, y, 1e-3) for _ in range(2)]
     assert np.allclose(losses["xla"], losses["iree"], rtol=1e-5)
     assert losses["xla"][1] < losses["xla"][0]
+
+
+def _dots(text):
+    """(lhs contracting axes, lhs type, rhs type) of every dot_general in a module's text."""
+    import re
+
+    pat = re.compile(r"dot_general .*contracting_dims = \[([\d, ]*)\] x \[[\d, ]*\] "
+                     r": \((tensor<[^>]*>), (tensor<[^>]*>)\)")
+    return [([int(a) for a in m[1].split(",")], m[2], m[3]) for m in map(pat.search, text.splitlines()) if m]
+
+
+def test_token_projections_are_products_of_rows():
+    """Dense and MHSA on tokens [B, N, D] multiply the B·N rows (on the 3-D form XLA's CPU compiler
+    gathers ∂W's transposed operand element by element: dense.py)."""
+    from hloforge.core.modules import vjp_module
+    from hloforge.plugins.layers.dense import Dense
+
+    for layers in ([Dense(6, act="gelu")], [MultiHeadSelfAttention(2)]):
+        dots = _dots(vjp_module(layers, (5, 8), 3, target="xla"))
+        projections = [d for d in dots if not d[1].startswith("tensor<3x2x5x")]  # not the heads' [B, H, N, dh]
+        assert len(projections) >= 3 and all(lhs.count("x") == rhs.count("x") == 2 for _, lhs, rhs in projections)
+
+
+def test_layer_norm_dot_sums_equal_its_reduces_and_contract_the_left_operands_trailing_axes():
+    from hloforge.core import strategy
+    from hloforge.core.modules import vjp_module
+    from hloforge.plugins.layers.transformer import LayerNormLast
+
+    rng = np.random.default_rng(0)
+    x, g = rng.standard_normal((2, 3, 5, 8)).astype(np.float32) * 3 + 1
+    gamma, beta = rng.standard_normal((2, 8)).astype(np.float32)
+    outs = {}
+    for sums in ("reduce", "dot"):
+        with strategy.forced({"lnSums": sums}):
+            text = vjp_module([LayerNormLast()], (5, 8), 3, target="xla")
+        outs[sums] = _run(text, [gamma, beta, x, g])
+        if sums == "dot":
+            dots = _dots(text)
+            assert len(dots) == 6  # Σx, Σ(x − μ)², then Σĝ, Σĝ·x̂ over D and Σḡ, Σḡ·x̂ over the rows
+            for axes, lhs, _ in dots:  # the ones on the side that keeps XLA's product untransposed
+                rank = lhs.count("x")
+                assert axes == list(range(rank - len(axes), rank)), (axes, lhs)
+    for a, b in zip(outs["reduce"], outs["dot"], strict=True):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5)

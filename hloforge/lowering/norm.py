@@ -18,6 +18,11 @@ Batch norm takes the form the strategy kind "bnReduce" picks for the module's ta
   channel gives exactly 0); and one variadic reduce of Σḡ, Σḡ·x̂, from which Σĝ = γ·Σḡ and
   Σĝ·x̂ = γ·Σḡ·x̂. Sync BN pools each replica's mean, then its sum of squares about the pooled
   mean (M2_r + m·(μ_r − μ)², Chan's combination): two small all-reduces, as the two-pass form.
+
+Layer norm over the last axis (layerNormLast) takes its sums as the strategy kind "lnSums" picks:
+"reduce" or "dot", each sum a dot product with a vector of ones. XLA's CPU compiler sums a row of a
+fused product (Σĝ·x̂ over D) one element at a time; a dot with ones it emits as a vectorised loop
+(vit-cifar's step: benchmarks/NOTES.md).
 """
 
 from __future__ import annotations
@@ -34,10 +39,14 @@ BN_REDUCE = StrategyKind("bnReduce", ("twoPass", "fused", "blocked"),
                          "batch-norm statistics and backward sums in two passes each, one variadic reduce "
                          "each, or two passes summed in stages (a short minor axis alone, then blocks of at most 32, "
                          "first; see norm.py)")
+LN_SUMS = StrategyKind("lnSums", ("reduce", "dot"),
+                       "layer norm's sums (its statistics and ∂x's over the normalised axis, ∂γ and ∂β's over "
+                       "the others) as reduces, or as dot products with a vector of ones (see norm.py)")
 
 
 def normalize(b: Builder, x: Value, gamma: Value, beta: Value, reduce: Sequence[int], axis: int,
-              eps: float, replicas: int = 1, form: str = "twoPass", processes: int = 1) -> tuple[Value, Value, Value]:
+              eps: float, replicas: int = 1, form: str = "twoPass", processes: int = 1,
+              sums: str = "reduce") -> tuple[Value, Value, Value]:
     """(y, mean, biased var) with statistics over `reduce` and γ/β along `axis`; y carries the
     closed-form backward, mean and var are reported values (no gradient flows through them).
 
@@ -48,13 +57,16 @@ def normalize(b: Builder, x: Value, gamma: Value, beta: Value, reduce: Sequence[
     `processes` > 1 (sync BN across the processes of a multi-process step): the same, over every
     process's replicas; after the in-graph all-reduce the sums go through `Builder.process_sum`.
 
-    `form`: a bnReduce choice, the module docstring's forms ("fused": batch norm only)."""
+    `form`: a bnReduce choice, the module docstring's forms ("fused": batch norm only); `sums`, an
+    lnSums choice, how a two-pass form takes its sums."""
     shape, rank = x.shape, x.type.rank
     reduce = sorted(reduce)
     kept = [d for d in range(rank) if d not in reduce]
     others = [d for d in range(rank) if d != axis]
     if form not in BN_REDUCE.choices:
         raise UnsupportedSpec(f"normalize form {form!r}: expected one of {', '.join(BN_REDUCE.choices)}")
+    if sums not in LN_SUMS.choices:
+        raise UnsupportedSpec(f"normalize sums {sums!r}: expected one of {', '.join(LN_SUMS.choices)}")
     fused = form == "fused"
     if fused and others != reduce:
         raise UnsupportedSpec(f"the fused normaliser is batch norm's: statistics over every axis but {axis}, "
@@ -67,6 +79,10 @@ def normalize(b: Builder, x: Value, gamma: Value, beta: Value, reduce: Sequence[
     group = [list(range(replicas))]
 
     def total_of(b: Builder, v: Value, dims: Sequence[int]) -> Value:
+        if sums == "dot":  # the ones on the side that keeps the product's operands untransposed
+            ones, own = b.full(1.0, [shape[d] for d in dims], v.dtype), list(range(len(dims)))
+            leading = list(dims) == own
+            return b.dot_general(ones, v, (own, dims)) if leading else b.dot_general(v, ones, (dims, own))
         return b.blocked_sum(v, dims) if form == "blocked" else b.sum(v, dims)
 
     def pooled(*sums: Value) -> list[Value]:

@@ -144,13 +144,15 @@ class MultiHeadSelfAttention(Layer):
 
     def forward(self, b: Builder, x: Value, params: Mapping[str, Value], ctx: Ctx) -> Value:
         bsz, n, d = x.shape
-        qkv = b.dot_general(x, params["qkv.w"], ([2], [0])) + b.broadcast_to(params["qkv.b"], (bsz, n, 3 * d))
-        q, k, v = _split_heads(b, qkv, self.heads)
+        rows = b.reshape(x, (bsz * n, d))  # both projections on the B·N rows, as dense.py's
+        qkv = b.dot_general(rows, params["qkv.w"], ([1], [0])) + b.broadcast_to(params["qkv.b"], (bsz * n, 3 * d))
+        q, k, v = _split_heads(b, b.reshape(qkv, (bsz, n, 3 * d)), self.heads)
         if self.rope:
             q, k = apply_rope(b, q, self.rope_base), apply_rope(b, k, self.rope_base)
         o = attention_core(b, q, k, v, self.attention, self.causal, self.block)
-        o = b.reshape(b.transpose(o, [0, 2, 1, 3]), (bsz, n, d))
-        return b.dot_general(o, params["proj.w"], ([2], [0])) + b.broadcast_to(params["proj.b"], (bsz, n, d))
+        o = b.reshape(b.transpose(o, [0, 2, 1, 3]), (bsz * n, d))
+        y = b.dot_general(o, params["proj.w"], ([1], [0])) + b.broadcast_to(params["proj.b"], (bsz * n, d))
+        return b.reshape(y, (bsz, n, d))
 
     def reference(self, params: Mapping[str, Any], x: Any, ctx: Ctx | None) -> Any:
         bsz, n, d = x.shape

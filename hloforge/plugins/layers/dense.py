@@ -1,9 +1,13 @@
 """Dense (fully connected) layer on [B, n]: y = act(x·W + b), W stored [in, out].
 
-On tokens [B, N, D] (a per-example [N, D] input) it applies to the last axis: [B, N, units]."""
+On tokens [B, N, D] (a per-example [N, D] input) it applies to the last axis: [B, N, units], as one
+product of the B·N rows. (On the 3-D form XLA's CPU compiler feeds ∂W = Xᵀ·Ḡ a transposed copy of
+X that its loop emitter gathers element by element; vit-cifar's step took 257 ms against 205 on rows:
+benchmarks/NOTES.md.)"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,10 +41,13 @@ class Dense(Layer):
         return (w, ParamSlot("b", (self.units,), "zeros", False)) if self.bias else (w,)
 
     def forward(self, b: Builder, x: Value, params: Mapping[str, Value], ctx: Ctx) -> Value:
-        y = b.dot_general(x, params["w"], ([x.type.rank - 1], [0]))
+        lead = x.shape[:-1]
+        rows = b.reshape(x, (math.prod(lead), x.shape[-1])) if len(lead) > 1 else x
+        y = b.dot_general(rows, params["w"], ([1], [0]))
         if self.bias:
             y = y + b.broadcast_to(params["b"], y.shape)
-        return emit_act(b, self.act, y)
+        y = emit_act(b, self.act, y)
+        return b.reshape(y, (*lead, self.units)) if len(lead) > 1 else y
 
     def reference(self, params: Mapping[str, Any], x: Any, ctx: Ctx) -> Any:
         y = x @ params["w"]

@@ -2,7 +2,7 @@
 encoder block `transformerBlock`.
 
 * layerNormLast normalises the last axis (D) with norm.py's one closed-form normaliser (the
-  channel-axis `layerNorm` of norm.py is for NCHW images).
+  channel-axis `layerNorm` of norm.py is for NCHW images), its sums in the "lnSums" form.
 * patchEmbed (ViT): a p×p stride-p convolution [C, H, W] → [D, H/p, W/p], flattened to N = HW/p²
   tokens [N, D], a learned class token prepended (`cls`), learned positions [N(+1), D] added.
 * transformerBlock: x + MHSA(LN(x)), then x + MLP(LN(x)) with MLP = dense → GELU → dense, then an
@@ -21,11 +21,12 @@ from typing import Any
 
 import attrs
 
+from hloforge.core import strategy
 from hloforge.core.errors import UnsupportedSpec
 from hloforge.core.hlo import Builder, Value
 from hloforge.core.hookspecs import hookimpl
 from hloforge.core.spec import Ctx, Layer, ParamSlot, Shape
-from hloforge.lowering.norm import normalize
+from hloforge.lowering.norm import LN_SUMS, normalize
 from hloforge.plugins.layers.attention import ATTENTIONS, MultiHeadSelfAttention
 from hloforge.plugins.layers.compose import Block, BlockLayer, Part, image
 from hloforge.plugins.layers.dense import Dense
@@ -37,6 +38,7 @@ class LayerNormLast(Layer):
     """LayerNorm over the last axis of [N, D] (or [D]); γ, β of shape [D]; closed-form backward."""
 
     kind = "layerNormLast"
+    strategy_kinds = ("lnSums",)
     eps: float = 1e-6
 
     def out_shape(self, in_shape: Shape) -> Shape:
@@ -51,7 +53,8 @@ class LayerNormLast(Layer):
 
     def forward(self, b: Builder, x: Value, params: Mapping[str, Value], ctx: Ctx) -> Value:
         last = x.type.rank - 1
-        return normalize(b, x, params["gamma"], params["beta"], [last], last, self.eps)[0]
+        return normalize(b, x, params["gamma"], params["beta"], [last], last, self.eps,
+                         sums=strategy.chosen("lnSums", b.target))[0]
 
     def reference(self, params: Mapping[str, Any], x: Any, ctx: Ctx | None) -> Any:
         import jax.numpy as jnp
@@ -186,6 +189,11 @@ class TransformerBlock(BlockLayer):
     def gate_cases(cls) -> list[tuple[Layer, Shape]]:
         return [(cls(2, 6, attention="flash", causal=True, rope=True, block=2), (4, 4)),
                 (cls(1, 4, final_norm=True, output="cls", drop_path=0.5), (3, 4))]
+
+
+@hookimpl
+def hloforge_strategy_kinds() -> list[strategy.StrategyKind]:
+    return [LN_SUMS]
 
 
 @hookimpl
