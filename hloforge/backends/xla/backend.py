@@ -44,7 +44,7 @@ class XlaBackend:
     strategy_defaults = {"layout": "nhwc", "update": "in_backward", "paramLayout": "hwio", "sums": "blocked",
                          "conv2d": "nchw", "convGrad": "winograd", "pointwise": "dot", "depthwise": "shifted",
                          "maxPool": "select", "bnReduce": "blocked", "sdpaGrad": "closed", "maskedSum": "broadcast",
-                         "lnSums": "dot"}
+                         "lnSums": "dot", "tokenProduct": "rows"}
 
     def __init__(self, client: Client | None = None, devices: int | None = None,
                  cache_dir: str | os.PathLike[str] | None = None):

@@ -35,6 +35,7 @@ from hloforge.core.hlo import Builder, Value
 from hloforge.core.hookspecs import hookimpl
 from hloforge.core.spec import Ctx, Layer, ParamSlot, Shape
 from hloforge.lowering.attention import SDPA_GRAD, attention_core, flash_block
+from hloforge.lowering.dense import TOKEN_PRODUCT, token_product
 
 ATTENTIONS = ("dense", "flash")
 
@@ -110,7 +111,7 @@ class MultiHeadSelfAttention(Layer):
     q and k, dense SDPA or FlashAttention (`attention`), optional causal mask, output projection [D, D]."""
 
     kind = "mhsa"
-    strategy_kinds = ("sdpaGrad",)
+    strategy_kinds = ("sdpaGrad", TOKEN_PRODUCT.name)
     heads: int
     attention: str = "dense"
     causal: bool = False
@@ -135,7 +136,7 @@ class MultiHeadSelfAttention(Layer):
         return in_shape
 
     def strategies_for(self, in_shape: Shape) -> tuple[str, ...]:
-        return self.strategy_kinds if self.attention == "dense" else ()
+        return self.strategy_kinds if self.attention == "dense" else (TOKEN_PRODUCT.name,)
 
     def param_slots(self, in_shape: Shape) -> tuple[ParamSlot, ...]:
         d = in_shape[1]
@@ -144,15 +145,13 @@ class MultiHeadSelfAttention(Layer):
 
     def forward(self, b: Builder, x: Value, params: Mapping[str, Value], ctx: Ctx) -> Value:
         bsz, n, d = x.shape
-        rows = b.reshape(x, (bsz * n, d))  # both projections on the B·N rows, as dense.py's
-        qkv = b.dot_general(rows, params["qkv.w"], ([1], [0])) + b.broadcast_to(params["qkv.b"], (bsz * n, 3 * d))
-        q, k, v = _split_heads(b, b.reshape(qkv, (bsz, n, 3 * d)), self.heads)
+        qkv = token_product(b, x, params["qkv.w"]) + b.broadcast_to(params["qkv.b"], (bsz, n, 3 * d))
+        q, k, v = _split_heads(b, qkv, self.heads)
         if self.rope:
             q, k = apply_rope(b, q, self.rope_base), apply_rope(b, k, self.rope_base)
         o = attention_core(b, q, k, v, self.attention, self.causal, self.block)
-        o = b.reshape(b.transpose(o, [0, 2, 1, 3]), (bsz * n, d))
-        y = b.dot_general(o, params["proj.w"], ([1], [0])) + b.broadcast_to(params["proj.b"], (bsz * n, d))
-        return b.reshape(y, (bsz, n, d))
+        o = b.reshape(b.transpose(o, [0, 2, 1, 3]), (bsz, n, d))
+        return token_product(b, o, params["proj.w"]) + b.broadcast_to(params["proj.b"], (bsz, n, d))
 
     def reference(self, params: Mapping[str, Any], x: Any, ctx: Ctx | None) -> Any:
         bsz, n, d = x.shape

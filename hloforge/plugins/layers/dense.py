@@ -1,28 +1,28 @@
 """Dense (fully connected) layer on [B, n]: y = act(x·W + b), W stored [in, out].
 
-On tokens [B, N, D] (a per-example [N, D] input) it applies to the last axis: [B, N, units], as one
-product of the B·N rows. (On the 3-D form XLA's CPU compiler feeds ∂W = Xᵀ·Ḡ a transposed copy of
-X that its loop emitter gathers element by element; vit-cifar's step took 257 ms against 205 on rows:
-benchmarks/NOTES.md.)"""
+On tokens [B, N, D] (a per-example [N, D] input) it applies to the last axis: [B, N, units], in the
+form the strategy kind "tokenProduct" picks (lowering/dense.py)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
 import attrs
 
+from hloforge.core import strategy
 from hloforge.core.errors import UnsupportedSpec
 from hloforge.core.hlo import Builder, Value
 from hloforge.core.hookspecs import hookimpl
 from hloforge.core.spec import Ctx, Layer, ParamSlot, Shape
+from hloforge.lowering.dense import TOKEN_PRODUCT, token_product
 from hloforge.plugins.layers.activation import check_act, emit_act, reference_act
 
 
 @attrs.frozen
 class Dense(Layer):
     kind = "dense"
+    strategy_kinds = (TOKEN_PRODUCT.name,)
     units: int
     act: str = "identity"
     bias: bool = True
@@ -40,14 +40,14 @@ class Dense(Layer):
         w = ParamSlot("w", (in_shape[-1], self.units), "glorot", True)
         return (w, ParamSlot("b", (self.units,), "zeros", False)) if self.bias else (w,)
 
+    def strategies_for(self, in_shape: Shape) -> tuple[str, ...]:
+        return self.strategy_kinds if len(in_shape) > 1 else ()
+
     def forward(self, b: Builder, x: Value, params: Mapping[str, Value], ctx: Ctx) -> Value:
-        lead = x.shape[:-1]
-        rows = b.reshape(x, (math.prod(lead), x.shape[-1])) if len(lead) > 1 else x
-        y = b.dot_general(rows, params["w"], ([1], [0]))
+        y = token_product(b, x, params["w"])
         if self.bias:
             y = y + b.broadcast_to(params["b"], y.shape)
-        y = emit_act(b, self.act, y)
-        return b.reshape(y, (*lead, self.units)) if len(lead) > 1 else y
+        return emit_act(b, self.act, y)
 
     def reference(self, params: Mapping[str, Any], x: Any, ctx: Ctx) -> Any:
         y = x @ params["w"]
@@ -79,6 +79,11 @@ class Flatten(Layer):
     @classmethod
     def gate_cases(cls) -> list[tuple[Layer, Shape]]:
         return [(cls(), (2, 3, 3))]
+
+
+@hookimpl
+def hloforge_strategy_kinds() -> list[strategy.StrategyKind]:
+    return [TOKEN_PRODUCT]
 
 
 @hookimpl
