@@ -187,3 +187,22 @@ def test_peak_memory_is_the_childs_own_not_the_parents():
 def test_torch_compile_peer_is_skipped_with_a_note_without_torch(monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "torch", None)  # import torch now raises ImportError
     assert "not importable" in bench.unavailable("torch-compile")
+
+
+def test_an_in_process_hloforge_measurement_keeps_its_heap_before_jax_starts():
+    """jax's client, started first (the step's FLOP count), would fix glibc's arena limit before the
+    kept-heap policy: XLA's scratch then came from the kernel every step. A fresh process, since a
+    client made by another test would already have applied the policy."""
+    import subprocess
+    import sys
+
+    code = ("import hloforge.bench.cli as c\n"
+            "from hloforge.backends import host_memory as h\n"
+            "seen = []\n"
+            "c.step_gflop = lambda net, batch: seen.append(h.heap_kept())\n"
+            "rc = c.main(['--nets', 'mnist-linear', '--batch', '8', '--steps', '1', '--warmup', '1', '--backends',\n"
+            "             'hloforge-xla', '--isolate', '', '--no-roofline', '--dispatch-calls', '0'])\n"
+            "print('kept before the FLOP count:', seen, rc)\n")
+    env = {k: v for k, v in os.environ.items() if k != "HLOFORGE_HOST_MEMORY"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert "kept before the FLOP count: [True] 0" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
