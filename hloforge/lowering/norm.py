@@ -20,8 +20,8 @@ Batch norm takes the form the strategy kind "bnReduce" picks for the module's ta
   mean (M2_r + m·(μ_r − μ)², Chan's combination): two small all-reduces, as the two-pass form.
 
 Layer norm over the last axis (layerNormLast) takes its sums as the strategy kind "lnSums" picks:
-"reduce" or "dot", each sum a dot product with a vector of ones. XLA's CPU compiler sums a row of a
-fused product (Σĝ·x̂ over D) one element at a time; a dot with ones it emits as a vectorised loop
+"reduce", or "dot", each sum a dot product with a vector of ones. XLA's CPU compiler sums a row of
+a fused product (Σĝ·x̂ over D) one element at a time; a dot with ones it emits as a vectorised loop
 (vit-cifar's step: benchmarks/NOTES.md).
 """
 

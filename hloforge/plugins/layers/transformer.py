@@ -38,7 +38,7 @@ class LayerNormLast(Layer):
     """LayerNorm over the last axis of [N, D] (or [D]); γ, β of shape [D]; closed-form backward."""
 
     kind = "layerNormLast"
-    strategy_kinds = ("lnSums",)
+    strategy_kinds = (LN_SUMS.name,)
     eps: float = 1e-6
 
     def out_shape(self, in_shape: Shape) -> Shape:
@@ -54,7 +54,7 @@ class LayerNormLast(Layer):
     def forward(self, b: Builder, x: Value, params: Mapping[str, Value], ctx: Ctx) -> Value:
         last = x.type.rank - 1
         return normalize(b, x, params["gamma"], params["beta"], [last], last, self.eps,
-                         sums=strategy.chosen("lnSums", b.target))[0]
+                         sums=strategy.chosen(LN_SUMS.name, b.target))[0]
 
     def reference(self, params: Mapping[str, Any], x: Any, ctx: Ctx | None) -> Any:
         import jax.numpy as jnp
