@@ -39,8 +39,7 @@ def make_hloforge(net: str, backend: str, batch: int, lr: float, seed: int) -> t
     cache_hit = bool(getattr(session.exe, "cache_hit", False))
     note = "setup was a compile-cache hit" if cache_hit else ""
     if be.stats.get("worker_compiles"):
-        from hloforge.backends.xla.compile_worker import worker_pids
-        worker_peak = max(filter(None, map(peak_rss_mb, worker_pids())), default=None)
+        worker_peak = workers_peak_rss_mb()
         note = "compiled in a worker process" + (f" (its peak RSS {worker_peak:.0f} MB, not in this row's)"
                                                  if worker_peak is not None else "")
     if tuning is not None:
@@ -61,6 +60,14 @@ def make_step(net: str, backend: str, batch: int, lr: float, seed: int) -> tuple
     if backend in ("torch", "torch-compile"):
         return make_torch(net, batch, lr, seed, compiled=backend == "torch-compile")
     raise ValueError(f"unknown benchmark backend {backend!r}; expected one of {BACKENDS}")
+
+
+def workers_peak_rss_mb() -> float | None:
+    """The largest peak resident set of this process's live XLA compile workers, MB (a row's peak
+    column is the measuring process's own); None where none is alive or /proc cannot say."""
+    from hloforge.backends.xla.compile_worker import worker_pids
+
+    return max(filter(None, map(peak_rss_mb, worker_pids())), default=None)
 
 
 # Where each peer that keeps compiled programs on disk looks for them (torch.compile: inductor's cache).
