@@ -33,6 +33,7 @@ from hloforge.train import checkpoint as ckpt
 from hloforge.train.arraydata import ARRAYS, ArrayData, InputKind, label_kind, row_count
 from hloforge.train.config import BITMAP, CHECKPOINT, CONFIG, TrainConfig, parse_data_options
 from hloforge.train.curves import PNG
+from hloforge.train.exclusive import one_at_a_time
 from hloforge.train.metrics import eval_set_id
 from hloforge.train.rundir import METRICS, locked
 from hloforge.train.session import ForwardSession, TrainSession, checked_labels, make_backend, positive_batch
@@ -235,6 +236,7 @@ class Model:
     def _label_kind(self) -> str:
         return label_kind(self.spec, self.variant)
 
+    @one_at_a_time("model")
     def fit(self, x: Any = None, y: Any = None, epochs: int = 1, batch_size: int | None = None,
             validation_data: tuple[Any, Any] | None = None, callbacks: Iterable[Callback] = (),
             shuffle: bool = True, drop_last: bool = True, verbose: bool = True, *, data: str | None = None,
@@ -249,8 +251,6 @@ class Model:
         steps — a ragged last batch is dropped (`drop_last`, the only mode) and said once, never
         padded into the gradient. The schedule runs over this call's steps. Every array is checked
         whole before the first step."""
-        if self._fitting is not None:  # a callback's: it would step the running fit's session under its loop
-            raise UnsupportedSpec("fit called from a callback of this model's running fit; fit after it returns")
         epochs = _plain(epochs)
         if not isinstance(shuffle, (bool, np.bool_)):  # "no" would shuffle
             raise UnsupportedSpec(f"shuffle must be True or False, got {shuffle!r}")

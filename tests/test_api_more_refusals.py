@@ -165,3 +165,35 @@ def test_threads_sharing_a_model_each_get_their_own_rows_scores() -> None:
     for t in threads:
         t.join()
     assert wrong == []
+
+
+def test_a_second_threads_fit_of_a_model_while_one_runs_is_one_line(monkeypatch) -> None:
+    """fit marked its run only once its session was compiled: a second thread's fit meanwhile passed the check
+    and trained the same model's state beside it."""
+    import threading
+
+    x, y = _rows()
+    m = hf.Model("mnist-linear")
+    inside, go_on = threading.Event(), threading.Event()
+    session = api.Model._session
+
+    def held(self, *args, **kwargs):  # the first fit waits inside its setup until the second has tried
+        if threading.current_thread() is not threading.main_thread():
+            inside.set()
+            go_on.wait(60)
+        return session(self, *args, **kwargs)
+
+    monkeypatch.setattr(api.Model, "_session", held)
+    first: list = []
+    t = threading.Thread(target=lambda: first.append(m.fit(x, y, epochs=1, batch_size=16, verbose=False)))
+    t.start()
+    assert inside.wait(60)
+    try:
+        with pytest.raises(UnsupportedSpec, match=r"^fit called while another thread's fit of this model runs; "):
+            m.fit(x, y, epochs=1, batch_size=16, verbose=False)
+    finally:
+        go_on.set()
+        t.join(120)
+    assert len(first) == 1 and m._epoch == 1 and len(m.history) == 1  # the first fit alone trained
+    m.fit(x, y, epochs=1, batch_size=16, verbose=False)  # and once it is done, the next fit runs
+    assert m._epoch == 2

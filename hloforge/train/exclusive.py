@@ -1,0 +1,53 @@
+"""One call at a time per object, for the API's methods that must never run twice at once (Model.fit).
+
+A second call while one runs is refused with one line, never run beside it: from the running call's
+own thread it is a callback's (the running loop would be stepped under itself), from another thread
+a second run on the same state. Refused rather than made to wait: two fits of one model from two
+threads have no order a caller chose."""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from hloforge.core.errors import UnsupportedSpec
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_LOCK = threading.Lock()
+# (id of the object, method name) → the thread running it; an entry lives only while its call does,
+# so the object is alive and its id is its own
+_RUNNING: dict[tuple[int, str], int] = {}
+
+
+def one_at_a_time(thing: str) -> Callable[[F], F]:
+    """A method decorator: a call while the same object's call runs raises UnsupportedSpec, saying
+    whether it came from that call's own thread (a callback's) or another. `thing`: what the object is
+    to its users ("model")."""
+
+    def wrap(method: F) -> F:
+        name = method.__name__
+        from_itself = f"{name} called from a callback of this {thing}'s running {name}; {name} after it returns"
+        from_another_thread = (f"{name} called while another thread's {name} of this {thing} runs; one {name} "
+                               f"at a time (wait for it to return, or {name} a copy: copy.deepcopy({thing}))")
+
+        @functools.wraps(method)
+        def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
+            key, me = (id(self), name), threading.get_ident()
+            with _LOCK:
+                owner = _RUNNING.get(key)
+                if owner is None:
+                    _RUNNING[key] = me
+            if owner is not None:
+                raise UnsupportedSpec(from_itself if owner == me else from_another_thread)
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                with _LOCK:
+                    del _RUNNING[key]
+
+        return guarded  # type: ignore[return-value]
+
+    return wrap
