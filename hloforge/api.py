@@ -15,13 +15,14 @@ import contextlib
 import json
 import os
 import sys
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
 import numpy as np
 
-from hloforge.callbacks import Callback, Monitor
+from hloforge.callbacks import Callback, Monitor, checked_callbacks
 from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
 from hloforge.core.regions import DEFAULT_REGION
 from hloforge.core.registry import default_registry
@@ -35,13 +36,14 @@ from hloforge.train.config import BITMAP, CHECKPOINT, CONFIG, TrainConfig, parse
 from hloforge.train.curves import PNG
 from hloforge.train.exclusive import one_at_a_time
 from hloforge.train.metrics import eval_set_id
-from hloforge.train.rundir import METRICS, locked
+from hloforge.train.rundir import METRICS, checked_path, locked
 from hloforge.train.session import ForwardSession, TrainSession, checked_labels, make_backend, positive_batch
 
 # What fit reads of an iterable of batches before it refuses it as endless (it holds them all, then a copy).
 FIT_BATCHES_MAX_BYTES = 8 << 30
 NET_FILE = "net.json"  # a NetSpec the zoo does not name, written next to the checkpoint so `eval` rebuilds it
 PLOT_SUFFIXES = (".png",)  # what Model.plot writes: hloforge.train.curves.draw renders PNG
+_HOST_STATE = threading.Lock()  # a model's host θ and state, replaced whole at each epoch's end of a fit
 
 
 class History(list):  # type: ignore[type-arg]
@@ -128,7 +130,7 @@ class Model:
         self._fit_inputs: InputKind | None = None  # the fit in progress's, the model's when an epoch is kept
         self._sessions: dict[tuple[int, int], TrainSession] = {}  # by (batch, processes)
         self._live: Any = None  # the session the last fit ran on
-        self._fitting: Any = None  # (the Run, its session) while a fit runs: where a callback's reads and writes go
+        self._fitting: Any = None  # (the Run, its session, the fit's thread) while a fit runs (see _here)
         self._forwards: dict[int, ForwardSession] = {}
         self.stop_training = False
         self.history = History()
@@ -259,13 +261,7 @@ class Model:
         if not drop_last:
             raise UnsupportedSpec("drop_last=False: a ragged last batch would train on padding; only drop_last=True "
                                   "is supported")
-        if isinstance(callbacks, Callback) or not isinstance(callbacks, Iterable):
-            got = f"one {type(callbacks).__name__} (pass [it])" if isinstance(callbacks, Callback) else repr(callbacks)
-            raise UnsupportedSpec(f"callbacks must be a list of hloforge Callback instances, got {got}")
-        callbacks = list(callbacks)
-        for cb in callbacks:
-            if not isinstance(cb, Callback):
-                raise UnsupportedSpec(f"callbacks must be hloforge Callback instances, got {type(cb).__name__}")
+        callbacks = checked_callbacks(callbacks)
         if isinstance(x, str):
             if data is not None:
                 raise UnsupportedSpec(f"two datasets given: {x!r} and data={data!r}")
@@ -310,7 +306,7 @@ class Model:
         self.stop_training = False
         for cb in callbacks:
             cb.model = self
-        self._fitting = (run, session)
+        self._fitting = (run, session, threading.get_ident())
         try:
             run.loop(session, evaluator, self._epoch, [_Keep(self, run, history), *mine], owner=self)
         finally:
@@ -323,9 +319,10 @@ class Model:
         tensors = host[1]
         n, m = len(self._param_slots), len(self._stat_names)
         k = len(run.state_layout.slots) * (n - len(run.frozen))  # each state slot holds the trained θ's alone
-        self._params, self._opt_state, self._running = tensors[:n], tensors[n:n + k], tensors[n + k:n + k + m]
-        if run.state_layout.shadows:
-            self._shadow_running = tensors[n + k + m:]
+        with _HOST_STATE:  # another thread's read (_now) sees one epoch's θ and statistics, never a mix
+            self._params, self._opt_state, self._running = tensors[:n], tensors[n:n + k], tensors[n + k:n + k + m]
+            if run.state_layout.shadows:
+                self._shadow_running = tensors[n + k + m:]
         self._epoch = epoch
         self._step = self._live.step
         # weights trained on it now: a registered dataset's name (with its options), or ARRAYS
@@ -335,7 +332,7 @@ class Model:
         """This model's curves over `self.history` (loss, and the validation metric), written to `path`."""
         from hloforge.train import curves
 
-        path = _checked_path(path, "plot")
+        path = checked_path(path, "plot")
         suffix = os.path.splitext(path)[1]
         if suffix.lower() not in PLOT_SUFFIXES:  # curves.draw renders PNG bytes alone
             got = f"suffix {suffix!r}" if suffix else "no suffix"
@@ -426,27 +423,38 @@ class Model:
             self._shadow_running = got[k + m:]
         self._push_live()
 
+    def _here(self) -> Any:
+        """The running fit's (Run, session) on the fit's own thread, where a callback's reads and writes go; None
+        elsewhere: another thread reads the model as the fit's last epoch left it (the session's θ is donated
+        each step)."""
+        f = self._fitting
+        return f[:2] if f is not None and f[2] == threading.get_ident() else None
+
     def _now(self) -> tuple[list[np.ndarray], list[np.ndarray] | None, list[np.ndarray], list[np.ndarray] | None]:
         """(θ, optimizer state, BN statistics, the shadow's): the model's; during a fit (a callback) its session's."""
-        if self._fitting is None:
-            return self._params, self._opt_state, self._running, self._shadow_running
-        run, s = self._fitting
+        if (here := self._here()) is None:
+            with _HOST_STATE:
+                return self._params, self._opt_state, self._running, self._shadow_running
+        run, s = here
         return (s.read_params(), s.read_state(), [r.copy() for r in run.running],
                 [r.copy() for r in run.shadow_running] if self._state_layout.shadows else None)
 
     def _adopt_live(self) -> None:
         """Before a callback's assignment during a fit: the session's state becomes the model's (the rest goes on)."""
-        if self._fitting is not None and self._fitting[0].world.size > 1:  # callbacks run on rank 0 alone
+        if self._fitting is not None and (here := self._here()) is None:  # its next epoch's end would overwrite them
+            raise UnsupportedSpec("params / state assigned from another thread while this model fits; assign them "
+                                  "from a callback of the fit, or before or after it")
+        if self._fitting is not None and here[0].world.size > 1:  # callbacks run on rank 0 alone
             raise UnsupportedSpec("params / state assigned by a callback during an MPI fit would change rank 0's "
                                   "weights alone; assign them before or after fit")
         if self._fitting is not None:
             (self._params, self._opt_state, self._running, self._shadow_running) = self._now()
-            self._step = self._fitting[1].step
+            self._step = here[1].step
 
     def _push_live(self) -> None:
         """After an assignment during a fit: the session and the loop train on from the assigned tensors."""
-        if self._fitting is not None:
-            run, s = self._fitting
+        if (here := self._here()) is not None:
+            run, s = here
             s.load(self._params, self._opt_state, s.step)
             run.running = [r.copy() for r in self._running]
             run.shadow_running = [r.copy() for r in self._shadow_running or []]  # [] without a shadow, as Run has
@@ -526,7 +534,7 @@ class Model:
         bit; what a run wrote beside its last checkpoint (its metrics, curves, eval bitmap) goes, being
         another model's. Under the directory's lock: a run training there is never overwritten.
         Returns `path`."""
-        path = _checked_path(path, "save")
+        path = checked_path(path, "save")
         options = self._data_options if data in (None, self._data) else ()  # another dataset: its defaults
         data = data or self._data
         if os.path.exists(path) and not os.path.isdir(path):
@@ -569,7 +577,7 @@ class Model:
     def __getstate__(self) -> dict[str, Any]:
         """pickle's and deepcopy's: host state (a callback's: the step's); sessions and backend remade by name."""
         live = dict(zip(("_params", "_opt_state", "_running", "_shadow_running"), self._now(), strict=True))
-        return {**self.__dict__, **live, "_step": self._live.step if self._fitting else self._step, "_sessions": {},
+        return {**self.__dict__, **live, "_step": self._live.step if self._here() else self._step, "_sessions": {},
                 "_forwards": {}, "_live": None, "_fitting": None, "backend": self.backend.name}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -590,21 +598,13 @@ def _plain(v: Any) -> Any:
     return v.item() if isinstance(v, np.generic) else v
 
 
-def _checked_path(path: Any, what: str) -> str:
-    """A str or os.PathLike path as a str, refused otherwise."""
-    p = os.fspath(path) if isinstance(path, os.PathLike) else path
-    if not isinstance(p, str) or not p:
-        raise UnsupportedSpec(f"{what} takes a path (a non-empty str or os.PathLike), got {path!r}")
-    return p
-
-
 def load(path: str, backend: str | None = None) -> Model:
     """A run directory written by `Model.save` or `hloforge train`, as a Model: θ, optimizer state,
     BN statistics, step and epoch as saved, bit for bit."""
     from hloforge.train.trainer import load_config
     from hloforge.zoo import SPEC_SUFFIXES
 
-    path = _checked_path(path, "hf.load")
+    path = checked_path(path, "hf.load")
     if os.path.isfile(path):
         raise DataError(f"hf.load reads a run directory; {path} is a file (pass {os.path.dirname(path) or '.'}, "
                         "the directory holding it)")

@@ -197,3 +197,39 @@ def test_a_second_threads_fit_of_a_model_while_one_runs_is_one_line(monkeypatch)
     assert len(first) == 1 and m._epoch == 1 and len(m.history) == 1  # the first fit alone trained
     m.fit(x, y, epochs=1, batch_size=16, verbose=False)  # and once it is done, the next fit runs
     assert m._epoch == 2
+
+
+def test_another_thread_reads_a_fitting_model_as_its_last_epoch_left_it_and_may_not_assign() -> None:
+    """predict and params from another thread during a fit read the fit's session, whose θ each step donates:
+    a BackendError about a donated buffer, or θ of a step the loop had not finished."""
+    import threading
+
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((1024, 784)).astype(np.float32), rng.integers(0, 10, 1024)
+    m = hf.Model("mnist-mlp")
+    kept = [m.params["0.w"]]  # what another thread may see: the weights before the fit, then each epoch's
+    paused, resume = threading.Event(), threading.Event()
+
+    class Snap(hf.Callback):
+        def on_epoch_end(self, epoch, logs) -> None:
+            kept.append(self.model.params["0.w"])
+            if epoch == 1:  # the fit waits here while the other thread tries an assignment
+                paused.set()
+                resume.wait(60)
+
+    t = threading.Thread(target=lambda: m.fit(x, y, epochs=3, batch_size=32, callbacks=[Snap()], verbose=False))
+    t.start()
+    seen = []
+    try:
+        while t.is_alive():
+            m.predict(x[:64])
+            seen.append(m.params["0.w"])
+            if paused.is_set() and not resume.is_set():
+                with pytest.raises(UnsupportedSpec, match="assigned from another thread while this model fits"):
+                    m.params = m.params
+                resume.set()
+    finally:
+        resume.set()
+        t.join(300)
+    assert len(seen) > 3 and m._epoch == 3
+    assert all(any(np.array_equal(w, k) for k in kept) for w in seen)

@@ -14,7 +14,7 @@ import math
 import os
 import sys
 import tempfile
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from hloforge.core.errors import HloforgeError, UnsupportedSpec
@@ -260,6 +260,18 @@ class TensorBoard(Callback):
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+
+
+def checked_callbacks(callbacks: Any) -> list[Callback]:
+    """`fit`'s callbacks argument as a list, refused unless an iterable of Callback instances."""
+    if isinstance(callbacks, Callback) or not isinstance(callbacks, Iterable):
+        got = f"one {type(callbacks).__name__} (pass [it])" if isinstance(callbacks, Callback) else repr(callbacks)
+        raise UnsupportedSpec(f"callbacks must be a list of hloforge Callback instances, got {got}")
+    callbacks = list(callbacks)
+    for cb in callbacks:
+        if not isinstance(cb, Callback):
+            raise UnsupportedSpec(f"callbacks must be hloforge Callback instances, got {type(cb).__name__}")
+    return callbacks
 
 
 def writable(path: str, what: str, directory: bool = False) -> None:

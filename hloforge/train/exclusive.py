@@ -30,8 +30,9 @@ def one_at_a_time(thing: str) -> Callable[[F], F]:
     def wrap(method: F) -> F:
         name = method.__name__
         from_itself = f"{name} called from a callback of this {thing}'s running {name}; {name} after it returns"
-        from_another_thread = (f"{name} called while another thread's {name} of this {thing} runs; one {name} "
-                               f"at a time (wait for it to return, or {name} a copy: copy.deepcopy({thing}))")
+        from_another_thread = (f"{name} called while another thread's {name} of this {thing} runs; one {name} at "
+                               f"a time (wait for it to return, or {name} a copy made before it: "
+                               f"copy.deepcopy({thing}))")
 
         @functools.wraps(method)
         def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:

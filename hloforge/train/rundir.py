@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from hloforge.core.errors import DataError, HloforgeError
+from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
 from hloforge.core.spec import NetSpec
 from hloforge.train.checkpoint import TMP_SUFFIX, load_meta, write_atomic
 from hloforge.train.config import BITMAP, CHECKPOINT, CONFIG, TrainConfig
@@ -32,6 +32,14 @@ LOCK = ".lock"
 METRICS = "metrics.jsonl"
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def checked_path(path: Any, what: str) -> str:
+    """A str or os.PathLike path as a str, refused otherwise."""
+    p = os.fspath(path) if isinstance(path, os.PathLike) else path
+    if not isinstance(p, str) or not p:
+        raise UnsupportedSpec(f"{what} takes a path (a non-empty str or os.PathLike), got {path!r}")
+    return p
 
 
 @contextmanager
