@@ -424,9 +424,8 @@ class Model:
         self._push_live()
 
     def _here(self) -> Any:
-        """The running fit's (Run, session) on the fit's own thread, where a callback's reads and writes go; None
-        elsewhere: another thread reads the model as the fit's last epoch left it (the session's θ is donated
-        each step)."""
+        """The running fit's (Run, session) on its own thread, where a callback's reads and writes go; None elsewhere:
+        another thread reads the model as the fit's last epoch left it (the session's θ is donated each step)."""
         f = self._fitting
         return f[:2] if f is not None and f[2] == threading.get_ident() else None
 
@@ -441,15 +440,16 @@ class Model:
 
     def _adopt_live(self) -> None:
         """Before a callback's assignment during a fit: the session's state becomes the model's (the rest goes on)."""
-        if self._fitting is not None and (here := self._here()) is None:  # its next epoch's end would overwrite them
+        if self._fitting is None:
+            return
+        if (here := self._here()) is None:  # the fit's next epoch end would overwrite what is assigned here
             raise UnsupportedSpec("params / state assigned from another thread while this model fits; assign them "
                                   "from a callback of the fit, or before or after it")
-        if self._fitting is not None and here[0].world.size > 1:  # callbacks run on rank 0 alone
+        if here[0].world.size > 1:  # callbacks run on rank 0 alone
             raise UnsupportedSpec("params / state assigned by a callback during an MPI fit would change rank 0's "
                                   "weights alone; assign them before or after fit")
-        if self._fitting is not None:
-            (self._params, self._opt_state, self._running, self._shadow_running) = self._now()
-            self._step = here[1].step
+        (self._params, self._opt_state, self._running, self._shadow_running) = self._now()
+        self._step = here[1].step
 
     def _push_live(self) -> None:
         """After an assignment during a fit: the session and the loop train on from the assigned tensors."""
