@@ -190,7 +190,7 @@ def test_entries_are_pruned_least_recently_used_first(cache, monkeypatch):
         os.utime(cache / f"{name}{SUFFIX}", (time.time() - 100 * age, time.time() - 100 * age))
     (cache / f".writing{SUFFIX}.1.tmp").write_bytes(b"x" * 600_000)  # another writer's: left alone
     (cache / "notes.txt").write_bytes(b"x" * 600_000)  # not an entry
-    removed = disk_cache.prune(cache, SUFFIX, limit=1_300_000)
+    removed = disk_cache.prune(cache, SUFFIX, limit=1_400_000)  # 1.8 MB over it, to 1.2 of LOW_WATER's 1.26
     assert [p.name for p in removed] == [f"a{SUFFIX}"]
     monkeypatch.setenv(disk_cache.MAX_MB_ENV_VAR, "1")
     be = XlaBackend()
@@ -201,6 +201,34 @@ def test_entries_are_pruned_least_recently_used_first(cache, monkeypatch):
     monkeypatch.setenv(disk_cache.MAX_MB_ENV_VAR, "2G")
     with pytest.raises(BackendError, match=r"^HLOFORGE_CACHE_MAX_MB='2G': expected a whole number of MiB"):
         be.compile(STEP.replace("1.000000e-01", "3.000000e-01"))
+
+
+def test_a_writer_counts_the_cache_once_then_adds_its_writes_until_the_limit_or_rescan_s(cache, monkeypatch):
+    """Every write stat'ed every entry of the directory: 21,000 entries made each write of the test suite's
+    gate a scan of tens of ms."""
+    scans = []
+    scandir = os.scandir
+    monkeypatch.setattr(disk_cache.os, "scandir", lambda d: scans.append(d) or scandir(d))
+    clock = [1000.0]
+    monkeypatch.setattr(disk_cache.time, "time", lambda: clock[0])
+    cache.mkdir(parents=True)
+
+    def write(name: str, size: int = 100_000) -> list[Path]:
+        (cache / f"{name}{SUFFIX}").write_bytes(b"x" * size)
+        clock[0] += 1
+        os.utime(cache / f"{name}{SUFFIX}", (clock[0], clock[0]))
+        return disk_cache.prune(cache, SUFFIX, keep=cache / f"{name}{SUFFIX}", limit=1_000_000)
+
+    for i in range(9):  # 900 kB: the first write counts the directory, the next eight add to that count
+        assert write(f"e{i}") == []
+    assert len(scans) == 1
+    removed = write("e9", 200_000)  # 1.1 MB would pass the limit: counted again, pruned to 900 kB
+    assert len(scans) == 2 and [p.name for p in removed] == [f"e{i}{SUFFIX}" for i in range(2)]
+    assert sum(os.path.getsize(cache / f"e{i}{SUFFIX}") for i in range(2, 10)) == 900_000
+    (cache / f"other{SUFFIX}").write_bytes(b"x" * 50_000)  # another process's entry, not in this count
+    clock[0] += disk_cache.RESCAN_S
+    removed = write("e10", 60_000)  # 960 kB by this count, 1.01 MB by the directory's: counted again
+    assert len(scans) == 3 and [p.name for p in removed] == [f"e2{SUFFIX}", f"e3{SUFFIX}"]
 
 
 def test_a_concurrent_writer_does_not_break_a_reader(cache):

@@ -2,8 +2,14 @@
 
 One directory per cache under :func:`hloforge.backends.base.cache_root`. An entry is written to a
 temp file beside it and renamed into place, so processes can share a cache and a reader never sees
-a half-written entry; a hit touches the entry's mtime, and after a write the directory is pruned
-oldest-first (by mtime: least recently used) down to $HLOFORGE_CACHE_MAX_MB.
+a half-written entry; a hit touches the entry's mtime, and once a write takes the directory over
+$HLOFORGE_CACHE_MAX_MB it is pruned oldest-first (by mtime: least recently used) to 90% of it.
+
+Knowing the directory's size takes a stat of every entry (21,000 entries: a scan of tens of ms, paid
+by every write of the test suite's gate). So a process scans a directory once, then adds what it
+writes to that total, and scans again only when the total would pass the limit or the last scan is
+RESCAN_S old (other processes write there too); pruning to 90% leaves room for many writes between
+scans of a full cache.
 """
 
 from __future__ import annotations
@@ -26,6 +32,12 @@ MAX_MB_ENV_VAR = "HLOFORGE_CACHE_MAX_MB"
 DEFAULT_MAX_MB = 2048
 # A temp file this old is a writer that died before its rename: pruned like an entry.
 _STALE_TEMP_S = 24 * 3600
+#: how old this process's last count of a directory's bytes may be before a write counts them again
+RESCAN_S = 60.0
+#: what a prune leaves of the limit: room for the next writes before the next scan
+LOW_WATER = 0.9
+# (directory, suffix) → (when this process last counted its entries' bytes, that count plus its writes since)
+_TALLIES: dict[tuple[str, str], tuple[float, int]] = {}
 
 
 def sha256_key(material: dict[str, Any]) -> str:
@@ -100,12 +112,19 @@ def max_bytes() -> int:
 
 
 def prune(directory: Path, suffix: str, keep: Path | None = None, limit: int | None = None) -> list[Path]:
-    """Delete the least recently used `*suffix` entries of `directory` but `keep` (the one just
-    written) until the rest fit in `limit` bytes (default :func:`max_bytes`); returns what was
+    """After `keep` (the entry just written) was written: where the directory's `*suffix` entries may
+    pass `limit` bytes (default :func:`max_bytes`; see the module docstring for when they are counted),
+    delete the least recently used but `keep` until the rest fit in LOW_WATER of it; returns what was
     deleted. Another process's entry that vanishes meanwhile is skipped; an entry a reader has open
     stays readable to it (POSIX)."""
     limit = max_bytes() if limit is None else limit
     now = time.time()
+    tally_key = (os.path.abspath(directory), suffix)
+    added = _size(keep)
+    scanned_at, total = _TALLIES.get(tally_key, (float("-inf"), 0))
+    if now - scanned_at < RESCAN_S and total + added <= limit:
+        _TALLIES[tally_key] = (scanned_at, total + added)
+        return []
     entries = []
     try:
         listing = list(os.scandir(directory))
@@ -124,17 +143,26 @@ def prune(directory: Path, suffix: str, keep: Path | None = None, limit: int | N
         entries.append((st.st_mtime, st.st_size, Path(item.path)))
     total = sum(size for _, size, _ in entries)
     removed = []
-    for _, size, path in sorted(entries, key=lambda e: e[0]):
-        if total <= limit:
-            break
-        if path == keep:
-            continue
-        try:
-            path.unlink()
-        except FileNotFoundError:
-            pass
-        except OSError:
-            continue
-        total -= size
-        removed.append(path)
+    if total > limit:
+        for _, size, path in sorted(entries, key=lambda e: e[0]):
+            if total <= limit * LOW_WATER:
+                break
+            if path == keep:
+                continue
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
+            except OSError:
+                continue
+            total -= size
+            removed.append(path)
+    _TALLIES[tally_key] = (now, total)
     return removed
+
+
+def _size(path: Path | None) -> int:
+    try:
+        return 0 if path is None else path.stat().st_size
+    except OSError:
+        return 0
