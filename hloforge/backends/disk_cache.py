@@ -5,8 +5,8 @@ temp file beside it and renamed into place, so processes can share a cache and a
 a half-written entry; a hit touches the entry's mtime, and once a write takes the directory over
 $HLOFORGE_CACHE_MAX_MB it is pruned oldest-first (by mtime: least recently used) to 90% of it.
 
-Knowing the directory's size takes a stat of every entry (21,000 entries: a scan of tens of ms, paid
-by every write of the test suite's gate). So a process scans a directory once, then adds what it
+Knowing the directory's size takes a stat of every entry: a fraction of a second per write once a cache
+holds tens of thousands (benchmarks/NOTES.md). So a process scans a directory once, then adds what it
 writes to that total, and scans again only when the total would pass the limit or the last scan is
 RESCAN_S old (other processes write there too); pruning to 90% leaves room for many writes between
 scans of a full cache.
