@@ -87,9 +87,12 @@ class PeerError(HloforgeError):
 
 
 def shared(err: HloforgeError, w: World) -> HloforgeError:
-    """`err` as a refusal every rank raises alike: printed by rank 0 alone."""
+    """`err` as a refusal every rank raises alike: printed by rank 0 alone. Every rank is there to raise
+    it, so each ends in MPI_Finalize at exit: a script that catches it (Model.fit's) and exits would
+    otherwise leave hydra to SIGKILL the ranks still handling it once the first one's PMI socket closed."""
     err.quiet = not w.is_root  # type: ignore[attr-defined]
     err.together = True  # type: ignore[attr-defined]
+    w.finalize_at_exit()
     return err
 
 
@@ -300,14 +303,18 @@ class World:
         """The end of a run that every rank finished: MPI shuts down in order when the process exits (a
         failed rank never gets here, so a survivor never waits in MPI_Finalize for a peer that is gone;
         another run in the same process still has MPI)."""
-        global _FINALIZE_AT_EXIT
         if self.size > 1 and self._mpi is not None:
             self.barrier("the end of the run", slow=True)
-            if not _FINALIZE_AT_EXIT:
-                import atexit
+            self.finalize_at_exit()
 
-                atexit.register(lambda: None if self._mpi.Is_finalized() else self._mpi.Finalize())
-                _FINALIZE_AT_EXIT = True
+    def finalize_at_exit(self) -> None:
+        """MPI_Finalize when the process exits, where every rank is known to reach it (not after a fault)."""
+        global _FINALIZE_AT_EXIT
+        if self.size > 1 and self._mpi is not None and not _FINALIZE_AT_EXIT:
+            import atexit
+
+            atexit.register(lambda: None if self._mpi.Is_finalized() else self._mpi.Finalize())
+            _FINALIZE_AT_EXIT = True
 
 
 def _pickle(obj: Any) -> bytes:
