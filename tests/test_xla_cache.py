@@ -190,7 +190,7 @@ def test_entries_are_pruned_least_recently_used_first(cache, monkeypatch):
         os.utime(cache / f"{name}{SUFFIX}", (time.time() - 100 * age, time.time() - 100 * age))
     (cache / f".writing{SUFFIX}.1.tmp").write_bytes(b"x" * 600_000)  # another writer's: left alone
     (cache / "notes.txt").write_bytes(b"x" * 600_000)  # not an entry
-    removed = disk_cache.prune(cache, SUFFIX, limit=1_400_000)  # 1.8 MB over it, to 1.2 of LOW_WATER's 1.26
+    removed = disk_cache.prune(cache, SUFFIX, limit=1_400_000)  # 1.8 MB; without a: 1.2, under 0.9 × 1.4
     assert [p.name for p in removed] == [f"a{SUFFIX}"]
     monkeypatch.setenv(disk_cache.MAX_MB_ENV_VAR, "1")
     be = XlaBackend()
