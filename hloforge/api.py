@@ -254,13 +254,13 @@ class Model:
         padded into the gradient. The schedule runs over this call's steps. Every array is checked
         whole before the first step."""
         epochs = _plain(epochs)
-        if not isinstance(shuffle, (bool, np.bool_)):  # "no" would shuffle
-            raise UnsupportedSpec(f"shuffle must be True or False, got {shuffle!r}")
+        for flag, on in (("shuffle", shuffle), ("drop_last", drop_last), ("verbose", verbose)):
+            if not isinstance(on, (bool, np.bool_)):  # "no" would count as yes
+                raise UnsupportedSpec(f"{flag} must be True or False, got {on!r}")
         if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
             raise UnsupportedSpec(f"epochs must be an integer ≥ 1, got {epochs!r}")
         if not drop_last:
-            raise UnsupportedSpec("drop_last=False: a ragged last batch would train on padding; only drop_last=True "
-                                  "is supported")
+            raise UnsupportedSpec("drop_last=False would train on a ragged last batch's padding; only True is taken")
         callbacks = checked_callbacks(callbacks)
         if isinstance(x, str):
             if data is not None:

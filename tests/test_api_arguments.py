@@ -102,6 +102,18 @@ def test_a_single_row_is_said_to_want_a_batch() -> None:
         m.predict([[1.0, 2.0, 3.0, 4.0], [1.0]])
 
 
+def test_fits_pair_or_batches_where_x_alone_is_taken_are_named_as_such() -> None:
+    m = hf.Model(tiny_net())
+    x, y = rows(8)
+    with pytest.raises(DataError, match=re.escape("evaluate x is a pair (x, y), not x alone; expected an array of "
+                                                  "shape [N, 4]")):
+        m.evaluate((x, y))
+    with pytest.raises(DataError, match=re.escape("predict x is a sequence of (x, y) batches, not x alone "
+                                                  "(np.concatenate each side's batches); expected an array of shape "
+                                                  "[N, 4]")):
+        m.predict([(x[:4], y[:4]), (x[4:], y[4:])])
+
+
 def test_save_to_an_unwritable_place_is_one_line(tmp_path: pathlib.Path) -> None:
     m = hf.Model(tiny_net())
     (tmp_path / "f").write_text("")

@@ -144,7 +144,7 @@ def test_images_with_their_channels_last_are_refused_with_the_transpose_that_fix
                            "last; x.transpose(0, 3, 1, 2) puts them first, as the net takes them)")
     with pytest.raises(DataError, match=r"one image with its channels last; x\.transpose\(2, 0, 1\)\[None\]"):
         m.predict(np.zeros((8, 8, 3), np.float32))
-    with pytest.raises(DataError, match=r"\(a batch of rows; one row is x\[None\]\)$"):
+    with pytest.raises(DataError, match=r"expected \[N, 3, 8, 8\]$"):  # nothing to suggest: no hint
         m.predict(np.zeros((5, 8, 3, 8), np.float32))
 
 
@@ -207,3 +207,39 @@ def test_flat_rows_and_unflattened_images_get_the_reshape_that_fixes_them() -> N
     image = hf.Model(hf.NetSpec("kinds-image", (1, 8, 8), [hf.layers.Flatten(), Dense(2)], 2))
     with pytest.raises(DataError, match=r"x\.reshape\(len\(x\), 1, 8, 8\) gives the net's\)$"):
         image.predict(np.zeros((5, 64), np.float32))
+
+
+def test_images_without_their_channel_axis_or_of_another_size_get_the_hint_that_fits() -> None:
+    m = hf.Model(hf.NetSpec("kinds-grey", (1, 8, 8), [hf.layers.Flatten(), Dense(2)], 2))
+    with pytest.raises(DataError) as e:
+        m.predict(np.zeros((5, 8, 8), np.float32))  # greyscale images as most loaders give them
+    assert one_line(e) == ("predict x has shape [5, 8, 8], expected [N, 1, 8, 8] (rows without the net's leading axis "
+                           "of 1; x[:, None] adds it)")
+    with pytest.raises(DataError, match=r"\(images with 3 channels; the net takes 1\)$"):
+        m.predict(np.zeros((5, 3, 8, 8), np.float32))
+    with pytest.raises(DataError, match=r"\(images of 6×6; the net takes 8×8: resize them as it was trained\)$"):
+        m.predict(np.zeros((5, 1, 6, 6), np.float32))
+
+
+def test_x_far_past_the_span_the_model_was_fit_on_is_refused_as_another_scale() -> None:
+    x = pixels()
+    y = np.random.default_rng(2).integers(0, 3, len(x)).astype(np.int32)
+    scaled = fitted(x.astype(np.float32) / 255, y)
+    with pytest.raises(DataError) as e:
+        scaled.evaluate(x.astype(np.float32), y)  # the test set's / 255 forgotten
+    assert one_line(e) == ("evaluate x spans 0 … 255, far past the 0 … 1 of the float32 the model was trained on; "
+                           "pass x in the training data's scale (scaled and standardised as it was), or fit the model "
+                           "on x of this kind")
+    scaled.evaluate(x.astype(np.float32) / 255 * 3 - 1, y)  # other data on the same scale, past its span: scored
+    with pytest.raises(DataError, match=r"^predict x spans 0 … 65535, far past the 0 … 255 of the uint8 "):
+        fitted(x, y).predict(x.astype(np.uint16) * 257)
+
+
+def test_batches_of_integer_and_real_x_are_refused_before_a_step() -> None:
+    m = hf.Model(tiny_net(), seed=0)
+    x, y = standardised(32)
+    with pytest.raises(DataError) as e:
+        m.fit([(x[:16], y[:16]), (pixels(16), y[16:])], epochs=1, verbose=False)
+    assert one_line(e) == ("fit batch 1 has x of uint8 (integers), but batch 0's is float32 (real numbers); expected "
+                           "every batch's x of one kind, scaled alike")
+    assert m._step == 0

@@ -30,10 +30,11 @@ def test_an_endless_iterable_of_batches_is_refused(monkeypatch) -> None:
     assert m._step == 0
 
 
-def test_shuffle_must_be_a_bool() -> None:
-    with pytest.raises(UnsupportedSpec, match="shuffle must be True or False, got 'no'"):
-        hf.Model("mnist-linear").fit(np.zeros((32, 784), np.float32), np.zeros(32, np.int32), shuffle="no",
-                                     verbose=False)
+@pytest.mark.parametrize("flag", ["shuffle", "drop_last", "verbose"])
+def test_fits_flags_must_be_bools(flag: str) -> None:
+    flags = {"shuffle": True, "drop_last": True, "verbose": False, flag: "no"}  # "no" is truthy
+    with pytest.raises(UnsupportedSpec, match=f"{flag} must be True or False, got 'no'"):
+        hf.Model("mnist-linear").fit(np.zeros((32, 784), np.float32), np.zeros(32, np.int32), **flags)
 
 
 def test_an_unknown_loss_is_refused_when_the_model_is_made() -> None:

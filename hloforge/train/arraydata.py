@@ -24,6 +24,9 @@ from hloforge.core.variant import Variant
 from hloforge.train.session import net_inputs, token_vocab
 
 ARRAYS = "arrays"  # what a fit on arrays names its data in the run's config (no registered dataset)
+# x of the trained kind reaching past the training x's span by more than this many of its widths is taken
+# to be on another scale (unscaled pixels): refused, not scored; a test set's outliers stay well inside it
+SPAN_SLACK = 4.0
 
 
 class ArrayData:
@@ -88,11 +91,27 @@ def input_rows(x: Any, spec: NetSpec, what: str) -> tuple[np.ndarray, np.ndarray
         n = row_count(x, f"{what} x")
         x = np.asarray(x)
     except ValueError:  # numpy's, on rows of different lengths
-        raise DataError(f"{what} x is ragged (its rows differ in length); expected an array of shape "
-                        f"{batched(want)}") from None
+        raise DataError(f"{what} x {_ragged(x, want)}; expected an array of shape {batched(want)}") from None
     if tuple(x.shape[1:]) != want:  # said as [N, ...]: a lone row's length is no batch size
-        raise DataError(f"{what} x has shape {list(x.shape)}, expected {batched(want)} ({_shape_hint(x.shape, want)})")
+        hint = _shape_hint(x.shape, want)
+        raise DataError(f"{what} x has shape {list(x.shape)}, expected {batched(want)}" + (hint and f" ({hint})"))
     return x, net_inputs(x, spec, n, what)
+
+
+def _ragged(x: Any, want: tuple[int, ...]) -> str:
+    """What a sequence x numpy cannot make one array of is: fit's (x, y) pair or its batches, handed where
+    x alone is taken, or rows of different lengths."""
+    def batch_of_rows(a: Any) -> bool:
+        try:
+            return np.ndim(a) == len(want) + 1
+        except ValueError:  # ragged itself
+            return False
+    pairs = isinstance(x, (tuple, list))
+    if pairs and len(x) == 2 and batch_of_rows(x[0]) and not batch_of_rows(x[1]):
+        return "is a pair (x, y), not x alone"
+    if pairs and all(isinstance(i, (tuple, list)) and len(i) == 2 and batch_of_rows(i[0]) for i in x):
+        return "is a sequence of (x, y) batches, not x alone (np.concatenate each side's batches)"
+    return "is ragged (its rows differ in length)"
 
 
 def read_batches(batches: Iterable[Any], max_bytes: int) -> tuple[np.ndarray, np.ndarray, int]:
@@ -120,6 +139,10 @@ def read_batches(batches: Iterable[Any], max_bytes: int) -> tuple[np.ndarray, np
             what, got, want = (("x", bx, xs[0]) if bx.shape[1:] != xs[0].shape[1:] else ("y", by, ys[0]))
             raise DataError(f"fit batch {len(xs)} has {what} of shape {list(got.shape)}, expected "
                             f"{batched(want.shape[1:])} as batch 0's")
+        if xs and _number_kind(bx) != _number_kind(xs[0]):  # uint8 pixels after scaled floats: two scales
+            raise DataError(f"fit batch {len(xs)} has x of {bx.dtype} ({_number_kind(bx)}), but batch 0's is "
+                            f"{xs[0].dtype} ({_number_kind(xs[0])}); expected every batch's x of one kind, "
+                            "scaled alike")
         xs.append(bx)
         ys.append(by)
         held += bx.nbytes + by.nbytes
@@ -128,19 +151,34 @@ def read_batches(batches: Iterable[Any], max_bytes: int) -> tuple[np.ndarray, np
     return np.concatenate(xs), np.concatenate(ys), len(xs[0])
 
 
+def _number_kind(a: np.ndarray) -> str:
+    return "integers" if a.dtype.kind in "iu" else "real numbers" if a.dtype.kind == "f" else a.dtype.name
+
+
 def _shape_hint(got: tuple[int, ...], want: tuple[int, ...]) -> str:
-    """What x of shape `got` may be, for a net taking rows of `want`: images with their channels last
-    (NHWC, as PIL, TensorFlow and most image files have them) for a net taking them first (NCHW)."""
+    """What x of shape `got` may be, for a net taking rows of `want`, and what fixes it ("" where nothing
+    says): images with their channels last (NHWC, as PIL, TensorFlow and most image files have them) for a
+    net taking them first (NCHW), a lone row, rows without their leading axis, rows in another shape."""
     if len(want) == 3 and want[0] != want[2]:
         last = (*want[1:], want[0])
         if tuple(got[1:]) == last:
             return "images with their channels last; x.transpose(0, 3, 1, 2) puts them first, as the net takes them"
         if tuple(got) == last:
             return "one image with its channels last; x.transpose(2, 0, 1)[None] is a batch of it as the net takes it"
+    if tuple(got) == want:
+        return "a batch of rows; one row is x[None]"
+    if len(got) == len(want) > 1 and tuple(got[1:]) == want[1:]:  # greyscale [N, 28, 28] for [1, 28, 28]
+        fix = "x[:, None] adds it" if want[0] == 1 else f"the net takes {want[0]} there"
+        return f"rows without the net's leading axis of {want[0]}; {fix}"
     # flat rows for an image net, or images for a net of flat rows: [N, 28, 28] for [784], [N, 784] for [1, 28, 28]
     if len(got) > 1 and (len(want) == 1 or len(got) == 2) and math.prod(got[1:]) == math.prod(want):
         return f"rows of the same size in another shape; x.reshape(len(x), {', '.join(map(str, want))}) gives the net's"
-    return "a batch of rows; one row is x[None]"
+    if len(want) == 3 and len(got) == 4:
+        if got[1] != want[0] and tuple(got[2:]) == want[1:]:
+            return f"images with {got[1]} channels; the net takes {want[0]}"
+        if got[1] == want[0]:
+            return f"images of {got[2]}×{got[3]}; the net takes {want[1]}×{want[2]}: resize them as it was trained"
+    return ""
 
 
 @attrs.frozen
@@ -227,6 +265,7 @@ def check_input_kind(trained: InputKind | None, given: np.ndarray, x: np.ndarray
         return
     integer = given.dtype.kind in "iu"
     if (integer and trained.whole) or (not integer and (not trained.integer or _all_whole(x))):
+        _check_span(trained, x, what, otherwise)
         return
     got = f"{given.dtype} in {_span(float(x.min()), float(x.max()))}" + ("" if integer else ", not whole numbers")
     if not integer:
@@ -236,3 +275,16 @@ def check_input_kind(trained: InputKind | None, given: np.ndarray, x: np.ndarray
     else:
         todo = "scale x as the training data was (e.g. x.astype(np.float32) / 255, then the same standardisation)"
     raise DataError(f"{what} x is {got}, but the model was trained on {trained.said()}; {todo}, or {otherwise}")
+
+
+def _check_span(trained: InputKind, x: np.ndarray, what: str, otherwise: str) -> None:
+    """Refuse x (float32 rows) of the trained kind but reaching past the span the model was fit on by more
+    than SPAN_SLACK of its widths: another scale (0…255 to a model fit on x / 255 or on standardised x)."""
+    if trained.lo is None or trained.hi is None:  # a dataset's model: no span kept
+        return
+    width = max(trained.hi - trained.lo, abs(trained.lo), abs(trained.hi))
+    lo, hi = float(x.min()), float(x.max())
+    if width > 0 and (hi > trained.hi + SPAN_SLACK * width or lo < trained.lo - SPAN_SLACK * width):
+        raise DataError(f"{what} x spans {_span(lo, hi)}, far past the {_span(trained.lo, trained.hi)} of the "
+                        f"{trained.dtype} the model was trained on; pass x in the training data's scale (scaled and "
+                        f"standardised as it was), or {otherwise}")
