@@ -131,6 +131,11 @@ def test_a_model_fit_on_a_builtin_dataset_counts_as_trained_on_floats() -> None:
     with pytest.raises(DataError) as e:
         m.predict(np.zeros((2, 784), np.uint8))
     assert "trained on real numbers (dataset 'digits', which scales and standardises its images)" in one_line(e)
+    raw = np.random.default_rng(0).integers(0, 17, (2, 784)).astype(np.float32)  # sklearn's digits as loaded
+    with pytest.raises(DataError, match=r"^predict x holds whole numbers 0 … 16, but the model was trained on real "
+                                        r"numbers \(dataset 'digits', .*; scale and standardise x as it does"):
+        m.predict(raw)
+    m.predict(raw / 16 - 0.5)  # not whole numbers: taken
     assert arraydata.dataset_inputs(arraydata.ARRAYS, m.spec) is None
     assert arraydata.input_kind(np.zeros((1, 16), np.int32), np.zeros((1, 16), np.float32),
                                 get_net("tinygpt-nano")) is None  # token ids are ids, whatever their dtype

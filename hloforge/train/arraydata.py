@@ -280,7 +280,11 @@ def check_input_kind(trained: InputKind | None, given: np.ndarray, x: np.ndarray
 def _check_span(trained: InputKind, x: np.ndarray, what: str, otherwise: str) -> None:
     """Refuse x (float32 rows) of the trained kind but reaching past the span the model was fit on by more
     than SPAN_SLACK of its widths: another scale (0…255 to a model fit on x / 255 or on standardised x)."""
-    if trained.lo is None or trained.hi is None:  # a dataset's model: no span kept
+    if trained.lo is None or trained.hi is None:  # a dataset's model: no span kept, but its x never whole numbers
+        lo, hi = float(x.min()), float(x.max())
+        if trained.dataset and hi - lo > 1 and _all_whole(x):
+            raise DataError(f"{what} x holds whole numbers {_span(lo, hi)}, but the model was trained on "
+                            f"{trained.said()}; scale and standardise x as it does, or {otherwise}")
         return
     width = max(trained.hi - trained.lo, abs(trained.lo), abs(trained.hi))
     lo, hi = float(x.min()), float(x.max())
