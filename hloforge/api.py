@@ -255,8 +255,8 @@ class Model:
         whole before the first step."""
         epochs = _plain(epochs)
         for flag, on in (("shuffle", shuffle), ("drop_last", drop_last), ("verbose", verbose)):
-            if not isinstance(on, (bool, np.bool_)):  # "no" would count as yes
-                raise UnsupportedSpec(f"{flag} must be True or False, got {on!r}")
+            if not isinstance(on, (bool, np.bool_, int)) or on not in (0, 1):  # "no" would count as yes
+                raise UnsupportedSpec(f"{flag} must be True or False (or 1 or 0), got {on!r}")
         if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
             raise UnsupportedSpec(f"epochs must be an integer ≥ 1, got {epochs!r}")
         if not drop_last:
