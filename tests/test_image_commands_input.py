@@ -99,6 +99,51 @@ def test_gradcam_refuses_nan_before_compiling(runs):
         gradcam(oc.spec, params, running, np.full((1, 28, 28), np.nan, np.float32), oc.run.backend)
 
 
+def test_cam_refuses_raw_pixels_as_predict_does(runs, tmp_path, capsys):
+    """uint8 0…255 to a net trained on digits' standardised floats: predict refuses it (one definition,
+    arraydata.check_input_kind), and so does cam, rather than drawing a heatmap of unscaled input."""
+    import hloforge as hf
+
+    raw = np.random.default_rng(0).integers(0, 256, (1, 28, 28)).astype(np.uint8)
+    x = tmp_path / "a_u8.npy"
+    np.save(x, raw)
+    with pytest.raises(DataError, match="the model was trained on real numbers") as said:
+        hf.load(runs["cnn"]).predict(raw[None])
+    out = tmp_path / "cam.png"
+    err = refused(["cam", runs["cnn"], str(x), "--out", str(out)], capsys)
+    assert f"image {x}: x is uint8 in 0 … 255, but the model was trained on real numbers" in err, err
+    assert "scale and standardise x as dataset 'digits' does" in err and "test:N" in err, err
+    assert "trained on real numbers" in str(said.value) and not out.exists()
+    np.save(x, np.random.default_rng(0).normal(size=(1, 28, 28)).astype(np.float32))  # standardised: drawn
+    assert main(["cam", runs["cnn"], str(x), "--out", str(out)]) == 0 and out.exists()
+
+
+def test_detect_reports_boxes_in_the_image_own_pixels(runs, tmp_path, capsys):
+    """An image of another size than the net's input is resized for the net, said once, and its boxes come
+    back in the image's own pixels (each axis scaled alone), drawn on the image itself."""
+    from PIL import Image
+
+    from hloforge.commands.detect import detect_run
+    from hloforge.train.detection import load_image
+
+    wide = tmp_path / "rgb100.png"
+    Image.fromarray(np.random.default_rng(1).integers(0, 256, (60, 100, 3)).astype(np.uint8)).save(wide)
+    size = 32  # the shapes run's images (yolov1-mini at shapes' 32×32)
+    resized = load_image(str(wide), size)
+    small = tmp_path / "rgb32.png"  # the very image the net sees, as a file of its own size
+    Image.fromarray(np.round(resized.transpose(1, 2, 0) * 255).astype(np.uint8)).save(small)
+    lines: list[str] = []
+    dets = detect_run(runs["det"], str(wide), str(tmp_path / "d.png"), score_min=0.0, log=lines.append)
+    same = detect_run(runs["det"], str(small), str(tmp_path / "s.png"), score_min=0.0, log=lambda _: None)
+    assert len(dets) and len(dets) == len(same)
+    want = np.asarray(same, np.float64).reshape(-1, 6) * [1, 1, 100 / size, 60 / size, 100 / size, 60 / size]
+    np.testing.assert_allclose(np.asarray(dets, np.float64).reshape(-1, 6), want, rtol=1e-5, atol=1e-4)
+    said = [line for line in lines if "resized" in line]
+    assert said == [f"{wide} is 100×60: resized to the net's {size}×{size} input; boxes are in the image's own "
+                    "pixels"], lines
+    assert Image.open(tmp_path / "d.png").size[0] / Image.open(tmp_path / "d.png").size[1] == 100 / 60
+
+
 # ------------------------------------------------------------------ --out, before anything is opened
 def _commands(run: str, out: str) -> list[list[str]]:
     return [["cam", run, "test:0", "--out", out], ["detect", run, "--index", "0", "--out", out],

@@ -271,11 +271,12 @@ def test_runtime_flags_are_set_once_and_a_bad_one_is_one_clear_error(monkeypatch
     bad_nice = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                               env={**env, iree_backend.WORKER_NICE_ENV_VAR: "-5"})
     assert bad_nice.returncode != 0
-    assert "BackendError: HLOFORGE_IREE_WORKER_NICE='-5': expected a niceness step from 0 to 19" in bad_nice.stderr
+    said = "BackendSettingError: HLOFORGE_IREE_WORKER_NICE='-5': expected a niceness step from 0 to 19"
+    assert said in bad_nice.stderr
     bad = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                          env={**env, iree_backend.RUNTIME_FLAGS_ENV_VAR: "--no_such_flag=1"})
     assert bad.returncode != 0
-    assert ("BackendError: IREE refused the runtime flags --no_such_flag=1 ($HLOFORGE_IREE_RUNTIME_FLAGS): "
+    assert ("BackendSettingError: IREE refused the runtime flags --no_such_flag=1 ($HLOFORGE_IREE_RUNTIME_FLAGS): "
             in bad.stderr and "'no_such_flag' not recognized" in bad.stderr)
     monkeypatch.setenv(iree_backend.RUNTIME_FLAGS_ENV_VAR, "")
     assert iree_backend.runtime_flags() == ()  # empty: IREE's own defaults

@@ -419,7 +419,7 @@ def test_compile_hands_the_compilers_freed_heap_back(monkeypatch, tmp_path):
 def test_an_xla_flag_the_plugin_does_not_know_is_one_line_before_xla_stops_the_process(monkeypatch, tmp_path):
     """XLA ends the process at its first compile on an unknown name in XLA_FLAGS (exit 1, a fatal log line,
     no hloforge line); the plugin's file holds every name it knows, so the name is checked before it loads."""
-    from hloforge.backends.xla.pjrt.options import check_xla_flags
+    from hloforge.backends.xla.pjrt.xla_flags import check_xla_flags
 
     plugin = find_plugin()
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false --xla_dump_to=/tmp/d --v=1")

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hloforge.core.errors import BackendError
+from hloforge.core.errors import BackendSettingError
 from hloforge.core.switches import whole_number
 
 MAX_MB_ENV_VAR = "HLOFORGE_CACHE_MAX_MB"
@@ -107,7 +107,8 @@ def max_bytes() -> int:
     text = os.environ.get(MAX_MB_ENV_VAR, str(DEFAULT_MAX_MB)).strip()
     mib = whole_number(text)
     if mib is None:
-        raise BackendError(f"{MAX_MB_ENV_VAR}={text!r}: expected a whole number of MiB (default {DEFAULT_MAX_MB})")
+        raise BackendSettingError(f"{MAX_MB_ENV_VAR}={text!r}: expected a whole number of MiB "
+                                  f"(default {DEFAULT_MAX_MB})")
     return mib * 2**20
 
 

@@ -51,7 +51,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from hloforge.core.errors import BackendError
+from hloforge.core.errors import BackendSettingError
 
 ENV_VAR = "HLOFORGE_HOST_MEMORY"
 POLICIES = ("retain", "release")
@@ -74,7 +74,7 @@ def host_memory_policy() -> str:
     """$HLOFORGE_HOST_MEMORY: "retain" (the default) or "release"; anything else is one error line."""
     text = os.environ.get(ENV_VAR, DEFAULT_POLICY).strip().lower()
     if text not in POLICIES:
-        raise BackendError(f"{ENV_VAR}={text!r}: expected one of {', '.join(POLICIES)}")
+        raise BackendSettingError(f"{ENV_VAR}={text!r}: expected one of {', '.join(POLICIES)}")
     return text
 
 

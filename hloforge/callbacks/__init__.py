@@ -35,6 +35,10 @@ class Callback:
         """Refuse, with one line, an option this run cannot honour, before its first step (not after an
         epoch's training): `metrics` are the keys every epoch's logs will hold."""
 
+    def check_begin(self) -> None:
+        """Refuse, with one line, what this fit cannot do whatever its metrics (a path it would write over),
+        before its first step; `self.model` is set for `hloforge train`, maybe not yet for a Model's fit."""
+
     def on_train_begin(self, logs: dict[str, Any]) -> None: ...
 
     def on_train_end(self, logs: dict[str, Any]) -> None: ...
@@ -132,17 +136,24 @@ class ModelCheckpoint(Monitor):
     write the run directory `path` — config.toml and checkpoint.safetensors, the format `hloforge
     train` writes, so `hloforge eval PATH` and `hf.load(PATH)` read it — replacing the one before.
     A Model's directory names `data` as its eval dataset (Model.save's); a `hloforge train` run's
-    is a copy of its own run directory at that epoch. `best_epoch`: the epoch kept."""
+    is a copy of its own run directory at that epoch. `best_epoch`: the epoch kept.
+
+    A `path` that already holds files it did not write (another run, another fit's checkpoint) is
+    refused before the fit's first step, as Model.save refuses one; `overwrite=True` replaces what is
+    there, the old run's metrics, curves and eval bitmap included. What it writes itself it replaces
+    (its later epochs; a resumed `hloforge train` run's best so far, which it kept before)."""
 
     name = "model_checkpoint"
 
     def __init__(self, path: str, monitor: str = "val_loss", mode: str = "auto", min_delta: float = 0.0,
-                 data: str | None = None):
+                 data: str | None = None, overwrite: bool = False):
         if not isinstance(path, (str, os.PathLike)) or not str(path):
             raise UnsupportedSpec(f"ModelCheckpoint wants path a directory name, got {path!r}")
         path = os.fspath(path)
         if os.path.isfile(path):  # else refused only when the first improvement is written
             raise UnsupportedSpec(f"ModelCheckpoint writes a run directory, but {path} is a file")
+        if not isinstance(overwrite, bool):  # "no" would be true
+            raise UnsupportedSpec(f"ModelCheckpoint wants overwrite true or false, got {overwrite!r}")
         writable(path, "ModelCheckpoint", directory=True)
         if data is not None:  # a Model's save reads it at the first improvement: an unknown one is refused now
             from hloforge.core.registry import default_registry
@@ -154,8 +165,30 @@ class ModelCheckpoint(Monitor):
             except HloforgeError as e:
                 raise UnsupportedSpec(f"ModelCheckpoint data: {e}") from None
         super().__init__(monitor, mode, min_delta)
-        self.path, self.data = path, data
+        self.path, self.data, self.overwrite = path, data, overwrite
         self.best_epoch = 0
+        self._wrote: frozenset[tuple[str, int, int]] | None = None  # `path` as its last write left it
+
+    def check_begin(self) -> None:
+        if self.overwrite:
+            return
+        dir_ = getattr(self.model, "dir", None)  # a `hloforge train` run's own directory
+        if getattr(self.model, "copy_to", None) is not None and dir_ and same_path(dir_, self.path):
+            raise UnsupportedSpec(f"ModelCheckpoint path {self.path} is this run's own directory; expected "
+                                  "another, where the best epoch's copy is kept")
+        held = sorted(n for n, _, _ in listing(self.path))
+        if not held or listing(self.path) == self._wrote:
+            return
+        holds_copy = getattr(self.model, "holds_copy", None)  # a resumed run's best so far, kept by it before
+        if holds_copy is not None and holds_copy(self.path):
+            return
+        from hloforge.train.config import CHECKPOINT, CONFIG
+
+        what = "a run" if {CHECKPOINT, CONFIG} & set(held) else "files"
+        names = ", ".join(held[:4]) + (", ..." if len(held) > 4 else "")
+        raise UnsupportedSpec(f"ModelCheckpoint path {self.path} already holds {what} ({names}), which its "
+                              "checkpoints would replace; expected a new or empty directory: give another path, "
+                              "or overwrite=True (--callback model_checkpoint:...,overwrite=true) to replace it")
 
     def on_train_begin(self, logs: dict[str, Any]) -> None:
         from hloforge.train.config import CHECKPOINT
@@ -174,8 +207,9 @@ class ModelCheckpoint(Monitor):
         copy = getattr(self.model, "copy_to", None)  # a `hloforge train` run: its directory as it now is
         if copy is not None:
             copy(self.path)
-        else:
+        else:  # over its own files alone: another's were refused before the first step (check_begin)
             self.model.save(self.path, data=self.data, overwrite=True)
+        self._wrote = listing(self.path)
         self.best_epoch = epoch
 
 
@@ -260,6 +294,24 @@ class TensorBoard(Callback):
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+
+
+def listing(path: str) -> frozenset[tuple[str, int, int]]:
+    """A directory's files as (name, size, mtime) (none where it is not a directory), its lock aside: what
+    a ModelCheckpoint compares with what it last wrote there."""
+    from hloforge.train.rundir import LOCK
+
+    try:
+        names = os.listdir(path) if os.path.isdir(path) else []
+        return frozenset((n, (st := os.stat(os.path.join(path, n))).st_size, st.st_mtime_ns) for n in names
+                         if n != LOCK)
+    except OSError:  # removed meanwhile, or unreadable: the write itself says what is wrong
+        return frozenset()
+
+
+def same_path(a: str, b: str) -> bool:
+    """Whether two paths name one place (links and relative spellings resolved)."""
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def checked_callbacks(callbacks: Any) -> list[Callback]:

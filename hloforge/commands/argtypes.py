@@ -9,14 +9,16 @@ from collections.abc import Callable
 from typing import Any
 
 from hloforge.core.errors import DataError, HloforgeError
+from hloforge.train.configio import F32_MAX as F32_MAX
+from hloforge.train.configio import F32_RANGE, f32_holds
 
 # Every numeric option is parsed by one of these, so a value of the wrong kind or range is refused at
 # parse time (exit 2, one line naming the flag and what it expects), before anything is read or
 # written. Ints stop at I64_MAX and floats must be finite: a run's config.toml holds its options, and
 # TOML has no integer beyond 64 bits (nor may a config hold nan/inf and be read back as given); the
-# programs take their scalars (lr, clip norm, decays) as f32, so a float must also be one f32 can hold.
+# programs take their scalars (lr, clip norm, decays) as f32, so a float must also be one f32 can hold:
+# 0 or a normal f32 (configio.f32_holds, the config's rule too): 1e-50 would be 0 there, 1e39 inf.
 I64_MAX = 2**63 - 1
-F32_MAX = 3.4028234663852886e38
 # A count that starts processes or devices: a typo of a few digits must not fork a million producers
 # or ask the XLA CPU plugin for a million devices.
 MAX_PROCESSES = 1024
@@ -44,12 +46,15 @@ def integer(lo: int = -I64_MAX - 1, hi: int = I64_MAX) -> Callable[[str], int]:
 def number(lo: float = -math.inf, hi: float = math.inf, *, lo_open: bool = False,
            hi_open: bool = False) -> Callable[[str], float]:
     """An argparse type: a finite float in the interval from lo to hi (each end closed unless *_open)."""
+    admits_zero = (lo < 0 or (lo == 0 and not lo_open)) and (hi > 0 or (hi == 0 and not hi_open))
+    holds = f"that f32 holds ({'0, or ' if admits_zero else ''}{F32_RANGE})"
     if lo == -math.inf and hi == math.inf:
-        what = "a finite number (at most f32's 3.4e38 in size)"
+        what = f"a finite number {holds}"
     elif hi == math.inf:
-        what = f"a finite number {'>' if lo_open else '≥'} {lo:g} (at most f32's 3.4e38)"
-    else:
+        what = f"a finite number {'>' if lo_open else '≥'} {lo:g} {holds}"
+    else:  # the interval says it; that f32 must hold it is said to a value it would make 0
         what = f"a number in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+    tiny = what if "f32" in what else f"{what} {holds}"
 
     def parse(text: str) -> float:
         try:
@@ -59,6 +64,8 @@ def number(lo: float = -math.inf, hi: float = math.inf, *, lo_open: bool = False
         ok = abs(v) <= F32_MAX and (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
         if not ok:
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        if not f32_holds(v):
+            raise argparse.ArgumentTypeError(f"expected {tiny}, got {text!r}, below f32's smallest normal")
         return v
 
     return parse

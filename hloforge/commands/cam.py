@@ -128,7 +128,9 @@ def cam_run(path: str, image_ref: str, out: str, class_index: int | None = None,
     oc = open_checkpoint(path, log=log, data_dir=data_dir, data_file=data_file)
     spec = oc.spec
     check_camable(spec)  # before the image: a DDPM's test images are not its input (that adds a time plane)
-    image = check_image(load_image(image_ref, oc.run), spec, f"image {image_ref}:")
+    given = load_image(image_ref, oc.run)
+    image = check_image(given, spec, f"image {image_ref}:")
+    oc.check_input(given, image, f"image {image_ref}:", otherwise="pass one of the run's test images as test:N")
     params = oc.weights(ckpt.PARAMS, [n for n, _ in spec.params()])
     running = oc.weights(ckpt.STATS, [n for n, _ in spec.stats()])
     heat = gradcam(spec, params, running, image, oc.run.backend, class_index)

@@ -10,7 +10,7 @@ from hloforge.commands.argtypes import image_out
 from hloforge.commands.opening import open_checkpoint
 from hloforge.core.errors import DataError
 from hloforge.train import checkpoint as ckpt
-from hloforge.train.detection import DetectionHead, describe, draw_detections, load_image
+from hloforge.train.detection import DetectionHead, boxes_to, describe, draw_detections, load_image
 from hloforge.train.session import ForwardSession
 
 
@@ -28,26 +28,33 @@ def detect_run(run_path: str, image: str | None, out: str, *, index: int | None 
     head = getattr(run.task, "head", None)
     if not isinstance(head, DetectionHead):
         raise DataError(f"run {run_path} trained {spec.name!r}, which is not a detector")
-    truth = None
+    truth, original = None, None
     if index is not None:
         if not 0 <= index < len(run.x_te):
             raise DataError(f"--index {index}: the run's test split has {len(run.x_te)} images")
         x, shown, truth = run.x_te[index], run.x_te[index], run.task.truth[index]
     else:
         assert image is not None
-        shown = load_image(image, head.image_size)
         normalize = getattr(run.data, "normalize", None)
         if normalize is None:
             raise DataError(f"dataset {run.cfg.data!r} does not say how to normalise an image file for this net; "
                             "use --index N to take one of its test images")
+        shown = load_image(image)
+        size = head.image_size
+        if shown.shape[1:] != (size, size):  # the net sees it resized; the user reads boxes on their own image
+            original, shown = shown, load_image(image, size)
+            log(f"{image} is {original.shape[2]}×{original.shape[1]}: resized to the net's {size}×{size} input; "
+                "boxes are in the image's own pixels")
         x = normalize(shown)
     params = oc.weights(ckpt.PARAMS, [n for n, _ in spec.params()])
     running = oc.weights(ckpt.STATS, run.stat_names)
     evaluator = ForwardSession(spec, 1, run.backend)
     raw = evaluator.logits(np.asarray(x, np.float32)[None], params + running)
     (dets,) = head.decode(raw, score_min=score_min)
+    if original is not None:
+        dets, shown = boxes_to(dets, head.image_size, *original.shape[1:]), original
     names = getattr(run.data, "box_names", None)
-    scale = max(1, 256 // head.image_size)
+    scale = max(1, 256 // max(shown.shape[-2:]))
     draw_detections(shown, dets, out, names=names, truth=truth, scale=scale)
     for line in describe(dets, names):
         log(f"  {line}")

@@ -58,7 +58,9 @@ def _render(args: argparse.Namespace) -> None:
         f"{spec.ident}_{variant.slug}_train_step.mlir": train_step_module(spec, variant, args.batch)[0],
     }
     secs = time.perf_counter() - t
-    os.makedirs(args.out, exist_ok=True)  # only once every module rendered: a refused net writes nothing
+    from hloforge.train.rundir import make_dir
+
+    make_dir(args.out, "--out")  # only once every module rendered: a refused net writes nothing
     for name, text in files.items():
         with open(os.path.join(args.out, name), "w", encoding="utf-8") as f:
             f.write(text)

@@ -12,11 +12,11 @@ import attrs
 import numpy as np
 
 from hloforge.commands.resolution import check_size_crop, scoring_size
-from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
+from hloforge.core.errors import DataError, HloforgeError, SettingError, UnsupportedSpec
 from hloforge.core.regions import DEFAULT_REGION, check_region
 from hloforge.core.spec import NetSpec
 from hloforge.train import checkpoint as ckpt
-from hloforge.train.arraydata import ARRAYS, no_rows
+from hloforge.train.arraydata import ARRAYS, check_input_kind, no_rows, saved_inputs
 from hloforge.train.config import CHECKPOINT, CONFIG, TrainConfig, load_config
 from hloforge.train.evaluation import EvalResult, evaluate, evaluate_lm, evaluate_stream
 from hloforge.train.metrics import describe_eval_set, eval_set_id
@@ -42,6 +42,13 @@ class OpenedCheckpoint:
             return [self.tensors[t] for t in ckpt.names_in(prefix, names)]
         except KeyError as e:
             raise DataError(f"checkpoint {self.file} lacks tensor {e.args[0]}") from None
+
+    def check_input(self, given: Any, x: np.ndarray, what: str, otherwise: str) -> None:
+        """Refuse an input (`given` as the user gave it; `x` its float32 form) of another kind than the model
+        was trained on (raw uint8 pixels to a net fit on standardised images), by the rule predict applies
+        (hf.load(RUN).predict), so a command never answers for input the model never saw the like of."""
+        check_input_kind(saved_inputs(self.file, self.meta, self.run.cfg.data, self.spec), np.asarray(given), x,
+                         what, otherwise)
 
     def region_weights(self, region: str) -> tuple[str, list[np.ndarray], list[np.ndarray]]:
         """(the region, resolved; its θ; its BN statistics) for scoring or sampling (ckpt.region_weights:
@@ -106,6 +113,8 @@ def open_checkpoint(path: str, backend: str | None = None, log: Callable[[str], 
         arrays = no_rows(spec, cfg.variant(spec))
     try:  # scoring never opens the train split
         run = Run(cfg, log, progress=False, eval_only=True, spec=own_spec(cfg.net, spec), data=arrays)
+    except SettingError:  # an environment variable's, named by itself: no fault of the checkpoint's
+        raise
     except HloforgeError as e:  # the stored config's net, variant or data refused: say whose config it is
         raise type(e)(f"checkpoint {file}: {e}{moved_data_hint(cfg)}") from None
     if spec != run.spec:

@@ -25,3 +25,39 @@ class BackendError(HloforgeError):
 
 class DataError(HloforgeError):
     """A data file or array that is malformed, truncated or of the wrong shape."""
+
+
+class SettingError(HloforgeError):
+    """An environment variable's value that cannot be used. Its message names the variable and what it
+    takes; whatever was being opened when it was read (a checkpoint, a cache entry) is no part of it,
+    so no caller adds its own file to the line or takes it for that file's fault."""
+
+
+class BackendSettingError(BackendError, SettingError):
+    """A backend's environment variable refused (still a BackendError to its callers)."""
+
+
+class SpecSettingError(UnsupportedSpec, SettingError):
+    """An environment variable refused where an UnsupportedSpec is what callers catch."""
+
+
+class PluginSettingError(PluginError, SettingError):
+    """An environment variable refused where a PluginError is what callers catch."""
+
+
+class DataSettingError(DataError, SettingError):
+    """An environment variable refused where a DataError is what callers catch."""
+
+
+# module-level classes, not made on the fly: an MPI rank's refusal is pickled to the others by its class's name
+_SETTING_KINDS: dict[type[HloforgeError], type[HloforgeError]] = {
+    HloforgeError: SettingError, BackendError: BackendSettingError, UnsupportedSpec: SpecSettingError,
+    PluginError: PluginSettingError, DataError: DataSettingError}
+
+
+def setting_error(kind: type[HloforgeError], message: str) -> HloforgeError:
+    """An error of `kind` marked as a SettingError (when it is one of the kinds above; another kind is
+    raised as is): for a reader told which kind to raise (env_switch)."""
+    if issubclass(kind, SettingError):
+        return kind(message)
+    return _SETTING_KINDS.get(kind, kind)(message)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from hloforge.core.errors import HloforgeError
+from hloforge.core.errors import HloforgeError, setting_error
 
 ON, OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
@@ -32,7 +32,7 @@ def env_switch(var: str, *, default: bool = False, on: str = "", off: str = "",
         said[default] = ", ".join(filter(None, (said[default], "the default, as is empty or unset")))
         on_text, off_text = (f" ({said[side]})" if said[side] else "" for side in (True, False))
         # !r: a newline or undecodable byte in the value stays on the one line, escaped
-        raise error(f"{var}={raw!r}: expected {'/'.join(ON)}{on_text} or {'/'.join(OFF)}{off_text}")
+        raise setting_error(error, f"{var}={raw!r}: expected {'/'.join(ON)}{on_text} or {'/'.join(OFF)}{off_text}")
     return value
 
 

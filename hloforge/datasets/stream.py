@@ -86,6 +86,17 @@ def split_pair(data: Any, split: str, stored: bool = False) -> tuple[Any, Any]:
     return x, y
 
 
+def check_rows(data: Any, split: str, n: int) -> None:
+    """Refuse a registered dataset's split of no examples where a run reads it: on it a run would train
+    nothing, or print no score and end as if all went well. Named with where it was read from."""
+    if n:
+        return
+    where = getattr(data, "data_file", "") or getattr(data, "data_dir", "")
+    read = f" (read from {where})" if isinstance(where, str) and where else ""
+    raise DataError(f"dataset {getattr(data, 'name', type(data).__name__)!r}{read}: its {split} split holds no "
+                    "examples; expected at least one in each of its train and test splits")
+
+
 def split_view(data: Any, split: str, augment: bool) -> tuple[Any, np.ndarray, Transform]:
     """(stored rows, labels, the transform to net input) of a split, for any dataset plugin.
 
@@ -130,8 +141,7 @@ class Layout:
 def layout_of(data: Any, split: str) -> Layout:
     """The row layout, read off the split's first example through its deterministic transform."""
     x, y, t = split_view(data, split, augment=False)
-    if len(x) == 0:
-        raise DataError(f"dataset {data.name!r} split {split!r} is empty")
+    check_rows(data, split, len(x))
     xb, yb = t(np.asarray(x[:1]), np.asarray(y[:1]), step_rng(0))
     if not np.issubdtype(np.asarray(yb).dtype, np.integer):  # the wire carries labels as int32
         raise DataError(f"dataset {data.name!r} split {split!r} has {np.asarray(yb).dtype} labels; the producer "

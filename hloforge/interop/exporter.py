@@ -107,8 +107,10 @@ def write_whole(out: str, files: list[tuple[str, bytes, str]]) -> None:
 
     if os.path.exists(out) and not os.path.isdir(out):
         raise HloforgeError(f"--out {out} is a file; expected a directory to export into")
+    from hloforge.train.rundir import make_dir
+
     made = not os.path.isdir(out)
-    os.makedirs(out, exist_ok=True)
+    make_dir(out, "--out")
     written: list[str] = []
     try:
         for path, data, what in files:

@@ -49,14 +49,26 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
         raise DataError(f"weights file {path} is a PyTorch pickle, and reading one needs torch (not installed); "
                         "save it as .safetensors instead") from None
     import pickle
+    import warnings
 
+    kind = _container(path)
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch's warnings (a protocol-4 pickle's) are no line of ours
+            warnings.simplefilter("ignore")
+            obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
+        if kind is None:  # torch read it as a pickle for want of a zip archive; it is neither
+            raise DataError(f"weights file {path} is not a PyTorch file: neither the zip archive torch.save writes "
+                            "nor a pickle; expected a saved state dict (.safetensors, or torch.save's .pth)") from None
+        if kind in ("pickle 4", "pickle 5") and "Unsupported operand" in str(e):  # its framing, not its content
+            raise DataError(f"weights file {path} is a protocol-{kind[-1]} pickle, which torch's safe loader does "
+                            "not read; save the state dict with torch.save's default "
+                            "protocol, or as .safetensors") from None
         raise DataError(f"weights file {path}: refused, its pickle would run code or build objects other than "
                         f"tensors ({_unpickling_refusal(str(e))})") from None
     except (RuntimeError, OSError, EOFError, ValueError) as e:
-        raise DataError(f"weights file {path} cannot be read as a PyTorch state dict ({e})") from None
+        said = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DataError(f"weights file {path} cannot be read as a PyTorch state dict ({said})") from None
     if not isinstance(obj, dict):
         raise DataError(f"weights file {path} holds a {type(obj).__name__}, not a state dict (a name → tensor dict)")
     obj = _inner_state_dict(path, obj)
@@ -89,18 +101,31 @@ def _inner_state_dict(path: str, obj: dict[Any, Any]) -> dict[Any, Any]:
     return obj
 
 
+def _container(path: str) -> str | None:
+    """What a .pth's first bytes say it is: "zip" (torch.save's archive), "pickle N" (a pickle of protocol N,
+    as the legacy format and pickle.dump write), or None: neither."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head == b"PK\x03\x04":
+        return "zip"
+    if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:  # PROTO, then the protocol
+        return f"pickle {head[1]}"
+    return None
+
+
 def _unpickling_refusal(text: str) -> str:
     """What torch.load(weights_only=True) refused, in a clause: the class the pickle builds (a whole model
-    saved with torch.save(model) builds its nn.Module), else torch's first line, without its ANSI escapes
-    and its advice to load with weights_only=False."""
+    saved with torch.save(model) builds its nn.Module), else its own reason; never its advice to load with
+    weights_only=False, which would run the file's code."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)
     built = re.search(r"GLOBAL ([\w.]+)", text)
     if built and built.group(1).rpartition(".")[2][:1].isupper():  # a class, by Python's naming
         return (f"it builds a {built.group(1)}: a whole model saved with torch.save(model)? save its "
                 "state_dict() instead")
     if built:
         return f"it calls {built.group(1)}"
-    first = re.sub(r"\x1b\[[0-9;]*m", "", text).strip().splitlines()
-    return f"torch.load weights_only=True: {first[0] if first else 'refused'}"
+    reason = re.search(r"WeightsUnpickler error:\s*(.+)", text)
+    return f"torch's safe loader: {reason.group(1).strip() if reason else 'refused'}"
 
 
 @attrs.frozen
@@ -211,6 +236,7 @@ def write_run(imp: Imported, out: str, *, data: str = "", data_options: Sequence
     the run is rebuilt, as eval rebuilds it, before anything is written."""
     from hloforge.core.registry import default_registry
     from hloforge.train import checkpoint as ckpt
+    from hloforge.train.rundir import make_dir
     from hloforge.train.tasks import ClassCountMismatch
     from hloforge.train.trainer import CHECKPOINT, CONFIG, Run, TrainConfig
 
@@ -242,7 +268,7 @@ def write_run(imp: Imported, out: str, *, data: str = "", data_options: Sequence
     tensors = [*imp.params, *lay.initial(opt, slots, imp.params), *imp.stats,
                *([s.copy() for s in imp.stats] if lay.shadows else [])]
     meta = {**run.meta(0, 0), "imported": {"source": imp.source}}
-    os.makedirs(out, exist_ok=True)
+    make_dir(out, "--out")
     with open(os.path.join(out, CONFIG), "w", encoding="utf-8") as f:
         f.write(run.cfg.to_toml())
     ckpt.save_checkpoint(path, names, tensors, meta)

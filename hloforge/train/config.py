@@ -131,7 +131,11 @@ class TrainConfig(VariantFields):
         return "".join(f"{f.name} = {toml_value(getattr(self, f.name))}\n" for f in attrs.fields(TrainConfig)
                        if getattr(self, f.name) is not None)
 
-    def check(self) -> None:
+    def check(self, training: bool = False) -> None:
+        """The options' own ranges and combinations; `training`: also what only a run that trains refuses (a
+        config that names a run to score or save may carry any epochs): a warm-up of its epochs or more,
+        which never reaches the lr. `epochs` is the run's total (a resumed run's schedule counts from its
+        start), a Model's fit's its own."""
         if set(self.tag) & set(TAG_FORBIDDEN) or self.tag.startswith("."):  # it ends a directory's name under runs/
             raise UnsupportedSpec(f"tag {self.tag!r}: expected a name without {' '.join(map(repr, TAG_FORBIDDEN))} "
                                   "that does not start with '.' (it ends the run directory's name under runs/)")
@@ -159,6 +163,10 @@ class TrainConfig(VariantFields):
                                   f"{self.replicas} replicas")
         if self.sync_bn and self.replicas == 1 and launched_processes() == 1:  # MPI: the processes pool it
             raise UnsupportedSpec("sync_bn pools BN statistics across replicas; it needs replicas > 1")
+        if training and self.warmup_epochs and self.warmup_epochs >= self.epochs:
+            raise UnsupportedSpec(f"warmup_epochs {self.warmup_epochs:g} is not fewer than the run's {self.epochs} "
+                                  f"epochs, so the lr would never reach {self.lr:g}; expected fewer warm-up epochs "
+                                  "than epochs")
 
 
 def absolute(path: Any) -> Any:
@@ -238,9 +246,10 @@ def lm_seq_len(opts: dict[str, Any], spec: NetSpec, data_cls: Any, data: str) ->
 def resumed_config(cfg: TrainConfig, given: Collection[str]) -> TrainConfig:
     """What `hloforge train --resume` continues: the run directory's own config.toml with `cfg`'s values
     for the fields in `given` (the flags on the command line) on top, so a flag left out keeps the run's
-    value, not the default. A different batch is refused: the run's steps and schedule are counted in
-    its batches. With no config.toml or no checkpoint there, `cfg` (the trainer then says what there is to
-    resume, not this check of a run that has nothing to resume)."""
+    value, not the default. Another batch or data is refused (KEPT_ON_RESUME): the run's steps and
+    schedule are counted in its batches, its checkpoint and metrics are of its data. With no config.toml
+    or no checkpoint there, `cfg` (the trainer then says what there is to resume, not this check of a run
+    that has nothing to resume)."""
     from hloforge.backends.base import BACKEND_ENV_VAR, DEFAULT_BACKEND
     from hloforge.zoo import get_net
 
@@ -251,8 +260,37 @@ def resumed_config(cfg: TrainConfig, given: Collection[str]) -> TrainConfig:
     if not os.path.exists(path) or not os.path.exists(os.path.join(run_dir, CHECKPOINT)):
         return cfg
     recorded = load_config(path)
-    if "batch" in given and cfg.batch != recorded.batch:
-        raise UnsupportedSpec(f"--batch {cfg.batch}: the run in {os.path.dirname(path)} trains with batch "
-                              f"{recorded.batch} (its config.toml), and its steps and schedule are counted in "
-                              "those; resume with that batch, or start a new run")
-    return load_config(path, **{name: getattr(cfg, name) for name in given})
+    resumed = load_config(path, **{name: getattr(cfg, name) for name in given})
+    for name, (flag, what, why) in KEPT_ON_RESUME.items():  # before anything is read, compiled or written
+        was, now = getattr(recorded, name), getattr(resumed, name)
+        if name == "data_options":  # --data-opt adds to the run's own: refused where it changes one
+            was, now = parse_data_options(was), parse_data_options(now)
+        elif name in ("data_dir", "data_file") and not (was and os.path.exists(was)):
+            continue  # the run's data moved (or was the dataset's default): restore checks its test split
+        if name in given and was != now:
+            given_as = getattr(cfg, name)
+            given_as = " ".join(given_as) if isinstance(given_as, tuple) else given_as
+            raise UnsupportedSpec(f"{flag} {given_as}: the run in {run_dir} trains with {what} "
+                                  f"{shown(getattr(recorded, name))} (its config.toml), and {why}; resume with "
+                                  f"the run's {what}, or start a new run")
+    return resumed
+
+
+# What `--resume` refuses to change, by field: (its flag, what it is, why the run depends on it). One check
+# (resumed_config) for all of them; the data ones come first in the run's refusals, before its checkpoint's
+# step is compared with this run's epochs (rundir.check_steps), which another data size would also fail.
+OF_ITS_DATA = "its checkpoint and metrics are of that data"
+KEPT_ON_RESUME = {
+    "batch": ("--batch", "batch", "its steps and schedule are counted in those"),
+    "data": ("--data", "dataset", OF_ITS_DATA),
+    "data_dir": ("--data-dir", "data directory", OF_ITS_DATA + " (another is taken where that one has moved away)"),
+    "data_file": ("--data-file", "data file", OF_ITS_DATA + " (another is taken where that one has moved away)"),
+    "data_options": ("--data-opt", "data options", OF_ITS_DATA),
+}
+
+
+def shown(v: Any) -> str:
+    """A config value as a refusal says it: a name quoted, a path as it is, options as KEY=VALUE items."""
+    if isinstance(v, tuple):
+        return " ".join(v) or "none"
+    return repr(v) if isinstance(v, str) and not os.path.isabs(v) else str(v)

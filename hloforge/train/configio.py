@@ -16,6 +16,17 @@ import attrs
 
 from hloforge.core.errors import UnsupportedSpec
 
+# The programs take their scalars (lr, decays, clip norm, ...) as f32: a nonzero value below its smallest
+# normal is 0 there or a subnormal flushed to 0 (lr 1e-50 trains nothing), one above its max is inf.
+F32_MAX = 3.4028234663852886e38
+F32_TINY = 1.1754943508222875e-38  # 2**-126
+F32_RANGE = "1.2e-38 to 3.4e38 in size"
+
+
+def f32_holds(v: float) -> bool:
+    """Whether f32 holds `v` as the number it is: 0, or a normal f32 (NaN and ±inf: no)."""
+    return v == 0 or F32_TINY <= abs(v) <= F32_MAX
+
 
 def as_tuple(v: Any, what: str) -> tuple[Any, ...]:
     if not isinstance(v, (list, tuple)):
@@ -25,8 +36,8 @@ def as_tuple(v: Any, what: str) -> tuple[Any, ...]:
 
 def check_fields(cfg: Any, numbers: bool = False) -> None:
     """Every field of a config (an attrs instance) of its annotated type (a bool is no number here);
-    with `numbers`, every number finite and ≥ 0: a config from TOML or the Python API is refused
-    before anything runs or is written."""
+    with `numbers`, every number finite and ≥ 0, and a float one f32 holds (f32_holds): a config from
+    TOML or the Python API is refused before anything runs or is written."""
     hints = _field_hints(type(cfg))
     for f in attrs.fields(type(cfg)):
         v, t = getattr(cfg, f.name), hints[f.name]
@@ -39,6 +50,9 @@ def check_fields(cfg: Any, numbers: bool = False) -> None:
         if numbers and want in (int, float) and not all(math.isfinite(x) and x >= 0 for x in items):
             raise UnsupportedSpec(f"config value {f.name} = {v!r}: expected "
                                   + ("finite numbers ≥ 0" if t.item else "a finite number ≥ 0"))
+        if numbers and want is float and not all(f32_holds(x) for x in items):
+            raise UnsupportedSpec(f"config value {f.name} = {v!r}: expected " + ("numbers" if t.item else "a number")
+                                  + f" that f32 holds (0, or {F32_RANGE}): the programs take it as f32")
 
 
 @attrs.frozen

@@ -296,17 +296,27 @@ def draw_detections(image: np.ndarray, dets: np.ndarray, path: str, *, names: Se
     img.save(path)
 
 
-def load_image(path: str, size: int) -> np.ndarray:
-    """A PNG/JPEG as float32 [3, size, size] in [0, 1] (resized bilinearly if it differs)."""
+def load_image(path: str, size: int | None = None) -> np.ndarray:
+    """A PNG/JPEG as float32 [3, H, W] in [0, 1]; with `size`, [3, size, size] (resized bilinearly if it
+    differs)."""
     from PIL import Image, UnidentifiedImageError
 
     try:
         img = Image.open(path).convert("RGB")
     except (OSError, UnidentifiedImageError) as e:
         raise DataError(f"{path}: cannot read it as an image ({e})") from None
-    if img.size != (size, size):
+    if size is not None and img.size != (size, size):
         img = img.resize((size, size), Image.Resampling.BILINEAR)
     return (np.asarray(img, np.float32) / 255.0).transpose(2, 0, 1).copy()
+
+
+def boxes_to(dets: np.ndarray, size: int, height: int, width: int) -> np.ndarray:
+    """Detections [n, 6] (class, score, x0, y0, x1, y1) in a `size`×`size` input's pixels, in the pixels of the
+    `width`×`height` image it was resized from (each axis scaled alone: the resize stretched them so)."""
+    out = np.array(dets, np.float32, copy=True).reshape(-1, 6)
+    out[:, [2, 4]] *= width / size
+    out[:, [3, 5]] *= height / size
+    return out
 
 
 def describe(dets: np.ndarray, names: Sequence[str] | None = None) -> list[str]:

@@ -26,6 +26,7 @@ from hloforge.core.spec import NetSpec
 from hloforge.train.checkpoint import TMP_SUFFIX, load_meta, write_atomic
 from hloforge.train.config import BITMAP, CHECKPOINT, CONFIG, TrainConfig
 from hloforge.train.curves import PNG
+from hloforge.train.metrics import describe_eval_set, eval_set_id
 from hloforge.zoo import SPEC_SUFFIXES
 
 LOCK = ".lock"
@@ -42,6 +43,23 @@ def checked_path(path: Any, what: str) -> str:
     return p
 
 
+def make_dir(path: str, what: str) -> None:
+    """os.makedirs(path, exist_ok=True), but a file where a directory is expected (the path itself, or a
+    folder on the way to it) is one line saying so, not [Errno 17] File exists or [Errno 20]."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        walked = os.path.abspath(path)
+        ancestors = [walked]
+        while os.path.dirname(walked) != walked:
+            walked = os.path.dirname(walked)
+            ancestors.append(walked)
+        blocker = next((a for a in reversed(ancestors) if os.path.exists(a) and not os.path.isdir(a)), path)
+        at = "" if os.path.abspath(path) == blocker else f": {blocker} is a file"
+        raise HloforgeError(f"{what} {path}{at if at else ' is a file'}, where a directory was expected; "
+                            "pass a directory, or a path where one can be made") from None
+
+
 @contextmanager
 def locked(run_dir: str, last_good: str) -> Iterator[None]:
     """Hold `run_dir`'s lock for the block (made, with the directory, if missing). Refused with one
@@ -51,7 +69,7 @@ def locked(run_dir: str, last_good: str) -> Iterator[None]:
     made = not os.path.isdir(run_dir)
     path = os.path.join(run_dir, LOCK)
     try:
-        os.makedirs(run_dir, exist_ok=True)
+        make_dir(run_dir, "run directory")
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError as e:  # a read-only mount, another user's directory: nothing was written
         if e.errno not in NOT_WRITABLE:
@@ -83,6 +101,41 @@ def locked(run_dir: str, last_good: str) -> Iterator[None]:
             os.remove(path)
             os.rmdir(run_dir)
         os.close(fd)  # the lock goes with the last descriptor
+
+
+COPIED = (CONFIG, BITMAP, CHECKPOINT)  # what copy_run copies: the checkpoint last, so a copy with one is whole
+
+
+def copy_run(run_dir: str, path: str) -> None:
+    """`run_dir` as it is now (config, eval bitmap, checkpoint) copied to `path`. What another run left
+    there beside them (its metrics, curves; an eval bitmap this run has not written yet) goes, as
+    Model.save removes it: a directory of two runs' files would be read as one."""
+    os.makedirs(path, exist_ok=True)
+    for name in COPIED:
+        src = os.path.join(run_dir, name)
+        if os.path.exists(src):
+            with open(src, "rb") as f:
+                write_atomic(os.path.join(path, name), f.read(), name)
+        elif name != CHECKPOINT:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(path, name))
+    for stale in (METRICS, PNG):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(path, stale))
+
+
+def holds_copy(checkpoint: str, path: str) -> bool:
+    """Whether `path` holds only what copy_run writes, of the run whose checkpoint is `checkpoint` at an
+    epoch it has reached: a checkpoint of the same net, variant, seed, backend and test split, at a step
+    no later than its own."""
+    if not os.path.isdir(path) or set(os.listdir(path)) - {*COPIED, LOCK}:
+        return False
+    try:
+        own, kept = load_meta(checkpoint), load_meta(os.path.join(path, CHECKPOINT))
+    except HloforgeError:
+        return False
+    same = all(own.get(k) == kept.get(k) for k in ("spec", "variant", "seed", "backend", "eval_set"))
+    return same and int(kept.get("step", -1)) <= int(own.get("step", -1))
 
 
 def rewind_metrics(run_dir: str, step: int) -> None:
@@ -131,6 +184,18 @@ def check_resumable(run_dir: str, default_of: str = "") -> None:
              if os.path.exists(config) else f"hloforge train NET [OPTIONS] --run-dir {shlex.quote(run_dir)}")
     raise DataError(f"run directory {run_dir} has no checkpoint yet: it stopped before its first epoch ended, so "
                     f"there is nothing to resume; start it again with `{again}`")
+
+
+def check_same_data(path: str, meta: dict[str, Any], data: str, labels: np.ndarray) -> None:
+    """Refuse to resume checkpoint `path` on data whose test split is not the one the run was scored on
+    (its data directory or file replaced, or moved and given anew as another): the run would go on
+    training and scoring on other data, its metrics mixing the two. Before check_steps, which another
+    training split's size fails with a misleading reason."""
+    scored_on, now = meta.get("eval_set"), eval_set_id(data, "test", labels)
+    if scored_on is not None and scored_on != now:
+        raise DataError(f"checkpoint {path}: the test split of dataset {data!r} is not the one the run was scored "
+                        f"on ({describe_eval_set(now)} now, {describe_eval_set(scored_on)} then); resume it on its "
+                        "own data, or start a new run from its weights with --init")
 
 
 def check_steps(path: str, meta: dict[str, Any], per_epoch: int, cfg: TrainConfig, n: int) -> None:

@@ -31,7 +31,7 @@ from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
 from hloforge.core.registry import default_registry
 from hloforge.core.spec import NetSpec
 from hloforge.core.variant import SHADOW, Variant, ema_decay_at
-from hloforge.datasets.stream import DataRef, Feed, split_labels, split_pair
+from hloforge.datasets.stream import DataRef, Feed, check_rows, split_labels, split_pair
 from hloforge.train import autotune, curves, finetune, fp8, mpi, rundir, tasks
 from hloforge.train import checkpoint as ckpt
 from hloforge.train.arraydata import ARRAYS
@@ -79,7 +79,6 @@ def bn_weight(momentum: float, accum: int = 1) -> float:
     return 1.0 - momentum ** (1.0 / accum)
 
 
-
 class Run:
     """One training run: its config, data, sessions and run directory."""
 
@@ -99,7 +98,7 @@ class Run:
         if not self.world.is_root:  # rank 0 logs and draws the progress bar; the others are quiet
             log, progress = (lambda line: None), False
         try:  # the options and the net alone decide these refusals, so every rank refuses alike: said once
-            cfg.check()
+            cfg.check(training=not eval_only)
             if self.world.size > 1:
                 cfg = attrs.evolve(cfg, replicas=mpi.global_replicas(cfg.replicas, cfg.sync_bn, self.world))
             devices = replica_devices(cfg.backend or None, cfg.replicas // self.world.size, cfg.devices)
@@ -139,6 +138,8 @@ class Run:
             self.y_te = split_labels(self.data, "test")
         else:
             x_te, self.y_te = split_pair(self.data, "test")
+        if data is None:  # a registered dataset's; the user's arrays may have no test split (fit without validation)
+            check_rows(self.data, "test", len(self.y_te))
         # what the loss's label kind trains: feed shape, train-step inputs, evaluation (LM: its own path)
         self.task = None if self.lm else make_task(self)
         labels = None if self.task is None else self.task.labels
@@ -150,6 +151,8 @@ class Run:
         self.feed = Feed(self.data, DataRef(cfg.data, opts), batch=cfg.batch, seed=cfg.seed, workers=cfg.workers,
                          augment=cfg.augment, input_shape=self.task.feed_shape if self.task else self.spec.input_shape,
                          train=not eval_only, shuffle=shuffle)
+        if data is None and not eval_only:
+            check_rows(self.data, "train", self.feed.n)
         self._x_te = None if x_te is None else self._fit_input(x_te)
         self.steps_per_epoch = self.feed.steps_per_epoch
         if self.steps_per_epoch == 0 and not eval_only:
@@ -215,15 +218,12 @@ class Run:
         return f"The last good checkpoint is {self.ckpt_path if os.path.exists(self.ckpt_path) else 'none'}"
 
     def copy_to(self, path: str) -> None:
-        """This run's directory as it is now (config, checkpoint, eval bitmap) copied to `path`, a run
-        directory `hloforge eval` reads (the ModelCheckpoint callback's best epoch)."""
-        assert self.dir is not None
-        os.makedirs(path, exist_ok=True)
-        for name in (CONFIG, BITMAP, CHECKPOINT):  # the checkpoint last: a copy with one is whole
-            src = os.path.join(self.dir, name)
-            if os.path.exists(src):
-                with open(src, "rb") as f:
-                    ckpt.write_atomic(os.path.join(path, name), f.read(), name)
+        """This run's directory as it now is, copied to `path` (ModelCheckpoint's best epoch): rundir.copy_run."""
+        rundir.copy_run(os.path.dirname(self.ckpt_path), path)
+
+    def holds_copy(self, path: str) -> bool:
+        """Whether `path` holds a copy_to of an epoch this run has reached (rundir.holds_copy)."""
+        return self.dir is not None and rundir.holds_copy(self.ckpt_path, path)
 
     def logged_metrics(self) -> frozenset[str] | None:
         """The keys of every epoch's metrics as the callbacks get them ("kind" aside: no number), known
@@ -247,11 +247,13 @@ class Run:
         return frozenset(keys)
 
     def check_callbacks(self, callbacks: Sequence[Any]) -> None:
-        """The callbacks' options against the metrics this run logs (each one's `check_metrics`, with the
-        keys the callbacks before it add: their `adds_metrics`), refused on every rank alike: under a fit,
-        rank 0 alone holds the callbacks."""
+        """Each callback's `check_begin`, then its options against the metrics this run logs (its
+        `check_metrics`, with the keys the callbacks before it add: their `adds_metrics`), refused on every
+        rank alike: under a fit, rank 0 alone holds the callbacks."""
         keys, failed, world = self.logged_metrics(), None, self.world
         try:
+            for cb in callbacks:  # what a callback cannot do whatever the metrics (a path it would write over)
+                getattr(cb, "check_begin", lambda: None)()
             if keys is not None:
                 for cb in callbacks:
                     check = getattr(cb, "check_metrics", None)
@@ -293,6 +295,7 @@ class Run:
         tensors, meta = ckpt.load_checkpoint(self.ckpt_path)
         session.state_layout.check_slots(f"checkpoint {self.ckpt_path}", list(tensors))
         check_matches(self.ckpt_path, meta, self.spec, self.variant, self.cfg.backend, cross_backend)
+        rundir.check_same_data(self.ckpt_path, meta, self.cfg.data, self.y_te)
         rundir.check_steps(self.ckpt_path, meta, self.steps_per_epoch, self.cfg, self.feed.n)
         ckpt.check_tensors(self.ckpt_path, tensors, *self.expected_tensors())
         lay = session.layout

@@ -43,7 +43,7 @@ from hloforge.backends.base import (
 from hloforge.backends.disk_cache import first_unwritable, host_cpu, prune, sha256_key, touch, write_atomic
 from hloforge.backends.host_memory import host_memory_description, retain_freed_host_memory
 from hloforge.backends.iree.transients import SIZE_KEY, TAKES_STORAGE_KEY, with_reflection, with_transient_storage
-from hloforge.core.errors import BackendError, HloforgeWarning
+from hloforge.core.errors import BackendError, BackendSettingError, HloforgeWarning, SettingError
 from hloforge.core.hookspecs import hookimpl
 from hloforge.core.switches import whole_number
 
@@ -188,7 +188,7 @@ def worker_nice() -> int:
     text = os.environ.get(WORKER_NICE_ENV_VAR, str(DEFAULT_WORKER_NICE)).strip()
     step = whole_number(text)
     if step is None or step > 19:
-        raise BackendError(f"{WORKER_NICE_ENV_VAR}={text!r}: expected a niceness step from 0 to 19")
+        raise BackendSettingError(f"{WORKER_NICE_ENV_VAR}={text!r}: expected a niceness step from 0 to 19")
     return step
 
 
@@ -245,8 +245,8 @@ class _Runtime:
                     if flags:
                         runtime.flags.parse_flags(*flags)
                 except Exception as e:
-                    raise BackendError(f"IREE refused the runtime flags {' '.join(flags)} "
-                                       f"(${RUNTIME_FLAGS_ENV_VAR}): {e}") from None
+                    raise BackendSettingError(f"IREE refused the runtime flags {' '.join(flags)} "
+                                              f"(${RUNTIME_FLAGS_ENV_VAR}): {e}") from None
                 cls._flags_set = True
             if driver not in cls._configs:
                 retain_freed_host_memory()  # before the device starts the threads that allocate its buffers
@@ -431,7 +431,7 @@ class IreeBackend:
             module, context = self._load(path, unstored)
             wrong = self._not_this_key(module, path, mlir_text) if hit else ""
         except BackendError as e:
-            if not hit:
+            if not hit or isinstance(e, SettingError):  # an environment variable's fault, not the entry's
                 raise
             wrong = f"does not load ({str(e).splitlines()[0]})"  # damaged (e.g. a disk filled up mid-copy elsewhere)
         if wrong:  # rebuilt once, and replaced

@@ -28,7 +28,7 @@ from hloforge.backends.xla.pjrt.declarations import (
     _struct_size,
     ffi,
 )
-from hloforge.backends.xla.pjrt.options import check_xla_flags
+from hloforge.backends.xla.pjrt.xla_flags import check_xla_flags
 from hloforge.core.errors import BackendError
 
 # -------------------------------------------------------------------- dtypes ---

@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from hloforge.core.errors import BackendError
+from hloforge.core.errors import BackendError, BackendSettingError
 from hloforge.core.switches import env_path
 
 PLUGIN_ENV_VAR = "HLOFORGE_PJRT_PLUGIN"
@@ -65,7 +65,7 @@ def find_plugin() -> str:
     explicit = env_path(PLUGIN_ENV_VAR)
     if explicit:
         if not os.path.isfile(explicit):
-            raise BackendError(f"{PLUGIN_ENV_VAR}={explicit}: no such plugin file")
+            raise BackendSettingError(f"{PLUGIN_ENV_VAR}={explicit}: no such plugin file")
         return explicit
     for _, finder in _PLUGIN_FINDERS:
         path = finder()

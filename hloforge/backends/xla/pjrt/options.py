@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import mmap
 import os
 import struct
 from collections.abc import Sequence
 
-from hloforge.core.errors import BackendError
+from hloforge.core.errors import BackendError, BackendSettingError
 
 SCHEDULER_ENV_VAR = "HLOFORGE_XLA_SCHEDULER"
 # XLA's CPU HLO scheduler, chosen per executable (DebugOptions.xla_cpu_scheduler_type, passed as a
@@ -24,32 +23,13 @@ def xla_scheduler() -> str | None:
     """The scheduler $HLOFORGE_XLA_SCHEDULER asks for; None (unset or "auto"): the backend's choice."""
     name = os.environ.get(SCHEDULER_ENV_VAR, "").strip() or "auto"
     if name != "auto" and name not in SCHEDULERS:
-        raise BackendError(f"{SCHEDULER_ENV_VAR}={name!r}; expected auto, {', '.join(SCHEDULERS)}")
+        raise BackendSettingError(f"{SCHEDULER_ENV_VAR}={name!r}; expected auto, {', '.join(SCHEDULERS)}")
     return None if name == "auto" else name
 
 
 def scheduler_in_xla_flags() -> bool:
     """Whether the user's XLA_FLAGS choose the scheduler (then they win over any per-executable choice)."""
     return any(flag in os.environ.get("XLA_FLAGS", "") for flag in _SCHEDULER_FLAGS)
-
-
-def check_xla_flags(plugin_path: str) -> None:
-    """Refuse an `--xla_*` name in $XLA_FLAGS that the plugin does not know: XLA itself would end the
-    process at its first compile with a fatal log line. A flag XLA knows is a string in its library, so
-    a name absent from the plugin's file is no flag of that build (a typo, or another version's); any
-    other doubt is left to XLA."""
-    names = [a.removeprefix("--").partition("=")[0] for a in os.environ.get("XLA_FLAGS", "").split()]
-    names = [n for n in names if n.startswith(("xla_", "noxla_"))]
-    if not names:
-        return
-    try:
-        with open(plugin_path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as lib:
-            unknown = [n for n in names if lib.find(n.encode() + b"\0") < 0 and lib.find(n[2:].encode() + b"\0") < 0]
-    except (OSError, ValueError):  # unreadable here: the plugin's own loading says why
-        return
-    if unknown:
-        raise BackendError(f"XLA_FLAGS: --{unknown[0]} is not a flag of the XLA plugin {plugin_path} (XLA would "
-                           "stop at it); expected one of its DebugOptions names, as --xla_NAME=VALUE")
 
 
 def forced_scheduler() -> str | None:

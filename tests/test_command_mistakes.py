@@ -1,0 +1,187 @@
+"""A user's mistake on the command line is one line naming it and what was expected (exit 3), never XLA's
+fatal log and usage dump, a misdiagnosis, a file blamed for an environment variable, or a raw errno:
+a malformed XLA_FLAGS, an environment variable's bad value, a file that is no state dict, and a file
+where a directory is expected."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+
+import pytest
+
+from hloforge.backends.xla import find_plugin
+from hloforge.backends.xla.pjrt.xla_flags import check_xla_flags
+from hloforge.cli import main
+from hloforge.core.errors import BackendError
+from hloforge.train.trainer import TrainConfig, train
+
+
+def quiet(_: str) -> None:
+    pass
+
+
+@pytest.fixture(scope="module")
+def mlp_run(tmp_path_factory) -> str:
+    """A one-epoch mnist-mlp run (about a second)."""
+    out = str(tmp_path_factory.mktemp("mistakes") / "r1")
+    train(TrainConfig(net="mnist-mlp", epochs=1, batch=64, run_dir=out), progress=False, log=quiet)
+    return out
+
+
+def refused(argv: list[str], capsys) -> str:
+    """Run `hloforge ARGV` in this process: exit 3 and one line on stderr; that line."""
+    capsys.readouterr()
+    assert main(argv) == 3
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "internal error" not in err, err
+    return err
+
+
+def hloforge(argv: list[str], env: dict[str, str], cwd: str | None = None) -> subprocess.CompletedProcess[str]:
+    """`hloforge ARGV` in a fresh process (what a variable read once per process needs), under `env`."""
+    base = {k: v for k, v in os.environ.items() if k not in ("HLOFORGE_DEBUG", "XLA_FLAGS")}
+    return subprocess.run([sys.executable, "-m", "hloforge.cli", *argv], env=base | env, capture_output=True,
+                          text=True, timeout=300, cwd=cwd)
+
+
+# ------------------------------------------------------------------ 1. XLA_FLAGS XLA would stop at
+@pytest.mark.parametrize("flags,needle", [
+    ("xla_cpu_enable_fast_math=true", "XLA_FLAGS='xla_cpu_enable_fast_math=true' does not start with '--', so "
+                                      "XLA would read it as a flag file's path, and no such file exists; "
+                                      "expected --NAME or --NAME=VALUE"),
+    ("--xla_cpu_enable_fast_math=maybe", "XLA_FLAGS: --xla_cpu_enable_fast_math=maybe is not a value XLA's boolean "
+                                         "flags take (XLA would stop at it); expected --xla_cpu_enable_fast_math, "
+                                         "or --xla_cpu_enable_fast_math=true/false/1/0"),
+    ("--xla_cpu_enable_fast_math=yes", "--xla_cpu_enable_fast_math=yes is not a value XLA's boolean flags take"),
+    ("--xla_cpu_enable_fast_math=", "--xla_cpu_enable_fast_math= is not a value XLA's boolean flags take"),
+    ("--xla_dump_to", "XLA_FLAGS: --xla_dump_to needs a value (XLA would stop at it); expected --xla_dump_to=VALUE"),
+    ("--xla_force_host_platform_device_count=two", "--xla_force_host_platform_device_count=two is not an integer"),
+    ("--xla_force_host_platform_device_count=99999999999", "is not an integer XLA takes"),  # past int32
+    ("--xla_cpu_enable_fast_math=true xla_dump_to=/tmp/d", "XLA_FLAGS: 'xla_dump_to=/tmp/d' is not a flag (XLA would "
+                                                           "ignore it); expected --NAME or --NAME=VALUE"),
+    ("--xla_cpu_enable_fast_math -xla_dump_to=/tmp/d", "'-xla_dump_to=/tmp/d' is not a flag (XLA would stop at it)"),
+])
+def test_a_malformed_xla_flags_is_one_line_before_xla_loads(flags, needle, monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", flags)
+    with pytest.raises(BackendError) as said:
+        check_xla_flags(find_plugin())
+    assert needle in str(said.value) and "\n" not in str(said.value)
+
+
+def test_every_spelling_xla_takes_passes(monkeypatch, tmp_path):
+    """Each of these XLA parses (checked against the plugin when written): booleans in any case and as 1/0 or
+    bare, an empty string value, a quoted one with a space, a flag that is no DebugOptions field, a name
+    not XLA's (left to XLA), and a flag file (a value not starting with '-' that names one)."""
+    plugin = find_plugin()
+    for flags in ["", "  --xla_cpu_enable_fast_math", "--xla_cpu_enable_fast_math=True",
+                  "--xla_cpu_enable_fast_math=0", "--xla_dump_to=", f"--xla_dump_to='{tmp_path}/a b' --v=1",
+                  "--xla_force_host_platform_device_count=+2", "--xla_cpu_use_thunk_runtime=true",
+                  "--xla_backend_extra_options=xla_cpu_disable_loop_unrolling",
+                  "--xla_cpu_scheduler_type=CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"]:
+        monkeypatch.setenv("XLA_FLAGS", flags)
+        check_xla_flags(plugin)
+    good, bad = tmp_path / "good-flags", tmp_path / "bad-flags"
+    good.write_text("--xla_cpu_enable_fast_math=false\n--xla_dump_to='/tmp/a b'\n")
+    bad.write_text("--xla_cpu_enable_fast_math=maybe\n")
+    monkeypatch.setenv("XLA_FLAGS", str(good))
+    check_xla_flags(plugin)
+    monkeypatch.setenv("XLA_FLAGS", str(bad))  # a flag file's flags are checked as the variable's are
+    with pytest.raises(BackendError, match=rf"^XLA_FLAGS \(flag file {bad}\): --xla_cpu_enable_fast_math=maybe is"):
+        check_xla_flags(plugin)
+
+
+def test_hloforge_eval_says_the_xla_flags_mistake_alone(mlp_run):
+    """Before: XLA's F0000 line and a usage dump of every flag, exit 1 (verify's code); then the check
+    named the checkpoint as if the run were at fault. Now one line, exit 3, naming XLA_FLAGS first."""
+    for flags in ("xla_cpu_enable_fast_math=true", "--xla_cpu_enable_fast_math=maybe", "--xla_dump_to"):
+        proc = hloforge(["eval", mlp_run], {"XLA_FLAGS": flags})
+        assert proc.returncode == 3, proc.stderr[-2000:]
+        assert proc.stderr.startswith("hloforge: error: XLA_FLAGS") and len(proc.stderr.splitlines()) == 1, \
+            proc.stderr[-2000:]
+
+
+# ------------------------------------------------------------------ 5. an environment variable blamed on a file
+@pytest.mark.parametrize("var,value,said", [
+    ("HLOFORGE_CACHE_MAX_MB", "abc", "HLOFORGE_CACHE_MAX_MB='abc': expected a whole number of MiB"),
+    ("HLOFORGE_HOST_MEMORY", "abc", "HLOFORGE_HOST_MEMORY='abc': expected one of retain, release"),
+    ("HLOFORGE_PJRT_PLUGIN", "/no/such/plugin.so", "HLOFORGE_PJRT_PLUGIN=/no/such/plugin.so: no such plugin file"),
+    ("XLA_FLAGS", "--xla_cpu_enable_fast_mth=1", "XLA_FLAGS: --xla_cpu_enable_fast_mth is not a flag of"),
+    ("HLOFORGE_XLA_CACHE", "maybe", "HLOFORGE_XLA_CACHE='maybe': expected 1/true/yes/on"),
+])
+def test_an_environment_variable_error_is_its_own_not_the_checkpoints(var, value, said, mlp_run):
+    proc = hloforge(["eval", mlp_run], {var: value})
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert proc.stderr.startswith(f"hloforge: error: {said}"), proc.stderr  # no "checkpoint …: " before it
+    assert len(proc.stderr.splitlines()) == 1
+
+
+def test_an_iree_variable_is_not_taken_for_a_damaged_cache_entry(mlp_run, tmp_path):
+    """With the eval artifact cached, a bad HLOFORGE_IREE_WORKER_NICE failed the entry's load and was
+    said as 'IREE cache entry … does not load …; compiling again and replacing it' before the real error."""
+    pytest.importorskip("iree.runtime")
+    env = {"HLOFORGE_CACHE_DIR": str(tmp_path / "cache")}
+    first = hloforge(["eval", mlp_run, "--backend", "iree"], env)
+    assert first.returncode == 0, first.stderr[-2000:]
+    proc = hloforge(["eval", mlp_run, "--backend", "iree"], env | {"HLOFORGE_IREE_WORKER_NICE": "abc"})
+    assert proc.returncode == 3 and "cache entry" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip() == ("hloforge: error: HLOFORGE_IREE_WORKER_NICE='abc': expected a niceness step "
+                                   "from 0 to 19")
+
+
+# ------------------------------------------------------------------ 4. import-weights on what is no state dict
+def test_import_weights_says_a_file_is_neither_zip_nor_pickle(tmp_path, capsys):
+    pytest.importorskip("torch")
+    garbage = tmp_path / "g.pth"
+    garbage.write_text("garbage\n")
+    err = refused(["import-weights", "torchvision:resnet18", str(garbage), "--out", str(tmp_path / "iw8")], capsys)
+    assert err == (f"hloforge: error: weights file {garbage} is not a PyTorch file: neither the zip archive "
+                   "torch.save writes nor a pickle; expected a saved state dict (.safetensors, or torch.save's .pth)")
+    assert not (tmp_path / "iw8").exists()
+
+
+def test_import_weights_never_passes_on_torch_advice_or_warnings(tmp_path, capfd):
+    """A protocol-4 pickle: torch's UserWarning and its source line came before the error, and the error
+    quoted torch's advice to load with weights_only=False (which runs the file's code)."""
+    pytest.importorskip("torch")
+    p4 = tmp_path / "p4.pth"
+    p4.write_bytes(pickle.dumps({"fc.weight": [1.0, 2.0]}, protocol=4))
+    capfd.readouterr()
+    assert main(["import-weights", "torchvision:resnet18", str(p4), "--out", str(tmp_path / "iw9")]) == 3
+    cap = capfd.readouterr()
+    err = cap.err.strip()
+    assert err == (f"hloforge: error: weights file {p4} is a protocol-4 pickle, which torch's safe loader does "
+                   "not read; save the state dict with torch.save's default "
+                   "protocol, or as .safetensors"), err
+    assert "weights_only" not in cap.out + cap.err and not (tmp_path / "iw9").exists()
+
+
+def test_unpickling_refusal_drops_torchs_advice():
+    from hloforge.interop.importer import _unpickling_refusal
+
+    torch_said = ("Weights only load failed. In PyTorch 2.6, we changed the default value of the `weights_only` "
+                  "argument in `torch.load` from `False` to `True`. Re-running `torch.load` with `weights_only` set "
+                  "to `False` will likely succeed, but it can result in arbitrary code execution. Do it only if you "
+                  "got the file from a trusted source.\nPlease file an issue with the following so that we can make "
+                  "`weights_only=True` compatible with your use case: WeightsUnpickler error: \n\nUnsupported "
+                  "operand 103\n\nCheck the documentation of torch.load")
+    assert _unpickling_refusal(torch_said) == "torch's safe loader: Unsupported operand 103"
+
+
+# ------------------------------------------------------------------ 6. a file where a directory is expected
+def test_a_file_where_a_directory_is_expected_is_said_so(tmp_path, capsys):
+    a_file = tmp_path / "passwd"
+    a_file.write_text("root\n")
+    for argv, what in [(["render", "mnist-mlp", "--out", str(a_file)], "--out"),
+                       (["train", "mnist-mlp", "--epochs", "1", "--no-progress", "--run-dir", str(a_file)],
+                        "run directory")]:
+        err = refused(argv, capsys)
+        assert err == (f"hloforge: error: {what} {a_file} is a file, where a directory was expected; pass a "
+                       "directory, or a path where one can be made"), err
+        below = a_file / "x"
+        err = refused([*argv[:-1], str(below)], capsys)
+        assert err.startswith(f"hloforge: error: {what} {below}: {a_file} is a file, where a directory was "
+                              "expected"), err
+    assert a_file.read_text() == "root\n"
