@@ -188,3 +188,12 @@ def test_a_dataset_with_an_empty_split_is_refused_naming_it(n_train, n_test, spl
     err = one_line_error(capsys)
     assert f"its {split} split holds no examples" in err and str(data) in err, err
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_callback_option_given_twice_is_refused_not_the_last_taken() -> None:
+    from hloforge.callbacks import from_items
+
+    with pytest.raises(UnsupportedSpec, match=r"^callback option monitor given twice \(monitor=top1, then "
+                                              r"monitor=loss\); expected each once$"):
+        from_items(["early_stopping:monitor=top1,monitor=loss"])
+    assert len(from_items(["early_stopping:monitor=top1,patience=2"])) == 1

@@ -364,7 +364,8 @@ def from_items(items: Sequence[str]) -> list[Callback]:
     out = []
     for item in items:
         name, _, opts = item.partition(":")
-        cb = default_registry().make("callback", name.strip(), **parse_data_options(opts, "callback option"))
+        options = parse_data_options(opts, "callback option", once=True)
+        cb = default_registry().make("callback", name.strip(), **options)
         if not isinstance(cb, Callback):
             raise UnsupportedSpec(f"callback {name!r} is a {type(cb).__name__}, not a hloforge Callback")
         out.append(cb)

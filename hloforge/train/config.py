@@ -206,14 +206,17 @@ def option_items(v: Any) -> tuple[str, ...]:
     return tuple(str(p).strip() for p in as_tuple(v, "data_options"))
 
 
-def parse_data_options(items: Any, what: str = "data option") -> dict[str, Any]:
+def parse_data_options(items: Any, what: str = "data option", once: bool = False) -> dict[str, Any]:
     """`data_options` ("key=value" items) as the dataset's keyword arguments, a later key over an
-    earlier one: each value an int, else a float, else true/false, else the string as written."""
+    earlier one (`once`: a key given twice refused): each value an int, else a float, else true/false,
+    else the string as written."""
     opts: dict[str, Any] = {}
     for item in option_items(items):
         key, eq, raw = (s.strip() for s in item.partition("="))
         if not eq or not key or not raw:
             raise UnsupportedSpec(f"{what} {item!r} is not KEY=VALUE")
+        if once and key in opts:
+            raise UnsupportedSpec(f"{what} {key} given twice ({key}={opts[key]}, then {item}); expected each once")
         value: Any = raw
         for cast in (int, float):
             try:
