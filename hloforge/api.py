@@ -31,13 +31,13 @@ from hloforge.core.spec import NetSpec, summary_table
 from hloforge.core.variant import Variant, VariantFields
 from hloforge.train import arraydata
 from hloforge.train import checkpoint as ckpt
-from hloforge.train.arraydata import ARRAYS, ArrayData, InputKind, label_kind, row_count
+from hloforge.train.arraydata import ARRAYS, ArrayData, InputKind, checked_batch_size, label_kind, plain, row_count
 from hloforge.train.config import BITMAP, CHECKPOINT, CONFIG, TrainConfig, parse_data_options
 from hloforge.train.curves import PNG
 from hloforge.train.exclusive import one_at_a_time
 from hloforge.train.metrics import eval_set_id
 from hloforge.train.rundir import METRICS, checked_path, locked
-from hloforge.train.session import ForwardSession, TrainSession, checked_labels, make_backend, positive_batch
+from hloforge.train.session import ForwardSession, TrainSession, checked_labels, make_backend
 
 # What fit reads of an iterable of batches before it refuses it as endless (it holds them all, then a copy).
 FIT_BATCHES_MAX_BYTES = 8 << 30
@@ -94,10 +94,10 @@ class Model:
         if unknown:
             raise UnsupportedSpec(f"Model takes no option(s) {unknown}; the variant's are {sorted(known)}")
         lr, seed, warmup_epochs, decay_rate, bn_momentum, classes = map(
-            _plain, (lr, seed, warmup_epochs, decay_rate, bn_momentum, classes))
-        variant_fields = {k: _plain(v) for k, v in variant_fields.items()}
+            plain, (lr, seed, warmup_epochs, decay_rate, bn_momentum, classes))
+        variant_fields = {k: plain(v) for k, v in variant_fields.items()}
         if isinstance(input, (list, tuple, np.ndarray)):
-            input = [_plain(d) for d in input]
+            input = [plain(d) for d in input]
         # The run config's own checks (each value's type, then its range: lr > 0, seed an integer ≥ 0, ...), the
         # one definition `hloforge train` refuses by: a bad value is one line here, not a TypeError from numpy.
         TrainConfig(optimizer=optimizer, lr=lr, schedule=schedule, warmup_epochs=warmup_epochs, decay_rate=decay_rate,
@@ -253,7 +253,7 @@ class Model:
         steps — a ragged last batch is dropped (`drop_last`, the only mode) and said once, never
         padded into the gradient. The schedule runs over this call's steps. Every array is checked
         whole before the first step."""
-        epochs = _plain(epochs)
+        epochs = plain(epochs)
         for flag, on in (("shuffle", shuffle), ("drop_last", drop_last), ("verbose", verbose)):
             if not isinstance(on, (bool, np.bool_, int)) or on not in (0, 1):  # "no" would count as yes
                 raise UnsupportedSpec(f"{flag} must be True or False (or 1 or 0), got {on!r}")
@@ -271,10 +271,8 @@ class Model:
                 raise UnsupportedSpec("fit(data=NAME) trains on the dataset's train split and scores its test split; "
                                       "pass no x, y or validation_data with it")
             batch = checked_batch_size(batch_size, 32)
+            arraydata.check_dataset_kind(self._inputs, data, self.spec, "fit on", "build a new Model to train on it")
             self._fit_inputs = arraydata.dataset_inputs(data, self.spec)
-            if self._inputs is not None and self._inputs.integer and self._fit_inputs is not None:
-                raise DataError(f"fit on dataset {data!r}: its x is {self._fit_inputs.said()}, but the model was "
-                                f"trained on {self._inputs.said()}; build a new Model to train on it")
             run = self._run(data, batch, epochs, shuffle, verbose, data_options)
         else:
             if x is None:
@@ -382,6 +380,7 @@ class Model:
         if data is not None:
             if x is not None or y is not None:
                 raise UnsupportedSpec("evaluate(data=NAME) scores the dataset's test split; pass no x or y with it")
+            arraydata.check_dataset_kind(self._inputs, data, self.spec, "evaluate on", "score it on x of its own kind")
             run = self._run(data, batch, data_options=data_options, eval_only=True)
         else:
             xa, ya = self._check_xy(x, y, "evaluate", scored=True, trained=self._inputs)
@@ -401,8 +400,14 @@ class Model:
 
     @params.setter
     def params(self, new: Mapping[str, Any]) -> None:
+        """θ assigned by name; an EMA shadow restarts at it (with the live BN statistics), as a new model's
+        starts at its initialisation: `evaluate` scores the shadow, which is of the weights before."""
         self._adopt_live()
         self._params = ckpt.assigned(new, [(n, s.shape) for n, s in self._param_slots], "params", self._params)
+        if self._opt_state is not None and self._state_layout.shadows:
+            trained = [p for i, p in enumerate(self._params) if i not in self._frozen()]
+            self._opt_state = self._state_layout.shadow_restarted(self._opt_state, trained)
+            self._shadow_running = [r.copy() for r in self._running]
         self._push_live()
 
     @property
@@ -545,6 +550,8 @@ class Model:
         cfg = self._config(path, data, data_options=options)  # checked before anything is written
         eval_set = {}  # the user's arrays are no registered eval set: nothing to compare a later eval against
         if data != ARRAYS:  # a named dataset fits the net (input shape, classes) as `hloforge eval` will read it
+            arraydata.check_dataset_kind(self._inputs, data, self.spec, f"cannot save {path} naming",
+                                         "save it with no dataset (data='arrays')")
             try:
                 y_te = self._run(data, self._batch, data_options=parse_data_options(options), eval_only=True).y_te
             except HloforgeError as e:
@@ -586,16 +593,6 @@ class Model:
     def __repr__(self) -> str:
         return (f"Model({self.spec.name!r}, {self.spec.param_count():,} params, {self.variant.slug}, "
                 f"backend {self.backend.name}, epoch {self._epoch})")
-
-
-def checked_batch_size(batch_size: Any, default: int) -> int:
-    """`batch_size` (None: `default`), refused unless an integer ≥ 1."""
-    return positive_batch(default if batch_size is None else _plain(batch_size), "batch_size")
-
-
-def _plain(v: Any) -> Any:
-    """A numpy scalar (np.float32(0.1), np.int64(3)) as the Python number it holds; anything else as it is."""
-    return v.item() if isinstance(v, np.generic) else v
 
 
 def load(path: str, backend: str | None = None) -> Model:

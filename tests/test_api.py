@@ -14,7 +14,7 @@ import pytest
 
 import hloforge as hf
 from hloforge.callbacks import Callback
-from hloforge.core.errors import HloforgeError
+from hloforge.core.errors import DataError, HloforgeError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -429,6 +429,8 @@ def test_evaluate_a_language_model_in_bits_per_char(tmp_path: str) -> None:
 
     xt, yt = Text(data_file=corpus, seq_len=m.spec.input_shape[0]).arrays("test")
     assert (yt == -1).any() and m.evaluate(xt, yt) == got  # its padding (−1) is not scored, not refused
+    with pytest.raises(DataError, match=r"^eval token labels are all the padding id -1, so no token is scored; "):
+        m.evaluate(xt, np.full_like(yt, -1))  # not bits_per_char NaN
 
 
 def test_a_diverging_fit_stops_in_one_line_keeping_the_last_epoch(tmp_path: str,

@@ -248,3 +248,18 @@ def test_batches_of_integer_and_real_x_are_refused_before_a_step() -> None:
     assert one_line(e) == ("fit batch 1 has x of uint8 (integers), but batch 0's is float32 (real numbers); expected "
                            "every batch's x of one kind, scaled alike")
     assert m._step == 0
+
+
+def test_a_model_fit_on_integer_pixels_is_neither_scored_nor_saved_on_a_standardised_dataset(tmp_path) -> None:
+    m = hf.Model(hf.NetSpec("kinds-digits8", (784,), [Dense(10)], 10), seed=0)
+    rng = np.random.default_rng(0)
+    m.fit(rng.integers(0, 256, (64, 784)).astype(np.uint8), rng.integers(0, 10, 64).astype(np.int32), epochs=1,
+          batch_size=32, verbose=False)
+    with pytest.raises(DataError) as e:
+        m.evaluate("digits")
+    assert one_line(e).startswith("evaluate on dataset 'digits': its x is real numbers (dataset 'digits', which "
+                                  "scales and standardises its images), but the model was trained on integers "
+                                  "(uint8 in 0 … 255)")
+    with pytest.raises(DataError, match=r"^cannot save \S+ naming dataset 'digits': .*; save it with no dataset"):
+        m.save(str(tmp_path / "run"), data="digits")  # `hloforge eval` of it would score the standardised images
+    assert not (tmp_path / "run").exists()

@@ -130,3 +130,18 @@ def test_the_shadow_of_a_frozen_bn_net_is_its_shadow_theta_and_statistics_with_f
     by_hand.state = {k.replace("stat/E/", "stat/"): v for k, v in state.items() if k.startswith("stat/E/")}
     assert np.array_equal(by_hand.predict(x, batch_size=16), model.predict(x))
     assert not np.array_equal(model.predict(x, region="live"), model.predict(x))
+
+
+def test_params_assigned_to_a_fitted_ema_model_restart_its_shadow_there(ema_run: str) -> None:
+    model = hf.load(ema_run)  # a fitted EMA model: its shadow is of the weights it trained
+    donor = hf.Model(model.spec, seed=7)  # other weights, the same net
+    model.params = donor.params
+    x = np.random.default_rng(0).normal(size=(16, 1, 28, 28)).astype(np.float32)
+    live, auto = model.predict(x, region="live"), model.predict(x)
+    np.testing.assert_array_equal(auto, live)  # the shadow was the trained weights': a stale score
+    state = model.state
+    for name, p in donor.params.items():
+        np.testing.assert_array_equal(state[f"E/{name}"], p)
+    for name, r in state.items():
+        if name.startswith("stat/E/"):
+            np.testing.assert_array_equal(r, state["stat/" + name.removeprefix("stat/E/")])

@@ -250,6 +250,15 @@ class StateLayout:
                     out.append(np.asarray(opt.init_state(s)[k], dtype))
         return out
 
+    def shadow_restarted(self, state: Sequence[np.ndarray], trained: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """`state` (slot group by slot group, a tensor per trained θ) with the EMA shadow E = `trained` (θ
+        assigned anew: a shadow of the weights before would be scored for them), as `initial` starts it."""
+        out = list(state)
+        if self.shadows:
+            at = (self.region(SHADOW) - 1) * len(trained)
+            out[at:at + len(trained)] = [np.array(p, copy=True) for p in trained]
+        return out
+
     def check_slots(self, where: str, names: Sequence[str]) -> None:
         """Refuse tensors (a checkpoint's names) whose state slots are not this layout's, naming the
         missing and the extra ones: another layout would load misaligned, or not at all."""

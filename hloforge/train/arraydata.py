@@ -21,7 +21,7 @@ from hloforge.core.modules import label_type
 from hloforge.core.registry import default_registry
 from hloforge.core.spec import NetSpec
 from hloforge.core.variant import Variant
-from hloforge.train.session import net_inputs, token_vocab
+from hloforge.train.session import net_inputs, positive_batch, token_vocab
 
 ARRAYS = "arrays"  # what a fit on arrays names its data in the run's config (no registered dataset)
 # x of the trained kind reaching past the training x's span by more than this many of its widths is taken
@@ -66,6 +66,16 @@ def no_rows(spec: NetSpec, variant: Variant) -> ArrayData:
     x = np.zeros((0, *spec.input_shape), np.float32)
     y = np.zeros((0, *y_shape), np.int32 if y_dtype == "i32" else np.float32)
     return ArrayData(spec, label_kind(spec, variant), None, (x, y))
+
+
+def plain(v: Any) -> Any:
+    """A numpy scalar (np.float32(0.1), np.int64(3)) as the Python number it holds; anything else as it is."""
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def checked_batch_size(batch_size: Any, default: int) -> int:
+    """A Model's `batch_size` argument (None: `default`), refused unless an integer ≥ 1."""
+    return positive_batch(default if batch_size is None else plain(batch_size), "batch_size")
 
 
 def batched(shape: Sequence[int]) -> str:
@@ -248,6 +258,16 @@ def dataset_inputs(name: str, spec: NetSpec) -> InputKind | None:
     except HloforgeError:  # a dataset no longer installed
         return None
     return InputKind(False, False, "float32", dataset=name) if builtin else None
+
+
+def check_dataset_kind(trained: InputKind | None, data: str, spec: NetSpec, what: str, otherwise: str) -> None:
+    """Refuse dataset `data` (trained on, its test split scored, or named for `hloforge eval`) for a model fit
+    on integers (uint8 pixels): hloforge's datasets scale and standardise their images. `what`: the
+    message's start ("fit on"), `otherwise` its way out."""
+    theirs = dataset_inputs(data, spec)
+    if trained is not None and trained.integer and theirs is not None:
+        raise DataError(f"{what} dataset {data!r}: its x is {theirs.said()}, but the model was trained on "
+                        f"{trained.said()}; {otherwise}")
 
 
 def saved_inputs(path: str, meta: dict[str, Any], data: str, spec: NetSpec) -> InputKind | None:

@@ -53,6 +53,9 @@ def evaluate_lm(evaluator: ForwardSession, buffers: list[Any], x: np.ndarray, y:
     """Bits per character over every validation target (labels −1 are padding, not scored)."""
     from hloforge.datasets.text import IGNORE, bits_per_char
 
+    if not (np.asarray(y) != IGNORE).any():  # bits per character of no character: NaN, not a score
+        raise DataError(f"eval token labels are all the padding id {IGNORE}, so no token is scored; expected at "
+                        "least one id of the vocabulary")
     logits = evaluator.logits(x, buffers)
     check_ids(y, logits.shape[-1], "eval token labels", lowest=IGNORE)
     check_finite(logits, "eval logits")
