@@ -36,12 +36,11 @@ from hloforge.train.config import BITMAP, CHECKPOINT, CONFIG, TrainConfig, parse
 from hloforge.train.curves import PNG
 from hloforge.train.exclusive import one_at_a_time
 from hloforge.train.metrics import eval_set_id
-from hloforge.train.rundir import METRICS, checked_path, locked
+from hloforge.train.rundir import METRICS, NET_FILE, check_own_files, checked_path, locked
 from hloforge.train.session import ForwardSession, TrainSession, checked_labels, make_backend
 
 # What fit reads of an iterable of batches before it refuses it as endless (it holds them all, then a copy).
 FIT_BATCHES_MAX_BYTES = 8 << 30
-NET_FILE = "net.json"  # a NetSpec the zoo does not name, written next to the checkpoint so `eval` rebuilds it
 PLOT_SUFFIXES = (".png",)  # what Model.plot writes: hloforge.train.curves.draw renders PNG
 _HOST_STATE = threading.Lock()  # a model's host θ and state, replaced whole at each epoch's end of a fit
 
@@ -544,6 +543,7 @@ class Model:
         data = data or self._data
         if os.path.exists(path) and not os.path.isdir(path):
             raise HloforgeError(f"cannot save to {path}: it is a file; expected a directory (new or a run's)")
+        check_own_files(path, "save directory", "the save", "save to another path")  # before the dataset loads
         file = os.path.join(path, CHECKPOINT)
         if os.path.exists(file) and not overwrite:
             raise HloforgeError(f"{path} already holds a checkpoint; pass overwrite=True to replace it")

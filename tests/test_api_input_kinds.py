@@ -263,3 +263,18 @@ def test_a_model_fit_on_integer_pixels_is_neither_scored_nor_saved_on_a_standard
     with pytest.raises(DataError, match=r"^cannot save \S+ naming dataset 'digits': .*; save it with no dataset"):
         m.save(str(tmp_path / "run"), data="digits")  # `hloforge eval` of it would score the standardised images
     assert not (tmp_path / "run").exists()
+
+
+def test_hloforge_eval_refuses_an_older_save_of_a_pixel_model_naming_a_standardised_dataset(tmp_path, monkeypatch,
+                                                                                             capsys) -> None:
+    m = hf.Model(hf.NetSpec("kinds-digits8", (784,), [Dense(10)], 10), seed=0)
+    rng = np.random.default_rng(0)
+    m.fit(rng.integers(0, 256, (64, 784)).astype(np.uint8), rng.integers(0, 10, 64).astype(np.int32), epochs=1,
+          batch_size=32, verbose=False)
+    with monkeypatch.context() as old_save:  # as save wrote it before it refused this
+        old_save.setattr(arraydata, "check_dataset_kind", lambda *args: None, raising=False)
+        m.save(str(tmp_path / "run"), data="digits")
+    assert main(["eval", str(tmp_path / "run")]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert "scoring it on dataset 'digits': its x is real numbers" in err and "trained on integers (uint8" in err
+    assert "top-1" not in err

@@ -368,7 +368,7 @@ def test_prepare_yolo_names_the_files_it_leaves_out_and_the_options_to_train_wit
     written with (needed to read them) was never said."""
     from hloforge.cli import main
 
-    _yolo_tree(tmp_path / "src", n=2)
+    _yolo_tree(tmp_path / "src", n=3)  # val keeps a labelled image: a split of none is refused
     val = tmp_path / "src"
     (val / "images" / "val" / "1.png").rename(val / "images" / "val" / "1.bmp")
     (val / "images" / "val" / ".DS_Store").write_bytes(b"")
@@ -504,8 +504,8 @@ def test_a_detector_on_a_test_split_without_boxes_is_refused_before_training(tmp
     from hloforge.cli import main
 
     _yolo_tree(tmp_path / "src")
-    for label in (tmp_path / "src" / "labels" / "val").iterdir():  # the test images hold no object
-        label.unlink()
+    for label in (tmp_path / "src" / "labels" / "val").iterdir():  # the test images hold no object (a split
+        label.write_text("")  # with no label file at all is refused by prepare)
     out = tmp_path / "data"
     assert main(["prepare", "yolo", str(tmp_path / "src"), str(out), "--size", "32", "--grid", "8",
                  "--classes", "3"]) == 0

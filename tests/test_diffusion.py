@@ -189,7 +189,7 @@ def test_shapes_noise_option_keeps_the_shapes_and_flattens_the_colours():
             for cls in np.unique(mask):
                 px = img[:, mask == cls]
                 assert cls != 0 or np.ptp(px, axis=1).max() < 1e-5
-    with pytest.raises(DataError, match="at least 0, got -0.1"):
+    with pytest.raises(DataError, match="must be a finite number ≥ 0, got -0.1"):
         Shapes(size=16, n_train=8, n_test=4, noise=-0.1)
 
 
@@ -197,7 +197,7 @@ def test_shapes_max_shapes_option_draws_one_shape_per_image():
     many, one = Shapes(size=16, n_train=32, n_test=4), Shapes(size=16, n_train=32, n_test=4, max_shapes=1)
     assert max(len(b) for b in many.boxes("train")) > 1
     assert all(len(b) == 1 for split in ("train", "test") for b in one.boxes(split))
-    with pytest.raises(DataError, match="max_shapes must be at least 1, got 0"):
+    with pytest.raises(DataError, match="max_shapes must be an integer ≥ 1, got 0"):
         Shapes(size=16, n_train=8, n_test=4, max_shapes=0)
 
 

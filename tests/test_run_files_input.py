@@ -118,7 +118,7 @@ def test_prepare_functions_refuse_the_same_ranges(tmp_path) -> None:
     from hloforge.datasets.prepare import prepare
     from hloforge.datasets.yolo import prepare_yolo
 
-    with pytest.raises(DataError, match="boxes and classes must be positive"):
+    with pytest.raises(DataError, match="yolo boxes must be an integer ≥ 1, got 0"):
         prepare_yolo(str(tmp_path / "src"), str(tmp_path / "out"), boxes=0)
     with pytest.raises(DataError, match="train_size 0"):
         prepare("imagenette", str(tmp_path / "src"), str(tmp_path / "out"), train_size=0, val_size=0)

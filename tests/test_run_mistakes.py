@@ -197,3 +197,139 @@ def test_a_callback_option_given_twice_is_refused_not_the_last_taken() -> None:
                                               r"monitor=loss\); expected each once$"):
         from_items(["early_stopping:monitor=top1,monitor=loss"])
     assert len(from_items(["early_stopping:monitor=top1,patience=2"])) == 1
+
+
+# ------------------------------------------------------------------ 6. a directory of the user's own files
+def own_files(d) -> dict[str, bytes]:
+    """A directory the user made, holding files of the names a run writes, none a run's."""
+    os.makedirs(d, exist_ok=True)
+    for name, text in (("config.toml", b"important\n"), ("metrics.jsonl", b'{"mine":1}\n'), ("notes.txt", b"n\n")):
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(text)
+    return snapshot(d)
+
+
+def test_save_refuses_a_directory_holding_the_users_own_files_overwrite_or_not(tmp_path):
+    proj = str(tmp_path / "proj")
+    before = own_files(proj)
+    m = hf.Model("mnist-linear")
+    for overwrite in (False, True):  # overwrite=True replaces a run, not files that are none
+        with pytest.raises(HloforgeError, match=r"^save directory .*proj holds config\.toml, metrics\.jsonl, which are "
+                                                r"not a run's and .* would replace or delete; expected a new or empty "
+                                                r"directory, or a run's"):
+            m.save(proj, overwrite=overwrite)
+        assert snapshot(proj) == before  # nothing written, not even the lock
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("n\n")  # a file no run writes is no obstacle, and is kept
+    m.save(str(tmp_path / "mine"))
+    m.save(str(tmp_path / "mine"), overwrite=True)  # its own save replaced
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "n\n" and hf.load(str(tmp_path / "mine"))._epoch == 0
+
+
+def test_train_refuses_a_run_dir_holding_the_users_own_files_before_the_compile(tmp_path, capsys):
+    proj = str(tmp_path / "proj2")
+    before = own_files(proj)
+    capsys.readouterr()
+    assert main([*TRAIN, "--run-dir", proj]) == 3
+    err = one_line_error(capsys)
+    assert f"run directory {proj} holds config.toml, metrics.jsonl, which are not a run's" in err, err
+    assert "compiled" not in capsys.readouterr().out and snapshot(proj) == before
+    with open(os.path.join(proj, "checkpoint.safetensors"), "wb") as f:
+        f.write(b"my weights")  # not hloforge's: named, not taken for a run to --resume
+    assert main([*TRAIN, "--run-dir", proj]) == 3
+    assert "holds checkpoint.safetensors, config.toml, metrics.jsonl, which are not a run's" in one_line_error(capsys)
+
+
+def test_train_takes_again_a_crashed_runs_directory_and_a_resumed_run(finished_run, tmp_path, capsys):
+    crashed = str(tmp_path / "crashed")
+    shutil.copytree(finished_run, crashed)
+    for name in ("checkpoint.safetensors", "curves.png", "eval_correct.npz"):  # stopped in its first epoch
+        os.remove(os.path.join(crashed, name))
+    assert main([*TRAIN, "--run-dir", crashed]) == 0
+    assert main(["train", "mnist-linear", "--epochs", "2", "--no-progress", "--run-dir", crashed, "--resume"]) == 0
+
+
+def test_model_checkpoint_refuses_the_users_own_files_even_with_overwrite(tmp_path, capsys):
+    best = str(tmp_path / "best")
+    before = own_files(best)
+    capsys.readouterr()
+    assert main([*TRAIN, "--run-dir", str(tmp_path / "r"), "--callback",
+                 f"model_checkpoint:path={best},monitor=top1,overwrite=true"]) == 3
+    err = one_line_error(capsys)
+    assert f"ModelCheckpoint path {best} holds config.toml, metrics.jsonl, which are not a run's" in err, err
+    assert snapshot(best) == before and not (tmp_path / "r").exists()
+
+
+def test_import_weights_refuses_an_out_directory_holding_the_users_own_files(tmp_path, capsys):
+    from safetensors.numpy import save_file
+
+    from hloforge.interop import torch_state_dict
+    from hloforge.zoo import get_net
+
+    spec = get_net("resnet18", classes=10, input=(3, 32, 32))
+    sd = str(tmp_path / "sd.safetensors")
+    save_file(torch_state_dict("torchvision:resnet18", spec, spec.init_params(0), [s.initial() for _, s in
+                                                                                  spec.stats()]), sd)
+    proj = str(tmp_path / "proj3")
+    before = own_files(proj)
+    capsys.readouterr()
+    assert main(["import-weights", "torchvision:resnet18", sd, "--input", "3,32,32", "--data-opt", "size=32",
+                 "--data-opt", "channels=3", "--out", proj]) == 3
+    err = one_line_error(capsys)
+    assert f"--out {proj} holds config.toml, metrics.jsonl, which are not a run's" in err, err
+    assert snapshot(proj) == before
+
+
+# ------------------------------------------------------------------ 7. a run's metrics log lost or logged over
+def test_an_empty_atomic_write_writes_an_empty_file(tmp_path, monkeypatch):
+    from hloforge.train.checkpoint import SLOW_WRITE_ENV, write_atomic
+
+    for slow in ("", "0.001"):
+        monkeypatch.setenv(SLOW_WRITE_ENV, slow)
+        (tmp_path / "f").write_bytes(b"old")
+        write_atomic(str(tmp_path / "f"), b"", "metrics log")
+        assert (tmp_path / "f").read_bytes() == b"" and os.listdir(tmp_path) == ["f"]
+
+
+def test_resume_with_a_metrics_log_that_lost_its_lines_is_refused_until_it_is_removed(finished_run, tmp_path,
+                                                                                      capsys):
+    run = str(tmp_path / "rz")
+    shutil.copytree(finished_run, run)
+    with open(os.path.join(run, "metrics.jsonl"), "w") as f:
+        f.write("\n")
+    before = snapshot(run)
+    resume = ["train", "--resume", "--run-dir", run, "--epochs", "2", "--no-progress"]
+    capsys.readouterr()
+    assert main(resume) == 3
+    err = one_line_error(capsys)
+    assert f"{run}/metrics.jsonl holds no record of the 1 epoch" in err and "remove it" in err, err
+    assert snapshot(run) == before
+    os.remove(os.path.join(run, "metrics.jsonl"))  # resumed without the history, as the user chose
+    assert main(resume) == 0
+    assert config(run)["epochs"] == 2
+
+
+def test_a_csv_logger_over_the_runs_own_files_is_refused_before_the_first_step(finished_run, tmp_path, capsys):
+    run = str(tmp_path / "rc")
+    shutil.copytree(finished_run, run)
+    before = snapshot(run)
+    capsys.readouterr()
+    for name in ("metrics.jsonl", "config.toml"):
+        assert main(["train", "--resume", "--run-dir", run, "--epochs", "2", "--no-progress", "--callback",
+                     f"csv_logger:path={run}/{name}"]) == 3
+        err = one_line_error(capsys)
+        assert f"CSVLogger path {run}/{name} is this run's own {name}" in err, err
+        assert snapshot(run) == before
+    assert main(["train", "--resume", "--run-dir", run, "--epochs", "2", "--no-progress", "--callback",
+                 f"csv_logger:path={run}/log.csv"]) == 0
+    assert open(os.path.join(run, "log.csv")).read().startswith("kind,epoch,step")
+
+
+def test_save_into_the_directory_of_its_own_spec_file_is_refused_not_deleting_it(tmp_path):
+    spec = tmp_path / "proj" / "net.json"
+    spec.parent.mkdir()
+    spec.write_text(hf.Model("mnist-linear").spec.to_json())
+    m = hf.Model(str(spec))  # the config would name proj/net.json, which a save there removed as stale
+    with pytest.raises(HloforgeError, match=r"holds net\.json, which is not a run's"):
+        m.save(str(spec.parent))
+    assert os.listdir(spec.parent) == ["net.json"]

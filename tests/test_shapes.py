@@ -34,7 +34,7 @@ def test_shapes_dtypes_and_standardisation():
     assert set(np.unique(m)) <= set(MASK_CLASSES.values())
     with pytest.raises(DataError, match="no split 'val'"):
         ds.arrays("val")
-    with pytest.raises(DataError, match="at least 16"):
+    with pytest.raises(DataError, match="an integer ≥ 16"):
         Shapes(size=8)
 
 

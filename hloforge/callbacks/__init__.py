@@ -140,7 +140,8 @@ class ModelCheckpoint(Monitor):
 
     A `path` that already holds files it did not write (another run, another fit's checkpoint) is
     refused before the fit's first step, as Model.save refuses one; `overwrite=True` replaces what is
-    there, the old run's metrics, curves and eval bitmap included. What it writes itself it replaces
+    there, the old run's metrics, curves and eval bitmap included, but never files of those names that
+    are no run's (rundir.check_own_files: the user's own, refused either way). What it writes itself it replaces
     (its later epochs; a resumed `hloforge train` run's best so far, which it kept before)."""
 
     name = "model_checkpoint"
@@ -170,10 +171,14 @@ class ModelCheckpoint(Monitor):
         self._wrote: frozenset[tuple[str, int, int]] | None = None  # `path` as its last write left it
 
     def check_begin(self) -> None:
+        from hloforge.train.rundir import check_own_files, holds_run
+
+        # the user's own files (no run's) are refused, overwrite=True or not: it replaces a run, not them
+        check_own_files(self.path, "ModelCheckpoint path", "its checkpoints", "give another path", UnsupportedSpec)
         if self.overwrite:
             return
-        dir_ = getattr(self.model, "dir", None)  # a `hloforge train` run's own directory
-        if getattr(self.model, "copy_to", None) is not None and dir_ and same_path(dir_, self.path):
+        dir_ = run_dir_of(self.model)
+        if dir_ and same_path(dir_, self.path):
             raise UnsupportedSpec(f"ModelCheckpoint path {self.path} is this run's own directory; expected "
                                   "another, where the best epoch's copy is kept")
         held = sorted(n for n, _, _ in listing(self.path))
@@ -182,9 +187,7 @@ class ModelCheckpoint(Monitor):
         holds_copy = getattr(self.model, "holds_copy", None)  # a resumed run's best so far, kept by it before
         if holds_copy is not None and holds_copy(self.path):
             return
-        from hloforge.train.config import CHECKPOINT, CONFIG
-
-        what = "a run" if {CHECKPOINT, CONFIG} & set(held) else "files"
+        what = "a run" if holds_run(self.path) else "files"
         names = ", ".join(held[:4]) + (", ..." if len(held) > 4 else "")
         raise UnsupportedSpec(f"ModelCheckpoint path {self.path} already holds {what} ({names}), which its "
                               "checkpoints would replace; expected a new or empty directory: give another path, "
@@ -228,6 +231,15 @@ class CSVLogger(Callback):
         writable(path, "CSVLogger")
         self.path = path
         self._keys: list[str] = []
+
+    def check_begin(self) -> None:
+        from hloforge.train.rundir import LOCK, RUN_FILES
+
+        # its rows would replace the file the run writes (its metrics log, which `hloforge plot` and a resume read)
+        dir_, name = run_dir_of(self.model), os.path.basename(self.path)
+        if dir_ and name in (*RUN_FILES, LOCK) and same_path(os.path.dirname(os.path.abspath(self.path)), dir_):
+            raise UnsupportedSpec(f"CSVLogger path {self.path} is this run's own {name}, which the run writes; "
+                                  f"expected a file of its own ({os.path.join(dir_, 'log.csv')}, say)")
 
     def on_train_begin(self, logs: dict[str, Any]) -> None:
         self._keys = []
@@ -307,6 +319,11 @@ def listing(path: str) -> frozenset[tuple[str, int, int]]:
                          if n != LOCK)
     except OSError:  # removed meanwhile, or unreadable: the write itself says what is wrong
         return frozenset()
+
+
+def run_dir_of(model: Any) -> str | None:
+    """The run directory of a `hloforge train` run a callback is given (its `model`), else None (a Model's fit)."""
+    return getattr(model, "dir", None) if getattr(model, "copy_to", None) is not None else None
 
 
 def same_path(a: str, b: str) -> bool:

@@ -191,7 +191,7 @@ def _detect(args: argparse.Namespace) -> None:
 def _compare(args: argparse.Namespace) -> None:
     from hloforge.train.compare import compare_runs
 
-    compare_runs(args.run_a, args.run_b)
+    compare_runs(args.run_a, args.run_b, region=args.region, data_dir=args.data_dir, data_file=args.data_file)
 
 
 def _sample(args: argparse.Namespace) -> None:

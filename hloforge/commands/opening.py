@@ -16,7 +16,7 @@ from hloforge.core.errors import DataError, HloforgeError, SettingError, Unsuppo
 from hloforge.core.regions import DEFAULT_REGION, check_region
 from hloforge.core.spec import NetSpec
 from hloforge.train import checkpoint as ckpt
-from hloforge.train.arraydata import ARRAYS, check_input_kind, no_rows, saved_inputs
+from hloforge.train.arraydata import ARRAYS, check_dataset_kind, check_input_kind, no_rows, saved_inputs
 from hloforge.train.config import CHECKPOINT, CONFIG, TrainConfig, load_config
 from hloforge.train.evaluation import EvalResult, evaluate, evaluate_lm, evaluate_stream
 from hloforge.train.metrics import describe_eval_set, eval_set_id
@@ -103,14 +103,16 @@ def open_checkpoint(path: str, backend: str | None = None, log: Callable[[str], 
     if moved:
         cfg = attrs.evolve(cfg, **moved)
     spec = NetSpec.from_dict(meta["spec"], source=file)
-    arrays = None
+    arrays, where = None, path if os.path.isdir(path) else os.path.dirname(file) or "."
     if cfg.data == ARRAYS:
         if needs_data:
-            where = path if os.path.isdir(path) else os.path.dirname(file) or "."
             raise DataError(f"{where} was trained on arrays, not a registered dataset, so it has no test split to "
                             f"read; score it with hf.load({where!r}).evaluate(x, y), or name a dataset its net fits "
                             f"with hf.load({where!r}).save({where!r}, data=NAME, overwrite=True)")
         arrays = no_rows(spec, cfg.variant(spec))
+    elif needs_data:  # a model fit on uint8 pixels, saved naming a dataset (refused since): its images are standardised
+        check_dataset_kind(saved_inputs(file, meta, cfg.data, spec), cfg.data, spec, f"checkpoint {file}: scoring it "
+                           "on", f"score it with hf.load({where!r}).evaluate(x, y) on x of its kind")
     try:  # scoring never opens the train split
         run = Run(cfg, log, progress=False, eval_only=True, spec=own_spec(cfg.net, spec), data=arrays)
     except SettingError:  # an environment variable's, named by itself: no fault of the checkpoint's

@@ -31,6 +31,7 @@ import numpy as np
 from hloforge.core.errors import DataError
 from hloforge.core.hookspecs import hookimpl
 from hloforge.datasets.augment import Affine, Compose, Transform
+from hloforge.datasets.options import integer, path
 from hloforge.datasets.records import (
     COUNT_HEADER,
     RecordDataset,
@@ -134,8 +135,9 @@ class Brats(RecordDataset):
 
     def __init__(self, data_dir: str = "data/brats", size: int | None = None, context: int | None = None):
         super().__init__()
-        self.size = self.default_size if size is None else size
-        self.context = self.default_context if context is None else context
+        data_dir = path(self.name, "data_dir", data_dir)
+        self.size = integer(self.name, "size", self.default_size if size is None else size, 1)
+        self.context = integer(self.name, "context", self.default_context if context is None else context, 0)
         if self.size <= 0 or self.context < 0:
             raise DataError(f"{self.name}: size must be positive and context non-negative, got size {self.size}, "
                             f"context {self.context}")

@@ -19,6 +19,7 @@ import numpy as np
 
 from hloforge.core.hookspecs import hookimpl
 from hloforge.datasets.augment import Compose, HorizontalFlip, Normalize, RandomCrop, Transform
+from hloforge.datasets.options import path
 from hloforge.datasets.records import RecordDataset, check_labels, check_plain_records, map_records
 
 SIDE, CHANNELS, CLASSES = 32, 3, 10
@@ -45,6 +46,7 @@ class Cifar10(RecordDataset):
 
     def __init__(self, data_dir: str = "data/cifar10"):
         super().__init__()
+        data_dir = path("cifar10", "data_dir", data_dir)
         sub = os.path.join(data_dir, "cifar-10-batches-bin")
         self.data_dir = sub if os.path.isdir(sub) else data_dir
 

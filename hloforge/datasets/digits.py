@@ -19,6 +19,7 @@ from hloforge.core.contracts import Dataset
 from hloforge.core.errors import DataError
 from hloforge.core.hookspecs import hookimpl
 from hloforge.core.resample import bilinear_matrix
+from hloforge.datasets.options import integer
 
 N_TRAIN = 1437
 N_IMAGES = 1797
@@ -55,10 +56,7 @@ class Digits(Dataset):
     splits = ("train", "test")
 
     def __init__(self, size: int = 28, channels: int = 1):
-        if isinstance(size, bool) or not isinstance(size, int) or size < 8:
-            raise DataError(f"digits size must be an integer ≥ 8, got {size!r}")
-        if isinstance(channels, bool) or not isinstance(channels, int) or channels < 1:
-            raise DataError(f"digits channels must be an integer ≥ 1, got {channels!r}")
+        size, channels = integer("digits", "size", size, 8), integer("digits", "channels", channels, 1)
         pixels, labels = bundled_digits()
         images = pixels.astype(np.float64) / 16.0
         if size != 8:

@@ -39,6 +39,7 @@ from hloforge.datasets.augment import (
     RandomCrop,
     Transform,
 )
+from hloforge.datasets.options import integer, path
 from hloforge.datasets.records import (
     COUNT_HEADER,
     RecordDataset,
@@ -135,10 +136,13 @@ class Imagenette(RecordDataset):
     def __init__(self, data_dir: str = "data/imagenette", train_size: int = TRAIN_SIZE, crop: int = CROP,
                  classes: int | None = None):
         super().__init__()
+        data_dir = path("imagenette", "data_dir", data_dir)
+        train_size, crop = integer("imagenette", "train_size", train_size, 1), integer("imagenette", "crop", crop, 1)
         check_sides(train_size, crop)
         stated = stated_classes(data_dir)
         if classes is None:
             classes = stated or CLASSES
+        classes = integer("imagenette", "classes", classes, 1)
         if not 0 < classes <= MAX_CLASSES:
             raise DataError(f"imagenette: classes {classes} must be in 1..{MAX_CLASSES} (labels are one byte)")
         if stated and classes < stated:  # a head too narrow for the labels prepare wrote

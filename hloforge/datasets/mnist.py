@@ -21,6 +21,7 @@ import numpy as np
 from hloforge.core.contracts import Dataset
 from hloforge.core.errors import DataError
 from hloforge.core.hookspecs import hookimpl
+from hloforge.datasets.options import path
 
 IMAGES_MAGIC, LABELS_MAGIC = 0x803, 0x801
 FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
@@ -60,7 +61,7 @@ class Mnist(Dataset):
     image_shape = (1, 28, 28)
 
     def __init__(self, data_dir: str = "data/mnist"):
-        self.data_dir = data_dir
+        self.data_dir = path("mnist", "data_dir", data_dir)
         self._cache: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
     def arrays(self, split: str) -> tuple[np.ndarray, np.ndarray]:

@@ -10,7 +10,10 @@ Adding a dataset is one entry there; the CLI builds its subcommand from it.
   S = 224), and written as `OUT/train.bin` / `OUT/val.bin` in `hloforge.datasets.imagenette`'s
   format, with `OUT/classes.json` naming the labels (the dataset reads its class count there). An
   image Pillow cannot decode is skipped: one line per split counts them and names the first with its
-  error; a class none of whose images decodes, or a split without one image, is refused. Where the
+  error; so are, one line per kind, the image files of another format (.webp, .bmp: convert them), the
+  folders nested in class folders and the images beside the class folders, none of which are read. A
+  class with no .jpeg/.jpg/.png image in a split (an empty folder, one of .webp files), or none of whose
+  images decodes, or a split without one image, is refused. Where the
   sizes are not the dataset's defaults (256², 224²), the `--data-opt` options that read the files
   are printed.
 - brats: SRC is MSD's `Task01_BrainTumour` (dataset.json, imagesTr/*.nii.gz 4D (X, Y, Z, 4),
@@ -25,7 +28,8 @@ Adding a dataset is one entry there; the CLI builds its subcommand from it.
   format and `OUT/split.json` (the volumes on each side and the options).
 
 - yolo: SRC in the YOLO txt layout (`SRC/images/{train,val}`, `SRC/labels/{train,val}`), written as
-  YOLOv1 records `OUT/train.bin`, `OUT/test.bin` (`hloforge.datasets.yolo`).
+  YOLOv1 records `OUT/train.bin`, `OUT/test.bin` (`hloforge.datasets.yolo`). A missing labels folder
+  (Roboflow's `valid` named) is refused; label files of no image (`a.TXT`) are said.
 
 Output files are written to a sibling temporary file and renamed, so an interrupted
 prepare leaves no truncated binary behind.
@@ -85,29 +89,83 @@ def _decoded(path: str, side: int) -> np.ndarray:
     return np.asarray(rgb, np.uint8).transpose(2, 0, 1)
 
 
-def _image_records(split_dir: str, classes: list[str], side: int, skipped: list[str]) -> Iterator[bytes]:
-    """The split's records, class by class. An image Pillow cannot decode is left out and appended to
-    `skipped` as "PATH (its error)"; a class none of whose images decodes, or a split with no image, is
-    refused (raised before any file of the set is renamed into place)."""
-    kept = 0
+def _named(paths: list[str], shown: int = 3) -> str:
+    """The first `shown` of `paths`, and how many more."""
+    more = f", and {len(paths) - shown} more" if len(paths) > shown else ""
+    return ", ".join(paths[:shown]) + more
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _scan_split(split_dir: str, classes: list[str]) -> tuple[dict[str, list[str]], list[str]]:
+    """(per class, the image files prepare reads; the split's warnings: the image files of another format
+    Pillow knows (.webp, .bmp), the folders nested in class folders and the images lying beside the class
+    folders, none of which prepare reads). A class with no image it reads is refused, naming what it holds,
+    as is a split with none: before any image is decoded. Hidden files (.DS_Store) and files of no image
+    format (notes.txt) are no one's images and go unsaid."""
+    from PIL import Image
+
+    Image.init()
+    pillow = {s.lower() for s in Image.registered_extensions()}
+    images: dict[str, list[str]] = {}
+    others: dict[str, list[str]] = {}
+    nested: list[str] = []
+    for cls in classes:
+        folder = os.path.join(split_dir, cls)
+        names = sorted(n for n in os.listdir(folder) if not n.startswith("."))
+        images[cls] = [n for n in names if n.lower().endswith(IMAGE_SUFFIXES)]
+        others[cls] = [n for n in names if n not in images[cls] and os.path.splitext(n)[1].lower() in pillow]
+        nested += [os.path.join(folder, n) for n in names if n not in images[cls] and
+                   os.path.isdir(os.path.join(folder, n))]
+    wanted = "/".join(IMAGE_SUFFIXES)
+    if not any(images.values()):
+        raise DataError(f"{split_dir}: no images ({', '.join(IMAGE_SUFFIXES)}) in its class folders")
+    empty = [cls for cls in classes if not images[cls]]
+    if empty:
+        held = [f"{cls}: {_plural(len(others[cls]), 'other image file')}, the first {others[cls][0]}"
+                for cls in empty if others[cls]]
+        which = f"folders {', '.join(empty)} hold" if len(empty) > 1 else f"folder {empty[0]} holds"
+        detail = f" ({'; '.join(held)})" if held else ""
+        raise DataError(f"{split_dir}: class {which} no {wanted} image{detail}; each class needs at least one in "
+                        f"each split: {'convert them' if held else 'add some'}, "
+                        "or remove the class from both splits")
+    warnings = []
+    other_paths = [os.path.join(split_dir, cls, n) for cls in classes for n in others[cls]]
+    if other_paths:
+        warnings.append(f"{split_dir}: skipped {_plural(len(other_paths), 'image file')} that are not {wanted} "
+                        f"(convert them to use them): {_named(other_paths)}")
+    if nested:
+        warnings.append(f"{split_dir}: skipped {_plural(len(nested), 'folder')} inside class folders (a class's "
+                        f"images lie directly in its folder): {_named(nested)}")
+    loose = sorted(os.path.join(split_dir, n) for n in os.listdir(split_dir)
+                   if not n.startswith(".") and os.path.splitext(n)[1].lower() in pillow)
+    if loose:
+        warnings.append(f"{split_dir}: skipped {_plural(len(loose), 'image file')} in no class folder (a class's "
+                        f"images lie in SRC/<split>/<class>/): {_named(loose)}")
+    return images, warnings
+
+
+def _image_records(split_dir: str, classes: list[str], images: dict[str, list[str]], side: int,
+                   skipped: list[str]) -> Iterator[bytes]:
+    """The split's records, class by class (`images`: _scan_split's). An image Pillow cannot decode is left
+    out and appended to `skipped` as "PATH (its error)"; a class none of whose images decodes is refused
+    (raised before any file of the set is renamed into place)."""
     for label, cls in enumerate(classes):
         folder = os.path.join(split_dir, cls)
-        images = [f for f in sorted(os.listdir(folder)) if f.lower().endswith(IMAGE_SUFFIXES)]
         bad_before = len(skipped)
-        for fname in images:
+        for fname in images[cls]:
             path = os.path.join(folder, fname)
             try:
                 chw = _decoded(path, side)
             except Exception as e:  # Pillow raises many types for a bad file (OSError, SyntaxError, ValueError, …)
                 skipped.append(f"{path} ({' '.join(str(e).split()) or type(e).__name__})")
                 continue
-            kept += 1
             yield bytes([label]) + chw.tobytes()
-        if images and len(skipped) - bad_before == len(images):
-            raise DataError(f"{folder}: none of its {len(images)} images can be decoded (the first: "
+        if len(skipped) - bad_before == len(images[cls]):
+            raise DataError(f"{folder}: none of its {len(images[cls])} images can be decoded (the first: "
                             f"{skipped[bad_before]}); each class needs at least one")
-    if not kept:
-        raise DataError(f"{split_dir}: no images ({', '.join(IMAGE_SUFFIXES)}) in its class folders")
 
 
 def prepare_imagenette(src: str, out: str, train_size: int = imagenette.TRAIN_SIZE,
@@ -126,10 +184,13 @@ def prepare_imagenette(src: str, out: str, train_size: int = imagenette.TRAIN_SI
     os.makedirs(out, exist_ok=True)
     summary: dict[str, Any] = {"classes": classes, "records": {}, "skipped": {}, "warnings": []}
     with replaced_together(out) as stage:
+        scanned = {split: _scan_split(os.path.join(src, split), classes) for split in ("train", "val")}
         for split, fname, side in (("train", "train.bin", train_size), ("val", "val.bin", val_size)):
             skipped: list[str] = []
             split_dir = os.path.join(src, split)
-            n = write_counted(stage(fname), _image_records(split_dir, classes, side, skipped),
+            images, warnings = scanned[split]
+            summary["warnings"].extend(warnings)
+            n = write_counted(stage(fname), _image_records(split_dir, classes, images, side, skipped),
                               imagenette.record_bytes(side))
             summary["records"][fname] = n
             summary["skipped"][split] = skipped

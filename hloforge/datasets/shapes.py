@@ -33,6 +33,7 @@ import numpy as np
 from hloforge.core.contracts import Dataset
 from hloforge.core.errors import DataError
 from hloforge.core.hookspecs import hookimpl
+from hloforge.datasets.options import integer, number
 
 KINDS = ("circle", "square", "triangle")
 MASK_CLASSES = {"background": 0, **{k: i + 1 for i, k in enumerate(KINDS)}}
@@ -100,14 +101,10 @@ class Shapes(Dataset):
 
     def __init__(self, size: int = 32, n_train: int = 2048, n_test: int = 256, seed: int = 0,
                  noise: float = 0.05, max_shapes: int = MAX_SHAPES):
-        if size < MIN_SIZE:
-            raise DataError(f"shapes size must be at least {MIN_SIZE}, got {size}")
-        if not 0.0 <= noise < float("inf"):
-            raise DataError(f"shapes noise is a standard deviation, at least 0, got {noise}")
-        if max_shapes < 1:
-            raise DataError(f"shapes max_shapes must be at least 1, got {max_shapes}")
-        if n_train < 1 or n_test < 1:
-            raise DataError(f"shapes needs at least one image per split, got n_train={n_train}, n_test={n_test}")
+        size, n_train, n_test = (integer("shapes", k, v, lo) for k, v, lo in
+                                 (("size", size, MIN_SIZE), ("n_train", n_train, 1), ("n_test", n_test, 1)))
+        seed, max_shapes = integer("shapes", "seed", seed, 0), integer("shapes", "max_shapes", max_shapes, 1)
+        noise = number("shapes", "noise", noise, 0.0)  # a standard deviation
         self.size, self.seed, self.noise, self.max_shapes = size, seed, noise, max_shapes
         self.image_shape = (3, size, size)
         raw = {split: self._generate(i, n) for i, (split, n) in enumerate((("train", n_train), ("test", n_test)))}

@@ -29,6 +29,7 @@ import numpy as np
 from hloforge.core.contracts import Dataset
 from hloforge.core.errors import DataError
 from hloforge.core.hookspecs import hookimpl
+from hloforge.datasets.options import integer, path
 
 VAL_FRACTION = 0.1
 OTHER = "\ufffd"
@@ -53,8 +54,8 @@ class Text(Dataset):
     label_kind = "tokens"
 
     def __init__(self, data_file: str = "", seq_len: int = 64, vocab: int = 65):
-        if seq_len < 1 or vocab < 2:
-            raise DataError(f"text needs seq_len ≥ 1 and vocab ≥ 2, got seq_len={seq_len} vocab={vocab}")
+        seq_len, vocab = integer("text", "seq_len", seq_len, 1), integer("text", "vocab", vocab, 2)
+        data_file = path("text", "data_file", data_file)
         if data_file:
             try:
                 with open(data_file, encoding="utf-8") as f:

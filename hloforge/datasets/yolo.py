@@ -16,7 +16,9 @@ head's labels use.
 `prepare_yolo(src, out)` reads the layout YOLO tools use (Ultralytics / converted VOC and
 VisDrone): `SRC/images/{train,val}/*.{jpg,jpeg,png}` with `SRC/labels/{train,val}/<stem>.txt`,
 one line `class cx cy w h` (fractions of the image) per box; an image without a label file
-has no boxes, one of more than MAX_BOXES is refused, as is a box with no area inside the image; a
+has no boxes, but a split without its labels folder (`valid` for `val` is named), or none of whose
+images has a label file, is refused, and a file in labels/ that is no image's `<stem>.txt` (`a.TXT`) is
+said; an image of more than MAX_BOXES is refused, as is a box with no area inside the image; a
 repeated box line is kept once, and said. Images are resized (squashed) bilinearly
 to S×S, which leaves fractional boxes unchanged. val becomes test.bin.
 
@@ -37,6 +39,7 @@ import numpy as np
 from hloforge.core.contracts import Dataset
 from hloforge.core.errors import DataError
 from hloforge.core.hookspecs import hookimpl
+from hloforge.datasets.options import integer, path
 from hloforge.datasets.records import check_counted_records, map_records, replaced_together, write_counted
 
 MAX_BOXES = 56
@@ -55,9 +58,8 @@ def record_size(size: int, grid: int, per_cell: int) -> int:
 def check_geometry(size: int, grid: int, boxes: int, classes: int) -> None:
     """The records' geometry rule, the loader's and prepare's: all positive, and no more grid cells
     across than pixels (a cell under a pixel wide holds no box centre of its own)."""
-    if min(size, grid, boxes, classes) < 1:
-        raise DataError(f"yolo: size, grid, boxes and classes must be positive, got {size}, {grid}, {boxes}, "
-                        f"{classes}")
+    for name, value in (("size", size), ("grid", grid), ("boxes", boxes), ("classes", classes)):
+        integer("yolo", name, value, 1)
     if grid > size:
         raise DataError(f"yolo: grid {grid} is larger than the image size {size}; expected a grid of at most "
                         "size cells across")
@@ -71,6 +73,7 @@ class Yolo(Dataset):
     def __init__(self, data_dir: str = "data/yolo", size: int = 224, grid: int = 7, boxes: int = 2,
                  classes: int = 20):
         check_geometry(size, grid, boxes, classes)
+        data_dir = path("yolo", "data_dir", data_dir)
         self.data_dir, self.size, self.grid, self.boxes_per_cell = data_dir, size, grid, boxes
         self.num_classes = classes
         self.per_cell = 5 * boxes + classes
@@ -167,12 +170,28 @@ def _unread(image_dir: str, label_dir: str, names: list[str]) -> list[str]:
     if others:
         out.append(f"{image_dir}: skipped {len(others)} file(s) that are not {'/'.join(IMAGE_SUFFIXES)} images; "
                    f"the first: {others[0]}")
-    stems = {os.path.splitext(n)[0] for n in names}
-    orphans = [n for n in listed(label_dir) if n.endswith(".txt") and n[:-4] not in stems]
+    stems = {os.path.splitext(n)[0]: n for n in names}
+    labels = listed(label_dir)
+    orphans = [n for n in labels if not (n.endswith(".txt") and n[:-4] in stems)]  # a.TXT, a.txt.txt, notes.md
+    if len(orphans) == len(labels):  # every image would be read as one of no object: a set no model can learn
+        held = f"it holds {len(orphans)} other file(s), the first {orphans[0]}" if orphans else "it is empty"
+        raise DataError(f"{label_dir}: no label file of any image in {image_dir} (expected <image stem>.txt; {held}); "
+                        "every image would have no boxes")
     if orphans:
+        stem = os.path.splitext(orphans[0])[0]
+        whose = f" (image {stems[stem]}'s label must be named {stem}.txt)" if stem in stems else ""
         out.append(f"{label_dir}: {len(orphans)} label file(s) of no image (their boxes are not used); the first: "
-                   f"{orphans[0]}")
+                   f"{orphans[0]}{whose}")
     return out
+
+
+def near_miss(folder: str) -> str:
+    """For a missing SRC/{images,labels}/<split>: a sibling folder named like it (Roboflow's `valid`, a
+    `Train`, `training`), as a hint ("" when none)."""
+    parent, split = os.path.split(folder)
+    found = sorted(d for d in os.listdir(parent) if d != split and d.lower()[:3] == split[:3]
+                   and os.path.isdir(os.path.join(parent, d))) if os.path.isdir(parent) else []
+    return f" ({os.path.join(parent, found[0])} is there: rename it {split})" if found else ""
 
 
 def _records(src: str, split: str, size: int, grid: int, boxes: int, classes: int,
@@ -185,7 +204,10 @@ def _records(src: str, split: str, size: int, grid: int, boxes: int, classes: in
     label_dir = os.path.join(src, "labels", split)
     if not os.path.isdir(image_dir):
         raise DataError(f"{image_dir} not found; prepare yolo expects SRC/images/{{train,val}} and "
-                        "SRC/labels/{train,val}")
+                        f"SRC/labels/{{train,val}}{near_miss(image_dir)}")
+    if not os.path.isdir(label_dir):  # read as no boxes in any image, it trained (and scored) nothing
+        raise DataError(f"{label_dir} not found; expected the label files (<image stem>.txt) of {image_dir} there"
+                        f"{near_miss(label_dir)}")
     names = sorted(n for n in os.listdir(image_dir) if n.lower().endswith(IMAGE_SUFFIXES))
     if not names:
         raise DataError(f"{image_dir} holds no .jpg/.jpeg/.png images")

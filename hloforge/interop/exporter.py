@@ -3,10 +3,11 @@
 The default format writes the eval forward as StableHLO (`forward.mlir`, batch 1: `@main(x, θ…,
 running…)`), the weights as safetensors under their names (`weights.safetensors`: `param/…`,
 `stat/…`) and `manifest.json` (spec, input shape and preprocessing, classes, the module's argument
-order, the backend it trained on, the region). The weights are those `hloforge eval` scores: by
-default the EMA shadow when the run kept one. `torchvision` / `timm` write the state dict of the matching
-PyTorch model instead (`model.safetensors`, names and layouts by hloforge.interop.torch_names), which
-that model loads with `load_state_dict(strict=True)`.
+order, the backend it trained on, the region). Its preprocessing names the dataset, its options and the
+data directory and file the run recorded, and for a text model the character vocabulary (`preprocessing`).
+The weights are those `hloforge eval` scores: by default the EMA shadow when the run kept one.
+`torchvision` / `timm` write the state dict of the matching PyTorch model instead (`model.safetensors`,
+names and layouts by hloforge.interop.torch_names), which that model loads with `load_state_dict(strict=True)`.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def export_run(run: str, out: str, fmt: str = "hloforge", log: Callable[[str], N
     manifest = {
         "format": "hloforge-export-1", "spec": spec.to_dict(), "input_shape": list(spec.input_shape),
         "classes": spec.num_classes, "batch": 1, "arguments": ["x", *pnames, *snames], "region": region,
-        "preprocessing": {"data": cfg.data, "data_options": list(cfg.data_options)},
+        "preprocessing": preprocessing(cfg, oc.run.data),
         "backend": oc.meta.get("backend"), "epoch": oc.meta.get("epoch"), "step": oc.meta.get("step"),
     }
     weights = {n: np.ascontiguousarray(a) for n, a in zip([*pnames, *snames], [*params, *stats], strict=True)}
@@ -96,6 +97,19 @@ def export_run(run: str, out: str, fmt: str = "hloforge", log: Callable[[str], N
                       (files[2], json.dumps(manifest, indent=1).encode(), "export manifest")])
     log(f"exported {spec.name} (eval forward, {region} weights: {len(pnames)} parameters, {len(snames)} "
         f"statistics) -> {out}")
+    return out
+
+
+def preprocessing(cfg: Any, data: Any) -> dict[str, Any]:
+    """What a reader needs to make the net's input and read its output as the run did: the dataset, its
+    options, the data directory and file the run recorded ("" for the dataset's own), and for a text model
+    its vocabulary, id i being `vocabulary[i]` (the last id, `other_token`, every rarer character): the
+    vocabulary comes from the corpus, so another corpus's (the default's) would decode plausibly wrong text."""
+    out: dict[str, Any] = {"data": cfg.data, "data_options": list(cfg.data_options), "data_dir": cfg.data_dir,
+                           "data_file": cfg.data_file}
+    chars = getattr(data, "chars", None)
+    if getattr(data, "label_kind", None) == "tokens" and chars is not None:
+        out.update(vocabulary=list(chars), other_token=len(chars) - 1)
     return out
 
 

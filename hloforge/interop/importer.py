@@ -236,13 +236,14 @@ def write_run(imp: Imported, out: str, *, data: str = "", data_options: Sequence
     the run is rebuilt, as eval rebuilds it, before anything is written."""
     from hloforge.core.registry import default_registry
     from hloforge.train import checkpoint as ckpt
-    from hloforge.train.rundir import make_dir
+    from hloforge.train.rundir import check_own_files, make_dir
     from hloforge.train.tasks import ClassCountMismatch
     from hloforge.train.trainer import CHECKPOINT, CONFIG, Run, TrainConfig
 
     path = os.path.join(out, CHECKPOINT)
     if os.path.exists(path):
         raise HloforgeError(f"run directory {out} already holds a checkpoint; pick another --out")
+    check_own_files(out, "--out", "the run written there", "pick another --out")  # before the run is built
     fam = family(imp.source)
     given: dict[str, Any] = {"net": fam.net, "classes": imp.spec.num_classes, "input": imp.spec.input_shape,
                              "run_dir": out, "data_options": tuple(data_options)}

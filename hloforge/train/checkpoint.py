@@ -98,7 +98,7 @@ def write_atomic(path: str, data: bytes, what: str, *, fault: bool = False,
                 f.write(data[: len(data) // 2])
                 f.flush()
                 os.kill(os.getpid(), signal.SIGKILL)
-            step = -(-len(data) // chunks)
+            step = max(1, -(-len(data) // chunks))  # empty data too (a metrics log rewound to no line)
             for i in range(0, len(data), step):
                 f.write(data[i:i + step])
                 if pause:

@@ -1,4 +1,9 @@
-"""`hloforge compare`: paired comparison of two runs on the same eval set (McNemar, exact)."""
+"""`hloforge compare`: paired comparison of two runs on the same eval set (McNemar, exact).
+
+Each run is compared on the weights `hloforge eval`, `export` and `train --init` read by default: with
+`region` auto, the EMA shadow where the run kept one, else its live weights (`live` / `ema` pick one, as
+eval's --region). A run's eval_correct.npz holds its live weights' results; the shadow's are scored from
+its checkpoint (the same eval pass `hloforge eval --region ema` runs). Each line says which region."""
 
 from __future__ import annotations
 
@@ -10,7 +15,8 @@ from collections.abc import Callable
 import numpy as np
 
 from hloforge.core.errors import DataError
-from hloforge.train.config import BITMAP
+from hloforge.core.regions import DEFAULT_REGION, check_region
+from hloforge.train.config import BITMAP, CHECKPOINT
 from hloforge.train.metrics import mcnemar_exact
 
 
@@ -33,9 +39,43 @@ def load_bitmap(run: str) -> tuple[np.ndarray, str, int]:
     return correct, set_id, epoch
 
 
-def compare_runs(run_a: str, run_b: str, log: Callable[[str], None] = print) -> tuple[int, int, float]:
-    a, set_a, ep_a = load_bitmap(run_a)
-    b, set_b, ep_b = load_bitmap(run_b)
+def region_bitmap(run: str, region: str = DEFAULT_REGION, data_dir: str | None = None,
+                  data_file: str | None = None) -> tuple[np.ndarray, str, int, str]:
+    """(per-example right/wrong, the eval set's id, the epoch, the region resolved) of `run` (a run directory
+    or its eval_correct.npz) for `region`: the bitmap the run wrote for its live weights, or, for its EMA
+    shadow, the checkpoint beside it scored as `hloforge eval --region ema` scores it (`data_dir`, `data_file`:
+    where the run's data is now, when it moved: eval's)."""
+    from hloforge.train import checkpoint as ckpt
+
+    correct, set_id, epoch = load_bitmap(run)
+    folder = run if os.path.isdir(run) else os.path.dirname(run) or "."
+    file = os.path.join(folder, CHECKPOINT)
+    if not os.path.exists(file):  # a bitmap alone: its live weights' results, all there is
+        if region == "ema":
+            raise DataError(f"{run}: no {CHECKPOINT} beside its {BITMAP} to score an EMA shadow from; expected a "
+                            "run directory, or --region live")
+        return correct, set_id, epoch, "live"
+    _, meta = ckpt.load_checkpoint(file)
+    variant = meta.get("variant", {})
+    shadows = isinstance(variant, dict) and float(variant.get("ema", 0.0) or 0.0) > 0.0
+    if region == "ema" and not shadows:
+        raise DataError(f"checkpoint {file} has no EMA shadow (its run was trained without --ema); use --region live")
+    if region == "live" or not shadows:
+        return correct, set_id, epoch, "live"
+    from hloforge.commands.opening import evaluate_checkpoint
+
+    res = evaluate_checkpoint(folder, region="ema", log=lambda s: None, data_dir=data_dir, data_file=data_file)
+    shadow = getattr(res, "correct", None)
+    if shadow is None:
+        raise DataError(f"{run}: its EMA shadow's eval gives no per-example results to compare; use --region live")
+    return np.asarray(shadow, bool), set_id, int(meta.get("epoch", epoch)), "ema"
+
+
+def compare_runs(run_a: str, run_b: str, log: Callable[[str], None] = print, region: str = DEFAULT_REGION,
+                 data_dir: str | None = None, data_file: str | None = None) -> tuple[int, int, float]:
+    check_region(region)  # a bad name is refused before anything is opened
+    a, set_a, ep_a, reg_a = region_bitmap(run_a, region, data_dir, data_file)
+    b, set_b, ep_b, reg_b = region_bitmap(run_b, region, data_dir, data_file)
     if set_a != set_b:
         raise DataError(f"the runs were scored on different eval sets ({set_a} vs {set_b}); McNemar needs one set")
     if a.shape != b.shape or a.ndim != 1:  # the set id names the length: a bitmap that disagrees was altered
@@ -43,6 +83,7 @@ def compare_runs(run_a: str, run_b: str, log: Callable[[str], None] = print) -> 
                         "expected one per example of that set in each")
     nb, nc, p = mcnemar_exact(a, b)
     n = len(a)
-    log(f"A {run_a} (epoch {ep_a}): {a.sum()}/{n}   B {run_b} (epoch {ep_b}): {b.sum()}/{n}")
+    log(f"A {run_a} (epoch {ep_a}, {reg_a} weights): {a.sum()}/{n}   B {run_b} (epoch {ep_b}, {reg_b} weights): "
+        f"{b.sum()}/{n}")
     log(f"A right, B wrong: {nb}   A wrong, B right: {nc}   McNemar exact p = {p:.4g}")
     return nb, nc, p

@@ -15,15 +15,17 @@ import io
 import json
 import os
 import shlex
+import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import attrs
 import numpy as np
 
 from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
 from hloforge.core.spec import NetSpec
-from hloforge.train.checkpoint import TMP_SUFFIX, load_meta, write_atomic
+from hloforge.train.checkpoint import FORMAT_FAMILY, TMP_SUFFIX, load_meta, write_atomic
 from hloforge.train.config import BITMAP, CHECKPOINT, CONFIG, TrainConfig
 from hloforge.train.curves import PNG
 from hloforge.train.metrics import describe_eval_set, eval_set_id
@@ -31,6 +33,10 @@ from hloforge.zoo import SPEC_SUFFIXES
 
 LOCK = ".lock"
 METRICS = "metrics.jsonl"
+NET_FILE = "net.json"  # Model.save's copy of a net the zoo does not name, so `eval` rebuilds it
+# What writing a run into a directory replaces or removes there: `hloforge train`, Model.save,
+# `import-weights --out DIR`, a ModelCheckpoint's copy (copy_run). What else a directory holds is left be.
+RUN_FILES = (CONFIG, CHECKPOINT, METRICS, PNG, BITMAP, NET_FILE)
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
 
@@ -60,12 +66,60 @@ def make_dir(path: str, what: str) -> None:
                             "pass a directory, or a path where one can be made") from None
 
 
+def holds_run(path: str) -> bool:
+    """Whether directory `path` holds a run, whose files a run written there may replace: an hloforge
+    checkpoint (of any hloforge version), or, where there is none, the config.toml a run writes before
+    its first epoch (a run stopped before its first checkpoint). A checkpoint.safetensors that is not
+    hloforge's (or not safetensors) makes it no run's, whatever its config."""
+    from safetensors import SafetensorError, safe_open
+
+    ckpt = os.path.join(path, CHECKPOINT)
+    if os.path.exists(ckpt):
+        try:
+            with safe_open(ckpt, "np") as f:
+                return str((f.metadata() or {}).get("format")).startswith(FORMAT_FAMILY)
+        except (SafetensorError, OSError, ValueError):
+            return False
+    try:
+        with open(os.path.join(path, CONFIG), "rb") as f:
+            d = tomllib.load(f)
+    except (OSError, ValueError):  # none, unreadable, or not TOML (tomllib's error is a ValueError)
+        return False
+    return "net" in d and set(d) <= {f.name for f in attrs.fields(TrainConfig)}
+
+
+def foreign_files(path: str) -> list[str]:
+    """The files of `path` a run written there would replace or remove (RUN_FILES) that are not a run's
+    (holds_run), sorted: [] for a new or empty directory, one holding a run, or one holding other files."""
+    try:
+        held = sorted(set(os.listdir(path)) & set(RUN_FILES))
+    except OSError:  # no directory (yet), or a file: the write itself says what is wrong
+        return []
+    return [] if not held or holds_run(path) else held
+
+
+def check_own_files(path: str, what: str, writer: str, instead: str,
+                    error: type[HloforgeError] = HloforgeError) -> None:
+    """Refuse, with one line naming them, a directory `path` (`what`: "run directory", "--out", ...)
+    holding files `writer` would replace or delete that are not a run's (foreign_files): the user's
+    own, which no overwrite option is consent to lose. Before anything is written or compiled."""
+    foreign = foreign_files(path)
+    if foreign:
+        are = "is" if len(foreign) == 1 else "are"
+        raise error(f"{what} {path} holds {', '.join(foreign)}, which {are} not a run's and which {writer} would "
+                    f"replace or delete; expected a new or empty directory, or a run's: move them, or {instead}")
+
+
 @contextmanager
-def locked(run_dir: str, last_good: str) -> Iterator[None]:
+def locked(run_dir: str, last_good: str, resume: bool = False) -> Iterator[None]:
     """Hold `run_dir`'s lock for the block (made, with the directory, if missing). Refused with one
-    line while another process holds it. A block that fails before writing anything leaves no trace
-    of a directory it made. A full disk anywhere in the block is one line naming `last_good`, the
-    checkpoint that is still whole."""
+    line while another process holds it, and, before anything is written (the lock file too), where
+    the directory holds files not a run's that a run would replace (check_own_files; not on `resume`:
+    a resumed run's directory is its checkpoint's, read and checked before anything is written). A
+    block that fails before writing anything leaves no trace of a directory it made. A full disk
+    anywhere in the block is one line naming `last_good`, the checkpoint that is still whole."""
+    if not resume:
+        check_own_files(run_dir, "run directory", "a run written there", "give another directory")
     made = not os.path.isdir(run_dir)
     path = os.path.join(run_dir, LOCK)
     try:
@@ -119,7 +173,7 @@ def copy_run(run_dir: str, path: str) -> None:
         elif name != CHECKPOINT:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(path, name))
-    for stale in (METRICS, PNG):
+    for stale in set(RUN_FILES) - set(COPIED):
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(path, stale))
 
@@ -147,6 +201,13 @@ def rewind_metrics(run_dir: str, step: int) -> None:
         return
     with open(path, "rb") as f:
         raw = f.read()
+    out = b"".join(line + b"\n" for line, _ in _records(raw, step))
+    if out != raw:
+        write_atomic(path, out, "metrics log")
+
+
+def _records(raw: bytes, step: int) -> list[tuple[bytes, dict[str, Any]]]:
+    """metrics.jsonl's whole lines (`raw`) of steps ≤ `step`, each with its record."""
     kept = []
     for line in raw.split(b"\n"):
         try:
@@ -154,10 +215,33 @@ def rewind_metrics(run_dir: str, step: int) -> None:
         except ValueError:  # a torn last line (or an empty one)
             continue
         if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= step:
-            kept.append(line + b"\n")
-    out = b"".join(kept)
-    if out != raw:
-        write_atomic(path, out, "metrics log")
+            kept.append((line, row))
+    return kept
+
+
+def check_history(run_dir: str) -> None:
+    """Refuse to resume a run whose metrics.jsonl is there but holds no record of an epoch its checkpoint
+    trained (emptied, or written over by another tool). Not taken as an empty history: a resume's callbacks
+    read it (ModelCheckpoint keeps its best epoch so far, EarlyStopping counts its patience from it), so
+    they would replace a better kept epoch with a worse one, or wait out another patience, on a history
+    that says nothing was trained. The user decides: restore the file, or remove it to resume without the
+    history (as a run Model.save or import-weights wrote, which has none, resumes)."""
+    path = os.path.join(run_dir, METRICS)
+    if not os.path.exists(path):
+        return
+    try:
+        meta = load_meta(os.path.join(run_dir, CHECKPOINT))
+    except HloforgeError:  # the resume itself refuses the checkpoint, saying what is wrong
+        return
+    epoch, step = int(meta["epoch"]), int(meta["step"])
+    with open(path, "rb") as f:
+        raw = f.read()
+    if epoch < 1 or any(row.get("kind", "epoch") == "epoch" for _, row in _records(raw, step)):
+        return
+    raise DataError(f"metrics log {path} holds no record of the {epoch} epoch{'s' if epoch > 1 else ''} its "
+                    "checkpoint trained (emptied, or written over?): the run's history is gone, and a resume's "
+                    "callbacks (EarlyStopping, ModelCheckpoint) and curves read it; restore the file, or remove it "
+                    "to resume without that history")
 
 
 def save_npz(path: str, **arrays: Any) -> None:
@@ -168,14 +252,16 @@ def save_npz(path: str, **arrays: Any) -> None:
 
 
 def check_resumable(run_dir: str, default_of: str = "") -> None:
-    """A run directory `--resume` can continue: it exists and holds a checkpoint, else one line saying
-    which is missing and how to go on. `default_of`: the net whose default directory `run_dir` is (no
-    --run-dir given), named, since the user did not name the directory."""
+    """A run directory `--resume` can continue: it exists and holds a checkpoint, and its metrics log, if
+    any, its history (check_history), else one line saying which is missing and how to go on.
+    `default_of`: the net whose default directory `run_dir` is (no --run-dir given), named, since the user
+    did not name the directory."""
     if not os.path.isdir(run_dir):
         which = (f" (the default for net {default_of!r} and these options; give the net and options the run "
                  "was started with, or its --run-dir)" if default_of else "")
         raise DataError(f"nothing to resume: run directory {run_dir} does not exist{which}")
     if os.path.exists(os.path.join(run_dir, CHECKPOINT)):
+        check_history(run_dir)
         return
     # a fresh start into a directory with no checkpoint is accepted (nothing is overwritten); its own
     # config.toml, where written, starts it with the options it had

@@ -385,7 +385,7 @@ class Run:
             taken = None
             try:
                 if w.is_root:
-                    held.enter_context(rundir.locked(self.dir, self.ckpt_path))
+                    held.enter_context(rundir.locked(self.dir, self.ckpt_path, resume=resume))
                     if not resume and os.path.exists(self.ckpt_path):  # before the compile
                         raise HloforgeError(f"run directory {self.dir} already holds a checkpoint; pass --resume to "
                                             "continue it, or --tag/--run-dir for a new run")

@@ -1,0 +1,223 @@
+"""A user's data mistakes are named in one line, never dropped unseen or read as a plausible wrong thing:
+images prepare cannot use, a YOLO split without labels, a dataset option of the wrong type, a text model's
+export without its corpus and vocabulary, and `compare` of an EMA run on weights eval does not score."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import numpy as np
+import pytest
+
+from hloforge.cli import EXIT_BAD_INPUT, EXIT_OK, main
+from hloforge.core.errors import DataError
+
+TRAIN, VAL = 12, 8  # stored sides: small, so every prepare takes milliseconds
+
+
+def _one_line(capsys: pytest.CaptureFixture[str]) -> str:
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err and len(err.strip().splitlines()) == 1, err
+    return err.strip()
+
+
+def _images(folder, names, colour=(200, 30, 30)) -> None:
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        Image.new("RGB", (20, 16), colour).save(folder / name)
+
+
+# ------------------------------------------------------------------ 1. prepare imagenette
+def _tree(src, extra_classes: dict[str, list[str]] | None = None) -> None:
+    """SRC/{train,val}/{cat,dog}/*.jpg, plus `extra_classes` (class -> file names) in both splits."""
+    for split in ("train", "val"):
+        _images(src / split / "cat", ["a.jpg", "b.jpg"])
+        _images(src / split / "dog", ["a.jpg"], (30, 200, 30))
+        for cls, names in (extra_classes or {}).items():
+            _images(src / split / cls, names)
+
+
+def _prepare(src, out) -> int:
+    return main(["prepare", "imagenette", str(src), str(out), "--train-size", str(TRAIN), "--val-size", str(VAL)])
+
+
+def test_prepare_imagenette_refuses_a_class_of_images_it_cannot_read(tmp_path, capsys) -> None:
+    src = tmp_path / "src"
+    _tree(src, {"bird": ["x.webp", "y.webp"], "fish": ["z.bmp"]})
+    assert _prepare(src, tmp_path / "out") == EXIT_BAD_INPUT
+    err = _one_line(capsys)
+    assert err == (f"hloforge: error: {src}/train: class folders bird, fish hold no .jpeg/.jpg/.png image "
+                   "(bird: 2 other image files, the first x.webp; fish: 1 other image file, the first z.bmp); each "
+                   "class needs at least one in each split: convert them, or remove the class from both splits")
+    assert not (tmp_path / "out" / "train.bin").exists()
+
+
+def test_prepare_imagenette_refuses_an_empty_class_folder(tmp_path, capsys) -> None:
+    src = tmp_path / "src"
+    _tree(src)
+    (src / "val" / "cow").mkdir()
+    (src / "train" / "cow").mkdir()
+    _images(src / "train" / "cow", ["a.png"])
+    assert _prepare(src, tmp_path / "out") == EXIT_BAD_INPUT
+    assert _one_line(capsys) == (f"hloforge: error: {src}/val: class folder cow holds no .jpeg/.jpg/.png image; "
+                                 "each class needs at least one in each split: add some, or remove the class from "
+                                 "both splits")
+
+
+def test_prepare_imagenette_names_the_images_it_skips(tmp_path, capsys) -> None:
+    src = tmp_path / "src"
+    _tree(src)
+    _images(src / "train" / "cat", ["c.webp", "d.tif"])
+    _images(src / "train" / "dog" / "more", ["b.jpg"])  # a nested folder: its images are not the class's
+    (src / "train" / "dog" / "notes.txt").write_text("no image")  # not an image: not reported
+    (src / "train" / "dog" / ".DS_Store").write_bytes(b"\0")
+    out = tmp_path / "out"
+    assert _prepare(src, out) == EXIT_OK
+    said = capsys.readouterr().out.splitlines()
+    assert said[0] == f"prepared imagenette: {out}/train.bin (3 records), {out}/val.bin (3 records)"
+    assert said[1:3] == [
+        f"  {src}/train: skipped 2 image files that are not .jpeg/.jpg/.png (convert them to use them): "
+        f"{src}/train/cat/c.webp, {src}/train/cat/d.tif",
+        f"  {src}/train: skipped 1 folder inside class folders (a class's images lie directly in its folder): "
+        f"{src}/train/dog/more",
+    ]
+
+
+# ------------------------------------------------------------------ 2. prepare yolo
+def _yolo(src, label_splits=("train", "val")) -> None:
+    for split in ("train", "val"):
+        _images(src / "images" / split, ["0.png", "1.png"])
+    for split in label_splits:
+        (src / "labels" / split).mkdir(parents=True)
+        (src / "labels" / split / "1.txt").write_text("1 0.5 0.5 0.4 0.4\n")
+
+
+def _prepare_yolo(src, out) -> int:
+    return main(["prepare", "yolo", str(src), str(out), "--size", "32", "--grid", "4", "--classes", "3"])
+
+
+def test_prepare_yolo_refuses_a_split_without_its_labels_folder(tmp_path, capsys) -> None:
+    src = tmp_path / "y4"
+    _yolo(src, label_splits=("val",))
+    assert _prepare_yolo(src, tmp_path / "out") == EXIT_BAD_INPUT
+    assert _one_line(capsys) == (f"hloforge: error: {src}/labels/train not found; expected the label files (<image "
+                                 f"stem>.txt) of {src}/images/train there")
+    assert not (tmp_path / "out" / "train.bin").exists()
+
+
+def test_prepare_yolo_names_a_near_miss_labels_folder(tmp_path, capsys) -> None:
+    src = tmp_path / "y4"
+    _yolo(src, label_splits=("train", "valid"))  # Roboflow's name for val
+    assert _prepare_yolo(src, tmp_path / "out") == EXIT_BAD_INPUT
+    assert _one_line(capsys) == (f"hloforge: error: {src}/labels/val not found; expected the label files (<image "
+                                 f"stem>.txt) of {src}/images/val there ({src}/labels/valid is there: rename it "
+                                 "val)")
+
+
+def test_prepare_yolo_reports_label_files_of_no_image_whatever_their_suffix(tmp_path, capsys) -> None:
+    src = tmp_path / "y4"
+    _yolo(src)
+    (src / "labels" / "train" / "0.TXT").write_text("0 0.5 0.5 0.2 0.2\n")  # image 0's, not read as its label
+    (src / "labels" / "val" / "9.txt").write_text("0 0.5 0.5 0.2 0.2\n")
+    assert _prepare_yolo(src, tmp_path / "out") == EXIT_OK
+    lines = capsys.readouterr().out.splitlines()
+    assert (f"  {src}/labels/train: 1 label file(s) of no image (their boxes are not used); the first: 0.TXT (image "
+            "0.png's label must be named 0.txt)") in lines
+    assert f"  {src}/labels/val: 1 label file(s) of no image (their boxes are not used); the first: 9.txt" in lines
+
+
+def test_prepare_yolo_refuses_a_split_none_of_whose_images_has_a_label(tmp_path, capsys) -> None:
+    src = tmp_path / "y4"
+    _yolo(src)
+    os.rename(src / "labels" / "val" / "1.txt", src / "labels" / "val" / "1.TXT")
+    assert _prepare_yolo(src, tmp_path / "out") == EXIT_BAD_INPUT
+    assert _one_line(capsys) == (f"hloforge: error: {src}/labels/val: no label file of any image in {src}/images/val "
+                                 "(expected <image stem>.txt; it holds 1 other file(s), the first 1.TXT); every image "
+                                 "would have no boxes")
+
+
+# ------------------------------------------------------------------ 3. dataset options
+@pytest.mark.parametrize(("data", "options", "message"), [
+    ("shapes", {"n_train": 100.0}, "shapes n_train must be an integer ≥ 1, got 100.0"),
+    ("shapes", {"n_test": "many"}, "shapes n_test must be an integer ≥ 1, got 'many'"),
+    ("shapes", {"max_shapes": 1.5}, "shapes max_shapes must be an integer ≥ 1, got 1.5"),
+    ("shapes", {"size": True}, "shapes size must be an integer ≥ 16, got True"),
+    ("shapes", {"seed": -1}, "shapes seed must be an integer ≥ 0, got -1"),
+    ("shapes", {"noise": "abc"}, "shapes noise must be a finite number ≥ 0, got 'abc'"),
+    ("shapes", {"noise": float("nan")}, "shapes noise must be a finite number ≥ 0, got nan"),
+    ("text", {"vocab": 65.0}, "text vocab must be an integer ≥ 2, got 65.0"),
+    ("text", {"seq_len": "long"}, "text seq_len must be an integer ≥ 1, got 'long'"),
+    ("text", {"data_file": 0}, "text data_file must be a path, got 0"),
+    ("digits", {"size": 28.0}, "digits size must be an integer ≥ 8, got 28.0"),
+    ("yolo", {"grid": 7.0}, "yolo grid must be an integer ≥ 1, got 7.0"),
+    ("imagenette", {"classes": 2.0}, "imagenette classes must be an integer ≥ 1, got 2.0"),
+    ("imagenette", {"crop": "big"}, "imagenette crop must be an integer ≥ 1, got 'big'"),
+    ("brats", {"context": 0.5}, "brats context must be an integer ≥ 0, got 0.5"),
+    ("mnist", {"data_dir": 5}, "mnist data_dir must be a path, got 5"),
+    ("cifar10", {"data_dir": 5}, "cifar10 data_dir must be a path, got 5"),
+], ids=lambda v: v if isinstance(v, str) and " " not in v else None)
+def test_every_builtin_dataset_checks_its_options_types(data, options, message, tmp_path) -> None:
+    from hloforge.datasets.brats import Brats
+    from hloforge.datasets.cifar10 import Cifar10
+    from hloforge.datasets.digits import Digits
+    from hloforge.datasets.imagenette import Imagenette
+    from hloforge.datasets.mnist import Mnist
+    from hloforge.datasets.shapes import Shapes
+    from hloforge.datasets.text import Text
+    from hloforge.datasets.yolo import Yolo
+
+    cls = {"shapes": Shapes, "text": Text, "digits": Digits, "yolo": Yolo, "imagenette": Imagenette,
+           "brats": Brats, "mnist": Mnist, "cifar10": Cifar10}[data]
+    if "data_dir" not in options and data in ("yolo", "imagenette", "brats"):
+        options = {"data_dir": str(tmp_path), **options}
+    with pytest.raises(DataError, match=f"^{re.escape(message)}$"):
+        cls(**options)
+
+
+def test_a_mistyped_data_option_is_one_line_through_the_cli(tmp_path, capsys) -> None:
+    assert main(["train", "unet-mini", "--data", "shapes", "--data-opt", "noise=abc", "--epochs", "1",
+                 "--run-dir", str(tmp_path / "r"), "--no-progress"]) == EXIT_BAD_INPUT
+    err = _one_line(capsys)
+    assert "shapes noise must be a finite number ≥ 0, got 'abc'" in err and "<=" not in err
+
+
+# ------------------------------------------------------------------ 4. export of a text model
+def test_a_text_models_export_records_its_corpus_and_vocabulary(tmp_path, capsys) -> None:
+    from hloforge.datasets.text import Text, default_corpus
+
+    corpus, run, out = str(tmp_path / "corpus.txt"), str(tmp_path / "g1"), str(tmp_path / "eg1")
+    with open(corpus, "w", encoding="utf-8") as f:
+        f.write(default_corpus()[20000:26000].upper())  # a vocabulary the default corpus's is not
+    assert main(["train", "tinygpt-nano", "--data", "text", "--data-file", corpus, "--epochs", "1", "--batch", "16",
+                 "--run-dir", run, "--no-progress"]) == EXIT_OK
+    assert main(["export", run, "--out", out]) == EXIT_OK
+    with open(os.path.join(out, "manifest.json"), encoding="utf-8") as f:
+        pre = json.load(f)["preprocessing"]
+    chars = Text(corpus).chars
+    assert chars != Text().chars
+    assert pre["data"] == "text" and pre["data_file"] == corpus and pre["data_dir"] == ""
+    assert pre["vocabulary"] == chars and pre["other_token"] == len(chars) - 1
+
+
+# ------------------------------------------------------------------ 5. compare on an EMA run
+def test_compare_scores_the_region_eval_scores(tmp_path, capsys) -> None:
+    ema, plain = str(tmp_path / "r2"), str(tmp_path / "ti2")
+    for run, extra in ((ema, ["--ema", "0.9"]), (plain, [])):
+        assert main(["train", "mnist-linear", *extra, "--epochs", "1", "--run-dir", run, "--no-progress"]) == EXIT_OK
+    capsys.readouterr()
+    assert main(["eval", ema]) == EXIT_OK
+    evaluated = re.search(r"\(ema\).*\((\d+)/360\)", capsys.readouterr().out)
+    assert evaluated, "eval's line names the ema region and its count"
+    assert main(["compare", ema, plain]) == EXIT_OK
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith(f"A {ema} (epoch 1, ema weights): {evaluated.group(1)}/360   B {plain} (epoch 1, live "
+                            "weights): "), first
+    live = np.load(os.path.join(ema, "eval_correct.npz"))["correct"].sum()
+    assert main(["compare", ema, plain, "--region", "live"]) == EXIT_OK
+    assert capsys.readouterr().out.startswith(f"A {ema} (epoch 1, live weights): {live}/360")
+    assert main(["compare", plain, ema, "--region", "ema"]) == EXIT_BAD_INPUT
+    assert "has no EMA shadow" in _one_line(capsys)
