@@ -39,12 +39,12 @@ def load_bitmap(run: str) -> tuple[np.ndarray, str, int]:
     return correct, set_id, epoch
 
 
-def region_bitmap(run: str, region: str = DEFAULT_REGION, data_dir: str | None = None,
-                  data_file: str | None = None) -> tuple[np.ndarray, str, int, str]:
+def region_bitmap(run: str, region: str = DEFAULT_REGION,
+                  score_shadow: Callable[[str], np.ndarray] | None = None) -> tuple[np.ndarray, str, int, str]:
     """(per-example right/wrong, the eval set's id, the epoch, the region resolved) of `run` (a run directory
     or its eval_correct.npz) for `region`: the bitmap the run wrote for its live weights, or, for its EMA
-    shadow, the checkpoint beside it scored as `hloforge eval --region ema` scores it (`data_dir`, `data_file`:
-    where the run's data is now, when it moved: eval's)."""
+    shadow, `score_shadow(run directory)`: its checkpoint scored as `hloforge eval --region ema` scores it
+    (the caller's, which opens checkpoints)."""
     from hloforge.train import checkpoint as ckpt
 
     correct, set_id, epoch = load_bitmap(run)
@@ -62,20 +62,16 @@ def region_bitmap(run: str, region: str = DEFAULT_REGION, data_dir: str | None =
         raise DataError(f"checkpoint {file} has no EMA shadow (its run was trained without --ema); use --region live")
     if region == "live" or not shadows:
         return correct, set_id, epoch, "live"
-    from hloforge.commands.opening import evaluate_checkpoint
-
-    res = evaluate_checkpoint(folder, region="ema", log=lambda s: None, data_dir=data_dir, data_file=data_file)
-    shadow = getattr(res, "correct", None)
-    if shadow is None:
-        raise DataError(f"{run}: its EMA shadow's eval gives no per-example results to compare; use --region live")
-    return np.asarray(shadow, bool), set_id, int(meta.get("epoch", epoch)), "ema"
+    assert score_shadow is not None, "comparing an EMA shadow needs score_shadow"
+    return np.asarray(score_shadow(folder), bool), set_id, int(meta.get("epoch", epoch)), "ema"
 
 
 def compare_runs(run_a: str, run_b: str, log: Callable[[str], None] = print, region: str = DEFAULT_REGION,
-                 data_dir: str | None = None, data_file: str | None = None) -> tuple[int, int, float]:
+                 score_shadow: Callable[[str], np.ndarray] | None = None) -> tuple[int, int, float]:
+    """McNemar's exact test on two runs' per-example results, each on `region`'s weights (region_bitmap)."""
     check_region(region)  # a bad name is refused before anything is opened
-    a, set_a, ep_a, reg_a = region_bitmap(run_a, region, data_dir, data_file)
-    b, set_b, ep_b, reg_b = region_bitmap(run_b, region, data_dir, data_file)
+    a, set_a, ep_a, reg_a = region_bitmap(run_a, region, score_shadow)
+    b, set_b, ep_b, reg_b = region_bitmap(run_b, region, score_shadow)
     if set_a != set_b:
         raise DataError(f"the runs were scored on different eval sets ({set_a} vs {set_b}); McNemar needs one set")
     if a.shape != b.shape or a.ndim != 1:  # the set id names the length: a bitmap that disagrees was altered
