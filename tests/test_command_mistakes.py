@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from test_image_commands_input import refused  # tests/ is on sys.path (rootdir-relative, no package)
 
 from hloforge.backends.xla import find_plugin
 from hloforge.backends.xla.pjrt.xla_flags import check_xla_flags
@@ -29,15 +30,6 @@ def mlp_run(tmp_path_factory) -> str:
     out = str(tmp_path_factory.mktemp("mistakes") / "r1")
     train(TrainConfig(net="mnist-mlp", epochs=1, batch=64, run_dir=out), progress=False, log=quiet)
     return out
-
-
-def refused(argv: list[str], capsys) -> str:
-    """Run `hloforge ARGV` in this process: exit 3 and one line on stderr; that line."""
-    capsys.readouterr()
-    assert main(argv) == 3
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "internal error" not in err, err
-    return err
 
 
 def hloforge(argv: list[str], env: dict[str, str], cwd: str | None = None) -> subprocess.CompletedProcess[str]:

@@ -181,13 +181,14 @@ class ModelCheckpoint(Monitor):
         if dir_ and same_path(dir_, self.path):
             raise UnsupportedSpec(f"ModelCheckpoint path {self.path} is this run's own directory; expected "
                                   "another, where the best epoch's copy is kept")
-        held = sorted(n for n, _, _ in listing(self.path))
-        if not held or listing(self.path) == self._wrote:
+        now = listing(self.path)
+        if not now or now == self._wrote:
             return
         holds_copy = getattr(self.model, "holds_copy", None)  # a resumed run's best so far, kept by it before
         if holds_copy is not None and holds_copy(self.path):
             return
         what = "a run" if holds_run(self.path) else "files"
+        held = sorted(n for n, _, _ in now)
         names = ", ".join(held[:4]) + (", ..." if len(held) > 4 else "")
         raise UnsupportedSpec(f"ModelCheckpoint path {self.path} already holds {what} ({names}), which its "
                               "checkpoints would replace; expected a new or empty directory: give another path, "
