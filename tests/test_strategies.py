@@ -481,19 +481,21 @@ def test_pointwise_dot_backward_is_gated_and_a_broken_one_turns_it_red() -> None
     assert calls[0] == 0
 
 
-def test_closed_form_attention_backward_is_gated_and_a_broken_one_turns_it_red() -> None:
-    """sdpaGrad=closed (both targets' default): dense attention differentiated by FlashAttention's
-    closed form over one key block. The registry's dense case faces the gate under it; so do plain
-    ones (no RoPE, whose own custom VJP would hide which one broke), and breaking it turns them red."""
+@pytest.mark.parametrize("form", ["closed", "untransposed"])
+def test_closed_form_attention_backward_is_gated_and_a_broken_one_turns_it_red(form: str) -> None:
+    """sdpaGrad=closed (IREE's default) and =untransposed (XLA's): dense attention differentiated by
+    FlashAttention's closed form over one key block. The registry's dense case faces the gate under
+    each; so do plain ones (no RoPE, whose own custom VJP would hide which one broke), and breaking it
+    turns them red."""
     from hloforge.plugins.layers.attention import MultiHeadSelfAttention
 
+    chosen = (("sdpaGrad", form),)
     forced = [c for c in _cases("mhsa") if c.strategy]
-    registered = [c for c in forced if c.strategy == (("sdpaGrad", "closed"),)]
-    assert registered and all(c.obj.attention == "dense" for c in forced if ("sdpaGrad", "closed") in c.strategy)
+    registered = [c for c in forced if c.strategy == chosen]
+    assert registered and all(c.obj.attention == "dense" for c in forced if ("sdpaGrad", form) in c.strategy)
     assert all(c.strategy == (("tokenProduct", "rows"),) for c in forced  # flash consults only its projections'
                if c.obj.attention == "flash")
-    closed = (("sdpaGrad", "closed"),)
-    plain = [GateCase("layer", "mhsa", MultiHeadSelfAttention(2, causal=causal), (5, 4), "hloforge", strategy=closed)
+    plain = [GateCase("layer", "mhsa", MultiHeadSelfAttention(2, causal=causal), (5, 4), "hloforge", strategy=chosen)
              for causal in (False, True)]
     for case in [*registered, *plain]:  # f64 against jax.vjp of the reference and finite differences, then f32
         result = case.run()
@@ -503,15 +505,27 @@ def test_closed_form_attention_backward_is_gated_and_a_broken_one_turns_it_red()
     xla = make_backend("xla")
     lay = train_step_module(ATTN, Variant("adam"), 4)[1]
     first_moment = slice(lay.n_params, 2 * lay.n_params)
-    text = _step_text(ATTN, None, dict(closed))
-    assert text != _step_text(ATTN, None)  # it is another form
-    got, want = _one_step(xla, text, ATTN), _one_step(xla, _step_text(ATTN, None), ATTN)
+    autodiff = {"sdpaGrad": "autodiff"}
+    text = _step_text(ATTN, None, dict(chosen))
+    assert text != _step_text(ATTN, None, autodiff)  # it is another form
+    got, want = _one_step(xla, text, ATTN), _one_step(xla, _step_text(ATTN, None, autodiff), ATTN)
     assert _rel(got[first_moment], want[first_moment]) < 1e-5
     assert _rel([got[lay.loss_index]], [want[lay.loss_index]]) < 1e-6
     for case in plain:
         with inject_fault("custom") as calls:
             result = case.run()
         assert calls[0] > 0 and not result.passed
+
+
+def test_untransposed_attention_runs_every_product_untransposed() -> None:
+    """sdpaGrad=untransposed: each batched product of the train step contracts its left operand's
+    last axis with its right operand's first (after the batch axes): the form XLA's CPU gives YNNPACK."""
+    text = _step_text(ATTN, None, {"sdpaGrad": "untransposed"})
+    batched = [line for line in text.splitlines() if "dot_general" in line and "batching_dims = [0, 1]" in line]
+    assert len(batched) == 4 * 7  # four blocks: Q·Kᵀ and P·V forward; S again, dP, dQ, dKᵀ, dVᵀ backward
+    assert all("contracting_dims = [3] x [2]" in line for line in batched), batched
+    closed = _step_text(ATTN, None, {"sdpaGrad": "closed"})
+    assert sum("contracting_dims = [2] x [2]" in line for line in closed.splitlines()) == 4 * 2  # Pᵀ·dO, dSᵀ·Q
 
 
 def test_chunked_kernel_gradient_sizes_its_chunks_to_the_cache() -> None:

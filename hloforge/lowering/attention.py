@@ -7,9 +7,11 @@ Q, K, V are [B, H, N, dh] (heads split out of the tokens' D by the layer, plugin
 * FlashAttention is a tiled online softmax with a closed-form backward (see `flash_forward`,
   `flash_backward`); the block size is a divisor of N, at most 128 (`flash_block`).
 * Dense SDPA's backward is a lowering strategy ("sdpaGrad", core/strategy.py): "autodiff" (the
-  VJP rules of the ops above) or "closed": FlashAttention's kernel with the whole sequence as its
+  VJP rules of the ops above); "closed": FlashAttention's kernel with the whole sequence as its
   one key block — the same [B, H, N, N] scores, the same math, but the closed-form backward that
-  recomputes P from the saved lse.
+  recomputes P from the saved lse; or "untransposed": that closed form with each of its six
+  batched products in the one form XLA's CPU runs on YNNPACK, [.., M, K]·[.., K, N] (see
+  `sdpa_untransposed`).
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from hloforge.core.hlo import Builder, Value
 from hloforge.core.strategy import StrategyKind
 
 MASK = -1e30  # the causal mask's score: exp(MASK − m) is exactly 0 in f32 and f64
-SDPA_GRAD = StrategyKind("sdpaGrad", ("autodiff", "closed"),
+SDPA_GRAD = StrategyKind("sdpaGrad", ("autodiff", "closed", "untransposed"),
                          "dense attention's backward: the ops' VJP rules, or FlashAttention's closed form "
-                         "with the whole sequence as one key block (see attention.py)")
+                         "with the whole sequence as one key block, with its products as they come or "
+                         "all untransposed (see attention.py)")
 
 
 def flash_block(n: int, block: int = 0) -> int:
@@ -157,9 +160,63 @@ def _flash(b: Builder, q: Value, k: Value, v: Value, causal: bool, bk: int) -> V
     return b.custom_vjp(fwd, bwd, q, k, v)[0]
 
 
+def _untransposed_product(b: Builder, x: Value, y: Value) -> Value:
+    """[B, H, M, K]·[B, H, K, N] → [B, H, M, N]."""
+    return b.dot_general(x, y, ([3], [2]), ([0, 1], [0, 1]))
+
+
+def _swapped(b: Builder, x: Value) -> Value:
+    """x with its last two axes swapped, materialised: unfenced, XLA folds the transpose back into
+    the product that reads it, which is then a transposed one again."""
+    return b.optimization_barrier(b.transpose(x, [0, 1, 3, 2]))
+
+
+def sdpa_untransposed(b: Builder, q: Value, k: Value, v: Value, causal: bool) -> Value:
+    """Dense SDPA with the closed-form backward, every batched product [.., M, K]·[.., K, N].
+
+    XLA's CPU gives YNNPACK a batched product in that form (and Q·Kᵀ's), but runs one contracted
+    over its operands' leading axis (Pᵀ·dO, dSᵀ·Q) on Eigen at under half the speed. So Kᵀ, Vᵀ,
+    (Q/√dh)ᵀ and dOᵀ are laid out by copies of [B, H, N, dh] (the head split's own copies are
+    transposes already), dK and dV come out as dKᵀ = (Q/√dh)ᵀ·dS and dVᵀ = dOᵀ·P, and the scale is
+    on Q ([.., dh]) instead of on S ([.., N]). The math is `_flash` with one key block."""
+    scale = 1.0 / math.sqrt(q.shape[3])
+    row = [0, 1, 2]
+    saved: dict[str, Value] = {}
+
+    def fwd(q: Value, k: Value, v: Value) -> list[Value]:
+        qs, kt = q * scale, _swapped(b, k)
+        s = _untransposed_product(b, qs, kt)
+        if causal:
+            s = _causal(b, s)
+        m = b.reduce(s, [3], "max")
+        e = b.exp(s - b.broadcast_in_dim(m, s.shape, row))
+        den = b.sum(e, [3])
+        o = _untransposed_product(b, e, v) / b.broadcast_in_dim(den, q.shape, row)
+        saved.update(qs=qs, kt=kt, o=o, lse=m + b.log(den))
+        return [o]
+
+    def bwd(b: Builder, do: Value) -> list[Value]:
+        qs, kt, o, lse = saved["qs"], saved["kt"], saved["o"], saved["lse"]
+        s = _untransposed_product(b, qs, kt)
+        if causal:
+            s = _causal(b, s)
+        p = b.exp(s - b.broadcast_in_dim(lse, s.shape, row))
+        dp = _untransposed_product(b, do, _swapped(b, v))
+        ds = p * (dp - b.broadcast_in_dim(b.sum(do * o, [3]), s.shape, row))  # dS·√dh
+        dq = _untransposed_product(b, ds, k) * scale
+        dkt = b.optimization_barrier(_untransposed_product(b, _swapped(b, qs), ds))
+        dvt = b.optimization_barrier(_untransposed_product(b, _swapped(b, do), p))
+        return [dq, b.transpose(dkt, [0, 1, 3, 2]), b.transpose(dvt, [0, 1, 3, 2])]
+
+    return b.custom_vjp(fwd, bwd, q, k, v)[0]
+
+
 def attention_core(b: Builder, q: Value, k: Value, v: Value, attention: str, causal: bool, block: int = 0) -> Value:
     if attention == "flash":
         return flash_attention(b, q, k, v, causal, block)
-    if strategy.chosen("sdpaGrad", b.target) == "closed":  # the whole sequence as the one key block
+    form = strategy.chosen("sdpaGrad", b.target)
+    if form == "closed":  # the whole sequence as the one key block
         return _flash(b, q, k, v, causal, q.shape[2])
+    if form == "untransposed":
+        return sdpa_untransposed(b, q, k, v, causal)
     return sdpa_dense(b, q, k, v, causal)

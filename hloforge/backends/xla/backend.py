@@ -43,8 +43,8 @@ class XlaBackend:
     # The lowering forms XLA's modules are rendered in (core/strategy.py; why: benchmarks/NOTES.md).
     strategy_defaults = {"layout": "nhwc", "update": "in_backward", "paramLayout": "hwio", "sums": "blocked",
                          "conv2d": "nchw", "convGrad": "winograd", "pointwise": "dot", "depthwise": "shifted",
-                         "maxPool": "select", "bnReduce": "blocked", "sdpaGrad": "closed", "maskedSum": "broadcast",
-                         "lnSums": "dot", "tokenProduct": "rows"}
+                         "maxPool": "select", "bnReduce": "blocked", "sdpaGrad": "untransposed",
+                         "maskedSum": "broadcast", "lnSums": "dot", "tokenProduct": "rows"}
 
     def __init__(self, client: Client | None = None, devices: int | None = None,
                  cache_dir: str | os.PathLike[str] | None = None):
