@@ -204,6 +204,7 @@ def sdpa_untransposed(b: Builder, q: Value, k: Value, v: Value, causal: bool) ->
         dp = _untransposed_product(b, do, _swapped(b, v))
         ds = p * (dp - b.broadcast_in_dim(b.sum(do * o, [3]), s.shape, row))  # dS·√dh
         dq = _untransposed_product(b, ds, k) * scale
+        # fenced too: XLA would rewrite transpose(A·B) as Bᵀ·Aᵀ, a product contracted over leading axes
         dkt = b.optimization_barrier(_untransposed_product(b, _swapped(b, qs), ds))
         dvt = b.optimization_barrier(_untransposed_product(b, _swapped(b, do), p))
         return [dq, b.transpose(dkt, [0, 1, 3, 2]), b.transpose(dvt, [0, 1, 3, 2])]
