@@ -10,7 +10,6 @@ import pytest
 
 from hloforge.backends.xla.backend import XlaBackend
 from hloforge.core import strategy
-from hloforge.core.errors import PluginError
 from hloforge.core.hookspecs import hookimpl
 from hloforge.core.modules import vjp_module
 from hloforge.core.registry import Registry
@@ -76,20 +75,3 @@ def test_a_toy_backend_declares_its_own_choice_and_gets_it() -> None:
             xla_written = vjp_module(LAYERS, SHAPE, 2, target="xla")
     assert toy == xla_written and toy != xla
     assert "toy" not in strategy.targets()  # outside the block: the default registry's targets
-
-
-def test_a_backend_naming_an_unknown_kind_or_choice_is_refused() -> None:
-    class Wrong(XlaBackend):
-        name = "wrong-toy"
-        strategy_defaults = {"convGrad": "fastest"}
-
-    reg = Registry(extra_plugins=((_plugin("wrong_backend", Wrong), "wrong-dist"),))
-    with strategy.using(reg), pytest.raises(PluginError, match="backend 'wrong-toy'.*convGrad"):
-        strategy.chosen("convGrad", "xla")
-
-
-def test_a_plugin_kind_may_not_take_a_core_kind_s_name() -> None:
-    mod = _plugin("layout_again", kinds=(strategy.StrategyKind("layout", ("mine",)),))
-    reg = Registry(extra_plugins=((mod, "layout-dist"),))
-    with strategy.using(reg), pytest.raises(PluginError, match="'layout'.*core"):
-        strategy.kinds()

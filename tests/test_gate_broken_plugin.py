@@ -359,3 +359,17 @@ def test_plugins_command_lists_a_clash_other_commands_refuse_it(tmp_path: Path) 
     assert len(clash) == 1 and re.match(r"clash +dense +hloforge-dup  layer 'dense' is claimed twice: ", clash[0])
     proc = _cli(env, "verify", "dense")
     assert proc.returncode == 3 and "layer 'dense' is claimed twice" in proc.stderr, proc.stdout + proc.stderr
+
+
+def test_verify_of_a_layer_named_like_a_strategy_kind_gates_the_layer_alone() -> None:
+    """`hloforge verify maxPool`: the strategy kind of that name is gated with the layer's cases (one per choice),
+    not failed as a component with no gate; a name only an ungated component carries (a backend) still fails."""
+    from hloforge.core.registry import default_registry
+
+    reg = default_registry()
+    rows: list[str] = []
+    assert verify(["maxPool"], registry=reg, out=rows.append) == 0, rows
+    assert rows[-1] == f"verify: {len(collect_cases(reg, ['maxPool'])[0])} passed, 0 failed"
+    rows = []
+    assert verify(["xla"], registry=reg, out=rows.append) == 1
+    assert any(r.startswith("backend") and "a backend has no gate" in r for r in rows), rows

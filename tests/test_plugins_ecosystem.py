@@ -113,7 +113,7 @@ def test_broken_plugins_are_reported_and_the_others_load(troubled_site: Path, mo
     fut = broken["hloforge-future"].error
     assert "targets hloforge plugin API 99" in fut and "provides plugin API 1" in fut
     assert "hloforge_losses() failed: RuntimeError: cannot make my losses" in broken["hloforge-hookfail"].error
-    assert "is not a optimizer component" in broken["hloforge-notacomponent"].error
+    assert "is not an optimizer component" in broken["hloforge-notacomponent"].error
     assert len(record) == 4 and all("was not loaded" in str(w.message) for w in record)
     # The fine third party and every built-in still load.
     assert reg.entry("layer", "fineScale").distribution == "hloforge-fine"

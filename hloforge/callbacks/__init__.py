@@ -10,15 +10,19 @@ lookup of every registered callback: `hf.callbacks["early_stopping"]`, `hf.callb
 from __future__ import annotations
 
 import csv
+import inspect
 import math
 import os
 import sys
 import tempfile
-from collections.abc import Collection, Iterable, Sequence
+import typing
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
-from hloforge.core.errors import HloforgeError, UnsupportedSpec
+from hloforge.core.errors import HloforgeError, PluginError, UnsupportedSpec
 from hloforge.core.lookup import LookupModule
+from hloforge.core.registry import component_label
+from hloforge.core.spec import conforms
 
 
 class Callback:
@@ -48,6 +52,49 @@ class Callback:
     def on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> None: ...
 
     def on_step_end(self, step: int, logs: dict[str, Any]) -> None: ...
+
+
+# The hooks the loop calls (and how: with the base's parameters, positionally); an override is held to them.
+HOOKS = tuple(n for n, v in vars(Callback).items() if inspect.isfunction(v) and not n.startswith("_"))
+
+
+def check_hooks(cb: Callback) -> None:
+    """Refuse, when it is made, a callback whose hook cannot take the call the loop makes (an `on_epoch_end(self,
+    epoch)` without logs): its TypeError would come only after a whole epoch has trained."""
+    for hook in HOOKS:
+        args = list(inspect.signature(getattr(Callback, hook)).parameters)[1:]
+        mine = getattr(cb, hook, None)
+        try:
+            inspect.signature(mine).bind(*args)  # type: ignore[arg-type]  # a non-callable: TypeError too
+        except ValueError:  # no signature to read (a builtin function): left to the call itself
+            continue
+        except TypeError:
+            label = component_label("callback", cb) if cb.name else f"callback {type(cb).__name__!r}"
+            own = getattr(type(cb), hook, mine)
+            said = f"{hook}{_bare(inspect.signature(own))}" if callable(own) else f"{hook} = {own!r}"
+            want = str(inspect.signature(getattr(Callback, hook), eval_str=True)).replace("typing.", "")
+            raise PluginError(f"{label}: its {said} cannot take the loop's call {hook}({', '.join(args)}); expected "
+                              f"{hook}{want} as hloforge.callbacks.Callback declares it") from None
+
+
+def _bare(sig: inspect.Signature) -> inspect.Signature:
+    """A signature without its annotations (a plugin's may be strings of names that do not resolve here)."""
+    return sig.replace(parameters=[p.replace(annotation=p.empty) for p in sig.parameters.values()],
+                       return_annotation=sig.empty)
+
+
+def check_option_types(cls: type, options: Mapping[str, Any]) -> None:
+    """Refuse a plugin callback's option (parsed from --callback NAME:KEY=VALUE) not of the type its __init__
+    annotates, as a spec's layer options are (`conforms`): else it fails in the callback after an epoch."""
+    try:
+        hints = typing.get_type_hints(cls.__init__)  # type: ignore[misc]
+    except (NameError, TypeError):  # annotations that do not resolve: the callback checks its own
+        return
+    for key, value in options.items():
+        if key in hints and not conforms(value, hints[key]):
+            want = getattr(hints[key], "__name__", None) or str(hints[key]).replace("typing.", "")
+            raise UnsupportedSpec(f"{component_label('callback', cls)} option {key}={value!r} is not of its type "
+                                  f"{want}")
 
 
 HIGHER_IS_BETTER = ("top", "miou", "map", "acc", "dice", "iou")  # mode "auto": max for a key holding one
@@ -341,6 +388,7 @@ def checked_callbacks(callbacks: Any) -> list[Callback]:
     for cb in callbacks:
         if not isinstance(cb, Callback):
             raise UnsupportedSpec(f"callbacks must be hloforge Callback instances, got {type(cb).__name__}")
+        check_hooks(cb)
     return callbacks
 
 
@@ -383,9 +431,13 @@ def from_items(items: Sequence[str]) -> list[Callback]:
     for item in items:
         name, _, opts = item.partition(":")
         options = parse_data_options(opts, "callback option", once=True)
+        entry = default_registry().entry("callback", name.strip())
+        if not entry.builtin:  # hloforge's own check their options themselves, in words of their own
+            check_option_types(entry.obj, options)
         cb = default_registry().make("callback", name.strip(), **options)
         if not isinstance(cb, Callback):
             raise UnsupportedSpec(f"callback {name!r} is a {type(cb).__name__}, not a hloforge Callback")
+        check_hooks(cb)
         out.append(cb)
     return out
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from hloforge.core import strategy
-from hloforge.core.errors import UnsupportedSpec
+from hloforge.core.errors import PluginError, UnsupportedSpec
 from hloforge.core.hlo import FLOAT_DTYPES, Builder, TapeOp, Value
 
 Cts = Sequence[Value | None]
@@ -499,6 +499,43 @@ def _maybe_fault(b: Builder, op: TapeOp, cts: Cts) -> Cts:
     return [None if c is None else c * _FAULT[1] for c in cts]
 
 
+# ----------------------------------------------------------------- closed-form backwards
+#: a custom op's attrs key: who emitted it (`claim_custom_ops`), named when its bwd returns a wrong cotangent
+EMITTED_BY = "emitted_by"
+
+
+def claim_custom_ops(ops: Sequence[TapeOp], owner: Callable[[], str]) -> None:
+    """Record `owner()` (e.g. "layer 'x' (dist 'y'): layer 2's backward") as the emitter of the custom ops
+    in `ops` that no inner emitter claimed first (a layer emitted inside another keeps its own name)."""
+    mine = [op for op in ops if op.op == "custom" and EMITTED_BY not in op.attrs]
+    if mine:
+        label = owner()
+        for op in mine:
+            op.attrs[EMITTED_BY] = label
+
+
+def _custom_cts(b: Builder, op: TapeOp, out_cts: Sequence[Value | None]) -> Cts:
+    """The cotangents a custom op's own bwd gives its inputs, refused unless one per input, each None or of
+    that input's type: the bwd is a plugin author's code, and a short list would silently freeze an input."""
+    assert op.bwd is not None
+    full = [c if c is not None else b.full(0.0, o.shape, o.dtype) for c, o in zip(out_cts, op.outs, strict=True)]
+    cts = op.bwd(b, *full)
+    who = f"{op.attrs.get(EMITTED_BY, 'a custom op')}: custom_vjp's bwd returned"
+    n = len(op.ins)
+    if not isinstance(cts, (list, tuple)):
+        got = cts.type if isinstance(cts, Value) else repr(cts)
+        raise PluginError(f"{who} {got}, expected a list of one cotangent per input ({n}; None for no gradient)")
+    if len(cts) != n:
+        raise PluginError(f"{who} {len(cts)} cotangent{'s' * (len(cts) != 1)} for its {n} input{'s' * (n != 1)}, "
+                          "expected one per input, in order (None for no gradient)")
+    for i, (v, c) in enumerate(zip(op.ins, cts, strict=True)):
+        if c is None or (isinstance(c, Value) and (c.type == v.type or v.dtype not in FLOAT_DTYPES)):
+            continue  # a non-float input gets no gradient: whatever its cotangent, it is dropped
+        got = c.type if isinstance(c, Value) else repr(c)
+        raise PluginError(f"{who} {got} for input {i}, expected {v.type} (that input's type) or None")
+    return cts
+
+
 # ----------------------------------------------------------------- the walk
 def grad(b: Builder, outputs: Sequence[Value], cotangents: Sequence[Value], wrt: Sequence[Value]) -> list[Value]:
     """Emit ∂(Σ⟨outputs, cotangents⟩)/∂wrt into `b`; a `wrt` the outputs do not reach gets zeros."""
@@ -546,10 +583,7 @@ def _walk(b: Builder, outputs: Sequence[Value], cotangents: Sequence[Value], wrt
         if all(c is None for c in out_cts):
             in_cts: Cts = ()
         elif op.op == "custom":
-            assert op.bwd is not None
-            full = [c if c is not None else b.full(0.0, o.shape, o.dtype)
-                    for c, o in zip(out_cts, op.outs, strict=True)]
-            in_cts = op.bwd(b, *full)
+            in_cts = _custom_cts(b, op, out_cts)
         elif len(op.outs) != 1:  # a multi-result op (while): its rule sees the first cotangent given
             in_cts = VJP[op.op](b, op, next(c for c in out_cts if c is not None))
         else:
@@ -558,7 +592,7 @@ def _walk(b: Builder, outputs: Sequence[Value], cotangents: Sequence[Value], wrt
             in_cts = VJP[op.op](b, op, g)
         if in_cts:
             in_cts = _maybe_fault(b, op, in_cts)
-            for v, ct in zip(op.ins, in_cts, strict=False):
+            for v, ct in zip(op.ins, in_cts, strict=True):
                 accumulate(v, ct)
         for v in op.ins:
             if id(v) not in index:

@@ -149,7 +149,8 @@ class Layer(metaclass=_Component):
 
     def supports_nhwc(self, in_shape: Shape) -> bool:
         """Whether `forward` takes (and returns) an NHWC image when `ctx.layout` is "NHWC", so a
-        net rendered with layout=nhwc keeps NHWC through it instead of transposing around it."""
+        net rendered with layout=nhwc keeps NHWC through it instead of transposing around it. The
+        gate then runs each case in both layouts, whether or not `strategy_kinds` lists "layout"."""
         return False
 
     def forward(self, b: Builder, x: Value, params: Mapping[str, Value], ctx: Ctx) -> Value:
@@ -289,6 +290,9 @@ class Optimizer(metaclass=_Component):
         """θ' and the new state from θ, its gradient, state and scalars: `direction`, `decayed`, then
         −lr. Read by `hloforge.core.variant.Wrappers.emit_update`."""
         d, new_state = self.direction(b, g, state, scalars)
+        if getattr(d, "type", None) != g.type:  # else the refusal is of the multiply below, naming no direction
+            raise UnsupportedSpec(f"direction returned {getattr(d, 'type', repr(d))} for a gradient of {g.type}; "
+                                  "expected a direction of the gradient's own shape and dtype")
         d = self.decayed(p, d, slot)
         return p - b.broadcast_to(scalars["lr"], p.shape) * d, new_state
 
@@ -310,6 +314,14 @@ class Optimizer(metaclass=_Component):
 
 
 # ---------------------------------------------------------------------------------------- Backend
+# The core's own lowering-strategy kinds, name -> choices (the first the portable form): what a backend's
+# `strategy_defaults` may name besides the layer plugins' kinds, and names no plugin's kind may take. Here,
+# below the registry, so it refuses such a plugin as it loads it; `hloforge.core.strategy` documents them.
+CORE_STRATEGY_CHOICES: Mapping[str, tuple[str, ...]] = {
+    "layout": ("nchw", "nhwc"), "update": ("after_backward", "in_backward"), "paramLayout": ("public", "hwio"),
+    "sums": ("plain", "blocked")}
+
+
 @runtime_checkable
 class Backend(Protocol):
     """What a backend class provides (instances are made with no arguments by `make_backend`).

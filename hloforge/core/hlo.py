@@ -119,8 +119,13 @@ class Builder(StructuredOps):
         in the context variables of this call (the lowering strategies in force for the layer that
         emitted the forward: core/strategy.py), not in those of the later `autodiff.grad`."""
         start = len(self.tape)
-        outs = list(fwd(*ins))
+        got = fwd(*ins)
         del self.tape[start:]
+        if not isinstance(got, (list, tuple)) or not got or not all(isinstance(o, Value) for o in got):
+            shown = got.type if isinstance(got, Value) else repr(got)
+            raise UnsupportedSpec(f"custom_vjp's fwd returned {shown}, expected a list of the builder values of "
+                                  "its outputs")
+        outs = list(got)
         at_forward = contextvars.copy_context()
 
         def bwd_at_forward(*args: Any) -> Sequence[Value | None]:

@@ -6,6 +6,7 @@ result order; sessions, checkpoints and tests read it rather than restating it.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Sequence
@@ -60,6 +61,7 @@ def emit_layers(b: Builder, walk: Sequence[LayerShapes], x: Value, params: Seque
         ctx = Ctx(train=train, running={} if train else {s.name: next(r_it) for s in ls.stats},
                   masks={s.name: next(m_it) for s in ls.masks} if masks else {}, sync_replicas=sync_replicas,
                   sync_processes=sync_processes, skips=skips, net_input=net_input, layout=layout)
+        start = len(b.tape)
         with strategy.in_layer(ls.layer, ls.in_shape):  # a `strategy.tuned` plan's choices for this layer
             try:
                 x = ls.layer.forward(b, x, mine, ctx)
@@ -75,6 +77,10 @@ def emit_layers(b: Builder, walk: Sequence[LayerShapes], x: Value, params: Seque
         if x.shape != want:  # the plugin's two rules disagree: say so before the next layer's ops fail on it
             raise PluginError(f"{component_label('layer', ls.layer)}: layer {ls.index}'s forward emitted "
                               f"{list(x.shape)}, but its out_shape declares {list(want)} ({layout}, batch first)")
+        if x.dtype != b.dtype:  # else the next layer is blamed, and a lone layer (the gate's) renders and passes
+            raise PluginError(f"{component_label('layer', ls.layer)}: layer {ls.index}'s forward emitted {x.type}, "
+                              f"expected the module's element type {b.dtype} (its input's)")
+        autodiff.claim_custom_ops(b.tape[start:], functools.partial(_backward_of, ls))
         if x.type.rank != 4:
             layout = strategy.NCHW
         if train:
@@ -84,6 +90,11 @@ def emit_layers(b: Builder, walk: Sequence[LayerShapes], x: Value, params: Seque
                                   f"report the batch statistics {missing} its stat_slots declare (ctx.batch_stats)")
             batch_stats += [ctx.batch_stats[s.name] for s in ls.stats]
     return strategy.to_layout(b, x, layout, strategy.NCHW), batch_stats
+
+
+def _backward_of(ls: LayerShapes) -> str:
+    """Who a refusal of a closed-form backward (a custom_vjp's bwd) emitted by the layer of `ls` names."""
+    return f"{component_label('layer', ls.layer)}: layer {ls.index}'s backward"
 
 
 # ------------------------------------------------------------------ parameter storage
@@ -214,8 +225,20 @@ class TrainStepLayout:
 def label_type(loss: Loss, out_shape: Shape, dtype: str) -> tuple[Shape, str]:
     """The loss's per-example label shape and element type; float targets follow the module's dtype."""
     loss.check(out_shape)
-    y_shape, y_dtype = loss.label_spec(out_shape)
+    y_shape, y_dtype = checked_label_spec(loss, out_shape)
     return y_shape, dtype if y_dtype in FLOAT_DTYPES else y_dtype
+
+
+def checked_label_spec(loss: Loss, out_shape: Shape) -> tuple[Shape, str]:
+    """`loss.label_spec(out_shape)`, refused in one line naming the loss unless it is (a shape, 'i32' or 'f32')."""
+    spec = loss.label_spec(out_shape)
+    # a typo ("float32") would otherwise be written into the module, and a bare shape fail to unpack
+    if not (isinstance(spec, (tuple, list)) and len(spec) == 2 and isinstance(spec[0], (tuple, list))
+            and all(isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n > 0 for n in spec[0])
+            and spec[1] in ("i32", *FLOAT_DTYPES)):
+        raise PluginError(f"{component_label('loss', loss)}: label_spec({tuple(out_shape)}) returned {spec!r}, "
+                          "expected (the per-example label shape as a tuple of positive ints, 'i32' or 'f32')")
+    return tuple(int(n) for n in spec[0]), str(spec[1])
 
 
 def train_step_layout(spec: NetSpec, opt: Optimizer, loss: Loss, batch: int, dtype: str = "f32",
@@ -451,7 +474,9 @@ def _raised_by_builder(e: BaseException) -> bool:
 
 def emit_loss(b: Builder, loss: Loss, logits: Value, y: Value) -> Value:
     """The loss's forward, which must be one scalar of the module's float type (the mean over the batch)."""
+    start = len(b.tape)
     lv = loss.forward(b, logits, y)
+    autodiff.claim_custom_ops(b.tape[start:], lambda: f"{component_label('loss', loss)}: backward")
     if not isinstance(lv, Value) or lv.shape != () or lv.dtype != logits.dtype:
         got = lv.type if isinstance(lv, Value) else repr(lv)
         raise PluginError(f"{component_label('loss', loss)}: forward returned {got}, expected a scalar "

@@ -2,7 +2,8 @@
 
 A plugin that cannot be loaded (its import raises, its hook functions fit no hook — misspelt, not
 decorated, other arguments —, its hook raises or returns something that is not a list of components,
-or it declares another plugin API than `hloforge.PLUGIN_API_VERSION`)
+it declares another plugin API than `hloforge.PLUGIN_API_VERSION`, its strategy kind takes a core kind's
+name, or its backend's `strategy_defaults` name a kind or choice nobody declares)
 is not registered: it is recorded in `Registry.broken` with its distribution and the error,
 a `PluginLoadWarning` says so once, and every other plugin still loads.
 """
@@ -147,11 +148,53 @@ class Registry:
                     continue
                 for entry in found:
                     self._add(entry)  # a name claimed twice is an error, never a skipped plugin
+        if "backend" in self.kinds:
+            self._check_strategies()
+
+    def _check_strategies(self) -> None:
+        """Mark broken a plugin whose strategy kind takes a core kind's name (or has no choices), or whose
+        backend's `strategy_defaults` is no mapping or names a kind or choice nobody declares: read when a
+        net is rendered, it would refuse every net for every backend, and blame the layers being rendered."""
+        core, kinds = contracts.CORE_STRATEGY_CHOICES, self._tables["strategy"]
+        for e in list(kinds.values()):
+            choices = getattr(e.obj, "choices", None)
+            if e.name in core:
+                why = f"which takes the name of one of the core's kinds {list(core)}; expected a name of its own"
+            elif not isinstance(choices, tuple) or not choices or not all(isinstance(c, str) for c in choices):
+                why = f"whose choices are {choices!r}; expected a hloforge.core.strategy.StrategyKind"
+            else:
+                continue
+            if kinds.get(e.name) is e:  # (not its plugin's second kind, already dropped with the first)
+                self._broken(e.plugin, e.distribution, f"hloforge_strategy_kinds() returned strategy kind "
+                                                       f"{e.name!r}, {why}")
+        choices_of = {**core, **{n: e.obj.choices for n, e in kinds.items()}}
+        for e in list(self._tables["backend"].values()):
+            defaults = getattr(e.obj, "strategy_defaults", None)
+            if defaults is None or self._tables["backend"].get(e.name) is not e:
+                continue  # None: not a render target, it gets the portable forms
+            if not isinstance(defaults, Mapping):
+                why = f"is {defaults!r} (type {type(defaults).__name__}); expected a mapping strategy kind -> choice"
+            elif "strategy" in self.kinds:  # (a registry without the layer plugins' kinds cannot check them)
+                bad = [f"{k}={c!r} (its choices: {list(choices_of[k])})" if k in choices_of
+                       else f"{k}={c!r} (no such kind; the kinds: {sorted(choices_of)})"
+                       for k, c in defaults.items() if k not in choices_of or c not in choices_of[k]]
+                if not bad:
+                    continue
+                why = "names an unknown kind or choice: " + "; ".join(bad)
+            else:
+                continue
+            self._broken(e.plugin, e.distribution, f"hloforge_backends() returned backend {e.name!r}, whose "
+                                                   f"strategy_defaults {why}")
 
     def _register(self, module: Any, plugin_name: str, dist: str) -> None:
         if self.pm.get_plugin(plugin_name) is None and not self.pm.is_registered(module):
             ours = hookspecs.PLUGIN_API_VERSION
             api = getattr(module, "HLOFORGE_PLUGIN_API", ours)
+            if not isinstance(api, int) or isinstance(api, bool):
+                self._broken(plugin_name, dist, f"module {module.__name__!r} sets HLOFORGE_PLUGIN_API = {api!r} "
+                                                f"(type {type(api).__name__}); expected an int, the plugin API it "
+                                                f"targets (this hloforge provides {ours})")
+                return
             if api != ours:
                 self._broken(plugin_name, dist, f"module {module.__name__!r} targets hloforge plugin API {api!r}, "
                                                 f"but this hloforge provides plugin API {ours}; "
@@ -332,17 +375,28 @@ def _returned_list(result: Any) -> Sequence[Any]:
 
 
 def _component_name(obj: Any, kind: str, attr: str) -> str:
+    a = "an" if kind[0] in "aeiou" else "a"
+    base = CONTRACTS.get(kind)
     if kind in CONTRACTS:  # a strategy kind is an instance; every other component is a class
         if not isinstance(obj, type):
-            raise PluginError(f"returned {obj!r}, which is not a {kind} component: an instance, expected its "
+            raise PluginError(f"returned {obj!r}, which is not {a} {kind} component: an instance, expected its "
                               "class (hloforge makes the instances)")
-        base = CONTRACTS[kind]
         if base is not None and not issubclass(obj, base):
-            raise PluginError(f"returned {obj!r}, which is not a {kind} component: expected a subclass of "
+            raise PluginError(f"returned {obj!r}, which is not {a} {kind} component: expected a subclass of "
                               f"hloforge.core.contracts.{base.__name__}")
     name = getattr(obj, attr, None)
     if not isinstance(name, str) or not name:
-        raise PluginError(f"returned {obj!r}, which is not a {kind} component: it has no string attribute {attr!r}")
+        if isinstance(obj, type) and attrs.has(obj) and attr in attrs.fields_dict(obj):  # `name: str = "x"`
+            raise PluginError(f"returned {obj!r}, which is not {a} {kind} component: its {attr!r} is annotated, so "
+                              f"attrs made it an option, not the class's {attr}; declare it a plain class attribute "
+                              f"(`{attr} = ...`) or a ClassVar (`{attr}: ClassVar[str] = ...`)")
+        raise PluginError(f"returned {obj!r}, which is not {a} {kind} component: it has no string attribute {attr!r}")
+    # a tuple of names written without its comma, `("mom")`, is a string: each letter would be taken for a name
+    for field in [n for n, t in getattr(base, "__annotations__", {}).items() if t == "ClassVar[tuple[str, ...]]"]:
+        v = getattr(obj, field, ())
+        if isinstance(v, str):
+            raise PluginError(f"returned {kind} {name!r}, whose {field} is the string {v!r}; expected a tuple of "
+                              f"names (one name is `({v!r},)`, with the comma)")
     return name
 
 

@@ -11,6 +11,7 @@ import functools
 import json
 import math
 import re
+import reprlib
 import tomllib
 import types
 import typing
@@ -25,6 +26,7 @@ from hloforge.core.contracts import Layer as Layer
 from hloforge.core.contracts import Loss as Loss
 from hloforge.core.contracts import layer_fields as layer_fields
 from hloforge.core.errors import PluginError, UnsupportedSpec
+from hloforge.core.registry import component_label
 from hloforge.core.slots import INITS as INITS
 from hloforge.core.slots import Ctx as Ctx
 from hloforge.core.slots import MaskSlot as MaskSlot
@@ -72,8 +74,12 @@ def _shape(v: Sequence[int]) -> Shape:
 
 
 def check_shape(what: str, shape: Shape) -> None:
-    """Refuse a shape with a dimension below 1, or more elements than any device holds."""
-    if not all(_is_int(n) and n >= 1 for n in shape):
+    """Refuse a shape with a dimension that is no integer or is below 1, or more elements than any device holds."""
+    odd = [n for n in shape if not _is_int(n)]
+    if odd:  # a float (in_shape[0] / 2) is no size at all, however positive
+        raise UnsupportedSpec(f"{what} {list(shape)} has a dimension that is not an integer: {odd[0]!r} (type "
+                              f"{type(odd[0]).__name__}); every dimension must be a positive int")
+    if not all(n >= 1 for n in shape):
         raise UnsupportedSpec(f"{what} {list(shape)} has a dimension below 1; every dimension must be positive")
     if math.prod(shape) > MAX_ELEMENTS:
         raise UnsupportedSpec(f"{what} {list(shape)} has {math.prod(shape):,} elements, more than the "
@@ -303,13 +309,13 @@ def walk_layers(layers: Sequence[Layer], in_shape: Shape) -> list[LayerShapes]:
     for i, layer in enumerate(layers):
         try:
             check_options(layer)
-            nxt = tuple(layer.out_shape(shape))
+            nxt = _returned_shape(layer, i, layer.out_shape(shape))
             check_shape("output shape", nxt)
-            slots = layer.param_slots(shape)
+            slots = _returned_slots(layer, i, "param_slots", layer.param_slots(shape), ParamSlot)
             for s in slots:
                 check_shape(f"parameter {s.name}", s.shape)
-            stats = layer.stat_slots(shape)
-            masks = layer.mask_slots(shape)
+            stats = _returned_slots(layer, i, "stat_slots", layer.stat_slots(shape), StatSlot)
+            masks = _returned_slots(layer, i, "mask_slots", layer.mask_slots(shape), MaskSlot)
             want, push = layer.skip_in(shape), layer.skip_out(shape)
             if want is not None:
                 if not skips:
@@ -331,6 +337,34 @@ def walk_layers(layers: Sequence[Layer], in_shape: Shape) -> list[LayerShapes]:
         raise UnsupportedSpec(f"layer {j} ({_brief(layers[j])}) leaves a skip {list(got)} that no later layer "
                               "takes")
     return out
+
+
+# What a layer's shape methods return is the plugin's own doing: a value of another type is refused naming the
+# layer (a PluginError), not left to fail in the walk's own code as hloforge's bug.
+def _returned_shape(layer: Layer, i: int, got: Any) -> Shape:
+    if isinstance(got, (str, bytes)) or not isinstance(got, Sequence | np.ndarray):
+        raise PluginError(f"{component_label('layer', layer)}: layer {i}'s out_shape returned {_returned(got)}; "
+                          "expected its output shape, a tuple of positive ints without the batch axis")
+    return tuple(got)
+
+
+def _returned_slots(layer: Layer, i: int, method: str, got: Any, cls: type) -> Any:
+    if not isinstance(got, (list, tuple)) or not all(isinstance(s, cls) for s in got):
+        one = f" (one slot is `return ({cls.__name__}(...),)`)" if isinstance(got, cls) else ""
+        raise PluginError(f"{component_label('layer', layer)}: layer {i}'s {method} returned {_returned(got)}; "
+                          f"expected a tuple of {cls.__module__}.{cls.__name__}{one}")
+    return got
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxother = _SHORT.maxstring = 80
+
+
+def _returned(v: Any) -> str:
+    """A returned value for a message: short, with its type (and its items' types where it holds others)."""
+    items = sorted({type(x).__name__ for x in v}) if isinstance(v, (list, tuple)) else []
+    held = f" holding {', '.join(items)}" if items else ""
+    return f"{_SHORT.repr(v)} (type {type(v).__name__}{held})"
 
 
 def qualified_params(walk: Sequence[LayerShapes]) -> list[tuple[str, ParamSlot]]:

@@ -42,7 +42,8 @@ from collections.abc import Hashable, Iterator, Mapping
 
 import attrs
 
-from hloforge.core.errors import PluginError, UnsupportedSpec
+from hloforge.core.contracts import CORE_STRATEGY_CHOICES
+from hloforge.core.errors import UnsupportedSpec
 from hloforge.core.hlo import Builder, Value
 from hloforge.core.registry import Registry, default_registry
 
@@ -91,23 +92,15 @@ def _table() -> _Table:
 
 
 def _read(reg: Registry) -> _Table:
+    # The registry refused, as it loaded them, a plugin kind that takes a core kind's name and a backend whose
+    # `strategy_defaults` is no mapping or names an unknown kind or choice (Registry.broken lists them).
     kinds = {k.name: k for k in CORE_KINDS}
-    for name in reg.names("strategy"):
-        e = reg.entry("strategy", name)
-        if name in kinds:
-            raise PluginError(f"strategy kind {name!r} of {e.distribution!r} ({e.plugin}) is one of the core's")
-        kinds[name] = e.obj
+    kinds.update((name, reg.get("strategy", name)) for name in reg.names("strategy"))
     found: dict[str, Mapping[str, str]] = {}
     for name in reg.names("backend"):
-        e = reg.entry("backend", name)
-        defaults = getattr(e.obj, "strategy_defaults", None)
-        if defaults is None:
-            continue  # not a render target: it gets the portable forms
-        bad = {k: c for k, c in defaults.items() if k not in kinds or c not in kinds[k].choices}
-        if bad:
-            raise PluginError(f"backend {name!r} ({e.distribution}): strategy_defaults {bad} name an unknown kind "
-                              f"or choice; kinds: " + ", ".join(f"{k} {list(v.choices)}" for k, v in kinds.items()))
-        found[name] = dict(defaults)
+        defaults = getattr(reg.get("backend", name), "strategy_defaults", None)
+        if defaults is not None:  # None: not a render target, it gets the portable forms
+            found[name] = dict(defaults)
     return _Table(kinds, found)
 
 
@@ -270,24 +263,25 @@ def target_of(backend: object) -> str | None:
 
 
 # ----------------------------------------------------------------- the core's kinds (net-wide)
+# Their names and choices are contracts.CORE_STRATEGY_CHOICES, what the registry checks plugins against.
 # Why each backend picks what it does, with the measurements: benchmarks/NOTES.md.
-LAYOUT = StrategyKind("layout", ("nchw", "nhwc"),
+LAYOUT = StrategyKind("layout", CORE_STRATEGY_CHOICES["layout"],
                       "image activations between layers: NCHW throughout, or NHWC through every run of "
                       "layers that supports it (one transpose at each end of the run)", per_layer=False)
-UPDATE = StrategyKind("update", ("after_backward", "in_backward"),
+UPDATE = StrategyKind("update", CORE_STRATEGY_CHOICES["update"],
                       "the optimizer update after the whole backward, or each parameter's update the moment its "
                       "gradient is final, sequenced before the rest of the backward by an optimization barrier "
                       "(the same math; the gradient is used while hot; not with clipping or data parallel; "
                       "XLA's CPU compiler drops the barrier)",
                       per_layer=False)
 # An NHWC conv takes its kernel HWIO: carried so, the per-step transposes of kernels and gradients cancel.
-PARAM_LAYOUT = StrategyKind("paramLayout", ("public", "hwio"),
+PARAM_LAYOUT = StrategyKind("paramLayout", CORE_STRATEGY_CHOICES["paramLayout"],
                             "how the compiled steps carry each 4-D parameter (a conv kernel, declared OIHW): as "
                             "declared, or stored HWIO (axes 2, 3, 1, 0), the NHWC conv's own kernel layout; the "
                             "host (init, checkpoints, read_params) always sees the declared layout",
                             per_layer=False)
 # The transpose of a broadcast is a sum (every bias's, LayerNorm γ/β's and scale's gradient).
-SUMS = StrategyKind("sums", ("plain", "blocked"),
+SUMS = StrategyKind("sums", CORE_STRATEGY_CHOICES["sums"],
                     "the sums autodiff takes for a broadcast's gradient (a bias's, a norm's γ/β): one reduce, or "
                     "in stages: a short minor axis alone, then long axes within blocks of at most 32, first",
                     per_layer=False)

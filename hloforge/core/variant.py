@@ -107,8 +107,12 @@ class Wrappers:
         new_p: list[Value] = []
         new_s: dict[str, list[Value]] = {k: [] for k in lay.slots}
         for i in range(n):
-            p2, s2 = opt.update(b, params[i], g_eff[i], {k: state[k][i] for k in lay.optimizer_slots}, scalars,
-                                slots[i])
+            try:
+                p2, s2 = opt.update(b, params[i], g_eff[i], {k: state[k][i] for k in lay.optimizer_slots}, scalars,
+                                    slots[i])
+            except UnsupportedSpec as e:  # a refused op of the optimizer's own update: the author needs its name
+                raise PluginError(f"{component_label('optimizer', opt)}: its update of parameter {slots[i].name!r} "
+                                  f"{list(slots[i].shape)}: {e}") from e
             if not isinstance(s2, Mapping) or set(s2) != set(lay.optimizer_slots):  # the plugin's, not ours
                 got = sorted(s2) if isinstance(s2, Mapping) else repr(s2)
                 raise PluginError(f"{component_label('optimizer', opt)}: its update returned new state {got}, "
@@ -222,7 +226,14 @@ class StateLayout:
     def host_scalars(self, opt: Optimizer, micro_step: int, lr: float) -> list[float]:
         """The scalar inputs of 1-based micro-batch `micro_step`, in `scalars` order."""
         u = self.update_index(micro_step)
-        vals = dict(opt.host_scalars(u + 1, lr))
+        got = opt.host_scalars(u + 1, lr)
+        missing = [k for k in self.optimizer_scalars if k not in got] if isinstance(got, Mapping) else []
+        if not isinstance(got, Mapping) or missing:  # the plugin's two declarations disagree: name it, not a KeyError
+            said = f"{list(got)}, without {missing}" if missing else repr(got)
+            raise PluginError(f"{component_label('optimizer', opt)}: host_scalars returned {said}; expected a "
+                              f"mapping with a number for each name its `scalars` declares: "
+                              f"{list(self.optimizer_scalars)}")
+        vals = dict(got)
         if self.accumulates:
             vals[ACCUM_APPLY] = 1.0 if self.applies(micro_step) else 0.0
         if self.shadows:
@@ -247,7 +258,7 @@ class StateLayout:
                 elif k == SHADOW:
                     out.append(np.array(p, dtype))
                 else:
-                    out.append(np.asarray(opt.init_state(s)[k], dtype))
+                    out.append(np.asarray(_initial_state(opt, s, k), dtype))
         return out
 
     def shadow_restarted(self, state: Sequence[np.ndarray], trained: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -269,6 +280,22 @@ class StateLayout:
             parts = ([f"missing slot(s) {missing}"] if missing else []) + ([f"extra slot(s) {extra}"] if extra else [])
             raise DataError(f"{where} holds state slots {have}, but this variant's layout is "
                                   f"{list(self.slots)}: {' and '.join(parts)}")
+
+
+def _initial_state(opt: Optimizer, slot: ParamSlot, k: str) -> np.ndarray:
+    """The optimizer's initial value of state `k` for one parameter, refused unless a real array of the
+    parameter's shape: another one would be refused by the backend as an argument, naming no plugin."""
+    got = opt.init_state(slot)
+    if not isinstance(got, Mapping) or k not in got:
+        said = f"{list(got)}, without {k!r}" if isinstance(got, Mapping) else repr(got)
+    else:
+        v = np.asarray(got[k])
+        if v.shape == tuple(slot.shape) and v.dtype.kind in "fiu":
+            return v
+        said = f"state {k!r} of shape {list(v.shape)} {v.dtype}"
+    raise PluginError(f"{component_label('optimizer', opt)}: init_state of parameter {slot.name!r} returned {said}; "
+                      f"expected a float array of the parameter's shape {list(slot.shape)} for each name its "
+                      f"`state` declares: {list(opt.state)}")
 
 
 # ------------------------------------------------------------------ the variant and its slug

@@ -49,6 +49,7 @@ from typing import IO, Any
 import attrs
 import numpy as np
 
+from hloforge.core.contracts import Dataset
 from hloforge.core.errors import DataError, PluginError
 from hloforge.core.registry import component_label
 from hloforge.datasets.augment import Compose, Transform, step_rng
@@ -74,8 +75,13 @@ def split_pair(data: Any, split: str, stored: bool = False) -> tuple[Any, Any]:
     unpacking or index error deep in the loop."""
     call = f"{'records' if stored else 'arrays'}({split!r})"
     got = data.records(split) if stored else data.arrays(split)
-    if not (isinstance(got, (tuple, list)) and len(got) == 2
-            and all(np.ndim(a) >= 1 for a in got)):  # np.ndim: an array, a memmap or a nested list alike
+    if isinstance(got, (tuple, list)) and len(got) == 2:
+        try:  # nested lists as the arrays they hold (every consumer reads .shape); an array or memmap as it is
+            got = [np.asarray(a) if isinstance(a, (list, tuple)) else a for a in got]
+        except ValueError:  # numpy's, on rows of different lengths
+            raise PluginError(f"{component_label('dataset', data)}: {call} returned ragged nested lists, expected a "
+                              "pair (x, y) of arrays, one label per row of x") from None
+    if not (isinstance(got, (tuple, list)) and len(got) == 2 and all(np.ndim(a) >= 1 for a in got)):
         said = f"{len(got)} items" if isinstance(got, (tuple, list)) else type(got).__name__
         raise PluginError(f"{component_label('dataset', data)}: {call} returned {said}, expected a pair (x, y) "
                           "of arrays, one label per row of x")
@@ -83,7 +89,33 @@ def split_pair(data: Any, split: str, stored: bool = False) -> tuple[Any, Any]:
     if len(x) != len(y):
         raise PluginError(f"{component_label('dataset', data)}: {call} gave {len(x)} rows of x but {len(y)} "
                           "labels, expected one label per row")
+    if not stored:
+        check_float_x(data, call, x)
     return x, y
+
+
+def check_float_x(data: Any, call: str, x: Any) -> None:
+    """Refuse x of an integer dtype from `arrays` (net input, float32 by the Dataset contract; stored uint8
+    pixels are a record dataset's, which transforms them): cast as it is, 0…255 trains and scores a plausible,
+    wrong number. A token dataset's ids are ids whatever their dtype (an embedding reads them whole)."""
+    dtype = getattr(x, "dtype", None)  # an array's or a memmap's (nested lists are arrays by now)
+    if dtype is None or np.dtype(dtype).kind not in "iu" or getattr(data, "label_kind", Dataset.label_kind) == "tokens":
+        return
+    span = f" in {np.min(x)} … {np.max(x)}" if len(x) else ""
+    raise PluginError(f"{component_label('dataset', data)}: {call} gave x of {dtype}{span}, expected float32 net "
+                      "input (the Dataset contract); scale it in the dataset, e.g. x.astype(np.float32) / 255 for "
+                      "8-bit pixels, standardised as its net is trained on")
+
+
+def dataset_classes(data: Any) -> int:
+    """A dataset's `num_classes`, refused unless the int ≥ 1 the Dataset contract requires, where a task or the
+    stream reads it: a plugin's missing one is no AttributeError, its "10" no mismatch with a net of 10."""
+    n = getattr(data, "num_classes", None)
+    if isinstance(n, (int, np.integer)) and not isinstance(n, (bool, np.bool_)) and n >= 1:
+        return int(n)
+    said = "no num_classes" if not hasattr(data, "num_classes") else f"num_classes {n!r} (a {type(n).__name__})"
+    raise PluginError(f"{component_label('dataset', data)} has {said}; expected an int ≥ 1, the classes of its "
+                      "labels (a class attribute or set in __init__)")
 
 
 def check_rows(data: Any, split: str, n: int) -> None:
@@ -146,7 +178,7 @@ def layout_of(data: Any, split: str) -> Layout:
     if not np.issubdtype(np.asarray(yb).dtype, np.integer):  # the wire carries labels as int32
         raise DataError(f"dataset {data.name!r} split {split!r} has {np.asarray(yb).dtype} labels; the producer "
                         "stream carries integer labels only (train it without --workers)")
-    return Layout(math.prod(xb.shape[1:]), tuple(yb.shape[1:]), int(data.num_classes))
+    return Layout(math.prod(xb.shape[1:]), tuple(yb.shape[1:]), dataset_classes(data))
 
 
 def train_steps(n: int, batch: int, workers: int) -> int:

@@ -11,7 +11,9 @@ statistics are compared too, and in eval mode, with running statistics fed in (a
 differentiated, so the eval path's every rule is checked).
 For an optimizer: OPT_STEPS steps of its optimizer-step module against optax (≤ 1e-12 in f64,
 ≤ 1e-6 in f32), alone and inside the wrappers (EMA shadow, MultiSteps accumulation,
-clip_by_global_norm); the module emits the update exactly as the train step does.
+clip_by_global_norm); the module emits the update exactly as the train step does. A `layout_free`
+optimizer is gated again with its conv-kernel slot stored as paramLayout=hwio carries it (axes
+permuted), as XLA and IREE hand it over: an update that reads a tensor's axes goes red there.
 
 A gate must be able to fail: `hloforge.core.autodiff.inject_fault` breaks one
 VJP rule and the tests see every gate go red.
@@ -264,7 +266,10 @@ def gate_loss(loss: Loss, out_shape: Shape, *, batch: int = 3, seed: int = 0) ->
 
 
 # ------------------------------------------------------------------ optimizers
-OPT_SLOTS = (ParamSlot("w", (3, 4), "glorot", True), ParamSlot("b", (4,), "zeros", False))
+# A matrix, a conv kernel (OIHW, all four axes of distinct length: stored HWIO under paramLayout=hwio)
+# and a vector.
+OPT_SLOTS = (ParamSlot("w", (3, 4), "glorot", True), ParamSlot("k", (4, 3, 5, 2), "he_fan_out", True),
+             ParamSlot("b", (4,), "zeros", False))
 
 
 def gate_optimizer(opt: Optimizer, *, steps: int = OPT_STEPS, lr: float = 0.05, seed: int = 0,
@@ -273,7 +278,9 @@ def gate_optimizer(opt: Optimizer, *, steps: int = OPT_STEPS, lr: float = 0.05, 
     the same gradients (jax, f64): θ, and the EMA shadow when `wrappers` keep one (optax.ema fed θ
     after every update, at the host's warm-up decay). Under accumulation k, steps·k micro-batches.
     Every third micro-batch's gradients are scaled down 20×, so a clip norm sees both of its branches,
-    and under accumulation a partial sum above the norm meets the accumulator."""
+    and under accumulation a partial sum above the norm meets the accumulator. θ, ∂θ and the state
+    are carried as `modules.param_storage` says for no target (a `strategy.forced` paramLayout
+    choice applies), and read back in their declared layouts for the comparison."""
     jax = _jax()
     import jax.numpy as jnp
     import optax
@@ -298,17 +305,20 @@ def gate_optimizer(opt: Optimizer, *, steps: int = OPT_STEPS, lr: float = 0.05, 
     refs = [*ref, *(shadow.ema if lay.shadows else [])]
     errs = {}
     n = len(OPT_SLOTS)
+    storage = modules.param_storage([(s.name, s) for s in OPT_SLOTS], None)
     for dtype in ("f64", "f32"):
         npt = np.float64 if dtype == "f64" else np.float32
-        exe = _compile(modules.optimizer_step_module(list(OPT_SLOTS), opt, dtype=dtype, wrappers=wr))
+        exe = _compile(modules.optimizer_step_module(list(OPT_SLOTS), opt, dtype=dtype, wrappers=wr, storage=storage))
         try:
-            ps = [p.astype(npt) for p in params]
-            st = lay.initial(opt, OPT_SLOTS, params, npt)
+            ps = modules.host_stored([p.astype(npt) for p in params], storage)
+            st = modules.host_stored(lay.initial(opt, OPT_SLOTS, params, npt), storage)
             for t, gs in enumerate(grads, start=1):
-                outs = exe.run([*ps, *st, *(g.astype(npt) for g in gs), lay.host_schedule(opt, t, lr, npt)])
+                outs = exe.run([*ps, *st, *modules.host_stored([g.astype(npt) for g in gs], storage),
+                                lay.host_schedule(opt, t, lr, npt)])
                 ps, st = outs[:n], outs[n:]
         finally:
             exe.close()
+        ps, st = modules.host_declared(ps, storage), modules.host_declared(st, storage)
         got = [*ps, *(st[(lay.region("E") - 1) * n:lay.region("E") * n] if lay.shadows else [])]
         errs[dtype] = max(rel_err(p, np.asarray(r)) for p, r in zip(got, refs, strict=True))
     case = _case_label(opt, ()) if wrappers is None else f"{wr.label()} {_case_label(opt, ())}"
@@ -341,21 +351,17 @@ class GateCase:
         return f"{self.kind}:{self.name}:{fields}{at}{wrapped}{forced}" + ("#eval" if self.mode == "eval" else "")
 
     def run(self) -> GateResult:
-        if self.kind == "layer":
-            with strategy.forced(dict(self.strategy)):
+        with strategy.forced(dict(self.strategy)):
+            if self.kind == "layer":
                 res = gate_layer(self.obj, self.shape, mode=self.mode)
-            if not self.strategy:
-                return res
-            tag = " ".join(f"{k}={c}" for k, c in self.strategy)
-            return attrs.evolve(res, case=f"[{tag}] {res.case}"[:44])
-        if self.kind == "loss":
-            with strategy.forced(dict(self.strategy)):
+            elif self.kind == "loss":
                 res = gate_loss(self.obj, self.shape)
-            if not self.strategy:
-                return res
-            tag = " ".join(f"{k}={c}" for k, c in self.strategy)
-            return attrs.evolve(res, case=f"[{tag}] {res.case}"[:44])
-        return gate_optimizer(self.obj, wrappers=self.wrappers)
+            else:
+                res = gate_optimizer(self.obj, wrappers=self.wrappers)
+        if not self.strategy:
+            return res
+        tag = " ".join(f"{k}={c}" for k, c in self.strategy)
+        return attrs.evolve(res, case=f"[{tag}] {res.case}"[:44])
 
 
 def _compact(v: Any) -> str:
@@ -425,6 +431,10 @@ def _layer_cases(e: Any, declared: Sequence[Any]) -> list[GateCase]:
         stats = bool(walk_layers([obj], shape)[0].stats)
         nhwc = len(shape) == 3 and obj.supports_nhwc(shape)
         kinds = [k for k in obj.strategies_for(shape) if k != "layout" or nhwc]
+        # supports_nhwc alone makes an NHWC render keep NHWC through the layer: its NHWC form is
+        # gated whether or not the author listed "layout" (one who forgot would ship it ungated)
+        if nhwc and strategy.LAYOUT.name not in kinds:
+            kinds.append(strategy.LAYOUT.name)
         forcings: list[tuple[tuple[str, str], ...]] = [()]
         forcings += [((k, c),) for k in kinds for c in strategy.kind(k).choices[1:]]
         for target in strategy.targets():
@@ -450,6 +460,11 @@ def _loss_cases(e: Any, declared: Sequence[Any]) -> list[GateCase]:
 
 def _optimizer_cases(e: Any, declared: Sequence[Any]) -> list[GateCase]:
     out = [GateCase(e.kind, e.name, opt, (), e.distribution) for opt in declared]
+    # layout_free hands the update its tensors as stored, so each case runs again under every other
+    # paramLayout (a kernel's axes permuted); one that is not gets the declared layout whatever it is.
+    if e.obj.layout_free:
+        forced = [((strategy.PARAM_LAYOUT.name, c),) for c in strategy.PARAM_LAYOUT.choices[1:]]
+        out += [GateCase(e.kind, e.name, opt, (), e.distribution, strategy=f) for opt in declared for f in forced]
     # The wrappers compose with any optimizer: gated composed, on its first case.
     return out + [GateCase(e.kind, e.name, declared[0], (), e.distribution, wrappers=w) for w in Wrappers.gate_cases()]
 

@@ -60,8 +60,9 @@ def select(registry: Any, names: Sequence[str]) -> tuple[list[GateCase], list[st
     cases, errors = collect_cases(registry, names)
     rows = [error_row("broken", b.name, b.distribution, b.error) for b in broken]
     rows += [error_row(err.kind, err.name, err.distribution, err.message) for err in errors]
-    for e in entries:
-        if e.kind not in GATED and wanted & {e.name}:
+    gated_names = {e.name for e in entries if e.kind in GATED}
+    for e in entries:  # (a strategy kind named like its layer, conv2d, is gated with that layer's cases)
+        if e.kind not in GATED and wanted & {e.name} - gated_names:
             rows.append(error_row(e.kind, e.name, e.distribution, f"a {e.kind} has no gate (layers, losses and "
                                                                  "optimizers do)"))
     return cases, rows

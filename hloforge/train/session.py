@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 
 from hloforge.backends.base import BACKEND_ENV_VAR, DEFAULT_BACKEND
-from hloforge.core.errors import BackendError, DataError, UnsupportedSpec
+from hloforge.core.contracts import Backend
+from hloforge.core.errors import BackendError, DataError, PluginError, UnsupportedSpec
 from hloforge.core.modules import (
     TrainStepLayout,
     forward_module,
@@ -40,7 +41,7 @@ from hloforge.core.modules import (
     param_storage,
     train_step_module,
 )
-from hloforge.core.registry import Registry, default_registry
+from hloforge.core.registry import Registry, default_registry, plugin_label
 from hloforge.core.slots import check_stats
 from hloforge.core.spec import NetSpec
 from hloforge.core.strategy import target_of
@@ -88,15 +89,26 @@ def make_backend(name: str | None = None, registry: Registry | None = None, **op
     """An instance of the named backend; `name` None reads $HLOFORGE_BACKEND (default xla).
 
     An unknown name is a PluginError listing the registered ones; a registered backend
-    whose packages are missing raises BackendError naming what to pip install."""
+    whose packages are missing raises BackendError naming what to pip install; one that lacks a
+    method of the Backend protocol is a PluginError naming them, before anything is compiled."""
     name = name or os.environ.get(BACKEND_ENV_VAR) or DEFAULT_BACKEND
-    cls = (registry or default_registry()).get("backend", name)
+    entry = (registry or default_registry()).entry("backend", name)
+    cls = entry.obj
     accepted = inspect.signature(cls).parameters
     unknown = sorted(set(options) - set(accepted))
     if unknown:  # e.g. `devices` (an XLA client's device count) asked of IREE
         raise UnsupportedSpec(f"backend {name!r} takes no option {', '.join(unknown)} "
                               f"(its options: {', '.join(accepted) or 'none'})")
-    return cls(**options)
+    backend = cls(**options)
+    if not isinstance(backend, Backend):  # the instance: a wrapper may forward its methods (__getattr__)
+        members = [*Backend.__annotations__, *(k for k, v in vars(Backend).items()
+                                               if inspect.isfunction(v) and not k.startswith("_"))]
+        missing = [m for m in members if not hasattr(backend, m)]
+        # else the first missing call fails mid-run, after a compile, as if hloforge had a bug
+        raise PluginError(f"{plugin_label('backend', name, entry.distribution)} does not implement "
+                          f"{', '.join(missing)}; expected every member of the Backend protocol "
+                          f"(hloforge.core.contracts.Backend: {', '.join(members)})")
+    return backend
 
 
 def replica_devices(name: str | None, replicas: int, devices: int | None) -> int | None:

@@ -23,7 +23,9 @@ import numpy as np
 from hloforge.core.contracts import Dataset
 from hloforge.core.errors import DataError, UnsupportedSpec
 from hloforge.core.hlo import FLOAT_DTYPES
+from hloforge.core.modules import checked_label_spec
 from hloforge.core.spec import Loss, NetSpec
+from hloforge.datasets.stream import dataset_classes
 from hloforge.train import diffusion, segmentation
 from hloforge.train.metrics import check_finite, wilson
 
@@ -44,7 +46,7 @@ def loss_label_kind(loss: Loss, out_shape: tuple[int, ...]) -> str:
     kind = getattr(loss, "label_kind", Loss.label_kind)
     if kind:
         return str(kind)
-    shape, dtype = loss.label_spec(out_shape)
+    shape, dtype = checked_label_spec(loss, out_shape)
     if dtype == "i32" and shape == ():
         return "class"
     if dtype == "i32" and len(out_shape) == 3 and tuple(shape) == tuple(out_shape[1:]):
@@ -163,8 +165,9 @@ class ClassificationTask(Task):
 
     def check(self) -> None:
         run = self.run
-        if run.data.num_classes != run.spec.num_classes:
-            raise classes_mismatch(run.cfg.data, run.data.num_classes, run.cfg.net, run.spec)
+        classes = dataset_classes(run.data)
+        if classes != run.spec.num_classes:
+            raise classes_mismatch(run.cfg.data, classes, run.cfg.net, run.spec)
 
     def evaluate(self, evaluator: ForwardSession, buffers: list[Any]) -> Evaluation:
         from hloforge.train.evaluation import evaluate, evaluate_stream
@@ -210,7 +213,7 @@ class SegmentationTask(Task):
         if getattr(run.data, "label_kind", Dataset.label_kind) != "mask":
             raise DataError(f"net {run.spec.name!r} predicts per-pixel classes {list(out)}; dataset {run.cfg.data!r} "
                             "has no per-pixel masks")
-        if run.data.num_classes != out[0]:
+        if dataset_classes(run.data) != out[0]:
             raise DataError(f"dataset {run.cfg.data!r} has {run.data.num_classes} mask classes, net "
                             f"{run.spec.name!r} predicts {out[0]}")
         if tuple(run.y_te.shape[1:]) != tuple(out[1:]):
@@ -408,7 +411,7 @@ def _misfit(run: Any, loss: Loss, kind: str) -> str | None:
     check then names any finer mismatch (a DDPM's image size, a class count)."""
     spec, out = run.spec, tuple(run.spec.out_shape)
     data_kind = str(getattr(run.data, "label_kind", Dataset.label_kind))
-    shape, dtype = loss.label_spec(out)
+    shape, dtype = checked_label_spec(loss, out)
     if kind == "noise" and not DiffusionTask.ddpm_shaped(spec):
         wants = (f"float targets shaped like the net's output ({_shape_said(shape)}) and trains only a DDPM (images "
                  f"plus a time channel [C + 1, ...] to their noise [C, ...]), which a net from "

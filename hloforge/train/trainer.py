@@ -31,7 +31,7 @@ from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
 from hloforge.core.registry import default_registry
 from hloforge.core.spec import NetSpec
 from hloforge.core.variant import SHADOW, Variant, ema_decay_at
-from hloforge.datasets.stream import DataRef, Feed, check_rows, split_labels, split_pair
+from hloforge.datasets.stream import DataRef, Feed, check_rows, dataset_classes, split_labels, split_pair
 from hloforge.train import autotune, curves, finetune, fp8, mpi, rundir, tasks
 from hloforge.train import checkpoint as ckpt
 from hloforge.train.arraydata import ARRAYS
@@ -146,7 +146,7 @@ class Run:
         if labels is not None:  # the task's targets in place of the dataset's own labels
             self.data = labels
             self.y_te = self.data.arrays("test")[1]
-        if self.lm and self.data.num_classes != self.spec.num_classes:
+        if self.lm and dataset_classes(self.data) != self.spec.num_classes:
             raise classes_mismatch(cfg.data, self.data.num_classes, cfg.net, self.spec)
         self.feed = Feed(self.data, DataRef(cfg.data, opts), batch=cfg.batch, seed=cfg.seed, workers=cfg.workers,
                          augment=cfg.augment, input_shape=self.task.feed_shape if self.task else self.spec.input_shape,
@@ -185,7 +185,7 @@ class Run:
         """The eval split's inputs shaped for the net, in memory. A run that streams its eval (workers > 0)
         never needs them; they load on first use, for the consumers that need random access (cam)."""
         if self._x_te is None:
-            self._x_te = self._fit_input(self.data.arrays("test")[0])
+            self._x_te = self._fit_input(split_pair(self.data, "test")[0])
         return self._x_te
 
     # ------------------------------------------------------------------ checkpoints

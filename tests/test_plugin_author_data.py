@@ -1,0 +1,264 @@
+"""A third-party backend, dataset or callback that breaks its contract is refused in one line naming it, before
+anything compiles or trains: a backend without `execute`, a dataset without an int `num_classes` or whose x is
+unscaled integers, a callback hook that cannot take the loop's call or an option not of its annotated type. A
+dataset's nested lists are the arrays they hold. (Each was once an internal error after an epoch, or a run that
+trained on 0…255 and exited 0.)
+
+The "pip-installed" distribution is a module and a dist-info on sys.path (tests/plugin_site.py), found by a default
+registry built afresh for each test."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from plugin_site import fake_dist
+
+import hloforge as hf
+from hloforge.callbacks import Callback
+from hloforge.cli import main
+from hloforge.core import registry
+from hloforge.core.errors import PluginError
+from hloforge.datasets.stream import split_pair
+
+DIST = "hloforge-data-author"
+
+PLUGIN = textwrap.dedent('''
+    import numpy as np
+
+    from hloforge.callbacks import Callback
+    from hloforge.core.hookspecs import hookimpl
+
+
+    class Blobs:
+        name = "blobs"
+        num_classes = 3
+
+        def arrays(self, split):
+            rng = np.random.default_rng(0 if split == "train" else 1)
+            y = rng.integers(0, 3, 64).astype(np.int32)
+            return (rng.standard_normal((64, 2)) + y[:, None]).astype(np.float32), y
+
+
+    class NoClasses:
+        name = "noClasses"
+        arrays = Blobs.arrays
+
+
+    class ClassesStr(Blobs):
+        name = "classesStr"
+        num_classes = "3"
+
+
+    class Lists(Blobs):
+        name = "lists"
+
+        def arrays(self, split):
+            x, y = super().arrays(split)
+            return x.tolist(), y.tolist()
+
+
+    class Uint8(Blobs):
+        name = "uint8"
+
+        def arrays(self, split):
+            x, y = super().arrays(split)
+            return np.clip(x * 40 + 128, 0, 255).astype(np.uint8), y
+
+
+    class WrongSig(Callback):
+        name = "wrongSig"
+
+        def on_epoch_end(self, epoch):  # logs left out
+            print("epoch", epoch)
+
+
+    class InitOpt(Callback):
+        name = "initOpt"
+
+        def __init__(self, every: int = 1):
+            self.every = every
+
+        def on_epoch_end(self, epoch, logs):
+            if epoch % self.every == 0:
+                print("every", self.every)
+
+
+    class Incomplete:
+        name = "incomplete"  # compile and to_device, no to_host or execute
+
+        def __init__(self):
+            from hloforge.backends.xla.backend import XlaBackend
+
+            self.inner = XlaBackend()
+
+        def backend_name(self):
+            return "incomplete"
+
+        def compile(self, mlir_text, num_replicas=1):
+            return self.inner.compile(mlir_text, num_replicas)
+
+        def to_device(self, array, borrow=False, device=0):
+            return self.inner.to_device(array, borrow=borrow)
+
+
+    @hookimpl
+    def hloforge_datasets():
+        return [Blobs, NoClasses, ClassesStr, Lists, Uint8]
+
+
+    @hookimpl
+    def hloforge_callbacks():
+        return [WrongSig, InitOpt]
+
+
+    @hookimpl
+    def hloforge_backends():
+        return [Incomplete]
+''')
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    site = tmp_path_factory.mktemp("author")
+    groups = ("datasets", "callbacks", "backends")
+    fake_dist(site, DIST, {"hf_author_data": PLUGIN}, {f"hloforge.{g}": {"author": "hf_author_data"} for g in groups})
+    return site
+
+
+@pytest.fixture
+def installed(site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The distribution installed; the default registry built afresh with it, and dropped after the test."""
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("HLOFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("HLOFORGE_DEBUG", raising=False)
+    registry.default_registry.cache_clear()
+    yield
+    registry.default_registry.cache_clear()
+
+
+def train(tmp_path: Path, *args: str, run: str = "run") -> list[str]:
+    net = tmp_path / "net.toml"
+    net.write_text('name = "blobnet"\ninput_shape = [2]\nnum_classes = 3\n\n[[layers]]\nkind = "dense"\nunits = 3\n')
+    return ["train", str(net), "--epochs", "1", "--batch", "16", "--no-progress", "--run-dir", str(tmp_path / run),
+            *args]
+
+
+def refused(capsys: pytest.CaptureFixture[str]) -> str:
+    """The one error line of a refusal made before anything compiled or trained."""
+    out, err = capsys.readouterr()
+    err = err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err and "internal error" not in err, err
+    assert "compiled" not in out + err and "epoch 1/1" not in out + err, out + err
+    return err
+
+
+LABEL = f"(dist '{DIST}')"
+
+
+# ------------------------------------------------------------------ backend
+def test_a_backend_without_execute_is_refused_before_any_compile(installed: None, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(train(tmp_path, "--data", "blobs", "--backend", "incomplete")) == 3
+    assert refused(capsys) == (
+        f"hloforge: error: backend 'incomplete' {LABEL} does not implement to_host, execute; expected every member "
+        "of the Backend protocol (hloforge.core.contracts.Backend: name, backend_name, compile, to_device, to_host, "
+        "execute)")
+
+
+# ------------------------------------------------------------------ datasets
+@pytest.mark.parametrize(("data", "said"), [
+    ("noClasses", "has no num_classes"),
+    ("classesStr", "has num_classes '3' (a str)"),  # once: "has 3 classes, net 'blobnet' has 3"
+])
+def test_a_dataset_without_an_int_num_classes_is_refused_naming_it(data: str, said: str, installed: None,
+                                                                   tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(train(tmp_path, "--data", data)) == 3
+    assert refused(capsys) == (f"hloforge: error: dataset '{data}' {LABEL} {said}; expected an int ≥ 1, the classes "
+                               "of its labels (a class attribute or set in __init__)")
+
+
+def test_a_dataset_giving_uint8_x_is_refused_not_trained_on_0_to_255(installed: None, tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(train(tmp_path, "--data", "uint8")) == 3
+    err = refused(capsys)
+    assert err.startswith(f"hloforge: error: dataset 'uint8' {LABEL}: arrays('test') gave x of uint8 in "), err
+    assert "expected float32 net input (the Dataset contract); scale it in the dataset" in err
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def metrics(run: Path) -> dict[str, float]:
+    last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    return {k: last[k] for k in ("loss", "top1", "correct", "n")}
+
+
+def test_a_dataset_giving_nested_lists_trains_as_on_its_arrays(installed: None, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(train(tmp_path, "--data", "lists", run="lists")) == 0
+    assert main(train(tmp_path, "--data", "blobs", run="arrays")) == 0
+    assert metrics(tmp_path / "lists") == metrics(tmp_path / "arrays")
+
+
+class Split:
+    """A dataset stand-in whose arrays are what it is given."""
+
+    name = "standIn"
+    num_classes = 3
+
+    def __init__(self, x: object, y: object, label_kind: str = "class"):
+        self.x, self.y, self.label_kind = x, y, label_kind
+
+    def arrays(self, split: str) -> tuple[object, object]:
+        return self.x, self.y
+
+
+def test_split_pair_gives_nested_lists_as_arrays_and_refuses_ragged_ones() -> None:
+    x, y = split_pair(Split([[0.5, 1.0], [2.0, 3.0]], [1, 2]), "train")
+    assert isinstance(x, np.ndarray) and isinstance(y, np.ndarray)
+    np.testing.assert_array_equal(x, [[0.5, 1.0], [2.0, 3.0]])
+    with pytest.raises(PluginError, match=r"^dataset 'standIn': arrays\('train'\) returned ragged nested lists, "
+                                          r"expected a pair \(x, y\) of arrays"):
+        split_pair(Split([[0.5, 1.0], [2.0]], [1, 2]), "train")
+
+
+def test_integer_x_is_refused_from_arrays_but_not_a_token_datasets_ids() -> None:
+    with pytest.raises(PluginError, match=r"arrays\('test'\) gave x of int64 in 0 … 255, expected float32"):
+        split_pair(Split(np.array([[0, 255]]), np.array([1])), "test")
+    ids = np.array([[1, 2, 3]], np.int32)  # ids are ids: an embedding reads them whole
+    assert split_pair(Split(ids, ids, label_kind="tokens"), "train")[0] is ids
+
+
+# ------------------------------------------------------------------ callbacks
+def test_a_callback_hook_of_the_wrong_signature_is_refused_before_the_first_step(
+        installed: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(train(tmp_path, "--data", "blobs", "--callback", "wrongSig")) == 3
+    assert refused(capsys) == (
+        f"hloforge: error: callback 'wrongSig' {LABEL}: its on_epoch_end(self, epoch) cannot take the loop's call "
+        "on_epoch_end(epoch, logs); expected on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> None as "
+        "hloforge.callbacks.Callback declares it")
+
+
+class NoLogs(Callback):
+    def on_step_end(self, step: int) -> None:  # logs left out
+        pass
+
+
+def test_fit_refuses_a_callback_hook_of_the_wrong_signature_before_training() -> None:
+    m = hf.Model(hf.NetSpec("tiny", (2,), [hf.layers.Dense(3)], 3))
+    x = np.random.default_rng(0).normal(size=(32, 2)).astype(np.float32)
+    with pytest.raises(PluginError, match=r"^callback 'NoLogs': its on_step_end\(self, step\) cannot "
+                                          r"take the loop's call on_step_end\(step, logs\)"):
+        m.fit(x, np.arange(32) % 3, epochs=1, batch_size=16, verbose=False, callbacks=[NoLogs()])
+    assert len(m.history) == 0
+
+
+def test_a_callback_option_not_of_its_annotated_type_is_refused_before_the_first_step(
+        installed: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(train(tmp_path, "--data", "blobs", "--callback", "initOpt:every=x")) == 3
+    assert refused(capsys) == f"hloforge: error: callback 'initOpt' {LABEL} option every='x' is not of its type int"
+    assert main(train(tmp_path, "--data", "blobs", "--callback", "initOpt:every=1", run="ok")) == 0
+    assert "every 1" in capsys.readouterr().out
