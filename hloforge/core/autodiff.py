@@ -505,13 +505,11 @@ EMITTED_BY = "emitted_by"
 
 
 def claim_custom_ops(ops: Sequence[TapeOp], owner: Callable[[], str]) -> None:
-    """Record `owner()` (e.g. "layer 'x' (dist 'y'): layer 2's backward") as the emitter of the custom ops
-    in `ops` that no inner emitter claimed first (a layer emitted inside another keeps its own name)."""
-    mine = [op for op in ops if op.op == "custom" and EMITTED_BY not in op.attrs]
-    if mine:
-        label = owner()
-        for op in mine:
-            op.attrs[EMITTED_BY] = label
+    """Record `owner` (called only for a refusal: e.g. "layer 'x' (dist 'y'): layer 2's backward") as the emitter
+    of the custom ops in `ops` that no inner emitter claimed first (a layer emitted inside another keeps its own)."""
+    for op in ops:
+        if op.op == "custom" and EMITTED_BY not in op.attrs:
+            op.attrs[EMITTED_BY] = owner
 
 
 def _custom_cts(b: Builder, op: TapeOp, out_cts: Sequence[Value | None]) -> Cts:
@@ -520,20 +518,24 @@ def _custom_cts(b: Builder, op: TapeOp, out_cts: Sequence[Value | None]) -> Cts:
     assert op.bwd is not None
     full = [c if c is not None else b.full(0.0, o.shape, o.dtype) for c, o in zip(out_cts, op.outs, strict=True)]
     cts = op.bwd(b, *full)
-    who = f"{op.attrs.get(EMITTED_BY, 'a custom op')}: custom_vjp's bwd returned"
     n = len(op.ins)
     if not isinstance(cts, (list, tuple)):
         got = cts.type if isinstance(cts, Value) else repr(cts)
-        raise PluginError(f"{who} {got}, expected a list of one cotangent per input ({n}; None for no gradient)")
+        raise _refused(op, f"{got}, expected a list of one cotangent per input ({n}; None for no gradient)")
     if len(cts) != n:
-        raise PluginError(f"{who} {len(cts)} cotangent{'s' * (len(cts) != 1)} for its {n} input{'s' * (n != 1)}, "
-                          "expected one per input, in order (None for no gradient)")
+        raise _refused(op, f"{len(cts)} cotangent{'s' * (len(cts) != 1)} for its {n} input{'s' * (n != 1)}, "
+                           "expected one per input, in order (None for no gradient)")
     for i, (v, c) in enumerate(zip(op.ins, cts, strict=True)):
         if c is None or (isinstance(c, Value) and (c.type == v.type or v.dtype not in FLOAT_DTYPES)):
             continue  # a non-float input gets no gradient: whatever its cotangent, it is dropped
         got = c.type if isinstance(c, Value) else repr(c)
-        raise PluginError(f"{who} {got} for input {i}, expected {v.type} (that input's type) or None")
+        raise _refused(op, f"{got} for input {i}, expected {v.type} (that input's type) or None")
     return cts
+
+
+def _refused(op: TapeOp, what: str) -> PluginError:
+    owner = op.attrs.get(EMITTED_BY)  # named only now: naming reads the plugins' registry
+    return PluginError(f"{owner() if owner else 'a custom op'}: custom_vjp's bwd returned {what}")
 
 
 # ----------------------------------------------------------------- the walk
