@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import os
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 
 def fake_dist(site: Path, dist: str, modules: dict[str, str], entry_points: dict[str, dict[str, str]]) -> None:
@@ -26,3 +28,16 @@ def env_with(*paths: Path) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([*map(str, paths), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.pop("HLOFORGE_TRACE_PLUGINS", None)
     return env
+
+
+def installed_in_process(site: Path, tmp_path: Path, monkeypatch: Any) -> Iterator[None]:
+    """`site` importable in this process, the default registry built afresh with it and dropped after (a
+    fixture's body: `yield from installed_in_process(site, tmp_path, monkeypatch)`)."""
+    from hloforge.core import registry
+
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("HLOFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("HLOFORGE_DEBUG", raising=False)
+    registry.default_registry.cache_clear()
+    yield
+    registry.default_registry.cache_clear()

@@ -15,12 +15,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from plugin_site import fake_dist
+from plugin_site import fake_dist, installed_in_process
 
 import hloforge as hf
 from hloforge.callbacks import Callback
 from hloforge.cli import main
-from hloforge.core import registry
 from hloforge.core.errors import PluginError
 from hloforge.datasets.stream import split_pair
 
@@ -132,12 +131,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def installed(site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """The distribution installed; the default registry built afresh with it, and dropped after the test."""
-    monkeypatch.syspath_prepend(str(site))
-    monkeypatch.setenv("HLOFORGE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("HLOFORGE_DEBUG", raising=False)
-    registry.default_registry.cache_clear()
-    yield
-    registry.default_registry.cache_clear()
+    yield from installed_in_process(site, tmp_path, monkeypatch)
 
 
 def train(tmp_path: Path, *args: str, run: str = "run") -> list[str]:

@@ -14,10 +14,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from plugin_site import fake_dist
+from plugin_site import fake_dist, installed_in_process
 
 from hloforge.cli import main
-from hloforge.core import registry
 from hloforge.core.registry import Registry
 
 DIST = "hloforge-buggy"
@@ -180,12 +179,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def installed(site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """hloforge-buggy installed; the default registry built afresh with it, and dropped after the test."""
-    monkeypatch.syspath_prepend(str(site))
-    monkeypatch.setenv("HLOFORGE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("HLOFORGE_DEBUG", raising=False)
-    registry.default_registry.cache_clear()
-    yield
-    registry.default_registry.cache_clear()
+    yield from installed_in_process(site, tmp_path, monkeypatch)
 
 
 def net(tmp_path: Path, *extra: str) -> str:
