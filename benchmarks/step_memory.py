@@ -29,7 +29,7 @@ def one_run(net: str, batch: int, steps: int, pause_ms: float) -> dict:
         assert info is not None, "step_memory.py reads glibc's heap (mallinfo2): glibc 2.33+ only"
         return info
 
-    _, step, _ = make_hloforge(net, "hloforge-xla", batch, 1e-3, 0)
+    _, step, *_ = make_hloforge(net, "hloforge-xla", batch, 1e-3, 0)
     data = batches(load_net(net), batch, 4, 0)
     times, live_after = [], []
     for i in range(steps):

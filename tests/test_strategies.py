@@ -395,7 +395,7 @@ def test_im2col_gemm_conv_is_gated_and_a_broken_one_turns_it_red(monkeypatch: py
 
 
 def test_winograd_conv_is_gated_and_a_broken_one_turns_it_red(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A 3×3 stride-1 conv of 128 channels or more a side is, in the winograd form (XLA's), Winograd's
+    """A 3×3 stride-1 conv of 32 channels or more a side is, in the winograd form (XLA's), Winograd's
     F(2×2, 3×3): three transform products and one batched GEMM forward, no convolution. Its gate case
     (odd sizes: the 2×2 tiles cropped) passes, and so does every 3×3 stride-1 conv case of conv2d and
     convBn in the Winograd form (the width rule lowered to 1: "same" and "valid" padding, with and
@@ -403,12 +403,14 @@ def test_winograd_conv_is_gated_and_a_broken_one_turns_it_red(monkeypatch: pytes
     adjoints off by 0.1%, turn them red."""
     from hloforge.lowering import conv, winograd
 
-    assert conv.takes_winograd((3, 3, 128, 128), 1, 1)  # resnet18-cifar's second stage on
-    assert not conv.takes_winograd((3, 3, 64, 64), 1, 1)  # ... not its first
+    assert conv.takes_winograd((3, 3, 64, 64), 1, 1)  # resnet18-cifar's stages
+    assert conv.takes_winograd((3, 3, 32, 64), 1, 1)  # mnist-cnn's third conv
+    assert not conv.takes_winograd((3, 3, 1, 32), 1, 1)  # ... not its first
+    assert not conv.takes_winograd((3, 3, 16, 16), 1, 1)  # nor resnet-mini's first stage
     assert not conv.takes_winograd((3, 3, 128, 256), 2, 1)
     assert not conv.takes_winograd((3, 3, 128, 128), 1, 2)
     assert not conv.takes_winograd((5, 5, 128, 128), 1, 1)
-    wide = next(c for c in _cases("conv2d") if c.shape == (128, 3, 5) and c.strategy == XLA_FORMS)
+    wide = next(c for c in _cases("conv2d") if c.shape == (32, 3, 5) and c.strategy == XLA_FORMS)
     with strategy.forced(dict(XLA_FORMS)):
         text = vjp_module([wide.obj], wide.shape, 2)
     # forward 4, backward 5: the output transform's, ∂V and ∂U, the input and kernel transforms'
@@ -434,6 +436,43 @@ def test_winograd_conv_is_gated_and_a_broken_one_turns_it_red(monkeypatch: pytes
         with inject_fault("custom") as calls:
             result = case.run()
         assert calls[0] > 0 and not result.passed, f"adjoints broken\n{HEADER}\n{result.row()}"
+
+
+def test_winograd_recomputing_its_transformed_image_is_gated_and_a_broken_one_turns_it_red(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A transformed image V of RECOMPUTED_MIN_BYTES or more is computed again in the backward, from
+    2x (XLA's CSE would fold a plain recomputation back into the forward's V), its ∂U halved: the
+    step's program reads V in no backward product, and its scratch is smaller. Every Winograd gate
+    case passes in that form (the size rule lowered to 0); ∂U left doubled, or the recomputed V
+    left unscaled, turns them red."""
+    from hloforge.lowering import conv, winograd
+
+    monkeypatch.setattr(conv, "WINOGRAD_MIN_CHANNELS", 1)
+    cases = [c for name in ("conv2d", "convBn") for c in _cases(name)
+             if set(XLA_FORMS) <= set(c.strategy) and c.mode == "train" and getattr(c.obj, "k", 0) == 3
+             and getattr(c.obj, "stride", 0) == 1 and getattr(c.obj, "groups", 1) == 1]
+    assert len(cases) >= 4
+    with strategy.forced(dict(XLA_FORMS)):
+        held = vjp_module([cases[0].obj], cases[0].shape, 2)
+        monkeypatch.setattr(winograd, "RECOMPUTED_MIN_BYTES", 0)
+        again = vjp_module([cases[0].obj], cases[0].shape, 2)
+    # the input transform's product twice (forward, backward), 2x and ∂U's halving the two multiplies more
+    assert again.count("stablehlo.dot_general") == held.count("stablehlo.dot_general") + 1
+    assert again.count("stablehlo.multiply") == held.count("stablehlo.multiply") + 2
+    for case in cases:
+        result = case.run()
+        assert result.passed, f"\n{HEADER}\n{result.row()}"
+    real = winograd._products_recomputing_v
+    for wrong in ({"unscale": 1.0}, {"scaled_v": lambda f: (lambda: f() * 0.5)}):
+        def broken(b, v, u, scaled_v, unscale, wrong=wrong):  # type: ignore[no-untyped-def]
+            if "scaled_v" in wrong:
+                scaled_v = wrong["scaled_v"](scaled_v)
+            return real(b, v, u, scaled_v, wrong.get("unscale", unscale))
+
+        with monkeypatch.context() as m:
+            m.setattr(winograd, "_products_recomputing_v", broken)
+            result = cases[0].run()
+        assert not result.passed, f"{wrong} \n{HEADER}\n{result.row()}"
 
 
 def test_shifted_depthwise_backward_is_gated_and_a_broken_one_turns_it_red() -> None:

@@ -33,6 +33,10 @@ class TensorType:
     def size(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64))
 
+    @property
+    def nbytes(self) -> int:
+        return self.size * np.dtype(NUMPY_DTYPE[self.dtype]).itemsize
+
 
 class Ops(Protocol):
     """What a Value's arithmetic sugar calls on the builder that made it (hloforge.core.hlo.Builder)."""

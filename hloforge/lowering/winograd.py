@@ -21,11 +21,17 @@ transposed matrices; autodiff's adjoint of the tile gather overlap-adds the tile
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from hloforge.core.hlo import Builder, Value
+
+# The transformed image V is 4× the image, and the backward's ∂U reads it: held from the forward, the
+# V of resnet18-cifar's 64-wide convs (32 MiB each at batch 32) were 128 of the step's 417 MiB of
+# scratch at the forward/backward turn. From this size on V is computed again in the backward
+# (`_products_recomputing_v`), which cost that step ~4% (benchmarks/NOTES.md).
+RECOMPUTED_MIN_BYTES = 32 << 20
 
 # F(2, 3)'s matrices, row by row: transformed index × tap.
 B_T = ((1, 0, -1, 0), (0, 1, 1, 0), (0, -1, 1, 0), (0, 1, 0, -1))  # input tile (4) → transformed (4)
@@ -84,6 +90,23 @@ def output_tiles(b: Builder, m: Value, n: int, th: int, tw: int) -> Value:
     return b.reshape(y, (n, 2 * th, 2 * tw, o))
 
 
+def _products_recomputing_v(b: Builder, v: Value, u: Value, scaled_v: Callable[[], Value], unscale: float) -> Value:
+    """M = V·U per position ([16, tiles, C]·[16, C, O]), differentiated as ∂V = M̄·Uᵀ and ∂U = Vᵀ·M̄
+    with V computed again in the backward rather than held from the forward. XLA's CSE would merge
+    a plain recomputation back into the forward's V (optimization barriers do not stop it), so the
+    backward's reads `scaled_v()`, V times a power of two, and ∂U is multiplied by `unscale`: both
+    exact in floating point."""
+
+    def fwd(v: Value, u: Value) -> list[Value]:
+        return [b.dot_general(v, u, ([2], [1]), ((0,), (0,)))]
+
+    def bwd(b: Builder, g: Value) -> list[Value]:
+        du = b.dot_general(scaled_v(), g, ([1], [1]), ((0,), (0,)))
+        return [b.dot_general(g, u, ([2], [2]), ((0,), (0,))), du * unscale]
+
+    return b.custom_vjp(fwd, bwd, v, u)[0]
+
+
 def winograd_conv(b: Builder, x: Value, w: Value, pads: Sequence[tuple[int, int]],
                   out_hw: Sequence[int]) -> Value:
     """x [N, H, W, C] ⊛ w [3, 3, C, O] at stride 1 with `pads` per spatial axis -> [N, OH, OW, O]
@@ -93,9 +116,16 @@ def winograd_conv(b: Builder, x: Value, w: Value, pads: Sequence[tuple[int, int]
     th, tw = ((s + 1) // 2 for s in out_hw)
     # the tiles cover 2·T + 2 padded pixels per axis: an odd output size reads one pixel past `pads`
     high = [2 * t + 2 - size - lo for t, size, (lo, _) in zip((th, tw), (h, wd), pads, strict=True)]
-    xp = b.pad(x, [0, pads[0][0], pads[1][0], 0], [0, *high, 0])
-    v = apply(b, input_matrix(), input_tiles(b, xp))
-    m = b.dot_general(b.reshape(v, (16, n * th * tw, c)), kernel_transform(b, w), ([2], [1]), ((0,), (0,)))
+
+    def transformed(x: Value) -> Value:  # V [16, tiles, C]
+        xp = b.pad(x, [0, pads[0][0], pads[1][0], 0], [0, *high, 0])
+        return b.reshape(apply(b, input_matrix(), input_tiles(b, xp)), (16, n * th * tw, c))
+
+    v, u = transformed(x), kernel_transform(b, w)
+    if v.type.nbytes < RECOMPUTED_MIN_BYTES:
+        m = b.dot_general(v, u, ([2], [1]), ((0,), (0,)))
+    else:
+        m = _products_recomputing_v(b, v, u, lambda: transformed(x * 2.0), 0.5)
     y = output_tiles(b, m, n, th, tw)
     if [2 * th, 2 * tw] != out_hw:
         y = b.slice(y, [0, 0, 0, 0], [n, *out_hw, w.shape[3]])
