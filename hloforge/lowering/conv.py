@@ -70,9 +70,10 @@ DW_CHUNK_MIN_PIXELS = 14 * 14
 # all the backward; where the kernel is about the activations' size the conv still wins (benchmarks/NOTES.md).
 GEMM_KERNEL_RATIO = 2
 
-# Winograd's transformed image is 4× the image: on resnet-mini's 16-wide convs writing it costs the
-# step more than their GEMMs save; from 32 channels a side it pays (benchmarks/NOTES.md).
-WINOGRAD_MIN_CHANNELS = 32
+# Winograd's transformed image is 4× the image: on 16-wide convs writing it costs the step more than
+# their GEMMs save; from 32 channels a side the step gains, but the compile grows more than it does
+# from 64 on (mnist-cnn's cold setup past jax.jit's: benchmarks/NOTES.md).
+WINOGRAD_MIN_CHANNELS = 64
 
 
 def dw_chunk(x_shape: Sequence[int], g_shape: Sequence[int], dtype: str) -> int | None:

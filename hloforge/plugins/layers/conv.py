@@ -110,7 +110,7 @@ class Conv2d(Layer):
             (cls(3, k=1, stride=2, pad=1), (2, 5, 5)),  # padding wider than the kernel: ∂x crops ḡ's dilation
             (cls(4, k=1, stride=2, pad="valid"), (3, 5, 6)),  # strided pointwise: chunked is one GEMM
             (cls(5, k=1, act="relu"), (3, 4, 3)),  # pointwise
-            (cls(32, k=3), (32, 3, 5)),  # wide 3×3: convGrad=winograd (XLA's) is Winograd's; odd sizes crop its tiles
+            (cls(64, k=3), (64, 3, 5)),  # wide 3×3: convGrad=winograd (XLA's) is Winograd's; odd sizes crop its tiles
         ]
 
 
