@@ -439,8 +439,8 @@ def test_winograd_conv_is_gated_and_a_broken_one_turns_it_red(monkeypatch: pytes
 def test_winograd_recomputing_its_transformed_image_is_gated_and_a_broken_one_turns_it_red(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A transformed image V of RECOMPUTED_MIN_BYTES or more is computed again in the backward, from
-    2x (XLA's CSE would fold a plain recomputation back into the forward's V), its ∂U halved: the
-    step's program reads V in no backward product, and its scratch is smaller. Every Winograd gate
+    2x (XLA's CSE would fold a plain recomputation back into the forward's V), its ∂U halved: one
+    input transform product and two multiplies more than the form that holds V. Every Winograd gate
     case passes in that form (the size rule lowered to 0); ∂U left doubled, or the recomputed V
     left unscaled, turns them red."""
     from hloforge.lowering import conv, winograd
@@ -461,16 +461,18 @@ def test_winograd_recomputing_its_transformed_image_is_gated_and_a_broken_one_tu
         result = case.run()
         assert result.passed, f"\n{HEADER}\n{result.row()}"
     real = winograd._products_recomputing_v
-    for wrong in ({"unscale": 1.0}, {"scaled_v": lambda f: (lambda: f() * 0.5)}):
-        def broken(b, v, u, scaled_v, unscale, wrong=wrong):  # type: ignore[no-untyped-def]
-            if "scaled_v" in wrong:
-                scaled_v = wrong["scaled_v"](scaled_v)
-            return real(b, v, u, scaled_v, wrong.get("unscale", unscale))
 
+    def doubled(b, v, u, scaled_v, unscale):  # type: ignore[no-untyped-def]
+        return real(b, v, u, scaled_v, 1.0)
+
+    def unscaled(b, v, u, scaled_v, unscale):  # type: ignore[no-untyped-def]
+        return real(b, v, u, lambda: scaled_v() * 0.5, unscale)
+
+    for broken in (doubled, unscaled):
         with monkeypatch.context() as m:
             m.setattr(winograd, "_products_recomputing_v", broken)
             result = cases[0].run()
-        assert not result.passed, f"{wrong} \n{HEADER}\n{result.row()}"
+        assert not result.passed, f"{broken.__name__}\n{HEADER}\n{result.row()}"
 
 
 def test_shifted_depthwise_backward_is_gated_and_a_broken_one_turns_it_red() -> None:

@@ -17,6 +17,8 @@ The backward is the transposed chain: ḡ through the output transform's transpo
 shared by both gradients), then per position two GEMMs, V̄ = M̄·Uᵀ and Ū = Vᵀ·M̄ (∂x and ∂w in the
 transformed domain, with the same 2.25× saving), and back through the other two transforms'
 transposed matrices; autodiff's adjoint of the tile gather overlap-adds the tiles into the image.
+∂U reads V, which a large image's conv computes again in the backward rather than holding it from the
+forward through the whole backward (`RECOMPUTED_MIN_BYTES`).
 """
 
 from __future__ import annotations
