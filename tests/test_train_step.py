@@ -119,7 +119,7 @@ def test_a_winograd_train_step_is_within_4x_of_jax_f32(backend):
     """XLA's default forms run mnist-cnn's 64-wide 3×3 conv as Winograd's F(2×2, 3×3), whose
     transforms round more than a direct conv: two Adam steps landed 1.43e-5 from the f64 oracle
     against 4.54e-6 in the direct forms (the test above), 3.1x. Still within 4x of jax's f32, and
-    orders of magnitude below what a wrong gradient gives."""
+    far below what a wrong gradient gives."""
     if backend != "xla":
         pytest.skip("Winograd's form is XLA's (IREE's convGrad is 'written')")
     from hloforge.lowering import conv
