@@ -394,6 +394,14 @@ def test_im2col_gemm_conv_is_gated_and_a_broken_one_turns_it_red(monkeypatch: py
     assert not result.passed, f"\n{HEADER}\n{result.row()}"
 
 
+def _winograd_shaped_cases() -> list:
+    """The train-mode gate cases of conv2d and convBn in XLA's forms with an ungrouped 3×3 stride-1
+    conv: Winograd's, whatever their width, once the width rule is lowered to 1."""
+    return [c for name in ("conv2d", "convBn") for c in _cases(name)
+            if set(XLA_FORMS) <= set(c.strategy) and c.mode == "train" and getattr(c.obj, "k", 0) == 3
+            and getattr(c.obj, "stride", 0) == 1 and getattr(c.obj, "groups", 1) == 1]
+
+
 def test_winograd_conv_is_gated_and_a_broken_one_turns_it_red(monkeypatch: pytest.MonkeyPatch) -> None:
     """A 3×3 stride-1 conv of 64 channels or more a side is, in the winograd form (XLA's), Winograd's
     F(2×2, 3×3): three transform products and one batched GEMM forward, no convolution. Its gate case
@@ -415,9 +423,7 @@ def test_winograd_conv_is_gated_and_a_broken_one_turns_it_red(monkeypatch: pytes
     assert "stablehlo.convolution" not in text and text.count("stablehlo.dot_general") == 4 + 5
     assert wide.run().passed
     monkeypatch.setattr(conv, "WINOGRAD_MIN_CHANNELS", 1)
-    small = [c for name in ("conv2d", "convBn") for c in _cases(name)
-             if set(XLA_FORMS) <= set(c.strategy) and c.mode == "train" and getattr(c.obj, "k", 0) == 3
-             and getattr(c.obj, "stride", 0) == 1 and getattr(c.obj, "groups", 1) == 1 and c.shape != wide.shape]
+    small = [c for c in _winograd_shaped_cases() if c.shape != wide.shape]
     assert len(small) >= 3
     for case in small:  # (the wide case renders the same under the lowered rule: run above)
         result = case.run()
@@ -446,9 +452,7 @@ def test_winograd_recomputing_its_transformed_image_is_gated_and_a_broken_one_tu
     from hloforge.lowering import conv, winograd
 
     monkeypatch.setattr(conv, "WINOGRAD_MIN_CHANNELS", 1)
-    cases = [c for name in ("conv2d", "convBn") for c in _cases(name)
-             if set(XLA_FORMS) <= set(c.strategy) and c.mode == "train" and getattr(c.obj, "k", 0) == 3
-             and getattr(c.obj, "stride", 0) == 1 and getattr(c.obj, "groups", 1) == 1]
+    cases = _winograd_shaped_cases()
     assert len(cases) >= 4
     with strategy.forced(dict(XLA_FORMS)):
         held = vjp_module([cases[0].obj], cases[0].shape, 2)
