@@ -261,12 +261,12 @@ def test_a_stranded_scratch_is_taken_over_and_its_memory_given_back(layout, befo
 def test_a_plugin_without_compiled_memory_stats_is_still_loaded_and_said_to_lack_them():
     """XLA's temp size comes from PJRT_Executable_GetCompiledMemoryStats where the plugin has it; a
     function table that stops before it, or leaves it empty, is not refused for that."""
-    from hloforge.backends.xla.pjrt import api, declarations
+    from hloforge.backends.xla.pjrt import api, c_api
 
-    stats_end = declarations._slot_end("Executable_GetCompiledMemoryStats")
-    assert declarations._API_SIZE_NEEDED < stats_end
+    stats_end = c_api._slot_end("Executable_GetCompiledMemoryStats")
+    assert c_api._API_SIZE_NEEDED < stats_end
     # through peak_memory_in_bytes is what the 0.106 CPU plugin asks for; total_size_in_bytes follows it
-    assert declarations._struct_size("PJRT_Executable_GetCompiledMemoryStats_Args") == 15 * 8
+    assert c_api._struct_size("PJRT_Executable_GetCompiledMemoryStats_Args") == 15 * 8
     table = api.ffi.new("PJRT_Api*")
     plugin = object.__new__(api.Api)
     plugin._api = table

@@ -100,7 +100,7 @@ def compile_all_reduce(api, client, assignment: list[list[int]]) -> str | None:
 
     code, fmt = pjrt.ffi.new("char[]", ALL_REDUCE.encode()), pjrt.ffi.new("char[]", b"mlir")
     program = pjrt.ffi.new("PJRT_Program*")
-    program.struct_size = pjrt.declarations._struct_size("PJRT_Program")
+    program.struct_size = pjrt.c_api._struct_size("PJRT_Program")
     program.code, program.code_size = code, len(ALL_REDUCE.encode())
     program.format, program.format_size = fmt, 4
     options = pjrt.compile_options(2, 1, assignment)

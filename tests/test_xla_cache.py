@@ -303,7 +303,7 @@ def test_a_hit_keeps_the_plugins_harmless_load_log_off_stderr(cache, capfd):
 
 def test_the_serialization_structs_are_the_headers():
     """PJRT_STRUCT_SIZE at header minor 94 (pjrt_c_api.h): what the plugin checks struct_size against."""
-    from hloforge.backends.xla.pjrt.declarations import _struct_size
+    from hloforge.backends.xla.pjrt.c_api import _struct_size
 
     assert _struct_size("PJRT_Executable_Serialize_Args") == 7 * 8
     assert _struct_size("PJRT_Executable_DeserializeAndLoad_Args") == 8 * 8

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from hloforge.backends.signature import DTYPES, extension_dtypes
-from hloforge.backends.xla.pjrt.declarations import (
+from hloforge.backends.xla.pjrt.c_api import (
     _API_SIZE_NEEDED,
     _BUFFER_TYPE_CODES,
     _ERROR_CODE_NAMES,
@@ -76,9 +76,9 @@ Doing = str | Callable[[], str]
 
 
 # The calls a finalizer may make (freeing an executable, a client, a borrowed array's event, and an error
-# any of them returns), their argument types parsed when a plugin is loaded. cffi parses a type under a
-# lock it does not re-enter; a garbage collection inside that parse that ran a finalizer whose call
-# parsed a type too would wait on that lock for ever.
+# any of them returns), their argument types realized when a plugin is loaded. A finalizer runs inside a
+# garbage collection, which may come in the middle of cffi realizing another type; one that realized a
+# type too would re-enter cffi (when the FFI was parsed in-line, on a lock it never released: a hang).
 RELEASE_CALLS = ("LoadedExecutable_Destroy", "Client_Destroy", "Event_Await", "Event_Destroy", "Error_Message",
                  "Error_GetCode", "Error_Destroy")
 

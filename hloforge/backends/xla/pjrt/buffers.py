@@ -9,7 +9,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from hloforge.backends.xla.pjrt.api import Api, _dtype_of
-from hloforge.backends.xla.pjrt.declarations import _struct_size, ffi
+from hloforge.backends.xla.pjrt.c_api import _struct_size, ffi
 from hloforge.core.errors import BackendError
 
 

@@ -19,7 +19,7 @@ from hloforge.backends.host_memory import retain_freed_host_memory
 from hloforge.backends.signature import parse_main_signature
 from hloforge.backends.xla.pjrt.api import _buffer_type, _named_values, load_api, stderr_without
 from hloforge.backends.xla.pjrt.buffers import Device, DeviceBuffer
-from hloforge.backends.xla.pjrt.declarations import _struct_size, ffi
+from hloforge.backends.xla.pjrt.c_api import _struct_size, ffi
 from hloforge.backends.xla.pjrt.discovery import find_plugin
 from hloforge.backends.xla.pjrt.executable import Executable
 from hloforge.backends.xla.pjrt.options import _SCHEDULER_OPTION, SCHEDULERS, compile_options, scheduler_in_xla_flags

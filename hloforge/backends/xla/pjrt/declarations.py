@@ -1,14 +1,14 @@
-"""The PJRT C API's declarations, handed to ``ffi.cdef``: the one cffi FFI the binding uses.
-
-No C compiler is involved: the plugin is opened with ``ffi.dlopen`` (see :mod:`.api`).
+"""The PJRT C API's declarations, and XLA FFI's for host calls, as C text: CDEF, what the binding's
+one cffi FFI (:mod:`.c_api`) is parsed from. This module imports nothing of hloforge's, so
+``python scripts/parse_pjrt_declarations.py`` can load it alone and write :mod:`.parsed_declarations`.
 """
 
 from __future__ import annotations
 
-import functools
-from typing import Any
+from typing import TYPE_CHECKING
 
-import cffi
+if TYPE_CHECKING:
+    import cffi
 
 # ------------------------------------------------------------ C declarations ---
 # Transcribed from xla/pjrt/c/pjrt_c_api.h at PJRT_API_MINOR 94 (openxla/xla
@@ -473,28 +473,62 @@ def _api_struct() -> str:
     )
 
 
-CDEF = _TYPES + _api_struct()
-ffi = cffi.FFI()
-ffi.cdef(CDEF)
+# XLA's FFI (xla/ffi/api/c_api.h) as far as a host call uses it (host_calls.py): a handler's call frame,
+# its error constructor, and the plugin's PJRT FFI extension that registers one.
+_XLA_FFI_TYPES = r"""
+typedef struct XLA_FFI_Extension_Base {
+  size_t struct_size; int type; struct XLA_FFI_Extension_Base* next;
+} XLA_FFI_Extension_Base;
+typedef struct {
+  size_t struct_size; XLA_FFI_Extension_Base* extension_start; int major_version; int minor_version;
+} XLA_FFI_Api_Version;
+typedef struct { size_t struct_size; XLA_FFI_Api_Version api_version; uint32_t traits; } XLA_FFI_Metadata;
+typedef struct { XLA_FFI_Extension_Base extension_base; XLA_FFI_Metadata* metadata; } XLA_FFI_Metadata_Extension;
+typedef struct {
+  size_t struct_size; XLA_FFI_Extension_Base* extension_start;
+  int dtype; void* data; int64_t rank; int64_t* dims;
+} XLA_FFI_Buffer;
+typedef struct {
+  size_t struct_size; XLA_FFI_Extension_Base* extension_start; int64_t size; int* types; void** items;
+} XLA_FFI_Items;
+typedef struct {
+  size_t struct_size; XLA_FFI_Extension_Base* extension_start; int64_t size; int* types; void** names;
+  void** attrs;
+} XLA_FFI_Attrs;
+typedef struct XLA_FFI_Error XLA_FFI_Error;
+typedef struct {
+  size_t struct_size; XLA_FFI_Extension_Base* extension_start; const char* message; int errc;
+} XLA_FFI_Error_Create_Args;
+typedef struct {
+  size_t struct_size; XLA_FFI_Extension_Base* extension_start; XLA_FFI_Api_Version api_version;
+  void* internal_api; XLA_FFI_Error* (*XLA_FFI_Error_Create)(XLA_FFI_Error_Create_Args* args);
+} XLA_FFI_Api;
+typedef struct {
+  size_t struct_size; XLA_FFI_Extension_Base* extension_start; const XLA_FFI_Api* api; void* ctx; int stage;
+  XLA_FFI_Items args; XLA_FFI_Items rets; XLA_FFI_Attrs attrs; void* future;
+} XLA_FFI_CallFrame;
+typedef struct {
+  size_t struct_size; const char* target_name; size_t target_name_size; void* handler;
+  const char* platform_name; size_t platform_name_size; int traits;
+} PJRT_FFI_Register_Handler_Args;
+typedef struct {
+  size_t struct_size; const char* target_name; size_t target_name_size; int api_version; void* handler;
+  const char* platform_name; size_t platform_name_size; int traits;
+} PJRT_FFI_Register_Handler_Args_typed_flag;
+typedef struct {
+  size_t struct_size; int type; void* next;
+  void* type_id_register; void* user_data_add; PJRT_Error* (*register_handler)(void* args);
+} PJRT_FFI_Extension;
+"""
 
-_BUFFER_TYPE_CODES: dict[str, int] = ffi.typeof("PJRT_Buffer_Type").relements
-_ERROR_CODE_NAMES: dict[int, str] = {
-    code: name.removeprefix("PJRT_Error_Code_")
-    for name, code in ffi.typeof("PJRT_Error_Code").relements.items()
-}
+CDEF = _TYPES + _XLA_FFI_TYPES + _api_struct()
 
 
-@functools.cache
-def _struct_size(ctype: Any) -> int:
-    """The header's PJRT_STRUCT_SIZE: offset of the last field plus that field's size. `ctype`: the
-    struct's name or its cffi type (each name is parsed by pycparser once a process, ~3 ms)."""
-    _, last = (ffi.typeof(ctype) if isinstance(ctype, str) else ctype).fields[-1]
-    return last.offset + ffi.sizeof(last.type)
+def parse() -> cffi.FFI:
+    """CDEF parsed by cffi here and now (with pycparser): what :mod:`.parsed_declarations` must equal."""
+    import cffi
 
+    parsed = cffi.FFI()
+    parsed.cdef(CDEF)
+    return parsed
 
-def _slot_end(name: str) -> int:
-    return ffi.offsetof("PJRT_Api", f"PJRT_{name}") + ffi.sizeof("void*")
-
-
-# The plugin's PJRT_Api must reach at least as far as the last slot hloforge always calls.
-_API_SIZE_NEEDED = max(_slot_end(name) for name in TYPED)

@@ -9,7 +9,7 @@ import numpy as np
 from hloforge.backends import host_memory
 from hloforge.backends.signature import ArgSpec
 from hloforge.backends.xla.pjrt.buffers import _DONATED, DeviceBuffer, Owner
-from hloforge.backends.xla.pjrt.declarations import _struct_size, ffi
+from hloforge.backends.xla.pjrt.c_api import _struct_size, ffi
 from hloforge.core.errors import BackendError
 
 

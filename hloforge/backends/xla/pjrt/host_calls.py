@@ -19,54 +19,8 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
-from hloforge.backends.xla.pjrt.declarations import ffi
+from hloforge.backends.xla.pjrt.c_api import ffi
 from hloforge.core.errors import BackendError
-
-ffi.cdef("""
-typedef struct XLA_FFI_Extension_Base {
-  size_t struct_size; int type; struct XLA_FFI_Extension_Base* next;
-} XLA_FFI_Extension_Base;
-typedef struct {
-  size_t struct_size; XLA_FFI_Extension_Base* extension_start; int major_version; int minor_version;
-} XLA_FFI_Api_Version;
-typedef struct { size_t struct_size; XLA_FFI_Api_Version api_version; uint32_t traits; } XLA_FFI_Metadata;
-typedef struct { XLA_FFI_Extension_Base extension_base; XLA_FFI_Metadata* metadata; } XLA_FFI_Metadata_Extension;
-typedef struct {
-  size_t struct_size; XLA_FFI_Extension_Base* extension_start;
-  int dtype; void* data; int64_t rank; int64_t* dims;
-} XLA_FFI_Buffer;
-typedef struct {
-  size_t struct_size; XLA_FFI_Extension_Base* extension_start; int64_t size; int* types; void** items;
-} XLA_FFI_Items;
-typedef struct {
-  size_t struct_size; XLA_FFI_Extension_Base* extension_start; int64_t size; int* types; void** names;
-  void** attrs;
-} XLA_FFI_Attrs;
-typedef struct XLA_FFI_Error XLA_FFI_Error;
-typedef struct {
-  size_t struct_size; XLA_FFI_Extension_Base* extension_start; const char* message; int errc;
-} XLA_FFI_Error_Create_Args;
-typedef struct {
-  size_t struct_size; XLA_FFI_Extension_Base* extension_start; XLA_FFI_Api_Version api_version;
-  void* internal_api; XLA_FFI_Error* (*XLA_FFI_Error_Create)(XLA_FFI_Error_Create_Args* args);
-} XLA_FFI_Api;
-typedef struct {
-  size_t struct_size; XLA_FFI_Extension_Base* extension_start; const XLA_FFI_Api* api; void* ctx; int stage;
-  XLA_FFI_Items args; XLA_FFI_Items rets; XLA_FFI_Attrs attrs; void* future;
-} XLA_FFI_CallFrame;
-typedef struct {
-  size_t struct_size; const char* target_name; size_t target_name_size; void* handler;
-  const char* platform_name; size_t platform_name_size; int traits;
-} PJRT_FFI_Register_Handler_Args;
-typedef struct {
-  size_t struct_size; const char* target_name; size_t target_name_size; int api_version; void* handler;
-  const char* platform_name; size_t platform_name_size; int traits;
-} PJRT_FFI_Register_Handler_Args_typed_flag;
-typedef struct {
-  size_t struct_size; int type; void* next;
-  void* type_id_register; void* user_data_add; PJRT_Error* (*register_handler)(void* args);
-} PJRT_FFI_Extension;
-""")
 
 EXTENSION_FFI = 5  # PJRT_Extension_Type_FFI
 FFI_METADATA = 1  # XLA_FFI_Extension_Metadata
