@@ -4,6 +4,7 @@ plugin structs of the wrong size. After editing CDEF, `python scripts/parse_pjrt
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 import sys
@@ -70,6 +71,18 @@ def test_a_cdef_edit_the_parsed_ffi_has_not_seen_is_told_apart():
     fresh.cdef(edited)
     assert layout(fresh, "PJRT_Buffer_Device_Args") != layout(ffi, "PJRT_Buffer_Device_Args")
     assert layout(fresh, "PJRT_Api") == layout(ffi, "PJRT_Api")
+
+
+def test_the_script_writes_a_module_that_loads_as_cdef(tmp_path):
+    out = tmp_path / "parsed.py"
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "parse_pjrt_declarations.py"), str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    spec = importlib.util.spec_from_file_location("parsed", out)
+    written = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(written)
+    fresh = parse()
+    assert [layout(written.ffi, n) for n in names(written.ffi)] == [layout(fresh, n) for n in names(fresh)]
 
 
 @pytest.mark.parametrize("module", ["hloforge.backends.xla.pjrt", "hloforge.backends.xla.compile_worker"])
