@@ -27,16 +27,20 @@ SCRIPT = textwrap.dedent('''
     buf = client.to_device(np.ones(3, np.float32))
     asked = []
 
-    class Watched:  # the binding's FFI, noting every type asked of it
+    class Watched:  # the binding's FFI, noting every C type named to it as text
         def __init__(self, ffi):
             self._ffi = ffi
 
-        def typeof(self, *args):
-            asked.append(args)
-            return self._ffi.typeof(*args)
-
         def __getattr__(self, name):
-            return getattr(self._ffi, name)
+            attr = getattr(self._ffi, name)
+            if name not in ("typeof", "new", "cast", "sizeof", "alignof", "offsetof"):
+                return attr
+
+            def noted(cdecl, *args):
+                if isinstance(cdecl, str):
+                    asked.append((name, cdecl))
+                return attr(cdecl, *args)
+            return noted
 
     for module in (api, buffers, c_api, client_module, executable):
         module.ffi = Watched(module.ffi)
