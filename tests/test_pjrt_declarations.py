@@ -65,10 +65,7 @@ def test_a_cdef_edit_the_parsed_ffi_has_not_seen_is_told_apart():
     """The comparison above can fail: one field more in one struct changes that struct's layout."""
     edited = CDEF.replace("} PJRT_Buffer_Device_Args;", "  int64_t added;\n} PJRT_Buffer_Device_Args;")
     assert edited != CDEF
-    import cffi
-
-    fresh = cffi.FFI()
-    fresh.cdef(edited)
+    fresh = parse(edited)
     assert layout(fresh, "PJRT_Buffer_Device_Args") != layout(ffi, "PJRT_Buffer_Device_Args")
     assert layout(fresh, "PJRT_Api") == layout(ffi, "PJRT_Api")
 

@@ -14,8 +14,9 @@ made through it and frees them, before the PJRT client itself, in :meth:`Client.
 
 from hloforge.backends.xla.pjrt.api import Api, load_api
 from hloforge.backends.xla.pjrt.buffers import Device, DeviceBuffer
-from hloforge.backends.xla.pjrt.c_api import HEADER_MINOR, ffi
+from hloforge.backends.xla.pjrt.c_api import ffi
 from hloforge.backends.xla.pjrt.client import Client, client_with_devices, default_client
+from hloforge.backends.xla.pjrt.declarations import HEADER_MINOR
 from hloforge.backends.xla.pjrt.discovery import PLUGIN_ENV_VAR, find_plugin
 from hloforge.backends.xla.pjrt.executable import Executable
 from hloforge.backends.xla.pjrt.options import (

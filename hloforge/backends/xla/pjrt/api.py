@@ -23,11 +23,11 @@ from hloforge.backends.xla.pjrt.c_api import (
     _API_SIZE_NEEDED,
     _BUFFER_TYPE_CODES,
     _ERROR_CODE_NAMES,
-    HEADER_MINOR,
     _slot_end,
     _struct_size,
     ffi,
 )
+from hloforge.backends.xla.pjrt.declarations import HEADER_MINOR
 from hloforge.backends.xla.pjrt.xla_flags import check_xla_flags
 from hloforge.core.errors import BackendError
 

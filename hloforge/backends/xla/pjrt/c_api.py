@@ -14,10 +14,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from hloforge.backends.xla.pjrt.declarations import HEADER_MINOR, TYPED
+from hloforge.backends.xla.pjrt.declarations import TYPED
 from hloforge.backends.xla.pjrt.parsed_declarations import ffi
-
-__all__ = ["HEADER_MINOR", "ffi"]
 
 _BUFFER_TYPE_CODES: dict[str, int] = ffi.typeof("PJRT_Buffer_Type").relements
 _ERROR_CODE_NAMES: dict[int, str] = {

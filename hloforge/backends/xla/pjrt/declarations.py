@@ -524,11 +524,11 @@ typedef struct {
 CDEF = _TYPES + _XLA_FFI_TYPES + _api_struct()
 
 
-def parse() -> cffi.FFI:
-    """CDEF parsed by cffi here and now (with pycparser): what :mod:`.parsed_declarations` must equal."""
+def parse(cdef: str = CDEF) -> cffi.FFI:
+    """`cdef` (CDEF) parsed by cffi here and now (with pycparser): what :mod:`.parsed_declarations` must equal."""
     import cffi
 
     parsed = cffi.FFI()
-    parsed.cdef(CDEF)
+    parsed.cdef(cdef)
     return parsed
 
