@@ -63,6 +63,21 @@ def test_a_malformed_xla_flags_is_one_line_before_xla_loads(flags, needle, monke
     assert needle in str(said.value) and "\n" not in str(said.value)
 
 
+def test_a_name_in_the_plugin_that_xla_registers_no_flag_for_is_one_line(monkeypatch):
+    """Before: xla_cpu_use_multi_output_fusion (a string in the plugin's file, but no DebugOptions field and no
+    flag of this XLA) passed the name check, and XLA ended the process as its client started: a fatal log line,
+    exit 1, a user's notebook kernel gone. Now XLA's own parsing is asked in a child process: one line."""
+    plugin = find_plugin()
+    for flags, named in [("--xla_cpu_enable_fast_math=false --xla_cpu_use_multi_output_fusion=true",
+                          "xla_cpu_use_multi_output_fusion"),
+                         ("--noxla_cpu_use_multi_output_fusion", "noxla_cpu_use_multi_output_fusion")]:
+        monkeypatch.setenv("XLA_FLAGS", flags)
+        with pytest.raises(BackendError) as said:
+            check_xla_flags(plugin)
+        assert str(said.value).startswith(f"XLA_FLAGS: --{named} is not a flag of the XLA plugin {plugin} ")
+        assert "\n" not in str(said.value)
+
+
 def test_every_spelling_xla_takes_passes(monkeypatch, tmp_path):
     """Each of these XLA parses (checked against the plugin when written): booleans in any case and as 1/0 or
     bare, an empty string value, a quoted one with a space, a flag that is no DebugOptions field, a name

@@ -21,7 +21,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import io
-import json
 import os
 import select
 import signal
@@ -34,6 +33,7 @@ from typing import IO
 
 from hloforge.backends.host_memory import ENV_VAR as HOST_MEMORY_ENV_VAR
 from hloforge.backends.host_memory import heap_kept, trim_heap
+from hloforge.backends.python_child import python_child_argv, runs_python
 from hloforge.core.errors import BackendError
 from hloforge.core.switches import env_switch
 
@@ -61,13 +61,7 @@ def takes(platform_name: str, mlir_text: str) -> bool:
     heap is kept, XLA is not dumping (a dump is one process's modules, numbered by it), this process
     runs a Python interpreter and the switch is on."""
     return (platform_name == "cpu" and heap_kept() and "custom_call" not in mlir_text
-            and "xla_dump_to" not in os.environ.get("XLA_FLAGS", "") and _runs_python() and worker_enabled())
-
-
-def _runs_python() -> bool:
-    """Whether sys.executable is a Python interpreter: an application embedding Python (a server, a
-    3-D tool) names its own binary there, which must not be started with a worker's arguments."""
-    return os.path.basename(sys.executable or "").lower().startswith("python")
+            and "xla_dump_to" not in os.environ.get("XLA_FLAGS", "") and runs_python() and worker_enabled())
 
 
 def _frame(*parts: bytes) -> bytes:
@@ -133,15 +127,12 @@ class CompileWorker:
         env = dict(os.environ, **{HOST_MEMORY_ENV_VAR: "release"})
         self._log = tempfile.TemporaryFile()
         self._log_read = 0
-        code = ("import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
-                "from hloforge.backends.xla.compile_worker import serve; "
+        code = ("from hloforge.backends.xla.compile_worker import serve; "
                 "sys.exit(serve(sys.argv[2], int(sys.argv[3]), float(sys.argv[4])))")
         try:
-            # -P: nothing put before sys.path, which is this process's; a session of its own, so a terminal's
-            # Ctrl-C reaches this process alone (which stops the worker)
+            # a session of its own, so a terminal's Ctrl-C reaches this process alone (which stops the worker)
             self._proc = subprocess.Popen(
-                [sys.executable, "-P", "-c", code, json.dumps(sys.path), self.plugin_path, str(self.device_count),
-                 str(IDLE_EXIT_S)],
+                python_child_argv(code, self.plugin_path, str(self.device_count), str(IDLE_EXIT_S)),
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=env, start_new_session=True)
         except OSError:
             self._stop()

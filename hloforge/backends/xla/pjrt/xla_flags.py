@@ -6,8 +6,10 @@ from __future__ import annotations
 import mmap
 import os
 import re
+import subprocess
 from collections.abc import Iterator
 
+from hloforge.backends.python_child import python_child_argv, runs_python
 from hloforge.core.errors import BackendSettingError
 
 _WS = " \t\r\n"
@@ -136,9 +138,10 @@ def check_xla_flags(plugin_path: str) -> None:
     not spelled --NAME[=VALUE], an `--xla_*` name the plugin does not know, a boolean flag's value
     that tsl does not parse, an integer flag's non-integer, a flag that takes a value given none.
     A flag XLA knows is a string in its library, so a name absent from the plugin's file is no flag
-    of that build; a flag's type is its DebugOptions field's, from the descriptor in the same file.
-    Anything the file does not tell (a flag that is no DebugOptions field, a float's spelling) is
-    left to XLA, so no setting XLA takes is refused."""
+    of that build; a flag's type is its DebugOptions field's, from the descriptor in the same file. A
+    name in the file that is no DebugOptions field is asked of XLA itself, in a child process (see
+    `_flag_xla_stops_at`). What the file does not tell otherwise (a float's spelling) is left to XLA,
+    so no setting XLA takes is refused."""
     raw = os.environ.get("XLA_FLAGS", "")
     where = "XLA_FLAGS"
     text = raw
@@ -178,3 +181,36 @@ def check_xla_flags(plugin_path: str) -> None:
         problem = _problem(name, value, types.get(name))
         if problem:
             raise BackendSettingError(f"{where}: {problem}")
+    if types and any(_field(name) not in types for name, _ in named):
+        stopped_at = _flag_xla_stops_at(plugin_path)
+        if stopped_at:
+            raise BackendSettingError(f"{where}: --{stopped_at} is not a flag of the XLA plugin {plugin_path} "
+                                      "(XLA would stop at it); expected one of its DebugOptions names, as "
+                                      "--xla_NAME=VALUE")
+
+
+def _field(name: str) -> str:
+    """The DebugOptions field a flag name sets (tsl's `--noNAME` is NAME's boolean false)."""
+    return name[2:] if name.startswith("no") else name
+
+
+# What XLA's flag parsing prints as it ends the process at a name it does not register.
+_UNKNOWN_FLAG = re.compile(r"Unknown flag in XLA_FLAGS: --((?:no)?xla_[A-Za-z0-9_]+)")
+
+
+def _flag_xla_stops_at(plugin_path: str) -> str | None:
+    """The name in $XLA_FLAGS that XLA's own parsing stops at, asked of a child process that loads the
+    plugin and makes a client (~0.2 s); None where XLA takes them all, or the child cannot say. For a
+    name the plugin's file holds that is no DebugOptions field: a flag XLA still registers (a retired
+    one it warns about, such as xla_cpu_use_thunk_runtime) or a string of another kind (an MLIR option,
+    a log message: xla_cpu_use_multi_output_fusion), which the file alone cannot tell apart."""
+    if not runs_python():
+        return None
+    code = "from hloforge.backends.xla.pjrt.api import Api; Api(sys.argv[2]).call('Client_Create', 'creating a client')"
+    try:
+        proc = subprocess.run(python_child_argv(code, plugin_path), capture_output=True, text=True, errors="replace",
+                              timeout=120)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = _UNKNOWN_FLAG.search(proc.stderr) if proc.returncode != 0 else None
+    return found.group(1) if found else None
