@@ -47,6 +47,7 @@ import numpy as np
 
 from hloforge.core.errors import DataError
 from hloforge.datasets import brats, imagenette, yolo
+from hloforge.datasets.images import open_rgb
 from hloforge.datasets.records import replaced_together, write_counted
 
 IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")
@@ -81,11 +82,10 @@ def _class_folders(split_dir: str) -> list[str]:
 
 
 def _decoded(path: str, side: int) -> np.ndarray:
-    """The image at `path` as uint8 RGB [3, side, side], resized bilinearly."""
+    """The image at `path` as uint8 RGB [3, side, side] (datasets/images.py), resized bilinearly."""
     from PIL import Image
 
-    with Image.open(path) as im:
-        rgb = im.convert("RGB").resize((side, side), Image.Resampling.BILINEAR)
+    rgb = open_rgb(path).resize((side, side), Image.Resampling.BILINEAR)
     return np.asarray(rgb, np.uint8).transpose(2, 0, 1)
 
 

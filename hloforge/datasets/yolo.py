@@ -39,6 +39,7 @@ import numpy as np
 from hloforge.core.contracts import Dataset
 from hloforge.core.errors import DataError
 from hloforge.core.hookspecs import hookimpl
+from hloforge.datasets.images import read_rgb
 from hloforge.datasets.options import integer, path
 from hloforge.datasets.records import check_counted_records, map_records, replaced_together, write_counted
 
@@ -216,10 +217,7 @@ def _records(src: str, split: str, size: int, grid: int, boxes: int, classes: in
     repeated: list[tuple[str, int]] = []  # (label file, the copies of a box dropped)
     for name in names:
         path = os.path.join(image_dir, name)
-        try:
-            img = Image.open(path).convert("RGB").resize((size, size), Image.Resampling.BILINEAR)
-        except OSError as e:
-            raise DataError(f"{path}: cannot decode it ({e})") from None
+        img = read_rgb(path).resize((size, size), Image.Resampling.BILINEAR)
         label = os.path.join(label_dir, os.path.splitext(name)[0] + ".txt")
         rows = read_label_file(label, classes) if os.path.exists(label) else np.zeros((0, 5))
         first = np.unique(rows, axis=0, return_index=True)[1]

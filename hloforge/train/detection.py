@@ -31,6 +31,7 @@ import numpy as np
 
 from hloforge.core.errors import DataError, UnsupportedSpec
 from hloforge.core.spec import NetSpec
+from hloforge.datasets.images import read_rgb
 from hloforge.losses.detection import BOX, centre_cell, encode_yolov1, pyramid_scales
 
 IOU_MATCH = 0.5
@@ -299,12 +300,9 @@ def draw_detections(image: np.ndarray, dets: np.ndarray, path: str, *, names: Se
 def load_image(path: str, size: int | None = None) -> np.ndarray:
     """A PNG/JPEG as float32 [3, H, W] in [0, 1]; with `size`, [3, size, size] (resized bilinearly if it
     differs)."""
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
-    try:
-        img = Image.open(path).convert("RGB")
-    except (OSError, UnidentifiedImageError) as e:
-        raise DataError(f"{path}: cannot read it as an image ({e})") from None
+    img = read_rgb(path)  # as a viewer shows it, 16-bit grey scaled (datasets/images.py)
     if size is not None and img.size != (size, size):
         img = img.resize((size, size), Image.Resampling.BILINEAR)
     return (np.asarray(img, np.float32) / 255.0).transpose(2, 0, 1).copy()

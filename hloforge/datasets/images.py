@@ -1,0 +1,46 @@
+"""Image files decoded the one way every reader of them here takes them (`prepare imagenette`, `prepare yolo`,
+`hloforge detect`): 8-bit RGB, the way a viewer shows the file.
+
+- EXIF orientation applied: a phone's JPEG stores its pixels sideways and says so in its EXIF; viewers and
+  YOLO's labelling tools show (and label) it turned, so a box drawn on it is in the turned frame.
+- 16-bit grey (a PNG of depth 16) scaled to 8 bits: Pillow's own conversion to RGB clips it at 255, so a
+  normal 16-bit photo came out almost all white.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hloforge.core.errors import DataError
+
+_SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N")
+
+
+def open_rgb(path: str) -> Any:
+    """The image at `path` as a decoded 8-bit RGB PIL image (see the module). Raises what Pillow raises for a
+    file it cannot decode (OSError, ValueError, SyntaxError, its decompression-bomb error, ...), and
+    ValueError for pixels of no known 8- or 16-bit range: for a caller that skips such files."""
+    from PIL import Image, ImageOps
+
+    with Image.open(path) as im:
+        im.load()
+        im = ImageOps.exif_transpose(im)
+        if im.mode in _SIXTEEN_BIT or im.mode == "I":
+            a = np.asarray(im, np.int64)
+            if a.size and (a.min() < 0 or a.max() > 0xFFFF):
+                raise ValueError(f"32-bit integer pixels from {a.min()} to {a.max()}; expected 8- or 16-bit ones")
+            im = Image.fromarray(((a * 255 + 0x7FFF) // 0xFFFF).astype(np.uint8), "L")
+        elif im.mode == "F":
+            raise ValueError("floating-point pixels; expected an 8- or 16-bit image")
+        return im.convert("RGB")
+
+
+def read_rgb(path: str) -> Any:
+    """`open_rgb`, a file it cannot decode one DataError line naming it."""
+    try:
+        return open_rgb(path)
+    except Exception as e:  # noqa: BLE001 - Pillow raises many types for a bad file; each becomes one line
+        raise DataError(f"{path}: cannot decode it as an image ({' '.join(str(e).split()) or type(e).__name__})") \
+            from None
