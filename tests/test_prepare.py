@@ -129,6 +129,36 @@ def test_prepare_brats_stride_options_and_bad_input(tmp_path):
         prepare("brats", str(tmp_path / "task"), str(tmp_path / "o"), size=16, val_frac=0.34)
 
 
+def test_prepare_brats_refuses_what_it_stored_wrong_or_crashed_on(tmp_path):
+    """Before: a NaN voxel stored its whole modality as zeros (its z-score NaN), a label 1.4 was stored as
+    class 1, both with exit 0; a training list of another shape was a TypeError or KeyError."""
+    import nibabel as nib
+
+    vols = write_msd_task(tmp_path / "task")
+    name = sorted(vols)[1]
+    img, lbl = vols[name]
+    meta = (tmp_path / "task" / "dataset.json").read_text()
+    for training in ([1, 2], [{"label": "x"}], None, 5, [{"image": None}], "ab"):
+        (tmp_path / "task" / "dataset.json").write_text(json.dumps({"training": training}))
+        with pytest.raises(DataError, match=r'dataset\.json: its "training" holds .*; expected a list of'):
+            prepare("brats", str(tmp_path / "task"), str(tmp_path / "o"), size=16)
+    (tmp_path / "task" / "dataset.json").write_text(meta)
+    for value, modality in ((np.nan, 0), (np.inf, 1)):
+        bad = img.copy()
+        bad[10, 10, 2, modality] = value
+        nib.save(nib.Nifti1Image(bad, np.eye(4)), str(tmp_path / "task" / "imagesTr" / name))
+        with pytest.raises(DataError, match=rf"imagesTr/{name}: 1 voxels are NaN or infinite \(the first at "
+                                            rf"\[10, 10, 2, {modality}\]\)"):
+            prepare("brats", str(tmp_path / "task"), str(tmp_path / "o"), size=16, val_frac=0.34)
+    nib.save(nib.Nifti1Image(img, np.eye(4)), str(tmp_path / "task" / "imagesTr" / name))
+    frac = lbl.astype(np.float32)
+    frac[7, 6, 2] = 1.4
+    nib.save(nib.Nifti1Image(frac, np.eye(4)), str(tmp_path / "task" / "labelsTr" / name))
+    with pytest.raises(DataError, match=rf"labelsTr/{name}: labels such as 1.4 are not whole numbers"):
+        prepare("brats", str(tmp_path / "task"), str(tmp_path / "o"), size=16, val_frac=0.34)
+    assert not (tmp_path / "o" / "train.bin").exists()
+
+
 def test_preparers_table_is_the_cli_dispatch():
     assert {"imagenette", "brats"} <= set(PREPARERS)
     assert brats.NATIVE_SIZE == [o for o in PREPARERS["brats"].options if o.name == "size"][0].default

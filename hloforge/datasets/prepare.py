@@ -250,7 +250,16 @@ def volume_records(img_path: str, lbl_path: str, size: int, context: int, contex
         raise DataError(f"{img_path}: shape {list(img.shape)}, expected (X, Y, Z, {m}) modalities")
     if lbl.shape != img.shape[:3]:
         raise DataError(f"{lbl_path}: label shape {list(lbl.shape)} differs from the image's {list(img.shape[:3])}")
-    lbl = np.rint(lbl).astype(np.int64)
+    for path, vol, what in ((img_path, img, "voxels"), (lbl_path, lbl, "labels")):
+        # a NaN made its modality's z-score NaN throughout, stored as all zeros
+        if np.issubdtype(vol.dtype, np.floating) and not np.isfinite(vol).all():
+            bad = np.argwhere(~np.isfinite(vol))[0].tolist()
+            raise DataError(f"{path}: {int((~np.isfinite(vol)).sum())} {what} are NaN or infinite (the first at "
+                            f"{bad}); expected finite values")
+    if np.issubdtype(lbl.dtype, np.floating) and (lbl != np.rint(lbl)).any():  # rounded, 1.4 read as class 1
+        raise DataError(f"{lbl_path}: labels such as {lbl[lbl != np.rint(lbl)][0]:g} are not whole numbers; "
+                        f"expected class indices 0..{brats.CLASSES - 1}")
+    lbl = lbl.astype(np.int64)
     if lbl.min() < 0 or lbl.max() >= brats.CLASSES:
         raise DataError(f"{lbl_path}: labels {lbl.min()}..{lbl.max()}, expected 0..{brats.CLASSES - 1}")
     q = np.stack([brats.quantize(znorm_brain(img[..., c])) for c in range(m)], axis=-1)
@@ -276,7 +285,13 @@ def _cases(src: str) -> list[str]:
         entries = meta["training"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise DataError(f"{meta_path}: cannot read MSD's training list from it ({e})") from None
-    cases = sorted({os.path.basename(e["image"] if isinstance(e, dict) else e) for e in entries})
+    images = [e.get("image") if isinstance(e, dict) else e for e in entries] if isinstance(entries, list) else None
+    if images is None or not all(isinstance(i, str) and i for i in images):
+        shown = entries if images is None else next(e for e, i in zip(entries, images, strict=True)
+                                                    if not (isinstance(i, str) and i))
+        raise DataError(f"{meta_path}: its \"training\" holds {json.dumps(shown)[:80]}; expected a list of "
+                        "{\"image\": PATH, \"label\": PATH} entries (or of image paths), as MSD writes it")
+    cases = sorted({os.path.basename(i) for i in images})
     if not cases:
         raise DataError(f"{meta_path} lists no training volumes")
     return cases
