@@ -67,6 +67,20 @@ def test_cam_refuses_an_image_the_net_cannot_take(array, needle, runs, tmp_path,
     assert not out.exists()
 
 
+def test_cam_refuses_an_npy_it_cannot_read(runs, tmp_path, capsys):
+    """Before: an empty file was an internal error (numpy's EOFError), an .npz under a .npy name "dtype <U1"."""
+    empty, npz = tmp_path / "empty.npy", tmp_path / "arch.npz"
+    empty.write_bytes(b"")
+    np.savez(npz, x=np.zeros((1, 28, 28), np.float32))
+    renamed = tmp_path / "arch.npy"
+    renamed.write_bytes(npz.read_bytes())
+    for x, needle in ((empty, "not a readable .npy array"), (renamed, "an .npz archive, not a .npy array; expected "
+                                                                      "one array of shape [1, 28, 28]")):
+        err = refused(["cam", runs["cnn"], str(x), "--out", str(tmp_path / "cam.png")], capsys)
+        assert err.startswith(f"hloforge: error: {x}: ") and needle in err, err
+    assert not (tmp_path / "cam.png").exists()
+
+
 @pytest.mark.parametrize("ref", ["test:-1", "test:-360", "test:360", "test:x"])
 def test_cam_refuses_a_test_index_out_of_range(ref, runs, tmp_path, capsys):
     err = refused(["cam", runs["cnn"], ref, "--out", str(tmp_path / "cam.png")], capsys)

@@ -115,9 +115,14 @@ def load_image(ref: str, run: Run) -> np.ndarray:
         return run.x_te[i]
     if ref.endswith(".npy") and os.path.exists(ref):
         try:
-            return np.load(ref)
-        except (OSError, ValueError) as e:
+            got = np.load(ref)
+        except (OSError, ValueError, EOFError) as e:  # EOFError: an empty file
             raise DataError(f"{ref}: not a readable .npy array ({e})") from None
+        if not isinstance(got, np.ndarray):  # np.load opens an .npz archive whatever its name
+            got.close()
+            raise DataError(f"{ref}: an .npz archive, not a .npy array; expected one array of shape "
+                            f"{list(run.spec.input_shape)} (np.save)")
+        return got
     raise DataError(f"image {ref!r}: expected test:N or an existing .npy file of shape {list(run.spec.input_shape)}")
 
 
