@@ -35,7 +35,6 @@ from hloforge.train.arraydata import ARRAYS, ArrayData, InputKind, checked_batch
 from hloforge.train.config import BITMAP, CHECKPOINT, CONFIG, TrainConfig, parse_data_options
 from hloforge.train.curves import PNG
 from hloforge.train.exclusive import one_at_a_time
-from hloforge.train.metrics import eval_set_id
 from hloforge.train.rundir import METRICS, NET_FILE, check_own_files, checked_path, locked
 from hloforge.train.session import ForwardSession, TrainSession, checked_labels, make_backend
 
@@ -553,10 +552,10 @@ class Model:
             arraydata.check_dataset_kind(self._inputs, data, self.spec, f"cannot save {path} naming",
                                          "save it with no dataset (data='arrays')")
             try:
-                y_te = self._run(data, self._batch, data_options=parse_data_options(options), eval_only=True).y_te
+                test = self._run(data, self._batch, data_options=parse_data_options(options), eval_only=True)
             except HloforgeError as e:
                 raise type(e)(f"cannot save {path} naming dataset {data!r}: {e}") from None
-            eval_set["eval_set"] = eval_set_id(data, "test", y_te)
+            eval_set["eval_set"] = test.eval_set
         tensors = self._checkpoint_tensors()
         meta = {"spec": self.spec.to_dict(), "variant": attrs.asdict(self.variant), "backend": self.backend.name,
                 "epoch": self._epoch, "step": self._step, "seed": self.seed, "config": attrs.asdict(cfg), **eval_set,

@@ -19,7 +19,7 @@ from hloforge.train import checkpoint as ckpt
 from hloforge.train.arraydata import ARRAYS, check_dataset_kind, check_input_kind, no_rows, saved_inputs
 from hloforge.train.config import CHECKPOINT, CONFIG, TrainConfig, load_config
 from hloforge.train.evaluation import EvalResult, evaluate, evaluate_lm, evaluate_stream
-from hloforge.train.metrics import describe_eval_set, eval_set_id
+from hloforge.train.metrics import describe_eval_set, same_eval_set
 from hloforge.train.parallel import make_forward_session
 from hloforge.train.rundir import own_spec
 from hloforge.train.session import ForwardSession, replica_devices
@@ -124,8 +124,8 @@ def open_checkpoint(path: str, backend: str | None = None, log: Callable[[str], 
                         f"({ckpt.first_difference(spec.to_dict(), run.spec.to_dict())})")
     # The data as it reads now against what the run was scored on: a corpus or data file edited or replaced since
     # would score (and a text run decode) plausibly and wrongly.
-    scored_on, now = meta.get("eval_set"), eval_set_id(cfg.data, "test", run.y_te)
-    if scored_on is not None and scored_on != now:
+    scored_on, now = meta.get("eval_set"), run.eval_set
+    if scored_on is not None and not same_eval_set(scored_on, now):
         raise DataError(f"checkpoint {file}: the test split of dataset {cfg.data!r} is not the one the run was "
                         f"scored on ({describe_eval_set(now)} now, {describe_eval_set(scored_on)} then); its data "
                         "changed since")

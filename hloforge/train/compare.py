@@ -17,7 +17,7 @@ import numpy as np
 from hloforge.core.errors import DataError
 from hloforge.core.regions import DEFAULT_REGION, check_region
 from hloforge.train.config import BITMAP, CHECKPOINT
-from hloforge.train.metrics import mcnemar_exact
+from hloforge.train.metrics import mcnemar_exact, same_eval_set
 
 
 def load_bitmap(run: str) -> tuple[np.ndarray, str, int]:
@@ -72,7 +72,7 @@ def compare_runs(run_a: str, run_b: str, log: Callable[[str], None] = print, reg
     check_region(region)  # a bad name is refused before anything is opened
     a, set_a, ep_a, reg_a = region_bitmap(run_a, region, score_shadow)
     b, set_b, ep_b, reg_b = region_bitmap(run_b, region, score_shadow)
-    if set_a != set_b:
+    if not same_eval_set(set_a, set_b):
         raise DataError(f"the runs were scored on different eval sets ({set_a} vs {set_b}); McNemar needs one set")
     if a.shape != b.shape or a.ndim != 1:  # the set id names the length: a bitmap that disagrees was altered
         raise DataError(f"the bitmaps hold {list(a.shape)} and {list(b.shape)} results for eval set {set_a}; "

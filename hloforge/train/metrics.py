@@ -83,13 +83,36 @@ def binom_half_cdf(k: int, n: int) -> float:
     return min(1.0, math.exp(log_top + math.log(rel)))
 
 
-def eval_set_id(dataset: str, split: str, labels: np.ndarray) -> str:
-    """Names an eval set, so bitmaps of different sets are never compared."""
+# How many of an eval set's input values its id hashes at most: evenly spaced, so that another set of images
+# under the same labels differs in them, and a set of gigabytes hashes in milliseconds.
+INPUT_SAMPLES = 1 << 20
+
+
+def eval_set_id(dataset: str, split: str, labels: np.ndarray, inputs: np.ndarray | None) -> str:
+    """Names an eval set (DATASET:SPLIT:N:LABELS-HASH:INPUTS-HASH), so that a run is never scored, resumed or
+    compared on another: its labels, and up to INPUT_SAMPLES of its input values, as float32. `inputs` None
+    (a run that streams its eval never holds them): DATASET:SPLIT:N:LABELS-HASH, which matches any id of
+    those labels (same_eval_set)."""
     h = hashlib.sha256(np.ascontiguousarray(labels, np.int64).tobytes()).hexdigest()[:16]
-    return f"{dataset}:{split}:{len(labels)}:{h}"
+    if inputs is None:
+        return f"{dataset}:{split}:{len(labels)}:{h}"
+    flat = np.asarray(inputs).reshape(-1)
+    sample = np.ascontiguousarray(flat[::max(1, flat.size // INPUT_SAMPLES)][:INPUT_SAMPLES], np.float32)
+    seen = hashlib.sha256(repr(np.shape(inputs)).encode() + sample.tobytes()).hexdigest()[:16]
+    return f"{dataset}:{split}:{len(labels)}:{h}:{seen}"
+
+
+def same_eval_set(a: str, b: str) -> bool:
+    """Whether two eval set ids name one set. An id without its inputs' hash (written before they were hashed,
+    or by a run that streams its eval) names every set of those labels, so it matches on them."""
+    return a == b or any(new.startswith(old + ":") and new.count(":") == old.count(":") + 1
+                         for old, new in ((a, b), (b, a)))
 
 
 def describe_eval_set(set_id: str) -> str:
-    """An `eval_set_id` as a message says it: "360 labels, hash 1a2b…"."""
-    parts = set_id.rsplit(":", 2)
-    return f"{parts[1]} labels, hash {parts[2]}" if len(parts) == 3 else set_id
+    """An `eval_set_id` as a message says it: "360 examples, labels hash 1a2b…, inputs hash 3c4d…" (an
+    older id: "360 labels, hash 1a2b…")."""
+    parts = set_id.split(":")
+    if len(parts) >= 5:
+        return f"{parts[-3]} examples, labels hash {parts[-2]}, inputs hash {parts[-1]}"
+    return f"{parts[-2]} labels, hash {parts[-1]}" if len(parts) == 4 else set_id

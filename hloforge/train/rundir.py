@@ -28,7 +28,7 @@ from hloforge.core.spec import NetSpec
 from hloforge.train.checkpoint import FORMAT_FAMILY, TMP_SUFFIX, load_meta, write_atomic
 from hloforge.train.config import BITMAP, CHECKPOINT, CONFIG, TrainConfig
 from hloforge.train.curves import PNG
-from hloforge.train.metrics import describe_eval_set, eval_set_id
+from hloforge.train.metrics import describe_eval_set, same_eval_set
 from hloforge.zoo import SPEC_SUFFIXES
 
 LOCK = ".lock"
@@ -188,7 +188,8 @@ def holds_copy(checkpoint: str, path: str) -> bool:
         own, kept = load_meta(checkpoint), load_meta(os.path.join(path, CHECKPOINT))
     except HloforgeError:
         return False
-    same = all(own.get(k) == kept.get(k) for k in ("spec", "variant", "seed", "backend", "eval_set"))
+    same = all(own.get(k) == kept.get(k) for k in ("spec", "variant", "seed", "backend")) and \
+        same_eval_set(str(own.get("eval_set")), str(kept.get("eval_set")))
     return same and int(kept.get("step", -1)) <= int(own.get("step", -1))
 
 
@@ -272,13 +273,13 @@ def check_resumable(run_dir: str, default_of: str = "") -> None:
                     f"there is nothing to resume; start it again with `{again}`")
 
 
-def check_same_data(path: str, meta: dict[str, Any], data: str, labels: np.ndarray) -> None:
+def check_same_data(path: str, meta: dict[str, Any], data: str, now: str) -> None:
     """Refuse to resume checkpoint `path` on data whose test split is not the one the run was scored on
     (its data directory or file replaced, or moved and given anew as another): the run would go on
     training and scoring on other data, its metrics mixing the two. Before check_steps, which another
     training split's size fails with a misleading reason."""
-    scored_on, now = meta.get("eval_set"), eval_set_id(data, "test", labels)
-    if scored_on is not None and scored_on != now:
+    scored_on = meta.get("eval_set")  # `now`: the split's eval_set_id as it reads now
+    if scored_on is not None and not same_eval_set(scored_on, now):
         raise DataError(f"checkpoint {path}: the test split of dataset {data!r} is not the one the run was scored "
                         f"on ({describe_eval_set(now)} now, {describe_eval_set(scored_on)} then); resume it on its "
                         "own data, or start a new run from its weights with --init")

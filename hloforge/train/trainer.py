@@ -133,11 +133,8 @@ class Run:
                             f"continue it there (hf.load({cfg.run_dir or 'DIR'!r}).fit(x, y)), or on a dataset its net "
                             "fits (--data NAME)")
         self.data = data if data is not None else reg.make("dataset", cfg.data, **opts)
-        x_te: np.ndarray | None = None
-        if cfg.workers:  # the eval streams too: its labels here, the float split only if a consumer asks (x_te)
-            self.y_te = split_labels(self.data, "test")
-        else:
-            x_te, self.y_te = split_pair(self.data, "test")
+        # under workers the eval streams too: its labels here, the float split only if a consumer asks (x_te)
+        x_te, self.y_te = (None, split_labels(self.data, "test")) if cfg.workers else split_pair(self.data, "test")
         if data is None:  # a registered dataset's; the user's arrays may have no test split (fit without validation)
             check_rows(self.data, "test", len(self.y_te))
         # what the loss's label kind trains: feed shape, train-step inputs, evaluation (LM: its own path)
@@ -154,6 +151,7 @@ class Run:
         if data is None and not eval_only:
             check_rows(self.data, "train", self.feed.n)
         self._x_te = None if x_te is None else self._fit_input(x_te)
+        self.eval_set = eval_set_id(cfg.data, "test", self.y_te, self._x_te)  # a streamed eval's: its labels'
         self.steps_per_epoch = self.feed.steps_per_epoch
         if self.steps_per_epoch == 0 and not eval_only:
             raise DataError(f"batch {cfg.batch} is larger than the {self.feed.n}-image training split"
@@ -197,7 +195,7 @@ class Run:
     def meta(self, epoch: int, step: int) -> dict[str, Any]:
         return {"spec": self.spec.to_dict(), "variant": attrs.asdict(self.variant), "backend": self.cfg.backend,
                 "epoch": epoch, "step": step, "seed": self.cfg.seed, "config": attrs.asdict(self.cfg),
-                "eval_set": eval_set_id(self.cfg.data, "test", self.y_te)}
+                "eval_set": self.eval_set}
 
     def save(self, session: TrainSession, epoch: int,
              host: tuple[list[str], list[np.ndarray]] | None = None) -> None:
@@ -295,7 +293,7 @@ class Run:
         tensors, meta = ckpt.load_checkpoint(self.ckpt_path)
         session.state_layout.check_slots(f"checkpoint {self.ckpt_path}", list(tensors))
         check_matches(self.ckpt_path, meta, self.spec, self.variant, self.cfg.backend, cross_backend)
-        rundir.check_same_data(self.ckpt_path, meta, self.cfg.data, self.y_te)
+        rundir.check_same_data(self.ckpt_path, meta, self.cfg.data, self.eval_set)
         rundir.check_steps(self.ckpt_path, meta, self.steps_per_epoch, self.cfg, self.feed.n)
         ckpt.check_tensors(self.ckpt_path, tensors, *self.expected_tensors())
         lay = session.layout
