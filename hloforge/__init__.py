@@ -13,11 +13,12 @@ from hloforge.core.hookspecs import PLUGIN_API_VERSION as PLUGIN_API_VERSION  # 
 
 if TYPE_CHECKING:
     from hloforge import callbacks
-    from hloforge.api import Model, load
+    from hloforge.api import Model
     from hloforge.callbacks import Callback, CSVLogger, EarlyStopping, ModelCheckpoint, TensorBoard
     from hloforge.core.lookup import Lookup
     from hloforge.core.spec import NetSpec
     from hloforge.core.variant import Variant
+    from hloforge.loading import load
 
     layers: Lookup
     from hloforge import losses
@@ -30,7 +31,7 @@ _LAZY = {
     "NetSpec": ("hloforge.core.spec", "NetSpec"),
     "Variant": ("hloforge.core.variant", "Variant"),
     "Model": ("hloforge.api", "Model"),
-    "load": ("hloforge.api", "load"),
+    "load": ("hloforge.loading", "load"),
     "Callback": ("hloforge.callbacks", "Callback"),
     "EarlyStopping": ("hloforge.callbacks", "EarlyStopping"),
     "ModelCheckpoint": ("hloforge.callbacks", "ModelCheckpoint"),

@@ -12,7 +12,6 @@ takes the loop's host copy back at the end of every epoch.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 import threading
@@ -253,17 +252,13 @@ class Model:
         whole before the first step."""
         epochs = plain(epochs)
         for flag, on in (("shuffle", shuffle), ("drop_last", drop_last), ("verbose", verbose)):
-            if not isinstance(on, (bool, np.bool_, int)) or on not in (0, 1):  # "no" would count as yes
-                raise UnsupportedSpec(f"{flag} must be True or False (or 1 or 0), got {on!r}")
+            arraydata.checked_flag(flag, on)
         if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
             raise UnsupportedSpec(f"epochs must be an integer ≥ 1, got {epochs!r}")
         if not drop_last:
             raise UnsupportedSpec("drop_last=False would train on a ragged last batch's padding; only True is taken")
         callbacks = checked_callbacks(callbacks)
-        if isinstance(x, str):
-            if data is not None:
-                raise UnsupportedSpec(f"two datasets given: {x!r} and data={data!r}")
-            x, data = None, x
+        x, data = arraydata.dataset_named(x, data, data_options, "fit")
         if data is not None:
             if x is not None or y is not None or validation_data is not None:
                 raise UnsupportedSpec("fit(data=NAME) trains on the dataset's train split and scores its test split; "
@@ -291,6 +286,8 @@ class Model:
         # Under MPI every rank trains and keeps the weights (_Keep); the callbacks are rank 0's alone, and a
         # stop one of them decides reaches every rank (Run._epoch_end).
         mine = callbacks if run.world.is_root else []
+        for cb in callbacks:
+            cb.model = self
         run.check_callbacks(mine)  # before the compile: a callback's wrong option costs none
         session, evaluator = self._session(batch, spread=True), self._forward(batch)
         self._live = session  # the session this fit's epochs run on (_kept reads its step)
@@ -300,8 +297,6 @@ class Model:
             run.shadow_running = [r.copy() for r in self._shadow_running]
         history = History()
         self.stop_training = False
-        for cb in callbacks:
-            cb.model = self
         self._fitting = (run, session, threading.get_ident())
         try:
             run.loop(session, evaluator, self._epoch, [_Keep(self, run, history), *mine], owner=self)
@@ -373,8 +368,7 @@ class Model:
 
         batch = checked_batch_size(batch_size, self._batch)
         buffers = self._region_buffers(region)
-        if isinstance(x, str):
-            x, data = None, x
+        x, data = arraydata.dataset_named(x, data, data_options, "evaluate")
         if data is not None:
             if x is not None or y is not None:
                 raise UnsupportedSpec("evaluate(data=NAME) scores the dataset's test split; pass no x or y with it")
@@ -537,9 +531,8 @@ class Model:
         bit; what a run wrote beside its last checkpoint (its metrics, curves, eval bitmap) goes, being
         another model's. Under the directory's lock: a run training there is never overwritten.
         Returns `path`."""
-        path = checked_path(path, "save")
-        options = self._data_options if data in (None, self._data) else ()  # another dataset: its defaults
-        data = data or self._data
+        path, overwrite = checked_path(path, "save"), arraydata.checked_flag("overwrite", overwrite)
+        options, data = self._options_for(data), data or self._data
         if os.path.exists(path) and not os.path.isdir(path):
             raise HloforgeError(f"cannot save to {path}: it is a file; expected a directory (new or a run's)")
         check_own_files(path, "save directory", "the save", "save to another path")  # before the dataset loads
@@ -547,15 +540,7 @@ class Model:
         if os.path.exists(file) and not overwrite:
             raise HloforgeError(f"{path} already holds a checkpoint; pass overwrite=True to replace it")
         cfg = self._config(path, data, data_options=options)  # checked before anything is written
-        eval_set = {}  # the user's arrays are no registered eval set: nothing to compare a later eval against
-        if data != ARRAYS:  # a named dataset fits the net (input shape, classes) as `hloforge eval` will read it
-            arraydata.check_dataset_kind(self._inputs, data, self.spec, f"cannot save {path} naming",
-                                         "save it with no dataset (data='arrays')")
-            try:
-                test = self._run(data, self._batch, data_options=parse_data_options(options), eval_only=True)
-            except HloforgeError as e:
-                raise type(e)(f"cannot save {path} naming dataset {data!r}: {e}") from None
-            eval_set["eval_set"] = test.eval_set
+        eval_set = self._eval_set_of(path, data)
         tensors = self._checkpoint_tensors()
         meta = {"spec": self.spec.to_dict(), "variant": attrs.asdict(self.variant), "backend": self.backend.name,
                 "epoch": self._epoch, "step": self._step, "seed": self.seed, "config": attrs.asdict(cfg), **eval_set,
@@ -576,6 +561,26 @@ class Model:
                                 "created and written") from None
         return path
 
+    def _options_for(self, data: str | None) -> tuple[str, ...]:
+        """The data options a save naming dataset `data` records: the model's own for its own dataset
+        (None), another's defaults."""
+        return self._data_options if data in (None, self._data) else ()
+
+    def _eval_set_of(self, path: str, data: str) -> dict[str, str]:
+        """{"eval_set": its id} for a save to `path` naming dataset `data`, refused unless the net fits its
+        test split as `hloforge eval` will read it; {} for the user's arrays, no registered eval set (nothing
+        to compare a later eval against). ModelCheckpoint asks it before the first step."""
+        if data == ARRAYS:
+            return {}
+        arraydata.check_dataset_kind(self._inputs, data, self.spec, f"cannot save {path} naming",
+                                     "save it with no dataset (data='arrays')")
+        try:
+            options = parse_data_options(self._options_for(data))
+            test = self._run(data, self._batch, data_options=options, eval_only=True)
+        except HloforgeError as e:
+            raise type(e)(f"cannot save {path} naming dataset {data!r}: {e}") from None
+        return {"eval_set": test.eval_set}
+
     def summary(self) -> str:
         """The layer table: index, kind, input → output shape, parameters; then the totals."""
         return summary_table(self.spec)
@@ -593,54 +598,3 @@ class Model:
         return (f"Model({self.spec.name!r}, {self.spec.param_count():,} params, {self.variant.slug}, "
                 f"backend {self.backend.name}, epoch {self._epoch})")
 
-
-def load(path: str, backend: str | None = None) -> Model:
-    """A run directory written by `Model.save` or `hloforge train`, as a Model: θ, optimizer state,
-    BN statistics, step and epoch as saved, bit for bit."""
-    from hloforge.train.trainer import load_config
-    from hloforge.zoo import SPEC_SUFFIXES
-
-    path = checked_path(path, "hf.load")
-    if os.path.isfile(path):
-        raise DataError(f"hf.load reads a run directory; {path} is a file (pass {os.path.dirname(path) or '.'}, "
-                        "the directory holding it)")
-    file = os.path.join(path, CHECKPOINT)
-    tensors, meta = ckpt.load_checkpoint(file)
-    if not os.path.exists(os.path.join(path, CONFIG)):
-        raise DataError(f"{path} has no {CONFIG}; expected a run directory (Model.save or hloforge train)")
-    cfg = load_config(os.path.join(path, CONFIG))
-    v = Variant(**meta["variant"])
-    fields = {f.name: getattr(v, f.name) for f in attrs.fields(Variant) if f.name != "optimizer"}
-    # A net from a spec file (a saved NetSpec's net.json among them) is the checkpoint's own copy: the run
-    # directory or the file may have moved since. A zoo net is rebuilt by name and checked below.
-    net = NetSpec.from_dict(meta["spec"], source=file) if cfg.net.endswith(SPEC_SUFFIXES) else cfg.net
-    by_name = isinstance(net, str)  # (a NetSpec states its own classes and input)
-    model = Model(net, v.optimizer, cfg.lr, cfg.schedule, backend or meta["backend"], cfg.seed,
-                  warmup_epochs=cfg.warmup_epochs, decay_rate=cfg.decay_rate, bn_momentum=cfg.bn_momentum,
-                  classes=cfg.classes if by_name else None, input=cfg.input if by_name else None, **fields)
-    if json.loads(json.dumps(model.spec.to_dict())) != meta["spec"]:
-        held = meta["spec"].get("name")
-        if held != model.spec.name:  # another run's checkpoint copied in: said as `hloforge eval` says it
-            raise DataError(f"run directory {path}: its config.toml and checkpoint disagree: the config names net "
-                            f"{cfg.net!r}, the checkpoint holds net {held!r}")
-        raise DataError(f"checkpoint {file} holds a spec that differs from net {cfg.net!r} as defined now "
-                        f"({ckpt.first_difference(meta['spec'], model.spec.to_dict())})")
-    lay = model._state_layout
-    trained = model._trained_names()
-    lay.check_slots(f"checkpoint {file}", list(tensors))  # the shapes, dtype and finiteness eval checks too
-    ckpt.check_tensors(file, tensors, *ckpt.expected_tensors(
-        [(n, s.shape) for n, s in model._param_slots], lay.slots, model.spec.stats(), lay.shadows, model._frozen()))
-    names = ckpt.tensor_names([n for n, _ in model._param_slots], lay.slots, model._stat_names, trained=trained)
-    try:
-        got = [tensors[n] for n in names]
-    except KeyError as e:
-        raise DataError(f"checkpoint {file} lacks tensor {e.args[0]}; it is not of this net") from None
-    n, k, m = len(model._param_slots), len(lay.slots) * len(trained), len(model._stat_names)
-    model._params, model._opt_state, model._running = got[:n], got[n:n + k], got[n + k:n + k + m]
-    if lay.shadows:  # one that predates them is refused, as `hloforge eval` refuses its shadow
-        model._shadow_running = ckpt.shadow_stats(tensors, model._stat_names, f"checkpoint {file}",
-                                                  "`hloforge eval --region live` scores its live weights")
-    model._step, model._epoch, model._batch = int(meta["step"]), int(meta["epoch"]), cfg.batch
-    model._data, model._data_options = cfg.data, cfg.data_options
-    model._inputs = arraydata.saved_inputs(file, meta, cfg.data, model.spec)
-    return model

@@ -222,6 +222,9 @@ class ModelCheckpoint(Monitor):
 
         # the user's own files (no run's) are refused, overwrite=True or not: it replaces a run, not them
         check_own_files(self.path, "ModelCheckpoint path", "its checkpoints", "give another path", UnsupportedSpec)
+        eval_set_of = getattr(self.model, "_eval_set_of", None)  # a Model's fit: its saves name `data`
+        if eval_set_of is not None and self.data is not None:  # refused now, not at the first improvement
+            eval_set_of(self.path, self.data)
         if self.overwrite:
             return
         dir_ = run_dir_of(self.model)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import re
 import reprlib
 import tomllib
@@ -84,6 +85,14 @@ def check_shape(what: str, shape: Shape) -> None:
     if math.prod(shape) > MAX_ELEMENTS:
         raise UnsupportedSpec(f"{what} {list(shape)} has {math.prod(shape):,} elements, more than the "
                               f"{MAX_ELEMENTS:,} a spec may ask of one tensor")
+
+
+def _physical_memory() -> int | None:
+    """This machine's memory in bytes, or None where the C library does not say."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows), or no such name
+        return None
 
 
 _HINTS: dict[type, dict[str, Any]] = {}
@@ -197,8 +206,15 @@ class NetSpec:
         return sum(s.size for _, s in self.params())
 
     def init_params(self, seed: int) -> list[np.ndarray]:
-        """Deterministic per seed and per slot position, so adding a layer moves no other layer's init."""
-        return [s.initial(np.random.default_rng([seed, i])) for i, (_, s) in enumerate(self.params())]
+        """Deterministic per seed and per slot position, so adding a layer moves no other layer's init. θ of
+        more float32 bytes than this machine has memory is refused (numpy's MemoryError, or, under the
+        address space, the kernel ending the process as the draw touches its pages)."""
+        slots = self.params()
+        need, have = 4 * sum(s.size for _, s in slots), _physical_memory()
+        if have is not None and need > have:
+            raise UnsupportedSpec(f"net {self.name!r} has {need // 4:,} parameters, {need / 2**30:,.1f} GiB of "
+                                  f"float32, more than this machine's {have / 2**30:,.1f} GiB of memory")
+        return [s.initial(np.random.default_rng([seed, i])) for i, (_, s) in enumerate(slots)]
 
     # ------------------------------------------------------------- dict / TOML / JSON
     def to_dict(self) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from hloforge.core.errors import DataError, HloforgeError
+from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
 from hloforge.core.modules import label_type
 from hloforge.core.registry import default_registry
 from hloforge.core.spec import NetSpec
@@ -78,14 +78,50 @@ def checked_batch_size(batch_size: Any, default: int) -> int:
     return positive_batch(default if batch_size is None else plain(batch_size), "batch_size")
 
 
+def checked_flag(name: str, on: Any) -> bool:
+    """A Model method's True/False argument (1 or 0 taken), refused otherwise: "no" would count as yes."""
+    if not isinstance(on, (bool, np.bool_, int)) or on not in (0, 1):
+        raise UnsupportedSpec(f"{name} must be True or False (or 1 or 0), got {on!r}")
+    return bool(on)
+
+
+def dataset_named(x: Any, data: str | None, data_options: Any, what: str) -> tuple[Any, str | None]:
+    """(x, the dataset) as fit and evaluate take them: `fit("digits")` or `fit(data="digits")`. Both is two
+    datasets; data_options without a dataset would be dropped unread, so they are refused too."""
+    if isinstance(x, str):
+        if data is not None:
+            raise UnsupportedSpec(f"two datasets given: {x!r} and data={data!r}")
+        x, data = None, x
+    if data is None and data_options is not None:
+        raise UnsupportedSpec(f"data_options are a dataset's options ({what}(data=NAME, data_options=...)); "
+                              f"{what} on arrays takes none")
+    return x, data
+
+
 def batched(shape: Sequence[int]) -> str:
     """A batch of rows of `shape`, as messages say it: [N, 784]."""
     return "[" + ", ".join(["N", *map(str, shape)]) + "]"
 
 
+class RaggedRows(DataError, ValueError):
+    """Rows of different lengths: a DataError, and the ValueError numpy raises for them, which input_rows
+    answers with what such an x most likely is (a pair (x, y), a list of batches)."""
+
+
+def _refuse_sparse(a: Any, what: str) -> None:
+    if type(a).__module__.startswith("scipy.sparse"):  # len() is ambiguous for it, np.asarray a 0-d object
+        raise DataError(f"{what} is a scipy sparse {type(a).__name__}; expected a dense array (its .toarray())")
+
+
 def row_count(a: Any, what: str) -> int:
     """The rows of `a`, refused unless an array of at least one."""
-    if not hasattr(a, "__len__") or np.ndim(a) == 0:
+    _refuse_sparse(a, what)
+    try:
+        scalar = not hasattr(a, "__len__") or np.ndim(a) == 0
+    except ValueError:  # numpy's, on rows of different lengths
+        raise RaggedRows(f"{what} is ragged (its rows differ in length); expected an array with one row per "
+                      "example") from None
+    if scalar:
         raise DataError(f"{what} is a {type(a).__name__}, expected an array with one row per example")
     n = len(a)
     if n == 0:
@@ -137,11 +173,17 @@ def read_batches(batches: Iterable[Any], max_bytes: int) -> tuple[np.ndarray, np
                             "(itertools.islice(it, n)) or arrays x, y")
         if not (isinstance(item, (tuple, list)) and len(item) == 2):
             raise DataError(f"fit batch {len(xs)} is a {type(item).__name__}, expected a pair (x, y)")
+        for what, a in (("x", item[0]), ("y", item[1])):
+            _refuse_sparse(a, f"fit batch {len(xs)}'s {what}")
+            try:
+                got = np.asarray(a)
+            except ValueError:  # numpy's, on rows of different lengths
+                raise DataError(f"fit batch {len(xs)} has a ragged {what} (its rows differ in length); expected "
+                                "an array with one row per example") from None
+            if got.ndim < 1 or len(got) == 0:
+                raise DataError(f"fit batch {len(xs)} has {what} of shape {list(got.shape)}, expected an array "
+                                "with one row per example, at least one")
         bx, by = np.asarray(item[0]), np.asarray(item[1])
-        for what, a in (("x", bx), ("y", by)):
-            if a.ndim < 1:
-                raise DataError(f"fit batch {len(xs)} has {what} of shape [], expected an array with one "
-                                "row per example")
         if len(bx) != len(by):
             raise DataError(f"fit batch {len(xs)} has {len(bx)} rows of x but {len(by)} labels; expected one "
                             "label per row")

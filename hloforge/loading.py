@@ -1,0 +1,71 @@
+"""`hf.load`: a run directory (`Model.save`'s or `hloforge train`'s) back as a Model."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import attrs
+
+from hloforge.api import Model
+from hloforge.core.errors import DataError
+from hloforge.core.spec import NetSpec
+from hloforge.core.variant import Variant
+from hloforge.train import arraydata
+from hloforge.train import checkpoint as ckpt
+from hloforge.train.config import CHECKPOINT, CONFIG
+from hloforge.train.rundir import checked_path
+
+
+def load(path: str, backend: str | None = None) -> Model:
+    """A run directory written by `Model.save` or `hloforge train`, as a Model: θ, optimizer state,
+    BN statistics, step and epoch as saved, bit for bit."""
+    from hloforge.commands.opening import check_run_dir
+    from hloforge.train.trainer import load_config
+    from hloforge.zoo import SPEC_SUFFIXES
+
+    path = checked_path(path, "hf.load")
+    if os.path.isfile(path):
+        raise DataError(f"hf.load reads a run directory; {path} is a file (pass {os.path.dirname(path) or '.'}, "
+                        "the directory holding it)")
+    file = os.path.join(path, CHECKPOINT)
+    tensors, meta = ckpt.load_checkpoint(file)
+    if not os.path.exists(os.path.join(path, CONFIG)):
+        raise DataError(f"{path} has no {CONFIG}; expected a run directory (Model.save or hloforge train)")
+    cfg = load_config(os.path.join(path, CONFIG))
+    check_run_dir(path, file, meta)  # its config's net and variant are the checkpoint's, as `hloforge eval` checks
+    v = Variant(**meta["variant"])
+    fields = {f.name: getattr(v, f.name) for f in attrs.fields(Variant) if f.name != "optimizer"}
+    # A net from a spec file (a saved NetSpec's net.json among them) is the checkpoint's own copy: the run
+    # directory or the file may have moved since. A zoo net is rebuilt by name and checked below.
+    net = NetSpec.from_dict(meta["spec"], source=file) if cfg.net.endswith(SPEC_SUFFIXES) else cfg.net
+    by_name = isinstance(net, str)  # (a NetSpec states its own classes and input)
+    model = Model(net, v.optimizer, cfg.lr, cfg.schedule, backend or meta["backend"], cfg.seed,
+                  warmup_epochs=cfg.warmup_epochs, decay_rate=cfg.decay_rate, bn_momentum=cfg.bn_momentum,
+                  classes=cfg.classes if by_name else None, input=cfg.input if by_name else None, **fields)
+    if json.loads(json.dumps(model.spec.to_dict())) != meta["spec"]:
+        held = meta["spec"].get("name")
+        if held != model.spec.name:  # another run's checkpoint copied in: said as `hloforge eval` says it
+            raise DataError(f"run directory {path}: its config.toml and checkpoint disagree: the config names net "
+                            f"{cfg.net!r}, the checkpoint holds net {held!r}")
+        raise DataError(f"checkpoint {file} holds a spec that differs from net {cfg.net!r} as defined now "
+                        f"({ckpt.first_difference(meta['spec'], model.spec.to_dict())})")
+    lay = model._state_layout
+    trained = model._trained_names()
+    lay.check_slots(f"checkpoint {file}", list(tensors))  # the shapes, dtype and finiteness eval checks too
+    ckpt.check_tensors(file, tensors, *ckpt.expected_tensors(
+        [(n, s.shape) for n, s in model._param_slots], lay.slots, model.spec.stats(), lay.shadows, model._frozen()))
+    names = ckpt.tensor_names([n for n, _ in model._param_slots], lay.slots, model._stat_names, trained=trained)
+    try:
+        got = [tensors[n] for n in names]
+    except KeyError as e:
+        raise DataError(f"checkpoint {file} lacks tensor {e.args[0]}; it is not of this net") from None
+    n, k, m = len(model._param_slots), len(lay.slots) * len(trained), len(model._stat_names)
+    model._params, model._opt_state, model._running = got[:n], got[n:n + k], got[n + k:n + k + m]
+    if lay.shadows:  # one that predates them is refused, as `hloforge eval` refuses its shadow
+        model._shadow_running = ckpt.shadow_stats(tensors, model._stat_names, f"checkpoint {file}",
+                                                  "`hloforge eval --region live` scores its live weights")
+    model._step, model._epoch, model._batch = int(meta["step"]), int(meta["epoch"]), cfg.batch
+    model._data, model._data_options = cfg.data, cfg.data_options
+    model._inputs = arraydata.saved_inputs(file, meta, cfg.data, model.spec)
+    return model

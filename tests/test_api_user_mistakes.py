@@ -1,0 +1,120 @@
+"""User mistakes the framework API answered with a raw numpy or scipy error, a silently ignored argument, a
+replaced checkpoint or a refusal after an epoch of training; each is now one line, before anything is done."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import numpy as np
+import pytest
+
+import hloforge as hf
+from hloforge.core.errors import DataError, UnsupportedSpec
+
+RNG = np.random.default_rng(0)
+X = RNG.standard_normal((64, 784)).astype(np.float32)
+Y = RNG.integers(0, 10, 64)
+
+
+def one_line(error: pytest.ExceptionInfo[BaseException]) -> str:
+    text = str(error.value)
+    assert "\n" not in text
+    return text
+
+
+@pytest.fixture(scope="module")
+def model() -> hf.Model:
+    return hf.Model("mnist-mlp")
+
+
+@pytest.mark.parametrize("call, said", [
+    (lambda m: m.fit(X[:2], [[0], [1, 2]], batch_size=1, verbose=False), "fit y is ragged (its rows differ in length)"),
+    (lambda m: m.evaluate(X[:2], [[0], [1, 2]]), "evaluate y is ragged (its rows differ in length)"),
+    (lambda m: m.fit([([[1.0] * 784, [1.0] * 783], [0, 1])], verbose=False),
+     "fit batch 0 has a ragged x (its rows differ in length)"),
+    (lambda m: m.fit([(X[:2], [[0], [1, 2]])], verbose=False), "fit batch 0 has a ragged y"),
+    (lambda m: m.fit([(X[:0], Y[:0]), (X[:16], Y[:16])], verbose=False),
+     "fit batch 0 has x of shape [0, 784], expected an array with one row per example, at least one"),
+])
+def test_ragged_or_empty_arrays_are_one_line(model, call, said) -> None:
+    """Before: numpy's ValueError ('setting an array element with a sequence') from deep in arraydata, and an
+    empty first batch said as 'batch_size must be an integer ≥ 1, got 0' with no batch_size given."""
+    with pytest.raises(DataError) as error:
+        call(model)
+    assert said in one_line(error)
+
+
+def test_a_scipy_sparse_matrix_is_one_line(model) -> None:
+    """Before: scipy's TypeError ('sparse array length is ambiguous')."""
+    sparse = pytest.importorskip("scipy.sparse")
+    for call, what in ((lambda: model.fit(sparse.csr_matrix(X), Y, batch_size=16, verbose=False), "fit x"),
+                       (lambda: model.predict(sparse.csr_matrix(X)), "predict x"),
+                       (lambda: model.fit(X, sparse.csr_matrix(Y.reshape(-1, 1)), batch_size=16, verbose=False),
+                        "fit y")):
+        with pytest.raises(DataError) as error:
+            call()
+        assert one_line(error) == (f"{what} is a scipy sparse csr_matrix; expected a dense array (its .toarray())")
+
+
+def test_arguments_that_were_ignored_or_read_as_true_are_refused(model, tmp_path) -> None:
+    """Before: save(overwrite="no") replaced the checkpoint ("no" is truthy), evaluate("digits", data="mnist")
+    scored digits, and data_options beside arrays were dropped unread."""
+    m = hf.Model("mnist-mlp")
+    m.save(str(tmp_path / "s"))
+    m.fit(X, Y, batch_size=16, verbose=False)
+    with pytest.raises(UnsupportedSpec, match=r"^overwrite must be True or False \(or 1 or 0\), got 'no'$"):
+        m.save(str(tmp_path / "s"), overwrite="no")
+    assert hf.load(str(tmp_path / "s"))._epoch == 0  # the first save, not replaced
+    with pytest.raises(UnsupportedSpec, match=r"^two datasets given: 'digits' and data='mnist'$"):
+        model.evaluate("digits", data="mnist")
+    for call, what in ((lambda: model.fit(X, Y, batch_size=16, verbose=False, data_options={"size": -5}), "fit"),
+                       (lambda: model.evaluate(X, Y, data_options=5), "evaluate")):
+        with pytest.raises(UnsupportedSpec) as error:
+            call()
+        assert one_line(error).startswith(f"data_options are a dataset's options ({what}(data=NAME, ")
+
+
+def test_model_checkpoint_naming_a_dataset_the_net_cannot_read_is_refused_before_the_first_step(tmp_path) -> None:
+    """Before: a whole epoch trained, then the fit stopped at the first save."""
+    m = hf.Model(hf.NetSpec("n", (50,), [hf.layers.Dense(10)], 10))
+    cb = hf.ModelCheckpoint(str(tmp_path / "best"), monitor="loss", data="digits")
+    with pytest.raises(DataError) as error:
+        m.fit(RNG.standard_normal((64, 50)).astype(np.float32), Y, batch_size=16, epochs=3, verbose=False,
+              callbacks=[cb])
+    assert "naming dataset 'digits': dataset 'digits' gives inputs of shape [1, 28, 28], but net 'n' expects [50]" \
+        in one_line(error)
+    assert m._epoch == 0 and m._step == 0 and not (tmp_path / "best").exists()
+
+
+def test_load_refuses_a_run_whose_config_and_checkpoint_disagree(tmp_path) -> None:
+    """Before: hf.load took the checkpoint's variant over a config naming another (hloforge eval refused the
+    same directory), and an unknown key in the checkpoint's variant was Variant's own TypeError."""
+    from safetensors import safe_open
+    from safetensors.numpy import load_file, save_file
+
+    hf.Model("mnist-mlp").save(str(tmp_path / "s"))
+    shutil.copytree(tmp_path / "s", tmp_path / "sgd")
+    config = tmp_path / "sgd" / "config.toml"
+    config.write_text(re.sub(r'optimizer = "adam"', 'optimizer = "sgd"', config.read_text()))
+    shutil.copytree(tmp_path / "s", tmp_path / "foo")
+    ckpt = str(tmp_path / "foo" / "checkpoint.safetensors")
+    with safe_open(ckpt, "np") as f:
+        meta = f.metadata()
+    save_file(load_file(ckpt), ckpt, metadata={**meta, "variant": json.dumps({"foo": 1})})
+    for bad, needle in (("sgd", "'optimizer': 'sgd'"), ("foo", "was trained as variant {'foo': 1}")):
+        with pytest.raises(DataError) as error:
+            hf.load(str(tmp_path / bad))
+        said = one_line(error)
+        assert said.startswith(f"run directory {tmp_path / bad}: its config.toml and checkpoint disagree: ")
+        assert needle in said, said
+
+
+def test_parameters_beyond_the_machine_are_refused_before_the_draw() -> None:
+    """Before: numpy's MemoryError ('Unable to allocate 5.70 TiB'); a size under the address space but over
+    the memory would have had the process killed as the draw touched its pages."""
+    with pytest.raises(UnsupportedSpec) as error:
+        hf.Model(hf.NetSpec("huge", (784,), [hf.layers.Dense(10**9), hf.layers.Dense(10)], 10))
+    assert re.fullmatch(r"net 'huge' has 795,000,000,010 parameters, 2,961\.6 GiB of float32, more than this "
+                        r"machine's [\d,.]+ GiB of memory", one_line(error))
