@@ -101,6 +101,20 @@ def test_mnist_bad_files_are_one_clear_error(tmp_path):
         Mnist(str(tmp_path / "nowhere")).arrays("test")
 
 
+def test_an_idx_gz_far_longer_than_its_header_is_not_read_whole(tmp_path):
+    """Before: the whole stream was decompressed, then measured (a 7 MB .gz of 1.5 GiB: 3.2 GB of memory before
+    the refusal). Now the header, then one byte past what it says: the refusal names no length it read whole."""
+    tiny_mnist(tmp_path, gz=True)
+    header = struct.pack(">4I", 0x803, 20, 28, 28)
+    with gzip.open(tmp_path / "train-images-idx3-ubyte.gz", "wb") as f:
+        f.write(header)
+        for _ in range(16):
+            f.write(bytes(1 << 22))  # 64 MiB past a header of 15 680 bytes' images
+    with pytest.raises(DataError, match=r"images-idx3-ubyte\.gz: more than 15696 bytes, but its header \[20, 28, "
+                                        r"28\] needs 15696; truncated or corrupt"):
+        Mnist(str(tmp_path)).arrays("train")
+
+
 def test_train_on_mnist_idx_files(tmp_path):
     from hloforge.train.trainer import TrainConfig, train
 

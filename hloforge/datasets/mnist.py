@@ -29,14 +29,23 @@ FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
 MEAN, STD = 0.1307, 0.3081
 
 
-def _open(data_dir: str, stem: str) -> tuple[str, bytes]:
+def _open(data_dir: str, stem: str, magic: int, rank: int) -> tuple[str, bytes]:
+    """(the IDX file's path, its bytes): the header, then, under the right magic, at most one byte more than
+    it says follow, so a file (a .gz above all) far longer than its header is never read whole into memory."""
     for name in (stem, stem + ".gz"):
         path = os.path.join(data_dir, name)
         if os.path.exists(path):
             opener = gzip.open if name.endswith(".gz") else open
             try:
                 with opener(path, "rb") as f:
-                    return path, f.read()
+                    head = f.read(4 + 4 * rank)
+                    ours = len(head) == 4 + 4 * rank and struct.unpack(">I", head[:4])[0] == magic
+                    body = math.prod(struct.unpack(f">{rank}I", head[4:])) if ours else 0
+                    parts, left = [head], body + 1
+                    while left > 0 and (part := f.read(min(left, 1 << 24))):
+                        parts.append(part)
+                        left -= len(part)
+                    return path, b"".join(parts)
             except (OSError, EOFError, zlib.error) as e:  # a truncated or corrupt gzip stream
                 raise DataError(f"{path}: cannot read it ({e})") from None
     raise DataError(f"{os.path.join(data_dir, stem)}[.gz] not found; expected the MNIST IDX files in {data_dir}")
@@ -51,7 +60,8 @@ def read_idx(path: str, raw: bytes, magic: int, rank: int) -> np.ndarray:
     dims = struct.unpack(f">{rank}I", raw[4:4 + 4 * rank])
     want = 4 + 4 * rank + math.prod(dims)  # exact: np.prod wraps past 2**63
     if len(raw) != want:
-        raise DataError(f"{path}: {len(raw)} bytes, but its header {list(dims)} needs {want}; truncated or corrupt")
+        held = f"{len(raw)} bytes" if len(raw) < want else f"more than {want} bytes"
+        raise DataError(f"{path}: {held}, but its header {list(dims)} needs {want}; truncated or corrupt")
     return np.frombuffer(raw, np.uint8, offset=4 + 4 * rank).reshape(dims)
 
 
@@ -69,12 +79,12 @@ class Mnist(Dataset):
             raise DataError(f"mnist has no split {split!r}; expected one of {list(FILES)}")
         if split not in self._cache:
             img_stem, lab_stem = FILES[split]
-            ipath, iraw = _open(self.data_dir, img_stem)
+            ipath, iraw = _open(self.data_dir, img_stem, IMAGES_MAGIC, 3)
             images = read_idx(ipath, iraw, IMAGES_MAGIC, 3)
             if images.shape[1:] != self.image_shape[1:]:  # the nets are built for 28×28
                 raise DataError(f"{ipath}: images of {images.shape[1]}×{images.shape[2]} pixels, expected "
                                 f"{self.image_shape[1]}×{self.image_shape[2]}")
-            lpath, lraw = _open(self.data_dir, lab_stem)
+            lpath, lraw = _open(self.data_dir, lab_stem, LABELS_MAGIC, 1)
             labels = read_idx(lpath, lraw, LABELS_MAGIC, 1)
             if len(images) != len(labels):
                 raise DataError(f"{self.data_dir}: {len(images)} {split} images but {len(labels)} labels")
