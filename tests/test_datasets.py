@@ -115,6 +115,16 @@ def test_an_idx_gz_far_longer_than_its_header_is_not_read_whole(tmp_path):
         Mnist(str(tmp_path)).arrays("train")
 
 
+def test_the_run_header_says_how_many_examples_an_epoch_trains(tmp_path, capsys):
+    """Whole batches only: 20 images in batches of 8 train 16 an epoch, said where the split's size is."""
+    from hloforge.cli import main
+
+    tiny_mnist(tmp_path, n_train=20, n_test=8)
+    assert main(["train", "mnist-linear", "--data", "mnist", "--data-dir", str(tmp_path), "--batch", "8", "--epochs",
+                 "1", "--run-dir", str(tmp_path / "run"), "--no-progress"]) == 0
+    assert "on mnist (20 train, 16 of them an epoch in whole batches / 8 test)" in capsys.readouterr().out
+
+
 def test_train_on_mnist_idx_files(tmp_path):
     from hloforge.train.trainer import TrainConfig, train
 

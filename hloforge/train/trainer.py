@@ -155,7 +155,7 @@ class Run:
         self.steps_per_epoch = self.feed.steps_per_epoch
         if self.steps_per_epoch == 0 and not eval_only:
             raise DataError(f"batch {cfg.batch} is larger than the {self.feed.n}-image training split"
-                            + (f" split over {cfg.workers} workers" if cfg.workers else ""))
+                            + (f" shared by {cfg.workers} workers" if cfg.workers else ""))
         if self.steps_per_epoch % self.variant.accum:
             # An epoch must end on an applied update, or its checkpoint would hold a half-full accumulator.
             raise UnsupportedSpec(f"accum {self.variant.accum}: the {self.steps_per_epoch} batches of an epoch do not "
@@ -449,8 +449,10 @@ class Run:
             finetune.start_from(self, session, init)
         if world.is_root:
             ckpt.write_atomic(os.path.join(self.dir, CONFIG), cfg.to_toml().encode(), "config")
+        used = self.steps_per_epoch * cfg.batch  # whole batches only (of each worker's shard, when streamed)
+        kept = f", {used} of them an epoch in whole batches" if used < self.feed.n else ""
         self.log(f"hloforge: {self.spec.name} ({self.spec.param_count():,} params) on {cfg.data} "
-                 f"({self.feed.n} train / {len(self.y_te)} test) | backend {self.backend.backend_name()}")
+                 f"({self.feed.n} train{kept} / {len(self.y_te)} test) | backend {self.backend.backend_name()}")
         if self.lm and hasattr(self.data, "bigram_bits"):
             self.log(f"  text {getattr(self.data, 'source', cfg.data)}: vocab {self.data.num_classes}, validation "
                      f"character-bigram baseline {self.data.bigram_bits():.4f} bits/char")
