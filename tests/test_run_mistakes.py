@@ -104,6 +104,20 @@ def test_resume_refuses_another_dataset_naming_both_before_the_step_check(finish
     assert snapshot(run) == before
 
 
+def test_resume_refuses_a_checkpoint_without_its_config(tmp_path, capsys):
+    """Before: the run resumed under the defaults (lr 0.001, cosine, seed 0) for its own lr 0.01, constant,
+    seed 7, exit 0, and wrote them into a new config.toml."""
+    run = str(tmp_path / "run")
+    assert main([*TRAIN, "--lr", "0.01", "--schedule", "constant", "--seed", "7", "--run-dir", run]) == 0
+    os.remove(os.path.join(run, "config.toml"))
+    before = snapshot(run)
+    capsys.readouterr()
+    assert main(["train", "--resume", "--run-dir", run, "--epochs", "2", "--no-progress"]) == 3
+    err = one_line_error(capsys)
+    assert f"run directory {run} holds a checkpoint but no config.toml" in err and "--init" in err, err
+    assert snapshot(run) == before
+
+
 def test_resume_refuses_another_data_dir_or_option_but_takes_a_moved_one(tmp_path, capsys):
     a, b, run = tmp_path / "a", tmp_path / "b", str(tmp_path / "run")
     for d, n in ((a, 64), (b, 96)):

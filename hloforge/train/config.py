@@ -250,9 +250,10 @@ def resumed_config(cfg: TrainConfig, given: Collection[str]) -> TrainConfig:
     """What `hloforge train --resume` continues: the run directory's own config.toml with `cfg`'s values
     for the fields in `given` (the flags on the command line) on top, so a flag left out keeps the run's
     value, not the default. Another batch or data is refused (KEPT_ON_RESUME): the run's steps and
-    schedule are counted in its batches, its checkpoint and metrics are of its data. With no config.toml
-    or no checkpoint there, `cfg` (the trainer then says what there is to resume, not this check of a run
-    that has nothing to resume)."""
+    schedule are counted in its batches, its checkpoint and metrics are of its data. With no checkpoint
+    there, `cfg` (the trainer then says what there is to resume, not this check of a run that has nothing
+    to resume); a checkpoint without its config.toml is refused: the defaults would stand in for the run's
+    own settings, a plausible and wrong resume."""
     from hloforge.backends.base import BACKEND_ENV_VAR, DEFAULT_BACKEND
     from hloforge.zoo import get_net
 
@@ -260,8 +261,12 @@ def resumed_config(cfg: TrainConfig, given: Collection[str]) -> TrainConfig:
     named = attrs.evolve(cfg, backend=cfg.backend or os.environ.get(BACKEND_ENV_VAR) or DEFAULT_BACKEND)
     run_dir = named.resolved_run_dir(named.variant(spec).apply_to(spec), resume=True)
     path = os.path.join(run_dir, CONFIG)
-    if not os.path.exists(path) or not os.path.exists(os.path.join(run_dir, CHECKPOINT)):
+    if not os.path.exists(os.path.join(run_dir, CHECKPOINT)):
         return cfg
+    if not os.path.exists(path):
+        raise DataError(f"run directory {run_dir} holds a checkpoint but no {CONFIG}, so the run's own settings "
+                        f"(lr, schedule, seed, ...) are not known; restore its {CONFIG} to resume it, or start a new "
+                        "run from its weights with --init")
     recorded = load_config(path)
     resumed = load_config(path, **{name: getattr(cfg, name) for name in given})
     for name, (flag, what, why) in KEPT_ON_RESUME.items():  # before anything is read, compiled or written
