@@ -78,6 +78,39 @@ def test_a_name_in_the_plugin_that_xla_registers_no_flag_for_is_one_line(monkeyp
         assert "\n" not in str(said.value)
 
 
+@pytest.mark.parametrize("flags, said", [
+    ("--xla_cpu_scheduler_type=bogus", "--xla_cpu_scheduler_type=bogus is not a value XLA's flag parsing takes"),
+    ("--xla_cpu_enable_fast_math=false --xla_gpu_autotune_gemm_rtol=abc",
+     "--xla_gpu_autotune_gemm_rtol=abc is not a value XLA's flag parsing takes"),
+    ("--xla_cpu_use_thunk_runtime=maybe", "--xla_cpu_use_thunk_runtime=maybe is not a value XLA's flag parsing"),
+    (" ", "XLA_FLAGS=' ' does not start with '--', so XLA would read it as a flag file's path"),
+])
+def test_a_value_xla_cannot_parse_is_one_line(flags, said, monkeypatch) -> None:
+    """Before: an enum's or a float's bad value, a retired flag's, and a blank value passed the check, and XLA
+    ended the process (a fatal line and a usage dump of every flag, exit 1). The file cannot say an enum's
+    value names, so XLA's own parsing is asked, one flag at a time once it refuses them together."""
+    monkeypatch.setenv("XLA_FLAGS", flags)
+    monkeypatch.delenv("HLOFORGE_XLA_FLAGS_TAKEN", raising=False)
+    with pytest.raises(BackendError) as error:
+        check_xla_flags(find_plugin())
+    assert said in str(error.value) and "\n" not in str(error.value)
+
+
+def test_flags_xla_took_are_not_asked_again_by_a_child(monkeypatch) -> None:
+    """An enum flag XLA takes is asked of XLA once; the mark this process leaves spares its compile worker."""
+    from hloforge.backends.xla.pjrt import xla_flags
+
+    flags = "--xla_cpu_scheduler_type=CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"
+    monkeypatch.setenv("XLA_FLAGS", flags)
+    monkeypatch.delenv("HLOFORGE_XLA_FLAGS_TAKEN", raising=False)
+    asked = []
+    real = xla_flags._xla_stops_at
+    monkeypatch.setattr(xla_flags, "_xla_stops_at", lambda *a: asked.append(a) or real(*a))
+    check_xla_flags(find_plugin())
+    check_xla_flags(find_plugin())
+    assert len(asked) == 1 and os.environ["HLOFORGE_XLA_FLAGS_TAKEN"] == flags
+
+
 def test_every_spelling_xla_takes_passes(monkeypatch, tmp_path):
     """Each of these XLA parses (checked against the plugin when written): booleans in any case and as 1/0 or
     bare, an empty string value, a quoted one with a space, a flag that is no DebugOptions field, a name

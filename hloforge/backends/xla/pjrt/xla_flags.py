@@ -14,8 +14,12 @@ from hloforge.core.errors import BackendSettingError
 
 _WS = " \t\r\n"
 # DebugOptions field types (google.protobuf FieldDescriptorProto.Type) and labels.
-_BOOL, _INT32, _INT64 = 8, 5, 3
+_BOOL, _INT32, _INT64, _STRING = 8, 5, 3, 9
 _OPTIONAL = 1
+# The DebugOptions fields whose flag values are checked here (a bool, an int32, an int64) or that take any
+# value (a string). XLA's own parsing is asked of any other (an enum's name, a float, a repeated or map
+# field), and of a name in the plugin's file that is no field: see _xla_stops_at.
+_CHECKED_HERE = {(_BOOL, _OPTIONAL), (_INT32, _OPTIONAL), (_INT64, _OPTIONAL), (_STRING, _OPTIONAL)}
 _INT_RANGE = {_INT32: 1 << 31, _INT64: 1 << 63}
 _BOOLS = ("true", "false", "1", "0")  # tsl's bool flag: these, in any case; "yes", "on", "" stop XLA
 
@@ -139,13 +143,13 @@ def check_xla_flags(plugin_path: str) -> None:
     that tsl does not parse, an integer flag's non-integer, a flag that takes a value given none.
     A flag XLA knows is a string in its library, so a name absent from the plugin's file is no flag
     of that build; a flag's type is its DebugOptions field's, from the descriptor in the same file. A
-    name in the file that is no DebugOptions field is asked of XLA itself, in a child process (see
-    `_flag_xla_stops_at`). What the file does not tell otherwise (a float's spelling) is left to XLA,
-    so no setting XLA takes is refused."""
+    name in the file that is no DebugOptions field, and a value of a kind not checked here (an enum's, a
+    float's), are asked of XLA itself, in a child process (see `_xla_stops_at`), so no setting XLA takes
+    is refused."""
     raw = os.environ.get("XLA_FLAGS", "")
     where = "XLA_FLAGS"
     text = raw
-    if raw.lstrip(" \t") and not raw.lstrip(" \t").startswith("-"):
+    if raw and not raw.lstrip(" \t\r\n").startswith("-"):  # XLA's test: a blank value is a file's name too
         if not os.path.isfile(raw):
             raise BackendSettingError(f"XLA_FLAGS={raw!r} does not start with '--', so XLA would read it as a "
                                       "flag file's path, and no such file exists; expected --NAME or --NAME=VALUE, "
@@ -181,12 +185,23 @@ def check_xla_flags(plugin_path: str) -> None:
         problem = _problem(name, value, types.get(name))
         if problem:
             raise BackendSettingError(f"{where}: {problem}")
-    if types and any(_field(name) not in types for name, _ in named):
-        stopped_at = _flag_xla_stops_at(plugin_path)
-        if stopped_at:
-            raise BackendSettingError(f"{where}: --{stopped_at} is not a flag of the XLA plugin {plugin_path} "
-                                      "(XLA would stop at it); expected one of its DebugOptions names, as "
-                                      "--xla_NAME=VALUE")
+    unchecked = [(n, v) for n, v in named if types.get(_field(n)) not in _CHECKED_HERE] if types else []
+    if not unchecked or os.environ.get(_TAKEN_ENV) == text:  # asked of XLA by this process or its parent
+        return
+    if not _xla_stops_at(plugin_path, text):
+        os.environ[_TAKEN_ENV] = text  # a compile worker started from here need not ask again
+        return
+    for name, value in unchecked:  # which one: a child each, on this path alone
+        token = f"--{name}" + ("" if value is None else f"={value}")
+        if (stopped := _xla_stops_at(plugin_path, token)) == _UNKNOWN:
+            raise BackendSettingError(f"{where}: --{name} is not a flag of the XLA plugin {plugin_path} (XLA would "
+                                      "stop at it); expected one of its DebugOptions names, as --xla_NAME=VALUE")
+        if stopped:
+            raise BackendSettingError(f"{where}: {token} is not a value XLA's flag parsing takes (XLA would stop at "
+                                      "it); expected a value of the flag's DebugOptions field (an enum's value name, "
+                                      "a number)")
+    raise BackendSettingError(f"{where}: XLA's flag parsing stops at these flags together, though at none alone; "
+                              "expected flags it takes (try them one at a time)")
 
 
 def _field(name: str) -> str:
@@ -194,23 +209,28 @@ def _field(name: str) -> str:
     return name[2:] if name.startswith("no") else name
 
 
-# What XLA's flag parsing prints as it ends the process at a name it does not register.
-_UNKNOWN_FLAG = re.compile(r"Unknown flag in XLA_FLAGS: --((?:no)?xla_[A-Za-z0-9_]+)")
+_UNKNOWN, _BAD_VALUE = "unknown", "bad value"
+# The XLA_FLAGS text XLA's own parsing took when this process (or its parent) asked it (_xla_stops_at).
+_TAKEN_ENV = "HLOFORGE_XLA_FLAGS_TAKEN"
 
 
-def _flag_xla_stops_at(plugin_path: str) -> str | None:
-    """The name in $XLA_FLAGS that XLA's own parsing stops at, asked of a child process that loads the
-    plugin and makes a client (~0.2 s); None where XLA takes them all, or the child cannot say. For a
-    name the plugin's file holds that is no DebugOptions field: a flag XLA still registers (a retired
-    one it warns about, such as xla_cpu_use_thunk_runtime) or a string of another kind (an MLIR option,
-    a log message: xla_cpu_use_multi_output_fusion), which the file alone cannot tell apart."""
+def _xla_stops_at(plugin_path: str, flags: str) -> str | None:
+    """Whether XLA's own parsing of `flags` as $XLA_FLAGS ends its process, asked of a child process that
+    loads the plugin and makes a client (~0.2 s): _UNKNOWN (a name it registers no flag for), _BAD_VALUE
+    (a value it cannot parse), or None where it takes them (or the child cannot say). For what the
+    plugin's file cannot settle: a name it holds that is no DebugOptions field (a retired flag XLA still
+    takes, such as xla_cpu_use_thunk_runtime, or a string of another kind, such as
+    xla_cpu_use_multi_output_fusion), and a value of a field kind not checked here (_CHECKED_HERE)."""
     if not runs_python():
         return None
     code = "from hloforge.backends.xla.pjrt.api import Api; Api(sys.argv[2]).call('Client_Create', 'creating a client')"
     try:
         proc = subprocess.run(python_child_argv(code, plugin_path), capture_output=True, text=True, errors="replace",
-                              timeout=120)
+                              timeout=120, env={**os.environ, "XLA_FLAGS": flags})
     except (OSError, subprocess.SubprocessError):
         return None
-    found = _UNKNOWN_FLAG.search(proc.stderr) if proc.returncode != 0 else None
-    return found.group(1) if found else None
+    if proc.returncode == 0:
+        return None
+    if "Unknown flag in XLA_FLAGS" in proc.stderr:
+        return _UNKNOWN
+    return _BAD_VALUE if "Flag parsing failed" in proc.stderr or "Couldn't interpret value" in proc.stderr else None
