@@ -9,8 +9,8 @@ from collections.abc import Callable
 from typing import Any
 
 from hloforge.core.errors import DataError, HloforgeError
-from hloforge.train.configio import F32_MAX as F32_MAX
-from hloforge.train.configio import F32_RANGE, f32_holds
+from hloforge.core.f32 import F32_MAX as F32_MAX
+from hloforge.core.f32 import F32_RANGE, f32_holds
 
 # Every numeric option is parsed by one of these, so a value of the wrong kind or range is refused at
 # parse time (exit 2, one line naming the flag and what it expects), before anything is read or

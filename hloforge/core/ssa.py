@@ -12,6 +12,9 @@ from typing import Any, Protocol
 import attrs
 import numpy as np
 
+from hloforge.core.errors import UnsupportedSpec
+from hloforge.core.f32 import F32_RANGE
+
 FLOAT_DTYPES = ("f32", "f64")
 NUMPY_DTYPE = {"f32": np.float32, "f64": np.float64, "i32": np.int32, "i64": np.int64, "i1": np.bool_}
 
@@ -114,7 +117,11 @@ def float_literal(v: float, dtype: str) -> str:
     if dtype == "f64":
         return "0x" + struct.pack(">d", float(v)).hex().upper()
     if dtype == "f32":
-        return "0x" + struct.pack(">f", float(v)).hex().upper()
+        try:
+            return "0x" + struct.pack(">f", float(v)).hex().upper()
+        except OverflowError:  # a finite number past f32's max: a spec's option, say (its checks let it by)
+            raise UnsupportedSpec(f"the constant {v!r} is beyond float32's range ({F32_RANGE}); the programs "
+                                  "take it as f32") from None
     if dtype == "i1":
         return "true" if v else "false"
     return str(int(v))

@@ -27,6 +27,7 @@ import attrs
 
 from hloforge.core import strategy
 from hloforge.core.errors import UnsupportedSpec
+from hloforge.core.f32 import F32_RANGE, f32_holds
 from hloforge.core.hlo import Builder, Value
 from hloforge.core.hookspecs import hookimpl
 from hloforge.core.spec import Ctx, Layer, ParamSlot, Shape, StatSlot
@@ -92,9 +93,10 @@ def ref_conv(x: Any, w: Any, stride: int, pad: int, groups: int = 1) -> Any:
 
 
 # ------------------------------------------------------------------ layers
-def _check_eps(eps: float) -> None:
-    if not eps > 0:
-        raise UnsupportedSpec(f"eps must be positive, got {eps}")
+def check_eps(eps: float) -> None:
+    """A normaliser's ε: positive, and one f32 holds (1e300 was inf there, 1e-60 zero)."""
+    if not (eps > 0 and f32_holds(eps)):
+        raise UnsupportedSpec(f"eps must be a positive number that f32 holds ({F32_RANGE}), got {eps}")
 
 
 @attrs.frozen
@@ -111,7 +113,7 @@ class BatchNorm(Layer):
 
     def out_shape(self, in_shape: Shape) -> Shape:
         check_act(self.act)
-        _check_eps(self.eps)
+        check_eps(self.eps)
         if len(in_shape) not in (1, 3):
             raise UnsupportedSpec(f"batchNorm takes [C, H, W] or [C], got {list(in_shape)}")
         return in_shape
@@ -142,7 +144,7 @@ class InstanceNorm(Layer):
     eps: float = BN_EPS
 
     def out_shape(self, in_shape: Shape) -> Shape:
-        _check_eps(self.eps)
+        check_eps(self.eps)
         image(in_shape, "instanceNorm")
         return in_shape
 
@@ -176,7 +178,7 @@ class LayerNorm(Layer):
     eps: float = 1e-6
 
     def out_shape(self, in_shape: Shape) -> Shape:
-        _check_eps(self.eps)
+        check_eps(self.eps)
         if len(in_shape) not in (1, 3):
             raise UnsupportedSpec(f"layerNorm takes [C, H, W] or [C], got {list(in_shape)}")
         return in_shape
@@ -236,7 +238,7 @@ class _ConvBnUnit(Layer):
 
     def out_shape(self, in_shape: Shape) -> Shape:
         check_act(self.act)
-        _check_eps(self.eps)
+        check_eps(self.eps)
         c, h, w = image(in_shape, self.kind)
         oc, g = self.out_channels(c), self.group_count(c)
         if self.k <= 0 or oc <= 0 or self.padding < 0:

@@ -30,7 +30,7 @@ from hloforge.lowering.norm import LN_SUMS, normalize
 from hloforge.plugins.layers.attention import ATTENTIONS, MultiHeadSelfAttention
 from hloforge.plugins.layers.compose import Block, BlockLayer, Part, image
 from hloforge.plugins.layers.dense import Dense
-from hloforge.plugins.layers.norm import bn_slots, ref_conv
+from hloforge.plugins.layers.norm import bn_slots, check_eps, ref_conv
 
 
 @attrs.frozen
@@ -42,8 +42,7 @@ class LayerNormLast(Layer):
     eps: float = 1e-6
 
     def out_shape(self, in_shape: Shape) -> Shape:
-        if not self.eps > 0:
-            raise UnsupportedSpec(f"eps must be positive, got {self.eps}")
+        check_eps(self.eps)
         if len(in_shape) not in (1, 2):
             raise UnsupportedSpec(f"layerNormLast takes tokens [N, D] or [D], got {list(in_shape)}")
         return in_shape
