@@ -281,15 +281,19 @@ def write_weights(imp: Imported, out: str) -> str:
     `train --init` starts a run from when no dataset has the imported head's classes (an ImageNet head)."""
     import json
 
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save
+
+    from hloforge.train.checkpoint import write_atomic
+    from hloforge.train.rundir import make_dir
 
     if os.path.exists(out):
         raise HloforgeError(f"{out} already exists; pick another --out")
     names = [f"param/{n}" for n, _ in imp.spec.params()] + [f"stat/{n}" for n, _ in imp.spec.stats()]
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    save_file(dict(zip(names, [*imp.params, *imp.stats], strict=True)), out,
-              metadata={"source": imp.source, "classes": str(imp.spec.num_classes),
-                        "spec": json.dumps(imp.spec.to_dict(), sort_keys=True)})
+    make_dir(os.path.dirname(os.path.abspath(out)), "--out's directory")
+    blob = save(dict(zip(names, [*imp.params, *imp.stats], strict=True)),
+                metadata={"source": imp.source, "classes": str(imp.spec.num_classes),
+                          "spec": json.dumps(imp.spec.to_dict(), sort_keys=True)})
+    write_atomic(out, blob, "weights file", then="pass an --out this user can write, with room for it")
     return out
 
 

@@ -15,6 +15,7 @@ running ones, so the shadow is scored with its own statistics and the live weigh
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -115,6 +116,8 @@ def write_atomic(path: str, data: bytes, what: str, *, fault: bool = False,
         if not isinstance(e, OSError):
             raise
         old = f"the previous {what} is whole" if os.path.exists(path) else f"there was no {what} before"
+        if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):  # no space to free: the place is not writable
+            then = f"expected a directory this user can write ({os.path.dirname(os.path.abspath(path))} is not)"
         raise HloforgeError(f"could not write {what} {path}: {e.strerror or e} ({old}, the temp file removed); "
                             f"{then}") from None
     _fsync_dir(os.path.dirname(os.path.abspath(path)))
