@@ -198,3 +198,17 @@ def test_summary_under_mpiexec_prints_once():
     r = under_two_ranks("summary", "mnist-mlp")
     assert r.returncode == 0, r.stderr
     assert r.stdout == one.stdout
+
+
+@pytest.mark.parametrize("extra, said", [
+    (["--isolate", "hloforge-xlaa"], "argument --isolate: unknown backend(s) ['hloforge-xlaa']"),
+    (["--nets", ","], "argument --nets: names nothing to measure (',')"),
+    (["--backends", ""], "argument --backends: names nothing to measure ('')"),
+    (["--json", "."], "argument --json: cannot write .; expected a file path in an existing, writable directory"),
+])
+def test_bench_options_that_would_measure_nothing_or_be_lost_are_a_usage_line(extra, said, capsys):
+    """Before: a misspelled --isolate name was measured in-process unsaid, an empty --nets or --backends printed
+    empty tables, and --json to a directory failed after the whole benchmark (its results never written)."""
+    assert main(["bench", *FAST, *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"hloforge bench: error: {said}"), err

@@ -118,13 +118,28 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _writable_file(path: str) -> bool:
+    """Whether `path` can be written as a file: not a directory, in a directory that exists and this user
+    may write."""
+    folder = os.path.dirname(os.path.abspath(path))
+    return not os.path.isdir(path) and os.path.isdir(folder) and os.access(folder, os.W_OK) and \
+        (not os.path.exists(path) or os.access(path, os.W_OK))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = parser()
     try:
         args = p.parse_args(argv)
-        bad = [b for b in args.backends.split(",") if b and b not in BACKENDS]
-        if bad:
-            p.error(f"argument --backends: unknown backend(s) {bad}; expected a subset of {list(BACKENDS)}")
+        for flag, given in (("--backends", args.backends), ("--isolate", args.isolate)):  # a typo measures apart
+            bad = [b for b in given.split(",") if b and b not in BACKENDS]
+            if bad:
+                p.error(f"argument {flag}: unknown backend(s) {bad}; expected a subset of {list(BACKENDS)}")
+        for flag, given in (("--nets", "x" if args.suite else args.nets), ("--backends", args.backends)):
+            if not [n for n in given.split(",") if n]:
+                p.error(f"argument {flag}: names nothing to measure ({given!r}); expected a comma-separated list")
+        if args.json and not _writable_file(args.json):  # checked now: the suite takes minutes to hours
+            p.error(f"argument --json: cannot write {args.json}; expected a file path in an existing, writable "
+                    "directory")
     except SystemExit as e:  # a usage error (2) or -h (0), printed: returned, as hloforge.cli.main returns its own
         return e.code if isinstance(e.code, int) else 2
     nets = [n for n, _ in SUITE] if args.suite else [n for n in args.nets.split(",") if n]
