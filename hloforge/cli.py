@@ -141,6 +141,18 @@ def _show_warning(message: Warning | str, category: type[Warning], filename: str
                              line=line)
 
 
+def _os_error_said(e: OSError) -> str:
+    """A file the user named that the system refused, with what was expected: `[Errno 13] Permission denied:
+    'ro/d'` said as `ro/d: permission denied; expected a path this user may write (or read)`."""
+    where = e.filename if e.filename is not None else "a file"
+    what = (e.strerror or str(e)).lower()
+    if isinstance(e, PermissionError):
+        return f"{where}: {what}; expected a path this user may write (or read)"
+    if isinstance(e, (FileExistsError, NotADirectoryError, IsADirectoryError)):
+        return f"{where}: {what}; expected a path where a file or directory of that kind can be"
+    return f"{where}: {what}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The command; returns its exit status (EXIT_CODES), --help's and a usage error's included."""
     try:  # first: a value it does not know is refused before any work (an MPI rank's worker included)
@@ -189,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 import traceback
 
                 traceback.print_exc()
-            print(f"hloforge: error: {e}", file=sys.stderr)
+            print(f"hloforge: error: {_os_error_said(e) if isinstance(e, OSError) else e}", file=sys.stderr)
         _end_mpi_run(e, EXIT_BAD_INPUT)
         return EXIT_BAD_INPUT
     except MemoryError as e:  # a size asked for (a batch, an input shape) that does not fit, not a bug

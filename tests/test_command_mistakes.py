@@ -225,3 +225,14 @@ def test_a_file_where_a_directory_is_expected_is_said_so(tmp_path, capsys):
         assert err.startswith(f"hloforge: error: {what} {below}: {a_file} is a file, where a directory was "
                               "expected"), err
     assert a_file.read_text() == "root\n"
+
+
+def test_a_path_the_system_refuses_says_where_and_what_was_expected(tmp_path, capsys) -> None:
+    """Before: `hloforge: error: [Errno 1] Operation not permitted: '/sys/…'`, the errno first and no way out."""
+    from hloforge.cli import main
+
+    assert main(["render", "mnist-mlp", "--out", "/sys/hloforge-render-test"]) == 3
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("hloforge: error: /sys/hloforge-render-test: ") and "[Errno" not in err, err
+    assert err.endswith(" not permitted; expected a path this user may write (or read)") or \
+        err.endswith("permission denied; expected a path this user may write (or read)"), err
