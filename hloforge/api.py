@@ -270,6 +270,7 @@ class Model:
         else:
             if x is None:
                 raise DataError("fit takes arrays x and y, an iterable of (x, y) batches or a dataset name; got none")
+            arraydata.refuse_ddpm_arrays(self.spec, "fit")
             if validation_data is None:  # else the monitor would find no val_* after the first epoch's training
                 for cb in callbacks:
                     if isinstance(cb, Monitor) and cb.monitor.startswith("val_"):
@@ -375,6 +376,7 @@ class Model:
             arraydata.check_dataset_kind(self._inputs, data, self.spec, "evaluate on", "score it on x of its own kind")
             run = self._run(data, batch, data_options=data_options, eval_only=True)
         else:
+            arraydata.refuse_ddpm_arrays(self.spec, "evaluate")
             xa, ya = self._check_xy(x, y, "evaluate", scored=True, trained=self._inputs)
             run = self._run(ArrayData(self.spec, self._label_kind(), None, (xa, ya)), batch, eval_only=True)
         forward = self._forward(self._scoring_batch(batch_size, max(len(run.y_te), 1)))

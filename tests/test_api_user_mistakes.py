@@ -118,3 +118,16 @@ def test_parameters_beyond_the_machine_are_refused_before_the_draw() -> None:
         hf.Model(hf.NetSpec("huge", (784,), [hf.layers.Dense(10**9), hf.layers.Dense(10)], 10))
     assert re.fullmatch(r"net 'huge' has 795,000,000,010 parameters, 2,961\.6 GiB of float32, more than this "
                         r"machine's [\d,.]+ GiB of memory", one_line(error))
+
+
+def test_a_ddpm_on_arrays_is_one_line_naming_the_way_it_is_fit() -> None:
+    """Before: fit on its images [N, 3, 32, 32] wanted [N, 4, 32, 32], fit on those wanted [3, 32, 32], and
+    evaluate on them named a shape never passed ([4, 5, 32, 32])."""
+    ddpm = hf.Model("ddpm-mini")
+    for call, what in ((lambda: ddpm.fit(np.zeros((4, 3, 32, 32), np.float32), np.zeros(4, int), batch_size=2,
+                                         verbose=False), "fit"),
+                       (lambda: ddpm.evaluate(np.zeros((4, 4, 32, 32), np.float32), np.zeros(4, int)), "evaluate")):
+        with pytest.raises(UnsupportedSpec) as error:
+            call()
+        assert one_line(error) == (f"net 'ddpm-mini' is a DDPM: {what} takes its clean images from a registered "
+                                   f"dataset ({what}(data=NAME), or hloforge train / eval), not from arrays")

@@ -98,6 +98,16 @@ def dataset_named(x: Any, data: str | None, data_options: Any, what: str) -> tup
     return x, data
 
 
+def refuse_ddpm_arrays(spec: NetSpec, what: str) -> None:
+    """A DDPM is fit and scored on a registered dataset's images (its feed makes the noisy images and their
+    noise, and adds the time channel): arrays for it were refused with contradictory shapes."""
+    from hloforge.train.diffusion import is_time_conditioned
+
+    if is_time_conditioned(spec):
+        raise UnsupportedSpec(f"net {spec.name!r} is a DDPM: {what} takes its clean images from a registered "
+                              f"dataset ({what}(data=NAME), or hloforge train / eval), not from arrays")
+
+
 def batched(shape: Sequence[int]) -> str:
     """A batch of rows of `shape`, as messages say it: [N, 784]."""
     return "[" + ", ".join(["N", *map(str, shape)]) + "]"
