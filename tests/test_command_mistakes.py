@@ -236,3 +236,23 @@ def test_a_path_the_system_refuses_says_where_and_what_was_expected(tmp_path, ca
     assert err.startswith("hloforge: error: /sys/hloforge-render-test: ") and "[Errno" not in err, err
     assert err.endswith(" not permitted; expected a path this user may write (or read)") or \
         err.endswith("permission denied; expected a path this user may write (or read)"), err
+
+
+def test_three_misleading_lines_say_what_is_wrong(tmp_path, capsys, monkeypatch) -> None:
+    """Before: a directory given as a spec file 'does not exist'; `eval --data-dir` on a run whose dataset takes
+    no directory advised giving --data-dir; HLOFORGE_STRATEGY naming a kind twice took the later silently."""
+    from hloforge.cli import main
+
+    (tmp_path / "dir.json").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert main(["summary", "dir.json"]) == 3
+    assert "spec file 'dir.json' is a directory" in capsys.readouterr().err
+    run = str(tmp_path / "run")
+    assert main(["train", "mnist-linear", "--epochs", "1", "--run-dir", run, "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["eval", run, "--data-dir", str(tmp_path / "nope")]) == 3
+    err = capsys.readouterr().err.strip()
+    assert "dataset 'digits' does not take option(s) ['data_dir']" in err and "give where it is now" not in err, err
+    monkeypatch.setenv("HLOFORGE_STRATEGY", "layout=nchw,layout=nhwc")
+    assert main(["render", "mnist-mlp", "--out", str(tmp_path / "r")]) == 3
+    assert "strategy layout given twice (nchw, nhwc); expected it once" in capsys.readouterr().err

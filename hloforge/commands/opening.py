@@ -118,7 +118,7 @@ def open_checkpoint(path: str, backend: str | None = None, log: Callable[[str], 
     except SettingError:  # an environment variable's, named by itself: no fault of the checkpoint's
         raise
     except HloforgeError as e:  # the stored config's net, variant or data refused: say whose config it is
-        raise type(e)(f"checkpoint {file}: {e}{moved_data_hint(cfg)}") from None
+        raise type(e)(f"checkpoint {file}: {e}{'' if moved else moved_data_hint(cfg)}") from None  # not twice
     if spec != run.spec:
         raise DataError(f"checkpoint {file} holds a spec that differs from net {cfg.net!r} as defined now "
                         f"({ckpt.first_difference(spec.to_dict(), run.spec.to_dict())})")

@@ -163,6 +163,8 @@ def from_env() -> dict[str, str]:
         k, sep, c = item.strip().partition("=")
         if not sep or not k or not c:
             raise UnsupportedSpec(f"{ENV_VAR}={text!r}: expected kind=choice[,kind=choice…]")
+        if pairs.get(k, c) != c:  # the later one would win unsaid
+            raise UnsupportedSpec(f"{ENV_VAR}={text!r}: strategy {k} given twice ({pairs[k]}, {c}); expected it once")
         pairs[k] = c
     return _check(pairs, ENV_VAR)
 

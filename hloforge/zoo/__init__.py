@@ -93,7 +93,8 @@ def get_net(name: str, classes: int | None = None, input: Sequence[int] | None =
         return spec
     if name.endswith(SPEC_SUFFIXES):
         if not os.path.isfile(name):
-            raise UnsupportedSpec(f"spec file {name!r} does not exist (from {os.getcwd()})")
+            held = "is a directory" if os.path.isdir(name) else "does not exist"
+            raise UnsupportedSpec(f"spec file {name!r} {held} (from {os.getcwd()}); expected a spec file")
         spec = NetSpec.from_file(name)
         # a spec file states its own head and input: another asked for would be dropped without a word
         if classes is not None and classes != spec.num_classes:
