@@ -99,8 +99,19 @@ def _train(args: argparse.Namespace) -> None:
     if args.init is not None and args.resume:
         raise UnsupportedSpec("--init starts a new run from other weights, --resume continues this run's own "
                               "checkpoint; give one of them")
+    if args.cross_backend and not args.resume:  # a flag that would do nothing is a mistake said, not dropped
+        raise UnsupportedSpec("--cross-backend lets --resume continue another backend's checkpoint; without "
+                              "--resume it does nothing")
     callbacks = from_items(args.callback or ())  # refused before anything trains or is written
     cfg = train_config(args)
+    schedule = [f"--{f.replace('_', '-')}" for f in ("beta_start", "beta_end") if getattr(args, f) is not None]
+    if schedule:
+        from hloforge.train.diffusion import is_time_conditioned
+        from hloforge.zoo import get_net
+
+        if not is_time_conditioned(net := get_net(cfg.net, cfg.classes, cfg.input)):
+            raise UnsupportedSpec(f"{' and '.join(schedule)} set a DDPM's noise schedule; net {net.name!r} is no "
+                                  "DDPM (no layer reads the time channel)")
     try:
         train(cfg, resume=args.resume, cross_backend=args.cross_backend, progress=not args.no_progress,
               callbacks=callbacks)
