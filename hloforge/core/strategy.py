@@ -158,7 +158,7 @@ def from_env() -> dict[str, str]:
     text = os.environ.get(ENV_VAR, "").strip()
     if not text:
         return {}
-    pairs = {}
+    pairs: dict[str, str] = {}
     for item in text.split(","):
         k, sep, c = item.strip().partition("=")
         if not sep or not k or not c:
