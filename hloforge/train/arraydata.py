@@ -130,7 +130,7 @@ def row_count(a: Any, what: str) -> int:
         scalar = not hasattr(a, "__len__") or np.ndim(a) == 0
     except ValueError:  # numpy's, on rows of different lengths
         raise RaggedRows(f"{what} is ragged (its rows differ in length); expected an array with one row per "
-                      "example") from None
+                         "example") from None
     if scalar:
         raise DataError(f"{what} is a {type(a).__name__}, expected an array with one row per example")
     n = len(a)
@@ -183,6 +183,7 @@ def read_batches(batches: Iterable[Any], max_bytes: int) -> tuple[np.ndarray, np
                             "(itertools.islice(it, n)) or arrays x, y")
         if not (isinstance(item, (tuple, list)) and len(item) == 2):
             raise DataError(f"fit batch {len(xs)} is a {type(item).__name__}, expected a pair (x, y)")
+        pair = []
         for what, a in (("x", item[0]), ("y", item[1])):
             _refuse_sparse(a, f"fit batch {len(xs)}'s {what}")
             try:
@@ -193,7 +194,8 @@ def read_batches(batches: Iterable[Any], max_bytes: int) -> tuple[np.ndarray, np
             if got.ndim < 1 or len(got) == 0:
                 raise DataError(f"fit batch {len(xs)} has {what} of shape {list(got.shape)}, expected an array "
                                 "with one row per example, at least one")
-        bx, by = np.asarray(item[0]), np.asarray(item[1])
+            pair.append(got)
+        bx, by = pair
         if len(bx) != len(by):
             raise DataError(f"fit batch {len(xs)} has {len(bx)} rows of x but {len(by)} labels; expected one "
                             "label per row")
