@@ -21,19 +21,18 @@ _SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N")
 def open_rgb(path: str) -> Any:
     """The image at `path` as a decoded 8-bit RGB PIL image (see the module). Raises what Pillow raises for a
     file it cannot decode (OSError, ValueError, SyntaxError, its decompression-bomb error, ...), and
-    ValueError for pixels of no known 8- or 16-bit range: for a caller that skips such files."""
+    ValueError for 32-bit pixels (of no range it could scale): for a caller that skips such files."""
     from PIL import Image, ImageOps
 
     with Image.open(path) as im:
         im.load()
         im = ImageOps.exif_transpose(im)
-        if im.mode in _SIXTEEN_BIT or im.mode == "I":
+        if im.mode in _SIXTEEN_BIT:
             a = np.asarray(im, np.int64)
-            if a.size and (a.min() < 0 or a.max() > 0xFFFF):
-                raise ValueError(f"32-bit integer pixels from {a.min()} to {a.max()}; expected 8- or 16-bit ones")
             im = Image.fromarray(((a * 255 + 0x7FFF) // 0xFFFF).astype(np.uint8), "L")
-        elif im.mode == "F":
-            raise ValueError("floating-point pixels; expected an 8- or 16-bit image")
+        elif im.mode in ("I", "F"):  # of no range a viewer knows: 32-bit integers or floats (a TIFF's)
+            kind = "32-bit integer" if im.mode == "I" else "floating-point"
+            raise ValueError(f"{kind} pixels; expected an 8- or 16-bit image")
         return im.convert("RGB")
 
 
