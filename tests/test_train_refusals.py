@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from hloforge.cli import main
 from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
 from hloforge.train.config import TAG_FORBIDDEN
-from hloforge.train.configio import F32_MAX, F32_TINY
+from hloforge.core.f32 import F32_MAX, F32_TINY
 from hloforge.train.trainer import TrainConfig, load_config
 
 
@@ -55,7 +55,7 @@ def test_a_config_file_with_infinity_is_refused(tmp_path, capsys):
     assert not (tmp_path / "r").exists()
 
 
-finite = st.just(0.0) | st.floats(min_value=F32_TINY, max_value=F32_MAX)  # what f32 holds (configio.f32_holds)
+finite = st.just(0.0) | st.floats(min_value=F32_TINY, max_value=F32_MAX)  # what f32 holds (core.f32.f32_holds)
 text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)  # any Unicode scalar value
 
 
