@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from hloforge.cli import main
 from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
-from hloforge.train.config import TAG_FORBIDDEN
 from hloforge.core.f32 import F32_MAX, F32_TINY
+from hloforge.train.config import TAG_FORBIDDEN
 from hloforge.train.trainer import TrainConfig, load_config
 
 
