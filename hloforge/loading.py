@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 
 import attrs
@@ -37,19 +36,13 @@ def load(path: str, backend: str | None = None) -> Model:
     v = Variant(**meta["variant"])
     fields = {f.name: getattr(v, f.name) for f in attrs.fields(Variant) if f.name != "optimizer"}
     # A net from a spec file (a saved NetSpec's net.json among them) is the checkpoint's own copy: the run
-    # directory or the file may have moved since. A zoo net is rebuilt by name and checked below.
+    # directory or the file may have moved since. A zoo net is rebuilt by name (check_run_dir held it to the
+    # checkpoint's spec).
     net = NetSpec.from_dict(meta["spec"], source=file) if cfg.net.endswith(SPEC_SUFFIXES) else cfg.net
     by_name = isinstance(net, str)  # (a NetSpec states its own classes and input)
     model = Model(net, v.optimizer, cfg.lr, cfg.schedule, backend or meta["backend"], cfg.seed,
                   warmup_epochs=cfg.warmup_epochs, decay_rate=cfg.decay_rate, bn_momentum=cfg.bn_momentum,
                   classes=cfg.classes if by_name else None, input=cfg.input if by_name else None, **fields)
-    if json.loads(json.dumps(model.spec.to_dict())) != meta["spec"]:
-        held = meta["spec"].get("name")
-        if held != model.spec.name:  # another run's checkpoint copied in: said as `hloforge eval` says it
-            raise DataError(f"run directory {path}: its config.toml and checkpoint disagree: the config names net "
-                            f"{cfg.net!r}, the checkpoint holds net {held!r}")
-        raise DataError(f"checkpoint {file} holds a spec that differs from net {cfg.net!r} as defined now "
-                        f"({ckpt.first_difference(meta['spec'], model.spec.to_dict())})")
     lay = model._state_layout
     trained = model._trained_names()
     lay.check_slots(f"checkpoint {file}", list(tensors))  # the shapes, dtype and finiteness eval checks too

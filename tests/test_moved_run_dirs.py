@@ -173,6 +173,6 @@ def test_hf_load_of_a_run_dir_holding_another_nets_checkpoint_says_whose(tmp_pat
     hf.Model("mnist-mlp").save(str(tmp_path / "a"))
     hf.Model("mnist-linear").save(str(tmp_path / "b"))
     shutil.copy(tmp_path / "b" / "checkpoint.safetensors", tmp_path / "a" / "checkpoint.safetensors")
-    with pytest.raises(DataError, match=r"^run directory .*a: its config.toml and checkpoint disagree: the config "
-                                        r"names net 'mnist-mlp', the checkpoint holds net 'mnist-linear'$"):
+    with pytest.raises(DataError, match=r"^run directory .*a: its config.toml and checkpoint disagree: checkpoint "
+                                        r".*a/checkpoint.safetensors is of net 'mnist-linear', not 'mnist-mlp' "):
         hf.load(str(tmp_path / "a"))
