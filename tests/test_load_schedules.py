@@ -1,0 +1,38 @@
+"""hf.load keeps the run's schedules: exp decay's period and a DDPM's β schedule, not Model's defaults."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_diffusion import tiny_ddpm  # tests/ is on sys.path (rootdir-relative, no package)
+
+import hloforge as hf
+from hloforge.cli import main
+from hloforge.train.schedule import lr_at
+
+
+def test_a_loaded_runs_fit_decays_the_lr_over_its_decay_epochs(tmp_path):
+    run = tmp_path / "run"
+    assert main(["train", "mnist-linear", "--epochs", "1", "--batch", "64", "--schedule", "exp", "--decay-rate", "0.5",
+                 "--decay-epochs", "4", "--run-dir", str(run), "--no-progress"]) == 0
+    model = hf.load(str(run))
+    model.fit("digits", epochs=1, batch_size=64, verbose=False)
+    # 22 steps an epoch: the lr of the fit's last step is 0.5^(21 / (22·4)), not 0.5^(21/22)
+    want = lr_at(21, base=1e-3, total_steps=22, schedule="exp", decay_rate=0.5, steps_per_epoch=22, decay_epochs=4)
+    assert model.history["lr"][-1] == pytest.approx(want, rel=1e-12)
+    model.save(str(tmp_path / "saved"))  # and kept in what it saves
+    assert "decay_epochs = 4.0" in (tmp_path / "saved" / "config.toml").read_text()
+
+
+def test_a_loaded_ddpm_scores_the_noise_mse_its_run_logged(tmp_path):
+    path = tmp_path / "ddpm.toml"
+    path.write_text(tiny_ddpm().to_toml())
+    run = tmp_path / "run"
+    opts = {"size": 16, "noise": 0, "n_train": 64, "n_test": 16}
+    assert main(["train", str(path), "--data", "shapes", *(f"--data-opt={k}={v}" for k, v in opts.items()),
+                 "--epochs", "1", "--batch", "32", "--diffusion-steps", "40", "--beta-start", "1e-3",
+                 "--beta-end", "0.4", "--run-dir", str(run), "--no-progress"]) == 0
+    logged = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["noise_mse"]
+    # scored with T 40 and β 1e-3 … 0.4, the run's, not the default 1000 steps of 1e-4 … 0.02
+    assert hf.load(str(run)).evaluate("shapes", data_options=opts)["noise_mse"] == pytest.approx(logged, rel=1e-6)
