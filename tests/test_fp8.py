@@ -77,6 +77,18 @@ def test_fp8_with_an_ema_shadow_is_refused(tmp_path) -> None:
               log=lambda s: None, progress=False)
 
 
+def test_fp8_on_a_net_of_token_ids_is_refused_before_the_compile(tmp_path, capsys) -> None:
+    """E4M3 rounds most ids to other ids: the run failed after its compile, blaming the data's ids."""
+    from hloforge.cli import main
+
+    assert main(["train", "tinygpt-nano", "--data", "text", "--precision", "fp8", "--epochs", "1", "--no-progress",
+                 "--run-dir", str(tmp_path / "run")]) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["hloforge: error: precision fp8 with net 'tinygpt-nano', whose input is token ids (vocabulary 65): "
+                   "E4M3 cannot hold the ids, the input would be other tokens; expected precision fp32"]
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("net", ["mnist-linear", "mnist-mlp"])
 def test_fp8_training_on_digits_tracks_fp32(tmp_path, net) -> None:
     top = {}

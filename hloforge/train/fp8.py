@@ -56,7 +56,13 @@ def quantize_params(params: Sequence[np.ndarray], slots: Sequence[ParamSlot]) ->
     return out
 
 
-def check_variant(variant: Any) -> None:
+def check_variant(variant: Any, spec: Any = None) -> None:
+    from hloforge.train.session import token_vocab
+
+    vocab = None if spec is None else token_vocab(spec)
+    if vocab is not None:  # scaled onto E4M3's 3-bit-mantissa grid, most ids would round to another id
+        raise UnsupportedSpec(f"precision fp8 with net {spec.name!r}, whose input is token ids (vocabulary {vocab}): "
+                              "E4M3 cannot hold the ids, the input would be other tokens; expected precision fp32")
     if variant.ema:
         raise UnsupportedSpec("precision fp8 with an EMA shadow: the shadow would average the fp8 operands, not "
                               "the fp32 master; train fp8 without --ema")

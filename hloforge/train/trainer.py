@@ -116,7 +116,7 @@ class Run:
             if self.mixer is not None:
                 self.mixer.check_input(self.spec.input_shape)
             if self.variant.precision == "fp8":
-                fp8.check_variant(self.variant)
+                fp8.check_variant(self.variant, self.spec)
                 if cfg.replicas > 1:
                     raise UnsupportedSpec("precision fp8 runs on one replica (its master weights live on the host)")
         except UnsupportedSpec as e:
