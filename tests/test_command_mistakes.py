@@ -259,14 +259,17 @@ def test_three_misleading_lines_say_what_is_wrong(tmp_path, capsys, monkeypatch)
 
 
 def test_train_flags_that_would_do_nothing_are_refused(tmp_path, capsys) -> None:
-    """Before: --cross-backend without --resume and a DDPM's --beta-start on another net were taken unsaid."""
+    """Before: --cross-backend without --resume and a DDPM's --beta-start or --diffusion-steps on another net were
+    taken unsaid."""
     from hloforge.cli import main
 
     run = str(tmp_path / "run")
     for extra, said in ((["--cross-backend"], "--cross-backend lets --resume continue another backend's checkpoint"),
                         (["--beta-start", "0.01", "--beta-end", "0.2"], "--beta-start and --beta-end set a DDPM's "
                                                                          "noise schedule; net 'mnist-linear' is no "
-                                                                         "DDPM")):
+                                                                         "DDPM"),
+                        (["--diffusion-steps", "50"], "--diffusion-steps set a DDPM's noise schedule; net "
+                                                      "'mnist-linear' is no DDPM")):
         assert main(["train", "mnist-linear", "--epochs", "1", "--run-dir", run, "--no-progress", *extra]) == 3
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and said in err, err

@@ -104,7 +104,8 @@ def _train(args: argparse.Namespace) -> None:
                               "--resume it does nothing")
     callbacks = from_items(args.callback or ())  # refused before anything trains or is written
     cfg = train_config(args)
-    schedule = [f"--{f.replace('_', '-')}" for f in ("beta_start", "beta_end") if getattr(args, f) is not None]
+    schedule = [f"--{f.replace('_', '-')}" for f in ("diffusion_steps", "beta_start", "beta_end")
+                if getattr(args, f) is not None]
     if schedule:
         from hloforge.train.diffusion import is_time_conditioned
         from hloforge.zoo import get_net
