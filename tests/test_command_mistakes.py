@@ -259,8 +259,8 @@ def test_three_misleading_lines_say_what_is_wrong(tmp_path, capsys, monkeypatch)
 
 
 def test_train_flags_that_would_do_nothing_are_refused(tmp_path, capsys) -> None:
-    """Before: --cross-backend without --resume and a DDPM's --beta-start or --diffusion-steps on another net were
-    taken unsaid."""
+    """Before: --cross-backend without --resume, a DDPM's --beta-start or --diffusion-steps on another net and
+    --decay-rate under the cosine schedule were taken unsaid."""
     from hloforge.cli import main
 
     run = str(tmp_path / "run")
@@ -269,7 +269,10 @@ def test_train_flags_that_would_do_nothing_are_refused(tmp_path, capsys) -> None
                                                                          "noise schedule; net 'mnist-linear' is no "
                                                                          "DDPM"),
                         (["--diffusion-steps", "50"], "--diffusion-steps set a DDPM's noise schedule; net "
-                                                      "'mnist-linear' is no DDPM")):
+                                                      "'mnist-linear' is no DDPM"),
+                        (["--decay-rate", "0.5", "--decay-epochs", "2"],
+                         "--decay-rate and --decay-epochs set the exp schedule's decay, but the run's schedule is "
+                         "'cosine'; expected --schedule exp with them")):
         assert main(["train", "mnist-linear", "--epochs", "1", "--run-dir", run, "--no-progress", *extra]) == 3
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and said in err, err

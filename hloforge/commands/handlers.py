@@ -104,6 +104,10 @@ def _train(args: argparse.Namespace) -> None:
                               "--resume it does nothing")
     callbacks = from_items(args.callback or ())  # refused before anything trains or is written
     cfg = train_config(args)
+    decay = [f"--{f.replace('_', '-')}" for f in ("decay_rate", "decay_epochs") if getattr(args, f) is not None]
+    if decay and cfg.schedule != "exp":  # the exp schedule's alone: under another they were taken unsaid
+        raise UnsupportedSpec(f"{' and '.join(decay)} set the exp schedule's decay, but the run's schedule is "
+                              f"{cfg.schedule!r}; expected --schedule exp with them, or neither")
     schedule = [f"--{f.replace('_', '-')}" for f in ("diffusion_steps", "beta_start", "beta_end")
                 if getattr(args, f) is not None]
     if schedule:
