@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import types
 
 import numpy as np
 import pytest
@@ -250,3 +251,15 @@ def test_a_writable_new_path_is_taken_and_the_check_leaves_nothing(tmp_path) -> 
     (tmp_path / "old.csv").write_text("kept")
     hf.CSVLogger(str(tmp_path / "old.csv"))
     assert (tmp_path / "old.csv").read_text() == "kept"
+
+
+@pytest.mark.parametrize("monitor", ["val_correct", "correct_ema", "ap50/circle"])
+def test_auto_mode_takes_a_count_right_and_a_class_ap_as_scores(monitor):
+    """Before: read as losses (min), so EarlyStopping stopped a run that kept improving and ModelCheckpoint kept
+    its worst epoch."""
+    stop = hf.EarlyStopping(monitor=monitor, patience=1)
+    stop.model = types.SimpleNamespace(stop_training=False)
+    stop.on_train_begin({})
+    for epoch, value in enumerate((300, 320, 340), 1):
+        stop.on_epoch_end(epoch, {monitor: value})
+    assert not stop.model.stop_training and stop.best == 340

@@ -97,12 +97,14 @@ def check_option_types(cls: type, options: Mapping[str, Any]) -> None:
                                   f"{want}")
 
 
-HIGHER_IS_BETTER = ("top", "miou", "map", "acc", "dice", "iou")  # mode "auto": max for a key holding one
+# mode "auto": max for a key holding one (correct: the count right; ap50/CLASS: a detector's per-class AP)
+HIGHER_IS_BETTER = ("top", "miou", "map", "ap50", "acc", "dice", "iou", "correct")
 
 
 class Monitor(Callback):
     """What EarlyStopping and ModelCheckpoint share: one metric watched for improvement. `mode` "min",
-    "max", or "auto": max for a score (a key holding top, miou, map, acc, dice or iou), min otherwise."""
+    "max", or "auto": max for a score (a key holding top, miou, map, ap50, acc, dice, iou or correct), min
+    otherwise."""
 
     def __init__(self, monitor: str, mode: str, min_delta: float = 0.0):
         what = type(self).__name__
