@@ -75,16 +75,16 @@ class Model:
 
     `net`: a NetSpec, a zoo name (`classes` / `input` override its defaults) or a .toml/.json spec
     file. `optimizer`, `lr`, `schedule` ("cosine", "exp", "constant"), `warmup_epochs`, `decay_rate`,
-    `decay_epochs`, a DDPM's `diffusion_steps`, `beta_start` and `beta_end`, and `seed` as `hloforge train`
-    takes them (hf.load: the run's own); the other Variant fields (loss, weight_decay, label_smoothing, ema,
-    accum, mixup, cutmix, precision, clip, dropout, drop_path, bn_eps) as keywords. `backend` None:
-    $HLOFORGE_BACKEND, else xla."""
+    `decay_epochs`, a DDPM's `diffusion_steps`, `beta_start` and `beta_end`, `seed`, and `augment` (False:
+    `--no-augment`, for a fit on a dataset by name) as `hloforge train` takes them (hf.load: the run's own);
+    the other Variant fields (loss, weight_decay, label_smoothing, ema, accum, mixup, cutmix, precision, clip,
+    dropout, drop_path, bn_eps) as keywords. `backend` None: $HLOFORGE_BACKEND, else xla."""
 
     def __init__(self, net: NetSpec | str, optimizer: str = "adam", lr: float = 1e-3, schedule: str = "cosine",
                  backend: str | None = None, seed: int = 0, *, warmup_epochs: float = 0.0, decay_rate: float = 0.97,
                  bn_momentum: float = 0.9, classes: int | None = None, input: Sequence[int] | None = None,
                  decay_epochs: float = 1.0, diffusion_steps: int = 1000, beta_start: float = 1e-4,
-                 beta_end: float = 0.02, **variant_fields: Any):
+                 beta_end: float = 0.02, augment: bool = True, **variant_fields: Any):
         from hloforge.train.tasks import default_loss
         from hloforge.zoo import net_of
 
@@ -95,15 +95,16 @@ class Model:
         lr, seed, warmup_epochs, decay_rate, bn_momentum, classes = map(
             plain, (lr, seed, warmup_epochs, decay_rate, bn_momentum, classes))
         variant_fields = {k: plain(v) for k, v in variant_fields.items()}
-        # the schedules' other keys (a loaded run's own): fit, a DDPM's scores and save use them
-        self._schedule = {k: plain(v) for k, v in (("decay_epochs", decay_epochs), ("diffusion_steps", diffusion_steps),
-                                                   ("beta_start", beta_start), ("beta_end", beta_end))}
+        # the run's other keys (a loaded run's own): fit (its augmentation too), a DDPM's scores and save use them
+        self._run_options = {k: plain(v) for k, v in (
+            ("decay_epochs", decay_epochs), ("diffusion_steps", diffusion_steps), ("beta_start", beta_start),
+            ("beta_end", beta_end), ("augment", augment))}
         if isinstance(input, (list, tuple, np.ndarray)):
             input = [plain(d) for d in input]
         # The run config's own checks (each value's type, then its range: lr > 0, seed an integer ≥ 0, ...), the
         # one definition `hloforge train` refuses by: a bad value is one line here, not a TypeError from numpy.
         TrainConfig(optimizer=optimizer, lr=lr, schedule=schedule, warmup_epochs=warmup_epochs, decay_rate=decay_rate,
-                    bn_momentum=bn_momentum, seed=seed, classes=classes, input=input, **self._schedule,
+                    bn_momentum=bn_momentum, seed=seed, classes=classes, input=input, **self._run_options,
                     **variant_fields)
         spec, self._net_ref = net_of(net, classes, input)
         self._classes, self._input = classes, (None if input is None else tuple(input))
@@ -527,7 +528,7 @@ class Model:
         base = dict(net=net, classes=self._classes, input=self._input, data=data, backend=self.backend.name,
                     epochs=max(self._epoch, 1), batch=self._batch, lr=self.lr, schedule=self.schedule,
                     warmup_epochs=self.warmup_epochs, decay_rate=self.decay_rate, bn_momentum=self.bn_momentum,
-                    seed=self.seed, run_dir=path, **self._schedule, **variant)
+                    seed=self.seed, run_dir=path, **self._run_options, **variant)
         return TrainConfig(**{**base, **fields})
 
     def save(self, path: str, data: str | None = None, overwrite: bool = False) -> str:

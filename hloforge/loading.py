@@ -44,7 +44,7 @@ def load(path: str, backend: str | None = None) -> Model:
                   warmup_epochs=cfg.warmup_epochs, decay_rate=cfg.decay_rate, bn_momentum=cfg.bn_momentum,
                   classes=cfg.classes if by_name else None, input=cfg.input if by_name else None,
                   decay_epochs=cfg.decay_epochs, diffusion_steps=cfg.diffusion_steps, beta_start=cfg.beta_start,
-                  beta_end=cfg.beta_end, **fields)
+                  beta_end=cfg.beta_end, augment=cfg.augment, **fields)
     lay = model._state_layout
     trained = model._trained_names()
     lay.check_slots(f"checkpoint {file}", list(tensors))  # the shapes, dtype and finiteness eval checks too

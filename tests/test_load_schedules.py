@@ -1,11 +1,14 @@
-"""hf.load keeps the run's schedules: exp decay's period and a DDPM's β schedule, not Model's defaults."""
+"""hf.load keeps the run's options: exp decay's period, a DDPM's β schedule and --no-augment, not Model's
+defaults."""
 
 from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
-from test_diffusion import tiny_ddpm  # tests/ is on sys.path (rootdir-relative, no package)
+from test_datasets_formats import write_cifar  # tests/ is on sys.path (rootdir-relative, no package)
+from test_diffusion import tiny_ddpm
 
 import hloforge as hf
 from hloforge.cli import main
@@ -36,3 +39,25 @@ def test_a_loaded_ddpm_scores_the_noise_mse_its_run_logged(tmp_path):
     logged = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["noise_mse"]
     # scored with T 40 and β 1e-3 … 0.4, the run's, not the default 1000 steps of 1e-4 … 0.02
     assert hf.load(str(run)).evaluate("shapes", data_options=opts)["noise_mse"] == pytest.approx(logged, rel=1e-6)
+
+
+def test_a_loaded_run_trained_without_augmentation_goes_on_without_it(tmp_path):
+    """Before: hf.load dropped --no-augment, and the loaded model's fit on the dataset augmented."""
+    from hloforge.train import checkpoint as ckpt
+
+    data = tmp_path / "cifar"
+    data.mkdir()
+    write_cifar(data, n_per_file=32)
+    net = tmp_path / "net.toml"
+    net.write_text(hf.NetSpec("tiny", (3, 32, 32), [hf.layers.Flatten(), hf.layers.Dense(10)], 10).to_toml())
+    run, straight = tmp_path / "run", tmp_path / "straight"
+    argv = ["train", str(net), "--data", "cifar10", "--data-dir", str(data), "--batch", "32", "--schedule",
+            "constant", "--no-augment", "--no-progress"]
+    assert main([*argv, "--epochs", "1", "--run-dir", str(run)]) == 0
+    model = hf.load(str(run))
+    assert main([*argv, "--epochs", "2", "--run-dir", str(straight)]) == 0
+    model.fit("cifar10", data_options={"data_dir": str(data)}, epochs=1, batch_size=32, verbose=False)
+    # epoch 2 of the loaded model is epoch 2 of the same run trained straight through
+    want, _ = ckpt.load_checkpoint(str(straight / "checkpoint.safetensors"))
+    for name, got in model.params.items():
+        np.testing.assert_array_equal(got, want[f"param/{name}"], err_msg=name)
