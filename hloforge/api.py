@@ -31,7 +31,7 @@ from hloforge.core.variant import Variant, VariantFields
 from hloforge.train import arraydata
 from hloforge.train import checkpoint as ckpt
 from hloforge.train.arraydata import ARRAYS, ArrayData, InputKind, checked_batch_size, label_kind, plain, row_count
-from hloforge.train.config import BITMAP, CHECKPOINT, CONFIG, TrainConfig, parse_data_options
+from hloforge.train.config import BITMAP, CHECKPOINT, CONFIG, TrainConfig, file_fields, parse_data_options
 from hloforge.train.curves import PNG
 from hloforge.train.exclusive import one_at_a_time
 from hloforge.train.rundir import METRICS, NET_FILE, check_own_files, checked_path, locked
@@ -548,7 +548,7 @@ class Model:
         file = os.path.join(path, CHECKPOINT)
         if os.path.exists(file) and not overwrite:
             raise HloforgeError(f"{path} already holds a checkpoint; pass overwrite=True to replace it")
-        cfg = self._config(path, data, data_options=options)  # checked before anything is written
+        cfg = self._config(path, data, **file_fields(options))  # checked before anything is written
         eval_set = self._eval_set_of(path, data)
         tensors = self._checkpoint_tensors()
         meta = {"spec": self.spec.to_dict(), "variant": attrs.asdict(self.variant), "backend": self.backend.name,

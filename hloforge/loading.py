@@ -61,6 +61,8 @@ def load(path: str, backend: str | None = None) -> Model:
         model._shadow_running = ckpt.shadow_stats(tensors, model._stat_names, f"checkpoint {file}",
                                                   "`hloforge eval --region live` scores its live weights")
     model._step, model._epoch, model._batch = int(meta["step"]), int(meta["epoch"]), cfg.batch
-    model._data, model._data_options = cfg.data, cfg.data_options
+    # the run's dataset files as a fit's data_options record them: else a save named the dataset's default ones
+    files = tuple(f"{k}={v}" for k, v in (("data_dir", cfg.data_dir), ("data_file", cfg.data_file)) if v)
+    model._data, model._data_options = cfg.data, (*files, *cfg.data_options)
     model._inputs = arraydata.saved_inputs(file, meta, cfg.data, model.spec)
     return model

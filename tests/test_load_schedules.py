@@ -61,3 +61,22 @@ def test_a_loaded_run_trained_without_augmentation_goes_on_without_it(tmp_path):
     want, _ = ckpt.load_checkpoint(str(straight / "checkpoint.safetensors"))
     for name, got in model.params.items():
         np.testing.assert_array_equal(got, want[f"param/{name}"], err_msg=name)
+
+
+def test_a_loaded_run_saved_again_is_scored_on_its_own_corpus(tmp_path, capsys):
+    """Before: hf.load dropped the run's --data-file, so its save named the default corpus and `hloforge eval`
+    scored that (a plausible bits/char, of another text)."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(" ".join(("alpha", "beta", "gamma", "delta")[i * 7 % 4] for i in range(3000)))
+    net = tmp_path / "lm.toml"
+    net.write_text(hf.NetSpec("lm", (16,), [hf.layers["tokenPositionEmbed"](65, 8), hf.layers.Dense(65)], 65).to_toml())
+    run, saved = tmp_path / "run", tmp_path / "saved"
+    assert main(["train", str(net), "--data", "text", "--data-file", str(corpus), "--epochs", "1", "--batch", "16",
+                 "--run-dir", str(run), "--no-progress"]) == 0
+    hf.load(str(run)).save(str(saved))
+    capsys.readouterr()
+    scores = []
+    for d in (run, saved):
+        assert main(["eval", str(d)]) == 0
+        scores.append(capsys.readouterr().out.split(": val ")[1])
+    assert scores[1] == scores[0]

@@ -206,6 +206,20 @@ def option_items(v: Any) -> tuple[str, ...]:
     return tuple(str(p).strip() for p in as_tuple(v, "data_options"))
 
 
+def file_fields(items: Any) -> dict[str, Any]:
+    """`data_options` items as a config's fields: a data_dir or data_file item (a Model's fit records them so)
+    as its own field, which `hloforge eval --data-dir/--data-file` replace where the data moved; the rest as
+    data_options."""
+    rest, files = [], {}
+    for item in option_items(items):
+        key, _, value = (s.strip() for s in item.partition("="))
+        if key in ("data_dir", "data_file") and value:
+            files[key] = value
+        else:
+            rest.append(item)
+    return {**files, "data_options": tuple(rest)}
+
+
 def parse_data_options(items: Any, what: str = "data option", once: bool = False) -> dict[str, Any]:
     """`data_options` ("key=value" items) as the dataset's keyword arguments, a later key over an
     earlier one (`once`: a key given twice refused): each value an int, else a float, else true/false,
