@@ -55,3 +55,20 @@ def test_a_checkpoint_of_another_batch_copied_in_is_refused_on_resume(tmp_path, 
     assert _config(b)["epochs"] == 1  # nothing rewritten
     with open(os.path.join(b, "metrics.jsonl"), "rb") as f:
         assert f.read() == logged
+
+
+def test_another_variant_on_resume_is_named_by_its_fields(tmp_path, capsys):
+    """Before: --dropout said the net 'mnist-mlp' was not 'mnist-mlp' (a cut spec dump), --optimizer sgd named
+    state slots, and --clip dumped both variants whole to compare by eye."""
+    run = os.path.join(tmp_path, "run")
+    first = ["train", "mnist-mlp", "--run-dir", run, "--no-progress"]
+    assert main([*first, "--epochs", "1"]) == 0
+    capsys.readouterr()
+    for flags, said in ((["--dropout", "0.1"], "dropout=0.0, not dropout=0.1"),
+                        (["--optimizer", "sgd"], "optimizer='adam', not optimizer='sgd'"),
+                        (["--clip", "1", "--label-smoothing", "0.1"],
+                         "label_smoothing=0.0, clip=0.0, not label_smoothing=0.1, clip=1.0")):
+        assert main([*first, "--epochs", "2", "--resume", *flags]) == 3
+        err = capsys.readouterr().err.strip()
+        assert err == (f"hloforge: error: checkpoint {run}/checkpoint.safetensors was trained with {said}; "
+                       "expected its own variant (another is a new run)")

@@ -285,6 +285,18 @@ def check_same_data(path: str, meta: dict[str, Any], data: str, now: str) -> Non
                         "own data, or start a new run from its weights with --init")
 
 
+def variant_changed(path: str, stored: dict[str, Any], made: dict[str, Any]) -> str:
+    """The refusal of checkpoint `path` trained as variant `stored`, not `made` (both as JSON holds them): the
+    fields that differ alone, not two dicts of every field to compare by eye."""
+    keys = [k for k in (*made, *(k for k in stored if k not in made)) if stored.get(k) != made.get(k)]
+
+    def said(v: dict[str, Any], k: str) -> str:
+        return f"{k}={v[k]!r}" if k in v else f"{k} absent"
+
+    return (f"checkpoint {path} was trained with {', '.join(said(stored, k) for k in keys)}, not "
+            f"{', '.join(said(made, k) for k in keys)}; expected its own variant (another is a new run)")
+
+
 def check_steps(path: str, meta: dict[str, Any], per_epoch: int, cfg: TrainConfig, n: int) -> None:
     """Refuse to resume checkpoint `path` where its step is not its epoch's end in this run's epochs of
     `per_epoch` steps (one trained at another batch, copied from another run): the loop and the schedule

@@ -291,8 +291,8 @@ class Run:
     def restore(self, session: TrainSession, cross_backend: bool = False) -> int:
         """Load the run's checkpoint into the session; returns the epoch it ended."""
         tensors, meta = ckpt.load_checkpoint(self.ckpt_path)
-        session.state_layout.check_slots(f"checkpoint {self.ckpt_path}", list(tensors))
         check_matches(self.ckpt_path, meta, self.spec, self.variant, self.cfg.backend, cross_backend)
+        session.state_layout.check_slots(f"checkpoint {self.ckpt_path}", list(tensors))
         rundir.check_same_data(self.ckpt_path, meta, self.cfg.data, self.eval_set)
         rundir.check_steps(self.ckpt_path, meta, self.steps_per_epoch, self.cfg, self.feed.n)
         ckpt.check_tensors(self.ckpt_path, tensors, *self.expected_tensors())
@@ -627,16 +627,16 @@ class Run:
 
 def check_matches(path: str, meta: dict[str, Any], spec: NetSpec, variant: Variant, backend: str,
                   allow_cross_backend: bool = False) -> None:
-    """Refuse a checkpoint of another net, variant or backend with one clear line. The stored spec came
-    back through JSON (a nested tuple, e.g. fpnDetect's anchors, as lists), so it is compared as JSON."""
-    if meta.get("spec") != json.loads(json.dumps(spec.to_dict())):
-        raise DataError(f"checkpoint {path} is of net {meta.get('spec', {}).get('name')!r}, not {spec.name!r} "
-                        f"(its spec differs: {ckpt.first_difference(meta.get('spec'), spec.to_dict())})")
+    """Refuse a checkpoint of another variant, net or backend with one clear line (the variant first: its dropout
+    or BN ε changes the spec too). Specs compare as JSON (a stored nested tuple came back as a list)."""
     made = json.loads(json.dumps(attrs.asdict(variant)))  # as stored: tuples as lists
     # a field newer than the checkpoint reads as its default
     stored = {**json.loads(json.dumps(attrs.asdict(Variant()))), **meta.get("variant", {})}
     if stored != made:
-        raise DataError(f"checkpoint {path} was trained as variant {meta.get('variant')}, not {attrs.asdict(variant)}")
+        raise DataError(rundir.variant_changed(path, stored, made))
+    if meta.get("spec") != json.loads(json.dumps(spec.to_dict())):
+        raise DataError(f"checkpoint {path} is of net {meta.get('spec', {}).get('name')!r}, not {spec.name!r} "
+                        f"(its spec differs: {ckpt.first_difference(meta.get('spec'), spec.to_dict())})")
     if meta.get("backend") != backend and not allow_cross_backend:
         raise DataError(f"checkpoint {path} was trained on backend {meta.get('backend')!r}, not {backend!r}; "
                         "pass --cross-backend to load it anyway")
