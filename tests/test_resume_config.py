@@ -72,3 +72,16 @@ def test_another_variant_on_resume_is_named_by_its_fields(tmp_path, capsys):
         err = capsys.readouterr().err.strip()
         assert err == (f"hloforge: error: checkpoint {run}/checkpoint.safetensors was trained with {said}; "
                        "expected its own variant (another is a new run)")
+
+
+def test_a_resume_streamed_from_another_worker_count_says_so(tmp_path, capsys):
+    """3 workers each drop their own shard's ragged batch: 21 steps an epoch, not the run's 22. Before: the
+    checkpoint was said to be copied from another run, with --init as the way on."""
+    run = os.path.join(tmp_path, "run")
+    first = ["train", "mnist-linear", "--run-dir", run, "--no-progress"]
+    assert main([*first, "--epochs", "1"]) == 0
+    capsys.readouterr()
+    assert main([*first, "--epochs", "2", "--resume", "--workers", "3"]) == 3
+    assert capsys.readouterr().err.strip() == (
+        f"hloforge: error: checkpoint {run}/checkpoint.safetensors is at step 22 after epoch 1: its run streamed "
+        "from no workers, 22 steps an epoch, and --workers 3 makes 21; expected --workers 0 to continue it")

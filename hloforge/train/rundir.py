@@ -304,7 +304,11 @@ def check_steps(path: str, meta: dict[str, Any], per_epoch: int, cfg: TrainConfi
     epoch, step = int(meta["epoch"]), int(meta["step"])
     if step == epoch * per_epoch:
         return
-    was = meta.get("config", {}).get("batch")
+    was, workers = meta.get("config", {}).get("batch"), meta.get("config", {}).get("workers", 0)
+    if was == cfg.batch and workers != cfg.workers:  # each worker drops its own shard's ragged batch
+        raise DataError(f"checkpoint {path} is at step {step} after epoch {epoch}: its run streamed from "
+                        f"{workers or 'no'} workers, {step // max(epoch, 1)} steps an epoch, and --workers "
+                        f"{cfg.workers} makes {per_epoch}; expected --workers {workers} to continue it")
     why = (f"it trained at batch {was}, this run at batch {cfg.batch}" if was != cfg.batch else
            f"this run's epochs are {per_epoch} steps of batch {cfg.batch} over {n} training examples"
            + (f" in {cfg.workers} workers" if cfg.workers else ""))
