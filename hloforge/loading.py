@@ -57,6 +57,7 @@ def load(path: str, backend: str | None = None) -> Model:
         raise DataError(f"checkpoint {file} lacks tensor {e.args[0]}; it is not of this net") from None
     n, k, m = len(model._param_slots), len(lay.slots) * len(trained), len(model._stat_names)
     model._params, model._opt_state, model._running = got[:n], got[n:n + k], got[n + k:n + k + m]
+    model._shadow_at_live = False  # the checkpoint's shadow is its own
     if lay.shadows:  # one that predates them is refused, as `hloforge eval` refuses its shadow
         model._shadow_running = ckpt.shadow_stats(tensors, model._stat_names, f"checkpoint {file}",
                                                   "`hloforge eval --region live` scores its live weights")

@@ -19,6 +19,23 @@ from hloforge.train import checkpoint as ckpt
 from hloforge.train.config import CHECKPOINT
 
 
+def test_bn_statistics_assigned_after_params_are_the_restarted_shadows_too(ema_run: str) -> None:
+    """The documented warm start (params, then state's stat/…) of a model with an EMA shadow: `evaluate` and
+    `predict` score the shadow, restarted at the assigned θ. Before: with the statistics from before the
+    assignment (a new model's initial 0 and 1), a plausible wrong score."""
+    donor = hf.load(ema_run)
+    x = np.random.default_rng(0).normal(size=(16, 1, 28, 28)).astype(np.float32)
+    want = donor.predict(x, region="live")
+    live_stats = {k: v for k, v in donor.state.items() if k.startswith("stat/") and not k.startswith("stat/E/")}
+    for model in (hf.Model(donor.spec, ema=0.9), hf.load(ema_run)):  # a new model, and a fitted one
+        model.params = donor.params
+        model.state = live_stats
+        np.testing.assert_array_equal(model.predict(x), want)
+        # the shadow's own statistics, assigned by hand, are taken as given
+        model.state = {k.replace("stat/", "stat/E/"): np.ones_like(v) for k, v in live_stats.items()}
+        assert not np.array_equal(model.predict(x), want)
+
+
 def quiet(_: str) -> None:
     pass
 
