@@ -33,6 +33,7 @@ from hloforge.train import checkpoint as ckpt
 from hloforge.train.arraydata import ARRAYS, ArrayData, InputKind, checked_batch_size, label_kind, plain, row_count
 from hloforge.train.config import BITMAP, CHECKPOINT, CONFIG, TrainConfig, file_fields, parse_data_options
 from hloforge.train.curves import PNG
+from hloforge.train.diffusion import is_time_conditioned
 from hloforge.train.exclusive import one_at_a_time
 from hloforge.train.rundir import METRICS, NET_FILE, check_own_files, checked_path, locked
 from hloforge.train.session import ForwardSession, TrainSession, checked_labels, make_backend
@@ -107,6 +108,16 @@ class Model:
                     bn_momentum=bn_momentum, seed=seed, classes=classes, input=input, **self._run_options,
                     **variant_fields)
         spec, self._net_ref = net_of(net, classes, input)
+        # an option its schedule or net never reads is a mistake said, as `hloforge train` says it of the flags
+        given = {k: v for k, v in {"decay_rate": decay_rate, **self._run_options}.items()
+                 if v != attrs.fields_dict(TrainConfig)[k].default}
+        if schedule != "exp" and (said := [k for k in ("decay_rate", "decay_epochs") if k in given]):
+            raise UnsupportedSpec(f"Model option(s) {said} set the exp schedule's decay, but schedule is {schedule!r}; "
+                                  "expected schedule='exp' with them, or neither")
+        if (said := [k for k in ("diffusion_steps", "beta_start", "beta_end") if k in given]) and \
+                not is_time_conditioned(spec):
+            raise UnsupportedSpec(f"Model option(s) {said} set a DDPM's noise schedule; net {spec.name!r} is no DDPM "
+                                  "(no layer reads the time channel)")
         self._classes, self._input = classes, (None if input is None else tuple(input))
         variant_fields.setdefault("loss", default_loss(spec, None))
         self.variant = Variant(optimizer, **variant_fields)

@@ -13,6 +13,7 @@ from hloforge.core.variant import Variant
 from hloforge.train import arraydata
 from hloforge.train import checkpoint as ckpt
 from hloforge.train.config import CHECKPOINT, CONFIG
+from hloforge.train.diffusion import is_time_conditioned
 from hloforge.train.rundir import checked_path
 
 
@@ -40,11 +41,13 @@ def load(path: str, backend: str | None = None) -> Model:
     # checkpoint's spec).
     net = NetSpec.from_dict(meta["spec"], source=file) if cfg.net.endswith(SPEC_SUFFIXES) else cfg.net
     by_name = isinstance(net, str)  # (a NetSpec states its own classes and input)
+    # the options its schedule and net read (a config may hold others, unread: Model refuses them)
+    read = {**({"decay_rate": cfg.decay_rate, "decay_epochs": cfg.decay_epochs} if cfg.schedule == "exp" else {}),
+            **({"diffusion_steps": cfg.diffusion_steps, "beta_start": cfg.beta_start, "beta_end": cfg.beta_end}
+               if is_time_conditioned(NetSpec.from_dict(meta["spec"], source=file)) else {})}
     model = Model(net, v.optimizer, cfg.lr, cfg.schedule, backend or meta["backend"], cfg.seed,
-                  warmup_epochs=cfg.warmup_epochs, decay_rate=cfg.decay_rate, bn_momentum=cfg.bn_momentum,
-                  classes=cfg.classes if by_name else None, input=cfg.input if by_name else None,
-                  decay_epochs=cfg.decay_epochs, diffusion_steps=cfg.diffusion_steps, beta_start=cfg.beta_start,
-                  beta_end=cfg.beta_end, augment=cfg.augment, **fields)
+                  warmup_epochs=cfg.warmup_epochs, bn_momentum=cfg.bn_momentum, augment=cfg.augment,
+                  classes=cfg.classes if by_name else None, input=cfg.input if by_name else None, **read, **fields)
     lay = model._state_layout
     trained = model._trained_names()
     lay.check_slots(f"checkpoint {file}", list(tensors))  # the shapes, dtype and finiteness eval checks too

@@ -146,3 +146,19 @@ def test_plot_to_a_missing_directory_is_one_line(fitted: hf.Model, tmp_path: pat
     with pytest.raises(HloforgeError, match=re.escape(f"cannot write the plot to {path}: No such file or directory; "
                                                       "expected a writable file in an existing directory")):
         fitted.plot(path)
+
+
+@pytest.mark.parametrize(("kw", "message"), [
+    ({"decay_rate": 0.5}, "Model option(s) ['decay_rate'] set the exp schedule's decay, but schedule is 'cosine'; "
+                          "expected schedule='exp' with them, or neither"),
+    ({"schedule": "constant", "decay_epochs": 2.4}, "Model option(s) ['decay_epochs'] set the exp schedule's decay, "
+                                                    "but schedule is 'constant'"),
+    ({"diffusion_steps": 50, "beta_end": 0.3}, "Model option(s) ['diffusion_steps', 'beta_end'] set a DDPM's noise "
+                                               "schedule; net 'mnist-mlp' is no DDPM"),
+])
+def test_model_options_its_schedule_or_net_never_reads_are_one_line(kw: dict, message: str) -> None:
+    """Before: taken and never read (the lr never decayed by them), as `hloforge train` took the flags."""
+    with pytest.raises(HloforgeError) as error:
+        hf.Model("mnist-mlp", **kw)
+    assert message in str(error.value) and "\n" not in str(error.value)
+    hf.Model("mnist-mlp", schedule="exp", decay_rate=0.5, decay_epochs=2.4)  # read there
