@@ -263,3 +263,13 @@ def test_auto_mode_takes_a_count_right_and_a_class_ap_as_scores(monitor):
     for epoch, value in enumerate((300, 320, 340), 1):
         stop.on_epoch_end(epoch, {monitor: value})
     assert not stop.model.stop_training and stop.best == 340
+
+
+def test_a_train_run_early_stopping_ends_says_so(tmp_path, capsys):
+    """Before: the run ended after epoch 2 of 3, exit 0, with no line saying why (its banner said 3 epochs)."""
+    run = tmp_path / "run"
+    assert main(["train", "mnist-linear", "--epochs", "3", "--run-dir", str(run), "--no-progress",
+                 "--callback", "early_stopping:monitor=top1,patience=1,min_delta=1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1].startswith("  early_stopping: top1 not better than ") and \
+        out[-1].endswith(" for 1 epoch(s); stopped after epoch 2 of 3"), out[-2:]

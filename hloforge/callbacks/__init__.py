@@ -178,6 +178,10 @@ class EarlyStopping(Monitor):
         if self.wait >= self.patience:
             self.stopped_epoch = epoch
             self.model.stop_training = True
+            say = getattr(self.model, "log", None)  # a `hloforge train` run's lines: else it ended short unsaid
+            if callable(say):
+                say(f"  early_stopping: {self.monitor} not better than {self.best:.6g} for {self.wait} epoch(s); "
+                    f"stopped after epoch {epoch} of {getattr(self.model, 'end_epoch', '?')}")
 
 
 class ModelCheckpoint(Monitor):
