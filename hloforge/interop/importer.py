@@ -297,6 +297,9 @@ def write_weights(imp: Imported, out: str) -> str:
     return out
 
 
+_FLAGS = {"data": "data", "data_options": "data-opt", "backend": "backend"}  # import_weights's keywords as flags
+
+
 def import_weights(source: str, file: str, out: str, *, input: Sequence[int] | None = None, data: str = "",
                    data_options: Sequence[str] = (), backend: str = "", log: Callable[[str], None] = print) -> str:
     """`source` ("torchvision:resnet18", "timm:vit_tiny_patch16_224", ...) weights in `file` as a run
@@ -304,6 +307,12 @@ def import_weights(source: str, file: str, out: str, *, input: Sequence[int] | N
     / `data_options` the dataset the run evaluates on (default: the trainer's). An `out` ending in
     .safetensors is a bare weights file instead (`write_weights`: no run, no dataset)."""
     family(source)
+    if out.endswith(".safetensors"):  # a bare weights file has no run to evaluate on a dataset or backend
+        run_only = [n for n, v in (("data", data), ("data_options", data_options), ("backend", backend)) if v]
+        if run_only:
+            raise UnsupportedSpec(f"{out}: a .safetensors out is the bare weights, which name no dataset or backend, "
+                                  f"so {' / '.join(run_only)} (--{' / --'.join(_FLAGS[n] for n in run_only)}) would "
+                                  "be dropped; expected them left out, or an out directory for a run")
     imp = map_state_dict(source, read_state_dict(file), input=input, where=f"weights file {file}")
     if out.endswith(".safetensors"):
         write_weights(imp, out)

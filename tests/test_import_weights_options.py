@@ -1,0 +1,38 @@
+"""`hloforge import-weights` (and `hloforge.interop.import_weights`) as a researcher with weights of their own
+meets it: options that the output they asked for cannot hold, and the run's dataset they never named. The
+state dicts are made without torch (the exporter's own `torch_state_dict` of a zoo net's init)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_image_commands_input import refused  # tests/ is on sys.path (rootdir-relative, no package)
+
+from hloforge.core.errors import UnsupportedSpec
+from hloforge.interop import import_weights, torch_state_dict
+from hloforge.zoo import get_net
+
+INPUT = (3, 32, 32)
+
+
+def _weights_file(tmp_path) -> str:
+    from safetensors.numpy import save_file
+
+    spec = get_net("resnet18", classes=10, input=INPUT)
+    sd = torch_state_dict("torchvision:resnet18", spec, spec.init_params(0), [s.initial() for _, s in spec.stats()])
+    file = str(tmp_path / "r18.safetensors")
+    save_file({k: np.ascontiguousarray(v) for k, v in sd.items()}, file)
+    return file
+
+
+@pytest.mark.parametrize("flags", [["--data", "digits"], ["--data-opt", "size=32"], ["--backend", "iree"]])
+def test_run_options_with_a_bare_weights_out_are_refused_not_dropped(tmp_path, capsys, flags) -> None:
+    # Before: written without a word, the dataset, its options or the backend asked for in no file.
+    file, out = _weights_file(tmp_path), tmp_path / "w.safetensors"
+    err = refused(["import-weights", "torchvision:resnet18", file, "--input", "3,32,32", "--out", str(out), *flags],
+                  capsys)
+    assert f"{out}: a .safetensors out is the bare weights" in err and flags[0] in err
+    assert not out.exists()
+    with pytest.raises(UnsupportedSpec, match=r"so data / backend \(--data / --backend\) would be dropped"):
+        import_weights("torchvision:resnet18", file, str(out), input=INPUT, data="digits", backend="xla")
+    assert not out.exists()
