@@ -36,3 +36,13 @@ def test_run_options_with_a_bare_weights_out_are_refused_not_dropped(tmp_path, c
     with pytest.raises(UnsupportedSpec, match=r"so data / backend \(--data / --backend\) would be dropped"):
         import_weights("torchvision:resnet18", file, str(out), input=INPUT, data="digits", backend="xla")
     assert not out.exists()
+
+
+def test_a_run_out_without_data_says_the_dataset_is_trains_default(tmp_path, capsys) -> None:
+    # Before: "dataset 'digits' gives inputs of shape [1, 28, 28], but net 'resnet18' expects [3, 32, 32]",
+    # a dataset the user never named, with no word of --data or of the weights-alone out.
+    file, out = _weights_file(tmp_path), tmp_path / "run"
+    err = refused(["import-weights", "torchvision:resnet18", file, "--input", "3,32,32", "--out", str(out)], capsys)
+    assert err.startswith("hloforge: error: dataset 'digits' gives inputs of shape [1, 28, 28]")
+    assert "no --data was given ('digits' is train's default)" in err and "--out FILE.safetensors" in err
+    assert not out.exists()

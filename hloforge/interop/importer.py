@@ -253,10 +253,19 @@ def write_run(imp: Imported, out: str, *, data: str = "", data_options: Sequence
         given["backend"] = backend
     try:
         run = Run(TrainConfig(**given), log=log, progress=False)
-    except ClassCountMismatch as e:
-        said = e.stated  # the trainer's advice (--classes) is train's, not import-weights'
+    except DataError as e:
         train = f"hloforge train {fam.net} --init FILE.safetensors" + (f" --data {data}" if data else "")
-        raise DataError(f"{said} (the state dict's head); to fine-tune on this dataset, write the weights alone "
+        # the trainer's advice (--classes) is train's, not import-weights'
+        said = f"{e.stated} (the state dict's head)" if isinstance(e, ClassCountMismatch) else str(e)
+        if not data:  # a dataset the user never named: say it is the default, and how to do without one
+            default = attrs.fields(TrainConfig).data.default
+            raise DataError(f"{said}; --out {out} is a run directory, scored on a dataset, and no --data was given "
+                            f"({default!r} is train's default): expected --data NAME that fits the state dict, or "
+                            f"--out FILE.safetensors for the weights alone (`{train}` starts a run from them)"
+                            ) from None
+        if not isinstance(e, ClassCountMismatch):
+            raise
+        raise DataError(f"{said}; to fine-tune on this dataset, write the weights alone "
                         f"(--out FILE.safetensors) and start a run from them: `{train}` re-initialises the head "
                         "for the dataset's classes") from None
     if run.spec != imp.spec:
