@@ -359,5 +359,5 @@ def test_an_init_from_a_run_without_dropout_starts_a_run_with_it_and_back(tmp_pa
         theirs = [f"param/{back.get(n.split('.')[0], n.split('.')[0])}.{n.split('.', 1)[1]}" for n in names]
         assert len(init.params) == len(theirs) == len([n for n in tensors if n.startswith("param/")])
         assert all(np.array_equal(a, tensors[n]) for a, n in zip(init.params, theirs, strict=True))
-    assert finetune._renumbered(["param/0.w", "param/2.w"], ["param/0.w", "param/3.b"]) == {}  # another tensor
-    assert finetune._renumbered(["param/0.w", "param/2.w"], ["param/0.w", "param/1.w", "param/3.w"]) == {}
+    assert ckpt.renumbered(["param/0.w", "param/2.w"], ["param/0.w", "param/3.b"]) == {}  # another tensor
+    assert ckpt.renumbered(["param/0.w", "param/2.w"], ["param/0.w", "param/1.w", "param/3.w"]) == {}

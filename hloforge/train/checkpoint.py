@@ -31,7 +31,7 @@ import numpy as np
 from hloforge.core.errors import DataError, HloforgeError
 from hloforge.core.regions import check_region
 from hloforge.core.slots import StatSlot
-from hloforge.core.switches import env_path
+from hloforge.core.switches import env_path, whole_number
 from hloforge.core.variant import SHADOW
 
 FORMAT_FAMILY = "hloforge-checkpoint-"  # + the layout's version
@@ -205,6 +205,43 @@ def foreign_format(path: str) -> str | None:
     return None
 
 
+def _split(name: str) -> tuple[str, str, str]:
+    """`param/2.w` as (group, top-level layer number, the rest): ("param", "2", "w")."""
+    group, _, rest = name.partition("/")
+    top, _, tail = rest.partition(".")
+    return group, top, tail
+
+
+def renamed(name: str, moved: dict[int, int]) -> str:
+    """`name` with its layer number as `moved` (renumbered's) moves it."""
+    group, top, tail = _split(name)
+    return f"{group}/{moved[int(top)]}.{tail}" if int(top) in moved else name
+
+
+def renumbered(have: list[str], want: list[str]) -> dict[int, int]:
+    """{given layer number: the net's layer number} for the layers that moved, where the given tensors are the
+    net's but for the top-level numbers of the layers that hold them: the same layers with tensors, in the
+    same order, with the same tensor names (`param/2.w` → `param/3.w` after a classifier dropout is put
+    before the head). {} if the names already match or anything else differs."""
+    if set(have) == set(want):
+        return {}
+
+    def layers(names: list[str]) -> tuple[list[int], list[set[tuple[str, str]]]] | None:
+        out: dict[int, set[tuple[str, str]]] = {}
+        for n in names:
+            group, top, tail = _split(n)
+            index = whole_number(top)
+            if index is None:
+                return None
+            out.setdefault(index, set()).add((group, tail))
+        return sorted(out), [out[i] for i in sorted(out)]
+
+    a, b = layers(have), layers(want)
+    if a is None or b is None or a[1] != b[1] or a[0] == b[0]:
+        return {}
+    return {old: new for old, new in zip(a[0], b[0], strict=True) if old != new}
+
+
 def named_by_checkpoint(name: str, what: str) -> str:
     """For `Model.params = …` / `Model.state = …` (`what`) handed a tensor under a weights file's or
     checkpoint's own name (`param/0.w`, `stat/1.mean`, `state/m/0.w`): where it goes, as a clause; else ""."""
@@ -222,6 +259,19 @@ def named_by_checkpoint(name: str, what: str) -> str:
     return ""
 
 
+def _numbered_otherwise(given: list[str], names: list[str], what: str) -> str:
+    """For `Model.params = …` handed another numbering of this net's own tensors (weights of the net without the
+    variant's dropout layer before the head: `7.w` where it is `8.w`): which layers move, as a clause; else ""."""
+    if what != "params":
+        return ""
+    moved = renumbered([f"{PARAMS}/{n}" for n in given], [f"{PARAMS}/{n}" for n in names])
+    if not moved:
+        return ""
+    said = ", ".join(f"{a}.… → {b}.…" for a, b in sorted(moved.items()))
+    return (f"; they are this net's tensors numbered otherwise (a layer without tensors, such as the variant's "
+            f"dropout, is not in the net they came from): expected them renamed {said}, as `--init` renames them")
+
+
 def assigned(new: Mapping[str, Any], want: list[tuple[str, tuple[int, ...]]], what: str,
               current: list[np.ndarray]) -> list[np.ndarray]:
     """`current` with the tensors `new` names replaced (`Model.params = …`, `Model.state = …`: `what`), each
@@ -232,7 +282,7 @@ def assigned(new: Mapping[str, Any], want: list[tuple[str, tuple[int, ...]]], wh
     unknown = sorted(set(new) - set(index))
     if unknown:
         raise DataError(f"{what}: no tensor named {unknown[0]!r}; the names are {list(index)[:6]}..."
-                        f"{named_by_checkpoint(unknown[0], what)}")
+                        f"{named_by_checkpoint(unknown[0], what) or _numbered_otherwise(list(new), list(index), what)}")
     out = list(current)
     for name, a in new.items():
         a = np.asarray(a)

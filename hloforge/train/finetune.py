@@ -147,9 +147,9 @@ def read_init(run: Run, log: Callable[[str], None] = print) -> Init:
         raise DataError(f"--init {path} holds no {ckpt.PARAMS}/… or {ckpt.STATS}/… tensors (its names are like "
                         f"{min(tensors, key=len)!r}); a torchvision / timm state dict is mapped onto its zoo net "
                         f"first: `hloforge import-weights SOURCE {path} --out FILE.safetensors`, then --init that file")
-    moved = _renumbered(list(have), list(want))
+    moved = ckpt.renumbered(list(have), list(want))
     if moved:
-        have = {_renamed(n, moved): a for n, a in have.items()}
+        have = {ckpt.renamed(n, moved): a for n, a in have.items()}
         log(f"  init {path}: its layers with tensors are the net's, numbered otherwise (layers without tensors, "
             f"e.g. dropout, differ): {', '.join(f'{o} → {n}' for o, n in sorted(moved.items()))}")
     layer = params[-1][0].split(".")[0] if params else ""  # the head: the last layer with parameters
@@ -202,42 +202,6 @@ def _head_classes(have: dict[str, np.ndarray], head: dict[str, tuple[int, ...]],
                     return None
                 sizes.add(g)
     return sizes.pop() if len(sizes) == 1 else None
-
-
-def _split(name: str) -> tuple[str, str, str]:
-    """`param/2.w` as (group, top-level layer number, the rest): ("param", "2", "w")."""
-    group, _, rest = name.partition("/")
-    top, _, tail = rest.partition(".")
-    return group, top, tail
-
-
-def _renamed(name: str, moved: dict[int, int]) -> str:
-    group, top, tail = _split(name)
-    return f"{group}/{moved[int(top)]}.{tail}" if int(top) in moved else name
-
-
-def _renumbered(have: list[str], want: list[str]) -> dict[int, int]:
-    """{init layer number: run layer number} for the layers that moved, where the init's tensors are the
-    run's but for the top-level numbers of the layers that hold them: the same layers with tensors, in the
-    same order, with the same tensor names (`param/2.w` → `param/3.w` after a classifier dropout is put
-    before the head). {} if the names already match or anything else differs."""
-    if set(have) == set(want):
-        return {}
-
-    def layers(names: list[str]) -> tuple[list[int], list[set[tuple[str, str]]]] | None:
-        out: dict[int, set[tuple[str, str]]] = {}
-        for n in names:
-            group, top, tail = _split(n)
-            index = whole_number(top)
-            if index is None:
-                return None
-            out.setdefault(index, set()).add((group, tail))
-        return sorted(out), [out[i] for i in sorted(out)]
-
-    a, b = layers(have), layers(want)
-    if a is None or b is None or a[1] != b[1] or a[0] == b[0]:
-        return {}
-    return {old: new for old, new in zip(a[0], b[0], strict=True) if old != new}
 
 
 def start_from(run: Run, session: TrainSession, init: Init) -> None:

@@ -1,0 +1,25 @@
+"""`Model.params = …` with weights of the researcher's own, from another form of the same net: one line saying
+how they differ, not a bare "no tensor named …" over the first six names."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import hloforge as hf
+from hloforge.core.errors import DataError
+
+
+def test_the_nets_weights_without_the_variants_dropout_are_said_renumbered() -> None:
+    # The variant's dropout before the head moves it from layer 2 to 3; before, the refusal named '2.b' and
+    # listed names that did not show '3.w', so the user could not tell what the net wanted.
+    plain = hf.Model("mnist-mlp", seed=0)
+    dropped = hf.Model("mnist-mlp", seed=1, dropout=0.2)
+    with pytest.raises(DataError) as e:
+        dropped.params = plain.params
+    text = str(e.value)
+    assert len(text.splitlines()) == 1 and text.startswith("params: no tensor named '2.b'")
+    assert "numbered otherwise" in text and "expected them renamed 2.… → 3.…" in text
+    renamed = {n.replace("2.", "3.", 1) if n.startswith("2.") else n: w for n, w in plain.params.items()}
+    dropped.params = renamed  # the renaming the line asks for is taken
+    assert all(np.array_equal(dropped.params[n], w) for n, w in renamed.items())
