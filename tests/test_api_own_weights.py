@@ -23,3 +23,21 @@ def test_the_nets_weights_without_the_variants_dropout_are_said_renumbered() -> 
     renamed = {n.replace("2.", "3.", 1) if n.startswith("2.") else n: w for n, w in plain.params.items()}
     dropped.params = renamed  # the renaming the line asks for is taken
     assert all(np.array_equal(dropped.params[n], w) for n, w in renamed.items())
+
+
+def test_a_pytorch_state_dict_assigned_points_to_import_weights() -> None:
+    # Before: "no tensor named 'bn1.bias'" and six zoo names, no word of how a torch state dict gets here.
+    from hloforge.interop import torch_state_dict
+    from hloforge.zoo import get_net
+
+    spec = get_net("resnet18", classes=10, input=(3, 32, 32))
+    sd = torch_state_dict("torchvision:resnet18", spec, spec.init_params(0), [s.initial() for _, s in spec.stats()])
+    model = hf.Model("resnet18", classes=10, input=(3, 32, 32))
+    for what, given in (("params", {k: v for k, v in sd.items() if "running" not in k}),
+                        ("state", {k: v for k, v in sd.items() if "running" in k})):
+        with pytest.raises(DataError) as e:
+            setattr(model, what, given)
+        text = str(e.value)
+        assert len(text.splitlines()) == 1 and text.startswith(f"{what}: no tensor named ")
+        assert "a PyTorch state dict's name: map it onto the zoo net first, with hloforge.interop.import_weights(" \
+            in text

@@ -272,6 +272,20 @@ def _numbered_otherwise(given: list[str], names: list[str], what: str) -> str:
             f"dropout, is not in the net they came from): expected them renamed {said}, as `--init` renames them")
 
 
+# the ends of a PyTorch state dict's names (nn.Conv2d / nn.Linear / nn.BatchNorm2d's), none of which a zoo tensor has
+TORCH_SUFFIXES = (".weight", ".bias", ".running_mean", ".running_var", ".num_batches_tracked")
+
+
+def _named_by_pytorch(name: str, names: list[str]) -> str:
+    """For `Model.params = …` / `Model.state = …` handed a PyTorch state dict: how to map it, as a clause; else ""
+    (also where the net's own `names` end so: a plugin layer's)."""
+    if not name.endswith(TORCH_SUFFIXES) or any(n.endswith(TORCH_SUFFIXES) for n in names):
+        return ""
+    return ("; that is a PyTorch state dict's name: map it onto the zoo net first, with "
+            "hloforge.interop.import_weights(SOURCE, FILE, 'w.safetensors') (SOURCE e.g. 'torchvision:resnet18'), "
+            "then assign that file's param/… and stat/… tensors")
+
+
 def assigned(new: Mapping[str, Any], want: list[tuple[str, tuple[int, ...]]], what: str,
               current: list[np.ndarray]) -> list[np.ndarray]:
     """`current` with the tensors `new` names replaced (`Model.params = …`, `Model.state = …`: `what`), each
@@ -282,7 +296,8 @@ def assigned(new: Mapping[str, Any], want: list[tuple[str, tuple[int, ...]]], wh
     unknown = sorted(set(new) - set(index))
     if unknown:
         raise DataError(f"{what}: no tensor named {unknown[0]!r}; the names are {list(index)[:6]}..."
-                        f"{named_by_checkpoint(unknown[0], what) or _numbered_otherwise(list(new), list(index), what)}")
+                        f"{named_by_checkpoint(unknown[0], what) or _numbered_otherwise(list(new), list(index), what)}"
+                        f"{_named_by_pytorch(unknown[0], list(index))}")
     out = list(current)
     for name, a in new.items():
         a = np.asarray(a)
