@@ -55,6 +55,24 @@ def _source_for(net: str, fmt: str, meta: dict[str, Any]) -> str:
     return found[0]
 
 
+def _check_pytorch_net(run: str, source: str, spec: NetSpec, variant: Any) -> None:
+    """Refuse a net that scores otherwise than `source`'s PyTorch model at eval: its state dict would load
+    there with strict=True and give other logits. The variant's dropout and drop_path are the identity at eval;
+    its bn_eps is not (PyTorch's model keeps its own ε)."""
+    import attrs
+
+    from hloforge.zoo import get_net
+
+    plain = get_net(SOURCES[source].net, classes=spec.num_classes, input=spec.input_shape)
+    if attrs.evolve(variant, bn_eps=None).apply_to(plain) == spec:
+        return
+    why = (f"the variant's BN ε {variant.bn_eps:g} (bn_eps), where {source}'s model normalises at its own"
+           if variant.bn_eps is not None else f"its layers are not {source}'s")
+    raise UnsupportedSpec(f"{run}: net {spec.name!r} differs from the PyTorch model at eval: {why}; its state dict "
+                          "would load with strict=True and give other logits; expected a run without it, or "
+                          "--format hloforge, whose forward keeps it")
+
+
 def export_run(run: str, out: str, fmt: str = "hloforge", log: Callable[[str], None] = print, *,
                region: str = DEFAULT_REGION) -> str:
     """Export the run directory (or checkpoint file) `run` into directory `out`; its path. `region` picks
@@ -73,6 +91,7 @@ def export_run(run: str, out: str, fmt: str = "hloforge", log: Callable[[str], N
     region, params, stats = oc.region_weights(region)
     if fmt != "hloforge":
         source = _source_for(cfg.net, fmt, oc.meta)
+        _check_pytorch_net(run, source, spec, oc.run.variant)
         sd = torch_state_dict(source, spec, params, stats)
         target = os.path.join(out, "model.safetensors")
         if os.path.exists(target):
