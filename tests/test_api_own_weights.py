@@ -1,5 +1,5 @@
-"""`Model.params = …` with weights of the researcher's own, from another form of the same net: one line saying
-how they differ, not a bare "no tensor named …" over the first six names."""
+"""Weights of the researcher's own in another form than the one asked for (`Model.params = …`, `--init`): one
+line saying how they differ and what is expected, not a line about something else."""
 
 from __future__ import annotations
 
@@ -41,3 +41,22 @@ def test_a_pytorch_state_dict_assigned_points_to_import_weights() -> None:
         assert len(text.splitlines()) == 1 and text.startswith(f"{what}: no tensor named ")
         assert "a PyTorch state dict's name: map it onto the zoo net first, with hloforge.interop.import_weights(" \
             in text
+
+
+def test_init_from_model_params_saved_under_their_bare_names_says_the_prefix(tmp_path) -> None:
+    # Before: "holds no param/… or stat/… tensors (its names are like '0.b'); a torchvision / timm state dict is
+    # mapped onto its zoo net first: `hloforge import-weights …`", advice for a file that is no PyTorch one.
+    import os
+
+    from safetensors.numpy import save_file
+
+    from hloforge.train.trainer import TrainConfig, train
+
+    file = str(tmp_path / "mine.safetensors")
+    save_file(hf.Model("mnist-linear", seed=3).params, file)
+    with pytest.raises(DataError) as e:
+        train(TrainConfig(net="mnist-linear", epochs=1, init=file, run_dir=str(tmp_path / "run")), progress=False)
+    text = str(e.value)
+    assert len(text.splitlines()) == 1 and "under their bare names" in text and "import-weights" not in text
+    assert "{f'param/{k}': v for k, v in model.params.items()}" in text
+    assert not os.path.exists(tmp_path / "run" / "checkpoint.safetensors")

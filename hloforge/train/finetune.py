@@ -143,6 +143,12 @@ def read_init(run: Run, log: Callable[[str], None] = print) -> Init:
     have = {n: a for n, a in tensors.items()
             if n.startswith(f"{ckpt.PARAMS}/") or (n.startswith(f"{ckpt.STATS}/")
                                                     and not n.startswith(f"{ckpt.SHADOW_STATS}/"))}
+    bare = sorted(n for n, _ in params if n in tensors)  # model.params' keys saved as they are
+    if bare and not any(n.startswith(f"{ckpt.PARAMS}/") for n in have):
+        raise DataError(f"--init {path} holds the net's parameters under their bare names ({bare[0]!r}: model.params' "
+                        f"keys) where a weights file has them under '{ckpt.PARAMS}/'; expected them saved as "
+                        f"{{f'{ckpt.PARAMS}/{{k}}': v for k, v in model.params.items()}}, with model.state's "
+                        f"{ckpt.STATS}/… tensors as they are")
     if tensors and not have:  # no name of ours at all: most likely a PyTorch state dict saved as safetensors
         raise DataError(f"--init {path} holds no {ckpt.PARAMS}/… or {ckpt.STATS}/… tensors (its names are like "
                         f"{min(tensors, key=len)!r}); a torchvision / timm state dict is mapped onto its zoo net "
