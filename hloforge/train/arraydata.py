@@ -21,6 +21,7 @@ from hloforge.core.modules import label_type
 from hloforge.core.registry import default_registry
 from hloforge.core.spec import NetSpec
 from hloforge.core.variant import Variant
+from hloforge.train.checkpoint import host_array
 from hloforge.train.session import net_inputs, positive_batch, token_vocab
 
 ARRAYS = "arrays"  # what a fit on arrays names its data in the run's config (no registered dataset)
@@ -143,6 +144,7 @@ def input_rows(x: Any, spec: NetSpec, what: str) -> tuple[np.ndarray, np.ndarray
     """(x as given, as an array; x as the float32 rows the net takes), checked whole: rows of `spec`'s
     input shape, real and finite (token ids for a net that takes them)."""
     want = tuple(spec.input_shape)
+    x = host_array(x)
     try:
         n = row_count(x, f"{what} x")
         x = np.asarray(x)

@@ -160,6 +160,16 @@ def mark(phase: str, epoch: Any, n: int | None = None) -> None:
 FLOAT_WEIGHTS = ("float16", "bfloat16", "float32", "float64")  # the weight dtypes read as float32
 
 
+def host_array(a: Any) -> Any:
+    """`a` as numpy can read it: a torch tensor that requires grad (an nn.Parameter, a forward's output) detached
+    and a bfloat16 one (a dtype numpy lacks) as float32, where np.asarray raises torch's error; else `a` itself."""
+    if type(a).__module__.startswith("torch") and hasattr(a, "detach"):
+        a = a.detach().cpu()
+        if str(a.dtype) == "torch.bfloat16":
+            a = a.float()
+    return a
+
+
 def read_weights_file(path: str, what: str) -> dict[str, np.ndarray]:
     """A foreign safetensors file's tensors (`import-weights`, `train --init`), bfloat16 ones too; one
     DataError, naming the file as `what`, for a truncated or foreign one."""
@@ -300,7 +310,7 @@ def assigned(new: Mapping[str, Any], want: list[tuple[str, tuple[int, ...]]], wh
                         f"{_named_by_pytorch(unknown[0], list(index))}")
     out = list(current)
     for name, a in new.items():
-        a = np.asarray(a)
+        a = np.asarray(host_array(a))
         shape = want[index[name]][1]
         if tuple(a.shape) != tuple(shape):
             raise DataError(f"{what}[{name!r}] has shape {list(a.shape)}, expected {list(shape)}")

@@ -47,6 +47,7 @@ from hloforge.core.spec import NetSpec
 from hloforge.core.strategy import target_of
 from hloforge.core.switches import env_switch
 from hloforge.core.variant import Variant, checked_lr
+from hloforge.train.checkpoint import host_array
 
 
 def stage(backend: Any, array: np.ndarray) -> Any:
@@ -219,7 +220,7 @@ def checked_labels(y: Any, shape: Sequence[int], y_dtype: str, classes: int | No
     """Labels as the module takes them (int32 ids, float32 targets), refused with one line when of
     another shape or kind, out of lowest..classes−1 (an id past the last class one-hots to nothing and
     trains on a plausible wrong loss; `lowest` −1: a language model's scored padding), or not finite."""
-    y = np.asarray(y)
+    y = np.asarray(host_array(y))
     if tuple(y.shape) != tuple(shape):
         raise DataError(f"{what} labels have shape {list(y.shape)}, expected {list(shape)}")
     if y_dtype == "i32":
