@@ -46,3 +46,19 @@ def test_a_run_out_without_data_says_the_dataset_is_trains_default(tmp_path, cap
     assert err.startswith("hloforge: error: dataset 'digits' gives inputs of shape [1, 28, 28]")
     assert "no --data was given ('digits' is train's default)" in err and "--out FILE.safetensors" in err
     assert not out.exists()
+
+
+def test_paths_as_pathlib_are_taken(tmp_path) -> None:
+    # Before: AttributeError ('PosixPath' object has no attribute 'endswith'), where save, hf.load and export_run
+    # take them.
+    from safetensors.numpy import load_file
+
+    from hloforge.interop import read_state_dict
+
+    file, out = tmp_path / "r18.safetensors", tmp_path / "w.safetensors"
+    _weights_file(tmp_path)
+    assert import_weights("torchvision:resnet18", file, out, input=INPUT, log=lambda s: None) == str(out)
+    assert any(k.startswith("param/") for k in load_file(str(out)))
+    assert read_state_dict(file).keys() == read_state_dict(str(file)).keys()
+    with pytest.raises(UnsupportedSpec, match=r"import_weights out takes a path \(a non-empty str or os.PathLike\)"):
+        import_weights("torchvision:resnet18", file, 3, input=INPUT)

@@ -24,6 +24,7 @@ from hloforge.core.slots import check_stats
 from hloforge.core.spec import NetSpec
 from hloforge.interop.torch_names import IGNORED_SUFFIXES, LAYOUTS, SOURCES, Family, Unit, units
 from hloforge.train.checkpoint import PICKLED, read_weights_file, unwrapped
+from hloforge.train.rundir import checked_path
 from hloforge.zoo import get_net
 
 
@@ -35,6 +36,7 @@ def family(source: str) -> Family:
 
 def read_state_dict(path: str) -> dict[str, np.ndarray]:
     """A state dict's tensors as float32 numpy arrays (integer buffers kept as they are)."""
+    path = checked_path(path, "read_state_dict")  # a Path too
     if not os.path.isfile(path):
         raise DataError(f"weights file {path} does not exist")
     if os.path.getsize(path) == 0:  # torch.load and safetensors both fail on one with no message worth quoting
@@ -316,6 +318,7 @@ def import_weights(source: str, file: str, out: str, *, input: Sequence[int] | N
     / `data_options` the dataset the run evaluates on (default: the trainer's). An `out` ending in
     .safetensors is a bare weights file instead (`write_weights`: no run, no dataset)."""
     family(source)
+    file, out = checked_path(file, "import_weights file"), checked_path(out, "import_weights out")  # a Path too
     if out.endswith(".safetensors"):  # a bare weights file has no run to evaluate on a dataset or backend
         run_only = [n for n, v in (("data", data), ("data_options", data_options), ("backend", backend)) if v]
         if run_only:
