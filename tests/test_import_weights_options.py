@@ -62,3 +62,20 @@ def test_paths_as_pathlib_are_taken(tmp_path) -> None:
     assert read_state_dict(file).keys() == read_state_dict(str(file)).keys()
     with pytest.raises(UnsupportedSpec, match=r"import_weights out takes a path \(a non-empty str or os.PathLike\)"):
         import_weights("torchvision:resnet18", file, 3, input=INPUT)
+
+
+def test_data_options_as_model_fit_takes_them_or_a_str_is_one_line(tmp_path) -> None:
+    # Before: a dict (Model.fit's form) was refused as "data option 'size' is not KEY=VALUE", and a str read
+    # character by character ("data option 's' is not KEY=VALUE").
+    from hloforge.train.config import CONFIG
+
+    file = _weights_file(tmp_path)
+    out = import_weights("torchvision:resnet18", file, str(tmp_path / "run"), input=INPUT, data="digits",
+                         data_options={"size": 32, "channels": 3}, log=lambda s: None)
+    assert 'data_options = ["size=32", "channels=3"]' in (tmp_path / "run" / CONFIG).read_text()
+    assert out == str(tmp_path / "run")
+    with pytest.raises(UnsupportedSpec, match=r"import_weights data_options is a str \('size=32'\); expected a "
+                                              r"mapping of option names to values"):
+        import_weights("torchvision:resnet18", file, str(tmp_path / "run2"), input=INPUT, data="digits",
+                       data_options="size=32")
+    assert not (tmp_path / "run2").exists()

@@ -312,12 +312,19 @@ _FLAGS = {"data": "data", "data_options": "data-opt", "backend": "backend"}  # i
 
 
 def import_weights(source: str, file: str, out: str, *, input: Sequence[int] | None = None, data: str = "",
-                   data_options: Sequence[str] = (), backend: str = "", log: Callable[[str], None] = print) -> str:
+                   data_options: Sequence[str] | Mapping[str, Any] = (), backend: str = "",
+                   log: Callable[[str], None] = print) -> str:
     """`source` ("torchvision:resnet18", "timm:vit_tiny_patch16_224", ...) weights in `file` as a run
     directory at `out`; returns its path. `input` overrides the net's input shape (C, H, W), `data`
-    / `data_options` the dataset the run evaluates on (default: the trainer's). An `out` ending in
+    / `data_options` the dataset the run evaluates on (default: the trainer's; its options a mapping, as
+    Model.fit takes them, or "KEY=VALUE" items). An `out` ending in
     .safetensors is a bare weights file instead (`write_weights`: no run, no dataset)."""
     family(source)
+    if isinstance(data_options, str):  # its characters would each be read as an option
+        raise UnsupportedSpec(f"import_weights data_options is a str ({data_options!r}); expected a mapping of option "
+                              "names to values, as Model.fit takes, or a sequence of 'KEY=VALUE' items")
+    if isinstance(data_options, Mapping):  # Model.fit's form
+        data_options = tuple(f"{k}={v}" for k, v in data_options.items())
     file, out = checked_path(file, "import_weights file"), checked_path(out, "import_weights out")  # a Path too
     if out.endswith(".safetensors"):  # a bare weights file has no run to evaluate on a dataset or backend
         run_only = [n for n, v in (("data", data), ("data_options", data_options), ("backend", backend)) if v]
