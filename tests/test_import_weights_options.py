@@ -79,3 +79,11 @@ def test_data_options_as_model_fit_takes_them_or_a_str_is_one_line(tmp_path) -> 
         import_weights("torchvision:resnet18", file, str(tmp_path / "run2"), input=INPUT, data="digits",
                        data_options="size=32")
     assert not (tmp_path / "run2").exists()
+
+
+@pytest.mark.parametrize("given", [32, "3,32,32"])
+def test_an_input_that_is_no_shape_is_one_line(tmp_path, given) -> None:
+    # Before: 32 was a TypeError ('int' object is not iterable), "3,32,32" a list of its characters.
+    with pytest.raises(UnsupportedSpec, match=r"import_weights input is .*; expected the net's input shape without "
+                                              r"the batch, a sequence of positive integers such as \(3, 64, 64\)$"):
+        import_weights("torchvision:resnet18", _weights_file(tmp_path), str(tmp_path / "w.safetensors"), input=given)

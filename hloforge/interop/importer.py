@@ -320,6 +320,9 @@ def import_weights(source: str, file: str, out: str, *, input: Sequence[int] | N
     Model.fit takes them, or "KEY=VALUE" items). An `out` ending in
     .safetensors is a bare weights file instead (`write_weights`: no run, no dataset)."""
     family(source)
+    if input is not None and (isinstance(input, str) or not isinstance(input, (Sequence, np.ndarray))):
+        raise UnsupportedSpec(f"import_weights input is {input!r}; expected the net's input shape without the batch, "
+                              "a sequence of positive integers such as (3, 64, 64)")
     if isinstance(data_options, str):  # its characters would each be read as an option
         raise UnsupportedSpec(f"import_weights data_options is a str ({data_options!r}); expected a mapping of option "
                               "names to values, as Model.fit takes, or a sequence of 'KEY=VALUE' items")
