@@ -459,7 +459,7 @@ class Run:
         dp = (f" over {cfg.replicas} replicas" + (" (sync BN)" if cfg.sync_bn else "")) if cfg.replicas > 1 else ""
         self.log(f"  {self.variant.slug}: lr {cfg.lr:g} {cfg.schedule}, batch {cfg.batch}{dp}, {cfg.epochs} epochs, "
                  f"run dir {self.dir} | compiled in {compile_s:.1f}s"
-                 + (f" | resumed after epoch {start}" if start else "")
+                 + (f" | resumed after epoch {start}" if resume else "")  # epoch 0: an import's
                  + (f" | from {init.path}" if init is not None else "")
                  + (f" | frozen {list(self.variant.frozen)} ({len(self.frozen)} tensors)" if self.frozen else ""))
         if tuning is not None:
