@@ -549,7 +549,8 @@ class Model:
                     seed=self.seed, run_dir=path, **self._run_options, **variant)
         return TrainConfig(**{**base, **fields})
 
-    def save(self, path: str, data: str | None = None, overwrite: bool = False) -> str:
+    def save(self, path: str, data: str | None = None, overwrite: bool = False, *,
+             data_options: Mapping[str, Any] | None = None) -> str:
         """Write the run directory `hloforge train` writes (config.toml and checkpoint.safetensors, by
         the trainer's own writers), so `hloforge eval DIR` scores it on `data`'s test split (the
         dataset the config names, refused unless the net fits it; default: the one the model last
@@ -557,9 +558,17 @@ class Model:
         `eval` then refuses it, `hloforge export` needs none) and `hf.load(DIR)` reads it back bit for
         bit; what a run wrote beside its last checkpoint (its metrics, curves, eval bitmap) goes, being
         another model's. Under the directory's lock: a run training there is never overwritten.
+        `data_options`: the options of the dataset `data` names (`size`, `channels`, ...), as fit takes them.
         Returns `path`."""
         path, overwrite = checked_path(path, "save"), arraydata.checked_flag("overwrite", overwrite)
         options, data = self._options_for(data), data or self._data
+        if data_options is not None:  # the options a net of another input than the dataset's default needs
+            if not isinstance(data_options, Mapping):
+                raise UnsupportedSpec("data_options must be a mapping of option names to values, got a "
+                                      f"{type(data_options).__name__}")
+            if data == ARRAYS:
+                raise UnsupportedSpec("save's data_options are the options of the dataset it names; pass data=NAME")
+            options = tuple(f"{k}={v}" for k, v in data_options.items())
         if os.path.exists(path) and not os.path.isdir(path):
             raise HloforgeError(f"cannot save to {path}: it is a file; expected a directory (new or a run's)")
         check_own_files(path, "save directory", "the save", "save to another path")  # before the dataset loads
@@ -567,7 +576,7 @@ class Model:
         if os.path.exists(file) and not overwrite:
             raise HloforgeError(f"{path} already holds a checkpoint; pass overwrite=True to replace it")
         cfg = self._config(path, data, **file_fields(options))  # checked before anything is written
-        eval_set = self._eval_set_of(path, data)
+        eval_set = self._eval_set_of(path, data, options)
         tensors = self._checkpoint_tensors()
         meta = {"spec": self.spec.to_dict(), "variant": attrs.asdict(self.variant), "backend": self.backend.name,
                 "epoch": self._epoch, "step": self._step, "seed": self.seed, "config": attrs.asdict(cfg), **eval_set,
@@ -593,7 +602,7 @@ class Model:
         (None), another's defaults."""
         return self._data_options if data in (None, self._data) else ()
 
-    def _eval_set_of(self, path: str, data: str) -> dict[str, str]:
+    def _eval_set_of(self, path: str, data: str, options: tuple[str, ...] | None = None) -> dict[str, str]:
         """{"eval_set": its id} for a save to `path` naming dataset `data`, refused unless the net fits its
         test split as `hloforge eval` will read it; {} for the user's arrays, no registered eval set (nothing
         to compare a later eval against). ModelCheckpoint asks it before the first step."""
@@ -602,8 +611,8 @@ class Model:
         arraydata.check_dataset_kind(self._inputs, data, self.spec, f"cannot save {path} naming",
                                      "save it with no dataset (data='arrays')")
         try:
-            options = parse_data_options(self._options_for(data))
-            test = self._run(data, self._batch, data_options=options, eval_only=True)
+            given = parse_data_options(self._options_for(data) if options is None else options)
+            test = self._run(data, self._batch, data_options=given, eval_only=True)
         except HloforgeError as e:
             raise type(e)(f"cannot save {path} naming dataset {data!r}: {e}") from None
         return {"eval_set": test.eval_set}

@@ -14,7 +14,7 @@ import pytest
 
 import hloforge as hf
 from hloforge.cli import main
-from hloforge.core.errors import DataError, HloforgeError
+from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
 from hloforge.train import checkpoint as ckpt
 from hloforge.train.config import CHECKPOINT, CONFIG, load_config
 
@@ -123,3 +123,18 @@ def test_resuming_an_arrays_run_from_the_command_line_says_how(tmp_path, capsys)
     err = capsys.readouterr().err.strip()
     assert err == (f"hloforge: error: run {d} was trained on arrays from Python, not a registered dataset; "
                    f"continue it there (hf.load({d!r}).fit(x, y)), or on a dataset its net fits (--data NAME)")
+
+
+def test_save_names_a_dataset_with_the_options_the_net_needs(tmp_path, capsys) -> None:
+    # Before: save(data=NAME) took no options, so a net of another input than the dataset's default (mnist-mlp's
+    # 784 rows are digits' 28x28 images; resnet-mini at 12x12 is not) could never name it: refused, and
+    # data_options= a TypeError.
+    model = hf.Model("resnet-mini", input=(1, 12, 12))
+    with pytest.raises(HloforgeError, match=r"gives inputs of shape \[1, 28, 28\]"):
+        model.save(str(tmp_path / "plain"), data="digits")
+    d = model.save(str(tmp_path / "run"), data="digits", data_options={"size": 12})
+    assert 'data_options = ["size=12"]' in (tmp_path / "run" / CONFIG).read_text()
+    assert main(["eval", d]) == 0, capsys.readouterr().err
+    assert "test top-1" in capsys.readouterr().out
+    with pytest.raises(UnsupportedSpec, match="save's data_options are the options of the dataset it names"):
+        model.save(str(tmp_path / "arrays"), data_options={"size": 12})
