@@ -222,7 +222,13 @@ def checked_labels(y: Any, shape: Sequence[int], y_dtype: str, classes: int | No
     trains on a plausible wrong loss; `lowest` −1: a language model's scored padding), or not finite."""
     y = np.asarray(host_array(y))
     if tuple(y.shape) != tuple(shape):
-        raise DataError(f"{what} labels have shape {list(y.shape)}, expected {list(shape)}")
+        # one-hot (or probability) rows where class ids are taken: say how to get the ids
+        onehot = (y_dtype == "i32" and classes is not None and tuple(y.shape) == (*shape, classes)
+                  and y.dtype.kind in "fiub")
+        hint = f" (one-hot rows of the {classes} classes? y.argmax({len(shape)}) gives the ids)" if onehot else ""
+        if tuple(y.shape) == (*shape, 1):  # a column vector, as sklearn and pandas often hand labels
+            hint = " (a trailing axis of 1: y[..., 0] drops it)"
+        raise DataError(f"{what} labels have shape {list(y.shape)}, expected {list(shape)}{hint}")
     if y_dtype == "i32":
         if y.dtype.kind not in "iu":
             raise DataError(f"{what} labels have dtype {y.dtype}, expected integer ids (int32)")

@@ -1,0 +1,41 @@
+"""Labels of another shape than class ids, in the two forms a researcher's own data most often has them: one-hot
+rows (Keras' to_categorical) and a column vector. The one line says how to get the ids, as the input checks say
+how to reshape x. Before: "fit labels have shape [64, 4], expected [64]" and no more."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import hloforge as hf
+from hloforge.core.errors import DataError
+
+NET = hf.NetSpec("tiny", (8,), [hf.layers.Dense(6, act="relu"), hf.layers.Dense(4)], 4)
+
+
+ARGMAX = "(one-hot rows of the 4 classes? y.argmax(1) gives the ids)"
+COLUMN = "(a trailing axis of 1: y[..., 0] drops it)"
+
+
+@pytest.mark.parametrize("form,said,fixed", [
+    (lambda y: np.eye(4, dtype=np.float32)[y], ARGMAX, lambda y: y.argmax(1)),
+    (lambda y: np.eye(4, dtype=np.uint8)[y], ARGMAX, lambda y: y.argmax(1)),
+    (lambda y: y[:, None], COLUMN, lambda y: y[..., 0]),
+])
+def test_one_hot_rows_and_a_column_say_how_to_get_the_ids(form, said, fixed) -> None:
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((64, 8)).astype(np.float32), rng.integers(0, 4, 64)
+    model = hf.Model(NET)
+    for call in (lambda: model.fit(x, form(y), epochs=1, batch_size=16, verbose=False),
+                 lambda: model.evaluate(x, form(y))):
+        with pytest.raises(DataError) as e:
+            call()
+        assert str(e.value).endswith(f"expected [64] {said}") and len(str(e.value).splitlines()) == 1
+    assert model.evaluate(x, fixed(form(y)))["n"] == 64  # what the line says to do is taken
+
+
+def test_rows_of_another_width_get_no_hint() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 8)).astype(np.float32)
+    with pytest.raises(DataError, match=r"fit labels have shape \[64, 5\], expected \[64\]$"):
+        hf.Model(NET).fit(x, np.eye(5)[rng.integers(0, 5, 64)], epochs=1, batch_size=16, verbose=False)
