@@ -60,3 +60,44 @@ def test_init_from_model_params_saved_under_their_bare_names_says_the_prefix(tmp
     assert len(text.splitlines()) == 1 and "under their bare names" in text and "import-weights" not in text
     assert "{f'param/{k}': v for k, v in model.params.items()}" in text
     assert not os.path.exists(tmp_path / "run" / "checkpoint.safetensors")
+
+
+def test_statistics_assigned_after_the_weights_reach_an_ema_models_shadow() -> None:
+    # api.md's order (params, then state's stat/… tensors) on a model with an EMA shadow: the shadow, which
+    # predict and evaluate score by default, kept its initial BatchNorm statistics (mean 0, variance 1), and
+    # an imported resnet18's logits came out 0.7 off PyTorch's. Now it takes the assigned ones.
+    net = hf.NetSpec("bn", (6,), [hf.layers.Dense(5), hf.layers["batchNorm"](), hf.layers.Dense(3)], 3)
+    rng = np.random.default_rng(0)
+    plain = hf.Model(net, seed=0)
+    stats = {n: rng.uniform(0.5, 2.0, w.shape).astype(np.float32)
+             for n, w in plain.state.items() if n.startswith("stat/")}
+    plain.state = stats
+    averaged = hf.Model(net, seed=1, ema=0.99)
+    averaged.params = plain.params
+    averaged.state = stats
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    np.testing.assert_array_equal(averaged.predict(x), plain.predict(x))  # region auto: the shadow
+    np.testing.assert_array_equal(averaged.predict(x, region="live"), plain.predict(x))
+    # the shadow's own statistics, when given, are its own
+    shadow = {f"stat/E/{n.removeprefix('stat/')}": np.ones_like(w) for n, w in stats.items()}
+    averaged.state = {**stats, **shadow}
+    assert all(np.array_equal(averaged.state[n], w) for n, w in shadow.items())
+
+
+def test_init_from_a_pytorch_export_directory_says_what_it_holds(tmp_path) -> None:
+    # Before: "a directory holding neither checkpoint.safetensors (a run) nor weights.safetensors (an export)",
+    # of a directory `hloforge export --format torchvision` wrote, with no word of its model.safetensors.
+    import os
+
+    from hloforge.interop import export_run
+    from hloforge.train.trainer import TrainConfig, train
+
+    run = hf.Model("resnet18", classes=10, input=(3, 32, 32)).save(str(tmp_path / "run"))
+    exported = export_run(run, str(tmp_path / "pt"), "torchvision", log=lambda s: None)
+    with pytest.raises(DataError) as e:
+        train(TrainConfig(net="resnet18", classes=10, input=(3, 32, 32), data_options=("size=32", "channels=3"),
+                          epochs=1, init=exported, run_dir=str(tmp_path / "ft")), progress=False)
+    text = str(e.value)
+    assert len(text.splitlines()) == 1 and "its model.safetensors is a PyTorch state dict" in text
+    assert f"--init the run it was exported from, or map it with `hloforge import-weights SOURCE " \
+           f"{os.path.join(exported, 'model.safetensors')} --out FILE.safetensors`" in text

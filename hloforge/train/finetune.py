@@ -58,8 +58,12 @@ def _read(path: str, region: str) -> tuple[str, dict[str, np.ndarray], int | Non
         elif os.path.exists(os.path.join(path, EXPORT_WEIGHTS)):
             path = os.path.join(path, EXPORT_WEIGHTS)
         else:
+            torch_sd = os.path.join(path, "model.safetensors")  # `hloforge export --format torchvision|timm`'s
+            said = (f"; its model.safetensors is a PyTorch state dict (export --format torchvision|timm): --init the "
+                    f"run it was exported from, or map it with `hloforge import-weights SOURCE {torch_sd} --out "
+                    "FILE.safetensors`" if os.path.isfile(torch_sd) else "")
             raise DataError(f"--init {path}: a directory holding neither {CHECKPOINT} (a run) nor {EXPORT_WEIGHTS} "
-                            "(an export)")
+                            f"(an export); expected one of those, or a weights file{said}")
     if not os.path.isfile(path):
         raise DataError(f"--init {path} does not exist")
     from safetensors import SafetensorError, safe_open
