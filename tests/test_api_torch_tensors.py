@@ -30,3 +30,13 @@ def test_tensors_that_require_grad_or_are_bfloat16_are_read_as_their_values() ->
     assert scores == model.evaluate(x, y)
     history = model.fit(grad_x, torch.from_numpy(y), epochs=1, batch_size=4, verbose=False)
     assert len(history) == 1 and np.isfinite(history[0]["loss"])
+
+
+def test_batches_of_such_tensors_are_read_too() -> None:
+    # A DataLoader under autocast yields bfloat16 x; before, TypeError ("Got unsupported ScalarType BFloat16").
+    net = hf.NetSpec("tiny", (6,), [hf.layers.Dense(5, act="relu"), hf.layers.Dense(3)], 3)
+    rng = np.random.default_rng(0)
+    x, y = torch.from_numpy(rng.standard_normal((8, 6)).astype(np.float32)), torch.from_numpy(rng.integers(0, 3, 8))
+    batches = [(x[:4].to(torch.bfloat16), y[:4]), (x[4:].requires_grad_(), y[4:])]
+    history = hf.Model(net, seed=0).fit(batches, epochs=1, verbose=False)
+    assert len(history) == 1 and np.isfinite(history[0]["loss"])

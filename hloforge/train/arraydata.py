@@ -189,7 +189,7 @@ def read_batches(batches: Iterable[Any], max_bytes: int) -> tuple[np.ndarray, np
         for what, a in (("x", item[0]), ("y", item[1])):
             _refuse_sparse(a, f"fit batch {len(xs)}'s {what}")
             try:
-                got = np.asarray(a)
+                got = np.asarray(host_array(a))
             except ValueError:  # numpy's, on rows of different lengths
                 raise DataError(f"fit batch {len(xs)} has a ragged {what} (its rows differ in length); expected "
                                 "an array with one row per example") from None
