@@ -16,6 +16,11 @@ from hloforge.train.config import CHECKPOINT, CONFIG
 from hloforge.train.diffusion import is_time_conditioned
 from hloforge.train.rundir import checked_path
 
+# where a weights file goes instead of hf.load (docs/api.md, "Weights by name")
+_WEIGHTS_ELSEWHERE = ("a weights file's param/… and stat/… tensors are assigned to a Model's params and state by name "
+                      "instead, and a PyTorch state dict is mapped first with "
+                      "hloforge.interop.import_weights(SOURCE, FILE, 'w.safetensors')")
+
 
 def load(path: str, backend: str | None = None) -> Model:
     """A run directory written by `Model.save` or `hloforge train`, as a Model: θ, optimizer state,
@@ -26,9 +31,17 @@ def load(path: str, backend: str | None = None) -> Model:
 
     path = checked_path(path, "hf.load")
     if os.path.isfile(path):
-        raise DataError(f"hf.load reads a run directory; {path} is a file (pass {os.path.dirname(path) or '.'}, "
-                        "the directory holding it)")
+        if os.path.basename(path) == CHECKPOINT:  # a run's own checkpoint: its directory is the run
+            raise DataError(f"hf.load reads a run directory; {path} is a file (pass {os.path.dirname(path) or '.'}, "
+                            "the directory holding it)")
+        raise DataError(f"hf.load reads a run directory (Model.save, hloforge train or import-weights wrote it); "
+                        f"{path} is a file: {_WEIGHTS_ELSEWHERE}")
     file = os.path.join(path, CHECKPOINT)
+    if os.path.isdir(path) and not os.path.exists(file):
+        held = [f for f in ("weights.safetensors", "model.safetensors") if os.path.isfile(os.path.join(path, f))]
+        if held:  # an export's directory: hloforge's own (weights.safetensors) or PyTorch's (model.safetensors)
+            raise DataError(f"hf.load reads a run directory; {path} holds no {CHECKPOINT} but {held[0]}, an "
+                            f"export: {_WEIGHTS_ELSEWHERE}")
     tensors, meta = ckpt.load_checkpoint(file)
     if not os.path.exists(os.path.join(path, CONFIG)):
         raise DataError(f"{path} has no {CONFIG}; expected a run directory (Model.save or hloforge train)")

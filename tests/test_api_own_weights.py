@@ -101,3 +101,24 @@ def test_init_from_a_pytorch_export_directory_says_what_it_holds(tmp_path) -> No
     assert len(text.splitlines()) == 1 and "its model.safetensors is a PyTorch state dict" in text
     assert f"--init the run it was exported from, or map it with `hloforge import-weights SOURCE " \
            f"{os.path.join(exported, 'model.safetensors')} --out FILE.safetensors`" in text
+
+
+def test_load_of_a_weights_file_or_an_export_says_where_weights_go(tmp_path) -> None:
+    # Before: a weights file got "pass ., the directory holding it" (no run there), an export directory
+    # "checkpoint …/checkpoint.safetensors does not exist".
+    from safetensors.numpy import save_file
+
+    from hloforge.interop import export_run
+
+    run = hf.Model("mnist-linear").save(str(tmp_path / "run"))
+    exported = export_run(run, str(tmp_path / "exported"), log=lambda s: None)
+    save_file({f"param/{k}": v for k, v in hf.Model("mnist-linear").params.items()}, str(tmp_path / "w.safetensors"))
+    for given, said in ((tmp_path / "w.safetensors", "is a file: a weights file's param/… and stat/… tensors are "
+                                                     "assigned to a Model's params and state by name instead"),
+                        (exported, "holds no checkpoint.safetensors but weights.safetensors, an export: a weights "
+                                   "file's param/… and stat/… tensors")):
+        with pytest.raises(DataError) as e:
+            hf.load(given)
+        assert said in str(e.value) and "the directory holding it" not in str(e.value), str(e.value)
+    with pytest.raises(DataError, match=r"is a file \(pass .*run, the directory holding it\)"):
+        hf.load(tmp_path / "run" / "checkpoint.safetensors")
