@@ -417,7 +417,9 @@ class Model:
         """θ assigned by name; an EMA shadow restarts at it (with the live BN statistics), as a new model's
         starts at its initialisation: `evaluate` scores the shadow, which is of the weights before."""
         self._adopt_live()
-        self._params = ckpt.assigned(new, [(n, s.shape) for n, s in self._param_slots], "params", self._params)
+        last = self._param_slots[-1][0].split(".")[0] if self._param_slots else None  # the head's layer
+        head = [n for n, _ in self._param_slots if n.split(".")[0] == last]
+        self._params = ckpt.assigned(new, [(n, s.shape) for n, s in self._param_slots], "params", self._params, head)
         if self._opt_state is not None and self._state_layout.shadows:
             trained = [p for i, p in enumerate(self._params) if i not in self._frozen()]
             self._opt_state = self._state_layout.shadow_restarted(self._opt_state, trained)

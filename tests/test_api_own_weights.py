@@ -122,3 +122,22 @@ def test_load_of_a_weights_file_or_an_export_says_where_weights_go(tmp_path) -> 
         assert said in str(e.value) and "the directory holding it" not in str(e.value), str(e.value)
     with pytest.raises(DataError, match=r"is a file \(pass .*run, the directory holding it\)"):
         hf.load(tmp_path / "run" / "checkpoint.safetensors")
+
+
+def test_a_head_of_another_class_count_says_to_leave_it_out() -> None:
+    # ImageNet-style weights (here a net's at 7 classes) onto a model of 10: before, the line named the shape
+    # alone, with no word that the rest can be taken without the head, as --init takes them.
+    def net(classes: int) -> hf.NetSpec:
+        return hf.NetSpec("mlp", (784,), [hf.layers.Dense(512), hf.layers.Dense(512), hf.layers.Dense(classes)],
+                          classes)
+
+    theirs = hf.Model(net(7), seed=2).params
+    model = hf.Model(net(10), seed=0)
+    with pytest.raises(DataError) as e:
+        model.params = theirs
+    assert str(e.value).endswith("(the net's head, of another class count there: leave ['2.w', '2.b'] out to keep "
+                                 "this model's own, as --init re-initialises it)")
+    model.params = {n: w for n, w in theirs.items() if not n.startswith("2.")}
+    assert np.array_equal(model.params["1.w"], theirs["1.w"])
+    with pytest.raises(DataError, match=r"params\['0.w'\] has shape \[10, 64\], expected \[784, 512\]$"):
+        model.params = {"0.w": np.zeros((10, 64), np.float32)}  # not the head: no such advice

@@ -297,9 +297,9 @@ def _named_by_pytorch(name: str, names: list[str]) -> str:
 
 
 def assigned(new: Mapping[str, Any], want: list[tuple[str, tuple[int, ...]]], what: str,
-              current: list[np.ndarray]) -> list[np.ndarray]:
+              current: list[np.ndarray], head: Sequence[str] = ()) -> list[np.ndarray]:
     """`current` with the tensors `new` names replaced (`Model.params = …`, `Model.state = …`: `what`), each
-    checked for name, shape and dtype (a float one read as float32)."""
+    checked for name, shape and dtype (a float one read as float32); `head`: the names of the net's head."""
     if not isinstance(new, Mapping):
         raise DataError(f"{what} must be a mapping of name → array, got {type(new).__name__}")
     index = {n: i for i, (n, _) in enumerate(want)}
@@ -313,7 +313,10 @@ def assigned(new: Mapping[str, Any], want: list[tuple[str, tuple[int, ...]]], wh
         a = np.asarray(host_array(a))
         shape = want[index[name]][1]
         if tuple(a.shape) != tuple(shape):
-            raise DataError(f"{what}[{name!r}] has shape {list(a.shape)}, expected {list(shape)}")
+            # the head of another class count (ImageNet's 1000 onto 10): what `--init` re-initialises
+            said = (f" (the net's head, of another class count there: leave {list(head)} out to keep this model's "
+                    "own, as --init re-initialises it)" if name in head else "")
+            raise DataError(f"{what}[{name!r}] has shape {list(a.shape)}, expected {list(shape)}{said}")
         if a.dtype.name not in FLOAT_WEIGHTS:  # half, bfloat16 and double are read as float32, as --init does
             raise DataError(f"{what}[{name!r}] has dtype {a.dtype}, expected a float one "
                             f"({', '.join(FLOAT_WEIGHTS)}; read as float32)")
