@@ -87,3 +87,26 @@ def test_an_input_that_is_no_shape_is_one_line(tmp_path, given) -> None:
     with pytest.raises(UnsupportedSpec, match=r"import_weights input is .*; expected the net's input shape without "
                                               r"the batch, a sequence of positive integers such as \(3, 64, 64\)$"):
         import_weights("torchvision:resnet18", _weights_file(tmp_path), str(tmp_path / "w.safetensors"), input=given)
+
+
+@pytest.mark.parametrize("name,wrap", [("model_best.pth.tar", lambda sd: {"epoch": 3, "state_dict": sd}),
+                                       ("last.ckpt", lambda sd: {"state_dict": {f"model.{k}": v for k, v in
+                                                                                sd.items()}})])
+def test_a_training_scripts_checkpoint_file_name_is_read(tmp_path, name, wrap) -> None:
+    # timm's train.py writes model_best.pth.tar, Lightning last.ckpt: both torch.save files, refused before by
+    # their suffix ("expected a .safetensors file, or .pth/.pt/.bin").
+    torch = pytest.importorskip("torch", reason="reading a torch.save file needs torch")
+    from safetensors.numpy import load_file
+
+    from hloforge.interop import read_state_dict
+
+    file = _weights_file(tmp_path)
+    sd = {k: torch.from_numpy(v) for k, v in read_state_dict(file).items()}
+    path = str(tmp_path / name)
+    torch.save(wrap(sd), path)
+    out = str(tmp_path / f"{name}.safetensors")
+    import_weights("torchvision:resnet18", path, out, input=INPUT, log=lambda s: None)
+    want = str(tmp_path / "want.safetensors")
+    import_weights("torchvision:resnet18", file, want, input=INPUT, log=lambda s: None)
+    got, ref = load_file(out), load_file(want)
+    assert got.keys() == ref.keys() and all(np.array_equal(got[k], ref[k]) for k in ref)

@@ -271,7 +271,7 @@ def parser() -> argparse.ArgumentParser:
     sp = _command(sub, "import-weights", help="a torchvision or timm state dict as a run directory, mapped onto its "
                                               "zoo net by tensor name")
     sp.add_argument("source", metavar="SOURCE", help="torchvision:NAME or timm:NAME, e.g. torchvision:resnet18")
-    sp.add_argument("file", help="the state dict: .safetensors, or .pth/.pt/.bin (read with torch, "
+    sp.add_argument("file", help="the state dict: .safetensors, or .pth/.pt/.bin/.pth.tar/.ckpt (read with torch, "
                                  "weights_only=True)")
     sp.add_argument("--out", required=True, help="the run directory written (refused if it holds a checkpoint); "
                                                  "a FILE.safetensors: the bare weights, for `train --init`")

@@ -184,7 +184,7 @@ def read_weights_file(path: str, what: str) -> dict[str, np.ndarray]:
 
 
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # what nn.DataParallel / DistributedDataParallel and torch.compile add
-PICKLED = (".pth", ".pt", ".bin")  # PyTorch's pickles: `import-weights` reads them (through torch)
+PICKLED = (".pth", ".pt", ".bin", ".pth.tar", ".ckpt")  # torch.save files (timm train.py: .pth.tar, Lightning: .ckpt)
 
 
 def unwrapped(sd: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
