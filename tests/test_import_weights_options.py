@@ -110,3 +110,35 @@ def test_a_training_scripts_checkpoint_file_name_is_read(tmp_path, name, wrap) -
     import_weights("torchvision:resnet18", file, want, input=INPUT, log=lambda s: None)
     got, ref = load_file(out), load_file(want)
     assert got.keys() == ref.keys() and all(np.array_equal(got[k], ref[k]) for k in ref)
+
+
+class _RunsCode:
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))  # unpickling would create the marker file
+
+
+def test_a_checkpoint_with_its_scripts_args_and_numpy_scalars_is_read_and_code_still_refused(tmp_path) -> None:
+    # timm's train.py saves `args` (an argparse.Namespace), many scripts a best accuracy as np.float64: before,
+    # such a file was refused whole ("it builds a argparse.Namespace: a whole model saved with torch.save(model)?").
+    import argparse
+
+    torch = pytest.importorskip("torch", reason="reading a torch.save file needs torch")
+    from hloforge.core.errors import DataError
+    from hloforge.interop import read_state_dict
+
+    file = _weights_file(tmp_path)
+    sd = {k: torch.from_numpy(v) for k, v in read_state_dict(file).items()}
+    path = str(tmp_path / "model_best.pth.tar")
+    torch.save({"epoch": 3, "state_dict": sd, "args": argparse.Namespace(model="resnet18", lr=0.1),
+                "best_acc": np.float64(0.9), "seen": np.int64(5)}, path)
+    got = read_state_dict(path)
+    assert got.keys() == sd.keys() and all(np.array_equal(got[k], sd[k].numpy()) for k in sd)
+    marker = tmp_path / "ran"
+    evil = str(tmp_path / "evil.pth")
+    torch.save({"state_dict": sd, "args": argparse.Namespace(hook=_RunsCode(str(marker)))}, evil)
+    with pytest.raises(DataError, match="refused, its pickle would run code"):
+        read_state_dict(evil)
+    assert not marker.exists()

@@ -55,7 +55,7 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
 
     kind = _container(path)
     try:
-        with warnings.catch_warnings():  # torch's warnings (a protocol-4 pickle's) are no line of ours
+        with warnings.catch_warnings(), _checkpoint_globals(torch):  # torch's warnings are no line of ours
             warnings.simplefilter("ignore")
             obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
@@ -81,6 +81,22 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
         v = v.detach().cpu()
         out[str(k)] = (v.float() if v.dtype == torch.bfloat16 else v).numpy()  # numpy has no bfloat16 of torch's
     return out
+
+
+def _checkpoint_globals(torch: Any) -> Any:
+    """torch's safe loader, also taking what training scripts save beside the weights and builds nothing else:
+    timm train.py's `args` (an argparse.Namespace, whose values are still checked) and numpy scalars (a best
+    accuracy as np.float64). Each is data; a pickle that would run code is refused as before."""
+    import argparse
+    import contextlib
+
+    allow = getattr(torch.serialization, "safe_globals", None)
+    if allow is None:  # a torch before 2.5: its own allowlist alone
+        return contextlib.nullcontext()
+    scalar = np._core.multiarray.scalar if hasattr(np, "_core") else np.core.multiarray.scalar
+    dtypes = [type(np.dtype(t)) for t in ("f8", "f4", "f2", "i8", "i4", "i2", "i1", "u8", "u4", "u2", "u1", "?")]
+    # numpy 1's pickles name the scalar numpy.core.multiarray.scalar, numpy 2's numpy._core.multiarray.scalar
+    return allow([argparse.Namespace, scalar, (scalar, "numpy.core.multiarray.scalar"), np.dtype, *dtypes])
 
 
 # where training scripts put the model's state dict in a checkpoint dict (Lightning and timm's train.py:
