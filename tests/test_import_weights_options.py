@@ -142,3 +142,24 @@ def test_a_checkpoint_with_its_scripts_args_and_numpy_scalars_is_read_and_code_s
     with pytest.raises(DataError, match="refused, its pickle would run code"):
         read_state_dict(evil)
     assert not marker.exists()
+
+
+class HyperParameters(dict):
+    """A training framework's config object, as Lightning's hyper_parameters (an AttributeDict) is."""
+
+
+def test_an_object_beside_the_weights_is_not_called_a_whole_model(tmp_path) -> None:
+    # Before: "it builds a …HyperParameters: a whole model saved with torch.save(model)? save its state_dict()
+    # instead", of a checkpoint that holds the state dict, beside its script's config object.
+    torch = pytest.importorskip("torch", reason="reading a torch.save file needs torch")
+    from hloforge.core.errors import DataError
+    from hloforge.interop import read_state_dict
+
+    sd = {k: torch.from_numpy(v) for k, v in read_state_dict(_weights_file(tmp_path)).items()}
+    path = str(tmp_path / "last.ckpt")
+    torch.save({"state_dict": sd, "hyper_parameters": HyperParameters(lr=0.1)}, path)
+    with pytest.raises(DataError) as e:
+        read_state_dict(path)
+    text = str(e.value)
+    assert "HyperParameters: a whole model saved with torch.save(model), or an object a training script saved " \
+           "beside the weights (its config)? save the state dict alone" in text and len(text.splitlines()) == 1

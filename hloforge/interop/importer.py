@@ -131,15 +131,22 @@ def _container(path: str) -> str | None:
     return None
 
 
+MODEL_MODULES = ("torch.nn.", "torchvision.models.", "timm.models.")  # where a pickled model's classes live
+
+
 def _unpickling_refusal(text: str) -> str:
     """What torch.load(weights_only=True) refused, in a clause: the class the pickle builds (a whole model
     saved with torch.save(model) builds its nn.Module), else its own reason; never its advice to load with
     weights_only=False, which would run the file's code."""
     text = re.sub(r"\x1b\[[0-9;]*m", "", text)
     built = re.search(r"GLOBAL ([\w.]+)", text)
-    if built and built.group(1).rpartition(".")[2][:1].isupper():  # a class, by Python's naming
+    if built and built.group(1).startswith(MODEL_MODULES):  # a module of torch's or a zoo's: the model itself
         return (f"it builds a {built.group(1)}: a whole model saved with torch.save(model)? save its "
                 "state_dict() instead")
+    if built and built.group(1).rpartition(".")[2][:1].isupper():  # a class, by Python's naming
+        return (f"it builds a {built.group(1)}: a whole model saved with torch.save(model), or an object a training "
+                "script saved beside the weights (its config)? save the state dict alone (model.state_dict(), or "
+                "the checkpoint's own: torch.save(ckpt['state_dict'], FILE))")
     if built:
         return f"it calls {built.group(1)}"
     reason = re.search(r"WeightsUnpickler error:\s*(.+)", text)
