@@ -27,7 +27,7 @@ from hloforge.core.regions import DEFAULT_REGION
 from hloforge.core.registry import default_registry
 from hloforge.core.slots import check_stats
 from hloforge.core.spec import NetSpec, summary_table
-from hloforge.core.variant import Variant, VariantFields
+from hloforge.core.variant import SHADOW, Variant, VariantFields
 from hloforge.train import arraydata
 from hloforge.train import checkpoint as ckpt
 from hloforge.train.arraydata import ARRAYS, ArrayData, InputKind, checked_batch_size, label_kind, plain, row_count
@@ -442,7 +442,8 @@ class Model:
         check_stats(self.spec.stats() * (1 + int(self._state_layout.shadows)), got[k:], "state")  # the shadow's too
         self._opt_state, self._running = got[:k], got[k:k + m]
         if self._state_layout.shadows:
-            own = any(str(n).startswith(("E/", "stat/E/")) for n in new)  # the shadow's own tensors, set by hand
+            # the shadow's own tensors (E/…, stat/E/…), set by hand
+            own = any(str(n).startswith((f"{SHADOW}/", f"{ckpt.SHADOW_STATS}/")) for n in new)
             self._shadow_at_live = self._shadow_at_live and not own
             # else a shadow restarted at θ kept the statistics before: `evaluate` scored it with stale ones
             self._shadow_running = [r.copy() for r in self._running] if self._shadow_at_live else got[k + m:]
