@@ -252,7 +252,7 @@ def test_three_misleading_lines_say_what_is_wrong(tmp_path, capsys, monkeypatch)
     capsys.readouterr()
     assert main(["eval", run, "--data-dir", str(tmp_path / "nope")]) == 3
     err = capsys.readouterr().err.strip()
-    assert "dataset 'digits' does not take option(s) ['data_dir']" in err and "give where it is now" not in err, err
+    assert "dataset 'digits' reads no data dir" in err and "give where it is now" not in err, err
     monkeypatch.setenv("HLOFORGE_STRATEGY", "layout=nchw,layout=nhwc")
     assert main(["render", "mnist-mlp", "--out", str(tmp_path / "r")]) == 3
     assert "strategy layout given twice (nchw, nhwc); expected it once" in capsys.readouterr().err
@@ -277,3 +277,24 @@ def test_train_flags_that_would_do_nothing_are_refused(tmp_path, capsys) -> None
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and said in err, err
     assert not os.path.exists(run)
+
+
+def test_a_data_path_flag_the_dataset_reads_none_of_is_named_as_the_flag(tmp_path, capsys, mlp_run) -> None:
+    """Before: `train --data-dir` on the digits said the dataset takes no option 'data_dir' (a name the user never
+    wrote), and `eval RUN --data-dir` blamed the run's checkpoint for it."""
+    from hloforge.cli import main
+
+    run = str(tmp_path / "run")
+    assert main(["train", "mnist-mlp", "--epochs", "1", "--data-dir", str(tmp_path), "--run-dir", run,
+                 "--no-progress"]) == 3
+    err = capsys.readouterr().err.strip()
+    assert err == (f"hloforge: error: --data-dir {tmp_path}: dataset 'digits' reads no data dir (its options are "
+                   "['size', 'channels']); expected no --data-dir for it"), err
+    assert not os.path.exists(run)
+    assert main(["eval", mlp_run, "--data-file", str(tmp_path / "x.txt")]) == 3
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"hloforge: error: --data-file {tmp_path / 'x.txt'}: dataset 'digits' reads no data "
+                          "file"), err
+    assert main(["train", "tinygpt-nano", "--data", "text", "--data-dir", str(tmp_path), "--run-dir", run,
+                 "--no-progress"]) == 3
+    assert capsys.readouterr().err.strip().endswith("; expected --data-file for it")

@@ -14,10 +14,11 @@ import numpy as np
 from hloforge.commands.resolution import check_size_crop, scoring_size
 from hloforge.core.errors import DataError, HloforgeError, SettingError, UnsupportedSpec
 from hloforge.core.regions import DEFAULT_REGION, check_region
+from hloforge.core.registry import default_registry
 from hloforge.core.spec import NetSpec
 from hloforge.train import checkpoint as ckpt
 from hloforge.train.arraydata import ARRAYS, check_dataset_kind, check_input_kind, no_rows, saved_inputs
-from hloforge.train.config import CHECKPOINT, CONFIG, TrainConfig, load_config
+from hloforge.train.config import CHECKPOINT, CONFIG, TrainConfig, data_path_options, load_config
 from hloforge.train.evaluation import EvalResult, evaluate, evaluate_lm, evaluate_stream
 from hloforge.train.metrics import describe_eval_set, same_eval_set
 from hloforge.train.parallel import make_forward_session
@@ -102,6 +103,8 @@ def open_checkpoint(path: str, backend: str | None = None, log: Callable[[str], 
     moved = {k: v for k, v in (("data_dir", data_dir), ("data_file", data_file)) if v}
     if moved:
         cfg = attrs.evolve(cfg, **moved)
+        if cfg.data != ARRAYS and cfg.data in default_registry().names("dataset"):  # this command's flag, in its words
+            data_path_options(cfg, default_registry().get("dataset", cfg.data))
     spec = NetSpec.from_dict(meta["spec"], source=file)
     arrays, where = None, path if os.path.isdir(path) else os.path.dirname(file) or "."
     if cfg.data == ARRAYS:

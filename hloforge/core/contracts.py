@@ -35,19 +35,22 @@ __all__ = ["Backend", "BackendExtras", "BoxSource", "Dataset", "Executable", "La
            "RecordSource", "TextSource", "layer_fields"]
 
 
+def constructor_options(cls: Any) -> tuple[list[str], list[str]]:
+    """The options a component's class `cls` takes, and those of them it requires."""
+    if attrs.has(cls):
+        fields = attrs.fields(cls)
+        return [f.name for f in fields], [f.name for f in fields if f.init and f.default is attrs.NOTHING]
+    params = inspect.signature(cls).parameters.values()
+    known = [p.name for p in params if p.name not in ("self", "args", "kwargs")]
+    return known, [p.name for p in params if p.default is p.empty and p.name in known
+                   and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
 def check_constructor_options(kind: str, name: str, cls: Any, options: Collection[str]) -> None:
     """A component's options given to its class `cls`: one it does not take, or a required one left out,
     is one UnsupportedSpec naming the component and the options it takes, not Python's TypeError.
     Read by `Registry.make` (a spec file's layer, a config's callback) and a layer class's call."""
-    if attrs.has(cls):
-        fields = attrs.fields(cls)
-        known = [f.name for f in fields]
-        required = [f.name for f in fields if f.init and f.default is attrs.NOTHING]
-    else:
-        params = inspect.signature(cls).parameters.values()
-        known = [p.name for p in params if p.name not in ("self", "args", "kwargs")]
-        required = [p.name for p in params if p.default is p.empty and p.name in known
-                    and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    known, required = constructor_options(cls)
     unknown = sorted(set(options) - set(known))
     if unknown:
         raise UnsupportedSpec(f"{kind} {name!r} does not take option(s) {unknown}; its options are {known}")

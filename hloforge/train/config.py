@@ -17,6 +17,7 @@ from typing import Any
 
 import attrs
 
+from hloforge.core.contracts import constructor_options
 from hloforge.core.errors import DataError, UnsupportedSpec
 from hloforge.core.regions import DEFAULT_REGION, check_region
 from hloforge.core.spec import NetSpec
@@ -316,3 +317,20 @@ def shown(v: Any) -> str:
     if isinstance(v, tuple):
         return " ".join(v) or "none"
     return repr(v) if isinstance(v, str) and not os.path.isabs(v) else str(v)
+
+
+DATA_PATH_FLAGS = {"data_dir": "--data-dir", "data_file": "--data-file"}
+
+
+def data_path_options(cfg: TrainConfig, dataset: type | None) -> dict[str, str]:
+    """The dataset options --data-dir and --data-file give. One the dataset (its class, when known) does not
+    take is refused naming the flag: the dataset's own refusal names an option the user never wrote."""
+    opts = {k: getattr(cfg, k) for k in DATA_PATH_FLAGS if getattr(cfg, k)}
+    takes = constructor_options(dataset)[0] if dataset is not None else list(opts)
+    for k, v in opts.items():
+        if k not in takes:
+            other = [f for o, f in DATA_PATH_FLAGS.items() if o != k and o in takes]
+            raise DataError(f"{DATA_PATH_FLAGS[k]} {v}: dataset {cfg.data!r} reads no {k.replace('_', ' ')} "
+                            f"(its options are {takes}); expected " + (f"{other[0]} for it" if other else
+                                                                       f"no {DATA_PATH_FLAGS[k]} for it"))
+    return opts

@@ -42,6 +42,7 @@ from hloforge.train.config import (  # noqa: F401
     CHECKPOINT,
     CONFIG,
     TrainConfig,
+    data_path_options,
     lm_seq_len,
     load_config,
     option_items,
@@ -121,9 +122,8 @@ class Run:
                     raise UnsupportedSpec("precision fp8 runs on one replica (its master weights live on the host)")
         except UnsupportedSpec as e:
             raise mpi.shared(e, self.world) from None
-        opts: dict[str, Any] = {"data_dir": cfg.data_dir} if cfg.data_dir else {}
-        if cfg.data_file:
-            opts["data_file"] = cfg.data_file
+        opts: dict[str, Any] = data_path_options(cfg, None if data is not None or cfg.data == ARRAYS
+                                                 else reg.get("dataset", cfg.data))
         opts.update(parse_data_options(cfg.data_options))
         if self.lm:
             opts["seq_len"] = lm_seq_len(opts, self.spec, data if data is not None else reg.get("dataset", cfg.data),
