@@ -298,3 +298,20 @@ def test_a_data_path_flag_the_dataset_reads_none_of_is_named_as_the_flag(tmp_pat
     assert main(["train", "tinygpt-nano", "--data", "text", "--data-dir", str(tmp_path), "--run-dir", run,
                  "--no-progress"]) == 3
     assert capsys.readouterr().err.strip().endswith("; expected --data-file for it")
+
+
+def test_hloforge_backend_naming_no_backend_is_named_as_the_variable(tmp_path, capsys, monkeypatch) -> None:
+    """Before: HLOFORGE_BACKEND=xl said "unknown backend 'xl'", as if --backend had been given."""
+    from hloforge.cli import main
+    from hloforge.core.errors import SettingError
+    from hloforge.train.session import make_backend
+
+    monkeypatch.setenv("HLOFORGE_BACKEND", "xl")
+    run = str(tmp_path / "run")
+    assert main(["train", "mnist-linear", "--epochs", "1", "--run-dir", run, "--no-progress"]) == 3
+    said = ("HLOFORGE_BACKEND='xl': no backend of that name is registered; expected one of ['iree', 'xla'], or the "
+            "variable unset (xla)")
+    assert capsys.readouterr().err.strip() == f"hloforge: error: {said}"
+    with pytest.raises(SettingError, match="HLOFORGE_BACKEND='xl'"):
+        make_backend()
+    assert main(["train", "mnist-linear", "--epochs", "1", "--run-dir", run, "--no-progress", "--backend", "xla"]) == 0

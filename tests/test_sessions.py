@@ -216,7 +216,8 @@ def test_make_backend_selection(monkeypatch):
     monkeypatch.delenv("HLOFORGE_BACKEND", raising=False)
     assert make_backend().name == "xla"
     monkeypatch.setenv("HLOFORGE_BACKEND", "nope")
-    with pytest.raises(PluginError, match="unknown backend 'nope'; registered: .*xla"):
+    with pytest.raises(PluginError, match="HLOFORGE_BACKEND='nope': no backend of that name is registered; "
+                                          "expected one of .*xla"):
         make_backend()
     assert make_backend("xla").name == "xla"  # an explicit name wins over the environment
 

@@ -17,6 +17,7 @@ the same, so a driver that reuses a donated input fails on either.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,11 +27,13 @@ import numpy as np
 
 from hloforge.backends.signature import ArgSpec, parse_main_signature  # one definition, shared
 from hloforge.core.contracts import Backend  # the protocol lives with the other contracts; re-exported here
-from hloforge.core.errors import BackendError
+from hloforge.core.errors import BackendError, PluginError, setting_error
+from hloforge.core.registry import default_registry
 from hloforge.core.switches import env_path
 
 __all__ = ["ArgSpec", "Backend", "BACKEND_ENV_VAR", "CACHE_ENV_VAR", "CROSS_REPLICA_OPS", "DEFAULT_BACKEND",
-           "InputSlot", "backend_fingerprint", "cache_root", "check_args", "cross_replica_op", "parse_main_signature"]
+           "InputSlot", "backend_fingerprint", "backend_name", "cache_root",
+           "check_args", "cross_replica_op", "parse_main_signature"]
 
 #: StableHLO ops whose result depends on the other replicas, or on which replica runs them
 CROSS_REPLICA_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute",
@@ -47,6 +50,21 @@ def cross_replica_op(mlir_text: str) -> str | None:
 #: environment variable naming the backend when none is given (`--backend` wins over it)
 BACKEND_ENV_VAR = "HLOFORGE_BACKEND"
 DEFAULT_BACKEND = "xla"
+
+
+def backend_name(name: str | None) -> str:
+    """`name` where given, else $HLOFORGE_BACKEND, else xla. A variable naming no registered backend is refused
+    naming the variable: the user gave no --backend for the registry's own refusal to be read as."""
+    env = os.environ.get(BACKEND_ENV_VAR)
+    if name or not env:
+        return name or DEFAULT_BACKEND
+    known = default_registry().names("backend")
+    if env not in known:
+        raise setting_error(PluginError, f"{BACKEND_ENV_VAR}={env!r}: no backend of that name is registered; "
+                                         f"expected one of {known}, or the variable unset (xla)")
+    return env
+
+
 #: environment variable naming the root of hloforge's on-disk caches (executables, autotune decisions)
 CACHE_ENV_VAR = "HLOFORGE_CACHE_DIR"
 

@@ -269,11 +269,11 @@ def resumed_config(cfg: TrainConfig, given: Collection[str]) -> TrainConfig:
     there, `cfg` (the trainer then says what there is to resume, not this check of a run that has nothing
     to resume); a checkpoint without its config.toml is refused: the defaults would stand in for the run's
     own settings, a plausible and wrong resume."""
-    from hloforge.backends.base import BACKEND_ENV_VAR, DEFAULT_BACKEND
+    from hloforge.backends.base import backend_name
     from hloforge.zoo import get_net
 
     spec = get_net(cfg.net, cfg.classes, cfg.input)
-    named = attrs.evolve(cfg, backend=cfg.backend or os.environ.get(BACKEND_ENV_VAR) or DEFAULT_BACKEND)
+    named = attrs.evolve(cfg, backend=backend_name(cfg.backend))
     run_dir = named.resolved_run_dir(named.variant(spec).apply_to(spec), resume=True)
     path = os.path.join(run_dir, CONFIG)
     if not os.path.exists(os.path.join(run_dir, CHECKPOINT)):

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextvars
 import inspect
 import math
-import os
 import threading
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from hloforge.backends.base import BACKEND_ENV_VAR, DEFAULT_BACKEND
+from hloforge.backends.base import backend_name
 from hloforge.core.contracts import Backend
 from hloforge.core.errors import BackendError, DataError, PluginError, UnsupportedSpec
 from hloforge.core.modules import (
@@ -92,7 +91,7 @@ def make_backend(name: str | None = None, registry: Registry | None = None, **op
     An unknown name is a PluginError listing the registered ones; a registered backend
     whose packages are missing raises BackendError naming what to pip install; one that lacks a
     method of the Backend protocol is a PluginError naming them, before anything is compiled."""
-    name = name or os.environ.get(BACKEND_ENV_VAR) or DEFAULT_BACKEND
+    name = backend_name(name)
     entry = (registry or default_registry()).entry("backend", name)
     cls = entry.obj
     accepted = inspect.signature(cls).parameters
@@ -117,7 +116,7 @@ def replica_devices(name: str | None, replicas: int, devices: int | None) -> int
     the backend takes a count (the XLA CPU client has one device unless asked), else its own."""
     if devices or replicas <= 1:
         return devices
-    cls = default_registry().get("backend", name or os.environ.get(BACKEND_ENV_VAR) or DEFAULT_BACKEND)
+    cls = default_registry().get("backend", backend_name(name))
     return replicas if "devices" in inspect.signature(cls).parameters else None
 
 
