@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+
 from hloforge.cli import main
 from hloforge.datasets.text import default_corpus
 
@@ -83,3 +85,27 @@ def test_eval_set_ids_name_labels_and_inputs():
     assert not same_eval_set(labels_only, eval_set_id("d", "test", y[::-1], x))
     assert describe_eval_set(full).startswith("12 examples, labels hash ")
     assert describe_eval_set(labels_only).startswith("12 labels, hash ")
+
+
+def test_an_eval_set_is_one_set_to_nets_of_flat_rows_and_of_images(tmp_path, capsys):
+    """Before: the id hashed the inputs' whole shape, so `compare` refused an mnist-mlp and an mnist-cnn run on
+    the digits ("different eval sets"), and the ids a checkpoint of then holds must still match."""
+    import hashlib
+
+    from hloforge.cli import main
+    from hloforge.train.metrics import eval_set_id, same_eval_set
+
+    rng = np.random.default_rng(0)
+    x, y = rng.random((6, 1, 4, 4), np.float32), rng.integers(0, 3, 6)
+    images, rows = eval_set_id("d", "test", y, x), eval_set_id("d", "test", y, x.reshape(6, 16))
+    assert images == rows and same_eval_set(images, rows)
+    h = hashlib.sha256(np.ascontiguousarray(y, np.int64).tobytes()).hexdigest()[:16]
+    for shape in ((6, 1, 4, 4), (6, 16)):  # the id as written before, for either net
+        old = f"d:test:6:{h}:" + hashlib.sha256(repr(shape).encode() + x.reshape(-1).tobytes()).hexdigest()[:16]
+        assert same_eval_set(old, eval_set_id("d", "test", y, x.reshape(shape)))
+    assert not same_eval_set(images, eval_set_id("d", "test", y, x[:, :, :2]))  # other values per example
+    for net in ("mnist-linear", "mnist-cnn"):
+        assert main(["train", net, "--epochs", "1", "--run-dir", str(tmp_path / net), "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(tmp_path / "mnist-linear"), str(tmp_path / "mnist-cnn")]) == 0
+    assert "McNemar exact p =" in capsys.readouterr().out

@@ -88,25 +88,48 @@ def binom_half_cdf(k: int, n: int) -> float:
 INPUT_SAMPLES = 1 << 20
 
 
+class EvalSetId(str):
+    """An eval set's id; `legacy`: the id as it was written before the inputs' layout was left out of it (their
+    whole shape hashed, so an MLP's flat rows and a CNN's images of one split were two sets), still the same set
+    to a checkpoint or bitmap of then."""
+
+    legacy: str = ""
+
+
 def eval_set_id(dataset: str, split: str, labels: np.ndarray, inputs: np.ndarray | None) -> str:
     """Names an eval set (DATASET:SPLIT:N:LABELS-HASH:INPUTS-HASH), so that a run is never scored, resumed or
-    compared on another: its labels, and up to INPUT_SAMPLES of its input values, as float32. `inputs` None
+    compared on another: its labels, and up to INPUT_SAMPLES of its input values, as float32, with the count
+    of values per example (not their layout: nets of flat rows and of images score one set). `inputs` None
     (a run that streams its eval never holds them): DATASET:SPLIT:N:LABELS-HASH, which matches any id of
     those labels (same_eval_set)."""
     h = hashlib.sha256(np.ascontiguousarray(labels, np.int64).tobytes()).hexdigest()[:16]
     if inputs is None:
         return f"{dataset}:{split}:{len(labels)}:{h}"
     flat = np.asarray(inputs).reshape(-1)
-    sample = np.ascontiguousarray(flat[::max(1, flat.size // INPUT_SAMPLES)][:INPUT_SAMPLES], np.float32)
-    seen = hashlib.sha256(repr(np.shape(inputs)).encode() + sample.tobytes()).hexdigest()[:16]
-    return f"{dataset}:{split}:{len(labels)}:{h}:{seen}"
+    sample = np.ascontiguousarray(flat[::max(1, flat.size // INPUT_SAMPLES)][:INPUT_SAMPLES], np.float32).tobytes()
+    shape = np.shape(inputs)
+    rows = (shape[0], math.prod(shape[1:])) if shape else shape
+
+    def named(s: tuple[int, ...]) -> str:
+        return f"{dataset}:{split}:{len(labels)}:{h}:{hashlib.sha256(repr(s).encode() + sample).hexdigest()[:16]}"
+
+    out = EvalSetId(named(rows))
+    out.legacy = named(shape)
+    return out
 
 
 def same_eval_set(a: str, b: str) -> bool:
     """Whether two eval set ids name one set. An id without its inputs' hash (written before they were hashed,
-    or by a run that streams its eval) names every set of those labels, so it matches on them."""
-    return a == b or any(new.startswith(old + ":") and new.count(":") == old.count(":") + 1
-                         for old, new in ((a, b), (b, a)))
+    or by a run that streams its eval) names every set of those labels, so it matches on them. An EvalSetId
+    also matches by its legacy form."""
+    return any(x == y or any(new.startswith(old + ":") and new.count(":") == old.count(":") + 1
+                             for old, new in ((x, y), (y, x)))
+               for x in _forms(a) for y in _forms(b))
+
+
+def _forms(set_id: str) -> list[str]:
+    legacy = getattr(set_id, "legacy", "")
+    return [str(set_id), legacy] if legacy else [str(set_id)]
 
 
 def describe_eval_set(set_id: str) -> str:
