@@ -319,3 +319,21 @@ def test_a_checkpoint_of_a_net_with_nested_tuples_matches_its_own_net():
     check_matches("ckpt", meta, variant.apply_to(spec), variant, "xla")
     with pytest.raises(DataError, match="is of net 'fpn-mini', not 'fpn-mini-2'"):
         check_matches("ckpt", meta, attrs.evolve(spec, name="fpn-mini-2"), variant, "xla")
+
+
+def test_a_dataset_of_another_input_shape_says_the_flag_for_a_zoo_net(tmp_path, capsys):
+    """Before: a zoo net on images of another size was told the two shapes only, while a class count's refusal
+    names --classes."""
+    data = tmp_path / "c10"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    for name, n in [*((f"data_batch_{i}.bin", 8) for i in range(1, 6)), ("test_batch.bin", 8)]:
+        rec = rng.integers(0, 256, (n, 3073), dtype=np.uint8)
+        rec[:, 0] %= 10
+        rec.tofile(data / name)
+    argv = ["--data", "cifar10", "--data-dir", str(data), "--epochs", "1", "--batch", "8", "--no-progress"]
+    assert main(["train", "resnet-mini", *argv, "--run-dir", str(tmp_path / "a")]) == 3
+    assert one_line_error(capsys).endswith("but net 'resnet-mini' expects [1, 28, 28]; pass --input 3,32,32 to "
+                                           "give the net that input")
+    assert main(["train", "mnist-cnn", *argv, "--run-dir", str(tmp_path / "b")]) == 3  # defined at one size only
+    assert one_line_error(capsys).endswith("but net 'mnist-cnn' expects [1, 28, 28]")

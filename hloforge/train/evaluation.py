@@ -16,14 +16,19 @@ from hloforge.train.metrics import check_finite, check_ids, label_rank, wilson
 from hloforge.train.session import ForwardSession
 
 
-def fit_input(x: np.ndarray, spec: NetSpec, data_name: str) -> np.ndarray:
-    """Reshape dataset rows to the net's input shape when only the layout differs (28×28 → 784)."""
+def fit_input(x: np.ndarray, spec: NetSpec, data_name: str, net: str = "") -> np.ndarray:
+    """Reshape dataset rows to the net's input shape when only the layout differs (28×28 → 784). `net`: the
+    name the config gives the net, for the flag that reshapes a zoo net's input, as a class count's refusal says."""
     if tuple(x.shape[1:]) == spec.input_shape:
         return x
     if math.prod(x.shape[1:]) == math.prod(spec.input_shape):
         return x.reshape(len(x), *spec.input_shape)
+    from hloforge.zoo import takes_classes  # a zoo net not fixed at one size takes --input as it takes --classes
+
+    given = ",".join(map(str, x.shape[1:]))
     raise DataError(f"dataset {data_name!r} gives inputs of shape {list(x.shape[1:])}, but net {spec.name!r} "
-                    f"expects {list(spec.input_shape)}")
+                    f"expects {list(spec.input_shape)}" + (f"; pass --input {given} to give the net that input"
+                                                           if takes_classes(net) else ""))
 
 
 @attrs.frozen

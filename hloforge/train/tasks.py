@@ -107,7 +107,7 @@ class Task:
     def fit_input(self, x: np.ndarray) -> np.ndarray:
         from hloforge.train.evaluation import fit_input
 
-        return fit_input(x, self.run.spec, self.run.cfg.data)
+        return fit_input(x, self.run.spec, self.run.cfg.data, self.run.cfg.net)
 
     def train_batch(self, x: np.ndarray, y: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:
         """The train step's (x, labels) from the feed's batch, at 1-based step `step`."""

@@ -176,7 +176,7 @@ class Run:
         self.shadow_running = [r.copy() for r in self.running] if self.state_layout.shadows else []
 
     def _fit_input(self, x: np.ndarray) -> np.ndarray:
-        return self.task.fit_input(x) if self.task else fit_input(x, self.spec, self.cfg.data)
+        return self.task.fit_input(x) if self.task else fit_input(x, self.spec, self.cfg.data, self.cfg.net)
 
     @property
     def x_te(self) -> np.ndarray:
