@@ -235,3 +235,13 @@ def test_a_file_that_cannot_be_written_is_bad_input(tmp_path, capsys):
     assert main(["render", "mnist-linear", "--out", str(tmp_path / "f" / "o"), "--batch", "1"]) == 3
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and str(tmp_path / "f") in err, err
+
+
+def test_the_readmes_variant_line_runs_as_written(tmp_path):
+    """Before: the README's `--accum 4` line was refused (digits' 22 batches an epoch are no multiple of 4)."""
+    import shlex
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    line = next(s for s in readme.splitlines() if s.startswith("hloforge train mnist-mlp --optimizer lamb"))
+    argv = shlex.split(line.split("#")[0])[1:]
+    assert main([*argv, "--epochs", "1", "--run-dir", str(tmp_path / "run"), "--no-progress"]) == 0
