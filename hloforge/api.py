@@ -92,7 +92,13 @@ class Model:
         known = {f.name for f in attrs.fields(Variant)} - {"optimizer"}
         unknown = sorted(set(variant_fields) - known)
         if unknown:
-            raise UnsupportedSpec(f"Model takes no option(s) {unknown}; the variant's are {sorted(known)}")
+            import inspect
+
+            own = [p for p in inspect.signature(Model.__init__).parameters if p not in ("self", "variant_fields")]
+            fits = [u for u in unknown if u in inspect.signature(Model.fit).parameters]  # epochs=, batch_size=
+            to_fit = f" ({', '.join(fits)}: give {'it' if len(fits) == 1 else 'them'} to fit)" if fits else ""
+            raise UnsupportedSpec(f"Model takes no option(s) {unknown}{to_fit}; expected its own {own} or the "
+                                  f"variant's {sorted(known)}")
         lr, seed, warmup_epochs, decay_rate, bn_momentum, classes = map(
             plain, (lr, seed, warmup_epochs, decay_rate, bn_momentum, classes))
         variant_fields = {k: plain(v) for k, v in variant_fields.items()}

@@ -162,3 +162,13 @@ def test_model_options_its_schedule_or_net_never_reads_are_one_line(kw: dict, me
         hf.Model("mnist-mlp", **kw)
     assert message in str(error.value) and "\n" not in str(error.value)
     hf.Model("mnist-mlp", schedule="exp", decay_rate=0.5, decay_epochs=2.4)  # read there
+
+
+def test_a_fit_option_given_to_model_says_fit_takes_it() -> None:
+    """Before: `hf.Model(net, epochs=3)` listed only the variant's options, not lr or seed, nor where epochs goes."""
+    with pytest.raises(HloforgeError) as e:
+        hf.Model("mnist-mlp", lr=1e-3, epochs=3)
+    said = str(e.value)
+    assert said.startswith("Model takes no option(s) ['epochs'] (epochs: give it to fit); expected its own ['net', "
+                           "'optimizer', 'lr',"), said
+    assert "the variant's ['accum'," in said
