@@ -428,6 +428,8 @@ def test_hloforge_train_freeze_and_ema_under_mpiexec_is_the_two_replica_run(tmp_
     (("--callback", "early_stopping:monitor=zzz"), "EarlyStopping monitors 'zzz', but the epoch's metrics are"),
     (("--replicas", "3"), "batch 64 (the global batch) does not split evenly over 3 replicas"),  # before MPI starts
     (("--cutmix", "0.3"), "cutmix pastes a box of an image: it needs an input [C, H, W] or [H, W], not [784]"),
+    (("--backend", "xl"), "unknown backend 'xl'; registered:"),  # before: said by every rank, then MPI_Abort
+    (("--data-dir", "/no-such-dir"), "--data-dir /no-such-dir: dataset 'digits' reads no data dir"),
 ])
 def test_a_refusal_every_rank_reaches_under_mpiexec_is_one_line(tmp_path, more, message):
     """Printed by rank 0 alone; --replicas left at its default (one per process) refused for what MPI makes of it."""

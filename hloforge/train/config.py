@@ -330,7 +330,7 @@ def data_path_options(cfg: TrainConfig, dataset: type | None) -> dict[str, str]:
     for k, v in opts.items():
         if k not in takes:
             other = [f for o, f in DATA_PATH_FLAGS.items() if o != k and o in takes]
-            raise DataError(f"{DATA_PATH_FLAGS[k]} {v}: dataset {cfg.data!r} reads no {k.replace('_', ' ')} "
-                            f"(its options are {takes}); expected " + (f"{other[0]} for it" if other else
-                                                                       f"no {DATA_PATH_FLAGS[k]} for it"))
+            raise UnsupportedSpec(f"{DATA_PATH_FLAGS[k]} {v}: dataset {cfg.data!r} reads no {k.replace('_', ' ')} "
+                                  f"(its options are {takes}); expected " + (f"{other[0]} for it" if other else
+                                                                             f"no {DATA_PATH_FLAGS[k]} for it"))
     return opts

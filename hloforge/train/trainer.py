@@ -27,7 +27,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
+from hloforge.core.errors import DataError, HloforgeError, PluginError, UnsupportedSpec
 from hloforge.core.registry import default_registry
 from hloforge.core.spec import NetSpec
 from hloforge.core.variant import SHADOW, Variant, ema_decay_at
@@ -120,10 +120,10 @@ class Run:
                 fp8.check_variant(self.variant, self.spec)
                 if cfg.replicas > 1:
                     raise UnsupportedSpec("precision fp8 runs on one replica (its master weights live on the host)")
-        except UnsupportedSpec as e:
+            opts: dict[str, Any] = data_path_options(cfg, None if data is not None or cfg.data == ARRAYS
+                                                     else reg.get("dataset", cfg.data))
+        except (UnsupportedSpec, PluginError) as e:  # an unknown plugin name is the options' too
             raise mpi.shared(e, self.world) from None
-        opts: dict[str, Any] = data_path_options(cfg, None if data is not None or cfg.data == ARRAYS
-                                                 else reg.get("dataset", cfg.data))
         opts.update(parse_data_options(cfg.data_options))
         if self.lm:
             opts["seq_len"] = lm_seq_len(opts, self.spec, data if data is not None else reg.get("dataset", cfg.data),
