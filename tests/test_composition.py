@@ -283,3 +283,17 @@ def test_documented_example_is_the_examples_code(name):
     found = re.search(rf"<!-- example: {name} -->\n```python\n(.*?)```\n<!-- end example -->", doc, re.S)
     assert found, f"docs/composition.md has no {name} example block"
     assert found.group(1) == (EXAMPLES / f"{name}.py").read_text()
+
+
+def test_a_backend_name_for_the_instance_is_one_line() -> None:
+    """Before: `VjpSession(spec, 5, "xla")` failed on its first call with AttributeError: 'str' ... 'to_device'."""
+    from hloforge.plugins.layers.dense import Dense
+    from hloforge.train.session import ForwardSession
+
+    spec = NetSpec("q", (6,), (Dense(2),), 2)
+    said = (r"backend 'xla' is a name, where a session takes a backend instance; expected "
+            r"hloforge\.train\.session\.make_backend\('xla'\)")
+    for make in (lambda: VjpSession(spec, 5, "xla"), lambda: OptimizerStepSession(spec, "adam", "xla"),
+                 lambda: ForwardSession(spec, 5, "xla")):
+        with pytest.raises(UnsupportedSpec, match=said):
+            make()

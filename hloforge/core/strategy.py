@@ -259,7 +259,12 @@ def table() -> list[tuple[str, str, dict[str, str]]]:
 
 def target_of(backend: object) -> str | None:
     """The render target of a backend instance: its name when its class declares strategy
-    defaults (`targets`), else None (the portable form)."""
+    defaults (`targets`), else None (the portable form). A backend's name given for the instance is refused:
+    it has no `name` of its own, and would render the portable form, then fail on its first call."""
+    if isinstance(backend, str):
+        raise UnsupportedSpec(f"backend {backend!r} is a name, where a session takes a backend instance; expected "
+                              f"hloforge.train.session.make_backend({backend!r}), one shared by the sessions that "
+                              "share buffers")
     name = getattr(backend, "name", None)
     return name if name in targets() else None
 
