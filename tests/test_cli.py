@@ -245,3 +245,13 @@ def test_the_readmes_variant_line_runs_as_written(tmp_path):
     line = next(s for s in readme.splitlines() if s.startswith("hloforge train mnist-mlp --optimizer lamb"))
     argv = shlex.split(line.split("#")[0])[1:]
     assert main([*argv, "--epochs", "1", "--run-dir", str(tmp_path / "run"), "--no-progress"]) == 0
+
+
+def test_a_flag_the_command_does_not_take_points_at_that_commands_help(capsys):
+    """Before: `hloforge render NET --backend iree` said "(see `hloforge -h`)", a help listing no command's flags."""
+    for argv, prog in ((["render", "mnist-mlp", "--out", "d", "--backend", "iree"], "hloforge render"),
+                       (["prepare", "imagenette", "a", "b", "--foo"], "hloforge prepare imagenette"),
+                       (["--bogus"], "hloforge")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"{prog}: error: unrecognized arguments: ") and err.endswith(f"(see `{prog} -h`)"), err

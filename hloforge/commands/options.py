@@ -71,6 +71,21 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see `{self.prog} -h`)\n")
 
+    def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
+        """As argparse's, but a flag the command does not take is its command's error, pointing at its help
+        (argparse says it at the top, whose help lists no command's flags)."""
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            said: argparse.ArgumentParser = self
+            while True:  # down to the (sub)command given: `prepare imagenette`'s own flags
+                subs = [a for a in said._actions if isinstance(a, argparse._SubParsersAction)]
+                below = subs[0].choices.get(getattr(ns, subs[0].dest, None) or "") if subs else None
+                if not isinstance(below, argparse.ArgumentParser):
+                    break
+                said = below
+            said.error(f"unrecognized arguments: {' '.join(extras)}")
+        return ns
+
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Each option's help ends with its default (as argparse's ArgumentDefaultsHelpFormatter does),
