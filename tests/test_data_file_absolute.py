@@ -90,3 +90,18 @@ def test_an_older_run_with_a_relative_path_opens_as_before(folders: tuple[str, s
     monkeypatch.chdir(elsewhere)  # resumed, the run now opens from anywhere
     capsys.readouterr()
     assert main(["eval", run]) == 0, capsys.readouterr().err
+
+
+def test_a_spec_file_net_is_stored_absolute_so_config_reproduces_the_run_from_elsewhere(folders, capsys):
+    """Before: config.toml kept `net = "tiny.toml"` as given, so `train --config RUN/config.toml` from another
+    folder said the spec file does not exist (hf.Model already stored it absolute)."""
+    here, elsewhere = folders
+    spec = os.path.join(here, "tiny.toml")
+    with open(spec, "w") as f:
+        f.write('name = "tiny"\ninput_shape = [784]\nnum_classes = 10\n[[layers]]\nkind = "dense"\nunits = 10\n')
+    assert main(["train", "tiny.toml", "--epochs", "1", "--run-dir", "run", "--no-progress"]) == 0
+    config = os.path.join(here, "run", "config.toml")
+    assert load_config(config).net == spec
+    os.chdir(elsewhere)
+    assert main(["train", "--config", config, "--run-dir", "again", "--no-progress"]) == 0
+    capsys.readouterr()

@@ -39,7 +39,7 @@ class TrainConfig(VariantFields):
     """A run's options. Its variant keys (optimizer, weight_decay, label_smoothing, ema, ..., precision) are
     VariantFields', inherited: a field added to the Variant is a config key here with no other edit."""
 
-    net: str = "mnist-mlp"
+    net: str = attrs.field(default="mnist-mlp", converter=lambda v: spec_path(v))
     classes: int | None = None  # override a zoo net's class count
     input: tuple[int, ...] | None = attrs.field(default=None,
                                                 converter=lambda v: None if v is None else as_tuple(v, "input"))
@@ -175,6 +175,14 @@ def absolute(path: Any) -> Any:
     `hloforge eval` and `--resume` from another folder. An old run's relative path resolves from the current
     folder, as the dataset resolved it before; "" (none) and a non-string (refused by check_fields) as given."""
     return os.path.abspath(path) if isinstance(path, str) and path else path
+
+
+def spec_path(net: Any) -> Any:
+    """A net given as a spec file, its path made absolute as `absolute` makes a data path (and hf.Model names it),
+    so `--config` on the run's config.toml reads it from another folder; a zoo name as given."""
+    from hloforge.zoo import SPEC_SUFFIXES
+
+    return absolute(net) if isinstance(net, str) and net.endswith(SPEC_SUFFIXES) else net
 
 
 def launched_processes() -> int:
