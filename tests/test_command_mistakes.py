@@ -315,3 +315,21 @@ def test_hloforge_backend_naming_no_backend_is_named_as_the_variable(tmp_path, c
     with pytest.raises(SettingError, match="HLOFORGE_BACKEND='xl'"):
         make_backend()
     assert main(["train", "mnist-linear", "--epochs", "1", "--run-dir", run, "--no-progress", "--backend", "xla"]) == 0
+
+
+def test_a_folder_that_is_no_run_is_said_with_what_it_holds(tmp_path, capsys, mlp_run) -> None:
+    """Before: `hloforge eval runs` (the folder of runs) or an export directory said only that
+    DIR/checkpoint.safetensors does not exist."""
+    from hloforge.cli import main
+
+    runs = os.path.dirname(mlp_run)
+    assert main(["eval", runs]) == 3
+    assert capsys.readouterr().err.strip() == (
+        f"hloforge: error: {runs} holds no checkpoint.safetensors; expected a run directory (that hloforge train, "
+        f"import-weights or Model.save wrote) or a checkpoint file; it holds run directories: {mlp_run}")
+    out = str(tmp_path / "exported")
+    assert main(["export", mlp_run, "--out", out]) == 0
+    capsys.readouterr()
+    assert main(["cam", out, "test:0"]) == 3
+    assert capsys.readouterr().err.strip().endswith("; it is an export (manifest.json), whose weights `train --init` "
+                                                    "reads")

@@ -20,6 +20,7 @@ from hloforge.train import checkpoint as ckpt
 from hloforge.train.arraydata import ARRAYS, check_dataset_kind, check_input_kind, no_rows, saved_inputs
 from hloforge.train.config import CHECKPOINT, CONFIG, TrainConfig, data_path_options, load_config
 from hloforge.train.evaluation import EvalResult, evaluate, evaluate_lm, evaluate_stream
+from hloforge.train.finetune import EXPORT_MANIFEST
 from hloforge.train.metrics import describe_eval_set, same_eval_set
 from hloforge.train.parallel import make_forward_session
 from hloforge.train.rundir import own_spec
@@ -83,6 +84,20 @@ def moved_data_hint(cfg: TrainConfig) -> str:
     return f"; if the run's data moved, give where it is now with {gone[0]}" if gone else ""
 
 
+def no_checkpoint(path: str) -> DataError:
+    """A directory given for a run that holds no checkpoint, said with what it holds instead (an export, runs)."""
+    runs = sorted(d for d in os.listdir(path) if os.path.isfile(os.path.join(path, d, CHECKPOINT)))
+    if os.path.isfile(os.path.join(path, EXPORT_MANIFEST)):
+        what = "; it is an export (manifest.json), whose weights `train --init` reads"
+    elif runs:
+        what = f"; it holds run directories: {', '.join(os.path.join(path, r) for r in runs[:4])}" + \
+            (f" and {len(runs) - 4} more" if len(runs) > 4 else "")
+    else:
+        what = ""
+    return DataError(f"{path} holds no {CHECKPOINT}; expected a run directory (that hloforge train, import-weights "
+                     f"or Model.save wrote) or a checkpoint file{what}")
+
+
 def open_checkpoint(path: str, backend: str | None = None, log: Callable[[str], None] = print,
                     devices: int | None = None, needs_data: bool = True, data_dir: str | None = None,
                     data_file: str | None = None) -> OpenedCheckpoint:
@@ -92,6 +107,8 @@ def open_checkpoint(path: str, backend: str | None = None, log: Callable[[str], 
     refused where the caller `needs_data`; else (export) it opens on no rows. `data_dir`, `data_file`:
     where the run's data is now, when it moved since (its test split is still checked against the run's)."""
     file = os.path.join(path, CHECKPOINT) if os.path.isdir(path) else path
+    if os.path.isdir(path) and not os.path.exists(file):
+        raise no_checkpoint(path)
     tensors, meta = ckpt.load_checkpoint(file)
     if os.path.isdir(path) and os.path.exists(os.path.join(path, CONFIG)):
         check_run_dir(path, file, meta)
