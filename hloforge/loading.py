@@ -25,7 +25,7 @@ _WEIGHTS_ELSEWHERE = ("a weights file's param/… and stat/… tensors are assig
 def load(path: str, backend: str | None = None) -> Model:
     """A run directory written by `Model.save` or `hloforge train`, as a Model: θ, optimizer state,
     BN statistics, step and epoch as saved, bit for bit."""
-    from hloforge.commands.opening import check_run_dir
+    from hloforge.commands.opening import check_run_dir, no_checkpoint
     from hloforge.train.trainer import load_config
     from hloforge.zoo import SPEC_SUFFIXES
 
@@ -36,12 +36,15 @@ def load(path: str, backend: str | None = None) -> Model:
                             "the directory holding it)")
         raise DataError(f"hf.load reads a run directory (Model.save, hloforge train or import-weights wrote it); "
                         f"{path} is a file: {_WEIGHTS_ELSEWHERE}")
+    if not os.path.isdir(path):  # not `checkpoint PATH/checkpoint.safetensors does not exist`: PATH itself does not
+        raise DataError(f"hf.load: {path} does not exist; expected a run directory (Model.save or hloforge train)")
     file = os.path.join(path, CHECKPOINT)
-    if os.path.isdir(path) and not os.path.exists(file):
+    if not os.path.exists(file):
         held = [f for f in ("weights.safetensors", "model.safetensors") if os.path.isfile(os.path.join(path, f))]
         if held:  # an export's directory: hloforge's own (weights.safetensors) or PyTorch's (model.safetensors)
             raise DataError(f"hf.load reads a run directory; {path} holds no {CHECKPOINT} but {held[0]}, an "
                             f"export: {_WEIGHTS_ELSEWHERE}")
+        raise no_checkpoint(path, or_file=False)
     tensors, meta = ckpt.load_checkpoint(file)
     if not os.path.exists(os.path.join(path, CONFIG)):
         raise DataError(f"{path} has no {CONFIG}; expected a run directory (Model.save or hloforge train)")

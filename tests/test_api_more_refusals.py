@@ -237,3 +237,16 @@ def test_another_thread_reads_a_fitting_model_as_its_last_epoch_left_it_and_may_
         t.join(300)
     assert len(seen) > 3 and m._epoch == 3
     assert all(any(np.array_equal(w, k) for k in kept) for w in seen)
+
+
+def test_hf_load_of_a_missing_path_or_a_folder_of_runs_says_which(tmp_path) -> None:
+    """Before: `hf.load("nope")` said `checkpoint nope/checkpoint.safetensors does not exist`, and a folder of runs
+    the same, not what it holds."""
+    with pytest.raises(hf.HloforgeError, match=r"^hf\.load: .*nope does not exist; expected a run directory"):
+        hf.load(str(tmp_path / "nope"))
+    (tmp_path / "runs" / "a").mkdir(parents=True)
+    (tmp_path / "runs" / "a" / "checkpoint.safetensors").write_bytes(b"")
+    with pytest.raises(hf.HloforgeError, match=r"runs holds no checkpoint\.safetensors; expected a run directory "
+                                              r"\(that hloforge train, import-weights or Model\.save wrote\); it "
+                                              r"holds run directories: .*runs/a$"):
+        hf.load(str(tmp_path / "runs"))

@@ -84,8 +84,9 @@ def moved_data_hint(cfg: TrainConfig) -> str:
     return f"; if the run's data moved, give where it is now with {gone[0]}" if gone else ""
 
 
-def no_checkpoint(path: str) -> DataError:
-    """A directory given for a run that holds no checkpoint, said with what it holds instead (an export, runs)."""
+def no_checkpoint(path: str, or_file: bool = True) -> DataError:
+    """A directory given for a run that holds no checkpoint, said with what it holds instead (an export, runs);
+    `or_file`: a checkpoint file would do too (the commands; hf.load takes a directory)."""
     runs = sorted(d for d in os.listdir(path) if os.path.isfile(os.path.join(path, d, CHECKPOINT)))
     if os.path.isfile(os.path.join(path, EXPORT_MANIFEST)):
         what = "; it is an export (manifest.json), whose weights `train --init` reads"
@@ -95,7 +96,7 @@ def no_checkpoint(path: str) -> DataError:
     else:
         what = ""
     return DataError(f"{path} holds no {CHECKPOINT}; expected a run directory (that hloforge train, import-weights "
-                     f"or Model.save wrote) or a checkpoint file{what}")
+                     f"or Model.save wrote){' or a checkpoint file' if or_file else ''}{what}")
 
 
 def open_checkpoint(path: str, backend: str | None = None, log: Callable[[str], None] = print,
