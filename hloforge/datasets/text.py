@@ -60,7 +60,10 @@ class Text(Dataset):
             try:
                 with open(data_file, encoding="utf-8") as f:
                     text = f.read()
-            except (OSError, UnicodeDecodeError) as e:
+            except OSError as e:  # no such file, a directory, no permission: not a matter of its encoding
+                raise DataError(f"text: {data_file}: {(e.strerror or str(e)).lower()}; expected a UTF-8 text file "
+                                "(--data-file)") from None
+            except UnicodeDecodeError as e:
                 raise DataError(f"text: cannot read {data_file} as UTF-8 ({e})") from None
         else:
             text = default_corpus()
