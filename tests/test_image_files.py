@@ -107,3 +107,11 @@ def test_pixels_of_no_known_range_are_refused(tmp_path) -> None:
     Image.fromarray(np.full((4, 4), 70000, np.int32)).save(tmp_path / "i.tiff")
     with pytest.raises(DataError, match="32-bit integer pixels; expected an 8- or 16-bit image"):
         read_rgb(str(tmp_path / "i.tiff"))
+
+
+def test_an_image_path_that_is_no_file_is_said_so(tmp_path) -> None:
+    """Before: `hloforge detect RUN nope.png` said "nope.png: cannot decode it as an image ([Errno 2] ...)"."""
+    for path, said in ((tmp_path / "nope.png", "no such file or directory"), (tmp_path, "is a directory")):
+        with pytest.raises(DataError) as e:
+            read_rgb(str(path))
+        assert str(e.value) == f"{path}: {said}; expected an image file"

@@ -40,6 +40,8 @@ def read_rgb(path: str) -> Any:
     """`open_rgb`, a file it cannot decode one DataError line naming it."""
     try:
         return open_rgb(path)
+    except (FileNotFoundError, IsADirectoryError, PermissionError) as e:  # no image to decode: say which
+        raise DataError(f"{path}: {(e.strerror or str(e)).lower()}; expected an image file") from None
     except Exception as e:  # noqa: BLE001 - Pillow raises many types for a bad file; each becomes one line
         raise DataError(f"{path}: cannot decode it as an image ({' '.join(str(e).split()) or type(e).__name__})") \
             from None
