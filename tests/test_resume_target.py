@@ -126,3 +126,15 @@ def test_resume_config_reads_no_config_of_a_run_without_a_checkpoint(tmp_path, r
     code = main([*NET, "--run-dir", run, "--batch", "32", *(["--resume"] if resume else []), "--epochs", "1"])
     err = capsys.readouterr().err
     assert (code, "has no checkpoint yet" in err) == ((3, True) if resume else (0, False)), err
+
+
+def test_a_bare_resume_with_no_default_run_names_the_runs_there(tmp_path, monkeypatch, capsys):
+    """Before: `hloforge train --resume` after training mnist-linear said only that runs/mnist_mlp_adam_xla does not
+    exist, not which runs --resume could have meant."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "mnist-linear", "--epochs", "1", "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["train", "--resume", "--epochs", "2"]) == 3
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("hloforge: error: nothing to resume: run directory runs/mnist_mlp_adam_xla does not exist")
+    assert err.endswith("or its --run-dir); runs/ holds: mnist_linear_adam_xla"), err

@@ -260,6 +260,11 @@ def check_resumable(run_dir: str, default_of: str = "") -> None:
     if not os.path.isdir(run_dir):
         which = (f" (the default for net {default_of!r} and these options; give the net and options the run "
                  "was started with, or its --run-dir)" if default_of else "")
+        runs = os.path.dirname(run_dir)
+        held = sorted(d for d in (os.listdir(runs) if default_of and os.path.isdir(runs) else ())
+                      if os.path.isfile(os.path.join(runs, d, CHECKPOINT)))  # the runs --resume might have meant
+        if held:
+            which += f"; {runs}/ holds: {', '.join(held[:4])}" + (f" and {len(held) - 4} more" if len(held) > 4 else "")
         raise DataError(f"nothing to resume: run directory {run_dir} does not exist{which}")
     if os.path.exists(os.path.join(run_dir, CHECKPOINT)):
         check_history(run_dir)
