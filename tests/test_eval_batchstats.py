@@ -68,5 +68,19 @@ def test_batch_stats_eval_refuses_a_padded_tail(tmp_path, capsys) -> None:
     capsys.readouterr()
     assert main(["eval", run, "--batch-stats"]) == 3
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "refuses a padded tail: the last batch has 8 of 32 rows" in err
+    # before: "score a split whose size divides by 32", a split the user cannot choose; now the batches that would do
+    assert err == ("hloforge: error: --batch-stats scores in the run's batches of 32, and the test split's 40 rows "
+                   "leave a last batch of 8 whose zero padding would shift the real rows' statistics; expected a run "
+                   "trained at a --batch dividing 40 (such as 8, 10, 20, 40)"), err
     assert main(["eval", run]) == 0  # the running-statistics eval pads it, as always
+
+
+def test_batch_stats_on_a_net_without_batchnorm_is_refused_as_plain_eval(tmp_path, capsys) -> None:
+    """Before: on mnist-mlp it was refused for a padded tail, as if it could otherwise differ from plain eval."""
+    run = str(tmp_path / "mlp")
+    train(TrainConfig(net="mnist-linear", epochs=1, run_dir=run), progress=False, log=lambda s: None)
+    capsys.readouterr()
+    assert main(["eval", run, "--batch-stats"]) == 3
+    assert capsys.readouterr().err.strip() == ("hloforge: error: --batch-stats: net 'mnist-linear' keeps no BatchNorm "
+                                               "statistics, so it would score as plain eval does; expected a net with "
+                                               "BatchNorm")

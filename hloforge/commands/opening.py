@@ -99,6 +99,21 @@ def no_checkpoint(path: str, or_file: bool = True) -> DataError:
                      f"or Model.save wrote){' or a checkpoint file' if or_file else ''}{what}")
 
 
+def check_batch_stats(spec: NetSpec, batch: int, rows: int) -> None:
+    """`eval --batch-stats` refused where it cannot differ from plain eval (no BatchNorm), or where the run's
+    batches leave a padded last one (its zeros would shift the real rows' statistics)."""
+    if not spec.stats():
+        raise UnsupportedSpec(f"--batch-stats: net {spec.name!r} keeps no BatchNorm statistics, so it would score as "
+                              "plain eval does; expected a net with BatchNorm")
+    if rows % batch:
+        fits = [b for b in range(2, rows + 1) if rows % b == 0 and b != batch]
+        near = sorted(fits, key=lambda b: (abs(b - batch), b))[:4]
+        raise UnsupportedSpec(f"--batch-stats scores in the run's batches of {batch}, and the test split's {rows} rows "
+                              f"leave a last batch of {rows % batch} whose zero padding would shift the real rows' "
+                              f"statistics; expected a run trained at a --batch dividing {rows} "
+                              f"(such as {', '.join(map(str, sorted(near)))})")
+
+
 def open_checkpoint(path: str, backend: str | None = None, log: Callable[[str], None] = print,
                     devices: int | None = None, needs_data: bool = True, data_dir: str | None = None,
                     data_file: str | None = None) -> OpenedCheckpoint:
@@ -186,6 +201,8 @@ def evaluate_checkpoint(path: str, backend: str | None = None, region: str = DEF
     if batch_stats and (replicas > 1 or run.lm or (run.task is not None and run.task.kind != "class")):
         raise UnsupportedSpec("--batch-stats scores a classifier on one replica; this run is "
                               + ("sharded" if replicas > 1 else "not a classifier"))
+    if batch_stats:  # said here, with what would do, rather than by the session at the last batch
+        check_batch_stats(spec, cfg.batch, len(run.y_te))
     at = None
     if size is not None:
         kind = "a language model" if run.lm else None if run.task is None or run.task.kind == "class" \
