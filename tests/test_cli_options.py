@@ -153,3 +153,21 @@ def test_edge_values_accepted_in_a_real_process_train_and_read_back(tmp_path):
         d = tomllib.load(f)
     assert d["seed"] == I64_MAX and d["warmup_epochs"] == 0.999 and math.isfinite(d["lr"])
     assert load_config(str(tmp_path / "r" / "config.toml")) == TrainConfig(**d)
+
+
+@pytest.mark.parametrize("argv,unknown", [
+    (["eval", "RUN", "--batch", "32"], "--batch 32"),  # was read as --batch-stats, a diagnostic never asked for
+    (["train", "--epoch", "2"], "--epoch"),  # a typo of --epochs, taken as it (2 is then the net)
+])
+def test_a_flag_is_taken_only_as_spelled_in_full(argv: list[str], unknown: str) -> None:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as e:
+        PARSER.parse_args(argv)
+    assert e.value.code == 2 and f"unrecognized arguments: {unknown}" in err.getvalue(), err.getvalue()
+
+
+def test_the_bench_parser_takes_no_prefix_either() -> None:
+    from hloforge.bench.cli import parser as bench_parser
+
+    with contextlib.redirect_stderr(io.StringIO()), pytest.raises(SystemExit):
+        bench_parser().parse_args(["--round", "2"])

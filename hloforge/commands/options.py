@@ -66,7 +66,12 @@ def version() -> str:
     return str(hloforge.__version__)
 
 class Parser(argparse.ArgumentParser):
-    """A usage error is one line naming the flag and what it expects, and where the help is."""
+    """A usage error is one line naming the flag and what it expects, and where the help is. A flag is taken
+    only as spelled in full: argparse's prefixes read `eval RUN --batch 32` as `--batch-stats`."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        kw.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kw)
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see `{self.prog} -h`)\n")
