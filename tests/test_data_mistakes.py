@@ -87,6 +87,16 @@ def test_prepare_imagenette_names_the_images_it_skips(tmp_path, capsys) -> None:
     ]
 
 
+
+def test_prepare_imagenette_says_one_skipped_image_in_the_singular(tmp_path, capsys) -> None:
+    src = tmp_path / "src"
+    _tree(src)
+    _images(src / "train" / "cat", ["c.webp"])
+    assert _prepare(src, tmp_path / "out") == EXIT_OK
+    assert f"  {src}/train: skipped 1 image file that is not .jpeg/.jpg/.png (convert it to use it): " \
+           f"{src}/train/cat/c.webp" in capsys.readouterr().out.splitlines()
+
+
 # ------------------------------------------------------------------ 2. prepare yolo
 def _yolo(src, label_splits=("train", "val")) -> None:
     for split in ("train", "val"):

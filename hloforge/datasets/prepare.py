@@ -134,8 +134,10 @@ def _scan_split(split_dir: str, classes: list[str]) -> tuple[dict[str, list[str]
     warnings = []
     other_paths = [os.path.join(split_dir, cls, n) for cls in classes for n in others[cls]]
     if other_paths:
-        warnings.append(f"{split_dir}: skipped {_plural(len(other_paths), 'image file')} that are not {wanted} "
-                        f"(convert them to use them): {_named(other_paths)}")
+        one = len(other_paths) == 1
+        warnings.append(f"{split_dir}: skipped {_plural(len(other_paths), 'image file')} that {'is' if one else 'are'} "
+                        f"not {wanted} (convert {'it' if one else 'them'} to use {'it' if one else 'them'}): "
+                        f"{_named(other_paths)}")
     if nested:
         warnings.append(f"{split_dir}: skipped {_plural(len(nested), 'folder')} inside class folders (a class's "
                         f"images lie directly in its folder): {_named(nested)}")
