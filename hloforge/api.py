@@ -142,8 +142,6 @@ class Model:
         self._running = [s.initial() for _, s in self.spec.stats()]
         # the EMA shadow's BN statistics (the trainer's shadow_running); None: the initial ones
         self._shadow_running: list[np.ndarray] | None = None
-        # the shadow is θ itself (a new one, or restarted by a params assignment): assigned live statistics are its too
-        self._shadow_at_live = True
         self._step, self._epoch, self._batch = 0, 0, 32
         # The dataset a saved run directory names for `hloforge eval`: the one the model last trained on (its
         # last fit's, or the loaded run's); ARRAYS, none, until a fit on a registered dataset.
@@ -341,7 +339,7 @@ class Model:
             self._params, self._opt_state, self._running = tensors[:n], tensors[n:n + k], tensors[n + k:n + k + m]
             if run.state_layout.shadows:
                 self._shadow_running = tensors[n + k + m:]
-        self._epoch, self._shadow_at_live = epoch, False
+        self._epoch = epoch
         self._step = self._live.step
         # weights trained on it now: a registered dataset's name (with its options), or ARRAYS
         self._data, self._data_options, self._inputs = run.cfg.data, run.cfg.data_options, self._fit_inputs
@@ -430,7 +428,6 @@ class Model:
             trained = [p for i, p in enumerate(self._params) if i not in self._frozen()]
             self._opt_state = self._state_layout.shadow_restarted(self._opt_state, trained)
             self._shadow_running = [r.copy() for r in self._running]
-        self._shadow_at_live = True
         self._push_live()
 
     @property
@@ -448,11 +445,13 @@ class Model:
         check_stats(self.spec.stats() * (1 + int(self._state_layout.shadows)), got[k:], "state")  # the shadow's too
         self._opt_state, self._running = got[:k], got[k:k + m]
         if self._state_layout.shadows:
-            # the shadow's own tensors (E/…, stat/E/…), set by hand
-            own = any(str(n).startswith((f"{SHADOW}/", f"{ckpt.SHADOW_STATS}/")) for n in new)
-            self._shadow_at_live = self._shadow_at_live and not own
-            # else a shadow restarted at θ kept the statistics before: `evaluate` scored it with stale ones
-            self._shadow_running = [r.copy() for r in self._running] if self._shadow_at_live else got[k + m:]
+            # A shadow that is θ itself (a new model's, or restarted by `params`) takes the assigned live statistics
+            # unless its own (stat/E/…) are given: else `evaluate`, which scores it, used stale ones.
+            theta = dict(zip((n for n, _ in self._param_slots), self._params, strict=True))
+            at_theta = all(np.array_equal(a, theta[n.removeprefix(f"{SHADOW}/")])
+                           for n, a in zip(self._state_names()[:k], got[:k], strict=True) if n.startswith(f"{SHADOW}/"))
+            own_stats = any(str(n).startswith(f"{ckpt.SHADOW_STATS}/") for n in new)
+            self._shadow_running = [r.copy() for r in self._running] if at_theta and not own_stats else got[k + m:]
         self._push_live()
 
     def _here(self) -> Any:
@@ -481,7 +480,6 @@ class Model:
             raise UnsupportedSpec("params / state assigned by a callback during an MPI fit would change rank 0's "
                                   "weights alone; assign them before or after fit")
         (self._params, self._opt_state, self._running, self._shadow_running) = self._now()
-        self._shadow_at_live = self._shadow_at_live and here[1].step == self._step  # else it trained since
         self._step = here[1].step
 
     def _push_live(self) -> None:

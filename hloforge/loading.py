@@ -14,6 +14,7 @@ from hloforge.train import arraydata
 from hloforge.train import checkpoint as ckpt
 from hloforge.train.config import CHECKPOINT, CONFIG
 from hloforge.train.diffusion import is_time_conditioned
+from hloforge.train.finetune import EXPORT_TORCH_WEIGHTS, EXPORT_WEIGHTS
 from hloforge.train.rundir import checked_path
 
 # where a weights file goes instead of hf.load (docs/api.md, "Weights by name")
@@ -40,7 +41,7 @@ def load(path: str, backend: str | None = None) -> Model:
         raise DataError(f"hf.load: {path} does not exist; expected a run directory (Model.save or hloforge train)")
     file = os.path.join(path, CHECKPOINT)
     if not os.path.exists(file):
-        held = [f for f in ("weights.safetensors", "model.safetensors") if os.path.isfile(os.path.join(path, f))]
+        held = [f for f in (EXPORT_WEIGHTS, EXPORT_TORCH_WEIGHTS) if os.path.isfile(os.path.join(path, f))]
         if held:  # an export's directory: hloforge's own (weights.safetensors) or PyTorch's (model.safetensors)
             raise DataError(f"hf.load reads a run directory; {path} holds no {CHECKPOINT} but {held[0]}, an "
                             f"export: {_WEIGHTS_ELSEWHERE}")
@@ -55,12 +56,13 @@ def load(path: str, backend: str | None = None) -> Model:
     # A net from a spec file (a saved NetSpec's net.json among them) is the checkpoint's own copy: the run
     # directory or the file may have moved since. A zoo net is rebuilt by name (check_run_dir held it to the
     # checkpoint's spec).
-    net = NetSpec.from_dict(meta["spec"], source=file) if cfg.net.endswith(SPEC_SUFFIXES) else cfg.net
+    stored = NetSpec.from_dict(meta["spec"], source=file)
+    net = stored if cfg.net.endswith(SPEC_SUFFIXES) else cfg.net
     by_name = isinstance(net, str)  # (a NetSpec states its own classes and input)
     # the options its schedule and net read (a config may hold others, unread: Model refuses them)
     read = {**({"decay_rate": cfg.decay_rate, "decay_epochs": cfg.decay_epochs} if cfg.schedule == "exp" else {}),
             **({"diffusion_steps": cfg.diffusion_steps, "beta_start": cfg.beta_start, "beta_end": cfg.beta_end}
-               if is_time_conditioned(NetSpec.from_dict(meta["spec"], source=file)) else {})}
+               if is_time_conditioned(stored) else {})}
     model = Model(net, v.optimizer, cfg.lr, cfg.schedule, backend or meta["backend"], cfg.seed,
                   warmup_epochs=cfg.warmup_epochs, bn_momentum=cfg.bn_momentum, augment=cfg.augment,
                   classes=cfg.classes if by_name else None, input=cfg.input if by_name else None, **read, **fields)
@@ -76,7 +78,6 @@ def load(path: str, backend: str | None = None) -> Model:
         raise DataError(f"checkpoint {file} lacks tensor {e.args[0]}; it is not of this net") from None
     n, k, m = len(model._param_slots), len(lay.slots) * len(trained), len(model._stat_names)
     model._params, model._opt_state, model._running = got[:n], got[n:n + k], got[n + k:n + k + m]
-    model._shadow_at_live = False  # the checkpoint's shadow is its own
     if lay.shadows:  # one that predates them is refused, as `hloforge eval` refuses its shadow
         model._shadow_running = ckpt.shadow_stats(tensors, model._stat_names, f"checkpoint {file}",
                                                   "`hloforge eval --region live` scores its live weights")

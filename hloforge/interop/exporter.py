@@ -92,8 +92,10 @@ def export_run(run: str, out: str, fmt: str = "hloforge", log: Callable[[str], N
     if fmt != "hloforge":
         source = _source_for(cfg.net, fmt, oc.meta)
         _check_pytorch_net(run, source, spec, oc.run.variant)
+        from hloforge.train.finetune import EXPORT_TORCH_WEIGHTS
+
         sd = torch_state_dict(source, spec, params, stats)
-        target = os.path.join(out, "model.safetensors")
+        target = os.path.join(out, EXPORT_TORCH_WEIGHTS)
         if os.path.exists(target):
             raise HloforgeError(f"{target} already exists; pick another --out")
         write_whole(out, [(target, save(sd, metadata={"source": source, "region": region}), "PyTorch state dict")])

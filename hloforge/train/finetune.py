@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 Run = Any  # hloforge.train.trainer.Run, which imports this module
 
 EXPORT_WEIGHTS, EXPORT_MANIFEST = "weights.safetensors", "manifest.json"  # what `hloforge export` writes
+EXPORT_TORCH_WEIGHTS = "model.safetensors"  # `hloforge export --format torchvision|timm`'s state dict
 
 
 @attrs.frozen
@@ -58,7 +59,7 @@ def _read(path: str, region: str) -> tuple[str, dict[str, np.ndarray], int | Non
         elif os.path.exists(os.path.join(path, EXPORT_WEIGHTS)):
             path = os.path.join(path, EXPORT_WEIGHTS)
         else:
-            torch_sd = os.path.join(path, "model.safetensors")  # `hloforge export --format torchvision|timm`'s
+            torch_sd = os.path.join(path, EXPORT_TORCH_WEIGHTS)
             said = (f"; its model.safetensors is a PyTorch state dict (export --format torchvision|timm): --init the "
                     f"run it was exported from, or map it with `hloforge import-weights SOURCE {torch_sd} --out "
                     "FILE.safetensors`" if os.path.isfile(torch_sd) else "")
