@@ -155,6 +155,12 @@ def test_bare_hloforge_prints_help_and_runs_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []  # no runs/: it used to start the default training run
 
 
+def test_python_dash_m_hloforge_is_the_command():
+    """`python -m hloforge` (a venv whose scripts are not on PATH) was 'No module named hloforge.__main__'."""
+    r = subprocess.run([sys.executable, "-m", "hloforge", "--version"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == f"hloforge {importlib.metadata.version('hloforge')}", r.stderr
+
+
 def test_version_is_the_distribution_metadata(capsys):
     assert main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"hloforge {importlib.metadata.version('hloforge')}"
