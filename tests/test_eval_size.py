@@ -84,7 +84,7 @@ def test_a_global_pooling_net_keeps_every_parameter_shape() -> None:
     ("mnist-cnn", 32, r"parameter 7\.w would be \[4096, 512\] there, \[3136, 512\] as trained"),
     ("vit-cifar", 36, r"parameter 0\.pos would be \[82, 128\] there, \[65, 128\] as trained"),
     ("mnist-mlp", 32, r"scores an image net \(input C×H×W\); net 'mnist-mlp' takes input \[784\]"),
-    ("resnet-mini", 30, r"cannot be scored at 30×30: layer .*stride 2 does not divide"),
+    ("convnext_tiny", 60, r"cannot be scored at 60×60: layer .*stride 2 does not divide the 15x15 input"),
 ])
 def test_a_net_whose_shapes_depend_on_the_size_is_refused_with_the_reason(net, size, reason) -> None:
     with pytest.raises(UnsupportedSpec, match=reason):

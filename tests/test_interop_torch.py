@@ -121,8 +121,8 @@ def softmax_ce(logits: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
     return loss, g / len(y)
 
 
-def parity(source: str, fmt: str, tmp_path: Any) -> dict[str, float]:
-    size = SIZES[source]
+def parity(source: str, fmt: str, tmp_path: Any, size: int | None = None) -> dict[str, float]:
+    size = size or SIZES[source]
     model = torch_model(source, size)
     path = str(tmp_path / f"weights{fmt}")
     _save(model.state_dict(), path)
@@ -178,6 +178,17 @@ PARAMS = [pytest.param(s, marks=pytest.mark.slow) if s in SLOW else s for s in S
 def test_logits_loss_and_gradients_equal_pytorch(source: str, tmp_path: Any) -> None:
     errs = parity(source, ".safetensors", tmp_path)
     print(f"PARITY {source} " + " ".join(f"{k}={v:.2e}" for k, v in errs.items()))
+    assert errs["logits"] <= 1e-5, errs
+    assert errs["loss"] <= 1e-4 and errs["grads"] <= 1e-4, errs
+    assert errs["export"] == 0.0, errs
+
+
+# Sizes no power of two divides, where a stride-2 conv floors as PyTorch's does (7 → 4): resnet18 at 28×28 is
+# 14 → 7 → 4 → 2 → 1, at 45×45 23 → 12 → 6 → 3 → 2; mobilenet_v2's depthwise stride-2 convs likewise.
+@pytest.mark.parametrize("source, size", [("torchvision:resnet18", 28), ("torchvision:resnet18", 45),
+                                          ("torchvision:mobilenet_v2", 45), ("torchvision:efficientnet_b0", 37)])
+def test_sizes_a_stride_does_not_divide_equal_pytorch(source: str, size: int, tmp_path: Any) -> None:
+    errs = parity(source, ".safetensors", tmp_path, size)
     assert errs["logits"] <= 1e-5, errs
     assert errs["loss"] <= 1e-4 and errs["grads"] <= 1e-4, errs
     assert errs["export"] == 0.0, errs

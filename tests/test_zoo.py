@@ -70,10 +70,18 @@ def test_a_spec_file_refuses_classes_or_input_it_does_not_state(tmp_path) -> Non
 
 def test_impossible_input_names_the_layer_block_and_rule() -> None:
     with pytest.raises(UnsupportedSpec) as e:
-        get_net("resnet18", input=(3, 100, 100))  # 100 → 50 → 25, then a stride-2 stage
+        get_net("convnext_tiny", input=(3, 60, 60))  # the 4×4 stem: 15, whose 2×2 downsample would drop a row
     msg = str(e.value)
-    assert msg.startswith("layer 3 (residualStage(") and "on input [64, 25, 25]: block 0: conv1: " \
-        "stride 2 does not divide the 25x25 input" in msg and "\n" not in msg
+    assert msg.startswith("layer 3 (convNextDownsample(") and "on input [96, 15, 15]: block 0: " \
+        "stride 2 does not divide the 15x15 input" in msg and "\n" not in msg
+
+
+def test_resnets_take_sizes_a_stride_does_not_divide_as_torchvision_does() -> None:
+    """A stride-2 conv of an odd map floors as torch.nn.Conv2d does (both paths of a block alike), so
+    resnet18 runs at 28×28 (14 → 7 → 4 → 2 → 1) and 100×100 (…, 25 → 13 → 7 → 4), as torchvision's does."""
+    assert get_net("resnet18", classes=10, input=(3, 28, 28)).out_shape == (10,)
+    spec = get_net("resnet18", input=(3, 100, 100))
+    assert [w.out_shape[1:] for w in spec.walk()][-3] == (4, 4)
 
 
 def test_fixed_nets_keep_working_and_refuse_other_sizes() -> None:

@@ -74,7 +74,9 @@ def image(in_shape: Shape, kind: str) -> tuple[int, int, int]:
 
 
 def check_stride(stride: int, in_shape: Shape) -> None:
-    """Blocks keep spatial bookkeeping exact: a stride must divide the input (no silent floor)."""
+    """For a block whose paths meet at an exact multiple (UNet's ×2 upsample onto its skip) or whose
+    window would leave the last row out (ConvNeXt's 2×2 downsample of an odd map): the stride must
+    divide the input, no silent floor."""
     _, h, w = in_shape
     if stride <= 0:
         raise UnsupportedSpec(f"stride must be positive, got {stride}")

@@ -35,7 +35,7 @@ from hloforge.core.spec import Ctx, Layer, ParamSlot, Shape, StatSlot
 from hloforge.lowering.conv import conv2d, conv_strategies, is_pointwise
 from hloforge.lowering.norm import BN_REDUCE, normalize
 from hloforge.plugins.layers.activation import check_act, emit_act, reference_act
-from hloforge.plugins.layers.compose import check_stride, image, is_train
+from hloforge.plugins.layers.compose import image, is_train
 
 BN_EPS = 1e-5
 
@@ -212,7 +212,9 @@ class LayerNorm(Layer):
 
 class _ConvBnUnit(Layer):
     """conv (no bias: β follows) → batch norm → act; what ConvBn and DepthwiseConvBn share.
-    `pad` None is PyTorch's (k−1)//2."""
+    `pad` None is PyTorch's (k−1)//2. A stride that does not divide the input gives PyTorch's Conv2d
+    size, ⌊(n + 2·pad − k)/stride⌋ + 1 (resnet18 at 28×28: 7 → 4 → 2 → 1); a block whose paths then
+    disagree is refused by its skip check."""
 
     strategy_kinds = ("conv2d", "layout", "convGrad", "depthwise", "pointwise", "bnReduce")
 
@@ -244,7 +246,8 @@ class _ConvBnUnit(Layer):
         oc, g = self.out_channels(c), self.group_count(c)
         if self.k <= 0 or oc <= 0 or self.padding < 0:
             raise UnsupportedSpec(f"out channels and k must be positive, pad non-negative (out={oc}, k={self.k})")
-        check_stride(self.stride, in_shape)
+        if self.stride <= 0:
+            raise UnsupportedSpec(f"stride must be positive, got {self.stride}")
         if g <= 0 or c % g or oc % g:
             raise UnsupportedSpec(f"groups={g} must divide in channels {c} and out channels {oc}")
         oh, ow = ((n + 2 * self.padding - self.k) // self.stride + 1 for n in (h, w))
@@ -297,6 +300,8 @@ class ConvBn(_ConvBnUnit):
         return [
             (cls(4, k=3, act="relu"), (3, 4, 4)),
             (cls(4, k=3, stride=2, act="relu6"), (2, 4, 4)),
+            (cls(3, k=3, stride=2, act="relu"), (2, 5, 5)),  # a stride that does not divide: 5 → 3
+            (cls(3, k=1, stride=2, act="identity"), (2, 5, 5)),  # ... the 1×1 projection's 3 as well
             (cls(3, k=1, act="swish", eps=1e-3), (2, 3, 3)),
             (cls(4, k=3, groups=2, act="hSwish"), (2, 3, 3)),
             (cls(2, k=1, act="identity"), (3, 2, 2)),
@@ -322,7 +327,8 @@ class DepthwiseConvBn(_ConvBnUnit):
 
     @classmethod
     def gate_cases(cls) -> list[tuple[Layer, Shape]]:
-        return [(cls(k=3, act="relu6"), (3, 4, 4)), (cls(k=5, stride=2, act="identity"), (2, 4, 4))]
+        return [(cls(k=3, act="relu6"), (3, 4, 4)), (cls(k=5, stride=2, act="identity"), (2, 4, 4)),
+                (cls(k=3, stride=2, act="relu6"), (2, 7, 5))]
 
 
 def dw(k: int, stride: int = 1, act: str = "relu", eps: float = BN_EPS) -> DepthwiseConvBn:

@@ -46,7 +46,8 @@ class ResidualStage(BlockLayer):
 
     @classmethod
     def gate_cases(cls) -> list[tuple[Layer, Shape]]:
-        return [(cls(4, n=1), (4, 4, 4)), (cls(4, n=2, stride=2), (2, 4, 4)), (cls(4, n=2, drop_path=0.5), (4, 4, 4))]
+        return [(cls(4, n=1), (4, 4, 4)), (cls(4, n=2, stride=2), (2, 4, 4)), (cls(4, n=2, drop_path=0.5), (4, 4, 4)),
+                (cls(4, n=1, stride=2), (2, 5, 5))]  # 5 → 3 on both paths
 
 
 @attrs.frozen
