@@ -61,6 +61,14 @@ def test_model_numbers_of_the_wrong_type_or_range_are_one_line(kw: dict, message
         hf.Model(tiny_net(), **kw)
 
 
+def test_bn_momentum_on_a_net_without_batchnorm_is_one_line() -> None:
+    """As bn_eps there: an option that would do nothing is refused, naming the net (the default is no option)."""
+    with pytest.raises(HloforgeError, match=re.escape("bn_momentum 0.5: net 'api-args' has no BatchNorm")):
+        hf.Model(tiny_net(), bn_momentum=0.5)
+    assert hf.Model(tiny_net(), bn_momentum=0.9).bn_momentum == 0.9
+    assert hf.Model("resnet-mini", bn_momentum=0.5).bn_momentum == 0.5
+
+
 def test_zoo_overrides_of_the_wrong_type_are_one_line() -> None:
     with pytest.raises(HloforgeError, match=re.escape("classes = '3': expected an integer (or nothing)")):
         hf.Model("mnist-mlp", classes="3")

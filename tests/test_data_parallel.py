@@ -372,6 +372,17 @@ def test_cli_dp_training_and_sharded_eval_print_the_same_top1(tmp_path, capsys):
     assert "needs 3 devices" in capsys.readouterr().err
 
 
+def test_sync_bn_on_a_net_without_batchnorm_is_one_line(tmp_path, capsys) -> None:
+    """Nothing to pool: refused naming the net (as --bn-eps there is), before a run directory is made."""
+    from hloforge.cli import main
+
+    run = tmp_path / "run"
+    assert main(["train", "mnist-linear", "--epochs", "1", "--replicas", "2", "--sync-bn", "--run-dir", str(run),
+                 "--no-progress"]) == 3
+    assert capsys.readouterr().err.strip() == "hloforge: error: sync_bn: net 'mnist-linear' has no BatchNorm"
+    assert not run.exists()
+
+
 def test_replicas_without_devices_asks_the_cpu_plugin_for_one_device_each(tmp_path) -> None:
     """docs/distributed.md's `hloforge train mnist-cnn --replicas 2` and `hloforge eval RUN --replicas 2`:
     the default client has one device; --replicas N alone asks for N (the config records no --devices)."""

@@ -169,6 +169,26 @@ class TrainConfig(VariantFields):
                                   f"epochs, so the lr would never reach {self.lr:g}; expected fewer warm-up epochs "
                                   "than epochs")
 
+    def check_bn(self, spec: NetSpec) -> None:
+        """sync_bn or a bn_momentum other than the default, refused on a net without BatchNorm statistics."""
+        said = [k for k in ("sync_bn", "bn_momentum") if getattr(self, k) != attrs.fields_dict(TrainConfig)[k].default]
+        if said and not spec.stats():
+            what = " and ".join("sync_bn" if k == "sync_bn" else f"bn_momentum {self.bn_momentum:g}" for k in said)
+            raise UnsupportedSpec(f"{what}: net {spec.name!r} has no BatchNorm")
+
+    def check_net(self, variant: Variant, spec: NetSpec, training: bool = True) -> None:
+        """What the options refuse of the net they train (`variant` and `spec` the run's, the variant applied):
+        fp8's, and (`training`) BatchNorm's options on a net without it, as the Variant refuses bn_eps there: an
+        option that would do nothing is a mistake said, not taken unsaid (a run's own config is scored as it is)."""
+        if training:
+            self.check_bn(spec)
+        if variant.precision == "fp8":
+            from hloforge.train import fp8
+
+            fp8.check_variant(variant, spec)
+            if self.replicas > 1:
+                raise UnsupportedSpec("precision fp8 runs on one replica (its master weights live on the host)")
+
 
 def absolute(path: Any) -> Any:
     """A file a run reads, made absolute when its config is made, so the config.toml it writes names it for

@@ -116,10 +116,7 @@ class Run:
                           if self.variant.soft_labels else None)
             if self.mixer is not None:
                 self.mixer.check_input(self.spec.input_shape)
-            if self.variant.precision == "fp8":
-                fp8.check_variant(self.variant, self.spec)
-                if cfg.replicas > 1:
-                    raise UnsupportedSpec("precision fp8 runs on one replica (its master weights live on the host)")
+            cfg.check_net(self.variant, self.spec, training=not eval_only)  # BN options on a BN-less net, fp8
             opts: dict[str, Any] = data_path_options(cfg, None if data is not None or cfg.data == ARRAYS
                                                      else reg.get("dataset", cfg.data))
         except (UnsupportedSpec, PluginError) as e:  # an unknown plugin name is the options' too
