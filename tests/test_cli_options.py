@@ -144,14 +144,14 @@ def test_refused_in_a_real_process_with_one_line_and_no_run_dir(argv, needle, tm
 
 def test_edge_values_accepted_in_a_real_process_train_and_read_back(tmp_path):
     """Edge-but-valid values work: a warm-up of all but the run's last step, the largest seed, one step an epoch
-    (a warm-up as long as the run is refused: tests/test_run_mistakes.py)."""
-    argv = [sys.executable, "-m", "hloforge.cli", "train", "mnist-linear", "--epochs", "1", "--batch", "1437",
-            "--warmup-epochs", "0.999", "--seed", str(I64_MAX), "--clip", "0", "--no-progress", "--run-dir", "r"]
+    (a warm-up as long as the run, or of less than one step, is refused: tests/test_run_mistakes.py)."""
+    argv = [sys.executable, "-m", "hloforge.cli", "train", "mnist-linear", "--epochs", "2", "--batch", "1437",
+            "--warmup-epochs", "1.999", "--seed", str(I64_MAX), "--clip", "0", "--no-progress", "--run-dir", "r"]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     with open(tmp_path / "r" / "config.toml", "rb") as f:
         d = tomllib.load(f)
-    assert d["seed"] == I64_MAX and d["warmup_epochs"] == 0.999 and math.isfinite(d["lr"])
+    assert d["seed"] == I64_MAX and d["warmup_epochs"] == 1.999 and math.isfinite(d["lr"])
     assert load_config(str(tmp_path / "r" / "config.toml")) == TrainConfig(**d)
 
 

@@ -1,6 +1,6 @@
 """User mistakes around a run that must be one line and lose nothing, never a plausible wrong number: a
 ModelCheckpoint path that holds another run, a resume on other data, an lr f32 rounds to zero, a warm-up
-longer than the run, a dataset with an empty split."""
+longer than the run or worth no whole update, a dataset with an empty split."""
 
 from __future__ import annotations
 
@@ -188,6 +188,30 @@ def test_a_resume_checks_the_warmup_against_the_runs_total_epochs(tmp_path, caps
     capsys.readouterr()
     assert main([*run, "--resume", "--epochs", "5", "--warmup-epochs", "5"]) == 3
     assert "warmup_epochs 5" in one_line_error(capsys)
+
+
+def test_a_warmup_of_one_update_warms_up_and_one_of_none_is_refused(tmp_path, capsys, monkeypatch):
+    """A warm-up of one whole update is a step below the lr (as PyTorch's and timm's ramps are), not a step at
+    it; one worth less than an update would warm up nothing, and is refused saying what it amounts to."""
+    from types import SimpleNamespace
+
+    from hloforge.train.schedule import warmup_updates
+    from hloforge.train.trainer import Run
+
+    fake = SimpleNamespace(cfg=TrainConfig(lr=1.0, epochs=2, warmup_epochs=0.1, schedule="constant"),
+                           variant=SimpleNamespace(accum=1), steps_per_epoch=10, origin=(0, 0))  # 1 update
+    assert [Run.lr(fake, s) for s in range(3)] == [0.5, 1.0, 1.0]
+    assert warmup_updates(0.0455, 22) == 1 and warmup_updates(0.29, 100) == 29  # f64's 28.999999999999996
+    monkeypatch.chdir(tmp_path)
+    assert main([*TRAIN, "--warmup-epochs", "0.01"]) == 3  # digits at batch 64: 22 updates an epoch
+    assert one_line_error(capsys) == ("hloforge: error: warmup_epochs 0.01 is less than one optimizer update (0.01 "
+                                      "of an epoch of 22), so it would warm up nothing; expected at least 0.0455 (one "
+                                      "update), or 0 for no warm-up")
+    assert not (tmp_path / "runs").exists()
+    m = hf.Model("mnist-linear", warmup_epochs=0.01)
+    with pytest.raises(UnsupportedSpec, match=r"update \(0\.01 of an epoch of 44\)"):  # batch 32
+        m.fit(data="digits", epochs=1, verbose=False)
+    assert m._step == 0
 
 
 # ------------------------------------------------------------------ 5. an empty split

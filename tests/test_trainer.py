@@ -85,8 +85,8 @@ def test_topk_and_schedule_and_bn_weight():
     logits = np.array([[0.1, 0.5, 0.2], [0.9, 0.0, 0.3]])
     assert (label_rank(logits, np.array([2, 2])) < 1).tolist() == [False, False]
     assert (label_rank(logits, np.array([2, 2])) < 2).tolist() == [True, True]
-    assert lr_at(0, base=1.0, total_steps=10, warmup_steps=2) == 0.5
-    assert lr_at(2, base=1.0, total_steps=10, warmup_steps=2) == 1.0
+    warm = [lr_at(s, base=1.0, total_steps=10, warmup_steps=2, schedule="constant") for s in range(4)]
+    assert warm == pytest.approx([1 / 3, 2 / 3, 1.0, 1.0])  # both warm-up steps below the lr
     assert lr_at(10, base=1.0, total_steps=10) == pytest.approx(0.0, abs=1e-12)
     assert lr_at(6, base=1.0, total_steps=10, schedule="exp", decay_rate=0.5, steps_per_epoch=3) == 0.25
     assert bn_weight(0.99) == 0.01 and bn_weight(0.9) == pytest.approx(0.1)

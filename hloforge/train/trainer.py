@@ -59,7 +59,7 @@ from hloforge.train.evaluation import (  # noqa: F401
 from hloforge.train.metrics import eval_set_id
 from hloforge.train.mixing import Mixer
 from hloforge.train.parallel import DataParallelTrainSession, make_forward_session
-from hloforge.train.schedule import lr_at
+from hloforge.train.schedule import lr_at, warmup_updates
 from hloforge.train.session import ForwardSession, TrainSession, make_backend, replica_devices
 from hloforge.train.tasks import classes_mismatch, make_task
 from hloforge.zoo import get_net
@@ -158,6 +158,8 @@ class Run:
             raise UnsupportedSpec(f"accum {self.variant.accum}: the {self.steps_per_epoch} batches of an epoch do not "
                                   f"divide into updates of {self.variant.accum} micro-batches; pick a batch size or "
                                   "accum that divides them")
+        if not eval_only:  # a warm-up worth no whole update: refused before anything is written
+            warmup_updates(cfg.warmup_epochs, self.steps_per_epoch // self.variant.accum)
         self.dir = cfg.resolved_run_dir(self.spec, resume) if directory else None
         self.end_epoch = cfg.epochs
         self.eval_prefix = ""  # "val_": a Model's history names its validation scores so
@@ -348,7 +350,7 @@ class Run:
         c, k = self.cfg, self.variant.accum
         per_epoch = self.steps_per_epoch // k
         return lr_at((step - self.origin[1]) // k, base=c.lr, total_steps=c.epochs * per_epoch,
-                     warmup_steps=int(c.warmup_epochs * per_epoch), schedule=c.schedule,
+                     warmup_steps=warmup_updates(c.warmup_epochs, per_epoch), schedule=c.schedule,
                      decay_rate=c.decay_rate, steps_per_epoch=per_epoch, decay_epochs=c.decay_epochs)
 
     def train(self, resume: bool = False, cross_backend: bool = False, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
