@@ -384,7 +384,7 @@ class Model:
                  data_options: Mapping[str, Any] | None = None, region: str = DEFAULT_REGION) -> dict[str, Any]:
         """The task's own scores, as `hloforge train` scores an epoch (its Task's evaluation), on
         every row (the short last batch included): a classifier's top1 (a fraction), its 95% Wilson
-        interval top1_lo / top1_hi, top5, the mean cross-entropy `loss`, `correct` and `n`; a
+        interval top1_lo / top1_hi, top5 (of more than 5 classes), the mean cross-entropy `loss`, `correct`, `n`; a
         segmenter's miou, pixel_acc, iou/*, dice/*; a DDPM's noise_mse; a language model's
         bits_per_char. On arrays (x, y), or a registered dataset's test split (`evaluate("shapes")`
         or `data=`; a detector's mAP@0.5 scores its boxes: map50, ap50/*). `region`: the weights

@@ -62,7 +62,8 @@ def test_fit_evaluate_predict(fitted: hf.Model) -> None:
     x, y = blobs(60, seed=1)
     assert len(fitted.history) == 4 and fitted.history[-1]["loss"] < fitted.history[0]["loss"]
     s = fitted.evaluate(x, y)
-    assert s["n"] == 60 and s["top1"] > 0.9 and s["top1_lo"] <= s["top1"] <= s["top1_hi"] + 1e-12 and s["top5"] == 1.0
+    assert s["n"] == 60 and s["top1"] > 0.9 and s["top1_lo"] <= s["top1"] <= s["top1_hi"] + 1e-12
+    assert "top5" not in s  # 3 classes: every label is in the top 5, always 100%
     assert np.isfinite(s["loss"])
 
 

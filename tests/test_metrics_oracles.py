@@ -47,8 +47,11 @@ def test_top1_top5_and_loss_match_sklearn(classes: int) -> None:
     y = rng.integers(0, classes, 37).astype(np.int32)
     res = evaluate(Outputs(z), [], np.arange(37)[:, None], y)
     assert res.top1 == round(37 * accuracy_score(y, z.argmax(1)))
-    top5 = 1.0 if classes <= 5 else top_k_accuracy_score(y, z, k=5, labels=np.arange(classes))
-    assert res.top5 == round(37 * top5)  # fewer than 5 classes: every label is in the top 5
+    if classes <= 5:  # every label is in the top 5: always 100%, so no top-5 is scored or printed
+        assert res.top5 is None and "top-5" not in res.line()
+    else:
+        assert res.top5 == round(37 * top_k_accuracy_score(y, z, k=5, labels=np.arange(classes)))
+        assert res.line().endswith(f"top-5 {100 * res.top5 / 37:.2f}%")
     assert res.nll == pytest.approx(log_loss(y, softmax(z.astype(np.float64)), labels=np.arange(classes)), rel=1e-9)
 
 

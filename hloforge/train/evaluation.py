@@ -1,5 +1,6 @@
-"""Scoring a forward module over an eval split: top-1/top-5 with the per-example bitmap, and a language
-model's bits per character. Below the loop: the run, the tasks and the commands all score through it."""
+"""Scoring a forward module over an eval split: top-1/top-5 (top-5 of a net of more than 5 classes) with the
+per-example bitmap, and a language model's bits per character. Below the loop: the run, the tasks and the
+commands all score through it."""
 
 from __future__ import annotations
 
@@ -31,18 +32,26 @@ def fit_input(x: np.ndarray, spec: NetSpec, data_name: str, net: str = "") -> np
                                                            if takes_classes(net) else ""))
 
 
+TOP_K = 5  # top-5 accuracy: the label among the 5 highest logits
+
+
+def scores_top5(classes: int) -> bool:
+    """Whether a top-5 accuracy says anything: of 5 classes or fewer every label is in the top 5 (always 100%)."""
+    return classes > TOP_K
+
+
 @attrs.frozen
 class EvalResult:
     top1: int
-    top5: int
+    top5: int | None  # None: a net of 5 classes or fewer (scores_top5)
     n: int
     correct: np.ndarray
     nll: float = math.nan  # the mean cross-entropy of the softmax over the logits
 
     def line(self) -> str:
         lo, hi = wilson(self.top1, self.n)
-        return (f"top-1 {100 * self.top1 / self.n:.2f}% [{100 * lo:.2f}, {100 * hi:.2f}] ({self.top1}/{self.n})  "
-                f"top-5 {100 * self.top5 / self.n:.2f}%")
+        return (f"top-1 {100 * self.top1 / self.n:.2f}% [{100 * lo:.2f}, {100 * hi:.2f}] ({self.top1}/{self.n})"
+                + ("" if self.top5 is None else f"  top-5 {100 * self.top5 / self.n:.2f}%"))
 
 
 @attrs.frozen
@@ -72,7 +81,8 @@ def evaluate(evaluator: ForwardSession, buffers: list[Any], x: np.ndarray, y: np
     logits = evaluator.logits(x, buffers)
     rank = label_rank(logits, y)
     c1 = rank < 1
-    return EvalResult(int(c1.sum()), int((rank < 5).sum()), len(y), c1, float(nll_sum(logits, y) / max(len(y), 1)))
+    top5 = int((rank < TOP_K).sum()) if scores_top5(logits.shape[1]) else None
+    return EvalResult(int(c1.sum()), top5, len(y), c1, float(nll_sum(logits, y) / max(len(y), 1)))
 
 
 def nll_sum(logits: np.ndarray, y: np.ndarray, chunk: int = 4096) -> float:
@@ -90,15 +100,17 @@ def evaluate_stream(evaluator: ForwardSession, buffers: list[Any], batches: Iter
     """The eval pass over streamed batches, in stream order. A pass that does not score the whole
     split (a dropped tail) is an error, never a plausible accuracy over fewer images."""
     c1, c5 = [np.zeros(0, bool)], [np.zeros(0, bool)]
-    nll = 0.0
+    nll, top5 = 0.0, False
     for x, y in batches:
         logits = evaluator.logits(x, buffers)
         rank = label_rank(logits, y)
         c1.append(rank < 1)
-        c5.append(rank < 5)
+        c5.append(rank < TOP_K)
         nll += nll_sum(logits, y)
+        top5 = scores_top5(logits.shape[1])
     top1 = np.concatenate(c1)
     if len(top1) != n_eval:
         raise DataError(f"the streamed eval pass scored {len(top1)} images; the eval split has {n_eval}")
-    return EvalResult(int(top1.sum()), int(np.concatenate(c5).sum()), n_eval, top1, nll / max(n_eval, 1))
+    return EvalResult(int(top1.sum()), int(np.concatenate(c5).sum()) if top5 else None, n_eval, top1,
+                      nll / max(n_eval, 1))
 

@@ -176,12 +176,15 @@ class ClassificationTask(Task):
         res = (evaluate_stream(evaluator, buffers, run.feed.eval_batches(), len(run.y_te)) if run.feed.streams
                else evaluate(evaluator, buffers, run.x_te, run.y_te))
         lo, hi = wilson(res.top1, res.n)
-        metrics = {"top1": res.top1 / res.n, "top1_lo": lo, "top1_hi": hi, "top5": res.top5 / res.n,
-                   "correct": res.top1, "n": res.n}
+        metrics = {"top1": res.top1 / res.n, "top1_lo": lo, "top1_hi": hi,
+                   **({} if res.top5 is None else {"top5": res.top5 / res.n}), "correct": res.top1, "n": res.n}
         return Evaluation(metrics, f"test {res.line()}", res.correct, res.nll)
 
     def metric_names(self) -> set[str] | None:
-        return {"top1", "top1_lo", "top1_hi", "top5", "correct", "n"}
+        from hloforge.train.evaluation import scores_top5
+
+        return {"top1", "top1_lo", "top1_hi", "correct", "n"} | ({"top5"} if scores_top5(self.run.spec.num_classes)
+                                                                 else set())
 
     def ema_metrics(self, ev: Evaluation) -> dict[str, Any]:
         return {"top1_ema": ev.metrics["top1"], "correct_ema": ev.metrics["correct"]}
