@@ -110,9 +110,9 @@ class Model:
             input = [plain(d) for d in input]
         # The run config's own checks (each value's type, then its range: lr > 0, seed an integer ≥ 0, ...), the
         # one definition `hloforge train` refuses by: a bad value is one line here, not a TypeError from numpy.
-        config = TrainConfig(optimizer=optimizer, lr=lr, schedule=schedule, warmup_epochs=warmup_epochs,
-                             decay_rate=decay_rate, bn_momentum=bn_momentum, seed=seed, classes=classes, input=input,
-                             **self._run_options, **variant_fields)
+        config = TrainConfig.checked("Model", optimizer=optimizer, lr=lr, schedule=schedule,
+                                     warmup_epochs=warmup_epochs, decay_rate=decay_rate, bn_momentum=bn_momentum,
+                                     seed=seed, classes=classes, input=input, **self._run_options, **variant_fields)
         spec, self._net_ref = net_of(net, classes, input)
         config.check_bn(spec)  # bn_momentum on a net without BatchNorm, as apply_to refuses bn_eps
         # an option its schedule or net never reads is a mistake said, as `hloforge train` says it of the flags

@@ -35,26 +35,26 @@ def fitted() -> hf.Model:
 
 
 @pytest.mark.parametrize("kw, message", [
-    ({"lr": "0.1"}, "lr = '0.1': expected a number"),
-    ({"lr": None}, "lr = None: expected a number"),
-    ({"lr": True}, "lr = True: expected a number"),
+    ({"lr": "0.1"}, "Model option lr='0.1': expected a number"),
+    ({"lr": None}, "Model option lr=None: expected a number"),
+    ({"lr": True}, "Model option lr=True: expected a number"),
     ({"lr": -1.0}, "lr must be a positive number, got -1.0"),
-    ({"seed": -1}, "seed = -1: expected a finite number ≥ 0"),
-    ({"seed": "a"}, "seed = 'a': expected an integer"),
-    ({"seed": 1.5}, "seed = 1.5: expected an integer"),
-    ({"seed": True}, "seed = True: expected an integer"),
-    ({"warmup_epochs": "1"}, "warmup_epochs = '1': expected a number"),
-    ({"warmup_epochs": math.nan}, "warmup_epochs = nan: expected a finite number ≥ 0"),
-    ({"decay_rate": None}, "decay_rate = None: expected a number"),
+    ({"seed": -1}, "Model option seed=-1: expected a finite number ≥ 0"),
+    ({"seed": "a"}, "Model option seed='a': expected an integer"),
+    ({"seed": 1.5}, "Model option seed=1.5: expected an integer"),
+    ({"seed": True}, "Model option seed=True: expected an integer"),
+    ({"warmup_epochs": "1"}, "Model option warmup_epochs='1': expected a number"),
+    ({"warmup_epochs": math.nan}, "Model option warmup_epochs=nan: expected a finite number ≥ 0"),
+    ({"decay_rate": None}, "Model option decay_rate=None: expected a number"),
     ({"decay_rate": 2.0}, "decay_rate must be in (0, 1]"),
-    ({"bn_momentum": "x"}, "bn_momentum = 'x': expected a number"),
+    ({"bn_momentum": "x"}, "Model option bn_momentum='x': expected a number"),
     ({"bn_momentum": 1.5}, "bn_momentum must be in [0, 1), got 1.5"),
-    ({"ema": "x"}, "ema = 'x': expected a number"),
-    ({"clip": "x"}, "clip = 'x': expected a number"),
-    ({"mixup": "x"}, "mixup = 'x': expected a number"),
-    ({"bn_eps": "x"}, "bn_eps = 'x': expected a number (or nothing)"),
-    ({"weight_decay": "x"}, "weight_decay = 'x': expected a number (or nothing)"),
-    ({"schedule": None}, "schedule = None: expected a string"),
+    ({"ema": "x"}, "Model option ema='x': expected a number"),
+    ({"clip": "x"}, "Model option clip='x': expected a number"),
+    ({"mixup": "x"}, "Model option mixup='x': expected a number"),
+    ({"bn_eps": "x"}, "Model option bn_eps='x': expected a number (or nothing)"),
+    ({"weight_decay": "x"}, "Model option weight_decay='x': expected a number (or nothing)"),
+    ({"schedule": None}, "Model option schedule=None: expected a string"),
 ])
 def test_model_numbers_of_the_wrong_type_or_range_are_one_line(kw: dict, message: str) -> None:
     with pytest.raises(HloforgeError, match=re.escape(message)):
@@ -70,9 +70,9 @@ def test_bn_momentum_on_a_net_without_batchnorm_is_one_line() -> None:
 
 
 def test_zoo_overrides_of_the_wrong_type_are_one_line() -> None:
-    with pytest.raises(HloforgeError, match=re.escape("classes = '3': expected an integer (or nothing)")):
+    with pytest.raises(HloforgeError, match=re.escape("Model option classes='3': expected an integer (or nothing)")):
         hf.Model("mnist-mlp", classes="3")
-    with pytest.raises(HloforgeError, match=re.escape("input = 5: expected a list")):
+    with pytest.raises(HloforgeError, match=re.escape("Model option input=5: expected a list")):
         hf.Model("mnist-mlp", input=5)
 
 

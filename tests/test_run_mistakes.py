@@ -5,6 +5,7 @@ longer than the run or worth no whole update, a dataset with an empty split."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tomllib
 
@@ -148,13 +149,20 @@ def test_an_lr_that_rounds_to_zero_in_f32_is_refused(value, tmp_path, capsys, mo
     assert main([*TRAIN, "--lr", value]) == 2
     assert "argument --lr: expected a finite number > 0 that f32 holds" in one_line_error(capsys)
     assert not (tmp_path / "runs").exists()
-    with pytest.raises(UnsupportedSpec, match=rf"config value lr = {float(value)}: expected .*f32"):
+    holds = "that f32 holds (1.2e-38 to 3.4e38 in size): the programs take it as f32"  # not "0, or": lr refuses 0
+    said = f"config value lr = {float(value)}: expected a number {holds}"
+    with pytest.raises(UnsupportedSpec, match=re.escape(said)):
         TrainConfig(lr=float(value))
-    with pytest.raises(UnsupportedSpec, match="lr"):
+    with pytest.raises(UnsupportedSpec) as e:  # named as the user wrote it: Model's keyword
         hf.Model("mnist-linear", lr=float(value))
+    assert str(e.value) == f"Model option lr={float(value)}: expected a number {holds}"
     (tmp_path / "c.toml").write_text(f"lr = {value}\n")
     assert main(["train", "--config", str(tmp_path / "c.toml"), "--run-dir", "r"]) == 3
-    assert "config value lr" in one_line_error(capsys) and not (tmp_path / "r").exists()
+    assert one_line_error(capsys).endswith(said)
+    assert not (tmp_path / "r").exists()
+    with pytest.raises(UnsupportedSpec, match=re.escape("Model option weight_decay=1e-50: expected a number that f32 "
+                                                        "holds (0, or 1.2e-38")):  # a field that takes 0 offers it
+        hf.Model("mnist-linear", weight_decay=1e-50)
 
 
 def test_an_f32_subnormal_or_overflowing_option_is_refused_a_normal_one_taken(capsys):

@@ -96,6 +96,18 @@ class TrainConfig(VariantFields):
         self.check()  # its own lines first (lr must be positive, …), then every number finite and ≥ 0
         check_fields(self, numbers=True)
 
+    @classmethod
+    def checked(cls, owner: str, **values: Any) -> TrainConfig:
+        """TrainConfig(**values), a value its field checks refuse said as `owner`'s keyword as the user wrote it
+        (`Model option lr=1e-50: ...`), not as a config file's key."""
+        try:
+            return cls(**values)
+        except UnsupportedSpec as e:
+            if not hasattr(e, "field"):  # a check of its own (lr must be positive, ...): said in the option's name
+                raise
+            name, v, expected = e.field
+            raise UnsupportedSpec(f"{owner} option {name}={v!r}: expected {expected}") from None
+
     def variant(self, spec: NetSpec | None = None) -> Variant:
         """The loss: `loss` if given, else the net's and dataset's (tokenCrossEntropy for per-token logits,
         crossEntropy for classes, perPixelCE for masks, mse for a DDPM: hloforge.train.tasks)."""

@@ -14,14 +14,22 @@ from typing import Any
 
 import attrs
 
-from hloforge.core.errors import UnsupportedSpec
+from hloforge.core.errors import HloforgeError, UnsupportedSpec
 from hloforge.core.f32 import F32_RANGE, f32_holds
 
 
 def as_tuple(v: Any, what: str) -> tuple[Any, ...]:
     if not isinstance(v, (list, tuple)):
-        raise UnsupportedSpec(f"config value {what} = {v!r}: expected a list")
+        raise refused(what, v, "a list")
     return tuple(v)
+
+
+def refused(name: str, v: Any, expected: str) -> UnsupportedSpec:
+    """A config value refused, said as a config file's key; (name, value, expected) kept on it as `field`, for a
+    caller that took the value as another name (Model's keyword: config.checked_config) to say it as written."""
+    e = UnsupportedSpec(f"config value {name} = {v!r}: expected {expected}")
+    e.field = (name, v, expected)  # type: ignore[attr-defined]
+    return e
 
 
 def check_fields(cfg: Any, numbers: bool = False) -> None:
@@ -36,13 +44,23 @@ def check_fields(cfg: Any, numbers: bool = False) -> None:
         items = v if t.item else (v,)
         want = t.item or t.base
         if (t.item and not isinstance(v, tuple)) or not all(_is_a(x, want) for x in items):
-            raise UnsupportedSpec(f"config value {f.name} = {v!r}: expected {t.describe()}")
+            raise refused(f.name, v, t.describe())
         if numbers and want in (int, float) and not all(math.isfinite(x) and x >= 0 for x in items):
-            raise UnsupportedSpec(f"config value {f.name} = {v!r}: expected "
-                                  + ("finite numbers ≥ 0" if t.item else "a finite number ≥ 0"))
+            raise refused(f.name, v, "finite numbers ≥ 0" if t.item else "a finite number ≥ 0")
         if numbers and want is float and not all(f32_holds(x) for x in items):
-            raise UnsupportedSpec(f"config value {f.name} = {v!r}: expected " + ("numbers" if t.item else "a number")
-                                  + f" that f32 holds (0, or {F32_RANGE}): the programs take it as f32")
+            raise refused(f.name, v, ("numbers" if t.item else "a number") + f" that f32 holds "
+                          f"({_zero_or(cfg, f.name, len(items) if t.item else None)}{F32_RANGE}): the programs take "
+                          "it as f32")
+
+
+def _zero_or(cfg: Any, name: str, items: int | None) -> str:
+    """"0, or " where the field takes 0, else "": whether it does is the config's own checks' to say (lr refuses
+    it), so a refusal never offers a value that is refused too. `items`: a list field's length."""
+    try:
+        attrs.evolve(cfg, **{name: 0.0 if items is None else (0.0,) * items})
+    except HloforgeError:
+        return ""
+    return "0, or "
 
 
 @attrs.frozen
