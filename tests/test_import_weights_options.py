@@ -4,6 +4,8 @@ state dicts are made without torch (the exporter's own `torch_state_dict` of a z
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from test_image_commands_input import refused  # tests/ is on sys.path (rootdir-relative, no package)
@@ -87,6 +89,26 @@ def test_an_input_that_is_no_shape_is_one_line(tmp_path, given) -> None:
     with pytest.raises(UnsupportedSpec, match=r"import_weights input is .*; expected the net's input shape without "
                                               r"the batch, a sequence of positive integers such as \(3, 64, 64\)$"):
         import_weights("torchvision:resnet18", _weights_file(tmp_path), str(tmp_path / "w.safetensors"), input=given)
+
+
+def test_a_safetensors_suffix_in_another_case_is_a_weights_file(tmp_path, capsys) -> None:
+    # Before: --out W.SafeTensors was taken as a run directory (refused for want of --data, or written as one),
+    # and a state dict R18.SAFETENSORS refused as "expected a .safetensors file, or .pth/...".
+    from safetensors.numpy import load_file
+
+    from hloforge.cli import main
+
+    file = tmp_path / "R18.SAFETENSORS"
+    os.rename(_weights_file(tmp_path), file)
+    out = tmp_path / "W.SafeTensors"
+    assert import_weights("torchvision:resnet18", str(file), str(out), input=INPUT, log=lambda s: None) == str(out)
+    assert out.is_file() and any(k.startswith("param/") for k in load_file(str(out)))
+    out = tmp_path / "cli.SAFETENSORS"
+    assert main(["import-weights", "torchvision:resnet18", str(file), "--input", "3,32,32", "--out", str(out)]) == 0
+    assert out.is_file() and capsys.readouterr().out.rstrip().endswith(f"-> {out}")
+    err = refused(["import-weights", "torchvision:resnet18", str(file), "--input", "3,32,32", "--out",
+                   str(tmp_path / "x.SafeTensors"), "--data", "digits"], capsys)
+    assert "a .safetensors out is the bare weights" in err
 
 
 @pytest.mark.parametrize("name,wrap", [("model_best.pth.tar", lambda sd: {"epoch": 3, "state_dict": sd}),

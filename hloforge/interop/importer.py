@@ -23,7 +23,7 @@ from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
 from hloforge.core.slots import check_stats
 from hloforge.core.spec import NetSpec
 from hloforge.interop.torch_names import IGNORED_SUFFIXES, LAYOUTS, SOURCES, Family, Unit, units
-from hloforge.train.checkpoint import PICKLED, read_weights_file, unwrapped
+from hloforge.train.checkpoint import PICKLED, SAFETENSORS, ends_in, read_weights_file, unwrapped
 from hloforge.train.rundir import checked_path
 from hloforge.zoo import get_net
 
@@ -41,9 +41,9 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
         raise DataError(f"weights file {path} does not exist")
     if os.path.getsize(path) == 0:  # torch.load and safetensors both fail on one with no message worth quoting
         raise DataError(f"weights file {path} is empty; expected a saved state dict")
-    if path.endswith(".safetensors"):
+    if ends_in(path, SAFETENSORS):
         return read_weights_file(path, "weights file")
-    if not path.endswith(PICKLED):
+    if not ends_in(path, PICKLED):
         raise DataError(f"weights file {path}: expected a .safetensors file, or {'/'.join(PICKLED)} (needs torch)")
     try:
         import torch
@@ -341,7 +341,7 @@ def import_weights(source: str, file: str, out: str, *, input: Sequence[int] | N
     directory at `out`; returns its path. `input` overrides the net's input shape (C, H, W), `data`
     / `data_options` the dataset the run evaluates on (default: the trainer's; its options a mapping, as
     Model.fit takes them, or "KEY=VALUE" items). An `out` ending in
-    .safetensors is a bare weights file instead (`write_weights`: no run, no dataset)."""
+    .safetensors (in any case) is a bare weights file instead (`write_weights`: no run, no dataset)."""
     family(source)
     if input is not None and (isinstance(input, str) or not isinstance(input, (Sequence, np.ndarray))):
         raise UnsupportedSpec(f"import_weights input is {input!r}; expected the net's input shape without the batch, "
@@ -352,14 +352,14 @@ def import_weights(source: str, file: str, out: str, *, input: Sequence[int] | N
     if isinstance(data_options, Mapping):  # Model.fit's form
         data_options = tuple(f"{k}={v}" for k, v in data_options.items())
     file, out = checked_path(file, "import_weights file"), checked_path(out, "import_weights out")  # a Path too
-    if out.endswith(".safetensors"):  # a bare weights file has no run to evaluate on a dataset or backend
+    if ends_in(out, SAFETENSORS):  # a bare weights file has no run to evaluate on a dataset or backend
         run_only = [n for n, v in (("data", data), ("data_options", data_options), ("backend", backend)) if v]
         if run_only:
             raise UnsupportedSpec(f"{out}: a .safetensors out is the bare weights, which name no dataset or backend, "
                                   f"so {' / '.join(run_only)} (--{' / --'.join(_FLAGS[n] for n in run_only)}) would "
                                   "be dropped; expected them left out, or an out directory for a run")
     imp = map_state_dict(source, read_state_dict(file), input=input, where=f"weights file {file}")
-    if out.endswith(".safetensors"):
+    if ends_in(out, SAFETENSORS):
         write_weights(imp, out)
     else:
         write_run(imp, out, data=data, data_options=data_options, backend=backend, log=log)

@@ -185,6 +185,13 @@ def read_weights_file(path: str, what: str) -> dict[str, np.ndarray]:
 
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # what nn.DataParallel / DistributedDataParallel and torch.compile add
 PICKLED = (".pth", ".pt", ".bin", ".pth.tar", ".ckpt")  # torch.save files (timm train.py: .pth.tar, Lightning: .ckpt)
+SAFETENSORS = ".safetensors"
+
+
+def ends_in(path: str, suffixes: str | tuple[str, ...]) -> bool:
+    """Whether a file name ends in one of `suffixes` (lower case), in any case: W.SafeTensors is a safetensors
+    file as w.safetensors is (a name another system or tool wrote), not a directory or a refused kind."""
+    return path.lower().endswith(suffixes)
 
 
 def unwrapped(sd: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
@@ -201,7 +208,7 @@ def unwrapped(sd: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
 def foreign_format(path: str) -> str | None:
     """What a file that does not read as safetensors is instead, when it is a common one (said in a
     refusal: "a NumPy .npz archive"), else None. A PyTorch pickle by its suffix: torch.save's is a zip too."""
-    if path.endswith(PICKLED):
+    if ends_in(path, PICKLED):
         return "a PyTorch pickle"
     try:
         with open(path, "rb") as f:
@@ -210,8 +217,8 @@ def foreign_format(path: str) -> str | None:
         return None
     if head.startswith(b"\x93NUMPY"):
         return "a NumPy .npy array"
-    if head.startswith(b"PK") or path.endswith(".npz"):  # np.savez writes a zip
-        return "a NumPy .npz archive" if path.endswith(".npz") else "a zip archive"
+    if head.startswith(b"PK") or ends_in(path, ".npz"):  # np.savez writes a zip
+        return "a NumPy .npz archive" if ends_in(path, ".npz") else "a zip archive"
     return None
 
 
