@@ -429,6 +429,8 @@ def test_hloforge_train_freeze_and_ema_under_mpiexec_is_the_two_replica_run(tmp_
     (("--replicas", "3"), "batch 64 (the global batch) does not split evenly over 3 replicas"),  # before MPI starts
     (("--cutmix", "0.3"), "cutmix pastes a box of an image: it needs an input [C, H, W] or [H, W], not [784]"),
     (("--backend", "xl"), "unknown backend 'xl'; registered:"),  # before: said by every rank, then MPI_Abort
+    (("--optimizer", "adamm"), "unknown optimizer 'adamm'; registered: adam (hloforge)"),  # so were these two
+    (("--loss", "nope"), "unknown loss 'nope'; registered: anchorYolo (hloforge)"),
     (("--data-dir", "/no-such-dir"), "--data-dir /no-such-dir: dataset 'digits' reads no data dir"),
 ])
 def test_a_refusal_every_rank_reaches_under_mpiexec_is_one_line(tmp_path, more, message):

@@ -190,8 +190,14 @@ class TrainConfig(VariantFields):
 
     def check_net(self, variant: Variant, spec: NetSpec, training: bool = True) -> None:
         """What the options refuse of the net they train (`variant` and `spec` the run's, the variant applied):
-        fp8's, and (`training`) BatchNorm's options on a net without it, as the Variant refuses bn_eps there: an
-        option that would do nothing is a mistake said, not taken unsaid (a run's own config is scored as it is)."""
+        an optimizer or loss no plugin registers (or options it does not take), fp8's, and (`training`)
+        BatchNorm's options on a net without it, as the Variant refuses bn_eps there: an option that would do
+        nothing is a mistake said, not taken unsaid (a run's own config is scored as it is). Each rank of an
+        MPI run refuses them alike, so the trainer says them once."""
+        from hloforge.core.registry import default_registry
+
+        variant.make_optimizer(default_registry())
+        variant.make_loss(default_registry())
         if training:
             self.check_bn(spec)
         if variant.precision == "fp8":
