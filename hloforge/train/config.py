@@ -23,7 +23,7 @@ from hloforge.core.regions import DEFAULT_REGION, check_region
 from hloforge.core.spec import NetSpec
 from hloforge.core.variant import Variant, VariantFields
 from hloforge.train.configio import as_tuple, check_fields, toml_value
-from hloforge.train.schedule import SCHEDULES
+from hloforge.train.schedule import SCHEDULES, warmup_updates
 
 CHECKPOINT = "checkpoint.safetensors"
 CONFIG = "config.toml"
@@ -180,6 +180,19 @@ class TrainConfig(VariantFields):
             raise UnsupportedSpec(f"warmup_epochs {self.warmup_epochs:g} is not fewer than the run's {self.epochs} "
                                   f"epochs, so the lr would never reach {self.lr:g}; expected fewer warm-up epochs "
                                   "than epochs")
+
+    def check_steps(self, accum: int, steps: int, rows: int, training: bool = True) -> None:
+        """What the options refuse of the training split's batches (`steps` an epoch, of its `rows`): none at all,
+        an epoch that does not end on an applied update, and (`training`) a warm-up worth no whole update."""
+        if steps == 0 and training:
+            raise DataError(f"batch {self.batch} is larger than the {rows}-image training split"
+                            + (f" shared by {self.workers} workers" if self.workers else ""))
+        if steps % accum:
+            # An epoch must end on an applied update, or its checkpoint would hold a half-full accumulator.
+            raise UnsupportedSpec(f"accum {accum}: the {steps} batches of an epoch do not divide into updates of "
+                                  f"{accum} micro-batches; pick a batch size or accum that divides them")
+        if training:
+            warmup_updates(self.warmup_epochs, steps // accum)
 
     def check_bn(self, spec: NetSpec) -> None:
         """sync_bn or a bn_momentum other than the default, refused on a net without BatchNorm statistics."""

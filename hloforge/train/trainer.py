@@ -150,16 +150,10 @@ class Run:
         self._x_te = None if x_te is None else self._fit_input(x_te)
         self.eval_set = eval_set_id(cfg.data, "test", self.y_te, self._x_te)  # a streamed eval's: its labels'
         self.steps_per_epoch = self.feed.steps_per_epoch
-        if self.steps_per_epoch == 0 and not eval_only:
-            raise DataError(f"batch {cfg.batch} is larger than the {self.feed.n}-image training split"
-                            + (f" shared by {cfg.workers} workers" if cfg.workers else ""))
-        if self.steps_per_epoch % self.variant.accum:
-            # An epoch must end on an applied update, or its checkpoint would hold a half-full accumulator.
-            raise UnsupportedSpec(f"accum {self.variant.accum}: the {self.steps_per_epoch} batches of an epoch do not "
-                                  f"divide into updates of {self.variant.accum} micro-batches; pick a batch size or "
-                                  "accum that divides them")
-        if not eval_only:  # a warm-up worth no whole update: refused before anything is written
-            warmup_updates(cfg.warmup_epochs, self.steps_per_epoch // self.variant.accum)
+        try:  # the options and the split's size decide these, so every rank refuses alike: said once
+            cfg.check_steps(self.variant.accum, self.steps_per_epoch, self.feed.n, training=not eval_only)
+        except HloforgeError as e:
+            raise mpi.shared(e, self.world) from None
         self.dir = cfg.resolved_run_dir(self.spec, resume) if directory else None
         self.end_epoch = cfg.epochs
         self.eval_prefix = ""  # "val_": a Model's history names its validation scores so
