@@ -42,3 +42,27 @@ def test_a_saved_netspec_run_loads_and_evaluates_after_its_directory_moved(tmp_p
     loaded = hf.load(str(tmp_path / "moved"))
     assert all(np.array_equal(a, b) for a, b in zip(loaded.params, m.params, strict=True))
     assert main(["eval", str(tmp_path / "moved")]) == 0, capsys.readouterr().err
+
+
+def test_api_paths_starting_with_a_tilde_are_under_home(tmp_path, monkeypatch):
+    """Was: save("~/saved") wrote a folder named `~` in the current one (hf.load("~/saved") then read it
+    back from there alone, and `rm -rf ~` is how a user would clear it); now `~` is the home folder, as
+    a shell reads it, for save, hf.load, plot and ModelCheckpoint."""
+    from hloforge.callbacks import ModelCheckpoint
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HLOFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    os.makedirs(tmp_path / "home")
+    os.makedirs(tmp_path / "work")
+    monkeypatch.chdir(tmp_path / "work")
+    m = hf.Model(get_net("mnist-linear"))
+    x, y = np.random.default_rng(0).normal(size=(64, 784)).astype(np.float32), np.arange(64) % 10
+    m.fit(x, y, epochs=1, verbose=0, validation_data=(x, y),
+          callbacks=[ModelCheckpoint("~/best", monitor="val_loss")])
+    assert m.save("~/saved") == str(tmp_path / "home" / "saved")
+    m.plot("~/curves.png")
+    assert {"best", "curves.png", "saved"} <= set(os.listdir(tmp_path / "home"))
+    assert os.listdir(tmp_path / "work") == []  # no folder named ~
+    monkeypatch.chdir(tmp_path)
+    loaded = hf.load("~/saved")
+    assert all(np.array_equal(a, b) for a, b in zip(loaded.params.values(), m.params.values(), strict=True))

@@ -203,7 +203,7 @@ class ModelCheckpoint(Monitor):
                  data: str | None = None, overwrite: bool = False):
         if not isinstance(path, (str, os.PathLike)) or not str(path):
             raise UnsupportedSpec(f"ModelCheckpoint wants path a directory name, got {path!r}")
-        path = os.fspath(path)
+        path = os.path.expanduser(os.fspath(path))  # `~/best` is under the home folder, as save's path
         if os.path.isfile(path):  # else refused only when the first improvement is written
             raise UnsupportedSpec(f"ModelCheckpoint writes a run directory, but {path} is a file")
         if not isinstance(overwrite, bool):  # "no" would be true

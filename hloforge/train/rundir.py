@@ -42,11 +42,12 @@ NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
 def checked_path(path: Any, what: str) -> str:
-    """A str or os.PathLike path as a str, refused otherwise."""
+    """A str or os.PathLike path as a str, a leading `~` expanded as a shell would (not a folder named `~`
+    in the current one), refused otherwise."""
     p = os.fspath(path) if isinstance(path, os.PathLike) else path
     if not isinstance(p, str) or not p:
         raise UnsupportedSpec(f"{what} takes a path (a non-empty str or os.PathLike), got {path!r}")
-    return p
+    return os.path.expanduser(p)
 
 
 def make_dir(path: str, what: str) -> None:
