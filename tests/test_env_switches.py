@@ -151,6 +151,30 @@ def test_an_empty_cache_dir_is_the_default(home, monkeypatch):
     assert cache_root() == home / ".cache" / "hloforge"
 
 
+def test_no_home_folder_is_one_line_asking_for_the_cache_dir(tmp_path, monkeypatch, capsys):
+    """$HOME unset under a user id with no passwd entry (a container run as an arbitrary uid): was
+    Path.home()'s RuntimeError, `internal error` (exit 4)."""
+    import pwd
+
+    from hloforge.cli import main
+
+    def no_entry(uid):
+        raise KeyError(uid)
+
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.delenv("HLOFORGE_CACHE_DIR", raising=False)
+    monkeypatch.setattr(pwd, "getpwuid", no_entry)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(BackendError, match=r"^no home folder for hloforge's cache .*expected \$HLOFORGE_CACHE_DIR "
+                                           r"naming a writable directory$"):
+        cache_root()
+    assert main(["train", "mnist-linear", "--epochs", "1", "--run-dir", "run", "--no-progress"]) == 3
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "HLOFORGE_CACHE_DIR" in err and not os.path.exists("run"), err
+    monkeypatch.setenv("HLOFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    assert cache_root() == tmp_path / "cache"
+
+
 def test_the_pjrt_plugin_path_expands_a_tilde(home, monkeypatch):
     (home / "plugin.so").write_bytes(b"")
     monkeypatch.setenv("HLOFORGE_PJRT_PLUGIN", "~/plugin.so")

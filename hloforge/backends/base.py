@@ -70,9 +70,18 @@ CACHE_ENV_VAR = "HLOFORGE_CACHE_DIR"
 
 
 def cache_root() -> Path:
-    """$HLOFORGE_CACHE_DIR (`~` expanded), else ~/.cache/hloforge: each cache is a subdirectory of it."""
+    """$HLOFORGE_CACHE_DIR (`~` expanded), else ~/.cache/hloforge: each cache is a subdirectory of it. Where
+    there is no home folder ($HOME unset, and a user id with no passwd entry: a container's), one line
+    asking for $HLOFORGE_CACHE_DIR (was: Path.home()'s RuntimeError, an internal error)."""
     explicit = env_path(CACHE_ENV_VAR)
-    return Path(explicit) if explicit else Path.home() / ".cache" / "hloforge"
+    if explicit:
+        return Path(explicit)
+    home = os.path.expanduser("~")
+    if home.startswith("~"):
+        raise setting_error(BackendError, f"no home folder for hloforge's cache (~/.cache/hloforge): $HOME is unset "
+                                          f"and user id {os.getuid()} has none; expected ${CACHE_ENV_VAR} naming a "
+                                          "writable directory")
+    return Path(home) / ".cache" / "hloforge"
 
 
 def backend_fingerprint(backend: Any) -> str:
