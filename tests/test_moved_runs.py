@@ -66,3 +66,30 @@ def test_api_paths_starting_with_a_tilde_are_under_home(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     loaded = hf.load("~/saved")
     assert all(np.array_equal(a, b) for a, b in zip(loaded.params.values(), m.params.values(), strict=True))
+
+
+def test_config_of_a_moved_spec_file_run_trains_the_runs_net(tmp_path, monkeypatch, capsys):
+    """`train --config RUN/config.toml` reproduces the run. Its net is a spec file's absolute path: on
+    another machine (the file gone) it was `spec file ... does not exist`, now the checkpoint's copy; where
+    the path holds another net now it trained that one unsaid, now one line naming the difference."""
+    trained_spec_file_run(tmp_path, monkeypatch)
+    trained = last_epoch(capsys.readouterr().out)
+    shutil.copytree(tmp_path / "work" / "run", tmp_path / "elsewhere" / "run")
+    os.remove("specs/net.json")
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert main(["train", "--config", "run/config.toml", "--run-dir", "again", "--no-progress"]) == 0, \
+        capsys.readouterr().err
+    assert last_epoch(capsys.readouterr().out) == trained
+    (tmp_path / "work" / "specs" / "net.json").write_text(get_net("mnist-mlp").to_json(), encoding="utf-8")
+    assert main(["train", "--config", "run/config.toml", "--run-dir", "other", "--no-progress"]) == 3
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "now holds another net than its run trained" in err, err
+    assert not os.path.exists("other")
+    net = str(tmp_path / "work" / "specs" / "net.json")  # given on the command line: the file as it is now
+    assert main(["train", net, "--config", "run/config.toml", "--run-dir", "other", "--no-progress"]) == 0
+    assert "mnist-mlp" in capsys.readouterr().out
+
+
+def last_epoch(out: str) -> str:
+    """The last epoch line's loss and top-1, without its speed."""
+    return [ln for ln in out.splitlines() if ln.startswith("epoch ")][-1].split(" img/s")[0].rsplit("  ", 1)[0]

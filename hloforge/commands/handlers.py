@@ -117,8 +117,11 @@ def _train(args: argparse.Namespace) -> None:
         if not is_time_conditioned(net := get_net(cfg.net, cfg.classes, cfg.input)):
             raise UnsupportedSpec(f"{' and '.join(schedule)} set a DDPM's noise schedule; net {net.name!r} is no "
                                   "DDPM (no layer reads the time channel)")
+    from hloforge.train.rundir import config_spec
+
+    spec = config_spec(args.config, cfg) if args.config and not args.resume and not args.net else None
     try:
-        train(cfg, resume=args.resume, cross_backend=args.cross_backend, progress=not args.no_progress,
+        train(cfg, resume=args.resume, cross_backend=args.cross_backend, spec=spec, progress=not args.no_progress,
               callbacks=callbacks)
     except DataError as e:
         from hloforge.commands.opening import moved_data_hint

@@ -25,7 +25,7 @@ import numpy as np
 
 from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
 from hloforge.core.spec import NetSpec
-from hloforge.train.checkpoint import FORMAT_FAMILY, TMP_SUFFIX, load_meta, write_atomic
+from hloforge.train.checkpoint import FORMAT_FAMILY, TMP_SUFFIX, first_difference, load_meta, write_atomic
 from hloforge.train.config import BITMAP, CHECKPOINT, CONFIG, TrainConfig
 from hloforge.train.curves import PNG
 from hloforge.train.metrics import describe_eval_set, same_eval_set
@@ -338,3 +338,27 @@ def resumed_spec(cfg: TrainConfig, resume: bool) -> NetSpec | None:
     if not (resume and cfg.run_dir and cfg.net.endswith(SPEC_SUFFIXES) and os.path.exists(path)):
         return None
     return own_spec(cfg.net, NetSpec.from_dict(load_meta(path)["spec"], source=path))
+
+
+def config_spec(config: str, cfg: TrainConfig) -> NetSpec | None:
+    """For `train --config RUN/config.toml` (a new run as that run was) whose net is a spec file's path: where
+    that file is gone (the run directory moved to another machine), the run's checkpoint's own copy, as eval and
+    --resume read it; where it now holds another net than the run trained, one line (the run would not be
+    reproduced). None where the config has no checkpoint beside it or names a zoo net: the net as cfg names it."""
+    from hloforge.zoo import get_net
+
+    path = os.path.join(os.path.dirname(os.path.abspath(config)), CHECKPOINT)
+    if not (cfg.net.endswith(SPEC_SUFFIXES) and os.path.isfile(path)):
+        return None
+    meta = load_meta(path)
+    stored = NetSpec.from_dict(meta["spec"], source=path)
+    if not os.path.exists(cfg.net):
+        return stored
+    now = get_net(cfg.net, cfg.classes, cfg.input)
+    made = json.loads(json.dumps(cfg.variant(now).apply_to(now).to_dict()))
+    if made != meta["spec"]:
+        raise DataError(f"config {config}: its net {cfg.net} now holds another net than its run trained "
+                        f"({first_difference(meta['spec'], made)}: the run's, not the file's); expected the run's "
+                        f"own spec file (its copy is in {path}), or the net given to train as it is now: "
+                        f"hloforge train {shlex.quote(cfg.net)} --config {shlex.quote(config)}")
+    return None

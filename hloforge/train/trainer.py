@@ -635,9 +635,9 @@ def check_matches(path: str, meta: dict[str, Any], spec: NetSpec, variant: Varia
                         "pass --cross-backend to load it anyway")
 
 
-def train(cfg: TrainConfig, *, resume: bool = False, cross_backend: bool = False,
+def train(cfg: TrainConfig, *, resume: bool = False, cross_backend: bool = False, spec: NetSpec | None = None,
           log: Callable[[str], None] = print, progress: bool = True, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
-    """Train per `cfg`; `resume` continues the run directory's checkpoint (a spec file's net as it holds it),
-    `cross_backend` lets it be another backend's (its last bits differ); `callbacks` see the Run as `model`."""
-    run = Run(cfg, log, progress, resume, spec=rundir.resumed_spec(cfg, resume))
+    """Train per `cfg` (`spec`: its net, where not the one cfg names); `resume` continues the run directory's checkpoint
+    (a spec file's net as it holds it), `cross_backend` lets it be another backend's; `callbacks` see the Run."""
+    run = Run(cfg, log, progress, resume, spec=spec or rundir.resumed_spec(cfg, resume))
     return run.train(resume=resume, cross_backend=cross_backend, callbacks=callbacks)
