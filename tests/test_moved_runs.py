@@ -68,6 +68,17 @@ def test_api_paths_starting_with_a_tilde_are_under_home(tmp_path, monkeypatch):
     assert all(np.array_equal(a, b) for a, b in zip(loaded.params.values(), m.params.values(), strict=True))
 
 
+def test_a_model_of_a_spec_file_under_home_named_with_a_tilde(tmp_path, monkeypatch):
+    """Was: Model("~/net.json") refused, `spec file '~/net.json' does not exist`, where save("~/…") writes."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "net.json").write_text(get_net("mnist-linear").to_json(), encoding="utf-8")
+    monkeypatch.chdir(tmp_path / "..")
+    m = hf.Model("~/net.json")
+    assert m.spec == get_net("mnist-linear")
+    m.save(str(tmp_path / "saved"))
+    assert f'net = "{tmp_path}/net.json"' in (tmp_path / "saved" / "config.toml").read_text(encoding="utf-8")
+
+
 def test_config_of_a_moved_spec_file_run_trains_the_runs_net(tmp_path, monkeypatch, capsys):
     """`train --config RUN/config.toml` reproduces the run. Its net is a spec file's absolute path: on
     another machine (the file gone) it was `spec file ... does not exist`, now the checkpoint's copy; where

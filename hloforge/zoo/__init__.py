@@ -119,5 +119,7 @@ def net_of(net: NetSpec | str, classes: int | None, input: Sequence[int] | None)
         return net, ""
     if not isinstance(net, str):
         raise UnsupportedSpec(f"net must be a NetSpec, a zoo name or a spec file path, got {type(net).__name__}")
+    if net.endswith(SPEC_SUFFIXES):  # a leading `~` is the home folder, as save's and hf.load's paths take it
+        net = os.path.expanduser(net)
     spec = get_net(net, classes, input)
     return spec, (os.path.abspath(net) if net.endswith(SPEC_SUFFIXES) else net)
