@@ -135,6 +135,7 @@ def test_a_launcher_count_in_other_digits_is_a_plain_run():
 @pytest.fixture
 def home(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     monkeypatch.chdir(tmp_path)  # where a `~` taken literally would be made
     return tmp_path
 
@@ -151,6 +152,19 @@ def test_an_empty_cache_dir_is_the_default(home, monkeypatch):
     assert cache_root() == home / ".cache" / "hloforge"
 
 
+def test_the_cache_is_under_xdg_cache_home_where_it_is_set(home, monkeypatch):
+    """Was: ~/.cache/hloforge whatever $XDG_CACHE_HOME said (a cluster's scratch, where a small home's
+    quota would fill with compiled executables); $HLOFORGE_CACHE_DIR still wins, a relative value is ignored."""
+    monkeypatch.delenv("HLOFORGE_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home / "scratch"))
+    assert cache_root() == home / "scratch" / "hloforge"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative")  # the XDG spec: not absolute, so not used
+    assert cache_root() == home / ".cache" / "hloforge"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home / "scratch"))
+    monkeypatch.setenv("HLOFORGE_CACHE_DIR", str(home / "mine"))
+    assert cache_root() == home / "mine"
+
+
 def test_no_home_folder_is_one_line_asking_for_the_cache_dir(tmp_path, monkeypatch, capsys):
     """$HOME unset under a user id with no passwd entry (a container run as an arbitrary uid): was
     Path.home()'s RuntimeError, `internal error` (exit 4)."""
@@ -163,10 +177,11 @@ def test_no_home_folder_is_one_line_asking_for_the_cache_dir(tmp_path, monkeypat
 
     monkeypatch.delenv("HOME", raising=False)
     monkeypatch.delenv("HLOFORGE_CACHE_DIR", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     monkeypatch.setattr(pwd, "getpwuid", no_entry)
     monkeypatch.chdir(tmp_path)
     with pytest.raises(BackendError, match=r"^no home folder for hloforge's cache .*expected \$HLOFORGE_CACHE_DIR "
-                                           r"naming a writable directory$"):
+                                           r"\(or \$XDG_CACHE_HOME\) naming a writable directory$"):
         cache_root()
     assert main(["train", "mnist-linear", "--epochs", "1", "--run-dir", "run", "--no-progress"]) == 3
     err = capsys.readouterr().err.strip()

@@ -70,17 +70,21 @@ CACHE_ENV_VAR = "HLOFORGE_CACHE_DIR"
 
 
 def cache_root() -> Path:
-    """$HLOFORGE_CACHE_DIR (`~` expanded), else ~/.cache/hloforge: each cache is a subdirectory of it. Where
-    there is no home folder ($HOME unset, and a user id with no passwd entry: a container's), one line
-    asking for $HLOFORGE_CACHE_DIR (was: Path.home()'s RuntimeError, an internal error)."""
+    """$HLOFORGE_CACHE_DIR (`~` expanded), else $XDG_CACHE_HOME/hloforge (where that is an absolute path, as the
+    XDG spec has it: a cluster's scratch, not a small home), else ~/.cache/hloforge: each cache is a
+    subdirectory of it. Where there is no home folder ($HOME unset, and a user id with no passwd entry: a
+    container's), one line asking for $HLOFORGE_CACHE_DIR (was: Path.home()'s RuntimeError, an internal error)."""
     explicit = env_path(CACHE_ENV_VAR)
     if explicit:
         return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    if os.path.isabs(xdg):
+        return Path(xdg) / "hloforge"
     home = os.path.expanduser("~")
     if home.startswith("~"):
         raise setting_error(BackendError, f"no home folder for hloforge's cache (~/.cache/hloforge): $HOME is unset "
-                                          f"and user id {os.getuid()} has none; expected ${CACHE_ENV_VAR} naming a "
-                                          "writable directory")
+                                          f"and user id {os.getuid()} has none; expected ${CACHE_ENV_VAR} (or "
+                                          "$XDG_CACHE_HOME) naming a writable directory")
     return Path(home) / ".cache" / "hloforge"
 
 
