@@ -19,6 +19,7 @@ import typing
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
+from hloforge.callbacks import tbevents
 from hloforge.core.errors import HloforgeError, PluginError, UnsupportedSpec
 from hloforge.core.lookup import LookupModule
 from hloforge.core.registry import component_label
@@ -323,9 +324,10 @@ class CSVLogger(Callback):
 
 
 class TensorBoard(Callback):
-    """Each epoch's numeric metrics as TensorBoard scalars under `logdir` (and each step's loss when
-    `every_step`), written by tensorboardX's SummaryWriter: `pip install tensorboardX` (read back with
-    tensorboard's EventAccumulator or `tensorboard --logdir`)."""
+    """Each epoch's numeric metrics as TensorBoard scalars under `logdir` by epoch (and each step's loss by
+    global step when `every_step`), written by tensorboardX's SummaryWriter: `pip install tensorboardX`
+    (read back with tensorboard's EventAccumulator or `tensorboard --logdir`). A resume cuts the files
+    back to its checkpoint first (tbevents.rewind)."""
 
     name = "tensorboard"
 
@@ -347,16 +349,37 @@ class TensorBoard(Callback):
         self._writer: Any = None
 
     def on_train_begin(self, logs: dict[str, Any]) -> None:
-        self._writer = self._writer_cls(self.logdir)
+        history = logs.get("history", ())
+        if not history:
+            self._writer = self._writer_cls(self.logdir)
+            return
+        # A resume: the files cut back to its checkpoint (the last epoch of its history), then the history's
+        # epochs they lack (the run killed before this callback logged its checkpoint's epoch, or a
+        # first run without this callback), as CSVLogger writes the history.
+        last = history[-1]
+        try:
+            kept = tbevents.rewind(self.logdir, last["epoch"], last["step"]) if os.path.isdir(self.logdir) else set()
+        except OSError as e:
+            raise HloforgeError(f"TensorBoard cannot cut the event files in {self.logdir} back to the checkpoint "
+                                f"(epoch {last['epoch']}): {e.strerror or e}") from None
+        # A name after the killed run's file: tensorboardX's (its second and host) would be the same one
+        # within a second, opened over it.
+        self._writer = self._writer_cls(self.logdir, filename_suffix=f".{last['step']}")
+        for row in history:
+            self._log_epoch(row["epoch"], row, skip=kept)
 
     def on_step_end(self, step: int, logs: dict[str, Any]) -> None:
         if self.every_step:
-            self._writer.add_scalar("step/loss", logs["loss"], step)
+            self._writer.add_scalar(f"{tbevents.STEP}loss", logs["loss"], step)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> None:
+        self._log_epoch(epoch, logs)
+
+    def _log_epoch(self, epoch: int, logs: dict[str, Any], skip: Collection[tuple[str, int]] = ()) -> None:
         for k, v in logs.items():
-            if k != "epoch" and isinstance(v, (int, float)):
-                self._writer.add_scalar(f"epoch/{k}", v, epoch)
+            tag = f"{tbevents.EPOCH}{k}"
+            if k != "epoch" and isinstance(v, (int, float)) and (tag, epoch) not in skip:
+                self._writer.add_scalar(tag, v, epoch)
         self._writer.flush()
 
     def on_train_end(self, logs: dict[str, Any]) -> None:

@@ -1,0 +1,103 @@
+"""A run stopped after its last checkpoint and resumed shows in TensorBoard as the uninterrupted run does:
+every tag's value at each step once, the epochs' equal to metrics.jsonl's. Before, the steps logged after
+the checkpoint showed twice (the killed run's and the resumed run's), and an epoch checkpointed before the
+callback logged it not at all."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import numpy as np
+import pytest
+
+from hloforge.callbacks import Callback, TensorBoard
+from hloforge.train.trainer import TrainConfig, train
+
+pytest.importorskip("tensorboardX")
+loader = pytest.importorskip("tensorboard.backend.event_processing.event_file_loader")
+
+QUIET = {"log": lambda s: None, "progress": False}
+STEPS = 22  # mnist-linear's steps an epoch on the digits at batch 64
+
+
+class Stopped(Exception):
+    """The kill: raised out of the loop, which closes the callbacks (their files flushed) on the way out."""
+
+
+class StopAt(Callback):
+    def __init__(self, step: int = 0, epoch: int = 0) -> None:
+        self.step, self.epoch = step, epoch
+
+    def on_step_end(self, step: int, logs: dict) -> None:
+        if step == self.step:
+            raise Stopped
+
+    def on_epoch_end(self, epoch: int, logs: dict) -> None:
+        if epoch == self.epoch:
+            raise Stopped
+
+
+def scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
+    """Each tag's (step, value) in the order a reader meets them: every event file, oldest first, read raw
+    (no purge marker honoured), so a step held twice shows twice."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(glob.glob(os.path.join(logdir, "*tfevents*"))):
+        for ev in loader.EventFileLoader(path).Load():
+            for v in ev.summary.value:
+                value = v.tensor.float_val[0] if v.HasField("tensor") else v.simple_value  # tensorboardX: a tensor
+                out.setdefault(v.tag, []).append((ev.step, value))
+    return out
+
+
+def run(tmp_path, name: str, *stops: Callback) -> tuple[str, str]:
+    d, logdir = str(tmp_path / name), str(tmp_path / name / "tb")
+    cfg = TrainConfig(net="mnist-linear", epochs=3, run_dir=d)
+    if stops:
+        with pytest.raises(Stopped):
+            train(cfg, callbacks=[*stops, TensorBoard(logdir, every_step=True)], **QUIET)
+    train(cfg, resume=bool(stops), callbacks=[TensorBoard(logdir, every_step=True)], **QUIET)
+    return d, logdir
+
+
+@pytest.mark.parametrize("stop", [
+    StopAt(step=2 * STEPS + 5),  # in epoch 3, checkpoint at 2: steps 45-49 logged past it
+    StopAt(epoch=2),  # before TensorBoard, after epoch 2's checkpoint: its epoch scalars never logged
+], ids=["steps-past-checkpoint", "epoch-checkpointed-unlogged"])
+def test_a_resumed_runs_events_are_the_uninterrupted_runs(stop: StopAt, tmp_path) -> None:
+    _, whole = run(tmp_path, "whole")
+    d, resumed = run(tmp_path, "resumed", stop)
+    want, got = scalars(whole), scalars(resumed)
+    assert got.keys() == want.keys()
+    for tag, seen in got.items():
+        steps = [s for s, _ in seen]
+        assert steps == [s for s, _ in want[tag]] == sorted(set(steps)), tag  # each step once, in order
+    assert np.allclose([v for _, v in got["step/loss"]], [v for _, v in want["step/loss"]])
+    with open(os.path.join(d, "metrics.jsonl"), encoding="utf-8") as f:
+        epochs = [r for r in map(json.loads, f) if r["kind"] == "epoch"]
+    for tag in ("epoch/loss", "epoch/top1", "epoch/step", "epoch/seconds"):
+        assert got[tag] == [(r["epoch"], pytest.approx(r[tag.removeprefix("epoch/")], rel=1e-6)) for r in epochs], tag
+
+
+def test_a_kill_mid_record_is_cut_and_the_rest_kept(tmp_path) -> None:
+    """SIGKILL while tensorboardX writes leaves a torn last record: the rewind drops it with the scalars
+    past the checkpoint, and keeps the other records, another writer's tags among them, as they were."""
+    from tensorboardX import SummaryWriter
+
+    from hloforge.callbacks import tbevents
+
+    w = SummaryWriter(str(tmp_path))
+    for step in (1, 2, 3):
+        w.add_scalar("step/loss", step / 10, step)
+        w.add_scalar("mine", step, step)
+    w.add_scalar("epoch/loss", 0.5, 1)
+    w.add_scalar("epoch/loss", 0.25, 2)
+    w.close()
+    (path,) = glob.glob(str(tmp_path / "*tfevents*"))
+    with open(path, "ab") as f:
+        f.write(b"\x40\x00\x00\x00\x00\x00\x00\x00\x01\x02")  # half a header
+    assert tbevents.rewind(str(tmp_path), epoch=1, step=2) == {("epoch/loss", 1)}
+    assert scalars(str(tmp_path)) == {"step/loss": [(1, pytest.approx(0.1)), (2, pytest.approx(0.2))],
+                                      "mine": [(1, 1), (2, 2), (3, 3)], "epoch/loss": [(1, 0.5)]}
+    assert os.listdir(tmp_path) == [os.path.basename(path)]  # no temp file left
