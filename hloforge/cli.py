@@ -165,8 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     given_argv, argv = argv, list(sys.argv[1:] if argv is None else argv)
     if _another_rank_does_it(argv):
         return EXIT_OK
-    if given_argv is None and os.environ.get("PMI_FD"):  # a rank under hydra: its worker (hloforge.train.mpi.supervise)
-        from hloforge.train.mpi import supervise
+    if given_argv is None and os.environ.get("PMI_FD"):  # a rank under hydra: its worker (hloforge.train.supervise)
+        from hloforge.train.supervise import supervise
 
         supervise(sys.orig_argv[1:])
     try:

@@ -513,7 +513,7 @@ def drill(tmp_path: Path, sig: int | None, flags: tuple[str, ...] = (), timeout_
         if p.poll() is None:
             p.kill()
         if left is not None:
-            time.sleep(0.5)  # a worker's SIGKILL on its parent's death (mpi._die_with_parent) is not instant
+            time.sleep(0.5)  # a worker's SIGKILL on its parent's death (supervise._die_with_parent) is not instant
         for rank in (0, 1):
             pid = _rank_pid(tag, rank)
             if pid is not None:
