@@ -5,11 +5,12 @@ commands/handlers.py; their names are re-exported here (`from hloforge.cli impor
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import sys
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 from hloforge.commands.argtypes import F32_MAX as F32_MAX
@@ -112,19 +113,31 @@ def _a_later_rank() -> bool:
     return launched()[0] > 0 and not (mpi is not None and mpi.world_made())
 
 
+def _said_across(argv: Sequence[str], code: int, said: str, file: TextIO) -> bool:
+    """A rank of a launch across processes (`train` under mpiexec) that ends before its run starts: it meets
+    the others first (mpi.ended_before_start), so none waits for it for ever, and `said` is said once (by
+    the rank that alone ended, naming itself). False where it cannot meet them: the caller says it as before."""
+    mpi = sys.modules.get("hloforge.train.mpi")
+    if not (argv[:1] and argv[0] in ACROSS_PROCESSES) or (mpi is not None and mpi.world_made()):
+        return False
+    from hloforge.core.launcher import launched
+
+    if launched()[1] == 1:
+        return False
+    from hloforge.train.mpi import ended_before_start
+
+    text = ended_before_start(code, said)
+    if text:
+        print(text, end="", file=file)
+    return text is not None
+
+
 def _end_mpi_run(e: BaseException, code: int) -> None:
     """A rank of a run across MPI processes ends for the others too (hloforge.train.mpi.end_after_error);
     nothing where none was started."""
     mpi = sys.modules.get("hloforge.train.mpi")
     if mpi is not None:
         mpi.end_after_error(e, code)
-
-
-@contextlib.contextmanager
-def _silenced() -> Iterator[None]:
-    """Standard output and error dropped inside the block (argparse prints its usage error or help there)."""
-    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null), contextlib.redirect_stderr(null):
-        yield
 
 
 _python_show_warning: Any = warnings.showwarning  # as Python shows a warning, for every other library's
@@ -175,11 +188,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return bench.main(argv[1:])
         p = parser()
+        out, err = io.StringIO(), io.StringIO()  # argparse's help and usage error, said once for the ranks
         try:
-            with _silenced() if _a_later_rank() else contextlib.nullcontext():
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
                 args = p.parse_args(argv)
-        except SystemExit as e:  # a usage error (2), or -h / --version (0): argparse has printed it
-            return e.code if isinstance(e.code, int) else EXIT_USAGE
+        except SystemExit as e:  # a usage error (2), or -h / --version (0)
+            code = e.code if isinstance(e.code, int) else EXIT_USAGE
+            said, file = (err.getvalue(), sys.stderr) if err.getvalue() else (out.getvalue(), sys.stdout)
+            if not _said_across(argv, code, said, file) and not _a_later_rank():
+                print(said, end="", file=file)
+            return code
         if args.command is None:  # a bare `hloforge`: the help, and nothing run
             p.print_help(sys.stderr)
             return EXIT_USAGE
@@ -195,6 +213,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             say()
         return EXIT_INTERRUPTED
     except (HloforgeError, OSError) as e:  # a refusal, or a file the user named that cannot be read or written
+        said = f"hloforge: error: {_os_error_said(e) if isinstance(e, OSError) else e}\n"
+        if not getattr(e, "quiet", False) and _said_across(argv, EXIT_BAD_INPUT, said, sys.stderr):
+            return EXIT_BAD_INPUT  # (HLOFORGE_DEBUG's traceback: a rank's own, run alone)
         # quiet: an MPI rank whose refusal another rank reports; so is a later rank's refusal of the options
         if not getattr(e, "quiet", False) and not (isinstance(e, UnsupportedSpec) and _a_later_rank()):
             if debug:

@@ -159,6 +159,7 @@ class World:
     _mpi: Any = None
     _diag: Any = None  # a communicator of its own for the missing-rank round
     _halt: Any = None  # one more, for the ranks to meet after Ctrl-C (end_after_interrupt)
+    said: str = ""  # what this rank prints of a start some rank did not make (_meet)
 
     @property
     def is_root(self) -> bool:
@@ -259,18 +260,14 @@ class World:
         self.wait(self.comm.Ibcast(buf, root=0), what)
         return obj if self.is_root else _unpickle(buf.tobytes())
 
-    def gather(self, obj: Any, what: str) -> list[Any] | None:
-        """Every rank's `obj` on rank 0 (in rank order), None elsewhere: small things, once."""
+    def allgather(self, obj: Any, what: str, slow: bool = False) -> list[Any]:
+        """Every rank's `obj` on every rank (in rank order): small things, once."""
         blob = np.frombuffer(_pickle(obj), np.uint8)
         sizes = np.zeros(self.size, np.int64)
-        self.wait(self.comm.Iallgather(np.array([len(blob)], np.int64), sizes), what)
-        out = np.empty(int(sizes.sum()), np.uint8) if self.is_root else None
+        self.wait(self.comm.Iallgather(np.array([len(blob)], np.int64), sizes), what, slow=slow)
+        out = np.empty(int(sizes.sum()), np.uint8)
         offsets = np.cumsum([0, *sizes[:-1]]).tolist()
-        self.wait(self.comm.Igatherv(blob, [out, sizes.tolist(), offsets, self._mpi.BYTE] if self.is_root else None,
-                                     root=0), what)
-        if not self.is_root:
-            return None
-        assert out is not None
+        self.wait(self.comm.Iallgatherv(blob, [out, sizes.tolist(), offsets, self._mpi.BYTE]), what)
         return [_unpickle(out[o:o + s].tobytes()) for o, s in zip(offsets, sizes.tolist(), strict=True)]
 
     def agree(self, what: str, value: Any) -> None:
@@ -285,16 +282,15 @@ class World:
         self.wait(self.comm.Iallgather(digest, every), f"the start ({what} compared)", slow=True)
         if (every == every[0]).all():
             return
-        values = self.gather(value, what)
-        if values is None:
-            raise PeerError("", quiet=True)
+        values = self.allgather(value, what)
         from hloforge.train.checkpoint import first_difference
 
         odd = next(r for r in range(self.size) if not (every[r] == every[0]).all())
         theirs = json.loads(json.dumps(values[odd], sort_keys=True, default=str))
         ours = json.loads(text)
         raise PeerError(f"rank {odd} of {self.size} was started with another {what} than rank 0 "
-                        f"({first_difference(theirs, ours)}); start every rank with the same command")
+                        f"({first_difference(theirs, ours)}); start every rank with the same command",
+                        quiet=not self.is_root)
 
     def finalize(self) -> None:
         """The end of a run that every rank finished: MPI shuts down in order when the process exits (a
@@ -341,8 +337,9 @@ def world_made() -> bool:
     return _WORLD is not None
 
 
-def world(environ: Any = None) -> World:
-    """The processes this one was launched with (detected once, lazily). One process: World(0, 1)."""
+def world(environ: Any = None, ended: tuple[int, str] | None = None) -> World:
+    """The processes this one was launched with (detected once, lazily). One process: World(0, 1). `ended`:
+    this rank ended before its run started (ended_before_start); the ranks meet first either way (_meet)."""
     global _WORLD
     if _WORLD is not None and environ is None:
         return _checked(_WORLD, os.environ)
@@ -374,7 +371,39 @@ def world(environ: Any = None) -> World:
             signal.signal(signal.SIGUSR1, _on_peer_death)
     if environ is None:
         _WORLD = w
+        if w.size > 1:
+            w.said = _meet(w, ended)
     return _checked(w, env)
+
+
+def _meet(w: World, ended: tuple[int, str] | None) -> str:
+    """The first collective of a run across processes: whether each rank ended before its run started (its
+    exit status and what it would print: a usage error, a refusal of its options, --help), so that no rank
+    waits for ever for one that left (in MPI_Init, or at the start). Every rank ended: rank 0 says it; some
+    alone: the lowest of them says it and names them. What this rank prints; a rank that did start is
+    stopped, quietly (a refusal every rank reached together: MPI ends in order)."""
+    notes = w.allgather(ended, "the start", slow=True)
+    gone = [r for r, n in enumerate(notes) if n is not None]
+    if not gone:
+        return ""
+    w.finalize_at_exit()
+    text = notes[gone[0]][1]
+    if len(gone) < w.size:
+        who = f"rank {gone[0]}" if len(gone) == 1 else f"ranks {', '.join(map(str, gone))}"
+        text = f"{text.rstrip()} (on {who} of {w.size} alone: start every rank with the same command)\n"
+    if ended is None:
+        raise PeerError(f"{text.rstrip()}", quiet=True)
+    return text if w.rank == gone[0] else ""
+
+
+def ended_before_start(code: int, said: str) -> str | None:
+    """A rank of a launch across processes that ends before its run starts meets the others first (_meet);
+    what it prints of `said` then ("" where another rank says it). None where no world can be made (no
+    mpi4py): rank 0 says it, as every rank would."""
+    try:
+        return world(ended=(code, said)).said
+    except HloforgeError:
+        return None
 
 
 def _timeout(env: Any) -> float | None:
