@@ -461,7 +461,7 @@ def test_a_rank_started_with_another_config_is_refused_in_one_line(tmp_path):
     assert r.returncode != 0
     lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.startswith("hloforge:")]
     assert len(lines) == 1, r.stdout + r.stderr
-    assert "rank 1 of 2 was started with another config or net than rank 0" in lines[0] and "lr" in lines[0]
+    assert "rank 1 of 2 was started with another config, net or data than rank 0" in lines[0] and "lr" in lines[0]
     assert "Traceback" not in r.stderr
     assert not (tmp_path / "r" / "checkpoint.safetensors").exists()
 
@@ -486,6 +486,28 @@ def test_a_rank_that_alone_ends_before_the_start_is_one_line_naming_it(tmp_path,
     assert len(lines) == 1 and lines[0].startswith(message), r.stdout + r.stderr
     assert lines[0].endswith(f"(on rank {alone} of 2 alone: start every rank with the same command)")
     assert not (tmp_path / "r").exists()
+
+
+@needs_mpi
+def test_a_rank_that_read_other_data_under_the_same_path_is_refused_in_one_line(tmp_path):
+    """One --data-file path, another file behind it on rank 1 (another machine's copy; here /proc/self/cwd and
+    -wdir). Before: every rank trained on its own data, rank 0 scored a plausible loss, and the ranks, at other
+    step counts, met at mismatched collectives until one was named missing."""
+    for rank, word in enumerate(("the quick brown fox ", "lorem ipsum dolor sit amet ")):
+        (tmp_path / f"w{rank}").mkdir()
+        (tmp_path / f"w{rank}" / "corpus.txt").write_text(word * (400 + 300 * rank))
+    cmd = [*HLOFORGE, "train", "tinygpt-nano", "--data", "text", "--data-file", "/proc/self/cwd/corpus.txt",
+           "--epochs", "1", "--batch", "32", "--run-dir", str(tmp_path / "r"), "--no-progress"]
+    assert MPIEXEC is not None
+    r = subprocess.run([MPIEXEC, "-iface", "lo", "-n", "1", "-wdir", str(tmp_path / "w0"), *cmd, ":", "-n", "1",
+                        "-wdir", str(tmp_path / "w1"), *cmd], capture_output=True, text=True, timeout=300,
+                       env=env(HLOFORGE_MPI_TIMEOUT="5"))
+    assert r.returncode != 0
+    lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.startswith("hloforge")]
+    assert len(lines) == 1, r.stdout + r.stderr
+    assert lines[0].startswith("hloforge: error: rank 1 of 2 was started with another config, net or data than "
+                               "rank 0 (data.eval_set: 'text:test:"), lines[0]
+    assert not (tmp_path / "r" / "checkpoint.safetensors").exists()
 
 
 def _rank_pid(tag: str, rank: int) -> int | None:

@@ -289,7 +289,7 @@ class World:
         theirs = json.loads(json.dumps(values[odd], sort_keys=True, default=str))
         ours = json.loads(text)
         raise PeerError(f"rank {odd} of {self.size} was started with another {what} than rank 0 "
-                        f"({first_difference(theirs, ours)}); start every rank with the same command",
+                        f"({first_difference(theirs, ours)}); start every rank with the same command and data",
                         quiet=not self.is_root)
 
     def finalize(self) -> None:
@@ -423,6 +423,16 @@ def _checked(w: World, env: Any) -> World:
         raise shared(UnsupportedSpec(f"{TIMEOUT_ENV}={env.get(TIMEOUT_ENV)!r}: expected a positive number of "
                                      "seconds"), w)
     return w
+
+
+def started_as(run: Any, resume: bool) -> dict[str, Any]:
+    """What the ranks of `hloforge train` compare at the start (World.agree): the config, the net, --resume,
+    and the data each rank read, since one path may hold other data on another machine (its eval set's id,
+    the train split's size and a hash of up to 2^20 of its labels, evenly spaced)."""
+    y = np.asarray(run.feed.y).reshape(-1)
+    labels = np.ascontiguousarray(y[::max(1, y.size >> 20)], np.int64)
+    return {"config": attrs.asdict(run.cfg), "net": run.spec.to_dict(), "resume": resume,
+            "data": {"eval_set": str(run.eval_set), "train": [run.feed.n, hashlib.sha256(labels).hexdigest()[:16]]}}
 
 
 # -- the run's pieces over the world -----------------------------------------------------------

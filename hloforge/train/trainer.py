@@ -356,7 +356,7 @@ class Run:
         w = self.world
         self.check_callbacks(callbacks)  # before anything is read, compiled or written
         if w.size > 1:  # every rank started alike, and writing where rank 0 says
-            w.agree("config or net", {"config": attrs.asdict(self.cfg), "net": self.spec.to_dict(), "resume": resume})
+            w.agree("config, net or data", mpi.started_as(self, resume))
             self.dir = w.bcast(self.dir, "the run directory")
         # the init weights read and matched before anything is written (resume reads the run's own checkpoint)
         init, failed = None, None
