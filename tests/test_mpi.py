@@ -510,6 +510,23 @@ def test_a_rank_that_read_other_data_under_the_same_path_is_refused_in_one_line(
     assert not (tmp_path / "r" / "checkpoint.safetensors").exists()
 
 
+@needs_mpi
+def test_a_callback_of_hloforge_train_runs_on_rank_0_alone(tmp_path):
+    """`--callback tensorboard:logdir=tb,every_step=true` (a relative logdir; each rank in its own -wdir). Before:
+    rank 1 opened a writer of its own and wrote every step's loss again (a second events file on another machine;
+    here, in the same second, the same file name)."""
+    pytest.importorskip("tensorboardX")
+    cmd = [*train_cmd(tmp_path / "r", 1), "--callback", "tensorboard:logdir=tb,every_step=true"]
+    for rank in (0, 1):
+        (tmp_path / f"w{rank}").mkdir()
+    assert MPIEXEC is not None
+    r = subprocess.run([MPIEXEC, "-iface", "lo", "-n", "1", "-wdir", str(tmp_path / "w0"), *cmd, ":", "-n", "1",
+                        "-wdir", str(tmp_path / "w1"), *cmd], capture_output=True, text=True, timeout=300, env=env())
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert len(os.listdir(tmp_path / "w0" / "tb")) == 1
+    assert not (tmp_path / "w1" / "tb").exists() or not os.listdir(tmp_path / "w1" / "tb")
+
+
 def _rank_pid(tag: str, rank: int) -> int | None:
     """The pid of rank `rank`'s worker (the process that trains: not its parent, mpi.supervise)."""
     for d in Path("/proc").iterdir():

@@ -435,6 +435,12 @@ def started_as(run: Any, resume: bool) -> dict[str, Any]:
             "data": {"eval_set": str(run.eval_set), "train": [run.feed.n, hashlib.sha256(labels).hexdigest()[:16]]}}
 
 
+def on_rank(w: World, callbacks: Sequence[Any]) -> list[Any]:
+    """The callbacks this rank runs: every one on rank 0, the one writer (TensorBoard's events, a CSV; a stop
+    one decides reaches the others: Run._epoch_end); elsewhere those with `every_rank` alone."""
+    return [cb for cb in callbacks if w.is_root or getattr(cb, "every_rank", False)]
+
+
 # -- the run's pieces over the world -----------------------------------------------------------
 
 

@@ -640,4 +640,4 @@ def train(cfg: TrainConfig, *, resume: bool = False, cross_backend: bool = False
     """Train per `cfg` (`spec`: its net, where not the one cfg names); `resume` continues the run directory's checkpoint
     (a spec file's net as it holds it), `cross_backend` lets it be another backend's; `callbacks` see the Run."""
     run = Run(cfg, log, progress, resume, spec=spec or rundir.resumed_spec(cfg, resume))
-    return run.train(resume=resume, cross_backend=cross_backend, callbacks=callbacks)
+    return run.train(resume=resume, cross_backend=cross_backend, callbacks=mpi.on_rank(run.world, callbacks))
