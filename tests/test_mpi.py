@@ -527,6 +527,22 @@ def test_a_callback_of_hloforge_train_runs_on_rank_0_alone(tmp_path):
     assert not (tmp_path / "w1" / "tb").exists() or not os.listdir(tmp_path / "w1" / "tb")
 
 
+@needs_mpi
+def test_init_weights_on_a_path_rank_0_alone_sees_start_every_rank(tmp_path):
+    """--init read by rank 0 and broadcast, as a resumed checkpoint is (before: every rank read it, and rank 1,
+    on a machine without the file, stopped the job with '--init ... does not exist')."""
+    alone(train_cmd(tmp_path / "ref", 1))
+    for rank in (0, 1):
+        (tmp_path / f"w{rank}").mkdir()
+    (tmp_path / "w0" / "ref").symlink_to(tmp_path / "ref")
+    cmd = [*train_cmd(tmp_path / "r", 1), "--init", "/proc/self/cwd/ref"]
+    assert MPIEXEC is not None
+    r = subprocess.run([MPIEXEC, "-iface", "lo", "-n", "1", "-wdir", str(tmp_path / "w0"), *cmd, ":", "-n", "1",
+                        "-wdir", str(tmp_path / "w1"), *cmd], capture_output=True, text=True, timeout=300, env=env())
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert tensors(tmp_path / "r").keys() == tensors(tmp_path / "ref").keys()
+
+
 def _rank_pid(tag: str, rank: int) -> int | None:
     """The pid of rank `rank`'s worker (the process that trains: not its parent, mpi.supervise)."""
     for d in Path("/proc").iterdir():

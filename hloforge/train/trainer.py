@@ -363,15 +363,11 @@ class Run:
         try:
             if resume and w.is_root and not os.path.isdir(self.dir):  # said before the lock makes it
                 rundir.check_resumable(self.dir, "" if self.cfg.run_dir else self.cfg.net)
-            init = finetune.read_init(self, self.log) if self.cfg.init and not resume else None
+            init = finetune.read_init(self, self.log) if self.cfg.init and not resume and w.is_root else None
         except HloforgeError as e:
             failed = e
-        if w.size > 1:  # a refusal rank 0 reports too is printed by rank 0 alone; one of this rank's own, here
-            said = w.bcast("" if failed is None else str(failed), "the init weights read")
-            if failed is not None and str(failed) == said:
-                failed = mpi.shared(failed, w)
-        if failed is not None:
-            raise failed
+        mpi.raise_roots(w, failed, "the init weights read")  # rank 0 reads them (a path the others may not see)
+        init = w.bcast(init, "the init weights", slow=True) if self.cfg.init and not resume else None
         with contextlib.ExitStack() as held:  # rank 0's lock; a run dir it cannot take is refused by every rank
             taken = None
             try:
