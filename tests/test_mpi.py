@@ -489,6 +489,28 @@ def test_a_rank_that_alone_ends_before_the_start_is_one_line_naming_it(tmp_path,
 
 
 @needs_mpi
+@pytest.mark.parametrize(("alone", "more", "message"), [
+    (1, ("--backend", "xl"), "hloforge: error: unknown backend 'xl'"),
+    (0, ("--sync-bn",), "hloforge: error: sync_bn: net 'mnist-mlp' has no BatchNorm"),
+])
+def test_a_refusal_of_the_options_on_one_rank_alone_is_one_line_naming_it(tmp_path, alone, more, message):
+    """Options one rank alone refuses once its run starts (an unknown plugin, an option its net cannot take).
+    Before: that rank ended quietly (a refusal is said by rank 0, as if every rank refused alike), and the
+    others waited at their next collective for 20 × the timeout, then named it missing, with no cause."""
+    cmd = train_cmd(tmp_path / "r", 1)
+    ranks = [cmd, [*cmd, *more]] if alone else [[*cmd, *more], cmd]
+    assert MPIEXEC is not None
+    t = time.monotonic()
+    r = subprocess.run([MPIEXEC, "-iface", "lo", "-n", "1", *ranks[0], ":", "-n", "1", *ranks[1]],
+                       capture_output=True, text=True, env=env(), timeout=300)
+    assert r.returncode == 3 and time.monotonic() - t < 120, r.stdout + r.stderr
+    lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.startswith("hloforge")]
+    assert len(lines) == 1 and lines[0].startswith(message), r.stdout + r.stderr
+    assert lines[0].endswith(f"(on rank {alone} of 2 alone: start every rank with the same command)")
+    assert not (tmp_path / "r" / "checkpoint.safetensors").exists()
+
+
+@needs_mpi
 def test_a_rank_that_read_other_data_under_the_same_path_is_refused_in_one_line(tmp_path):
     """One --data-file path, another file behind it on rank 1 (another machine's copy; here /proc/self/cwd and
     -wdir). Before: every rank trained on its own data, rank 0 scored a plausible loss, and the ranks, at other

@@ -389,11 +389,34 @@ def _meet(w: World, ended: tuple[int, str] | None) -> str:
     w.finalize_at_exit()
     text = notes[gone[0]][1]
     if len(gone) < w.size:
-        who = f"rank {gone[0]}" if len(gone) == 1 else f"ranks {', '.join(map(str, gone))}"
-        text = f"{text.rstrip()} (on {who} of {w.size} alone: start every rank with the same command)\n"
+        text = f"{text.rstrip()}{_alone(gone, w.size)}\n"
     if ended is None:
         raise PeerError(f"{text.rstrip()}", quiet=True)
     return text if w.rank == gone[0] else ""
+
+
+def _alone(gone: Sequence[int], size: int) -> str:
+    """The note a line some ranks alone say ends with: which of them, and what to do."""
+    who = f"rank {gone[0]}" if len(gone) == 1 else f"ranks {', '.join(map(str, gone))}"
+    return f" (on {who} of {size} alone: start every rank with the same command)"
+
+
+def refuse_together(w: World, failed: HloforgeError | None) -> None:
+    """The options' refusal, `failed` on this rank (None where its options passed), met by every rank: where
+    any rank refused, every rank raises it at once and it is said once, as `shared` (every rank refused: rank
+    0's own line; some alone, a rank started with another command line: the lowest one's, naming them). A
+    rank refusing alone used to leave the others waiting at their next collective for 20 × the timeout."""
+    if w.size == 1:
+        if failed is not None:
+            raise shared(failed, w)
+        return
+    said = w.allgather(None if failed is None else str(failed), "the options' checks", slow=True)
+    gone = [r for r, line in enumerate(said) if line is not None]
+    if not gone:
+        return
+    if failed is not None and len(gone) == w.size:
+        raise shared(failed, w)
+    raise shared(UnsupportedSpec(f"{said[gone[0]]}{_alone(gone, w.size)}"), w)
 
 
 def ended_before_start(code: int, said: str) -> str | None:

@@ -98,7 +98,8 @@ class Run:
         self.world = mpi.world() if not eval_only else mpi.World()
         if not self.world.is_root:  # rank 0 logs and draws the progress bar; the others are quiet
             log, progress = (lambda line: None), False
-        try:  # the options and the net alone decide these refusals, so every rank refuses alike: said once
+        failed: HloforgeError | None = None
+        try:  # the options and the net alone decide these refusals: said once, whichever ranks refuse
             cfg.check(training=not eval_only)
             if self.world.size > 1:
                 cfg = attrs.evolve(cfg, replicas=mpi.global_replicas(cfg.replicas, cfg.sync_bn, self.world))
@@ -120,7 +121,8 @@ class Run:
             opts: dict[str, Any] = data_path_options(cfg, None if data is not None or cfg.data == ARRAYS
                                                      else reg.get("dataset", cfg.data))
         except (UnsupportedSpec, PluginError) as e:  # an unknown plugin name is the options' too
-            raise mpi.shared(e, self.world) from None
+            failed = e
+        mpi.refuse_together(self.world, failed)
         opts.update(parse_data_options(cfg.data_options))
         if self.lm:
             opts["seq_len"] = lm_seq_len(opts, self.spec, data if data is not None else reg.get("dataset", cfg.data),
