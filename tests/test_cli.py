@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from hloforge.backends.xla import default_client
@@ -59,12 +60,75 @@ def test_plugins_lists_every_builtin_from_hloforge(capsys, monkeypatch, third_pa
 def test_render_writes_three_files_that_compile_and_run(tmp_path, capsys):
     assert main(["render", "mnist-mlp", "--out", str(tmp_path), "--batch", "8", "--optimizer", "sgd"]) == 0
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == ["mnist_mlp_fwd.mlir", "mnist_mlp_fwd_eval.mlir", "mnist_mlp_sgd_train_step.mlir"]
-    for name in names:
+    assert names == ["manifest.json", "mnist_mlp_fwd.mlir", "mnist_mlp_fwd_eval.mlir", "mnist_mlp_sgd_train_step.mlir"]
+    for name in names[1:]:
         text = (tmp_path / name).read_text()
         exe = default_client().compile(text)  # XLA parses and compiles each one
         assert exe.num_outputs >= 1
         exe.close()
+
+
+def test_render_manifest_names_every_input_and_output_in_order(tmp_path, capsys):
+    """manifest.json: each module's inputs and outputs by name (a checkpoint's tensor names), shape and element
+    type, each donated input's output, and the train step's schedule scalars; before, the order was prose."""
+    assert main(["render", "resnet-mini", "--batch", "4", "--ema", "0.99", "--out", str(tmp_path)]) == 0
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    spec = get_net("resnet-mini")
+    params, stats = [f"param/{n}" for n, _ in spec.params()], [f"stat/{n}" for n, _ in spec.stats()]
+    assert m["format"] == "hloforge-render-1"
+    fwd, ev, step = (m["modules"][f"resnet_mini_{f}.mlir"] for f in ("fwd", "fwd_eval", "adam_ema0p99_train_step"))
+    assert fwd["net"] == "resnet-mini" and step["batch"] == 4 and step["variant"] == "adam_ema0p99"
+    assert [i["name"] for i in fwd["inputs"]] == ["x", *params]
+    assert [i["name"] for i in ev["inputs"]] == ["x", *params, *stats]
+    assert ev["inputs"][0] == {"name": "x", "shape": [4, 1, 28, 28], "dtype": "f32"}
+    assert fwd["outputs"] == ev["outputs"] == [{"name": "out", "shape": [4, 10], "dtype": "f32"}]
+    state = [f"state/{g}/{p[len('param/'):]}" for g in ("m", "v", "E") for p in params]
+    assert [i["name"] for i in step["inputs"]] == [*params, *state, "schedule", "x", "y"]
+    assert step["schedule"][:3] == ["lr", "bc1", "bc2"] and "ema_decay" in step["schedule"]
+    assert step["inputs"][-3]["shape"] == [len(step["schedule"])] and step["inputs"][-1]["dtype"] == "i32"
+    carried = len(params) + len(state)
+    assert [o["name"] for o in step["outputs"]] == [*params, *state, "loss", *(f"batch_{s}" for s in stats)]
+    for i, arg in enumerate(step["inputs"]):  # θ and the state are donated to their own updated outputs
+        assert arg.get("donated_to") == (i if i < carried else None)
+        if i < carried:
+            assert step["outputs"][i]["shape"] == arg["shape"]
+    assert step["outputs"][carried] == {"name": "loss", "shape": [], "dtype": "f32"}
+    # another net rendered into the same directory adds its modules to the one manifest
+    assert main(["render", "mnist-mlp", "--batch", "4", "--out", str(tmp_path)]) == 0
+    listed = json.loads((tmp_path / "manifest.json").read_text())["modules"]
+    assert len(listed) == 6 and listed["mnist_mlp_fwd.mlir"]["net"] == "mnist-mlp" and step == \
+        listed["resnet_mini_adam_ema0p99_train_step.mlir"]
+
+
+def test_a_run_checkpoint_drives_the_rendered_train_step_by_the_manifest_names(tmp_path, capsys):
+    """The portable artifact: a run's checkpoint tensors fed to the rendered step by name, the schedule packed as
+    the manifest lists it, run on the PJRT client; the step's θ′ equals what the session's own step computes."""
+    from safetensors.numpy import load_file
+
+    from hloforge.core.variant import Variant
+    from hloforge.train.session import TrainSession, make_backend
+
+    run = tmp_path / "run"
+    assert main(["train", "mnist-mlp", "--epochs", "1", "--batch", "32", "--run-dir", str(run), "--no-progress"]) == 0
+    assert main(["render", "mnist-mlp", "--batch", "8", "--out", str(tmp_path / "r")]) == 0
+    entry = json.loads((tmp_path / "r" / "manifest.json").read_text())["modules"]["mnist_mlp_adam_train_step.mlir"]
+    tensors = load_file(str(run / "checkpoint.safetensors"))
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((8, 784)).astype(np.float32), rng.integers(0, 10, 8).astype(np.int32)
+    lr, t = 1e-3, 5
+    feed = {**tensors, "x": x, "y": y,
+            "schedule": np.array([lr, 1 - 0.9 ** t, 1 - 0.999 ** t], np.float32)}  # adam: lr, 1−β₁ᵗ, 1−β₂ᵗ
+    assert entry["schedule"] == ["lr", "bc1", "bc2"]
+    exe = default_client().compile((tmp_path / "r" / "mnist_mlp_adam_train_step.mlir").read_text())
+    got = dict(zip([o["name"] for o in entry["outputs"]],
+                   [np.asarray(o) for o in exe.run([feed[i["name"]] for i in entry["inputs"]])], strict=True))
+    exe.close()
+    session = TrainSession(get_net("mnist-mlp"), Variant("adam"), 8, make_backend("xla"))
+    held = [tensors[i["name"]] for i in entry["inputs"] if i["name"].startswith(("param/", "state/"))]
+    session.load(held[:6], held[6:], t - 1)  # mnist-mlp's 6 θ, then adam's m and v
+    loss = session.train_step(x, y, lr)
+    assert got["loss"] == pytest.approx(loss, rel=1e-6)
+    np.testing.assert_allclose(got["param/0.w"], session.read_params()[0], rtol=1e-6, atol=1e-7)
 
 
 def test_render_from_a_toml_spec(tmp_path, capsys):
@@ -137,7 +201,8 @@ def test_every_zoo_net_renders_with_the_loss_train_picks(net, tmp_path, capsys):
     assert main(["render", net, "--out", str(tmp_path), "--batch", "1"]) == 0
     slug = Variant(loss=loss).slug
     assert (tmp_path / f"{spec.ident}_{slug}_train_step.mlir").exists(), sorted(p.name for p in tmp_path.iterdir())
-    assert len(list(tmp_path.iterdir())) == 3
+    assert len(list(tmp_path.iterdir())) == 4  # and manifest.json, naming the three
+    assert len(json.loads((tmp_path / "manifest.json").read_text())["modules"]) == 3
 
 
 def test_render_data_picks_the_loss_on_that_dataset(tmp_path, capsys):

@@ -51,6 +51,11 @@ def dtype_of_mlir(element_type: str) -> np.dtype | None:
     return found
 
 
+def mlir_of_dtype(dtype: np.dtype | None) -> str | None:
+    """The MLIR element type of a numpy dtype ("f32", "i32", "bf16", ...); None where hloforge has none."""
+    return next((mlir for dt, _, mlir in (*DTYPES, *extension_dtypes()) if dt == dtype), None)
+
+
 @dataclass(frozen=True)
 class ArgSpec:
     """One parameter of the module's ``@main``, as read from the StableHLO text."""
@@ -105,6 +110,27 @@ def _tensor_spec(type_text: str) -> tuple[tuple[int | None, ...] | None, np.dtyp
         return None, None
     dims = tuple(None if d == "?" else int(d) for d in match.group(1).split("x")[:-1])
     return dims, dtype_of_mlir(match.group(2).strip())
+
+
+def parse_main_results(mlir_text: str) -> list[tuple[tuple[int | None, ...] | None, np.dtype | None]] | None:
+    """The (shape, dtype) of each result of ``@main``, in order; None when the text has no recognizable
+    ``@main`` or result list."""
+    match = _MAIN.search(mlir_text)
+    if match is None:
+        return None
+    try:
+        _, end = _split_top_level(mlir_text, match.end(), ")")
+        rest = mlir_text[end + 1:].lstrip()
+        if not rest.startswith("->"):
+            return []
+        rest = rest[2:].lstrip()
+        if rest.startswith("("):
+            results, _ = _split_top_level(rest, 1, ")")
+        else:  # one result, up to its attributes' or the body's "{"
+            results = [rest.split("{", 1)[0]]
+        return [_tensor_spec(r.strip().partition(" {")[0]) for r in results]
+    except ValueError:
+        return None
 
 
 def parse_main_signature(mlir_text: str) -> list[ArgSpec] | None:

@@ -41,7 +41,10 @@ def _plugins(args: argparse.Namespace) -> None:
 
 
 def _render(args: argparse.Namespace) -> None:
-    from hloforge.core.modules import forward_module, train_step_module
+    import json
+
+    from hloforge.commands import manifest
+    from hloforge.core.modules import forward_input_roles, forward_module, train_step_module
     from hloforge.core.variant import Variant
     from hloforge.train.tasks import default_loss
     from hloforge.zoo import get_net
@@ -52,16 +55,23 @@ def _render(args: argparse.Namespace) -> None:
     spec = variant.apply_to(spec)  # the eval graph at the variant's BN ε
     t = time.perf_counter()
     eps = variant.eval_suffix
+    step, layout = train_step_module(spec, variant, args.batch)
     files = {
         f"{spec.ident}_fwd{eps}.mlir": forward_module(spec, args.batch),
         f"{spec.ident}_fwd_eval{eps}.mlir": forward_module(spec, args.batch, eval_mode=True),
-        f"{spec.ident}_{variant.slug}_train_step.mlir": train_step_module(spec, variant, args.batch)[0],
+        f"{spec.ident}_{variant.slug}_train_step.mlir": step,
     }
     secs = time.perf_counter() - t
+    about = {"net": spec.name, "batch": args.batch}
+    modules = {name: {**about, **manifest.describe(text, forward_input_roles(spec, eval_mode), [("out", "")])}
+               for name, text, eval_mode in zip(files, files.values(), (False, True), strict=False)}
+    modules[next(reversed(files))] = {**about, "variant": variant.slug, "schedule": list(layout.scalars),
+                                      **manifest.describe(step, layout.input_roles(), layout.output_roles())}
     from hloforge.train.rundir import make_dir
 
     make_dir(args.out, "--out")  # only once every module rendered: a refused net writes nothing
-    for name, text in files.items():
+    listed = manifest.merged(os.path.join(args.out, manifest.MANIFEST), modules)
+    for name, text in [*files.items(), (manifest.MANIFEST, json.dumps(listed, indent=1) + "\n")]:
         with open(os.path.join(args.out, name), "w", encoding="utf-8") as f:
             f.write(text)
         print(os.path.join(args.out, name))

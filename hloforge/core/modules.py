@@ -147,6 +147,14 @@ def host_declared(arrays: Sequence[np.ndarray], storage: Storage, start: int = 0
     return [host_relaid(a, None if q is None else _inverse(q)) for a, q in zip(arrays, perms, strict=True)]
 
 
+def forward_input_roles(spec: NetSpec, eval_mode: bool = False) -> list[tuple[str, str]]:
+    """(group, name) of forward_module's inputs, in order: ("x", ""), ("param", θ)…, and in the eval form
+    ("stat", running statistic)…; its one output is the net's ("out", "")."""
+    walk = spec.walk()
+    return [("x", ""), *(("param", n) for n, _ in qualified_params(walk)),
+            *((("stat", n) for n, _ in qualified_stats(walk)) if eval_mode else ())]
+
+
 def forward_module(spec: NetSpec, batch: int, *, dtype: str = "f32", eval_mode: bool = False,
                    target: str | None = None, suffix: str = "") -> str:
     """`@main(x, θ…) -> logits` normalising with batch statistics; the eval form
@@ -220,6 +228,20 @@ class TrainStepLayout:
     @property
     def loss_index(self) -> int:
         return self.n_carried
+
+    def input_roles(self) -> list[tuple[str, str]]:
+        """(group, name) of every input, in order: ("param", θ)…, (state slot, trained θ)… per slot,
+        ("schedule", ""), ("x", ""), ("y", ""), ("mask", mask)…: what a manifest of the module names."""
+        return [*(("param", n) for n, _ in self.params),
+                *((slot, n) for slot in self.state for n in self.trained_names),
+                ("schedule", ""), ("x", ""), ("y", ""), *(("mask", n) for n, _ in self.masks)]
+
+    def output_roles(self) -> list[tuple[str, str]]:
+        """(group, name) of every output, in order: ("param", trained θ')…, (state slot, θ)… per slot,
+        ("loss", ""), ("batch_stat", stat)… (this step's batch statistics, which the host averages)."""
+        return [*(("param", n) for n in self.trained_names),
+                *((slot, n) for slot in self.state for n in self.trained_names),
+                ("loss", ""), *(("batch_stat", n) for n, _ in self.stats)]
 
 
 def label_type(loss: Loss, out_shape: Shape, dtype: str) -> tuple[Shape, str]:
