@@ -471,43 +471,26 @@ def test_a_rank_started_with_another_config_is_refused_in_one_line(tmp_path):
     (1, ("--epochs", "0"), "hloforge train: error: argument --epochs: expected an integer ≥ 1, got '0'"),
     (0, ("--bogus",), "hloforge train: error: unrecognized arguments: --bogus"),
     (1, ("--config", "/no-such.toml"), "hloforge: error: config /no-such.toml: cannot read it"),
-])
-def test_a_rank_that_alone_ends_before_the_start_is_one_line_naming_it(tmp_path, alone, more, message):
-    """A usage error or a refusal on one rank only (before: that rank left before MPI_Init, said by rank 0 alone or
-    by nobody, and the others waited in MPI_Init for ever): the ranks meet first, the rank that ended says it."""
-    cmd = train_cmd(tmp_path / "r", 1)
-    ranks = [cmd, [*cmd, *more]] if alone else [[*cmd, *more], cmd]
-    assert MPIEXEC is not None
-    t = time.monotonic()
-    r = subprocess.run([MPIEXEC, "-iface", "lo", "-n", "1", *ranks[0], ":", "-n", "1", *ranks[1]],
-                       capture_output=True, text=True, env=env(), timeout=120)
-    assert r.returncode in (2, 3) and time.monotonic() - t < 60, r.stdout + r.stderr
-    lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.startswith("hloforge")]
-    assert len(lines) == 1 and lines[0].startswith(message), r.stdout + r.stderr
-    assert lines[0].endswith(f"(on rank {alone} of 2 alone: start every rank with the same command)")
-    assert not (tmp_path / "r").exists()
-
-
-@needs_mpi
-@pytest.mark.parametrize(("alone", "more", "message"), [
+    # refused once the run starts: an unknown plugin, an option its net cannot take
     (1, ("--backend", "xl"), "hloforge: error: unknown backend 'xl'"),
     (0, ("--sync-bn",), "hloforge: error: sync_bn: net 'mnist-mlp' has no BatchNorm"),
 ])
-def test_a_refusal_of_the_options_on_one_rank_alone_is_one_line_naming_it(tmp_path, alone, more, message):
-    """Options one rank alone refuses once its run starts (an unknown plugin, an option its net cannot take).
-    Before: that rank ended quietly (a refusal is said by rank 0, as if every rank refused alike), and the
-    others waited at their next collective for 20 × the timeout, then named it missing, with no cause."""
+def test_a_rank_that_alone_ends_or_refuses_is_one_line_naming_it(tmp_path, alone, more, message):
+    """A usage error or a refusal on one rank only. Before: a rank ending before the start left before
+    MPI_Init, said by rank 0 alone or by nobody, and the others waited in MPI_Init for ever; a rank refusing its
+    options once started ended quietly (as if every rank refused alike), and the others waited at their next
+    collective for 20 × the timeout, then named it missing with no cause. Now the rank says it, once."""
     cmd = train_cmd(tmp_path / "r", 1)
     ranks = [cmd, [*cmd, *more]] if alone else [[*cmd, *more], cmd]
     assert MPIEXEC is not None
     t = time.monotonic()
     r = subprocess.run([MPIEXEC, "-iface", "lo", "-n", "1", *ranks[0], ":", "-n", "1", *ranks[1]],
                        capture_output=True, text=True, env=env(), timeout=300)
-    assert r.returncode == 3 and time.monotonic() - t < 120, r.stdout + r.stderr
+    assert r.returncode in (2, 3) and time.monotonic() - t < 120, r.stdout + r.stderr
     lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.startswith("hloforge")]
     assert len(lines) == 1 and lines[0].startswith(message), r.stdout + r.stderr
     assert lines[0].endswith(f"(on rank {alone} of 2 alone: start every rank with the same command)")
-    assert not (tmp_path / "r" / "checkpoint.safetensors").exists()
+    assert not (tmp_path / "r").exists()
 
 
 @needs_mpi
