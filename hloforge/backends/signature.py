@@ -112,14 +112,20 @@ def _tensor_spec(type_text: str) -> tuple[tuple[int | None, ...] | None, np.dtyp
     return dims, dtype_of_mlir(match.group(2).strip())
 
 
+def _main_params(mlir_text: str) -> tuple[list[str], int]:
+    """The parameter texts of ``@main`` and the index of their closing ")"; ValueError when the text has
+    no recognizable ``@main``."""
+    match = _MAIN.search(mlir_text)
+    if match is None:
+        raise ValueError("no @main")
+    return _split_top_level(mlir_text, match.end(), ")")
+
+
 def parse_main_results(mlir_text: str) -> list[tuple[tuple[int | None, ...] | None, np.dtype | None]] | None:
     """The (shape, dtype) of each result of ``@main``, in order; None when the text has no recognizable
     ``@main`` or result list."""
-    match = _MAIN.search(mlir_text)
-    if match is None:
-        return None
     try:
-        _, end = _split_top_level(mlir_text, match.end(), ")")
+        _, end = _main_params(mlir_text)
         rest = mlir_text[end + 1:].lstrip()
         if not rest.startswith("->"):
             return []
@@ -135,11 +141,8 @@ def parse_main_results(mlir_text: str) -> list[tuple[tuple[int | None, ...] | No
 
 def parse_main_signature(mlir_text: str) -> list[ArgSpec] | None:
     """The parameters of ``@main``; None when the text has no recognizable ``@main``."""
-    match = _MAIN.search(mlir_text)
-    if match is None:
-        return None
     try:
-        params, _ = _split_top_level(mlir_text, match.end(), ")")
+        params, _ = _main_params(mlir_text)
         specs = []
         for param in params:
             # "%arg0: tensor<2x3xf32> {tf.aliasing_output = 0 : i32}"
