@@ -101,3 +101,25 @@ def test_a_kill_mid_record_is_cut_and_the_rest_kept(tmp_path) -> None:
     assert scalars(str(tmp_path)) == {"step/loss": [(1, pytest.approx(0.1)), (2, pytest.approx(0.2))],
                                       "mine": [(1, 1), (2, 2), (3, 3)], "epoch/loss": [(1, 0.5)]}
     assert os.listdir(tmp_path) == [os.path.basename(path)]  # no temp file left
+
+
+def test_two_fits_into_one_logdir_within_a_second_each_keep_their_events(tmp_path, monkeypatch) -> None:
+    """tensorboardX names an event file by its second and host: the second fit's writer, made within the
+    first's second, opened the first's file over it and its epochs were gone. Each writer has a file of its own."""
+    import types
+
+    import tensorboardX.event_file_writer as efw
+
+    import hloforge as hf
+    from hloforge.datasets.digits import Digits
+
+    monkeypatch.setattr(efw, "time", types.SimpleNamespace(time=lambda: 1_700_000_000.5))  # one second for both
+    x, y = Digits().arrays("train")
+    x = x.reshape(len(x), 784)[:256]
+    logdir = str(tmp_path / "tb")
+    losses = [hf.Model("mnist-linear", seed=s).fit(x, y[:256], epochs=2, batch_size=64, verbose=False,
+                                                   callbacks=[TensorBoard(logdir)])["loss"] for s in (1, 2)]
+    assert len(glob.glob(os.path.join(logdir, "*tfevents*"))) == 2
+    got = sorted(v for _, v in scalars(logdir)["epoch/loss"])
+    assert np.allclose(got, sorted(losses[0] + losses[1]))
+

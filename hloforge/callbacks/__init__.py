@@ -350,21 +350,19 @@ class TensorBoard(Callback):
 
     def on_train_begin(self, logs: dict[str, Any]) -> None:
         history = logs.get("history", ())
-        if not history:
-            self._writer = self._writer_cls(self.logdir)
-            return
-        # A resume: the files cut back to its checkpoint (the last epoch of its history), then the history's
-        # epochs they lack (the run killed before this callback logged its checkpoint's epoch, or a
-        # first run without this callback), as CSVLogger writes the history.
-        last = history[-1]
-        try:
-            kept = tbevents.rewind(self.logdir, last["epoch"], last["step"]) if os.path.isdir(self.logdir) else set()
-        except OSError as e:
-            raise HloforgeError(f"TensorBoard cannot cut the event files in {self.logdir} back to the checkpoint "
-                                f"(epoch {last['epoch']}): {e.strerror or e}") from None
-        # A name after the killed run's file: tensorboardX's (its second and host) would be the same one
-        # within a second, opened over it.
-        self._writer = self._writer_cls(self.logdir, filename_suffix=f".{last['step']}")
+        kept: set[tuple[str, int]] = set()
+        if history:
+            # A resume: the files cut back to its checkpoint (the last epoch of its history), then the history's
+            # epochs they lack (the run killed before this callback logged its checkpoint's epoch, or a
+            # first run without this callback), as CSVLogger writes the history.
+            last = history[-1]
+            try:
+                if os.path.isdir(self.logdir):
+                    kept = tbevents.rewind(self.logdir, last["epoch"], last["step"])
+            except OSError as e:
+                raise HloforgeError(f"TensorBoard cannot cut the event files in {self.logdir} back to the checkpoint "
+                                    f"(epoch {last['epoch']}): {e.strerror or e}") from None
+        self._writer = self._writer_cls(self.logdir, filename_suffix=tbevents.own_suffix())
         for row in history:
             self._log_epoch(row["epoch"], row, skip=kept)
 

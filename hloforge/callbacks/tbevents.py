@@ -6,12 +6,24 @@ run on two axes (EPOCH by epoch, STEP by global step), and readers of the raw fi
 
 from __future__ import annotations
 
+import itertools
 import os
 import struct
+import time
 from collections.abc import Iterator
 
 EPOCH, STEP = "epoch/", "step/"  # the callback's tag prefixes: x-axis the epoch, x-axis the global step
 _HEAD = 12  # a TFRecord: data length (u64), its masked CRC (u32), the data, the data's masked CRC (u32)
+_writers_made = itertools.count()
+
+
+def own_suffix() -> str:
+    """The end of a new writer's file name (SummaryWriter's filename_suffix) that no other writer's has:
+    tensorboardX names a file by its second and host alone, so a writer made within the second of another
+    (a second fit into the logdir, a resume right after the kill) opened that one's file over it, its events
+    gone. After the second: the nanosecond, so files of one second sort (TensorBoard reads them in name
+    order) as they were made, then the process and its count of writers, so no two names are the same."""
+    return f".{time.time_ns() % 10**9:09d}.{os.getpid()}.{next(_writers_made)}"
 
 
 def records(raw: bytes) -> Iterator[tuple[bytes, bytes]]:
