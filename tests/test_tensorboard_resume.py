@@ -123,3 +123,27 @@ def test_two_fits_into_one_logdir_within_a_second_each_keep_their_events(tmp_pat
     got = sorted(v for _, v in scalars(logdir)["epoch/loss"])
     assert np.allclose(got, sorted(losses[0] + losses[1]))
 
+
+
+def test_a_resume_from_an_epoch_0_checkpoint_cuts_the_killed_runs_events(tmp_path) -> None:
+    """A run directory Model.save (or import-weights) wrote before any training is a checkpoint at epoch 0:
+    a run resumed from it and killed in its first epoch, then resumed again, showed the killed run's steps
+    beside the resumed run's (each step twice). Now as the uninterrupted resume from it shows them."""
+    import hloforge as hf
+
+    def resumed(name: str, *stops: Callback) -> str:
+        d, logdir = str(tmp_path / name), str(tmp_path / name / "tb")
+        hf.Model("mnist-linear").save(d, data="digits")
+        cfg = TrainConfig(net="mnist-linear", epochs=2, run_dir=d)
+        if stops:
+            with pytest.raises(Stopped):
+                train(cfg, resume=True, callbacks=[*stops, TensorBoard(logdir, every_step=True)], **QUIET)
+        train(cfg, resume=True, callbacks=[TensorBoard(logdir, every_step=True)], **QUIET)
+        return logdir
+
+    want, got = scalars(resumed("whole")), scalars(resumed("killed", StopAt(step=5)))
+    assert got.keys() == want.keys()
+    for tag, seen in got.items():
+        assert [s for s, _ in seen] == [s for s, _ in want[tag]], tag  # each step once, in order
+    for tag in ("step/loss", "epoch/loss", "epoch/top1"):  # (not the timings)
+        assert np.allclose([v for _, v in got[tag]], [v for _, v in want[tag]]), tag

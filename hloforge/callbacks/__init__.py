@@ -29,7 +29,8 @@ from hloforge.core.spec import conforms
 class Callback:
     """Override any of the hooks; `self.model` is the Model being fitted, or the `hloforge train` run
     (hloforge.train.trainer.Run), set before on_train_begin. A registered one has a `name`. A resumed run's
-    on_train_begin gets `logs["history"]`: the metrics of the epochs it already trained, in order."""
+    on_train_begin gets `logs["history"]`: the metrics of the epochs it already trained, in order (none when
+    its checkpoint is at epoch 0)."""
 
     name = ""
     model: Any = None
@@ -351,11 +352,11 @@ class TensorBoard(Callback):
     def on_train_begin(self, logs: dict[str, Any]) -> None:
         history = logs.get("history", ())
         kept: set[tuple[str, int]] = set()
-        if history:
-            # A resume: the files cut back to its checkpoint (the last epoch of its history), then the history's
-            # epochs they lack (the run killed before this callback logged its checkpoint's epoch, or a
-            # first run without this callback), as CSVLogger writes the history.
-            last = history[-1]
+        if "history" in logs:
+            # A resume: the files cut back to its checkpoint (the last epoch of its history; epoch 0, step 0
+            # where it has none), then the history's epochs they lack (the run killed before this callback
+            # logged its checkpoint's epoch, or a first run without this callback), as CSVLogger writes it.
+            last = history[-1] if history else {"epoch": 0, "step": 0}
             try:
                 if os.path.isdir(self.logdir):
                     kept = tbevents.rewind(self.logdir, last["epoch"], last["step"])

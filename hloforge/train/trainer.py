@@ -455,13 +455,14 @@ class Run:
                  + (f" | frozen {list(self.variant.frozen)} ({len(self.frozen)} tensors)" if self.frozen else ""))
         if tuning is not None:
             self.log(f"  {tuning.summary()}")
-        return self.loop(session, evaluator, start, callbacks, t0)
+        return self.loop(session, evaluator, start, callbacks, t0, resumed=resume)
 
     def loop(self, session: TrainSession, evaluator: ForwardSession, start: int, callbacks: Sequence[Any] = (),
-             t0: float | None = None, owner: Any = None) -> dict[str, Any]:
+             t0: float | None = None, owner: Any = None, resumed: bool = False) -> dict[str, Any]:
         """The one training loop (`hloforge train` and hf.Model.fit): epochs start+1 .. end_epoch, each
         scored on the eval split (when it has rows), logged, checkpointed (when the run has a directory)
-        and handed to the callbacks; `owner.stop_training` (default this run's) ends it after an epoch."""
+        and handed to the callbacks; `owner.stop_training` (default this run's) ends it after an epoch.
+        `resumed`: the run goes on from its checkpoint, one at epoch 0 (an import's, a save's) too."""
         cfg, owner = self.cfg, self if owner is None else owner
         t0 = time.perf_counter() if t0 is None else t0
         self.check_callbacks(callbacks)  # a Model's fit's: against its val_ prefix
@@ -472,7 +473,9 @@ class Run:
         history = self._history() if start and self.writes else []
         mlog: Any = (open(os.path.join(self.dir, "metrics.jsonl"), "a" if start else "w", encoding="utf-8")
                      if self.writes else io.StringIO())
-        begin = {"history": list(history)} if start else {}  # the epochs a resumed run has (Callback's doc)
+        # The epochs a resumed run has (Callback's doc), none when its checkpoint is at epoch 0: TensorBoard
+        # still cuts what a killed run logged past it.
+        begin = {"history": list(history)} if self.writes and (start or resumed) else {}
         for cb in callbacks:
             cb.on_train_begin(begin)
         try:
