@@ -206,8 +206,11 @@ def test_a_text_models_export_records_its_corpus_and_vocabulary(tmp_path, capsys
                  "--run-dir", run, "--no-progress"]) == EXIT_OK
     assert main(["export", run, "--out", out]) == EXIT_OK
     with open(os.path.join(out, "manifest.json"), encoding="utf-8") as f:
-        pre = json.load(f)["preprocessing"]
+        manifest = json.load(f)
+    pre = manifest["preprocessing"]
     chars = Text(corpus).chars
+    assert manifest["output"]["kind"] == "tokens" and manifest["output"]["shape"][-1] == manifest["classes"]
+    assert "pixels" not in pre  # text: no pixels to scale
     assert chars != Text().chars
     assert pre["data"] == "text" and pre["data_file"] == corpus and pre["data_dir"] == ""
     assert pre["vocabulary"] == chars and pre["other_token"] == len(chars) - 1

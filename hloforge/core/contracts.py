@@ -455,6 +455,11 @@ class Dataset:
     Default None. Read by `DiffusionTask.check` (the DDPM's images must be the net's output),
     `DetectionTask.check` (None: taken to be the net's input) and `DetectionLabels`."""
 
+    pixels: Any = None
+    """Optional: the per-channel affine that makes its stored pixels x the net's input, (x·scale − mean) / std
+    (a `hloforge.datasets.augment.Normalize`, the one it applies). Default None (a record dataset's is
+    found in its test transform). Read by `hloforge export`'s manifest, for a runtime fed raw pixels."""
+
     regions: ClassVar[Mapping[str, frozenset[int]] | None] = None
     """Named unions of mask classes that segmentation Dice is reported on (BraTS's WT/TC/ET).
     Default None: each foreground class alone (`hloforge.train.segmentation.default_regions`).

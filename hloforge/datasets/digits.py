@@ -19,9 +19,11 @@ from hloforge.core.contracts import Dataset
 from hloforge.core.errors import DataError
 from hloforge.core.hookspecs import hookimpl
 from hloforge.core.resample import bilinear_matrix
+from hloforge.datasets.augment import Normalize
 from hloforge.datasets.options import integer
 
 N_TRAIN = 1437
+PIXEL_MAX = 16.0  # the digits' grey levels are 0..16
 N_IMAGES = 1797
 
 
@@ -58,7 +60,7 @@ class Digits(Dataset):
     def __init__(self, size: int = 28, channels: int = 1):
         size, channels = integer("digits", "size", size, 8), integer("digits", "channels", channels, 1)
         pixels, labels = bundled_digits()
-        images = pixels.astype(np.float64) / 16.0
+        images = pixels.astype(np.float64) / PIXEL_MAX
         if size != 8:
             r = bilinear_matrix(8, size)
             images = np.einsum("ih,nhw,jw->nij", r, images, r)
@@ -67,6 +69,8 @@ class Digits(Dataset):
         y = labels[order].astype(np.int32)
         mean, std = x[:N_TRAIN].mean(), x[:N_TRAIN].std()
         x = np.repeat((x - mean) / std, channels, axis=1)  # the grey image in every channel (an RGB net's input)
+        # the same affine of the resized 0..16 pixels (resizing commutes with it: its weights sum to 1)
+        self.pixels = Normalize((float(mean),) * channels, (float(std),) * channels, scale=1.0 / PIXEL_MAX)
         self._data = {"train": (x[:N_TRAIN], y[:N_TRAIN]), "test": (x[N_TRAIN:], y[N_TRAIN:])}
         self.image_shape = (channels, size, size)
 

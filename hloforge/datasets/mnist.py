@@ -21,6 +21,7 @@ import numpy as np
 from hloforge.core.contracts import Dataset
 from hloforge.core.errors import DataError
 from hloforge.core.hookspecs import hookimpl
+from hloforge.datasets.augment import Normalize
 from hloforge.datasets.options import path
 
 IMAGES_MAGIC, LABELS_MAGIC = 0x803, 0x801
@@ -69,6 +70,7 @@ class Mnist(Dataset):
     name = "mnist"
     num_classes = 10
     image_shape = (1, 28, 28)
+    pixels = Normalize((MEAN,), (STD,))  # bytes ÷ 255, as arrays() scales them
 
     def __init__(self, data_dir: str = "data/mnist"):
         self.data_dir = path("mnist", "data_dir", data_dir)

@@ -3,8 +3,9 @@
 The default format writes the eval forward as StableHLO (`forward.mlir`, batch 1: `@main(x, θ…,
 running…)`), the weights as safetensors under their names (`weights.safetensors`: `param/…`,
 `stat/…`) and `manifest.json` (spec, input shape and preprocessing, classes, the module's argument
-order, the backend it trained on, the region). Its preprocessing names the dataset, its options and the
-data directory and file the run recorded, and for a text model the character vocabulary (`preprocessing`).
+order and its output (shape, type, meaning), the backend it trained on, the region). Its preprocessing
+names the dataset, its options and the data directory and file the run recorded, how the dataset scales
+pixels into the input (`pixels`), and for a text model the character vocabulary.
 The weights are those `hloforge eval` scores: by default the EMA shadow when the run kept one.
 `torchvision` / `timm` write the state dict of the matching PyTorch model instead (`model.safetensors`,
 names and layouts by hloforge.interop.torch_names), which that model loads with `load_state_dict(strict=True)`.
@@ -80,8 +81,10 @@ def export_run(run: str, out: str, fmt: str = "hloforge", log: Callable[[str], N
     when the run kept one."""
     from safetensors.numpy import save
 
+    from hloforge.commands.manifest import describe
     from hloforge.commands.opening import open_checkpoint
-    from hloforge.core.modules import forward_module
+    from hloforge.core.modules import forward_input_roles, forward_module
+    from hloforge.train.tasks import output_said
 
     if fmt not in FORMATS:
         raise UnsupportedSpec(f"export format {fmt!r}; expected one of {list(FORMATS)}")
@@ -107,9 +110,12 @@ def export_run(run: str, out: str, fmt: str = "hloforge", log: Callable[[str], N
     text = forward_module(spec, 1, eval_mode=True)
     pnames = [f"param/{n}" for n, _ in spec.params()]
     snames = [f"stat/{n}" for n, _ in spec.stats()]
+    # the output typed from the module's own text (as render's manifest types it), with what it means
+    (output,) = describe(text, forward_input_roles(spec, eval_mode=True), [("out", "")])["outputs"]
     manifest = {
         "format": "hloforge-export-1", "spec": spec.to_dict(), "input_shape": list(spec.input_shape),
         "classes": spec.num_classes, "batch": 1, "arguments": ["x", *pnames, *snames], "region": region,
+        "output": {**output, **output_said(spec, oc.run.variant, oc.run.lm)},
         "preprocessing": preprocessing(cfg, oc.run.data),
         "backend": oc.meta.get("backend"), "epoch": oc.meta.get("epoch"), "step": oc.meta.get("step"),
     }
@@ -131,7 +137,23 @@ def preprocessing(cfg: Any, data: Any) -> dict[str, Any]:
     chars = getattr(data, "chars", None)
     if getattr(data, "label_kind", None) == "tokens" and chars is not None:
         out.update(vocabulary=list(chars), other_token=len(chars) - 1)
+    if (norm := pixel_scaling(data)) is not None:
+        out["pixels"] = {"range": [0.0, round(1.0 / norm.scale, 6)], "scale": norm.scale, "mean": list(norm.mean),
+                         "std": list(norm.std)}
     return out
+
+
+def pixel_scaling(data: Any) -> Any:
+    """The dataset's Normalize from stored pixels to net input (Dataset.pixels; a record dataset's, the one
+    its test transform applies), or None where its input is not one such affine of its pixels."""
+    from hloforge.datasets.augment import Normalize
+
+    if getattr(data, "pixels", None) is not None:
+        return data.pixels
+    if hasattr(data, "records"):  # RecordSource: its test transform makes the input the evaluation scores
+        found = [t for t in getattr(data.transform("test"), "transforms", ()) if isinstance(t, Normalize)]
+        return found[0] if len(found) == 1 else None
+    return None
 
 
 def write_whole(out: str, files: list[tuple[str, bytes, str]]) -> None:

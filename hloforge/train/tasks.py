@@ -383,6 +383,24 @@ def default_loss(spec: NetSpec, data: str | None) -> str:
                           "default; pass --loss")
 
 
+# What the net's one output is to a reader of its forward (`hloforge export`'s manifest), by its loss's label kind
+_OUTPUT_SAID = {"class": "logits over the {classes} classes (argmax: the class; softmax: its probability)",
+                "mask": "per-pixel logits over the {classes} mask classes, channels first (argmax: the mask)",
+                "noise": "the noise the DDPM predicts in its input x_t (the input's last channel: t)",
+                "boxes": "the detection head's raw output, decoded to boxes as its head ({head}) decodes it",
+                "tokens": "next-token logits over the {classes}-character vocabulary at each position"}
+
+
+def output_said(spec: NetSpec, variant: Any, lm: bool) -> dict[str, str]:
+    """The net's output as the run trained it (`lm`: a language model's): the label kind its loss takes,
+    and what the output means."""
+    from hloforge.core.registry import default_registry
+
+    kind = "tokens" if lm else loss_label_kind(variant.make_loss(default_registry()), spec.out_shape)
+    head = spec.layers[-1].kind if spec.layers else ""
+    return {"kind": kind, "meaning": _OUTPUT_SAID.get(kind, "").format(classes=spec.num_classes, head=head)}
+
+
 _LABELS_SAID = {"class": "integer class indices", "mask": "integer per-pixel class masks",
                 "noise": "float targets", "boxes": "boxes", "tokens": "next-token ids"}
 

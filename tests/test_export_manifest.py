@@ -1,0 +1,58 @@
+"""`hloforge export`'s manifest is enough to drive forward.mlir from another runtime: it names the one
+output (shape, type, what it means) and how the dataset scales pixels into the input. Before, it named
+the dataset alone, and a user fed raw pixels read hloforge's source for the scaling."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+import hloforge as hf
+from hloforge.backends.xla import default_client
+from hloforge.datasets.digits import N_TRAIN, Digits, bundled_digits
+from hloforge.interop.exporter import export_run
+
+L = hf.layers
+
+
+def test_following_the_export_manifest_alone_reproduces_predict_on_raw_pixels(tmp_path) -> None:
+    spec = hf.NetSpec("raw-digits", (2, 8, 8), [L.Conv2d(out=4, k=3, act="relu"), L.BatchNorm(), L.GlobalAvgPool(),
+                                                L.Dense(10)], 10)
+    options = {"size": 8, "channels": 2}  # the digits as stored (8×8, 0..16), each grey image in 2 channels
+    m = hf.Model(spec)
+    m.fit(data="digits", data_options=options, epochs=1, batch_size=64, verbose=False)
+    run, out = str(tmp_path / "run"), str(tmp_path / "export")
+    m.save(run, data="digits", data_options=options)
+    export_run(run, out, log=lambda s: None)
+    with open(os.path.join(out, "manifest.json"), encoding="utf-8") as f:
+        manifest = json.load(f)
+    output = manifest["output"]
+    assert {k: output[k] for k in ("name", "shape", "dtype", "kind")} == \
+        {"name": "out", "shape": [1, 10], "dtype": "f32", "kind": "class"}
+    assert "logits over the 10 classes" in output["meaning"]
+    pixels = manifest["preprocessing"]["pixels"]
+    assert pixels["range"] == [0, 16] and len(pixels["mean"]) == len(pixels["std"]) == 2
+
+    # the user's side: raw pixels, the manifest's scaling and argument order, the exported weights
+    from safetensors.numpy import load_file
+
+    raw, _ = bundled_digits()
+    raw = raw[np.random.default_rng(0).permutation(len(raw))][N_TRAIN:N_TRAIN + 12]  # digits' test rows
+    raw = np.repeat(raw[:, None], 2, axis=1)
+    scale, mean, std = (np.float32(pixels["scale"]), np.float32(pixels["mean"]).reshape(-1, 1, 1),
+                        np.float32(pixels["std"]).reshape(-1, 1, 1))
+    weights = load_file(os.path.join(out, "weights.safetensors"))
+    with open(os.path.join(out, "forward.mlir"), encoding="utf-8") as f:
+        exe = default_client().compile(f.read())
+    try:
+        got = np.concatenate([np.asarray(exe.run([((img * scale - mean) / std)[None].astype(np.float32),
+                                                  *(weights[n] for n in manifest["arguments"][1:])])[0])
+                              for img in raw])
+    finally:
+        exe.close()
+    assert got.shape == (len(raw), *output["shape"][1:])
+    want = hf.load(run).predict(Digits(**options).arrays("test")[0][:len(raw)])
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert (got.argmax(1) == want.argmax(1)).all()
