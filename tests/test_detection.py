@@ -328,6 +328,9 @@ def test_prepare_yolo_round_trip(tmp_path) -> None:
     data = Yolo(str(out), size=32, grid=4, classes=3)
     x, y = data.arrays("test")
     assert x.shape == (3, 3, 32, 32) and y.shape == (3, 14, 4, 4)
+    # The stored bytes, scaled as Dataset.pixels says (what an export's manifest tells a runtime), are the input.
+    stored = np.fromfile(out / "test.bin", np.uint8, offset=4).reshape(3, -1)[:, :3 * 32 * 32]
+    np.testing.assert_allclose(data.pixels(stored.reshape(x.shape), y, None)[0], x, atol=1e-6)
     boxes = data.boxes("test")
     assert [len(b) for b in boxes] == [0, 2, 2]
     np.testing.assert_allclose(boxes[1][0], [1, 0.4 * 32, 0.3 * 32, 0.7 * 32, 0.5 * 32], atol=1e-4)

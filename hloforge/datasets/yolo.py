@@ -39,14 +39,15 @@ import numpy as np
 from hloforge.core.contracts import Dataset
 from hloforge.core.errors import DataError
 from hloforge.core.hookspecs import hookimpl
+from hloforge.datasets.augment import IMAGENET_MEAN, IMAGENET_STD, Normalize
 from hloforge.datasets.images import read_rgb
 from hloforge.datasets.options import integer, path
 from hloforge.datasets.records import check_counted_records, map_records, replaced_together, write_counted
 
 MAX_BOXES = 56
 BOX_ROW = struct.Struct("<iffff")
-MEAN = np.array([0.485, 0.456, 0.406], np.float32)
-STD = np.array([0.229, 0.224, 0.225], np.float32)
+MEAN = np.array(IMAGENET_MEAN, np.float32)
+STD = np.array(IMAGENET_STD, np.float32)
 SPLIT_FILES = {"train": "train.bin", "test": "test.bin"}
 SOURCE_SPLITS = {"train": "train", "test": "val"}
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
@@ -68,6 +69,7 @@ def check_geometry(size: int, grid: int, boxes: int, classes: int) -> None:
 
 class Yolo(Dataset):
     name = "yolo"
+    pixels = Normalize(IMAGENET_MEAN, IMAGENET_STD)  # the stored bytes as normalize() scales them
     label_kind = "boxes"
     splits = tuple(SPLIT_FILES)
 
