@@ -548,6 +548,26 @@ def test_init_weights_on_a_path_rank_0_alone_sees_start_every_rank(tmp_path):
     assert tensors(tmp_path / "r").keys() == tensors(tmp_path / "ref").keys()
 
 
+@needs_mpi
+def test_a_resume_of_a_run_directory_rank_0_alone_sees_reads_its_config_there(tmp_path):
+    """--resume with the run directory on rank 0's machine alone, the run's lr not given again: rank 0 reads
+    its config.toml and gives it to the others, as it does the checkpoint (before: every rank read it, so rank 1
+    took the default lr and the start refused rank 1 as started with another config)."""
+    alone(train_cmd(tmp_path / "ref", 2, "--lr", "0.003"))
+    alone(train_cmd(tmp_path / "run", 1, "--lr", "0.003"))
+    for rank in (0, 1):
+        (tmp_path / f"w{rank}").mkdir()
+    (tmp_path / "w0" / "run").symlink_to(tmp_path / "run")
+    cmd = train_cmd(Path("/proc/self/cwd/run"), 2, "--resume")
+    assert MPIEXEC is not None
+    r = subprocess.run([MPIEXEC, "-iface", "lo", "-n", "1", "-wdir", str(tmp_path / "w0"), *cmd, ":", "-n", "1",
+                        "-wdir", str(tmp_path / "w1"), *cmd], capture_output=True, text=True, timeout=300, env=env())
+    assert r.returncode == 0, r.stdout + r.stderr
+    got, want = tensors(tmp_path / "run"), tensors(tmp_path / "ref")
+    assert max(rel(got[k], want[k]) for k in want) <= 1e-6
+    assert top1s(tmp_path / "run") == top1s(tmp_path / "ref")
+
+
 def _rank_pid(tag: str, rank: int) -> int | None:
     """The pid of rank `rank`'s worker (the process that trains: not its parent, mpi.supervise)."""
     for d in Path("/proc").iterdir():

@@ -10,9 +10,10 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from hloforge.commands.exits import EXIT_FAILED, EXIT_OK
-from hloforge.core.errors import DataError, UnsupportedSpec
+from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
 
 if TYPE_CHECKING:
+    from hloforge.train.config import RunRecord
     from hloforge.train.trainer import TrainConfig
 
 
@@ -86,25 +87,84 @@ def given(args: argparse.Namespace, cls: type) -> dict[str, Any]:
     return {f.name: getattr(args, f.name) for f in attrs.fields(cls) if getattr(args, f.name, None) is not None}
 
 
-def train_config(args: argparse.Namespace) -> TrainConfig:
-    """`hloforge train`'s parsed flags as the run's config: over --config's file when given, else on
-    --resume over the run's own config.toml."""
-    from hloforge.train.config import resumed_config
-    from hloforge.train.trainer import TrainConfig, load_config
+def train_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """`hloforge train`'s flags that set a TrainConfig field (the net given as an argument or --net)."""
+    from hloforge.train.config import TrainConfig
 
     if args.net_flag:
         if args.net and args.net != args.net_flag:
             raise UnsupportedSpec(f"two nets given: {args.net!r} and --net {args.net_flag!r}")
         args.net = args.net_flag
-    flags = given(args, TrainConfig)
+    return given(args, TrainConfig)
+
+
+def train_config(args: argparse.Namespace, record: RunRecord | None = None) -> TrainConfig:
+    """`hloforge train`'s parsed flags as the run's config: over --config's file when given, else on
+    --resume over the run's own config.toml (`record`: as rank 0 read it, under MPI)."""
+    from hloforge.train.config import resumed_config
+    from hloforge.train.trainer import TrainConfig, load_config
+
+    flags = train_flags(args)
     if args.config:
         return load_config(args.config, **flags)
-    return resumed_config(TrainConfig(**flags), flags) if args.resume else TrainConfig(**flags)
+    return resumed_config(TrainConfig(**flags), flags, record) if args.resume else TrainConfig(**flags)
+
+
+def _launch(args: argparse.Namespace) -> tuple[Any, Any]:
+    """Under a launch across processes (mpiexec): its world, made before any option is checked so that a
+    refusal on any rank is met by every rank (mpi.refuse_together), and what rank 0 alone read of the run
+    directory --resume continues (config.RunRecord, or its refusal), given to every rank: the run directory
+    need only be on rank 0's machine. (None, None) in one process, which reads its own."""
+    from hloforge.core.launcher import launched
+
+    if launched()[1] == 1:
+        return None, None
+    from hloforge.train import mpi
+    from hloforge.train.config import TrainConfig, run_record
+
+    world = mpi.world()
+    record: Any = None
+    if world.is_root and args.resume and not args.config:
+        try:
+            record = run_record(TrainConfig(**train_flags(args)))
+        except HloforgeError as e:
+            record = e
+    return world, world.bcast(record, "the resumed run's config", slow=True)
 
 
 def _train(args: argparse.Namespace) -> None:
-    from hloforge.callbacks import from_items
     from hloforge.train.trainer import train
+
+    world, record = _launch(args)
+    failed = None
+    try:
+        if isinstance(record, HloforgeError):
+            raise record
+        cfg, callbacks, spec = _train_options(args, record)
+    except HloforgeError as e:
+        failed = e
+    if world is not None:
+        from hloforge.train.mpi import refuse_together
+
+        refuse_together(world, failed)
+    elif failed is not None:
+        raise failed
+    try:
+        train(cfg, resume=args.resume, cross_backend=args.cross_backend, spec=spec, progress=not args.no_progress,
+              callbacks=callbacks)
+    except DataError as e:
+        from hloforge.commands.opening import moved_data_hint
+
+        hint = moved_data_hint(cfg) if args.resume else ""  # a resumed run's data may have moved since
+        if not hint:
+            raise
+        raise type(e)(f"{e}{hint}") from None
+
+
+def _train_options(args: argparse.Namespace, record: RunRecord | None) -> tuple[TrainConfig, list[Any], Any]:
+    """`hloforge train`'s options checked and made the run's config, callbacks and (for --config of a run)
+    spec, before anything is read, compiled or written."""
+    from hloforge.callbacks import from_items
 
     if args.init is not None and args.resume:
         raise UnsupportedSpec("--init starts a new run from other weights, --resume continues this run's own "
@@ -113,7 +173,7 @@ def _train(args: argparse.Namespace) -> None:
         raise UnsupportedSpec("--cross-backend lets --resume continue another backend's checkpoint; without "
                               "--resume it does nothing")
     callbacks = from_items(args.callback or ())  # refused before anything trains or is written
-    cfg = train_config(args)
+    cfg = train_config(args, record)
     decay = [f"--{f.replace('_', '-')}" for f in ("decay_rate", "decay_epochs") if getattr(args, f) is not None]
     if decay and cfg.schedule != "exp":  # the exp schedule's alone: under another they were taken unsaid
         raise UnsupportedSpec(f"{' and '.join(decay)} set the exp schedule's decay, but the run's schedule is "
@@ -130,16 +190,7 @@ def _train(args: argparse.Namespace) -> None:
     from hloforge.train.rundir import config_spec
 
     spec = config_spec(args.config, cfg) if args.config and not args.resume and not args.net else None
-    try:
-        train(cfg, resume=args.resume, cross_backend=args.cross_backend, spec=spec, progress=not args.no_progress,
-              callbacks=callbacks)
-    except DataError as e:
-        from hloforge.commands.opening import moved_data_hint
-
-        hint = moved_data_hint(cfg) if args.resume else ""  # a resumed run's data may have moved since
-        if not hint:
-            raise
-        raise type(e)(f"{e}{hint}") from None
+    return cfg, callbacks, spec
 
 
 def _plot(args: argparse.Namespace) -> None:

@@ -245,11 +245,20 @@ def launched_processes() -> int:
 
 def load_config(path: str, **overrides: Any) -> TrainConfig:
     """A config file (TOML), with command-line values on top."""
+    return config_of(read_toml(path), path, **overrides)
+
+
+def read_toml(path: str) -> dict[str, Any]:
+    """A config file's table, or its refusal in one line."""
     try:
         with open(path, "rb") as f:
-            d = tomllib.load(f)
+            return tomllib.load(f)
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise UnsupportedSpec(f"config {path}: cannot read it as TOML ({e})") from None
+
+
+def config_of(d: dict[str, Any], path: str, **overrides: Any) -> TrainConfig:
+    """The config a table read from `path` holds, with command-line values on top."""
     known = {f.name for f in attrs.fields(TrainConfig)}
     unknown = sorted(set(d) - known)
     if unknown:
@@ -320,14 +329,15 @@ def lm_seq_len(opts: dict[str, Any], spec: NetSpec, data_cls: Any, data: str) ->
     return context
 
 
-def resumed_config(cfg: TrainConfig, given: Collection[str]) -> TrainConfig:
-    """What `hloforge train --resume` continues: the run directory's own config.toml with `cfg`'s values
-    for the fields in `given` (the flags on the command line) on top, so a flag left out keeps the run's
-    value, not the default. Another batch or data is refused (KEPT_ON_RESUME): the run's steps and
-    schedule are counted in its batches, its checkpoint and metrics are of its data. With no checkpoint
-    there, `cfg` (the trainer then says what there is to resume, not this check of a run that has nothing
-    to resume); a checkpoint without its config.toml is refused: the defaults would stand in for the run's
-    own settings, a plausible and wrong resume."""
+RunRecord = tuple[str, dict[str, Any] | None]
+"""What a resume reads of its run directory (run_record): the directory and its config.toml's table, None
+where it holds no checkpoint."""
+
+
+def run_record(cfg: TrainConfig) -> RunRecord:
+    """The run directory `hloforge train --resume` with `cfg` continues, and its config.toml as read. A
+    checkpoint without its config.toml is refused: the defaults would stand in for the run's own settings,
+    a plausible and wrong resume. Under MPI rank 0 alone reads it (the others' machines may not hold it)."""
     from hloforge.backends.base import backend_name
     from hloforge.zoo import get_net
 
@@ -336,13 +346,27 @@ def resumed_config(cfg: TrainConfig, given: Collection[str]) -> TrainConfig:
     run_dir = named.resolved_run_dir(named.variant(spec).apply_to(spec), resume=True)
     path = os.path.join(run_dir, CONFIG)
     if not os.path.exists(os.path.join(run_dir, CHECKPOINT)):
-        return cfg
+        return run_dir, None
     if not os.path.exists(path):
         raise DataError(f"run directory {run_dir} holds a checkpoint but no {CONFIG}, so the run's own settings "
                         f"(lr, schedule, seed, ...) are not known; restore its {CONFIG} to resume it, or start a new "
                         "run from its weights with --init")
-    recorded = load_config(path)
-    resumed = load_config(path, **{name: getattr(cfg, name) for name in given})
+    return run_dir, read_toml(path)
+
+
+def resumed_config(cfg: TrainConfig, given: Collection[str], record: RunRecord | None = None) -> TrainConfig:
+    """What `hloforge train --resume` continues: the run directory's own config.toml (`record`, read here
+    where None) with `cfg`'s values for the fields in `given` (the flags on the command line) on top, so a
+    flag left out keeps the run's value, not the default. Another batch or data is refused
+    (KEPT_ON_RESUME): the run's steps and schedule are counted in its batches, its checkpoint and metrics
+    are of its data. With no checkpoint there, `cfg` (the trainer then says what there is to resume, not
+    this check of a run that has nothing to resume)."""
+    run_dir, table = run_record(cfg) if record is None else record
+    if table is None:
+        return cfg
+    path = os.path.join(run_dir, CONFIG)
+    recorded = config_of(table, path)
+    resumed = config_of(table, path, **{name: getattr(cfg, name) for name in given})
     for name, (flag, what, why) in KEPT_ON_RESUME.items():  # before anything is read, compiled or written
         was, now = getattr(recorded, name), getattr(resumed, name)
         if name == "data_options":  # --data-opt adds to the run's own: refused where it changes one
