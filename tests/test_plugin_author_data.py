@@ -68,6 +68,14 @@ PLUGIN = textwrap.dedent('''
             return np.clip(x * 40 + 128, 0, 255).astype(np.uint8), y
 
 
+    class TestColumn(Blobs):
+        name = "testColumn"
+
+        def arrays(self, split):
+            x, y = super().arrays(split)
+            return (x, y) if split == "train" else (x, y[:, None])  # the test labels a column [N, 1]
+
+
     class WrongSig(Callback):
         name = "wrongSig"
 
@@ -106,7 +114,7 @@ PLUGIN = textwrap.dedent('''
 
     @hookimpl
     def hloforge_datasets():
-        return [Blobs, NoClasses, ClassesStr, Lists, Uint8]
+        return [Blobs, NoClasses, ClassesStr, Lists, Uint8, TestColumn]
 
 
     @hookimpl
@@ -183,6 +191,14 @@ def test_a_dataset_giving_uint8_x_is_refused_not_trained_on_0_to_255(installed: 
     assert err.startswith(f"hloforge: error: dataset 'uint8' {LABEL}: arrays('test') gave x of uint8 in "), err
     assert "expected float32 net input (the Dataset contract); scale it in the dataset" in err
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_dataset_whose_test_labels_are_a_column_is_refused_before_training(installed: None, tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    # once: an epoch trained, then an internal error out of the scoring (a broadcast of [N] against [N, 1])
+    assert main(train(tmp_path, "--data", "testColumn")) == 3
+    assert refused(capsys) == (f"hloforge: error: dataset 'testColumn' {LABEL} test split labels have shape [64, 1], "
+                               "expected [64] (a trailing axis of 1: y[..., 0] drops it)")
 
 
 def metrics(run: Path) -> dict[str, float]:

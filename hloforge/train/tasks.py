@@ -168,6 +168,11 @@ class ClassificationTask(Task):
         classes = dataset_classes(run.data)
         if classes != run.spec.num_classes:
             raise classes_mismatch(run.cfg.data, classes, run.cfg.net, run.spec)
+        # before the first step, not at the first epoch's scoring (a column [N, 1] broke it, after an epoch)
+        from hloforge.core.registry import component_label
+        from hloforge.train.session import checked_labels
+
+        checked_labels(run.y_te, (len(run.y_te),), "i32", classes, f"{component_label('dataset', run.data)} test split")
 
     def evaluate(self, evaluator: ForwardSession, buffers: list[Any]) -> Evaluation:
         from hloforge.train.evaluation import evaluate, evaluate_stream
