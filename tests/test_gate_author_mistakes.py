@@ -5,6 +5,10 @@ verify` and then train to a plausible wrong number on XLA.
   axes (a per-row norm): XLA hands it conv kernels stored HWIO (paramLayout=hwio), so it normalises
   the wrong rows. The gate now runs every case of a layout_free optimizer with a conv-kernel slot
   stored that way too; one that is not layout_free gets its tensors declared, and passes.
+- A loss whose `sample_labels` gives labels of another shape than its `label_spec`: the gate's oracle
+  failed on them with jax's broadcasting error, naming neither the loss nor the method. The gate now
+  refuses them in one line naming both; integer ids of another width or as a list are taken as the
+  train step takes them (int32).
 - A layer whose `supports_nhwc` is true but which did not list "layout" in `strategy_kinds`: an
   NHWC render keeps NHWC through it, yet its NHWC form was never gated. The gate now gates it in
   both layouts whenever `supports_nhwc` holds for a case's shape.
@@ -18,11 +22,14 @@ from __future__ import annotations
 import textwrap
 import types
 
+import numpy as np
 import pytest
 
 from hloforge.core import strategy
+from hloforge.core.errors import PluginError
 from hloforge.core.registry import Registry
-from hloforge.testing.gate import collect_cases, gate_optimizer
+from hloforge.losses.ce import CrossEntropy, MeanSquaredError
+from hloforge.testing.gate import collect_cases, gate_loss, gate_optimizer
 from hloforge.testing.verify import verify
 
 DIST = "hloforge-mistakes"
@@ -181,3 +188,25 @@ def test_layer_supporting_nhwc_is_gated_in_both_layouts_without_listing_layout(
     assert failures == 1 and [ln.endswith("FAIL") for ln in bad] == [False, True], lines
     assert "[layout=nhwc]" in bad[1]
     assert len(ok) == 2 and all(ln.endswith("pass") for ln in ok), ok
+
+
+class PerExampleTargets(MeanSquaredError):
+    """Its labels one target per example, where its label_spec (mse's) says one per output."""
+
+    def sample_labels(self, rng: np.random.Generator, batch: int, out_shape: tuple[int, ...]) -> np.ndarray:
+        return rng.standard_normal((batch,)).astype(np.float32)
+
+
+class WideIds(CrossEntropy):
+    """Its class ids int64, as a list: the ids themselves are right."""
+
+    def sample_labels(self, rng: np.random.Generator, batch: int, out_shape: tuple[int, ...]) -> list[int]:
+        return super().sample_labels(rng, batch, out_shape).astype(np.int64).tolist()
+
+
+def test_sample_labels_not_of_the_label_spec_is_refused_naming_the_loss() -> None:
+    with pytest.raises(PluginError) as ei:
+        gate_loss(PerExampleTargets(), (4,))
+    assert str(ei.value) == ("loss 'mse': sample_labels(rng, 3, (4,)) returned float32 [3], expected float targets "
+                             "[3, 4] (the batch, then the label shape its label_spec gives)")
+    assert gate_loss(WideIds(), (5,)).passed

@@ -244,7 +244,7 @@ def gate_loss(loss: Loss, out_shape: Shape, *, batch: int = 3, seed: int = 0) ->
     jax = _jax()
     rng = np.random.default_rng(seed)
     logits = rng.standard_normal((batch, *out_shape)) * 2.0
-    y = loss.sample_labels(rng, batch, out_shape)
+    y = _sampled_labels(loss, rng, batch, out_shape)
     y_ref = y.astype(np.float64) if y.dtype.kind == "f" else y
     val, g = jax.value_and_grad(lambda z: loss.reference(z, y_ref))(logits)
     refs = [np.asarray(val), np.asarray(g)]
@@ -263,6 +263,19 @@ def gate_loss(loss: Loss, out_shape: Shape, *, batch: int = 3, seed: int = 0) ->
             finally:
                 exe.close()
     return GateResult("loss", loss.name, _case_label(loss, out_shape), errs["f64"], fd, errs["f32"])
+
+
+def _sampled_labels(loss: Loss, rng: np.random.Generator, batch: int, out_shape: Shape) -> np.ndarray:
+    """`loss.sample_labels`, as the module takes them (int32 ids, float targets), refused in one line naming the
+    loss unless of `label_spec`'s shape and kind: else the oracle or the module fails on them, naming neither."""
+    y = np.asarray(loss.sample_labels(rng, batch, out_shape))
+    shape, dtype = modules.checked_label_spec(loss, out_shape)
+    ids = dtype == "i32"
+    if y.shape != (batch, *shape) or y.dtype.kind not in ("iu" if ids else "f"):
+        raise PluginError(f"{component_label('loss', loss)}: sample_labels(rng, {batch}, {tuple(out_shape)}) returned "
+                          f"{y.dtype} {list(y.shape)}, expected {'integer ids' if ids else 'float targets'} "
+                          f"{[batch, *shape]} (the batch, then the label shape its label_spec gives)")
+    return y.astype(np.int32) if ids else y
 
 
 # ------------------------------------------------------------------ optimizers
