@@ -94,6 +94,13 @@ PLUGIN = textwrap.dedent('''
                 print("every", self.every)
 
 
+    class NotACallback:  # the hooks, without the base
+        name = "notACallback"
+
+        def on_epoch_end(self, epoch, logs):
+            pass
+
+
     class Incomplete:
         name = "incomplete"  # compile and to_device, no to_host or execute
 
@@ -119,7 +126,7 @@ PLUGIN = textwrap.dedent('''
 
     @hookimpl
     def hloforge_callbacks():
-        return [WrongSig, InitOpt]
+        return [WrongSig, InitOpt, NotACallback]
 
 
     @hookimpl
@@ -250,6 +257,14 @@ def test_a_callback_hook_of_the_wrong_signature_is_refused_before_the_first_step
         f"hloforge: error: callback 'wrongSig' {LABEL}: its on_epoch_end(self, epoch) cannot take the loop's call "
         "on_epoch_end(epoch, logs); expected on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> None as "
         "hloforge.callbacks.Callback declares it")
+
+
+def test_a_callback_class_not_subclassing_callback_is_refused_naming_its_distribution(
+        installed: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(train(tmp_path, "--data", "blobs", "--callback", "notACallback")) == 3
+    assert refused(capsys) == (
+        f"hloforge: error: callback 'notACallback' {LABEL}: its class NotACallback does not subclass "
+        "hloforge.callbacks.Callback; expected a subclass, as the hloforge_callbacks hook says")
 
 
 class NoLogs(Callback):

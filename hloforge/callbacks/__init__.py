@@ -463,11 +463,13 @@ def from_items(items: Sequence[str]) -> list[Callback]:
         name, _, opts = item.partition(":")
         options = parse_data_options(opts, "callback option", once=True)
         entry = default_registry().entry("callback", name.strip())
+        if not (isinstance(entry.obj, type) and issubclass(entry.obj, Callback)):  # (the registry cannot tell)
+            raise PluginError(f"{component_label('callback', entry.obj)}: its class {entry.obj.__qualname__} does "
+                              "not subclass hloforge.callbacks.Callback; expected a subclass, as the "
+                              "hloforge_callbacks hook says")
         if not entry.builtin:  # hloforge's own check their options themselves, in words of their own
             check_option_types(entry.obj, options)
         cb = default_registry().make("callback", name.strip(), **options)
-        if not isinstance(cb, Callback):
-            raise UnsupportedSpec(f"callback {name!r} is a {type(cb).__name__}, not a hloforge Callback")
         check_hooks(cb)
         out.append(cb)
     return out
