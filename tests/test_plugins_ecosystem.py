@@ -280,7 +280,7 @@ def test_docs_python_examples_run_and_their_plugins_pass_the_gate() -> None:
     reg = Registry(extra_plugins=((mod, "hloforge-docs"),))
     assert not reg.broken
     mine = {e.kind: e.name for e in reg.entries() if e.distribution == "hloforge-docs"}
-    assert set(mine) == {"layer", "loss", "optimizer", "backend", "dataset"}, mine
+    assert set(mine) == {"layer", "loss", "optimizer", "backend", "dataset", "callback"}, mine
     cases = [c for c in gate_cases(reg) if c.distribution == "hloforge-docs"]
     assert {c.kind for c in cases} == {"layer", "loss", "optimizer"}
     for case in cases:
@@ -289,6 +289,21 @@ def test_docs_python_examples_run_and_their_plugins_pass_the_gate() -> None:
     data = reg.make("dataset", mine["dataset"])
     x, y = data.arrays("train")
     assert x.shape[0] == y.shape[0] > 0
+    from hloforge.callbacks import Callback
+
+    stop = reg.make("callback", mine["callback"], loss=0.5)
+    stop.model = types.SimpleNamespace(stop_training=False)
+    stop.on_epoch_end(1, {"loss": 0.4})
+    assert isinstance(stop, Callback) and stop.model.stop_training
+
+
+def test_docs_name_every_entry_point_group() -> None:
+    """A plugin author learns the groups from plugins.md and hookspecs.md: each kind's group is there."""
+    from hloforge.core.registry import KINDS
+
+    for doc in ("plugins.md", "hookspecs.md"):
+        text = (DOCS / doc).read_text()
+        assert [g for g, _, _ in KINDS.values() if f"`{g}`" not in text] == [], doc
 
 
 def test_hookspecs_doc_is_generated_from_the_hookspecs() -> None:

@@ -2,7 +2,7 @@
 
 A plugin is a module named by an entry point in one of the groups
 `hloforge.layers`, `hloforge.losses`, `hloforge.optimizers`,
-`hloforge.backends`, `hloforge.datasets`; it decorates functions with
+`hloforge.backends`, `hloforge.datasets`, `hloforge.callbacks`; it decorates functions with
 `hloforge.core.hookspecs.hookimpl`. It may declare the plugin API it is written
 for as a module-level `HLOFORGE_PLUGIN_API = 1`; the registry refuses a plugin
 targeting another than `hloforge.PLUGIN_API_VERSION` (no declaration: the current one).
