@@ -94,6 +94,14 @@ PLUGIN = textwrap.dedent('''
                 print("every", self.every)
 
 
+    class ChannelsLast(Blobs):
+        name = "channelsLast"
+
+        def arrays(self, split):
+            x, y = super().arrays(split)
+            return np.repeat(x[:, None, :], 24, axis=1).reshape(64, 4, 4, 3), y  # [H, W, C] images
+
+
     class NotACallback:  # the hooks, without the base
         name = "notACallback"
 
@@ -121,7 +129,7 @@ PLUGIN = textwrap.dedent('''
 
     @hookimpl
     def hloforge_datasets():
-        return [Blobs, NoClasses, ClassesStr, Lists, Uint8, TestColumn]
+        return [Blobs, NoClasses, ClassesStr, Lists, Uint8, TestColumn, ChannelsLast]
 
 
     @hookimpl
@@ -206,6 +214,21 @@ def test_a_dataset_whose_test_labels_are_a_column_is_refused_before_training(ins
     assert main(train(tmp_path, "--data", "testColumn")) == 3
     assert refused(capsys) == (f"hloforge: error: dataset 'testColumn' {LABEL} test split labels have shape [64, 1], "
                                "expected [64] (a trailing axis of 1: y[..., 0] drops it)")
+
+
+@pytest.mark.parametrize("workers", ["0", "1"])
+def test_a_dataset_giving_images_channels_last_is_refused_not_reshaped(workers: str, installed: None, tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    # once: reshaped [4, 4, 3] -> [3, 4, 4] (the same size), every image scrambled, and trained on
+    net = tmp_path / "img.toml"
+    net.write_text('name = "imgnet"\ninput_shape = [3, 4, 4]\nnum_classes = 3\n\n[[layers]]\nkind = "flatten"\n\n'
+                   '[[layers]]\nkind = "dense"\nunits = 3\n')
+    args = train(tmp_path, "--data", "channelsLast", "--workers", workers)
+    args[1] = str(net)
+    assert main(args) == 3
+    assert refused(capsys) == ("hloforge: error: dataset 'channelsLast' gives images [4, 4, 3], channels last, but the "
+                               "net takes [3, 4, 4], channels first; expected x.transpose(0, 3, 1, 2) of them from "
+                               "its arrays")
 
 
 def metrics(run: Path) -> dict[str, float]:

@@ -118,6 +118,15 @@ def dataset_classes(data: Any) -> int:
                       "labels (a class attribute or set in __init__)")
 
 
+def check_channels_first(name: str, got: Sequence[int], want: Sequence[int]) -> None:
+    """Refuse a dataset's images with their channels last ([H, W, C], as PIL and most image files have them)
+    for a net taking them first ([C, H, W]) where rows are reshaped to the net's input: of the same size, the
+    reshape would scramble each image into a plausible input that trains to a plausible wrong number."""
+    if len(want) == 3 and want[0] != want[2] and tuple(got) == (*want[1:], want[0]):
+        raise DataError(f"dataset {name!r} gives images {list(got)}, channels last, but the net takes "
+                        f"{list(want)}, channels first; expected x.transpose(0, 3, 1, 2) of them from its arrays")
+
+
 def check_rows(data: Any, split: str, n: int) -> None:
     """Refuse a registered dataset's split of no examples where a run reads it: on it a run would train
     nothing, or print no score and end as if all went well. Named with where it was read from."""
@@ -164,6 +173,7 @@ class Layout:
     flat: int  # float32 per image
     label_shape: tuple[int, ...]  # per row: () for a class index, (H, W) for a mask
     classes: int
+    image_shape: tuple[int, ...] = ()  # one row as the dataset gives it, before it is flattened for the wire
 
     @property
     def label_width(self) -> int:
@@ -178,7 +188,7 @@ def layout_of(data: Any, split: str) -> Layout:
     if not np.issubdtype(np.asarray(yb).dtype, np.integer):  # the wire carries labels as int32
         raise DataError(f"dataset {data.name!r} split {split!r} has {np.asarray(yb).dtype} labels; the producer "
                         "stream carries integer labels only (train it without --workers)")
-    return Layout(math.prod(xb.shape[1:]), tuple(yb.shape[1:]), dataset_classes(data))
+    return Layout(math.prod(xb.shape[1:]), tuple(yb.shape[1:]), dataset_classes(data), tuple(xb.shape[1:]))
 
 
 def train_steps(n: int, batch: int, workers: int) -> int:
@@ -448,6 +458,7 @@ class Feed:
         self.steps_per_epoch = train_steps(self.n, batch, workers)
         if workers and train:
             self.layout = layout_of(data, train_split)
+            check_channels_first(ref.name, self.layout.image_shape, self.input_shape)
             if self.layout.flat != math.prod(self.input_shape):
                 raise DataError(f"dataset {ref.name!r} gives rows of {self.layout.flat} values, the net takes "
                                 f"{list(self.input_shape)}")
@@ -458,6 +469,7 @@ class Feed:
 
     def _shaped(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if tuple(x.shape[1:]) != self.input_shape:
+            check_channels_first(self.ref.name, x.shape[1:], self.input_shape)
             if math.prod(x.shape[1:]) != math.prod(self.input_shape):
                 raise DataError(f"dataset {self.ref.name!r} gives inputs of shape {list(x.shape[1:])}, the net "
                                 f"expects {list(self.input_shape)}")

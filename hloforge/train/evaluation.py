@@ -13,6 +13,7 @@ import numpy as np
 
 from hloforge.core.errors import DataError
 from hloforge.core.spec import NetSpec
+from hloforge.datasets.stream import check_channels_first
 from hloforge.train.metrics import check_finite, check_ids, label_rank, wilson
 from hloforge.train.session import ForwardSession
 
@@ -22,6 +23,7 @@ def fit_input(x: np.ndarray, spec: NetSpec, data_name: str, net: str = "") -> np
     name the config gives the net, for the flag that reshapes a zoo net's input, as a class count's refusal says."""
     if tuple(x.shape[1:]) == spec.input_shape:
         return x
+    check_channels_first(data_name, x.shape[1:], spec.input_shape)
     if math.prod(x.shape[1:]) == math.prod(spec.input_shape):
         return x.reshape(len(x), *spec.input_shape)
     from hloforge.zoo import takes_classes  # a zoo net not fixed at one size takes --input as it takes --classes
