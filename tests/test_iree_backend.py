@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -211,6 +212,27 @@ def test_an_entry_swapped_with_another_keys_is_compiled_again_not_run(cache):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert IreeBackend().compile(STEP).cache_hit  # ... which the next run takes without a word
+
+
+def test_an_entry_of_a_read_only_cache_is_a_hit_not_compiled_again(cache, monkeypatch):
+    """IREE's VmModule.mmap opens the file for writing, so on a read-only mount (EROFS) or another user's
+    cache (EACCES) every whole entry was taken for damaged: 'does not load ... compiling again and replacing
+    it' per module, a compile each run, and a second warning that the cache cannot be written. Now such an
+    entry is read into memory and used, without a word."""
+    path = IreeBackend().compile(STEP).artifact
+    be = IreeBackend()
+
+    def read_only_mmap(instance, filepath, *args, **kwargs):  # what IREE raises on a read-only mount
+        raise OSError(errno.EROFS, "Read-only file system", filepath)
+
+    monkeypatch.setattr(be.runtime.VmModule, "mmap", read_only_mmap)
+    monkeypatch.setattr(be.compiler, "compile_str", lambda *a, **k: pytest.fail("recompiled a whole entry"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        exe = be.compile(STEP)
+    assert exe.cache_hit and exe.artifact == path
+    out, _ = be.execute(exe, [be.to_device(W), be.to_device(G)])
+    np.testing.assert_allclose(be.to_host(out), W - 0.1, rtol=1e-6)
 
 
 def test_two_processes_share_the_cache(cache):

@@ -19,6 +19,7 @@ point); the packages are imported when an :class:`IreeBackend` is made.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -115,6 +116,10 @@ def cache_key(mlir_text: str, target: str, flags: Sequence[str], version: str, h
     with another machine never hands this one instructions its CPU lacks."""
     return sha256_key({"mlir": mlir_text, "target": target, "flags": list(flags), "compiler": version,
                        "host": host, "entry": KEY_REFLECTION})  # entries from before the key are misses
+
+
+# What IREE's VmModule.mmap raises for a file this process may read but not write.
+_READ_ONLY_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
 class IreeCacheWarning(HloforgeWarning):
@@ -461,8 +466,17 @@ class IreeBackend:
         """The artifact at `path`, or `unstored` (its bytes, which the cache could not keep) from memory."""
         rt, cfg = self.runtime, self.config
         try:
-            module = (rt.VmModule.mmap(cfg.vm_instance, str(path)) if unstored is None
-                      else rt.VmModule.copy_buffer(cfg.vm_instance, unstored))
+            if unstored is None:
+                try:
+                    module = rt.VmModule.mmap(cfg.vm_instance, str(path))
+                except OSError as e:
+                    if e.errno not in _READ_ONLY_ERRNOS:
+                        raise
+                    # IREE's mmap opens the file for writing: an entry of a read-only cache (a read-only mount,
+                    # another user's) is read into memory instead, not taken for damaged and compiled again
+                    unstored = path.read_bytes()
+            if unstored is not None:
+                module = rt.VmModule.copy_buffer(cfg.vm_instance, unstored)
             return module, rt.VmContext(cfg.vm_instance, modules=[*cfg.default_vm_modules, module])
         except Exception as e:
             raise BackendError(f"IREE could not load the artifact {path}: {e}") from None
