@@ -396,3 +396,23 @@ def test_replicas_without_devices_asks_the_cpu_plugin_for_one_device_each(tmp_pa
     assert "over 2 replicas" in lines[1] and load_config(f"{d}/config.toml").devices is None
     evaluate_checkpoint(d, replicas=2, log=lines.append)
     assert "test top-1" in lines[-1]
+
+
+def test_eval_asks_the_runs_own_backend_for_devices_and_a_bad_backend_flag_is_not_the_checkpoints(
+        tmp_path, capsys, monkeypatch) -> None:
+    """`hloforge eval RUN --replicas 2` counted devices for $HLOFORGE_BACKEND, not the run's backend that eval
+    scores on: an XLA run under HLOFORGE_BACKEND=iree got one device ('needs 2 devices ... has 1'), an IREE run
+    'backend iree takes no option devices' for a --devices never given; and a --backend or --devices refused
+    read as the checkpoint's fault ('checkpoint RUN/checkpoint.safetensors: unknown backend ...')."""
+    from hloforge.cli import main
+
+    run = str(tmp_path / "run")
+    assert main(["train", "mnist-linear", "--epochs", "1", "--backend", "xla", "--run-dir", run, "--no-progress"]) == 0
+    top1 = re.search(r"test top-1 .*?\(\d+/360\)", capsys.readouterr().out).group(0)
+    monkeypatch.setenv("HLOFORGE_BACKEND", "iree")
+    assert main(["eval", run, "--replicas", "2"]) == 0
+    assert top1 in capsys.readouterr().out
+    assert main(["eval", run, "--backend", "ire"]) == 3
+    assert capsys.readouterr().err.startswith("hloforge: error: unknown backend 'ire'; registered: ")
+    assert main(["eval", run, "--backend", "iree", "--devices", "2"]) == 3
+    assert capsys.readouterr().err.startswith("hloforge: error: backend 'iree' takes no option devices")

@@ -24,7 +24,7 @@ from hloforge.train.finetune import EXPORT_MANIFEST
 from hloforge.train.metrics import describe_eval_set, same_eval_set
 from hloforge.train.parallel import make_forward_session
 from hloforge.train.rundir import own_spec
-from hloforge.train.session import ForwardSession, replica_devices
+from hloforge.train.session import ForwardSession, make_backend, replica_devices
 from hloforge.train.trainer import Run, check_matches
 from hloforge.zoo import get_net
 
@@ -116,9 +116,10 @@ def check_batch_stats(spec: NetSpec, batch: int, rows: int) -> None:
 
 def open_checkpoint(path: str, backend: str | None = None, log: Callable[[str], None] = print,
                     devices: int | None = None, needs_data: bool = True, data_dir: str | None = None,
-                    data_file: str | None = None) -> OpenedCheckpoint:
+                    data_file: str | None = None, replicas: int = 1) -> OpenedCheckpoint:
     """A run directory's (or a file's) checkpoint, its run rebuilt from the stored config
-    (on `backend` if given, with `devices` devices if given), refused if the net as defined now
+    (on `backend` if given, else the run's own, with `devices` devices if given, else those `replicas`
+    ask of that backend: `replica_devices`), refused if the net as defined now
     differs from the stored spec. A run trained on the user's arrays (no registered dataset) is
     refused where the caller `needs_data`; else (export) it opens on no rows. `data_dir`, `data_file`:
     where the run's data is now, when it moved since (its test split is still checked against the run's)."""
@@ -131,8 +132,10 @@ def open_checkpoint(path: str, backend: str | None = None, log: Callable[[str], 
     cfg = ckpt.config_from(file, TrainConfig, meta["config"])
     if backend and backend != cfg.backend:
         cfg = attrs.evolve(cfg, backend=backend)
-    if devices:
-        cfg = attrs.evolve(cfg, devices=devices)
+    devices = replica_devices(cfg.backend, replicas, devices)  # the backend the run opens on, not $HLOFORGE_BACKEND
+    # The caller's backend or device count is made here, so its refusal (an unknown name, IREE given a device
+    # count) reads as the caller's options, not as a fault of the checkpoint's config.
+    chosen = make_backend(cfg.backend, **({"devices": devices} if devices else {})) if backend or devices else None
     moved = {k: v for k, v in (("data_dir", data_dir), ("data_file", data_file)) if v}
     if moved:
         cfg = attrs.evolve(cfg, **moved)
@@ -150,7 +153,7 @@ def open_checkpoint(path: str, backend: str | None = None, log: Callable[[str], 
         check_dataset_kind(saved_inputs(file, meta, cfg.data, spec), cfg.data, spec, f"checkpoint {file}: scoring it "
                            "on", f"score it with hf.load({where!r}).evaluate(x, y) on x of its kind")
     try:  # scoring never opens the train split
-        run = Run(cfg, log, progress=False, eval_only=True, spec=own_spec(cfg.net, spec), data=arrays)
+        run = Run(cfg, log, progress=False, eval_only=True, spec=own_spec(cfg.net, spec), data=arrays, backend=chosen)
     except SettingError:  # an environment variable's, named by itself: no fault of the checkpoint's
         raise
     except HloforgeError as e:  # the stored config's net, variant or data refused: say whose config it is
@@ -193,8 +196,7 @@ def evaluate_checkpoint(path: str, backend: str | None = None, region: str = DEF
     `data_dir`, `data_file`: where the run's data is now, when it moved (open_checkpoint)."""
     check_region(region)  # a bad name is refused before anything is opened
     check_size_crop(size, crop)  # a bad value is refused before anything is opened
-    oc = open_checkpoint(path, backend, log, replica_devices(backend, replicas, devices), data_dir=data_dir,
-                         data_file=data_file)
+    oc = open_checkpoint(path, backend, log, devices, data_dir=data_dir, data_file=data_file, replicas=replicas)
     run, spec, meta, cfg = oc.run, oc.spec, oc.meta, oc.run.cfg
     # each region with its own BN statistics: the live weights with the running ones, the shadow with its EMA
     region, params, running = oc.region_weights(region)
