@@ -190,6 +190,23 @@ def test_cam_writes_and_names_exactly_the_out_given(runs, tmp_path, capsys):
     assert [p.name for p in tmp_path.iterdir()] == ["heat.JPG"] and out.read_bytes()[:2] == b"\xff\xd8"
 
 
+def test_cam_runs_on_the_backend_given_as_detect_generate_and_sample_do(runs, tmp_path, capsys):
+    """cam alone took no --backend (exit 2, 'unrecognized arguments'): a run could be explained only on the
+    backend it trained on. The heatmap on IREE is XLA's to float rounding; a name no backend has is one line."""
+    pytest.importorskip("iree.runtime")
+    from hloforge.commands.cam import cam_run
+
+    out = tmp_path / "heat.png"
+    capsys.readouterr()
+    assert main(["cam", runs["cnn"], "test:3", "--out", str(out), "--backend", "iree"]) == 0
+    assert f"wrote {out} (" in capsys.readouterr().out
+    on_xla, on_iree = (cam_run(runs["cnn"], "test:3", str(out), log=quiet, backend=b) for b in ("xla", "iree"))
+    np.testing.assert_allclose(on_iree, on_xla, atol=1e-4)
+    assert on_xla.max() > 0.1  # a heatmap, not zeros agreeing
+    assert refused(["cam", runs["cnn"], "test:3", "--out", str(out), "--backend", "ire"], capsys).startswith(
+        "hloforge: error: unknown backend 'ire'")
+
+
 @pytest.mark.parametrize("suffix", IMAGE_OUT_SUFFIXES)
 def test_each_writer_writes_each_accepted_suffix(suffix, tmp_path):
     """IMAGE_OUT_SUFFIXES says what all three writers (matplotlib's savefig and imsave, PIL) can write."""

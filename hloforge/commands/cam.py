@@ -128,9 +128,9 @@ def load_image(ref: str, run: Run) -> np.ndarray:
 
 def cam_run(path: str, image_ref: str, out: str, class_index: int | None = None,
             log: Callable[[str], None] = print, data_dir: str | None = None,
-            data_file: str | None = None) -> np.ndarray:
+            data_file: str | None = None, backend: str | None = None) -> np.ndarray:
     image_out(out)
-    oc = open_checkpoint(path, log=log, data_dir=data_dir, data_file=data_file)
+    oc = open_checkpoint(path, backend, log=log, data_dir=data_dir, data_file=data_file)
     spec = oc.spec
     check_camable(spec)  # before the image: a DDPM's test images are not its input (that adds a time plane)
     given = load_image(image_ref, oc.run)

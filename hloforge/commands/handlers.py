@@ -244,7 +244,8 @@ def _generate(args: argparse.Namespace) -> None:
 def _cam(args: argparse.Namespace) -> None:
     from hloforge.commands.cam import cam_run
 
-    cam_run(args.run, args.image, args.out, args.cls, data_dir=args.data_dir, data_file=args.data_file)
+    cam_run(args.run, args.image, args.out, args.cls, data_dir=args.data_dir, data_file=args.data_file,
+            backend=args.backend)
 
 
 def _prepare(args: argparse.Namespace) -> None:

@@ -335,6 +335,7 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("image", help="test:N (the N-th eval image) or a .npy array of the net's input shape")
     sp.add_argument("--out", default="cam.png", help=IMAGE_OUT_HELP)
     sp.add_argument("--class", dest="cls", type=nonneg_int, help="class to explain (default: the predicted one)")
+    sp.add_argument("--backend", help="run on this backend (default: the one it trained on)")
     _moved_data_flags(sp)
     sp.set_defaults(func=_cam)
 
