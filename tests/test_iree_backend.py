@@ -57,6 +57,21 @@ def test_selected_by_name_and_env(cache, monkeypatch):
     assert make_backend().name == "xla"
 
 
+def test_an_unknown_target_in_the_variable_is_refused_naming_it(cache, monkeypatch):
+    """HLOFORGE_IREE_TARGET=vulkan read 'iree target 'vulkan' is not supported', naming no variable, and `eval RUN`
+    put it on the checkpoint ('checkpoint RUN/checkpoint.safetensors: iree target ...'). Now a SettingError,
+    which names the variable and which no caller prefixes with its file; the argument's refusal is as it was."""
+    from hloforge.core.errors import SettingError
+
+    monkeypatch.setenv("HLOFORGE_IREE_TARGET", "vulkan")
+    with pytest.raises(SettingError, match=r"^HLOFORGE_IREE_TARGET='vulkan': not an iree target; expected one of "
+                                           r"\['cuda', 'llvm-cpu', 'rocm'\], or the variable unset \(llvm-cpu\)$"):
+        IreeBackend()
+    with pytest.raises(BackendError, match=r"^iree target 'metal' is not supported") as refused:
+        IreeBackend(target="metal")
+    assert not isinstance(refused.value, SettingError)
+
+
 def test_missing_package_names_pip_package(monkeypatch):
     monkeypatch.setitem(sys.modules, "iree.compiler", None)  # import now raises ImportError
     with pytest.raises(BackendError, match="pip install iree-base-compiler iree-base-runtime"):

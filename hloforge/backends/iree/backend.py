@@ -334,7 +334,11 @@ class IreeBackend:
         self.compiler, self.runtime = _import_iree()
         self.target = target or os.environ.get(TARGET_ENV_VAR) or "llvm-cpu"
         if self.target not in TARGETS:
-            raise BackendError(f"iree target {self.target!r} is not supported; expected one of {sorted(TARGETS)}")
+            if target:
+                raise BackendError(f"iree target {self.target!r} is not supported; expected one of {sorted(TARGETS)}")
+            # the variable's fault, named as such: not the checkpoint's or the run's being opened
+            raise BackendSettingError(f"{TARGET_ENV_VAR}={self.target!r}: not an iree target; expected one of "
+                                      f"{sorted(TARGETS)}, or the variable unset (llvm-cpu)")
         driver, arch_flag, arch_default = TARGETS[self.target]
         if arch_flag is None:
             flags = list(CPU_FLAGS)
