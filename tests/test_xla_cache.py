@@ -342,3 +342,20 @@ def test_a_cache_directory_that_cannot_be_written_warns_once(tmp_path, monkeypat
         "($HLOFORGE_CACHE_DIR names a writable directory, $HLOFORGE_XLA_CACHE=0 turns the cache off)"]
     assert [e.cache_hit for e in exes] == [False, False]
     np.testing.assert_allclose(run_step(be, exes[1])[0], W - 0.2, rtol=1e-6)
+
+
+def test_an_entry_is_readable_by_the_other_users_of_a_shared_cache(tmp_path):
+    """An entry gets a new file's mode under the umask (0644 under 022), as the cache directory does: written
+    0600 (mkstemp's), every other user of a shared $HLOFORGE_CACHE_DIR took each entry for damaged and
+    compiled it again."""
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+        import os
+        os.umask(0o022)
+        from pathlib import Path
+        from hloforge.backends.disk_cache import write_atomic
+        path = Path({str(tmp_path / "entry")!r})
+        write_atomic(path, b"x")
+        print(oct(path.stat().st_mode & 0o777))
+    """)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "0o644"

@@ -76,11 +76,24 @@ def first_unwritable(directory: Path, e: OSError) -> str | None:
     return why
 
 
+def _file_mode() -> int:
+    """The mode open() gives a new file under this process's umask (read back at once: no call reads it)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+_NEW_FILE_MODE = _file_mode()
+
+
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to a temp file in `path`'s directory, then rename it onto `path`."""
+    """Write `data` to a temp file in `path`'s directory, then rename it onto `path`. The entry gets the
+    mode of a file the user makes (mkstemp's is 0600), so a cache shared between users is read by each:
+    under 0600 another user's run took every entry for damaged and compiled it again."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, _NEW_FILE_MODE)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

@@ -41,7 +41,6 @@ import json
 import os
 import platform
 import statistics
-import tempfile
 import time
 import warnings
 from collections import Counter
@@ -53,6 +52,7 @@ import attrs
 import numpy as np
 
 from hloforge.backends.base import backend_fingerprint, cache_root, parse_main_signature
+from hloforge.backends.disk_cache import write_atomic
 from hloforge.core import strategy
 from hloforge.core.errors import BackendError, HloforgeWarning, UnsupportedSpec
 from hloforge.core.modules import vjp_module
@@ -314,20 +314,9 @@ def read_entry(path: Path, key: Mapping[str, Any],
 
 def write_entry(path: Path, key: Mapping[str, Any], winner: Candidate, times_ms: Mapping[str, float]) -> None:
     """Write the entry to a temp file beside it and rename it into place (atomic on one filesystem)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     data = json.dumps({"key": key, "choice": winner.label, "times_ms": dict(times_ms)}, sort_keys=True,
                       default=repr, indent=1)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, data.encode())
 
 
 # ------------------------------------------------------------------ tuning a net
