@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hloforge.cli import F32_MAX, I64_MAX, parser, train_config
+from hloforge.commands.argtypes import plugin_name
 from hloforge.core.errors import HloforgeError
 from hloforge.train.trainer import TrainConfig, load_config
 
@@ -30,7 +31,7 @@ POSITIONALS = {"render": ["mnist-linear", "--out", "OUT"], "eval": ["RUN"], "gen
 
 
 def _typed_options() -> list[tuple[tuple[str, ...], str, argparse.Action]]:
-    """(command path, flag, action) of every option that parses its value with a type function."""
+    """(command path, flag, action) of every option that parses its value with a numeric type function."""
     found = []
 
     def walk(p: argparse.ArgumentParser, path: tuple[str, ...]) -> None:
@@ -38,7 +39,7 @@ def _typed_options() -> list[tuple[tuple[str, ...], str, argparse.Action]]:
             if isinstance(a, argparse._SubParsersAction):
                 for name, q in a.choices.items():
                     walk(q, (*path, name))
-            elif a.type is not None and a.option_strings:
+            elif a.type not in (None, plugin_name) and a.option_strings:
                 found.append((path, a.option_strings[-1], a))
 
     walk(PARSER, ())
@@ -133,6 +134,7 @@ def test_numeric_options_fuzzed(option, value, tmp_path_factory):
     (["--seed", "-1"], "argument --seed: expected an integer ≥ 0, got '-1'"),
     (["--ema", "1"], "argument --ema: ema decay must be in [0, 1)"),
     (["--workers", "100000"], "argument --workers: expected an integer from 0 to 1024"),
+    (["--backend", ""], "argument --backend: expected a name, got ''"),  # was xla, unsaid
 ])
 def test_refused_in_a_real_process_with_one_line_and_no_run_dir(argv, needle, tmp_path):
     r = subprocess.run([sys.executable, "-m", "hloforge.cli", "train", *argv], capture_output=True, text=True,

@@ -97,6 +97,14 @@ def variant_value(name: str, parse: Callable[[str], Any], variant: type | None =
     return check
 
 
+def plugin_name(text: str) -> str:
+    """An argparse type: a registered plugin's name (--backend), which is never empty: `--backend ""` (an
+    unset shell variable) was taken as no flag and ran on $HLOFORGE_BACKEND or xla, unsaid."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a name, got {text!r}")
+    return text
+
+
 def _shape(text: str) -> tuple[int, ...]:
     try:
         dims = tuple(int(d) for d in text.replace("x", ",").split(","))

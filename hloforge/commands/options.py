@@ -15,6 +15,7 @@ from hloforge.commands.argtypes import (
     nonneg_float,
     nonneg_int,
     number,
+    plugin_name,
     positive_float,
     positive_int,
     probability,
@@ -212,7 +213,8 @@ def parser() -> argparse.ArgumentParser:
                     help="stream batches from N producer processes (default 0: in process)")
     sp.add_argument("--no-augment", dest="augment", action="store_const", const=False,
                     help="train without the dataset's augmentation (crops become centre crops)")
-    sp.add_argument("--backend", help="xla, iree or a backend plugin (default: $HLOFORGE_BACKEND, else xla)")
+    sp.add_argument("--backend", type=plugin_name,
+                    help="xla, iree or a backend plugin (default: $HLOFORGE_BACKEND, else xla)")
     sp.add_argument("--replicas", type=positive_int, help="data-parallel over N devices (XLA); --batch is the "
                                                           "global batch")
     sp.add_argument("--devices", type=integer(1, MAX_PROCESSES),
@@ -260,7 +262,7 @@ def parser() -> argparse.ArgumentParser:
 
     sp = _command(sub, "eval", help="score a run's checkpoint alone (the same top-1 the run printed)")
     sp.add_argument("run", help="a run directory or a checkpoint file")
-    sp.add_argument("--backend", help="score on this backend (default: the one it trained on)")
+    sp.add_argument("--backend", type=plugin_name, help="score on this backend (default: the one it trained on)")
     _region_flag(sp)
     sp.add_argument("--replicas", type=positive_int, default=1,
                     help="score sharded over N devices (XLA; same result)")
@@ -301,7 +303,7 @@ def parser() -> argparse.ArgumentParser:
                                    "its class count must be the state dict's")
     sp.add_argument("--data-opt", dest="data_options", action="append", metavar="KEY=VALUE",
                     help="a dataset option, as train's (repeatable; default: none)")
-    sp.add_argument("--backend", help="the run's backend (default: $HLOFORGE_BACKEND, else xla)")
+    sp.add_argument("--backend", type=plugin_name, help="the run's backend (default: $HLOFORGE_BACKEND, else xla)")
     sp.set_defaults(func=_import_weights)
 
     sp = _command(sub, "export", help="a run's model out: its eval forward (StableHLO), weights and manifest, "
@@ -326,7 +328,7 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--tokens", type=nonneg_int, default=200, help="how many characters to sample")
     sp.add_argument("--temperature", type=nonneg_float, default=0.8, help="0: always the most likely character")
     sp.add_argument("--seed", type=nonneg_int, default=0, help="seeds the sampling")
-    sp.add_argument("--backend", help="run on this backend (default: the one it trained on)")
+    sp.add_argument("--backend", type=plugin_name, help="run on this backend (default: the one it trained on)")
     _moved_data_flags(sp)
     sp.set_defaults(func=_generate)
 
@@ -335,7 +337,7 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("image", help="test:N (the N-th eval image) or a .npy array of the net's input shape")
     sp.add_argument("--out", default="cam.png", help=IMAGE_OUT_HELP)
     sp.add_argument("--class", dest="cls", type=nonneg_int, help="class to explain (default: the predicted one)")
-    sp.add_argument("--backend", help="run on this backend (default: the one it trained on)")
+    sp.add_argument("--backend", type=plugin_name, help="run on this backend (default: the one it trained on)")
     _moved_data_flags(sp)
     sp.set_defaults(func=_cam)
 
@@ -346,7 +348,7 @@ def parser() -> argparse.ArgumentParser:
                                                      "(default: none)")
     sp.add_argument("--out", default="boxes.png", help=IMAGE_OUT_HELP)
     sp.add_argument("--score", type=probability, default=0.3, help="lowest score drawn")
-    sp.add_argument("--backend", help="run on this backend (default: the one it trained on)")
+    sp.add_argument("--backend", type=plugin_name, help="run on this backend (default: the one it trained on)")
     _moved_data_flags(sp)
     sp.set_defaults(func=_detect)
 
@@ -363,7 +365,7 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("-n", type=positive_int, default=16, help="how many images")
     sp.add_argument("--out", default="grid.png", help=IMAGE_OUT_HELP)
     sp.add_argument("--seed", type=nonneg_int, default=0, help="seeds the sampling noise")
-    sp.add_argument("--backend", help="run on this backend (default: the one it trained on)")
+    sp.add_argument("--backend", type=plugin_name, help="run on this backend (default: the one it trained on)")
     _region_flag(sp)
     sp.add_argument("--no-clip", dest="clip", action="store_false",
                     help="leave each step's predicted clean image unclipped (default: clip it to the data's range)")
