@@ -220,6 +220,29 @@ def test_an_init_that_does_not_fit_is_one_line_and_writes_nothing(tmp_path) -> N
     assert not out.exists()
 
 
+def test_an_init_tensor_no_float32_weight_can_be_is_named_for_what_it_is(tmp_path) -> None:
+    """A double beyond float32's range is said as that (not 'a NaN or an infinity' after numpy's overflow warning),
+    an integer one by its dtype: the words every reader of weights uses (checkpoint.as_float32_weight)."""
+    import warnings
+
+    from safetensors.numpy import save_file
+
+    spec = get_net("resnet-mini", input=(1, 12, 12))
+    w = {f"param/{n}": p for (n, _), p in zip(spec.params(), spec.init_params(0), strict=True)}
+    w.update({f"stat/{n}": s.initial() for n, s in spec.stats()})
+    w["param/0.w"] = np.full(w["param/0.w"].shape, 1e300)
+    w["param/0.beta"] = np.zeros(w["param/0.beta"].shape, np.int32)
+    save_file(w, str(tmp_path / "w.safetensors"))
+    out = tmp_path / "run"
+    with warnings.catch_warnings(), pytest.raises(DataError) as e:
+        warnings.simplefilter("error")  # numpy's overflow warning is no line of ours
+        train(TrainConfig(**SMALL, run_dir=str(out), init=str(tmp_path / "w.safetensors")), progress=False)
+    msg = str(e.value)
+    assert "param/0.w holds values beyond float32's range (±3.4e38)" in msg
+    assert "param/0.beta has dtype int32, expected a float one" in msg
+    assert not out.exists()
+
+
 def test_init_from_an_ema_run_takes_the_weights_eval_scores_unless_told_otherwise(tmp_path, capsys) -> None:
     from hloforge.train import finetune
 

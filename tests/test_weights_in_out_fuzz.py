@@ -167,3 +167,22 @@ def test_an_export_that_meets_a_full_disk_is_one_line_and_leaves_no_half_export(
     assert sorted(os.listdir(out)) == ["forward.mlir", "manifest.json", "weights.safetensors"]
     (tmp_path / "file").write_text("x")
     assert main(["export", run, "--out", str(tmp_path / "file")]) == 3
+
+
+@pytest.mark.parametrize("value, said", [
+    (np.int32(3), "has dtype int32, expected a float one"),
+    (np.complex64(1 + 2j), "has dtype complex64, expected a float one"),
+    (np.float32(np.nan), "holds NaN or inf, expected finite numbers"),
+    (np.float64(1e300), "holds values beyond float32's range"),
+])
+def test_a_tensor_no_float32_weight_can_be_is_listed_not_cast(value, said) -> None:
+    """An integer (a quantized export's), complex, NaN or beyond-float32 tensor is a problem listed with the rest,
+    not cast into the net's weights: int 3 read as 3.0, NaN kept, 1e300 read as inf."""
+    sd = _state_dict("torchvision:resnet18", "resnet18")
+    sd["fc.bias"] = np.full(sd["fc.bias"].shape, value)
+    with pytest.raises(DataError) as e:
+        map_state_dict("torchvision:resnet18", sd, input=INPUT)
+    lines = str(e.value).splitlines()
+    assert "1 problem(s); nothing written" in lines[0] and len(lines) == 2
+    assert lines[1].startswith(f"  value: fc.bias {said}")
+

@@ -23,7 +23,7 @@ from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
 from hloforge.core.slots import check_stats
 from hloforge.core.spec import NetSpec
 from hloforge.interop.torch_names import IGNORED_SUFFIXES, LAYOUTS, SOURCES, Family, Unit, units
-from hloforge.train.checkpoint import PICKLED, SAFETENSORS, ends_in, read_weights_file, unwrapped
+from hloforge.train.checkpoint import PICKLED, SAFETENSORS, as_float32_weight, ends_in, read_weights_file, unwrapped
 from hloforge.train.rundir import checked_path
 from hloforge.zoo import get_net
 
@@ -192,6 +192,7 @@ def map_state_dict(source: str, sd: Mapping[str, np.ndarray], *, input: Sequence
     tables = fam.table(spec)
     used: set[str] = set()
     bad: list[str] = []
+    wrong: list[str] = []  # of a dtype or values no float32 weight has
     missing: list[str] = []
     out: dict[str, list[np.ndarray]] = {"param": [], "stat": []}
     for kind, slots in (("param", spec.params()), ("stat", spec.stats())):
@@ -211,9 +212,13 @@ def map_state_dict(source: str, sd: Mapping[str, np.ndarray], *, input: Sequence
                 bad.append(f"{src} has shape {list(got)}, but {kind}/{name} needs {list(want)} "
                            f"(stored as {list(slot.shape)})")
                 continue
-            out[kind].append(np.ascontiguousarray(lay.to_zoo(np.asarray(sd[src], np.float32), tuple(slot.shape))))
+            a = as_float32_weight(np.asarray(sd[src]))
+            if isinstance(a, str):
+                wrong.append(f"{src} {a}")
+                continue
+            out[kind].append(np.ascontiguousarray(lay.to_zoo(a, tuple(slot.shape))))
     unused = [k for k in sd if k not in used and not k.endswith(IGNORED_SUFFIXES)]
-    lines = ([f"shape: {b}" for b in bad] + [f"missing: {m}" for m in missing]
+    lines = ([f"shape: {b}" for b in bad] + [f"value: {w}" for w in wrong] + [f"missing: {m}" for m in missing]
              + [f"unused: {u} {list(np.shape(sd[u]))}" for u in unused])
     if lines:
         other = [s for s in SOURCES if s != source and source_names(s) == _names(sd)]

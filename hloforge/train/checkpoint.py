@@ -170,6 +170,21 @@ def host_array(a: Any) -> Any:
     return a
 
 
+def as_float32_weight(a: np.ndarray) -> np.ndarray | str:
+    """`a` as a float32 weight, or why it cannot be one, as a clause ("has dtype int32, expected a float one
+    ..."): half, bfloat16 and double are read as float32; an integer, complex, NaN or beyond-float32 one is no
+    weight, never cast into one."""
+    if a.dtype.name not in FLOAT_WEIGHTS:
+        return f"has dtype {a.dtype}, expected a float one ({', '.join(FLOAT_WEIGHTS)}; read as float32)"
+    if not np.isfinite(a).all():
+        return "holds NaN or inf, expected finite numbers"
+    with np.errstate(over="ignore"):  # beyond float32's range: said below, in one line
+        f32 = np.array(a, np.float32)
+    if not np.isfinite(f32).all():
+        return "holds values beyond float32's range (±3.4e38)"
+    return f32
+
+
 def read_weights_file(path: str, what: str) -> dict[str, np.ndarray]:
     """A foreign safetensors file's tensors (`import-weights`, `train --init`), bfloat16 ones too; one
     DataError, naming the file as `what`, for a truncated or foreign one."""
@@ -324,15 +339,9 @@ def assigned(new: Mapping[str, Any], want: list[tuple[str, tuple[int, ...]]], wh
             said = (f" (the net's head, of another class count there: leave {list(head)} out to keep this model's "
                     "own, as --init re-initialises it)" if name in head else "")
             raise DataError(f"{what}[{name!r}] has shape {list(a.shape)}, expected {list(shape)}{said}")
-        if a.dtype.name not in FLOAT_WEIGHTS:  # half, bfloat16 and double are read as float32, as --init does
-            raise DataError(f"{what}[{name!r}] has dtype {a.dtype}, expected a float one "
-                            f"({', '.join(FLOAT_WEIGHTS)}; read as float32)")
-        if not np.isfinite(a).all():
-            raise DataError(f"{what}[{name!r}] holds NaN or inf, expected finite numbers")
-        with np.errstate(over="ignore"):  # beyond float32's range: said below, in one line
-            f32 = np.array(a, np.float32)
-        if not np.isfinite(f32).all():
-            raise DataError(f"{what}[{name!r}] holds values beyond float32's range (±3.4e38)")
+        f32 = as_float32_weight(a)
+        if isinstance(f32, str):
+            raise DataError(f"{what}[{name!r}] {f32}")
         out[index[name]] = f32
     return out
 

@@ -173,12 +173,14 @@ def read_init(run: Run, log: Callable[[str], None] = print) -> Init:
     for n, s in want.items():
         if n in have and n not in head:
             a = have[n]
-            if a.dtype.name not in ckpt.FLOAT_WEIGHTS or tuple(a.shape) != tuple(s):
+            if tuple(a.shape) != tuple(s):
                 problems.append(f"{n} is {a.dtype} {list(a.shape)}, expected float32 {list(s)}")
                 continue
-            a = have[n] = np.asarray(a, np.float32)  # half, bfloat16 and double weights are read as float32
-            if not np.isfinite(a).all():
-                problems.append(f"{n} holds a NaN or an infinity")
+            f32 = ckpt.as_float32_weight(a)  # half, bfloat16 and double weights are read as float32
+            if isinstance(f32, str):
+                problems.append(f"{n} {f32}")
+                continue
+            have[n] = f32
     if problems:
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
         raise DataError(f"--init {path} does not fit net {spec.name!r}: {'; '.join(problems[:3])}{more}")
