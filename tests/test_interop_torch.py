@@ -277,6 +277,24 @@ def test_a_pickle_that_would_run_code_is_refused(tmp_path: Any) -> None:
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("make, said", [
+    (lambda t: torch.quantize_per_tensor(t, 0.1, 0, torch.qint8), "has dtype torch.qint8"),
+    (lambda t: t.to(torch.float8_e4m3fn), "has dtype torch.float8_e4m3fn"),
+    (lambda t: t.to_sparse(), "is a torch.sparse_coo tensor"),
+], ids=["qint8", "float8", "sparse"])
+def test_a_tensor_numpy_cannot_hold_is_one_line(make: Any, said: str, tmp_path: Any) -> None:
+    """A quantized model's, a float8 or a sparse tensor in a .pth: named, not torch's TypeError as a crash."""
+    import warnings
+
+    path = str(tmp_path / "w.pth")
+    with warnings.catch_warnings():  # torch's deprecation of quantize_per_tensor
+        warnings.simplefilter("ignore")
+        torch.save({"conv1.weight": torch.zeros(2), "fc.weight": make(torch.ones(2, 2))}, path)
+    with pytest.raises(DataError, match=rf"w\.pth: entry 'fc\.weight' {said}, which numpy cannot hold; expected "
+                       "dense float16, bfloat16, float32 or float64 tensors$"):
+        read_state_dict(path)
+
+
 def test_unknown_source_and_missing_file_are_one_line(tmp_path: Any) -> None:
     with pytest.raises(UnsupportedSpec, match="unknown weights source 'torchvision:vgg11'"):
         import_weights("torchvision:vgg11", str(tmp_path / "w.safetensors"), str(tmp_path / "run"))

@@ -186,3 +186,21 @@ def test_a_tensor_no_float32_weight_can_be_is_listed_not_cast(value, said) -> No
     assert "1 problem(s); nothing written" in lines[0] and len(lines) == 2
     assert lines[1].startswith(f"  value: fc.bias {said}")
 
+
+
+def test_a_safetensors_tensor_numpy_has_no_dtype_for_is_one_line(tmp_path) -> None:
+    """A float8 tensor (safetensors F8_E4M3, as a quantized model saves it): named, not numpy's AttributeError."""
+    sd = {k: v for k, v in _state_dict("torchvision:resnet18", "resnet18").items() if k != "fc.bias"}
+    from safetensors.numpy import save
+
+    blob = save(sd)  # then fc.bias appended as F8_E4M3: a header entry and 10 bytes
+    n = int.from_bytes(blob[:8], "little")
+    header = json.loads(blob[8:8 + n])
+    end = max(v["data_offsets"][1] for k, v in header.items() if k != "__metadata__")
+    header["fc.bias"] = {"dtype": "F8_E4M3", "shape": [10], "data_offsets": [end, end + 10]}
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    (tmp_path / "w.safetensors").write_bytes(len(text).to_bytes(8, "little") + text + blob[8 + n:] + bytes(10))
+    with pytest.raises(DataError, match=r"w\.safetensors: tensor 'fc\.bias' has dtype F8_E4M3, which numpy cannot "
+                       r"hold; expected float16, bfloat16, float32 or float64 tensors$"):
+        read_state_dict(str(tmp_path / "w.safetensors"))

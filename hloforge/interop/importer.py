@@ -79,7 +79,12 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
         if not isinstance(v, torch.Tensor):
             raise DataError(f"weights file {path}: entry {k!r} is a {type(v).__name__}, not a tensor")
         v = v.detach().cpu()
-        out[str(k)] = (v.float() if v.dtype == torch.bfloat16 else v).numpy()  # numpy has no bfloat16 of torch's
+        try:
+            out[str(k)] = (v.float() if v.dtype == torch.bfloat16 else v).numpy()  # numpy has no bfloat16 of torch's
+        except TypeError:  # nor a quantized, float8 or sparse tensor
+            what = f"has dtype {v.dtype}" if v.layout == torch.strided else f"is a {v.layout} tensor"
+            raise DataError(f"weights file {path}: entry {k!r} {what}, which numpy cannot hold; expected dense "
+                            "float16, bfloat16, float32 or float64 tensors") from None
     return out
 
 

@@ -185,14 +185,24 @@ def as_float32_weight(a: np.ndarray) -> np.ndarray | str:
     return f32
 
 
+# the safetensors dtypes its numpy loader reads (BF16 through ml_dtypes); float8 ones it seeks on numpy, which has none
+NUMPY_READS = frozenset({"F64", "F32", "F16", "BF16", "I64", "U64", "I32", "U32", "I16", "U16", "I8", "U8", "BOOL",
+                         "C64"})
+
+
 def read_weights_file(path: str, what: str) -> dict[str, np.ndarray]:
     """A foreign safetensors file's tensors (`import-weights`, `train --init`), bfloat16 ones too; one
     DataError, naming the file as `what`, for a truncated or foreign one."""
     import ml_dtypes  # noqa: F401  # safetensors' numpy loader knows bfloat16 only once ml_dtypes registers it
-    from safetensors import SafetensorError
+    from safetensors import SafetensorError, safe_open
     from safetensors.numpy import load_file
 
     try:
+        with safe_open(path, "np") as f:  # a dtype it has no numpy type for would be an AttributeError of numpy's
+            odd = next(((k, d) for k in f.keys() if (d := f.get_slice(k).get_dtype()) not in NUMPY_READS), None)
+        if odd is not None:
+            raise DataError(f"{what} {path}: tensor {odd[0]!r} has dtype {odd[1]}, which numpy cannot hold; "
+                            "expected float16, bfloat16, float32 or float64 tensors")
         return dict(load_file(path))
     except (SafetensorError, OSError, ValueError) as e:
         raise DataError(f"{what} {path} is truncated or not a safetensors file ({e})") from None
