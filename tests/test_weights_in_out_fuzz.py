@@ -204,3 +204,21 @@ def test_a_safetensors_tensor_numpy_has_no_dtype_for_is_one_line(tmp_path) -> No
     with pytest.raises(DataError, match=r"w\.safetensors: tensor 'fc\.bias' has dtype F8_E4M3, which numpy cannot "
                        r"hold; expected float16, bfloat16, float32 or float64 tensors$"):
         read_state_dict(str(tmp_path / "w.safetensors"))
+
+
+def test_a_state_dict_or_weights_file_where_a_checkpoint_is_expected_says_what_it_is(tmp_path) -> None:
+    """`hloforge export` / `eval` of the user's .pth: named a PyTorch pickle and pointed at import-weights (not
+    'truncated or not a safetensors file'); of a bare weights file: pointed at --init, not 'format None'."""
+    from safetensors.numpy import save_file
+
+    pth = tmp_path / "resnet18.pth"
+    pth.write_bytes(b"PK\x03\x04" + bytes(60))  # torch.save's zip archive, as far as its first bytes go
+    with pytest.raises(DataError, match=r"resnet18\.pth is a PyTorch pickle, not an hloforge checkpoint .*`hloforge "
+                       r"import-weights SOURCE .*resnet18\.pth --out DIR`$"):
+        export_run(str(pth), str(tmp_path / "out"))
+    bare = str(tmp_path / "w.safetensors")
+    save_file({"param/0.w": np.zeros(2, np.float32)}, bare, metadata={"source": "torchvision:resnet18"})
+    with pytest.raises(DataError, match=r"without an hloforge checkpoint's metadata: a weights file, which starts a "
+                       r"run with `hloforge train NET --init .*w\.safetensors`"):
+        export_run(bare, str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()

@@ -367,8 +367,19 @@ def load_checkpoint(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         with open(path, "rb") as f:
             tensors = load(f.read())
     except (SafetensorError, OSError, ValueError) as e:
-        raise DataError(f"checkpoint {path} is truncated or not a safetensors file ({e})") from None
+        raise DataError(_unreadable(path, e)) from None
     return tensors, load_meta(path)
+
+
+def _unreadable(path: str, error: Exception) -> str:
+    """The refusal of a checkpoint that does not read as safetensors: what it is when that is known (a PyTorch
+    pickle: import-weights maps it into a run directory), else truncated or foreign."""
+    what = foreign_format(path)
+    if what is None:
+        return f"checkpoint {path} is truncated or not a safetensors file ({error})"
+    said = (f"; a torchvision / timm state dict is mapped onto its zoo net, into a run directory, with `hloforge "
+            f"import-weights SOURCE {path} --out DIR`" if ends_in(path, PICKLED) else "")
+    return f"checkpoint {path} is {what}, not an hloforge checkpoint (a safetensors file){said}"
 
 
 def load_meta(path: str) -> dict[str, Any]:
@@ -382,11 +393,15 @@ def load_meta(path: str) -> dict[str, Any]:
         with safe_open(path, "np") as f:
             raw = f.metadata() or {}
     except (SafetensorError, OSError, ValueError) as e:
-        raise DataError(f"checkpoint {path} is truncated or not a safetensors file ({e})") from None
+        raise DataError(_unreadable(path, e)) from None
     if raw.get("format") != FORMAT:
         if str(raw.get("format")).startswith(FORMAT_FAMILY):  # another hloforge version's layout, not a foreign file
             raise DataError(f"checkpoint {path} was written by another hloforge version (format {raw.get('format')!r}; "
                             f"this one reads {FORMAT!r}); open it with the hloforge that wrote it")
+        if "format" not in raw:  # a weights file: import-weights --out FILE.safetensors, an export, a state dict
+            raise DataError(f"checkpoint {path} is a safetensors file without an hloforge checkpoint's metadata: a "
+                            f"weights file, which starts a run with `hloforge train NET --init {path}`, or a PyTorch "
+                            f"state dict, mapped with `hloforge import-weights SOURCE {path} --out DIR`")
         raise DataError(f"checkpoint {path} is not an hloforge checkpoint (format {raw.get('format')!r}, "
                         f"expected {FORMAT!r})")
     meta = {}
