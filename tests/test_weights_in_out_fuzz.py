@@ -55,6 +55,19 @@ def test_an_empty_weights_file_is_one_line(tmp_path) -> None:
             read_state_dict(str(tmp_path / name))
 
 
+def test_a_directory_for_the_weights_file_says_so_and_names_the_files_in_it(tmp_path) -> None:
+    """An export --format torchvision's folder passed whole: a directory, its state dict named (not 'does not
+    exist', which it does)."""
+    (tmp_path / "r18-torch").mkdir()
+    with pytest.raises(DataError, match=r"r18-torch is a directory; expected a state dict file \(\.safetensors, or "
+                       r"torch\.save's \.pth\)$"):
+        read_state_dict(str(tmp_path / "r18-torch"))
+    (tmp_path / "r18-torch" / "model.safetensors").write_bytes(b"")
+    with pytest.raises(DataError, match=r"is a directory; .* \(it holds model\.safetensors: pass the one you mean\)$"):
+        import_weights("torchvision:resnet18", str(tmp_path / "r18-torch"), str(tmp_path / "w.safetensors"))
+    assert not (tmp_path / "w.safetensors").exists()
+
+
 def test_a_head_of_other_classes_than_the_dataset_says_how_to_fine_tune(tmp_path) -> None:
     from safetensors.numpy import save_file
 

@@ -37,6 +37,11 @@ def family(source: str) -> Family:
 def read_state_dict(path: str) -> dict[str, np.ndarray]:
     """A state dict's tensors as float32 numpy arrays (integer buffers kept as they are)."""
     path = checked_path(path, "read_state_dict")  # a Path too
+    if os.path.isdir(path):  # an export --format torchvision, a downloaded model's folder: the file in it is meant
+        held = sorted(f for f in os.listdir(path) if ends_in(f, (SAFETENSORS, *PICKLED)))
+        said = f" (it holds {', '.join(held[:3])}: pass the one you mean)" if held else ""
+        raise DataError(f"weights file {path} is a directory; expected a state dict file (.safetensors, or "
+                        f"torch.save's .pth){said}")
     if not os.path.isfile(path):
         raise DataError(f"weights file {path} does not exist")
     if os.path.getsize(path) == 0:  # torch.load and safetensors both fail on one with no message worth quoting
