@@ -33,6 +33,16 @@ def test_a_lightning_modules_prefix_on_every_name_is_dropped() -> None:
     assert all(np.array_equal(a, b) for a, b in zip(got.params, want.params, strict=True))
 
 
+def test_a_lightning_module_holding_more_than_the_net_is_refused_naming_only_the_rest() -> None:
+    """A Lightning module's `model.` net beside a loss's class weights (`criterion.weight`): the net's names are
+    matched under the prefix and the loss's tensor is the one problem listed, not every net tensor as missing."""
+    sd = {f"model.{k}": v for k, v in _state_dict("torchvision:resnet18", "resnet18").items()}
+    sd["criterion.weight"] = np.ones(10, np.float32)
+    with pytest.raises(DataError) as e:
+        map_state_dict("torchvision:resnet18", sd, input=INPUT)
+    assert str(e.value).splitlines()[1:] == ["  unused: criterion.weight [10]"]
+
+
 def test_a_prefix_that_does_not_make_the_names_match_is_kept_and_refused() -> None:
     sd = _state_dict("torchvision:resnet18", "resnet18")
     with pytest.raises(DataError, match=r"missing: conv1\.weight"):

@@ -256,17 +256,21 @@ def _names(sd: Mapping[str, Any]) -> set[str]:
 
 
 def _unprefixed(sd: Mapping[str, np.ndarray], expected: set[str]) -> Mapping[str, np.ndarray]:
-    """`sd` without an attribute prefix every name shares (`model.` from a Lightning module holding the net
-    as `self.model`), when no name matches as it is and the names without it do."""
+    """`sd` without the attribute prefix the net's names sit under (`model.` from a Lightning module holding the
+    net as `self.model`), when no name matches as it is and the names under one prefix alone do; a name under
+    another (a loss's class weights, `criterion.weight`) is kept as it is, to be listed as unused."""
     while sd and not _names(sd) & expected:
-        heads = {k.partition(".")[0] for k in sd}
-        if len(heads) != 1 or not all("." in k for k in sd):
+        heads = {k.partition(".")[0] for k in sd if "." in k}
+        fits = [h for h in heads if _names(_under(sd, h)) & expected]
+        if len(fits) != 1:  # none, or two (a module holding the net and an EMA copy of it): as they are
             break
-        stripped = {k.partition(".")[2]: v for k, v in sd.items()}
-        if not _names(stripped) & expected:
-            break
-        sd = stripped
+        sd = {**{k: v for k, v in sd.items() if not k.startswith(f"{fits[0]}.")}, **_under(sd, fits[0])}
     return sd
+
+
+def _under(sd: Mapping[str, np.ndarray], head: str) -> dict[str, np.ndarray]:
+    """The names of `sd` under attribute `head`, without it."""
+    return {k[len(head) + 1:]: v for k, v in sd.items() if k.startswith(f"{head}.")}
 
 
 def write_run(imp: Imported, out: str, *, data: str = "", data_options: Sequence[str] = (), backend: str = "",
