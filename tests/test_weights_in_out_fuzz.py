@@ -245,3 +245,28 @@ def test_a_state_dict_or_weights_file_where_a_checkpoint_is_expected_says_what_i
                        r"run with `hloforge train NET --init .*w\.safetensors`"):
         export_run(bare, str(tmp_path / "out"))
     assert not (tmp_path / "out").exists()
+
+
+def test_an_import_that_meets_a_full_disk_is_one_line_and_leaves_no_half_run(tmp_path) -> None:
+    """import-weights into a run directory on a disk that filled up at the checkpoint left config.toml alone there
+    (no run: eval refused it) and said 'free space and --resume', a run it had not made. Now: one line saying to
+    import again, nothing left, and the same command works once there is room."""
+    import subprocess
+    import sys
+
+    from safetensors.numpy import save_file
+
+    from hloforge.cli import EXIT_OK, main
+
+    sd, out = str(tmp_path / "sd.safetensors"), str(tmp_path / "run")
+    save_file(_state_dict("torchvision:resnet18", "resnet18"), sd)
+    argv = ["import-weights", "torchvision:resnet18", sd, "--input", "3,32,32", "--data", "digits", "--data-opt",
+            "size=32", "--data-opt", "channels=3", "--out", out]
+    code = ("import resource, sys\nresource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))\n"
+            f"from hloforge.cli import main\nsys.exit(main({argv!r}))\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "HLOFORGE_CACHE_DIR": str(tmp_path / "cache")})
+    assert p.returncode == 3, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and p.stderr.strip().endswith("free space and import again")
+    assert not os.path.exists(out)
+    assert main(argv) == EXIT_OK and sorted(os.listdir(out)) == ["checkpoint.safetensors", "config.toml"]

@@ -156,22 +156,19 @@ def pixel_scaling(data: Any) -> Any:
     return None
 
 
-def write_whole(out: str, files: list[tuple[str, bytes, str]]) -> None:
+def write_whole(out: str, files: list[tuple[str, bytes, str]], then: str = "free space and export again") -> None:
     """Each of `files` (path, bytes, what) into directory `out`, each written aside and renamed, and all or
     none: a write that fails (a full disk) removes the ones this export wrote, and the directory where it
-    made it, so the same --out takes the export again once there is room."""
+    made it, so the same --out takes the export again once there is room (`then`: the failure says so)."""
     from hloforge.train.checkpoint import write_atomic
-
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise HloforgeError(f"--out {out} is a file; expected a directory to export into")
     from hloforge.train.rundir import make_dir
 
     made = not os.path.isdir(out)
-    make_dir(out, "--out")
+    make_dir(out, "--out")  # a file there is said as for every --out
     written: list[str] = []
     try:
         for path, data, what in files:
-            write_atomic(path, data, what, then="free space and export again")
+            write_atomic(path, data, what, then=then)
             written.append(path)
     except BaseException:
         for path in written:

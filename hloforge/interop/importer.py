@@ -279,8 +279,9 @@ def write_run(imp: Imported, out: str, *, data: str = "", data_options: Sequence
     functions) holding the imported weights; its path. The run's config must fit (dataset, classes):
     the run is rebuilt, as eval rebuilds it, before anything is written."""
     from hloforge.core.registry import default_registry
+    from hloforge.interop.exporter import write_whole
     from hloforge.train import checkpoint as ckpt
-    from hloforge.train.rundir import check_own_files, make_dir
+    from hloforge.train.rundir import check_own_files
     from hloforge.train.tasks import ClassCountMismatch
     from hloforge.train.trainer import CHECKPOINT, CONFIG, Run, TrainConfig
 
@@ -322,10 +323,10 @@ def write_run(imp: Imported, out: str, *, data: str = "", data_options: Sequence
     tensors = [*imp.params, *lay.initial(opt, slots, imp.params), *imp.stats,
                *([s.copy() for s in imp.stats] if lay.shadows else [])]
     meta = {**run.meta(0, 0), "imported": {"source": imp.source}}
-    make_dir(out, "--out")
-    with open(os.path.join(out, CONFIG), "w", encoding="utf-8") as f:
-        f.write(run.cfg.to_toml())
-    ckpt.save_checkpoint(path, names, tensors, meta)
+    # both or neither: a config.toml alone (a full disk at the checkpoint) is no run, and was no --resume's
+    write_whole(out, [(path, ckpt.serialize(names, tensors, meta), "checkpoint"),
+                      (os.path.join(out, CONFIG), run.cfg.to_toml().encode(), "run config")],
+                then="free space and import again")
     return out
 
 
