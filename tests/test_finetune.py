@@ -220,6 +220,25 @@ def test_an_init_that_does_not_fit_is_one_line_and_writes_nothing(tmp_path) -> N
     assert not out.exists()
 
 
+def test_an_init_of_another_nets_weights_names_that_net(tmp_path) -> None:
+    """Another net's run, export or bare weights file passed to --init: the refusal names the net whose weights it
+    holds (as --resume and eval do), not only the tensors the run's net lacks."""
+    from safetensors.numpy import save_file
+
+    other = str(tmp_path / "linear")
+    train(TrainConfig(net="mnist-linear", epochs=1, run_dir=other), progress=False)
+    export_run(other, str(tmp_path / "export"), log=lambda s: None)
+    spec = get_net("mnist-linear")
+    bare = str(tmp_path / "w.safetensors")
+    save_file({f"param/{n}": p for (n, _), p in zip(spec.params(), spec.init_params(0), strict=True)}, bare,
+              metadata={"classes": "10", "spec": json.dumps(spec.to_dict())})
+    for init in (other, str(tmp_path / "export"), bare):
+        with pytest.raises(DataError, match=r"does not fit net 'resnet-mini' \(it holds the weights of net "
+                           r"'mnist-linear'\): lacks "):
+            train(TrainConfig(**SMALL, run_dir=str(tmp_path / "run"), init=init), progress=False)
+    assert not (tmp_path / "run").exists()
+
+
 def test_an_init_tensor_no_float32_weight_can_be_is_named_for_what_it_is(tmp_path) -> None:
     """A double beyond float32's range is said as that (not 'a NaN or an infinity' after numpy's overflow warning),
     an integer one by its dtype: the words every reader of weights uses (checkpoint.as_float32_weight)."""

@@ -50,9 +50,10 @@ class Init:
     reinit: tuple[str, ...]  # the head's tensors re-initialised (a new class count), else ()
 
 
-def _read(path: str, region: str) -> tuple[str, dict[str, np.ndarray], int | None, str]:
+def _read(path: str, region: str) -> tuple[str, dict[str, np.ndarray], int | None, str, str]:
     """(the file read, its tensors, the class count it was trained for when it says, the region of an
-    hloforge checkpoint's weights taken: `_in_region`; "" for another file)."""
+    hloforge checkpoint's weights taken: `_in_region`; "" for another file, the net it holds the weights of
+    when it says; else "")."""
     if os.path.isdir(path):
         if os.path.exists(os.path.join(path, CHECKPOINT)):
             path = os.path.join(path, CHECKPOINT)
@@ -77,20 +78,30 @@ def _read(path: str, region: str) -> tuple[str, dict[str, np.ndarray], int | Non
     if fmt == ckpt.FORMAT:
         tensors, meta = ckpt.load_checkpoint(path)
         tensors, region = _in_region(tensors, region, path, _variant_slug(meta))
-        return path, tensors, int(meta["spec"].get("num_classes", 0)) or None, region
+        return path, tensors, int(meta["spec"].get("num_classes", 0)) or None, region, str(meta["spec"].get("name", ""))
     # a DataParallel's or torch.compile's prefix on every name dropped, as import-weights drops it
     tensors = dict(ckpt.unwrapped(ckpt.read_weights_file(path, "--init")))
     manifest = os.path.join(os.path.dirname(path), EXPORT_MANIFEST)
-    with safe_open(path, "np") as f:  # a bare weights file (import-weights --out FILE.safetensors) says it
-        said = (f.metadata() or {}).get("classes", "")
-    classes = whole_number(said)
+    with safe_open(path, "np") as f:  # a bare weights file (import-weights --out FILE.safetensors) says them
+        said = f.metadata() or {}
+    classes, net = whole_number(said.get("classes", "")), _net_named(said.get("spec", ""))
     if classes is None and os.path.exists(manifest):
         try:
             with open(manifest, encoding="utf-8") as f:
-                classes = int(json.load(f)["classes"])
+                stated = json.load(f)
+            classes, net = int(stated["classes"]), _net_named(stated.get("spec"))
         except (OSError, ValueError, KeyError, TypeError):
             raise DataError(f"--init {path}: its {manifest} does not read as an export manifest") from None
-    return path, tensors, classes, ""
+    return path, tensors, classes, "", net
+
+
+def _net_named(spec: Any) -> str:
+    """The name in a stated spec (a dict, or its JSON text: a bare weights file's metadata), else ""."""
+    try:
+        spec = json.loads(spec) if isinstance(spec, str) else spec
+    except ValueError:
+        return ""
+    return str(spec.get("name", "")) if isinstance(spec, dict) else ""
 
 
 def _variant_slug(meta: dict[str, Any]) -> str:
@@ -138,7 +149,7 @@ def _not_safetensors(path: str, error: Exception) -> str:
 
 def read_init(run: Run, log: Callable[[str], None] = print) -> Init:
     """`run.cfg.init` read and matched against `run`'s net, or one DataError naming what does not fit."""
-    path, tensors, classes, region = _read(run.cfg.init, run.cfg.init_region)
+    path, tensors, classes, region, net = _read(run.cfg.init, run.cfg.init_region)
     if region == "ema":
         log(f"  init {path}: its EMA shadow's weights, the ones `hloforge eval` scores (--init-region live: θ)")
     spec = run.spec
@@ -183,7 +194,8 @@ def read_init(run: Run, log: Callable[[str], None] = print) -> Init:
             have[n] = f32
     if problems:
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
-        raise DataError(f"--init {path} does not fit net {spec.name!r}: {'; '.join(problems[:3])}{more}")
+        of = f" (it holds the weights of net {net!r})" if net and net != spec.name else ""
+        raise DataError(f"--init {path} does not fit net {spec.name!r}{of}: {'; '.join(problems[:3])}{more}")
     fresh = spec.init_params(run.cfg.seed) if head else []
     fresh_stats = [s.initial() for _, s in stats]
     p = [fresh[i] if f"{ckpt.PARAMS}/{n}" in head else have[f"{ckpt.PARAMS}/{n}"] for i, (n, _) in enumerate(params)]
