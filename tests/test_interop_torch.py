@@ -295,6 +295,16 @@ def test_a_tensor_numpy_cannot_hold_is_one_line(make: Any, said: str, tmp_path: 
         read_state_dict(path)
 
 
+def test_numpy_arrays_saved_in_place_of_tensors_are_named(tmp_path: Any) -> None:
+    """A .pth of numpy arrays (weights converted from another framework): refused, as torch's safe loader builds
+    no array, but named as arrays and how to save them, not as a bare 'it calls numpy…_reconstruct'."""
+    path = str(tmp_path / "w.pth")
+    torch.save({"conv1.weight": np.zeros((2, 2), np.float32)}, path)
+    with pytest.raises(DataError, match=r"it builds numpy arrays \(numpy\.\S+\), not tensors: save "
+                       r"torch\.from_numpy\(a\) for each, or write the arrays with safetensors\.numpy\.save_file"):
+        read_state_dict(path)
+
+
 def test_unknown_source_and_missing_file_are_one_line(tmp_path: Any) -> None:
     with pytest.raises(UnsupportedSpec, match="unknown weights source 'torchvision:vgg11'"):
         import_weights("torchvision:vgg11", str(tmp_path / "w.safetensors"), str(tmp_path / "run"))

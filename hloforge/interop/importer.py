@@ -153,6 +153,9 @@ def _unpickling_refusal(text: str) -> str:
     if built and built.group(1).startswith(MODEL_MODULES):  # a module of torch's or a zoo's: the model itself
         return (f"it builds a {built.group(1)}: a whole model saved with torch.save(model)? save its "
                 "state_dict() instead")
+    if built and built.group(1).startswith("numpy."):  # its scalars are allowed: arrays, saved in place of tensors
+        return (f"it builds numpy arrays ({built.group(1)}), not tensors: save torch.from_numpy(a) for each, or "
+                "write the arrays with safetensors.numpy.save_file as FILE.safetensors")
     if built and built.group(1).rpartition(".")[2][:1].isupper():  # a class, by Python's naming
         return (f"it builds a {built.group(1)}: a whole model saved with torch.save(model), or an object a training "
                 "script saved beside the weights (its config)? save the state dict alone (model.state_dict(), or "
