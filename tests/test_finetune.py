@@ -262,6 +262,16 @@ def test_an_init_tensor_no_float32_weight_can_be_is_named_for_what_it_is(tmp_pat
     assert not out.exists()
 
 
+def test_an_empty_init_file_is_said_as_empty(tmp_path) -> None:
+    """Not 'truncated or not a safetensors file (header too small)', of a file of no bytes (eval and --resume
+    say a checkpoint so too: checkpoint.foreign_format)."""
+    (tmp_path / "w.safetensors").write_bytes(b"")
+    with pytest.raises(DataError, match=r"^--init \S+w\.safetensors is an empty file; --init reads safetensors "):
+        train(TrainConfig(**SMALL, run_dir=str(tmp_path / "run"), init=str(tmp_path / "w.safetensors")),
+              progress=False)
+    assert not (tmp_path / "run").exists()
+
+
 def test_init_from_an_ema_run_takes_the_weights_eval_scores_unless_told_otherwise(tmp_path, capsys) -> None:
     from hloforge.train import finetune
 

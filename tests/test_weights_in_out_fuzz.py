@@ -78,6 +78,19 @@ def test_a_directory_for_the_weights_file_says_so_and_names_the_files_in_it(tmp_
     assert not (tmp_path / "w.safetensors").exists()
 
 
+def test_an_empty_state_dict_is_said_as_that_not_as_every_weight_missing(tmp_path) -> None:
+    """`torch.save({}, f)`, or a safetensors file of no tensor: one clause, not 102 'missing:' lines cut at 12."""
+    from safetensors.numpy import save_file
+
+    torch = pytest.importorskip("torch")
+    torch.save({}, tmp_path / "empty.pth")
+    save_file({}, str(tmp_path / "empty.safetensors"))
+    for name in ("empty.pth", "empty.safetensors"):
+        with pytest.raises(DataError, match=r"holds an empty state dict; expected the net's tensors by name$"):
+            import_weights("torchvision:resnet18", str(tmp_path / name), str(tmp_path / "w.safetensors"))
+    assert not (tmp_path / "w.safetensors").exists()
+
+
 def test_a_head_of_other_classes_than_the_dataset_says_how_to_fine_tune(tmp_path) -> None:
     from safetensors.numpy import save_file
 

@@ -47,7 +47,7 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
     if os.path.getsize(path) == 0:  # torch.load and safetensors both fail on one with no message worth quoting
         raise DataError(f"weights file {path} is empty; expected a saved state dict")
     if ends_in(path, SAFETENSORS):
-        return read_weights_file(path, "weights file")
+        return _not_empty(path, read_weights_file(path, "weights file"))
     if not ends_in(path, PICKLED):
         raise DataError(f"weights file {path}: expected a .safetensors file, or {'/'.join(PICKLED)} (needs torch)")
     try:
@@ -90,7 +90,14 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
             what = f"has dtype {v.dtype}" if v.layout == torch.strided else f"is a {v.layout} tensor"
             raise DataError(f"weights file {path}: entry {k!r} {what}, which numpy cannot hold; expected dense "
                             "float16, bfloat16, float32 or float64 tensors") from None
-    return out
+    return _not_empty(path, out)
+
+
+def _not_empty(path: str, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """`sd`, refused where it holds no tensor (`torch.save({}, f)`): said as that, not as every weight missing."""
+    if not sd:
+        raise DataError(f"weights file {path} holds an empty state dict; expected the net's tensors by name")
+    return sd
 
 
 def _checkpoint_globals(torch: Any) -> Any:

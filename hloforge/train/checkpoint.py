@@ -240,6 +240,8 @@ def foreign_format(path: str) -> str | None:
             head = f.read(6)
     except OSError:
         return None
+    if not head:  # safetensors says "header too small", of a file with none
+        return "an empty file"
     if head.startswith(b"\x93NUMPY"):
         return "a NumPy .npy array"
     if head.startswith(b"PK") or ends_in(path, ".npz"):  # np.savez writes a zip
