@@ -306,8 +306,9 @@ class NetSpec:
     @classmethod
     def _from_text(cls, text: str, syntax: str, registry: Registry | None, source: str,
                    what: str = "spec") -> NetSpec:
-        try:  # JSON's NaN and Infinity are no spec's values: refused like any other non-JSON
-            d = json.loads(text, parse_constant=_no_constant) if syntax == "JSON" else tomllib.loads(text)
+        try:  # JSON's NaN and Infinity are no spec's values, nor a key said twice: refused like any other non-JSON
+            d = (json.loads(text, parse_constant=_no_constant, object_pairs_hook=_once_each)
+                 if syntax == "JSON" else tomllib.loads(text))
         except (ValueError, RecursionError) as e:
             raise UnsupportedSpec(f"{source}: not a valid {what}: {_one_line(e)}") from None
         spec = cls.from_dict(d, registry, source=source)
@@ -405,6 +406,17 @@ def _tuples(v: Any) -> Any:
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number a spec may hold")
+
+
+def _once_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are each said once: json keeps a repeated key's last value without a word,
+    so `"k": 3, "k": 5` would be a net of k=5 (TOML refuses the same repeat itself)."""
+    d: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in d:
+            raise ValueError(f"key {k!r} is given twice in one object ({d[k]!r}, then {v!r}); say it once")
+        d[k] = v
+    return d
 
 
 def _one_line(e: BaseException) -> str:

@@ -1,0 +1,30 @@
+"""A net written by hand: the mistakes a user makes in a spec file or a NetSpec, each one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hloforge.cli import main
+from hloforge.core.errors import UnsupportedSpec
+from hloforge.core.spec import NetSpec
+from hloforge.plugins.layers.conv import Conv2d
+
+
+def test_a_json_key_given_twice_is_refused_not_the_last_one_kept(tmp_path: Path, capsys) -> None:
+    # json would keep k=5 without a word: a 5x5 conv where the file also says 3x3
+    text = ('{"name": "twice", "input_shape": [1, 8, 8], "num_classes": 4, "layers": '
+            '[{"kind": "conv2d", "out": 4, "k": 3, "k": 5}, {"kind": "globalAvgPool"}]}')
+    with pytest.raises(UnsupportedSpec, match=r"^JSON spec text: not a valid spec: key 'k' is given twice"):
+        NetSpec.from_json(text)
+    path = tmp_path / "net.json"
+    path.write_text(text)
+    assert main(["summary", str(path)]) == 3
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "net.json: not a valid spec file: key 'k' is given twice in one object (3, then 5)" in err
+    # the same key in two layers is no repeat
+    ok = text.replace(', "k": 5', "").replace('{"kind": "globalAvgPool"}', '{"kind": "conv2d", "out": 4, "k": 3}, '
+                                                                          '{"kind": "globalAvgPool"}')
+    assert NetSpec.from_json(ok).layers[:2] == (Conv2d(4, k=3), Conv2d(4, k=3))
