@@ -28,3 +28,12 @@ def test_a_json_key_given_twice_is_refused_not_the_last_one_kept(tmp_path: Path,
     ok = text.replace(', "k": 5', "").replace('{"kind": "globalAvgPool"}', '{"kind": "conv2d", "out": 4, "k": 3}, '
                                                                           '{"kind": "globalAvgPool"}')
     assert NetSpec.from_json(ok).layers[:2] == (Conv2d(4, k=3), Conv2d(4, k=3))
+
+
+@pytest.mark.parametrize("name", ["net 😀", "del\x7fchar", 'quote " back \\ tab \t', "网络-ü"])
+def test_any_name_to_toml_reads_back(name: str, tmp_path: Path) -> None:
+    # json.dumps wrote 😀 as a surrogate pair (\ud83d\ude00), which no TOML reader takes, and DEL raw
+    spec = NetSpec(name, (1, 8, 8), [Conv2d(4, k=3)], 4)
+    path = tmp_path / "net.toml"
+    path.write_text(spec.to_toml(), encoding="utf-8")
+    assert NetSpec.from_file(str(path)) == spec

@@ -269,7 +269,7 @@ class NetSpec:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     def to_toml(self) -> str:
-        lines = [f"name = {json.dumps(self.name)}", f"input_shape = {list(self.input_shape)}",
+        lines = [f"name = {toml_string(self.name)}", f"input_shape = {list(self.input_shape)}",
                  f"num_classes = {self.num_classes}"]
         for i, layer in enumerate(self.layers):
             lines.append("\n[[layers]]")
@@ -429,8 +429,24 @@ def _toml_value(v: Any) -> str:
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     if isinstance(v, str):
-        return json.dumps(v)
+        return toml_string(v)
     return repr(v)
+
+
+_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f",
+                 "\r": "\\r"}
+
+
+def toml_string(s: str) -> str:
+    """A TOML basic string: quote and backslash escaped, control characters (and DEL) as escapes.
+    A lone surrogate (an undecodable file name) is no Unicode scalar value, so no TOML can hold it."""
+    out = []
+    for ch in s:
+        o = ord(ch)
+        if 0xD800 <= o <= 0xDFFF:
+            raise UnsupportedSpec(f"string {s!r} holds a lone surrogate; it cannot be written as TOML")
+        out.append(_TOML_ESCAPES.get(ch) or (f"\\u{o:04x}" if o < 0x20 or o == 0x7F else ch))
+    return '"' + "".join(out) + '"'
 
 
 def _brief(layer: Layer) -> str:

@@ -16,6 +16,7 @@ import attrs
 
 from hloforge.core.errors import HloforgeError, UnsupportedSpec
 from hloforge.core.f32 import F32_RANGE, f32_holds
+from hloforge.core.spec import toml_string
 
 
 def as_tuple(v: Any, what: str) -> tuple[Any, ...]:
@@ -111,19 +112,3 @@ def toml_value(v: Any) -> str:
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(toml_value(x) for x in v) + "]"
     raise UnsupportedSpec(f"cannot write {v!r} ({type(v).__name__}) as a TOML value")
-
-
-_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f",
-                 "\r": "\\r"}
-
-
-def toml_string(s: str) -> str:
-    """A TOML basic string: quote and backslash escaped, control characters (and DEL) as escapes.
-    A lone surrogate (an undecodable file name) is no Unicode scalar value, so no TOML can hold it."""
-    out = []
-    for ch in s:
-        o = ord(ch)
-        if 0xD800 <= o <= 0xDFFF:
-            raise UnsupportedSpec(f"string {s!r} holds a lone surrogate; it cannot be written as TOML")
-        out.append(_TOML_ESCAPES.get(ch) or (f"\\u{o:04x}" if o < 0x20 or o == 0x7F else ch))
-    return '"' + "".join(out) + '"'
