@@ -37,3 +37,15 @@ def test_any_name_to_toml_reads_back(name: str, tmp_path: Path) -> None:
     path = tmp_path / "net.toml"
     path.write_text(spec.to_toml(), encoding="utf-8")
     assert NetSpec.from_file(str(path)) == spec
+
+
+@pytest.mark.parametrize("layers, says", [
+    (Conv2d(4), r"^layers must be a list of layers, got one Conv2d layer, not a list; wrap it: \[Conv2d\(\.\.\.\)\]$"),
+    (None, r"^layers must be a list of layers, got None \(type NoneType\)$"),
+    ("conv2d", r"^layers must be a list of layers, got 'conv2d' \(type str\)$"),
+], ids=["one-layer", "none", "a-name"])
+def test_layers_that_are_no_list_are_one_line(layers, says: str) -> None:
+    # NetSpec(name, shape, Conv2d(4), 4) was Python's TypeError "'Conv2d' object is not iterable"
+    with pytest.raises(UnsupportedSpec, match=says):
+        NetSpec("one", (1, 8, 8), layers, 4)
+    assert NetSpec("one", (1, 8, 8), (layer for layer in [Conv2d(4)]), 4).layers == (Conv2d(4),)

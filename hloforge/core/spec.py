@@ -16,7 +16,7 @@ import reprlib
 import tomllib
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -72,6 +72,16 @@ def _shape(v: Sequence[int]) -> Shape:
     if isinstance(v, (str, bytes)) or not isinstance(v, Sequence | np.ndarray) or not all(_is_int(n) for n in v):
         raise UnsupportedSpec(f"input_shape must be a list of positive integers, got {v!r}")
     return tuple(int(n) for n in v)
+
+
+def _layers(v: Any) -> tuple[Layer, ...]:
+    if isinstance(v, Layer):  # NetSpec(name, shape, Dense(10), 10): tuple() of it was Python's TypeError
+        cls = type(v).__name__
+        raise UnsupportedSpec(f"layers must be a list of layers, got one {cls} layer, not a list; "
+                              f"wrap it: [{cls}(...)]")
+    if isinstance(v, (str, bytes, Mapping)) or not isinstance(v, Iterable):
+        raise UnsupportedSpec(f"layers must be a list of layers, got {_SHORT.repr(v)} (type {type(v).__name__})")
+    return tuple(v)
 
 
 def check_shape(what: str, shape: Shape) -> None:
@@ -145,7 +155,7 @@ def check_options(layer: Layer) -> None:
 class NetSpec:
     name: str
     input_shape: Shape = attrs.field(converter=_shape)
-    layers: tuple[Layer, ...] = attrs.field(converter=tuple)
+    layers: tuple[Layer, ...] = attrs.field(converter=_layers)
     num_classes: int
 
     @property
