@@ -49,3 +49,14 @@ def test_layers_that_are_no_list_are_one_line(layers, says: str) -> None:
     with pytest.raises(UnsupportedSpec, match=says):
         NetSpec("one", (1, 8, 8), layers, 4)
     assert NetSpec("one", (1, 8, 8), (layer for layer in [Conv2d(4)]), 4).layers == (Conv2d(4),)
+
+
+@pytest.mark.parametrize("kind, near", [("conv2", "conv2d"), ("Conv2D", "conv2d"), ("maxpool", "maxPool"),
+                                        ("residual", "residualStage"), ("zzz", None)])
+def test_a_misspelt_layer_kind_names_the_near_one(kind: str, near: str | None, tmp_path: Path, capsys) -> None:
+    path = tmp_path / "net.toml"
+    path.write_text(f'name = "typo"\ninput_shape = [1, 8, 8]\nnum_classes = 4\n[[layers]]\nkind = "{kind}"\nout = 4\n')
+    assert main(["summary", str(path)]) == 3
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"net.toml: layer 0: unknown layer {kind!r}; registered: " in err
+    assert err.endswith(f"(hloforge); did you mean {near!r}?") if near else "did you mean" not in err

@@ -16,7 +16,7 @@ import os
 import sys
 import traceback
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -249,7 +249,7 @@ class Registry:
         if name not in table:
             known = ", ".join(f"{n} ({e.distribution})" for n, e in sorted(table.items())) or "none"
             broken = "".join(f"; not loaded: {b.plugin} ({b.error})" for b in self.broken)
-            raise PluginError(f"unknown {kind} {name!r}; registered: {known}{broken}")
+            raise PluginError(f"unknown {kind} {name!r}; registered: {known}{broken}{_near_name(name, table)}")
         return table[name]
 
     def make(self, kind: str, name: str, **options: Any) -> Any:
@@ -345,6 +345,14 @@ def _component_of(frame: Any, classes: Mapping[str, list[tuple[str, Entry]]],
     me = frame.f_locals.get("self", frame.f_locals.get("cls"))
     mine = [e for e in found if e.obj is me or e.obj is type(me)] or found
     return mine[0] if mine else None
+
+
+def _near_name(name: str, names: Collection[str]) -> str:
+    """A misspelt name's likeliest meaning, as a phrase to end its refusal with ("" when none is near): at the
+    end, as the list of every registered name before it is long. Matched without case (`maxpool`, `Conv2D`)."""
+    lower = {n.lower(): n for n in names}
+    near = difflib.get_close_matches(str(name).lower(), lower, n=1)
+    return f"; did you mean {lower[near[0]]!r}?" if near else ""
 
 
 def _hook_mistakes(module: Any, pm: pluggy.PluginManager) -> str:
