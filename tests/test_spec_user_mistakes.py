@@ -60,3 +60,25 @@ def test_a_misspelt_layer_kind_names_the_near_one(kind: str, near: str | None, t
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"net.toml: layer 0: unknown layer {kind!r}; registered: " in err
     assert err.endswith(f"(hloforge); did you mean {near!r}?") if near else "did you mean" not in err
+
+
+HEAD = 'name = "t"\ninput_shape = [784]\nnum_classes = 10\n'
+DENSE = 'kind = "dense"\nunits = 10\n'
+
+
+@pytest.mark.parametrize("text, says", [
+    # the spec's own keys written below a [[layers]] header are that layer's options
+    (f"[[layers]]\n{DENSE}{HEAD}", "missing key(s) ['input_shape', 'name', 'num_classes']; expected name, "
+     "input_shape, num_classes, layers; the last [[layers]] table holds ['name', 'input_shape', 'num_classes']: "
+     "TOML puts every key after a [[layers]] header into that layer, so write them above the first [[layers]]"),
+    (f"{HEAD}[[layer]]\n{DENSE}", "missing key(s) ['layers']; expected name, input_shape, num_classes, layers; "
+     "did you mean 'layers' (not 'layer')?"),
+    (f"{HEAD}[layers]\n{DENSE}", "layers must be a list of tables (each with a 'kind'), got one table "
+     "{'kind': 'dense', 'units': 10}; in TOML each layer goes under its own [[layers]] header (two brackets)"),
+], ids=["keys-below-a-layer", "layer-for-layers", "one-bracket"])
+def test_a_toml_spec_laid_out_wrong_says_where(text: str, says: str, tmp_path: Path, capsys) -> None:
+    path = tmp_path / "net.toml"
+    path.write_text(text)
+    assert main(["summary", str(path)]) == 3
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"net.toml: {says}" in err

@@ -7,6 +7,7 @@ the parameter count, optimizer state and checkpoints all read.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import json
 import math
@@ -241,7 +242,7 @@ class NetSpec:
         missing = set(SPEC_KEYS) - set(d)
         if missing:
             raise UnsupportedSpec(f"{source}: missing key(s) {sorted(missing)}; expected name, input_shape, "
-                                  "num_classes, layers")
+                                  f"num_classes, layers{_where_missing(d, missing)}")
         unknown = sorted(str(k) for k in set(d) - set(SPEC_KEYS))
         if unknown:
             raise UnsupportedSpec(f"{source}: unknown key(s) {unknown}; a spec has only {', '.join(SPEC_KEYS)}")
@@ -252,6 +253,10 @@ class NetSpec:
             raise UnsupportedSpec(f"{source}: num_classes must be a positive integer, got {nc!r}")
         if not isinstance(shape, list | tuple) or not shape or not all(_is_int(n) and n >= 1 for n in shape):
             raise UnsupportedSpec(f"{source}: input_shape must be a list of positive integers, got {shape!r}")
+        if isinstance(lds, Mapping):  # TOML's [layers], one bracket short of [[layers]]
+            raise UnsupportedSpec(f"{source}: layers must be a list of tables (each with a 'kind'), got one table "
+                                  f"{lds!r}; in TOML each layer goes under its own [[layers]] header (two brackets), "
+                                  "in JSON into a list: [{...}, ...]")
         if not isinstance(lds, list | tuple) or not all(isinstance(ld, Mapping) for ld in lds):
             raise UnsupportedSpec(f"{source}: layers must be a list of tables (each with a 'kind'), got {lds!r}")
         layers = []
@@ -327,6 +332,19 @@ class NetSpec:
         except UnsupportedSpec as e:
             raise UnsupportedSpec(f"{source}: {e}") from None
         return spec
+
+
+def _where_missing(d: Mapping[str, Any], missing: set[str]) -> str:
+    """Where a spec's missing top-level keys likely are, as a phrase to end its refusal with ("" when not seen)."""
+    lds = d.get("layers")
+    last = lds[-1] if isinstance(lds, list) and lds and isinstance(lds[-1], Mapping) else {}
+    held = [k for k in SPEC_KEYS if k in missing and k in last]
+    if held:  # name = ... written below a [[layers]] header is an option of that layer, not the spec's
+        return (f"; the last [[layers]] table holds {held}: TOML puts every key after a [[layers]] header into "
+                "that layer, so write them above the first [[layers]]")
+    near = [f"{m[0]!r} (not {u!r})" for u in sorted(str(k) for k in set(d) - set(SPEC_KEYS))
+            if (m := difflib.get_close_matches(u, sorted(missing), n=1))]
+    return f"; did you mean {', '.join(near)}?" if near else ""
 
 
 def walk_layers(layers: Sequence[Layer], in_shape: Shape) -> list[LayerShapes]:
