@@ -82,3 +82,18 @@ def test_a_toml_spec_laid_out_wrong_says_where(text: str, says: str, tmp_path: P
     assert main(["summary", str(path)]) == 3
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"net.toml: {says}" in err
+
+
+def test_a_spec_file_given_as_a_pathlib_path_is_read_as_its_str(tmp_path: Path) -> None:
+    # hf.Model(Path(...)) was "net must be a NetSpec, a zoo name or a spec file path, got PosixPath", and
+    # NetSpec.from_file(Path(...)) an AttributeError, where save and hf.load take a Path
+    import hloforge as hf
+
+    spec = NetSpec("by-path", (1, 8, 8), [Conv2d(4, k=3)], 4)
+    path = tmp_path / "net.toml"
+    path.write_text(spec.to_toml())
+    assert NetSpec.from_file(path) == spec
+    by_path, by_str = hf.Model(path), hf.Model(str(path))
+    assert by_path.spec == by_str.spec == spec and by_path._net_ref == by_str._net_ref == str(path)
+    with pytest.raises(UnsupportedSpec, match=r"got dict \(a spec's dict is hf\.NetSpec\.from_dict\(d\)\)$"):
+        hf.Model(spec.to_dict())

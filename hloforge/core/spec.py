@@ -309,8 +309,9 @@ class NetSpec:
         return cls._from_text(text, "TOML", registry, source)
 
     @classmethod
-    def from_file(cls, path: str, registry: Registry | None = None) -> NetSpec:
+    def from_file(cls, path: str | os.PathLike[str], registry: Registry | None = None) -> NetSpec:
         """The net of a .json spec file, else a TOML one."""
+        path = os.fspath(path)
         try:
             with open(path, encoding="utf-8") as f:
                 text = f.read()

@@ -8,7 +8,7 @@ without the batch axis); the ImageNet nets default to 1000 classes at 3×224×22
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hloforge.core.errors import UnsupportedSpec
@@ -110,15 +110,20 @@ def get_net(name: str, classes: int | None = None, input: Sequence[int] | None =
     raise UnsupportedSpec(f"unknown net {name!r}; expected one of {sorted(NETS)} or a .toml/.json spec file")
 
 
-def net_of(net: NetSpec | str, classes: int | None, input: Sequence[int] | None) -> tuple[NetSpec, str]:
+def net_of(net: NetSpec | str | os.PathLike[str], classes: int | None,
+           input: Sequence[int] | None) -> tuple[NetSpec, str]:
     """(the net, what a config names it by: a zoo name or a spec file's path; "" for a NetSpec object)."""
     if isinstance(net, NetSpec):
         if classes is not None or input is not None:
             raise UnsupportedSpec("classes / input override a zoo net's defaults; a NetSpec states its own")
         net.walk()  # refuse an impossible net here, naming the layer
         return net, ""
+    if isinstance(net, os.PathLike):  # a pathlib.Path to a spec file, as save and hf.load take their paths
+        net = os.fspath(net)
     if not isinstance(net, str):
-        raise UnsupportedSpec(f"net must be a NetSpec, a zoo name or a spec file path, got {type(net).__name__}")
+        hint = " (a spec's dict is hf.NetSpec.from_dict(d))" if isinstance(net, Mapping) else ""
+        raise UnsupportedSpec(f"net must be a NetSpec, a zoo name or a spec file path, got {type(net).__name__}"
+                              f"{hint}")
     if net.endswith(SPEC_SUFFIXES):  # a leading `~` is the home folder, as save's and hf.load's paths take it
         net = os.path.expanduser(net)
     spec = get_net(net, classes, input)
