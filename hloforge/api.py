@@ -626,8 +626,8 @@ class Model:
         return {"eval_set": test.eval_set}
 
     def summary(self) -> str:
-        """The layer table: index, kind, input → output shape, parameters; then the totals."""
-        return summary_table(self.spec)
+        """The layer table: index, kind, input → output shape, parameters; then the totals (the frozen apart)."""
+        return summary_table(self.spec, self._frozen())
 
     def __getstate__(self) -> dict[str, Any]:
         """pickle's and deepcopy's: host state (a callback's: the step's); sessions and backend remade by name."""

@@ -199,6 +199,13 @@ def test_summary_totals(net: str, total: int) -> None:
     assert sum(int(r.split()[-1].replace(",", "")) for r in rows) == total
 
 
+def test_summary_of_a_frozen_model_counts_its_frozen_parameters_apart() -> None:
+    """Before, a model with `frozen` layers said every parameter was trainable ("669,706 parameters (trainable)")."""
+    text = hf.Model("mnist-mlp", frozen=["0", "1.w"]).summary()  # 784·512 + 512, then 512·512 of layer 1
+    frozen = 784 * 512 + 512 + 512 * 512
+    assert f"669,706 parameters ({669_706 - frozen:,} trainable, {frozen:,} frozen)" in text.splitlines()[-1]
+
+
 def test_cli_summary(capsys: pytest.CaptureFixture[str]) -> None:
     from hloforge.cli import main
 

@@ -483,8 +483,9 @@ def _brief(layer: Layer) -> str:
     return f"{layer.kind}({fields})"
 
 
-def summary_table(spec: NetSpec) -> str:
-    """A net's layers as a table (index, kind, input → output shape, parameters) and its totals."""
+def summary_table(spec: NetSpec, frozen: Iterable[int] = ()) -> str:
+    """A net's layers as a table (index, kind, input → output shape, parameters) and its totals; `frozen`: the
+    positions in `spec.params()` a variant freezes, counted apart from the trainable ones."""
     walk = spec.walk()
     rows = [(str(w.index), w.layer.kind, f"{list(w.in_shape)} → {list(w.out_shape)}",
              f"{sum(s.size for s in w.slots):,}") for w in walk]
@@ -496,7 +497,10 @@ def summary_table(spec: NetSpec) -> str:
 
     rule = "-" * len(line(head))
     total = spec.param_count()
+    held = set(frozen)
+    fixed = sum(s.size for i, (_, s) in enumerate(spec.params()) if i in held)
+    trained = f"{total - fixed:,} trainable, {fixed:,} frozen" if fixed else "trainable"
     stats = sum(math.prod(s.shape) for _, s in spec.stats())
-    foot = [f"{spec.name}: {len(walk)} layers, {total:,} parameters (trainable), "
+    foot = [f"{spec.name}: {len(walk)} layers, {total:,} parameters ({trained}), "
             f"{stats:,} running statistics, input {list(spec.input_shape)}"]
     return "\n".join([line(head), rule, *map(line, rows), rule, *foot])
