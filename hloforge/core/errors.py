@@ -23,6 +23,15 @@ class BackendError(HloforgeError):
     """A backend could not load, compile or run; carries the backend's own message."""
 
 
+class DeviceMemoryError(BackendError):
+    """A backend ran out of memory running a module. `needed`: the bytes of the allocation it was refused, where
+    the backend says (else None); the sessions say it again with the batch that asked (`hloforge.train.session`)."""
+
+    def __init__(self, message: str, needed: int | None = None) -> None:
+        super().__init__(message)
+        self.needed = needed
+
+
 class DataError(HloforgeError):
     """A data file or array that is malformed, truncated or of the wrong shape."""
 

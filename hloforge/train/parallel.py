@@ -31,13 +31,13 @@ from typing import Any
 import numpy as np
 
 from hloforge.backends.base import cross_replica_op
-from hloforge.core.errors import BackendError, DataError, UnsupportedSpec
+from hloforge.core.errors import BackendError, DataError, DeviceMemoryError, UnsupportedSpec
 from hloforge.core.modules import TrainStepLayout, forward_module, train_step_module
 from hloforge.core.registry import Registry
 from hloforge.core.spec import NetSpec
 from hloforge.core.strategy import target_of
 from hloforge.core.variant import Variant
-from hloforge.train.session import ForwardSession, TrainSession, _is_host, merge_carried
+from hloforge.train.session import ForwardSession, TrainSession, _is_host, merge_carried, out_of_memory
 
 SHARD, REPLICATE = "shard", "replicate"
 
@@ -120,7 +120,10 @@ class DataParallelTrainSession(TrainSession):
             inputs = [be.to_device(part[r], borrow=True, device=r) for part in parts]
             per_replica.append([*carried, *inputs])
         # The carried inputs are donated and consumed on every replica.
-        outs = be.execute_replicated(self.exe, per_replica)
+        try:
+            outs = be.execute_replicated(self.exe, per_replica)
+        except DeviceMemoryError as e:
+            raise out_of_memory(e, f"the train step of net {self.spec.name!r}", self.batch) from None
         del per_replica  # releases the borrowed host arrays
         new = [o[:lay.n_carried] for o in outs]
         if self.resident:
@@ -204,7 +207,10 @@ class ShardedForwardSession(ForwardSession):
                 chunk = np.concatenate([chunk, np.zeros((gb - n, *chunk.shape[1:]), np.float32)])
             args = [[be.to_device(np.ascontiguousarray(part), borrow=True, device=r), *per_replica[r]]
                     for r, part in enumerate(split_batch(chunk, self.replicas))]
-            res = be.execute_replicated(self.exe, args, keep=keep)
+            try:
+                res = be.execute_replicated(self.exe, args, keep=keep)
+            except DeviceMemoryError as e:
+                raise out_of_memory(e, f"the forward of net {self.spec.name!r}", gb) from None
             del args
             out.append(np.concatenate([be.to_host(outs[0]) for outs in res])[:n])
         return np.concatenate(out)

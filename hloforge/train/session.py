@@ -30,7 +30,7 @@ import numpy as np
 
 from hloforge.backends.base import backend_name
 from hloforge.core.contracts import Backend
-from hloforge.core.errors import BackendError, DataError, PluginError, UnsupportedSpec
+from hloforge.core.errors import BackendError, DataError, DeviceMemoryError, PluginError, UnsupportedSpec
 from hloforge.core.modules import (
     TrainStepLayout,
     forward_module,
@@ -158,6 +158,14 @@ def positive_batch(batch: Any, what: str = "batch") -> int:
     if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
         raise UnsupportedSpec(f"{what} must be an integer ≥ 1, got {batch!r}")
     return int(batch)
+
+
+def out_of_memory(e: DeviceMemoryError, what: str, batch: int) -> DeviceMemoryError:
+    """A module that ran out of memory, said in one line with what to reduce: the batch, since the activations
+    (and those the backward keeps) grow with it, not the backend's byte count."""
+    asked = f"{e.needed / 2**30:.1f} GiB at once" if e.needed else "more memory"
+    return DeviceMemoryError(f"out of memory: {what} at batch {batch} asked for {asked}, more than the device has "
+                             "free; use a smaller batch (--batch, or fit's batch_size)", e.needed)
 
 
 def net_inputs(x: Any, spec: NetSpec, rows: int, what: str, note: str = "") -> np.ndarray:
@@ -346,7 +354,10 @@ class TrainSession:
         carried = self._carried if self.resident else [be.to_device(a) for a in self._carried]
         step_inputs = self._step_inputs(self._step_host(x, y, lr, masks))
         # The carried inputs are donated and consumed here; the session never touches them again.
-        outs = be.execute(self.exe, [*carried, *step_inputs])
+        try:
+            outs = be.execute(self.exe, [*carried, *step_inputs])
+        except DeviceMemoryError as e:
+            raise out_of_memory(e, f"the train step of net {self.spec.name!r}", self.batch) from None
         new = outs[:lay.n_carried]
         self._carried = merge_carried(lay, self._carried, new if self.resident else [be.to_host(b) for b in new])
         self._batch_stats = outs[lay.loss_index + 1:]
@@ -562,6 +573,9 @@ class ForwardSession:
                                     f"score a split whose size divides by {self.batch}")
                 if n < self.batch:
                     chunk = np.concatenate([chunk, np.zeros((self.batch - n, *chunk.shape[1:]), np.float32)])
-                res = self.backend.execute(self.exe, [*self._x_in([chunk]), *dev], keep=keep)
+                try:
+                    res = self.backend.execute(self.exe, [*self._x_in([chunk]), *dev], keep=keep)
+                except DeviceMemoryError as e:
+                    raise out_of_memory(e, f"the forward of net {self.spec.name!r}", self.batch) from None
                 out.append(self.backend.to_host(res[0])[:n])
             return np.concatenate(out)

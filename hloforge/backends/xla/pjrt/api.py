@@ -29,7 +29,7 @@ from hloforge.backends.xla.pjrt.c_api import (
 )
 from hloforge.backends.xla.pjrt.declarations import HEADER_MINOR
 from hloforge.backends.xla.pjrt.xla_flags import check_xla_flags
-from hloforge.core.errors import BackendError
+from hloforge.core.errors import BackendError, DeviceMemoryError
 
 # -------------------------------------------------------------------- dtypes ---
 
@@ -183,6 +183,9 @@ class Api:
         finally:
             self._api.PJRT_Error_Destroy(self.args("Error_Destroy", error=error))
         exc = BackendError(f"XLA failed {doing}: {message} [{code}]")
+        if code == "RESOURCE_EXHAUSTED":  # out of memory: the sessions name the batch that asked (out_of_memory)
+            asked = re.search(r"allocating (\d+) bytes", message)
+            exc = DeviceMemoryError(str(exc), int(asked[1]) if asked else None)
         exc.code = code  # type: ignore[attr-defined]
         exc.plugin_message = message  # type: ignore[attr-defined]
         return exc

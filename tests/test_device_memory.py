@@ -1,0 +1,58 @@
+"""A net too large for memory at its batch: one line in GiB naming the batch to reduce, on the command line
+and from Model.fit, not the backend's 'Out of memory allocating 21474836480 bytes'. Real XLA runs in child
+processes under an address-space limit far below what the step asks for."""
+
+from __future__ import annotations
+
+import re
+import resource
+import subprocess
+import sys
+
+import pytest
+
+LIMIT = 8 << 30  # bytes of address space: room to load XLA and compile, far below the 20 GiB the step asks
+# A conv net on digits' 28×28 images: at batch 512 its train step asks XLA for 20 GiB at once.
+NET = """name = "big"
+input_shape = [1, 28, 28]
+num_classes = 10
+layers = [{kind = "conv2d", out = 1024, act = "relu"}, {kind = "conv2d", out = 1024}, {kind = "globalAvgPool"},
+          {kind = "dense", units = 10}]
+"""
+SAID = (r"out of memory: the train step of net 'big' at batch 512 asked for \d+\.\d GiB at once, more than the "
+        r"device has free; use a smaller batch \(--batch, or fit's batch_size\)")
+FIT = """
+import numpy as np, hloforge as hf
+from hloforge.core.errors import DeviceMemoryError
+try:
+    hf.Model(hf.NetSpec.from_file("net.toml")).fit(np.zeros((512, 1, 28, 28), np.float32),
+                                                   np.zeros(512, np.int32), batch_size=512, verbose=False)
+except DeviceMemoryError as e:
+    print(e)
+"""
+
+
+def limited(argv: list[str], cwd) -> subprocess.CompletedProcess[str]:
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (LIMIT, LIMIT))
+
+    return subprocess.run(argv, cwd=cwd, preexec_fn=limit, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture
+def net(tmp_path, monkeypatch):
+    monkeypatch.setenv("HLOFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "net.toml").write_text(NET)
+    return tmp_path
+
+
+def test_the_command_line_says_out_of_memory_in_gib_and_names_the_batch(net) -> None:
+    done = limited([sys.executable, "-m", "hloforge", "train", "--net", "net.toml", "--batch", "512", "--epochs", "1",
+                    "--run-dir", "run", "--no-progress", "--backend", "xla"], net)
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert re.fullmatch(f"hloforge: error: {SAID}", done.stderr.splitlines()[-1]), done.stderr[-3000:]
+
+
+def test_model_fit_raises_the_same_line(net) -> None:
+    done = limited([sys.executable, "-c", FIT], net)
+    assert re.fullmatch(SAID, done.stdout.strip()), (done.stdout, done.stderr[-3000:])
