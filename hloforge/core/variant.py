@@ -400,7 +400,8 @@ class VariantFields:
     mixup: float = option(0.0, "mixup with λ ~ Beta(A, A), on the host (soft labels; default 0: off)", metavar="A")
     cutmix: float = option(0.0, "cutmix with λ ~ Beta(A, A), on the host (soft labels; default 0: off)",
                            metavar="A")
-    dropout: float = option(0.0, "classifier dropout before the last layer (default 0)", metavar="P")
+    dropout: float = option(0.0, "classifier dropout, before the net's last layer with a weight (default 0)",
+                             metavar="P")
     drop_path: float = option(0.0, "stochastic depth on every block that has it (default 0)", metavar="P")
     bn_eps: float | None = option(None, "BatchNorm ε of every BN layer, train and eval (default: each layer's own)",
                                   metavar="EPS")
@@ -583,40 +584,9 @@ class Variant(VariantFields):
         return attrs.evolve(self, mixup=0.0, cutmix=0.0).make_loss(registry)
 
     def apply_to(self, spec: NetSpec, registry: Registry | None = None) -> NetSpec:
-        """The net this variant trains: classifier dropout before the last layer, drop_path on every
-        layer that has the option, and bn_eps on every layer with BatchNorm statistics. The eval
-        forward is rendered from this same net, so it normalises at the same ε. Idempotent, so the
-        train step may apply it to a net its caller already applied it to."""
-        from hloforge.core.spec import NetSpec, layer_fields, walk_layers
+        """The net this variant trains (dropout, drop_path, BN ε): `hloforge.core.trained_net`. Idempotent, so
+        the train step may apply it to a net its caller already applied it to."""
+        from hloforge.core.trained_net import trained_net
 
-        def has(layer: Any, option: str) -> bool:
-            return any(f.name == option for f in layer_fields(layer))
+        return trained_net(spec, self.dropout, self.drop_path, self.bn_eps, registry)
 
-        layers = list(spec.layers)
-        if self.bn_eps is not None:
-            walk = walk_layers(layers, spec.input_shape)
-            bn = [ls.index for ls in walk if ls.stats]
-            if not bn:
-                raise UnsupportedSpec(f"bn_eps {self.bn_eps:g}: net {spec.name!r} has no BatchNorm")
-            for i in bn:
-                if not has(layers[i], "eps"):
-                    raise UnsupportedSpec(f"bn_eps: layer {i} ({layers[i].kind}) has BatchNorm statistics but no "
-                                          "eps option")
-                layers[i] = attrs.evolve(layers[i], eps=self.bn_eps)  # type: ignore[misc]
-        if self.drop_path:
-            hit = [i for i, layer in enumerate(layers) if has(layer, "drop_path")]
-            if not hit:
-                raise UnsupportedSpec(f"drop_path {self.drop_path:g}: net {spec.name!r} has no layer with a "
-                                      "drop_path option")
-            for i in hit:
-                layers[i] = attrs.evolve(layers[i], drop_path=self.drop_path)  # type: ignore[misc]
-        if self.dropout:
-            from hloforge.core.registry import default_registry
-
-            drop = (registry or default_registry()).make("layer", "dropout", rate=self.dropout)
-            if len(layers) < 2 or layers[-2] != drop:  # idempotent: a net already given it keeps one
-                layers.insert(len(layers) - 1, drop)
-        if layers == list(spec.layers):
-            return spec
-        new: Any = layers  # (attrs' tuple converter confuses mypy about the element type)
-        return NetSpec(spec.name, spec.input_shape, new, spec.num_classes)
