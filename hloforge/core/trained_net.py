@@ -1,18 +1,20 @@
 """The net a Variant trains: its flags that change the user's net (`--dropout`, `--drop-path`, `--bn-eps`) applied.
 
 Classifier dropout goes before the net's classifier, wherever the layers after it are; drop_path and bn_eps set
-the option on every layer that has it.
+the option on every layer that has it. A flag sets the value of every layer it reaches: one the spec set itself
+(not its layer's default) is replaced, with a warning naming it, so a flag never rewrites a spec's choice unsaid.
 `Variant.apply_to` is the entry; the eval forward is rendered from this same net, so it normalises at the same ε.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from hloforge.core.errors import UnsupportedSpec
+from hloforge.core.errors import HloforgeWarning, UnsupportedSpec
 from hloforge.core.spec import NetSpec, layer_fields, walk_layers
 
 if TYPE_CHECKING:
@@ -74,6 +76,13 @@ def _has(layer: Any, option: str) -> bool:
 
 
 def _set_option(net: str, layers: list[Any], at: Sequence[int], flag: str, option: str, value: float) -> None:
-    """`layers[i].option = value` at each i of `at`."""
+    """`layers[i].option = value` at each i of `at`; a value the spec set itself (neither its layer's default nor
+    `value`) is replaced with one warning naming the layers."""
+    own = [(i, getattr(layers[i], option)) for i in at
+           if getattr(layers[i], option) not in (value, attrs.fields_dict(type(layers[i]))[option].default)]
+    if own:
+        said = ", ".join(f"layer {i} ({layers[i].kind}) {option} {v:g}" for i, v in own)
+        warnings.warn(HloforgeWarning(f"{flag} {value:g} replaces what net {net!r} sets itself: {said}"),
+                      stacklevel=4)
     for i in at:
         layers[i] = attrs.evolve(layers[i], **{option: value})

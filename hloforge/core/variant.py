@@ -402,9 +402,11 @@ class VariantFields:
                            metavar="A")
     dropout: float = option(0.0, "classifier dropout, before the net's last layer with a weight (default 0)",
                              metavar="P")
-    drop_path: float = option(0.0, "stochastic depth on every block that has it (default 0)", metavar="P")
-    bn_eps: float | None = option(None, "BatchNorm ε of every BN layer, train and eval (default: each layer's own)",
-                                  metavar="EPS")
+    # a flag below that sets a per-layer option replaces the spec's own value, with a warning (core/trained_net)
+    drop_path: float = option(0.0, "stochastic depth on every block that has it, replacing the spec's own "
+                                   "(default 0)", metavar="P")
+    bn_eps: float | None = option(None, "BatchNorm ε of every BN layer, train and eval, replacing the spec's own "
+                                        "(default: each layer's own)", metavar="EPS")
     precision: str = option("fp32", "fp8: E4M3 weights and input, fp32 master (default fp32)", choices=PRECISIONS)
     # parameter-name prefixes the train step takes as constants: no update, no optimizer state, not clipped
     frozen: tuple[str, ...] = option((), "train the parameters under PREFIX (a layer index, a block such as 2.b0, a "
