@@ -140,6 +140,23 @@ def test_render_from_a_toml_spec(tmp_path, capsys):
     assert (tmp_path / "o" / "tiny_net_adam_train_step.mlir").exists()
 
 
+def test_render_of_another_net_whose_file_names_are_the_same_is_refused_not_written_over(tmp_path, capsys):
+    """'my-Net ü' and 'my-Net ö' both render to my_net___*.mlir: the second used to replace the first's modules and
+    manifest entries without a word. Re-rendering the same net into the same --out still replaces its own."""
+    for name, file in (("my-Net ü", "a.toml"), ("my-Net ö", "b.toml")):
+        (tmp_path / file).write_text(f'name = "{name}"\ninput_shape = [4]\nnum_classes = 2\n\n'
+                                     '[[layers]]\nkind = "dense"\nunits = 2\n', encoding="utf-8")
+    out = tmp_path / "o"
+    assert main(["render", str(tmp_path / "a.toml"), "--out", str(out)]) == 0
+    first = {p.name: p.read_bytes() for p in out.iterdir()}
+    capsys.readouterr()
+    assert main(["render", str(tmp_path / "b.toml"), "--out", str(out)]) == 3
+    err = capsys.readouterr().err
+    assert "already holds my_net___fwd.mlir, rendered from net 'my-Net ü'; net 'my-Net ö' renders" in err, err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == first
+    assert main(["render", str(tmp_path / "a.toml"), "--out", str(out)]) == 0
+
+
 @pytest.mark.parametrize("argv,needle", [
     (["render", "nope", "--out", "x"], "unknown net 'nope'"),
     (["render", "mnist-mlp", "--out", "x", "--optimizer", "adagrad"], "unknown optimizer 'adagrad'; registered:"),

@@ -6,11 +6,12 @@ own) without reading hloforge. Tensors are named as a checkpoint names them (`pa
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hloforge.backends.signature import mlir_of_dtype, parse_main_results, parse_main_signature
-from hloforge.core.errors import HloforgeError
+from hloforge.core.errors import DataError, HloforgeError
 from hloforge.train.checkpoint import PARAMS, STATS, names_in, state_group
 
 FORMAT = "hloforge-render-1"
@@ -59,4 +60,11 @@ def merged(path: str, modules: Mapping[str, Any]) -> dict[str, Any]:
         old = None
     kept = old["modules"] if isinstance(old, dict) and old.get("format") == FORMAT and \
         isinstance(old.get("modules"), dict) else {}
+    for name, module in modules.items():  # file names keep a net name's a-z and 0-9 alone: "Net ü" is "net__"
+        was = kept.get(name)
+        if isinstance(was, dict) and was.get("net") != module["net"]:
+            raise DataError(f"{os.path.dirname(path) or '.'} already holds {name}, rendered from net "
+                            f"{was.get('net')!r}; net {module['net']!r} renders to the same file name (a name's "
+                            "characters other than a-z and 0-9 become _), so it would replace it: render it into "
+                            "another --out")
     return {"format": FORMAT, "modules": {**kept, **modules}}
