@@ -98,6 +98,20 @@ def test_an_unknown_bench_net_is_refused_before_anything_is_measured(capsys):
     assert "[bench]" not in err and out == ""
 
 
+@pytest.mark.parametrize("net", ["tinygpt-nano", "ddpm-mini", "fpn-mini"])
+def test_a_net_that_is_no_classifier_is_refused_before_anything_is_measured(capsys, net):
+    """Each backend compiled it apart and failed ('crossEntropy takes logits [classes]', jax.jit's row only JAX's
+    note on its traceback), in a table with exit 0."""
+    from hloforge.zoo import get_net
+
+    assert main(["bench", *FAST, "--nets", f"mnist-linear,{net}"]) == 3
+    out, err = capsys.readouterr()
+    assert err.strip().splitlines() == [f"hloforge: error: net {net!r} outputs {list(get_net(net).out_shape)}; bench "
+                                         "times a classifier's Adam step (cross-entropy on [classes] logits), so "
+                                         "expected a net whose output is its class scores, such as mnist-cnn"]
+    assert out == ""
+
+
 def under_two_ranks(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([MPIEXEC, "-n", "2", "-iface", "lo", *HLOFORGE, *args], capture_output=True, text=True,
                           env=env(), timeout=300)

@@ -78,7 +78,7 @@ def parser() -> argparse.ArgumentParser:
     p = Parser(prog="hloforge bench", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nets", default="mnist-mlp,mnist-cnn",
-                   help="comma-separated zoo nets (or spec files; default %(default)s)")
+                   help="comma-separated classifier nets: zoo names or spec files (default %(default)s)")
     p.add_argument("--batch", type=positive_int, default=None,
                    help="per-step batch (default 128; with --suite each net's own: " +
                    ", ".join(f"{n} {b}" for n, b in SUITE) + ")")

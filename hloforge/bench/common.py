@@ -26,17 +26,24 @@ SGEMM_N = 2048
 
 
 def load_net(ref: str) -> Any:
-    """A zoo net by name, or `name:CxHxW` for the same net on another input shape."""
+    """A zoo net by name (or a spec file), or `name:CxHxW` for the same net on another input shape. Refused
+    unless it is a classifier: every peer times softmax cross-entropy on class labels (`batches`)."""
     from hloforge.zoo import get_net
 
     name, _, shape = ref.partition(":")
     if not shape:
-        return get_net(name)
-    try:
-        dims = tuple(int(d) for d in shape.split("x"))
-    except ValueError:
-        raise UnsupportedSpec(f"net {ref!r}: the input shape after ':' must be CxHxW integers") from None
-    return get_net(name, input=dims)
+        spec = get_net(name)
+    else:
+        try:
+            dims = tuple(int(d) for d in shape.split("x"))
+        except ValueError:
+            raise UnsupportedSpec(f"net {ref!r}: the input shape after ':' must be CxHxW integers") from None
+        spec = get_net(name, input=dims)
+    if len(spec.out_shape) != 1:  # a language model, DDPM, detector or segmentation net: each peer failed apart
+        raise UnsupportedSpec(f"net {ref!r} outputs {list(spec.out_shape)}; bench times a classifier's Adam step "
+                              "(cross-entropy on [classes] logits), so expected a net whose output is its class "
+                              "scores, such as mnist-cnn")
+    return spec
 
 
 @dataclass
