@@ -234,3 +234,26 @@ def test_compare_scores_the_region_eval_scores(tmp_path, capsys) -> None:
     assert capsys.readouterr().out.startswith(f"A {ema} (epoch 1, live weights): {live}/360")
     assert main(["compare", plain, ema, "--region", "ema"]) == EXIT_BAD_INPUT
     assert "has no EMA shadow" in _one_line(capsys)
+
+
+def test_compare_says_a_run_that_is_no_classifier_keeps_no_per_example_results(tmp_path, capsys) -> None:
+    """It said '<run>/eval_correct.npz does not exist; expected a run directory holding eval_correct.npz', as if
+    the language model's run were broken, when no such run ever writes one."""
+    from hloforge.datasets.text import default_corpus
+
+    corpus, lm, plain = str(tmp_path / "corpus.txt"), str(tmp_path / "lm"), str(tmp_path / "plain")
+    with open(corpus, "w", encoding="utf-8") as f:
+        f.write(default_corpus()[:3000])
+    assert main(["train", "tinygpt-nano", "--data", "text", "--data-file", corpus, "--epochs", "1", "--batch", "16",
+                 "--run-dir", lm, "--no-progress"]) == EXIT_OK
+    assert main(["train", "mnist-linear", "--epochs", "1", "--run-dir", plain, "--no-progress"]) == EXIT_OK
+    capsys.readouterr()
+    for a, b in ((plain, lm), (lm, plain)):
+        assert main(["compare", a, b]) == EXIT_BAD_INPUT
+        assert _one_line(capsys) == (f"hloforge: error: run {lm} trained 'tinygpt-nano' (output [64, 65]), no "
+                                     "classifier: its eval scores no example right or wrong, so it keeps no "
+                                     "eval_correct.npz; compare takes two classifier runs")
+    os.remove(os.path.join(plain, "eval_correct.npz"))  # a classifier's run without one: said as before
+    assert main(["compare", plain, plain]) == EXIT_BAD_INPUT
+    assert _one_line(capsys).endswith("eval_correct.npz does not exist; expected a run directory holding "
+                                      "eval_correct.npz")

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from hloforge.core.errors import DataError
+from hloforge.core.errors import DataError, HloforgeError
 from hloforge.core.regions import DEFAULT_REGION, check_region
 from hloforge.train.config import BITMAP, CHECKPOINT
 from hloforge.train.metrics import mcnemar_exact, same_eval_set
@@ -23,7 +23,7 @@ from hloforge.train.metrics import mcnemar_exact, same_eval_set
 def load_bitmap(run: str) -> tuple[np.ndarray, str, int]:
     path = os.path.join(run, BITMAP) if os.path.isdir(run) else run
     if not os.path.exists(path):
-        raise DataError(f"{path} does not exist; expected a run directory holding {BITMAP}")
+        raise DataError(_no_classifier(run) or f"{path} does not exist; expected a run directory holding {BITMAP}")
     # A truncated or corrupt .npz fails in zipfile or zlib, a non-.npz file (np.load gives a bare array,
     # no context manager) or a field of the wrong shape as TypeError.
     try:
@@ -37,6 +37,25 @@ def load_bitmap(run: str) -> tuple[np.ndarray, str, int]:
     if correct.dtype != bool:  # as bool, any string or number but 0 would read as right: a plausible wrong count
         raise DataError(f"{path}: 'correct' holds {correct.dtype}, expected bool (one right/wrong per example)")
     return correct, set_id, epoch
+
+
+def _no_classifier(run: str) -> str:
+    """Why a run directory holds no bitmap when its net is no classifier (a language model, DDPM, detector,
+    segmentation net): its eval scores no example right or wrong, so it never writes one; "" otherwise."""
+    from hloforge.core.spec import NetSpec
+    from hloforge.train import checkpoint as ckpt
+
+    file = os.path.join(run, CHECKPOINT)
+    if not os.path.isfile(file):
+        return ""
+    try:
+        spec = NetSpec.from_dict(ckpt.load_meta(file)["spec"], source=file)
+    except HloforgeError:  # an unreadable checkpoint, a net of a plugin not installed: the missing bitmap alone
+        return ""
+    if len(spec.out_shape) == 1:
+        return ""
+    return (f"run {run} trained {spec.name!r} (output {list(spec.out_shape)}), no classifier: its eval scores no "
+            f"example right or wrong, so it keeps no {BITMAP}; compare takes two classifier runs")
 
 
 def region_bitmap(run: str, region: str = DEFAULT_REGION,
