@@ -87,6 +87,18 @@ def test_plot_draws_a_nan_score_and_epochs_without_the_metric(tmp_path) -> None:
     assert (tmp_path / "curves.png").stat().st_size > 0
 
 
+def test_plot_given_a_file_says_it_is_a_file(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`plot RUN/checkpoint.safetensors` said the file 'does not exist' while it was there."""
+    (tmp_path / "metrics.jsonl").write_text(GOOD)
+    given = tmp_path / "checkpoint.safetensors"
+    given.write_bytes(b"weights")
+    assert main(["plot", str(given)]) == 3
+    assert _one_line(capsys) == f"hloforge: error: run directory {given} is a file; expected a run directory that " \
+                                "trained an epoch"
+    assert main(["plot", str(tmp_path / "gone")]) == 3
+    assert "gone does not exist; expected a run directory" in _one_line(capsys)
+
+
 # ------------------------------------------------------------------ prepare
 @pytest.mark.parametrize("argv", [
     ["imagenette", "--train-size", "0"], ["imagenette", "--train-size", "-5"], ["imagenette", "--val-size", "0"],

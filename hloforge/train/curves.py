@@ -130,8 +130,9 @@ def plot_run(run_dir: str) -> str:
     from hloforge.train.checkpoint import write_atomic
     from hloforge.train.config import CONFIG, load_config
 
-    if not os.path.isdir(run_dir):
-        raise DataError(f"run directory {run_dir} does not exist; expected a run directory that trained an epoch")
+    if not os.path.isdir(run_dir):  # a file (the run's checkpoint, say) is there, but is no directory
+        what = "is a file" if os.path.exists(run_dir) else "does not exist"
+        raise DataError(f"run directory {run_dir} {what}; expected a run directory that trained an epoch")
     hist = history(run_dir)
     if not hist:
         raise DataError(f"{run_dir} has no epoch in {METRICS}; expected a run directory that trained an epoch")
