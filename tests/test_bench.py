@@ -93,6 +93,19 @@ def test_bench_skips_unavailable_backend_with_a_note(monkeypatch, capsys):
     assert "skipped: backend 'iree' not registered" in capsys.readouterr().out
 
 
+def test_a_measurement_that_fails_in_its_child_says_the_error_not_the_tracebacks_last_line(monkeypatch, tmp_path):
+    """An isolated child's failure was read off its stderr's last line: for the jax peer, JAX's note 'For simplicity,
+    JAX has removed its internal frames ...', which names no error. The child now writes the failure as its row."""
+    def measure(net, backend, batch, steps, warmup, lr, seed):
+        raise ValueError("axis 2 is out of bounds for array of dimension 2\nmore of JAX's explanation")
+
+    monkeypatch.setattr(bench.cli, "measure", measure)
+    out = tmp_path / "r.json"
+    assert bench.main(["--_child", str(out), "--nets", "mnist-linear", "--backends", "jax.jit", "--batch", "4"]) == 0
+    row = json.loads(out.read_text())
+    assert row["ms"] == [] and row["note"] == "failed: ValueError: axis 2 is out of bounds for array of dimension 2"
+
+
 def test_bench_isolated_measurement_and_cap():
     r = bench.measure_isolated("mnist-linear", "hloforge-xla", 4, 1, 1, 1e-3, 0, cap_s=120)
     assert len(r.ms) == 1 and r.ms[0] > 0 and r.first_loss is not None, r.note

@@ -56,6 +56,7 @@ from hloforge.bench.common import (
     SUITE,
     Result,
     cpu_count,
+    failed_note,
     load_net,
     unavailable,
 )
@@ -155,7 +156,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         os.environ[AUTOTUNE_ENV_VAR] = "1"
     if args._child:  # one measurement for measure_isolated
-        r = measure(nets[0], backends[0], batch_of(nets[0]), args.steps, args.warmup, args.lr, args.seed)
+        try:
+            r = measure(nets[0], backends[0], batch_of(nets[0]), args.steps, args.warmup, args.lr, args.seed)
+        except Exception as e:  # noqa: BLE001 - said in the row as an in-process failure is, not as stderr's last line
+            r = Result(nets[0], backends[0], batch_of(nets[0]), note=failed_note(e))
         r.peak_rss_mb = peak_rss_mb()  # this child measured only this (net, backend)
         with open(args._child, "w", encoding="utf-8") as f:
             json.dump(asdict(r), f)
@@ -201,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         else:
                             r = measure(net, b, batch, steps, args.warmup, args.lr, args.seed)
                 except Exception as e:  # noqa: BLE001 - report the failure in the table, keep benchmarking
-                    r = Result(net, b, batch, note=f"failed: {type(e).__name__}: {e}"[:300])
+                    r = Result(net, b, batch, note=failed_note(e))
                 if b in pooled:  # a later round: its steps and setup join the first round's (its loss stays)
                     pooled[b].ms += r.ms
                     pooled[b].cold_setups += r.cold_setups
@@ -230,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     c, us = dispatch_us(b, args.dispatch_calls)
                     dispatch[b] = {"us": us, "compile_s": c, "calls": args.dispatch_calls}
             except Exception as e:  # noqa: BLE001
-                dispatch[b] = {"note": f"failed: {type(e).__name__}: {e}"[:300]}
+                dispatch[b] = {"note": failed_note(e)}
 
     checks = sanity(results)
     print(f"hloforge bench: Adam train step, median ms/step (ratio to jax.jit); f32; {cpu_count()} CPU threads; "

@@ -73,6 +73,13 @@ class Result:
         return d
 
 
+def failed_note(e: BaseException) -> str:
+    """A measurement's failure as its row says it: the exception's type and its message's first line (a
+    traceback's last line is no message: JAX ends its own with a note on the frames it left out)."""
+    first = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
+    return f"failed: {type(e).__name__}: {first}"[:300]
+
+
 # ---------------------------------------------------------------- availability ---
 
 
