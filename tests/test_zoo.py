@@ -91,6 +91,8 @@ def test_fixed_nets_keep_working_and_refuse_other_sizes() -> None:
         get_net("mnist-mlp", classes=100)
     with pytest.raises(UnsupportedSpec, match="unknown net 'resnet9'"):
         get_net("resnet9")
+    with pytest.raises(UnsupportedSpec, match=r"unknown net 'mnist_mlp'; .*; did you mean 'mnist-mlp'\?$"):
+        get_net("mnist_mlp")  # the near name ends the line, as a misspelt layer's or optimizer's does
 
 
 @pytest.mark.parametrize("name", [n for n in NETS if not n.startswith("mnist")])

@@ -249,7 +249,7 @@ class Registry:
         if name not in table:
             known = ", ".join(f"{n} ({e.distribution})" for n, e in sorted(table.items())) or "none"
             broken = "".join(f"; not loaded: {b.plugin} ({b.error})" for b in self.broken)
-            raise PluginError(f"unknown {kind} {name!r}; registered: {known}{broken}{_near_name(name, table)}")
+            raise PluginError(f"unknown {kind} {name!r}; registered: {known}{broken}{near_name(name, table)}")
         return table[name]
 
     def make(self, kind: str, name: str, **options: Any) -> Any:
@@ -347,7 +347,7 @@ def _component_of(frame: Any, classes: Mapping[str, list[tuple[str, Entry]]],
     return mine[0] if mine else None
 
 
-def _near_name(name: str, names: Collection[str]) -> str:
+def near_name(name: str, names: Collection[str]) -> str:
     """A misspelt name's likeliest meaning, as a phrase to end its refusal with ("" when none is near): at the
     end, as the list of every registered name before it is long. Matched without case (`maxpool`, `Conv2D`)."""
     lower = {n.lower(): n for n in names}

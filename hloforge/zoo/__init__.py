@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hloforge.core.errors import UnsupportedSpec
+from hloforge.core.registry import near_name
 from hloforge.core.spec import NetSpec
 from hloforge.zoo import convnext, ddpm, efficientnet, mnist, mobilenet, resnet, tinygpt, unet, vit, yolo
 
@@ -107,7 +108,8 @@ def get_net(name: str, classes: int | None = None, input: Sequence[int] | None =
     if os.sep in name or os.path.splitext(name)[1]:  # a path, not a zoo name
         raise UnsupportedSpec(f"net {name!r}: a spec file must end in {' or '.join(SPEC_SUFFIXES)}, and no zoo net "
                               "is named so")
-    raise UnsupportedSpec(f"unknown net {name!r}; expected one of {sorted(NETS)} or a .toml/.json spec file")
+    raise UnsupportedSpec(f"unknown net {name!r}; expected one of {sorted(NETS)} or a .toml/.json spec file"
+                          f"{near_name(name, NETS)}")
 
 
 def net_of(net: NetSpec | str | os.PathLike[str], classes: int | None,
