@@ -204,3 +204,24 @@ def test_the_drill_trace_path_expands_a_tilde(home, monkeypatch):
     checkpoint.mark("checkpoint", 3)
     assert (home / "trace.txt").read_text() == "checkpoint 3\n"
     assert not (home / "~").exists()
+
+
+# Variables the package reads that no user sets: the crash drills' and gates' faults, and what a process
+# hands its own children (an MPI rank's worker, the XLA_FLAGS already checked).
+INTERNAL_VARIABLES = {"HLOFORGE_VAL_FAULT", "HLOFORGE_FAULT_KILL_IN_CHECKPOINT", "HLOFORGE_FAULT_STOP_AT",
+                      "HLOFORGE_DRILL_SLOW_WRITE", "HLOFORGE_DRILL_TRACE", "HLOFORGE_MPI_WORKER",
+                      "HLOFORGE_XLA_FLAGS_TAKEN", "HLOFORGE_PLUGIN_API"}
+
+
+def test_the_readme_environment_section_names_every_variable_a_user_sets():
+    """Before: HLOFORGE_STRATEGY, HLOFORGE_XLA_SCHEDULER, HLOFORGE_MPI and HLOFORGE_MPI_TIMEOUT were read
+    but had no entry in the README's Environment section: a newcomer looking there did not learn of them."""
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    read = {v for p in (root / "hloforge").rglob("*.py") for v in re.findall(r"\bHLOFORGE_[A-Z0-9_]*[A-Z0-9]\b",
+                                                                               p.read_text())}
+    section = (root / "README.md").read_text().split("## Environment", 1)[1]
+    listed = set(re.findall(r"`(HLOFORGE_[A-Z0-9_]+)(?:=[^`]*)?` —", section))  # an entry: `NAME[=value]` — what
+    assert sorted(read - INTERNAL_VARIABLES - listed) == []
+    assert sorted(listed - read) == []  # every entry is a variable the code reads
