@@ -274,6 +274,8 @@ def test_every_flag_has_help_and_shows_its_default():
             optional = bool(a.option_strings) or a.nargs in ("?", "*")
             if takes_value and optional and not a.required:
                 assert "default" in text, f"{path} {name}: its help does not show its default: {text!r}"
+            if not takes_value and a.default is True:  # on unless turned off (bench --roofline, sample --no-clip)
+                assert "default" in text, f"{path} {name}: on by default, and its help does not say so: {text!r}"
             checked += 1
     assert checked > 100  # every subcommand's flags were walked, prepare's datasets' included
 

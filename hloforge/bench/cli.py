@@ -85,7 +85,8 @@ def parser() -> argparse.ArgumentParser:
                    ", ".join(f"{n} {b}" for n, b in SUITE) + ")")
     p.add_argument("--suite", action="store_true", help="benchmark the issue-#11 suite (overrides --nets)")
     p.add_argument("--roofline", action=argparse.BooleanOptionalAction, default=True,
-                   help=f"measure the sgemm roofline ({SGEMM_N}³ f32) and report GFLOP/s against it")
+                   help=f"measure the sgemm roofline ({SGEMM_N}³ f32) and report GFLOP/s against it (default: "
+                        "on; --no-roofline skips it)")
     p.add_argument("--steps", type=positive_int, default=None,
                    help=f"timed steps per (net, backend); default {DEFAULT_STEPS}, else 10")
     p.add_argument("--warmup", type=positive_int, default=3,
