@@ -3,6 +3,7 @@ save / load and `hloforge eval` on a saved directory, callbacks, input refusals,
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -347,7 +348,7 @@ def test_cli_runs_registered_callbacks_in_its_loop(tmp_path: str, monkeypatch: p
 
     plugin = counter_plugin()
     reg = registry.Registry(extra_plugins=((plugin, "test-callbacks"),))  # beside the built-ins' entry points
-    monkeypatch.setattr(registry, "default_registry", lambda: reg)
+    monkeypatch.setattr(registry, "default_registry", functools.cache(lambda: reg))  # as cached as the real one
     assert hf.callbacks["test_epoch_counter"] is plugin.EpochCounter and "model_checkpoint" in hf.callbacks
     d, best = os.path.join(tmp_path, "run"), os.path.join(tmp_path, "best")
     assert main(["train", "mnist-linear", "--epochs", "5", "--run-dir", d, "--no-progress",
