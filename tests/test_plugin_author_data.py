@@ -76,6 +76,14 @@ PLUGIN = textwrap.dedent('''
             return (x, y) if split == "train" else (x, y[:, None])  # the test labels a column [N, 1]
 
 
+    class TrainFromOne(Blobs):
+        name = "trainFromOne"
+
+        def arrays(self, split):
+            x, y = super().arrays(split)
+            return (x, y + 1) if split == "train" else (x, y)  # the train split's classes counted from 1
+
+
     class WrongSig(Callback):
         name = "wrongSig"
 
@@ -129,7 +137,7 @@ PLUGIN = textwrap.dedent('''
 
     @hookimpl
     def hloforge_datasets():
-        return [Blobs, NoClasses, ClassesStr, Lists, Uint8, TestColumn, ChannelsLast]
+        return [Blobs, NoClasses, ClassesStr, Lists, Uint8, TestColumn, ChannelsLast, TrainFromOne]
 
 
     @hookimpl
@@ -214,6 +222,14 @@ def test_a_dataset_whose_test_labels_are_a_column_is_refused_before_training(ins
     assert main(train(tmp_path, "--data", "testColumn")) == 3
     assert refused(capsys) == (f"hloforge: error: dataset 'testColumn' {LABEL} test split labels have shape [64, 1], "
                                "expected [64] (a trailing axis of 1: y[..., 0] drops it)")
+
+
+def test_a_dataset_whose_train_labels_are_out_of_range_is_refused_before_the_compile_naming_it(
+        installed: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # once: refused at the first batch, after the compile, as "train batch labels span 1..3", naming no dataset
+    assert main(train(tmp_path, "--data", "trainFromOne")) == 3
+    assert refused(capsys) == (f"hloforge: error: dataset 'trainFromOne' {LABEL} train split labels span 1..3, "
+                               "expected ids 0..2 (the net's 3 classes)")
 
 
 @pytest.mark.parametrize("workers", ["0", "1"])

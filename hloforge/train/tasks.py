@@ -98,6 +98,10 @@ class Task:
         scores from in place of its own (a detector's encoded targets), or None: the run's own."""
         return None
 
+    def check_train(self, y: Any, n: int) -> None:
+        """Refuse a registered dataset's train labels `y` (n rows, in memory) with one line before the compile,
+        where this task can tell them wrong; a batch's are checked at its step either way."""
+
     @property
     def feed_shape(self) -> tuple[int, ...]:
         """The image shape the feed shapes the dataset's rows to."""
@@ -173,6 +177,14 @@ class ClassificationTask(Task):
         from hloforge.train.session import checked_labels
 
         checked_labels(run.y_te, (len(run.y_te),), "i32", classes, f"{component_label('dataset', run.data)} test split")
+
+    def check_train(self, y: Any, n: int) -> None:
+        # once: refused at the first bad batch, after the compile, naming no dataset
+        from hloforge.core.registry import component_label
+        from hloforge.train.session import checked_labels
+
+        run = self.run
+        checked_labels(y, (n,), "i32", run.spec.num_classes, f"{component_label('dataset', run.data)} train split")
 
     def evaluate(self, evaluator: ForwardSession, buffers: list[Any]) -> Evaluation:
         from hloforge.train.evaluation import evaluate, evaluate_stream

@@ -149,6 +149,8 @@ class Run:
                          train=not eval_only, shuffle=shuffle)
         if data is None and not eval_only:
             check_rows(self.data, "train", self.feed.n)
+            if self.task is not None:
+                self.task.check_train(self.feed.y, self.feed.n)
         self._x_te = None if x_te is None else self._fit_input(x_te)
         self.eval_set = eval_set_id(cfg.data, "test", self.y_te, self._x_te)  # a streamed eval's: its labels'
         self.steps_per_epoch = self.feed.steps_per_epoch
