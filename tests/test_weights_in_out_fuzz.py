@@ -43,6 +43,15 @@ def test_a_lightning_module_holding_more_than_the_net_is_refused_naming_only_the
     assert str(e.value).splitlines()[1:] == ["  unused: criterion.weight [10]"]
 
 
+def test_a_module_holding_the_net_and_an_ema_copy_is_refused_asking_which() -> None:
+    """`model.` and `ema_model.` both hold the net: one line naming both prefixes and how to keep one (before: every
+    net tensor listed as missing, the prefixes unsaid)."""
+    sd = _state_dict("torchvision:resnet18", "resnet18")
+    both = {**{f"model.{k}": v for k, v in sd.items()}, **{f"ema_model.{k}": v for k, v in sd.items()}}
+    with pytest.raises(DataError, match=r"^the state dict holds the net under 2 prefixes \(ema_model\., model\.: "):
+        map_state_dict("torchvision:resnet18", both, input=INPUT)
+
+
 def test_a_prefix_that_does_not_make_the_names_match_is_kept_and_refused() -> None:
     sd = _state_dict("torchvision:resnet18", "resnet18")
     with pytest.raises(DataError, match=r"missing: conv1\.weight"):

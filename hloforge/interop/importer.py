@@ -205,7 +205,7 @@ def map_state_dict(source: str, sd: Mapping[str, np.ndarray], *, input: Sequence
     listing every tensor that does not fit, every missing one and every unused one."""
     fam = family(source)
     spec = get_net(fam.net, input=input)
-    sd = _unprefixed(unwrapped(sd), source_names(source))
+    sd = _unprefixed(unwrapped(sd), source_names(source), where)
     classes = head_classes(fam, spec, sd)
     if classes is not None and classes != spec.num_classes:
         spec = get_net(fam.net, classes=classes, input=input)
@@ -265,14 +265,20 @@ def _names(sd: Mapping[str, Any]) -> set[str]:
     return {k for k in sd if not k.endswith(IGNORED_SUFFIXES)}
 
 
-def _unprefixed(sd: Mapping[str, np.ndarray], expected: set[str]) -> Mapping[str, np.ndarray]:
+def _unprefixed(sd: Mapping[str, np.ndarray], expected: set[str], where: str) -> Mapping[str, np.ndarray]:
     """`sd` without the attribute prefix the net's names sit under (`model.` from a Lightning module holding the
     net as `self.model`), when no name matches as it is and the names under one prefix alone do; a name under
-    another (a loss's class weights, `criterion.weight`) is kept as it is, to be listed as unused."""
+    another (a loss's class weights, `criterion.weight`) is kept as it is, to be listed as unused. The net
+    under two (a module holding it and an EMA copy, `model.` and `ema_model.`) is refused: which is meant?"""
     while sd and not _names(sd) & expected:
         heads = {k.partition(".")[0] for k in sd if "." in k}
-        fits = [h for h in heads if _names(_under(sd, h)) & expected]
-        if len(fits) != 1:  # none, or two (a module holding the net and an EMA copy of it): as they are
+        fits = sorted(h for h in heads if _names(_under(sd, h)) & expected)
+        if len(fits) > 1:
+            raise DataError(f"{where} holds the net under {len(fits)} prefixes ({', '.join(f + '.' for f in fits)}: "
+                            "a module holding it and a copy, an EMA's say); expected one: save the state dict "
+                            f"under the one you mean alone ({{k[len('{fits[0]}.'):]: v for k, v in sd.items() if "
+                            f"k.startswith('{fits[0]}.')}})")
+        if not fits:
             break
         sd = {**{k: v for k, v in sd.items() if not k.startswith(f"{fits[0]}.")}, **_under(sd, fits[0])}
     return sd
