@@ -56,3 +56,23 @@ def test_following_the_export_manifest_alone_reproduces_predict_on_raw_pixels(tm
     want = hf.load(run).predict(Digits(**options).arrays("test")[0][:len(raw)])
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     assert (got.argmax(1) == want.argmax(1)).all()
+
+
+def test_export_makes_no_backend(tmp_path, monkeypatch) -> None:
+    """Export compiles nothing, so the run's backend need not be installed (an IREE run exported where IREE is
+    not): before, opening the run made its backend, and without the packages export was refused."""
+    from hloforge.core.errors import BackendError
+    from hloforge.train import session, trainer
+
+    m = hf.Model(hf.NetSpec("tiny", (4,), [L.Dense(3)], 3))
+    m.fit(np.zeros((8, 4), np.float32), np.arange(8) % 3, epochs=1, batch_size=4, verbose=False)
+    m.save(str(tmp_path / "run"))
+
+    def unavailable(*args, **kwargs):
+        raise BackendError("the iree backend needs the IREE Python packages")
+
+    for module in (session, trainer):
+        monkeypatch.setattr(module, "make_backend", unavailable)
+    export_run(str(tmp_path / "run"), str(tmp_path / "export"), log=lambda s: None)
+    with open(tmp_path / "export" / "manifest.json", encoding="utf-8") as f:
+        assert json.load(f)["arguments"][0] == "x"

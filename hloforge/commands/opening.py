@@ -114,15 +114,23 @@ def check_batch_stats(spec: NetSpec, batch: int, rows: int) -> None:
                               f"(such as {', '.join(map(str, sorted(near)))})")
 
 
+@attrs.frozen
+class NoBackend:
+    """The run's backend by name alone, where nothing is compiled or run (`open_checkpoint(runs=False)`)."""
+
+    name: str
+
+
 def open_checkpoint(path: str, backend: str | None = None, log: Callable[[str], None] = print,
                     devices: int | None = None, needs_data: bool = True, data_dir: str | None = None,
-                    data_file: str | None = None, replicas: int = 1) -> OpenedCheckpoint:
+                    data_file: str | None = None, replicas: int = 1, runs: bool = True) -> OpenedCheckpoint:
     """A run directory's (or a file's) checkpoint, its run rebuilt from the stored config
     (on `backend` if given, else the run's own, with `devices` devices if given, else those `replicas`
     ask of that backend: `replica_devices`), refused if the net as defined now
     differs from the stored spec. A run trained on the user's arrays (no registered dataset) is
     refused where the caller `needs_data`; else (export) it opens on no rows. `data_dir`, `data_file`:
-    where the run's data is now, when it moved since (its test split is still checked against the run's)."""
+    where the run's data is now, when it moved since (its test split is still checked against the run's).
+    `runs` False (export: its net and weights alone): no backend is made, so the run's need not be installed."""
     file = os.path.join(path, CHECKPOINT) if os.path.isdir(path) else path
     if os.path.isdir(path) and not os.path.exists(file):
         raise no_checkpoint(path)
@@ -136,6 +144,8 @@ def open_checkpoint(path: str, backend: str | None = None, log: Callable[[str], 
     # The caller's backend or device count is made here, so its refusal (an unknown name, IREE given a device
     # count) reads as the caller's options, not as a fault of the checkpoint's config.
     chosen = make_backend(cfg.backend, **({"devices": devices} if devices else {})) if backend or devices else None
+    if not runs:
+        chosen = NoBackend(cfg.backend)
     moved = {k: v for k, v in (("data_dir", data_dir), ("data_file", data_file)) if v}
     if moved:
         cfg = attrs.evolve(cfg, **moved)

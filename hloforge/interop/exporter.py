@@ -88,7 +88,7 @@ def export_run(run: str, out: str, fmt: str = "hloforge", log: Callable[[str], N
 
     if fmt not in FORMATS:
         raise UnsupportedSpec(f"export format {fmt!r}; expected one of {list(FORMATS)}")
-    oc = open_checkpoint(run, log=log, needs_data=False)  # a net and its weights: no dataset read
+    oc = open_checkpoint(run, log=log, needs_data=False, runs=False)  # a net and its weights: no dataset, no backend
     spec, cfg = oc.spec, oc.run.cfg
     # the weights eval scores (each with its own BN statistics): the EMA shadow's when the run kept one
     region, params, stats = oc.region_weights(region)
