@@ -115,7 +115,7 @@ def export_run(run: str, out: str, fmt: str = "hloforge", log: Callable[[str], N
     manifest = {
         "format": "hloforge-export-1", "spec": spec.to_dict(), "input_shape": list(spec.input_shape),
         "classes": spec.num_classes, "batch": 1, "arguments": ["x", *pnames, *snames], "region": region,
-        "output": {**output, **output_said(spec, oc.run.variant, oc.run.lm)},
+        "output": {**output, **output_said(spec, oc.run.task)},
         "preprocessing": preprocessing(cfg, oc.run.data),
         "backend": oc.meta.get("backend"), "epoch": oc.meta.get("epoch"), "step": oc.meta.get("step"),
     }

@@ -408,12 +408,10 @@ _OUTPUT_SAID = {"class": "logits over the {classes} classes (argmax: the class; 
                 "tokens": "next-token logits over the {classes}-character vocabulary at each position"}
 
 
-def output_said(spec: NetSpec, variant: Any, lm: bool) -> dict[str, str]:
-    """The net's output as the run trained it (`lm`: a language model's): the label kind its loss takes,
-    and what the output means."""
-    from hloforge.core.registry import default_registry
-
-    kind = "tokens" if lm else loss_label_kind(variant.make_loss(default_registry()), spec.out_shape)
+def output_said(spec: NetSpec, task: Task | None) -> dict[str, str]:
+    """The net's output as the run trained it (`task`: the run's, None for a language model's): the label kind
+    its loss takes, and what the output means."""
+    kind = "tokens" if task is None else task.kind
     head = spec.layers[-1].kind if spec.layers else ""
     return {"kind": kind, "meaning": _OUTPUT_SAID.get(kind, "").format(classes=spec.num_classes, head=head)}
 
