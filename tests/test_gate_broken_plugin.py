@@ -295,6 +295,20 @@ def test_verify_of_a_builtin_never_builds_the_broken_plugins_cases(bad: tuple[Re
     assert rows[-1] == f"verify: {len(collect_cases(reg, ['dense'])[0])} passed, 0 failed"
 
 
+@pytest.mark.parametrize(("name", "missing"), [("dense", "jax"), ("adam", "optax")])
+def test_verify_without_the_oracles_is_one_line_not_a_fail_per_plugin(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], name: str, missing: str) -> None:
+    """An install without the gate extra: one refusal naming the package and the extra, not every case a FAIL
+    row blaming its plugin for the missing import."""
+    from hloforge.cli import EXIT_BAD_INPUT, main
+
+    monkeypatch.setitem(sys.modules, missing, None)  # `import <missing>` fails, as where it is not installed
+    assert main(["verify", name]) == EXIT_BAD_INPUT
+    out, err = capsys.readouterr()
+    assert "FAIL" not in out and len(err.splitlines()) == 1, out + err
+    assert f"need {missing} (not importable here); pip install 'hloforge[gate]'" in err, err
+
+
 def test_verify_command_with_a_broken_plugin_installed(bad_env: dict[str, str]) -> None:
     proc = _cli(bad_env, "verify", "dense")
     out = proc.stdout + proc.stderr

@@ -107,6 +107,27 @@ def _compile(text: str) -> Any:
     return ExecutableCache().compile(_client(), text)
 
 
+# The packages each kind's oracles import: layers and losses jax.vjp of their references, optimizers optax too.
+ORACLES = {"layer": ("jax", "jaxlib"), "loss": ("jax", "jaxlib"), "optimizer": ("jax", "jaxlib", "optax")}
+ORACLES_INSTALL = "pip install 'hloforge[gate]' (jax, jaxlib and optax)"
+
+
+def require_oracles(cases: Sequence[GateCase]) -> None:
+    """Refuse in one line when the oracles `cases` need cannot be imported: otherwise every case would fail
+    on the missing import, each said to be its plugin's fault."""
+    import importlib
+
+    missing = []
+    for name in sorted({m for c in cases for m in ORACLES[c.kind]}):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        raise HloforgeError(f"the gate compares each plugin against its oracles, which need {', '.join(missing)} "
+                            f"(not importable here); {ORACLES_INSTALL}")
+
+
 def _jax() -> Any:
     import jax
 

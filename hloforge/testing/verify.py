@@ -27,6 +27,7 @@ from hloforge.testing.gate import (
     collect_cases,
     fault,
     plugin_label,
+    require_oracles,
 )
 
 GATED = ("layer", "loss", "optimizer")
@@ -74,6 +75,7 @@ def verify(names: Sequence[str] = (), registry: Any = None, out: Callable[[str],
 
     reg = registry or default_registry()
     cases, failed_rows = select(reg, names)
+    require_oracles(cases)
     t0 = time.perf_counter()
     out(f"tolerances: jax f64 <= {TOL_JAX_F64:g}, fd f64 <= {TOL_FD_F64:g}, jax f32 <= {TOL_JAX_F32:g}; "
         f"optimizers against optax: f64 <= {TOL_OPT_F64:g}, f32 <= {TOL_OPT_F32:g}")
