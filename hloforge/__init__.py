@@ -52,12 +52,9 @@ assert set(__all__) == {"PLUGIN_API_VERSION", "__version__", *_LAZY}  # one list
 
 def __getattr__(name: str) -> Any:
     if name == "__version__":  # the installed distribution's (pyproject.toml's); `hloforge --version` prints it
-        from importlib.metadata import PackageNotFoundError, version
+        from hloforge.core.registry import hloforge_version
 
-        try:
-            value: Any = version("hloforge")
-        except PackageNotFoundError:  # a source tree on sys.path that was never installed
-            value = "unknown (not installed)"
+        value: Any = hloforge_version()
     elif name in _LAZY:
         module, attr = _LAZY[name]
         value = getattr(import_module(module), attr) if attr else import_module(module)

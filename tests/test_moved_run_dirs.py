@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from test_moved_runs import trained_spec_file_run
 
+import hloforge
 from hloforge.cli import main
 
 CORPUS = "the quick brown fox jumps over the lazy dog; pack my box with five dozen liquor jugs. " * 200
@@ -121,14 +122,17 @@ def test_a_spec_file_run_resumes_from_another_folder_with_its_checkpoints_copy(t
 
 
 def test_a_checkpoint_of_another_hloforge_version_is_named_as_such(tmp_path, monkeypatch, capsys):
+    """A run records the hloforge release that wrote it (config.toml's first line, the checkpoint's metadata),
+    so a checkpoint of another layout names the release to open it with."""
     monkeypatch.chdir(tmp_path)
     assert main(["train", "mnist-linear", "--epochs", "1", "--run-dir", "run", "--no-progress"]) == 0
+    assert (tmp_path / "run" / "config.toml").read_text().splitlines()[0] == f"# hloforge {hloforge.__version__}"
     path = tmp_path / "run" / "checkpoint.safetensors"
     path.write_bytes(path.read_bytes().replace(b"hloforge-checkpoint-1", b"hloforge-checkpoint-9", 1))
     capsys.readouterr()
     assert main(["eval", "run"]) == 3
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "another hloforge version" in err, err
+    assert len(err.splitlines()) == 1 and f"was written by hloforge {hloforge.__version__} (format" in err, err
 
 
 READ_ONLY_SCRIPT = textwrap.dedent("""

@@ -17,7 +17,7 @@ import sys
 import traceback
 import warnings
 from collections.abc import Collection, Iterator, Mapping, Sequence
-from importlib.metadata import entry_points
+from importlib.metadata import PackageNotFoundError, entry_points, version
 from typing import Any
 
 import attrs
@@ -27,6 +27,16 @@ from hloforge.core import contracts, hookspecs
 from hloforge.core.contracts import check_constructor_options
 from hloforge.core.errors import HloforgeWarning, PluginError, UnsupportedSpec
 from hloforge.core.switches import env_switch
+
+
+def hloforge_version() -> str:
+    """The installed hloforge distribution's version (pyproject.toml's): hloforge.__version__, `hloforge --version`
+    and what a run's config.toml and checkpoint record."""
+    try:
+        return version("hloforge")
+    except PackageNotFoundError:  # a source tree on sys.path that was never installed
+        return "unknown (not installed)"
+
 
 # kind -> (entry-point group, hook that lists its components, attribute holding a component's name)
 KINDS: dict[str, tuple[str, str, str]] = {

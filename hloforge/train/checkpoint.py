@@ -30,12 +30,14 @@ import numpy as np
 
 from hloforge.core.errors import DataError, HloforgeError
 from hloforge.core.regions import check_region
+from hloforge.core.registry import hloforge_version
 from hloforge.core.slots import StatSlot
 from hloforge.core.switches import env_path, whole_number
 from hloforge.core.variant import SHADOW
 
 FORMAT_FAMILY = "hloforge-checkpoint-"  # + the layout's version
 FORMAT = f"{FORMAT_FAMILY}1"
+VERSION = "hloforge_version"  # the metadata key naming the hloforge release that wrote the file
 # Test knobs (seed 003's "fault knobs"), never set in a real run:
 # SIGKILL the process halfway through writing epoch N's checkpoint;
 FAULT_ENV = "HLOFORGE_FAULT_KILL_IN_CHECKPOINT"
@@ -76,6 +78,7 @@ def serialize(names: Sequence[str], tensors: Sequence[np.ndarray], meta: dict[st
     (safetensors keeps the metadata in a hash map, whose order changes from process to process)."""
     from safetensors.numpy import save
 
+    meta = {**meta, VERSION: hloforge_version()}  # this writer's, over one a re-saved checkpoint carried
     blob = save({n: np.ascontiguousarray(t) for n, t in zip(names, tensors, strict=True)},
                 metadata={"format": FORMAT, **{k: json.dumps(v) for k, v in meta.items()}})
     (n,) = struct.unpack("<Q", blob[:8])
@@ -398,7 +401,9 @@ def load_meta(path: str) -> dict[str, Any]:
         raise DataError(_unreadable(path, e)) from None
     if raw.get("format") != FORMAT:
         if str(raw.get("format")).startswith(FORMAT_FAMILY):  # another hloforge version's layout, not a foreign file
-            raise DataError(f"checkpoint {path} was written by another hloforge version (format {raw.get('format')!r}; "
+            recorded = raw.get(VERSION, "").strip('"')  # (a JSON string, as every value but format)
+            writer = f"hloforge {recorded}" if recorded else "another hloforge version"
+            raise DataError(f"checkpoint {path} was written by {writer} (format {raw.get('format')!r}; "
                             f"this one reads {FORMAT!r}); open it with the hloforge that wrote it")
         if "format" not in raw:  # a weights file: import-weights --out FILE.safetensors, an export, a state dict
             raise DataError(f"checkpoint {path} is a safetensors file without an hloforge checkpoint's metadata: a "

@@ -20,6 +20,7 @@ import attrs
 from hloforge.core.contracts import constructor_options
 from hloforge.core.errors import DataError, UnsupportedSpec
 from hloforge.core.regions import DEFAULT_REGION, check_region
+from hloforge.core.registry import hloforge_version
 from hloforge.core.spec import NetSpec
 from hloforge.core.variant import Variant, VariantFields
 from hloforge.train.configio import as_tuple, check_fields, toml_value
@@ -140,9 +141,11 @@ class TrainConfig(VariantFields):
         return named[last] if resume and last >= 0 and not os.path.isdir(after) else after
 
     def to_toml(self) -> str:
-        """The config as TOML that `load_config` reads back to an equal config (None: left out)."""
-        return "".join(f"{f.name} = {toml_value(getattr(self, f.name))}\n" for f in attrs.fields(TrainConfig)
-                       if getattr(self, f.name) is not None)
+        """The config as TOML that `load_config` reads back to an equal config (None: left out), under a
+        comment naming the hloforge release that wrote it."""
+        return f"# hloforge {hloforge_version()}\n" + "".join(
+            f"{f.name} = {toml_value(getattr(self, f.name))}\n" for f in attrs.fields(TrainConfig)
+            if getattr(self, f.name) is not None)
 
     def check(self, training: bool = False) -> None:
         """The options' own ranges and combinations; `training`: also what only a run that trains refuses (a
