@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -244,6 +245,21 @@ def test_hloforge_gate_collects_every_registered_case(third_party: tuple[Path, d
     # Without the option the plugin adds nothing.
     plain = _pytest(project, env, "--collect-only", "-q")
     assert "hloforge-gate" not in plain.stdout and "test_own.py::test_own" in plain.stdout
+
+
+def test_hloforge_gate_without_jax_names_the_missing_package_not_the_plugin(
+        third_party: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    """Before: each gate item failed as its plugin's fault (`layer 'fakeScale' (dist 'hloforge-fake') failed
+    ...: ModuleNotFoundError`); now as the install's: the package and the extra that brings it."""
+    project, env = third_party
+    (tmp_path / "jax").mkdir()  # ahead on the path: `import jax` fails as where it is not installed
+    (tmp_path / "jax" / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'jax'\", name='jax')\n")
+    env = {**env, "PYTHONPATH": os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])}
+    proc = _pytest(project, env, "--hloforge-gate", "-q", "-k", "fakeScale and not Bad")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "1 failed" in out, out
+    assert "need jax (not importable here); pip install 'hloforge[gate]'" in out, out
+    assert "failed on" not in out and "Traceback" not in out, out
 
 
 def test_hloforge_gate_runs_and_reports_third_party_failures(third_party: tuple[Path, dict[str, str]]) -> None:

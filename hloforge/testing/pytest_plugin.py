@@ -71,6 +71,9 @@ class GateItem(pytest.Item):
         self.extra_keyword_matches.update({case.kind, case.name, case.distribution})
 
     def runtest(self) -> None:
+        from hloforge.testing.gate import require_oracles
+
+        require_oracles([self.case])  # a missing jax or optax is this install's, no plugin's fault
         try:
             result = self.case.run()
         except Exception as e:  # the plugin's fault, said in one line (as `hloforge verify` says it)
@@ -94,7 +97,9 @@ class GateItem(pytest.Item):
                 gate.HEADER,
                 excinfo.value.result.row(),
             ])
-        if isinstance(excinfo.value, PluginFault):
+        from hloforge.core.errors import HloforgeError
+
+        if isinstance(excinfo.value, (PluginFault, HloforgeError)):
             return str(excinfo.value)
         return super().repr_failure(excinfo, style=style)
 
