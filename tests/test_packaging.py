@@ -8,7 +8,10 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tomllib
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ("hloforge", "tests", "docs", "examples", "scripts")  # what the wheel and the tests need
@@ -38,3 +41,15 @@ def test_the_sdist_holds_the_tests_whole_and_no_leftovers(tmp_path: Path) -> Non
         shipped = {n.split("/", 1)[1] for n in sdist.getnames() if "/" in n}
     assert sorted(wanted - shipped) == []
     assert sorted(set(LEFTOVERS) & shipped) == []
+
+
+@pytest.mark.parametrize("project", [ROOT, ROOT / "examples" / "hloforge-groupnorm"], ids=["hloforge", "example"])
+def test_the_build_requirement_reads_the_license_expression(project: Path) -> None:
+    """`license = "Apache-2.0"` (PEP 639) is refused by setuptools before 77 ("project.license must be valid
+    exactly by one definition"): a build without isolation on the setuptools 68-76 the build-system once
+    allowed failed before reading anything else."""
+    meta = tomllib.loads((project / "pyproject.toml").read_text())
+    assert isinstance(meta["project"]["license"], str)  # the SPDX expression form
+    [setuptools] = [r for r in meta["build-system"]["requires"] if r.startswith("setuptools")]
+    minimum = tuple(int(x) for x in setuptools.partition(">=")[2].split("."))
+    assert minimum >= (77,), setuptools
