@@ -31,10 +31,13 @@ from hloforge.commands.exits import DEBUG_ENV_VAR as DEBUG_ENV_VAR
 from hloforge.commands.exits import EXIT_BAD_INPUT as EXIT_BAD_INPUT
 from hloforge.commands.exits import EXIT_CODES as EXIT_CODES
 from hloforge.commands.exits import EXIT_FAILED as EXIT_FAILED
+from hloforge.commands.exits import EXIT_HANGUP as EXIT_HANGUP
 from hloforge.commands.exits import EXIT_INTERNAL as EXIT_INTERNAL
 from hloforge.commands.exits import EXIT_INTERRUPTED as EXIT_INTERRUPTED
 from hloforge.commands.exits import EXIT_OK as EXIT_OK
+from hloforge.commands.exits import EXIT_TERMINATED as EXIT_TERMINATED
 from hloforge.commands.exits import EXIT_USAGE as EXIT_USAGE
+from hloforge.commands.exits import Stopped, stop_on_signals
 from hloforge.commands.exits import debug_enabled as debug_enabled
 from hloforge.commands.exits import exit_codes_text as exit_codes_text
 from hloforge.commands.handlers import given as given
@@ -183,6 +186,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         supervise(sys.orig_argv[1:])
     try:
+        from hloforge.core.launcher import launched
+
+        if given_argv is None and launched()[1] == 1:  # the process's own; an MPI rank's: as its launcher has them
+            stop_on_signals()
         if argv[:1] == ["bench"]:  # bench parses its own options, -h included
             from hloforge import bench
 
@@ -202,16 +209,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             p.print_help(sys.stderr)
             return EXIT_USAGE
         rc = args.func(args)  # a command may return its exit status (verify: 1 on a failed gate)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        line = f"hloforge: stopped by {e}" if isinstance(e, Stopped) else "hloforge: interrupted"  # SIGTERM, SIGHUP
+
         def say() -> None:
-            print("hloforge: interrupted", file=sys.stderr)
+            with contextlib.suppress(OSError):  # SIGHUP: the terminal may be gone
+                print(line, file=sys.stderr)
 
         mpi = sys.modules.get("hloforge.train.mpi")  # under MPI: one line for the job (end_after_interrupt)
         if mpi is not None:
             mpi.end_after_interrupt(say)
         else:
             say()
-        return EXIT_INTERRUPTED
+        return 128 + e.signum if isinstance(e, Stopped) else EXIT_INTERRUPTED
     except (HloforgeError, OSError) as e:  # a refusal, or a file the user named that cannot be read or written
         said = f"hloforge: error: {_os_error_said(e) if isinstance(e, OSError) else e}\n"
         if not getattr(e, "quiet", False) and _said_across(argv, EXIT_BAD_INPUT, said, sys.stderr):

@@ -218,3 +218,29 @@ def test_a_kill_while_the_end_plot_is_drawn_is_finished_by_resume(tmp_path, monk
     assert sorted(os.listdir(tmp_path / "run")) == [".lock", "checkpoint.safetensors", "config.toml", "curves.png",
                                                     "eval_correct.npz", "metrics.jsonl"]
     assert read(tmp_path / "run" / "curves.png")[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------------------------ SIGTERM and SIGHUP
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_or_sighup_mid_checkpoint_stops_the_run_as_ctrl_c_does(signum, tmp_path):
+    """A scheduler's stop before its kill (SLURM, Kubernetes: SIGTERM) or a closed terminal (SIGHUP),
+    landing mid-write of epoch 2's checkpoint. Before, the process died at once: no line, status -n, the
+    temp file left beside the checkpoint, a compile worker or producer processes left running. Now as at
+    Ctrl-C: one line, exit 128 + n, no temp file, and --resume goes on from epoch 1's checkpoint."""
+    trace = str(tmp_path / "trace")
+    proc = subprocess.Popen(train_argv("xla", "--net", "mnist-linear"), cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, ckpt.TRACE_ENV: trace, ckpt.SLOW_WRITE_ENV: "0.1"})
+    try:
+        assert crash_drill.wait_for(proc, trace, ("checkpoint", "2"), time.monotonic() + TIMEOUT), \
+            proc.communicate()[1]
+        proc.send_signal(signum)
+        err = proc.communicate(timeout=TIMEOUT)[1]
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signum, err
+    assert error_lines(err) == [f"hloforge: stopped by {signal.Signals(signum).name}"]
+    assert not [n for n in os.listdir(tmp_path / "run") if n.endswith(ckpt.TMP_SUFFIX)]
+    r = subprocess.run(train_argv("xla", "--resume", epochs=2), cwd=tmp_path, capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    assert r.returncode == 0 and "resumed after epoch 1" in r.stdout, r.stderr
