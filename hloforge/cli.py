@@ -35,6 +35,7 @@ from hloforge.commands.exits import EXIT_HANGUP as EXIT_HANGUP
 from hloforge.commands.exits import EXIT_INTERNAL as EXIT_INTERNAL
 from hloforge.commands.exits import EXIT_INTERRUPTED as EXIT_INTERRUPTED
 from hloforge.commands.exits import EXIT_OK as EXIT_OK
+from hloforge.commands.exits import EXIT_OUTPUT_GONE as EXIT_OUTPUT_GONE
 from hloforge.commands.exits import EXIT_TERMINATED as EXIT_TERMINATED
 from hloforge.commands.exits import EXIT_USAGE as EXIT_USAGE
 from hloforge.commands.exits import Stopped, stop_on_signals
@@ -169,6 +170,19 @@ def _os_error_said(e: OSError) -> str:
     return f"{where}: {what}"
 
 
+def _output_reader_gone() -> bool:
+    """Whether standard output is a pipe whose reader closed it (`hloforge ... | head -1`): poll says POLLERR
+    on such a pipe's writing end."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no stdout, or none with a file descriptor
+        return False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The command; returns its exit status (EXIT_CODES), --help's and a usage error's included."""
     try:  # first: a value it does not know is refused before any work (an MPI rank's worker included)
@@ -223,6 +237,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             say()
         return 128 + e.signum if isinstance(e, Stopped) else EXIT_INTERRUPTED
     except (HloforgeError, OSError) as e:  # a refusal, or a file the user named that cannot be read or written
+        if isinstance(e, BrokenPipeError) and _output_reader_gone():  # nobody reads on: nothing to say, to nobody
+            with contextlib.suppress(OSError):  # the exit's flush of what is left in the buffer goes nowhere
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            _end_mpi_run(e, EXIT_OUTPUT_GONE)
+            return EXIT_OUTPUT_GONE
         said = f"hloforge: error: {_os_error_said(e) if isinstance(e, OSError) else e}\n"
         if not getattr(e, "quiet", False) and _said_across(argv, EXIT_BAD_INPUT, said, sys.stderr):
             return EXIT_BAD_INPUT  # (HLOFORGE_DEBUG's traceback: a rank's own, run alone)

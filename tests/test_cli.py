@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from hloforge.backends.xla import default_client
-from hloforge.cli import EXIT_CODES, main, parser
+from hloforge.cli import EXIT_CODES, EXIT_OUTPUT_GONE, main, parser
 from hloforge.commands import options
 from hloforge.core.variant import Variant
 from hloforge.train.trainer import TrainConfig
@@ -319,6 +319,22 @@ def test_interrupt_is_one_line_and_exit_130(capsys, monkeypatch):
     monkeypatch.setattr(options, "_plugins", interrupted)
     assert main(["plugins"]) == 130
     assert capsys.readouterr().err.strip() == "hloforge: interrupted"
+
+
+def test_output_piped_into_a_reader_that_went_away_ends_quietly():
+    """`hloforge ... | head -1`: head exits after its line. Before, the next write's broken pipe was an error,
+    'hloforge: error: a file: broken pipe', exit 3; now nothing is said (nobody reads on) and the exit is
+    141, a command that SIGPIPE ended."""
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader gone before the first line
+    try:
+        r = subprocess.run([sys.executable, "-m", "hloforge", "plugins"], stdout=write_end, stderr=subprocess.PIPE,
+                           text=True, timeout=300)
+    finally:
+        os.close(write_end)
+    assert (r.returncode, r.stderr) == (EXIT_OUTPUT_GONE, "")
 
 
 def test_a_file_that_cannot_be_written_is_bad_input(tmp_path, capsys):

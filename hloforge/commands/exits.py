@@ -11,6 +11,7 @@ from hloforge.core.switches import env_switch
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 # a stop signal's: 128 + its number, the status a shell gives a process that signal ended
 EXIT_HANGUP, EXIT_TERMINATED = 128 + signal.SIGHUP, 128 + signal.SIGTERM
+EXIT_OUTPUT_GONE = 128 + signal.SIGPIPE  # as a command that SIGPIPE ended (Python ignores it: BrokenPipeError)
 EXIT_CODES = {
     EXIT_OK: "ok",
     EXIT_FAILED: "a check ran and failed (verify: a plugin failed its gate)",
@@ -22,6 +23,7 @@ EXIT_CODES = {
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
     EXIT_HANGUP: "stopped by SIGHUP (its terminal closed), as at Ctrl-C",
     EXIT_TERMINATED: "stopped by SIGTERM (kill, or a scheduler's stop: SLURM, Kubernetes), as at Ctrl-C",
+    EXIT_OUTPUT_GONE: "its output's reader went away (`| head -1`): stopped as at Ctrl-C, saying nothing",
 }
 DEBUG_ENV_VAR = "HLOFORGE_DEBUG"
 
