@@ -301,6 +301,15 @@ def test_a_hit_keeps_the_plugins_harmless_load_log_off_stderr(cache, capfd):
     assert capfd.readouterr().err == "keep this\n"
 
 
+def test_a_hit_loads_in_a_process_without_sys_stderr(cache, monkeypatch):
+    """sys.stderr is None where Python started without file descriptor 2 (pythonw, a service, `2>&-`).
+    Before, every cache hit failed on its flush ('NoneType' object has no attribute 'flush': an internal
+    error of `hloforge train 2>&-` once the cache held its step); now it loads."""
+    XlaBackend().compile(STEP)
+    monkeypatch.setattr(sys, "stderr", None)
+    assert XlaBackend().compile(STEP).cache_hit
+
+
 def test_the_serialization_structs_are_the_headers():
     """PJRT_STRUCT_SIZE at header minor 94 (pjrt_c_api.h): what the plugin checks struct_size against."""
     from hloforge.backends.xla.pjrt.c_api import _struct_size

@@ -236,7 +236,8 @@ def stderr_without(drop: re.Pattern[bytes]) -> Iterator[None]:
 
 
 def _stderr_without(drop: re.Pattern[bytes]) -> Iterator[None]:
-    sys.stderr.flush()
+    if sys.stderr is not None:  # None: a process started without one (pythonw, a service; `2>&-`)
+        sys.stderr.flush()
     try:
         saved = os.dup(2)
     except OSError:  # no stderr to capture
