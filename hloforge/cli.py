@@ -183,8 +183,24 @@ def _output_reader_gone() -> bool:
         return False
 
 
+def _closed_std_streams_on_devnull() -> None:
+    """Standard input, output or error closed when the command started (`2>&-`, a daemon's) opened on
+    /dev/null: Python leaves sys.stderr None, so the progress bar failed writing to it and each error line
+    went to stdout; and the next file opened (a run's lock, its metrics log) took descriptor 2, where the
+    XLA plugin's log lines would land."""
+    for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)  # the lowest free descriptor: this one (those below it are open by now)
+            if getattr(sys, name) is None:
+                setattr(sys, name, os.fdopen(fd, "r" if fd == 0 else "w", closefd=False))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The command; returns its exit status (EXIT_CODES), --help's and a usage error's included."""
+    if argv is None:
+        _closed_std_streams_on_devnull()
     try:  # first: a value it does not know is refused before any work (an MPI rank's worker included)
         debug = debug_enabled()
     except HloforgeError as e:

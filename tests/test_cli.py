@@ -337,6 +337,20 @@ def test_output_piped_into_a_reader_that_went_away_ends_quietly():
     assert (r.returncode, r.stderr) == (EXIT_OUTPUT_GONE, "")
 
 
+def test_a_command_started_with_stderr_closed_trains_and_keeps_its_errors_off_stdout(tmp_path):
+    """`hloforge train 2>&-` (a daemon's, a cron job's): Python leaves sys.stderr None. Before, the progress bar
+    failed writing to it (an internal error after the compile, no epoch trained) and every error line went to
+    stdout; now standard error is /dev/null: the run trains, and an error is said nowhere, not on stdout."""
+    def without_stderr(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["sh", "-c", 'exec "$@" 2>&-', "sh", sys.executable, "-m", "hloforge", *args],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+    r = without_stderr("train", "mnist-linear", "--epochs", "1", "--run-dir", "run")
+    assert r.returncode == 0 and "epoch 1/1" in r.stdout, r.stdout
+    r = without_stderr("eval", "no-such-run")
+    assert (r.returncode, r.stdout) == (3, "")
+
+
 def test_a_file_that_cannot_be_written_is_bad_input(tmp_path, capsys):
     (tmp_path / "f").write_text("")  # --out is a file: the directory cannot be made
     assert main(["render", "mnist-linear", "--out", str(tmp_path / "f" / "o"), "--batch", "1"]) == 3
