@@ -201,6 +201,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The command; returns its exit status (EXIT_CODES), --help's and a usage error's included."""
     if argv is None:
         _closed_std_streams_on_devnull()
+        with contextlib.suppress(AttributeError, ValueError):  # a stdout that is no text stream of Python's
+            # each line into a log file as it is said (nohup, SLURM: `tail -f` shows the epochs; a kill -9 loses
+            # none), not in 8 KB blocks, the last of them at the exit
+            sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     try:  # first: a value it does not know is refused before any work (an MPI rank's worker included)
         debug = debug_enabled()
     except HloforgeError as e:

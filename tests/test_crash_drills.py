@@ -244,3 +244,21 @@ def test_sigterm_or_sighup_mid_checkpoint_stops_the_run_as_ctrl_c_does(signum, t
     r = subprocess.run(train_argv("xla", "--resume", epochs=2), cwd=tmp_path, capture_output=True, text=True,
                        timeout=TIMEOUT)
     assert r.returncode == 0 and "resumed after epoch 1" in r.stdout, r.stderr
+
+
+def test_the_epoch_lines_reach_a_log_file_as_they_are_said(tmp_path):
+    """`nohup hloforge train > train.log` (SLURM's output file too): stdout is a file, which Python writes in
+    8 KB blocks. Before, `tail -f` showed no epoch until the run ended, and a kill -9 (the out-of-memory
+    killer, a scheduler's kill after its SIGTERM) lost every line; now each line is written as it is said."""
+    trace, log = str(tmp_path / "trace"), tmp_path / "train.log"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    with open(log, "w") as out:
+        proc = subprocess.Popen(train_argv("xla", "--net", "mnist-linear"), cwd=tmp_path, stdout=out,
+                                stderr=subprocess.PIPE, env={**env, ckpt.TRACE_ENV: trace})
+        try:
+            assert crash_drill.wait_for(proc, trace, ("checkpoint", "2"), time.monotonic() + TIMEOUT), \
+                proc.communicate()[1]
+        finally:
+            proc.kill()
+            proc.wait(TIMEOUT)
+    assert "\nepoch 1/3 " in log.read_text()
