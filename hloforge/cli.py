@@ -197,6 +197,19 @@ def _closed_std_streams_on_devnull() -> None:
                 setattr(sys, name, os.fdopen(fd, "r" if fd == 0 else "w", closefd=False))
 
 
+def _check_working_directory() -> None:
+    """Refuse a working directory deleted since the shell entered it (a checkout or a build that removed it):
+    every relative path would fail somewhere later and be blamed on it (numpy's loadtxt asks for the working
+    directory: 'reinstall scikit-learn')."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        where = os.environ.get("PWD", "")
+        raise HloforgeError(f"the working directory {where + ' ' if where else ''}no longer exists (deleted or moved "
+                            "since the shell entered it); expected an existing one: cd to it again if it was made "
+                            "anew, or to another") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The command; returns its exit status (EXIT_CODES), --help's and a usage error's included."""
     if argv is None:
@@ -224,6 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if given_argv is None and launched()[1] == 1:  # the process's own; an MPI rank's: as its launcher has them
             stop_on_signals()
+        _check_working_directory()
         if argv[:1] == ["bench"]:  # bench parses its own options, -h included
             from hloforge import bench
 

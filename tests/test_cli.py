@@ -351,6 +351,17 @@ def test_a_command_started_with_stderr_closed_trains_and_keeps_its_errors_off_st
     assert (r.returncode, r.stdout) == (3, "")
 
 
+def test_a_working_directory_deleted_under_the_shell_is_named(tmp_path):
+    """A shell left in a directory that was deleted (a checkout, a build's clean). Before, numpy's loadtxt
+    asking for it failed reading the digits, said as 'scikit-learn's digits file ... cannot be read;
+    reinstall scikit-learn'; now the working directory is named."""
+    r = subprocess.run(["sh", "-c", 'mkdir gone && cd gone && rmdir ../gone && exec "$@"', "sh", sys.executable,
+                        "-m", "hloforge", "train", "mnist-linear", "--epochs", "1", "--run-dir", str(tmp_path / "run")],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 3 and r.stderr.startswith("hloforge: error: the working directory "), r.stderr
+    assert len(r.stderr.splitlines()) == 1 and "gone no longer exists" in r.stderr, r.stderr
+
+
 def test_a_file_that_cannot_be_written_is_bad_input(tmp_path, capsys):
     (tmp_path / "f").write_text("")  # --out is a file: the directory cannot be made
     assert main(["render", "mnist-linear", "--out", str(tmp_path / "f" / "o"), "--batch", "1"]) == 3
