@@ -58,6 +58,17 @@ def test_an_interrupted_write_leaves_no_temp_file(tmp_path, monkeypatch) -> None
     assert os.listdir(tmp_path) == ["checkpoint.safetensors"] and open(path, "rb").read() == b"old"
 
 
+def test_a_verbose_fit_in_a_process_without_sys_stderr_trains(monkeypatch) -> None:
+    """sys.stderr is None in a script started without file descriptor 2 (`python fit.py 2>&-`, a daemon's).
+    Before, fit's progress bar failed writing to it (AttributeError: 'NoneType' object has no attribute
+    'write'); now there is no bar, and the epoch is trained."""
+    x, y = np.zeros((64, 784), np.float32), np.zeros(64, np.int32)
+    m = hf.Model("mnist-linear")
+    monkeypatch.setattr("sys.stderr", None)
+    m.fit(x, y, epochs=1, batch_size=32, verbose=True)
+    assert [h["epoch"] for h in m.history] == [1]
+
+
 def test_a_csv_that_cannot_be_written_any_more_is_one_line(tmp_path) -> None:
     log = hf.CSVLogger(str(tmp_path / "logs" / "log.csv"))
     (tmp_path / "logs").write_text("a file where its folder was")  # made after the check, as a full disk is

@@ -605,7 +605,7 @@ class Run:
         return [*theta, *(self.backend.to_device(r) for r in running)]
 
     def _bar(self, epoch: int) -> Any:
-        if not self.progress:
+        if not self.progress or sys.stderr is None:  # None: started without one (`python fit.py 2>&-`)
             return None
         from tqdm.auto import tqdm  # a notebook's widget, a terminal's bar
 
