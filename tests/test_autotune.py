@@ -159,6 +159,20 @@ def test_a_damaged_cache_entry_warns_and_is_timed_again(xla: object, tmp_path: P
     assert entry["choice"] == "conv2d=nchw"
 
 
+def test_an_unwritable_cache_warns_once_and_the_tuning_goes_on(xla: object, tmp_path: Path) -> None:
+    """A cache directory that cannot be made (here under a file; a read-only home, a container's HOME=/).
+    Before, every layer's read warned its entry 'damaged' and the first write ended `hloforge train
+    --autotune` with the directory's error, every candidate timed for nothing; now one warning, and the
+    decisions stand, not kept."""
+    (tmp_path / "file").write_text("")
+    where = tmp_path / "file" / "autotune"
+    with pytest.warns(AutotuneCacheWarning) as said:
+        res = autotune.tune(NET, BATCH, xla, cache_dir=where, prepare=slow_when("conv2d", "nchw"))
+    assert conv_choices(res) == ["nhwc"] * 3
+    assert [str(w.message) for w in said] == [f"autotune cache: cannot write to {where} (Not a directory); decisions "
+                                              "are not cached ($HLOFORGE_CACHE_DIR names a writable directory)"]
+
+
 def test_a_plan_the_whole_net_does_not_confirm_is_dropped(xla: object, tmp_path: Path) -> None:
     """Every layer alone runs faster in NHWC, the whole net does not: the defaults stay, the
     decisions are reported, nothing is recorded for a replay, and the verdict is cached."""

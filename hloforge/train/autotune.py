@@ -51,8 +51,8 @@ from typing import Any
 import attrs
 import numpy as np
 
-from hloforge.backends.base import backend_fingerprint, cache_root, parse_main_signature
-from hloforge.backends.disk_cache import write_atomic
+from hloforge.backends.base import CACHE_ENV_VAR, backend_fingerprint, cache_root, parse_main_signature
+from hloforge.backends.disk_cache import first_unwritable, write_atomic
 from hloforge.core import strategy
 from hloforge.core.errors import BackendError, HloforgeWarning, UnsupportedSpec
 from hloforge.core.modules import vjp_module
@@ -73,7 +73,8 @@ DEFAULTS: Choices = (("plan", "defaults"),)
 
 
 class AutotuneCacheWarning(HloforgeWarning):
-    """A cache entry was unreadable or did not match its key; the layer was timed again."""
+    """A cache entry was unreadable or did not match its key (the layer was timed again), or the cache
+    could not be written (the decisions stand, not kept)."""
 
 
 class AutotuneCandidateWarning(HloforgeWarning):
@@ -288,7 +289,7 @@ def read_entry(path: Path, key: Mapping[str, Any],
     and counts as a miss."""
     try:
         text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no entry (or no directory) there: a miss, not damage
         return None
     except OSError as e:
         why = f"cannot read it ({e.strerror or e})"
@@ -419,7 +420,13 @@ def _decide(what: str, key: Mapping[str, Any], cands: Sequence[Candidate], where
     if hit is not None:
         return hit[0], hit[1], "cached"
     times, winner = _time_all(what, cands, ready, reps)
-    write_entry(path, key, winner, times)
+    try:
+        write_entry(path, key, winner, times)
+    except OSError as e:  # an unwritable cache (a read-only home): the run goes on, said once
+        why = first_unwritable(where, e)
+        if why is not None:
+            warnings.warn(AutotuneCacheWarning(f"autotune cache: cannot write to {where} ({why}); decisions are not "
+                                               f"cached (${CACHE_ENV_VAR} names a writable directory)"), stacklevel=3)
     return winner, times, "timed"
 
 
