@@ -210,7 +210,9 @@ class Model:
         out = self.spec.out_shape
         y_shape, y_dtype = label_type(self.variant.label_loss(default_registry()), out, "f32")
         lowest = IGNORE if scored and self._label_kind() == "tokens" else 0
-        return xa, checked_labels(y, (n, *y_shape), y_dtype, label_classes(y_dtype, y_shape, out), what, lowest)
+        ya = checked_labels(y, (n, *y_shape), y_dtype, label_classes(y_dtype, y_shape, out), what, lowest)
+        arraydata.check_next_tokens(self._label_kind(), xa, ya, what)
+        return xa, ya
 
     # ------------------------------------------------------------------ training
     def _run(self, data: Any, batch: int, epochs: int = 1, shuffle: bool = True, verbose: bool = False,

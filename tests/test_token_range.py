@@ -89,6 +89,22 @@ def test_a_models_predict_and_fit_refuse_them():
         m.fit(xb, np.zeros((2, T), np.int64), batch_size=2, epochs=1)
 
 
+def test_labels_that_are_x_itself_are_refused_before_the_compile(monkeypatch):
+    """Hugging Face's labels=input_ids (the model shifts them there): here the net shifts nothing, so y == x
+    trained a copy of the input, its bits_per_char a plausible low number."""
+    import hloforge.api as api
+
+    monkeypatch.setattr(api, "TrainSession", None)  # compiling would call it: refused before
+    w = np.random.default_rng(0).integers(0, VOCAB, (8, T + 1))
+    m = hf.Model(toy())
+    said = r"labels equal x token for token; expected each position's next token .* x = w\[:, :-1\] and y = w\[:, 1:\]$"
+    with pytest.raises(DataError, match="^fit " + said):
+        m.fit(w[:, :-1], w[:, :-1], batch_size=4, epochs=1, verbose=False)
+    with pytest.raises(DataError, match="^evaluate " + said):
+        m.evaluate(w[:, :-1].astype(np.float32), w[:, :-1])
+    assert m._step == 0
+
+
 def test_a_language_model_of_another_vocabulary_than_its_text_names_the_classes_that_fit(tmp_path, capsys):
     """The language models' check says what to pass, as the classifiers' does (tasks.classes_mismatch)."""
     from hloforge.cli import main

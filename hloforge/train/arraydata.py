@@ -99,6 +99,15 @@ def dataset_named(x: Any, data: str | None, data_options: Any, what: str) -> tup
     return x, data
 
 
+def check_next_tokens(kind: str, x: np.ndarray, y: np.ndarray, what: str) -> None:
+    """Refuse a language model's labels that are x itself (Hugging Face's `labels=input_ids`, where the model
+    shifts them): hloforge's nets take each position's next token as its label and shift nothing, so y == x
+    trains copying the input, with a plausible low loss and bits_per_char."""
+    if kind == "tokens" and x.shape == y.shape and np.array_equal(x, y):
+        raise DataError(f"{what} labels equal x token for token; expected each position's next token (the net "
+                        "shifts nothing): from windows w one token longer, x = w[:, :-1] and y = w[:, 1:]")
+
+
 def refuse_ddpm_arrays(spec: NetSpec, what: str) -> None:
     """A DDPM is fit and scored on a registered dataset's images (its feed makes the noisy images and their
     noise, and adds the time channel): arrays for it were refused with contradictory shapes."""
