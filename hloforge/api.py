@@ -246,6 +246,7 @@ class Model:
         arraydata.check_input_kind(self._inputs, given, xa, "fit", otherwise="build a new Model to train on x of "
                                    "this kind")
         self._fit_inputs = arraydata.input_kind(given, xa, self.spec)  # the model's once an epoch of it is kept
+        arraydata.warn_unscaled(self._fit_inputs, self._inputs)  # a first fit on pixels 0…255 is said
         if validation_data is not None:
             if not (isinstance(validation_data, (tuple, list)) and len(validation_data) == 2):
                 raise DataError("validation_data must be a pair (x, y)")

@@ -6,6 +6,7 @@ prefixed file (the own-data fuzz's findings 6, 8, 11 and 12)."""
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from safetensors.numpy import load_file, save_file
 
 import hloforge as hf
 from hloforge.cli import EXIT_BAD_INPUT, main
-from hloforge.core.errors import DataError
+from hloforge.core.errors import DataError, HloforgeWarning
 from hloforge.train import arraydata, finetune
 from hloforge.train.config import CHECKPOINT
 from hloforge.train.trainer import Run, TrainConfig
@@ -278,3 +279,18 @@ def test_hloforge_eval_refuses_an_older_save_of_a_pixel_model_naming_a_standardi
     err = capsys.readouterr().err
     assert "scoring it on dataset 'digits': its x is real numbers" in err and "trained on integers (uint8" in err
     assert "top-1" not in err
+
+
+def test_a_first_fit_on_pixels_0_to_255_says_they_train_unscaled() -> None:
+    """Before: uint8 pixels trained as they were without a word (mnist-mlp on digits: 95.8% top-1, not 98.6%)."""
+    x, y = standardised()
+    m = hf.Model(tiny_net(), seed=0)
+    with pytest.warns(HloforgeWarning, match=r"^fit x is integers \(uint8 in 0 … 255\), trained on unscaled: .* "
+                                             r"x\.astype\(np\.float32\) / 255, then standardised$") as said:
+        m.fit(pixels(), y, epochs=1, batch_size=16, verbose=False)
+    assert len(said) == 1 and said[0].filename == __file__  # the user's own line
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once, and never of scaled, standardised or 0/1 x
+        m.fit(pixels(), y, epochs=1, batch_size=16, verbose=False)
+        for scaled in (x, pixels() / np.float32(255), (x > 0).astype(np.float32)):
+            hf.Model(tiny_net(), seed=0).fit(scaled, y, epochs=1, batch_size=16, verbose=False)

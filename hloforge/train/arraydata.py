@@ -10,13 +10,14 @@ score) is refused by evaluate and predict rather than scored."""
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import attrs
 import numpy as np
 
-from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
+from hloforge.core.errors import DataError, HloforgeError, HloforgeWarning, UnsupportedSpec
 from hloforge.core.modules import label_type
 from hloforge.core.registry import default_registry
 from hloforge.core.spec import NetSpec
@@ -310,6 +311,19 @@ def input_kind(given: np.ndarray, x: np.ndarray, spec: NetSpec) -> InputKind | N
         return None
     integer = given.dtype.kind in "iu"
     return InputKind(integer, integer or _all_whole(x), given.dtype.name, float(x.min()), float(x.max()))
+
+
+def warn_unscaled(given: InputKind | None, trained: InputKind | None) -> None:
+    """Say that a first fit's x (`given`; `trained` None: the model has no kind yet) of whole numbers past 0…1,
+    pixels 0…255 or counts, trains as it is: arrays are not scaled, as hloforge's datasets scale their images,
+    and a net is initialised for x of about unit scale (mnist-mlp on digits as uint8: 95.8% top-1, 98.6%
+    standardised). A warning, not a refusal: a net may scale its input itself."""
+    if trained is None and given is not None and given.whole and given.hi is not None and given.lo is not None \
+            and given.hi - given.lo > 1:
+        warnings.warn(HloforgeWarning(f"fit x is {given.said()}, trained on unscaled: arrays are taken as they are "
+                                      "(hloforge's datasets scale and standardise their images); a net trains best "
+                                      "on x of about unit scale, e.g. pixels as x.astype(np.float32) / 255, then "
+                                      "standardised"), stacklevel=5)  # the user's fit call
 
 
 def dataset_inputs(name: str, spec: NetSpec) -> InputKind | None:
