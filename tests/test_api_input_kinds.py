@@ -215,6 +215,21 @@ def test_flat_rows_and_unflattened_images_get_the_reshape_that_fixes_them() -> N
         image.predict(np.zeros((5, 64), np.float32))
 
 
+def test_flat_colour_images_get_both_reshapes_not_one_that_scrambles_hwc_rows() -> None:
+    """Before: 'x.reshape(len(x), 3, 4, 4) gives the net's' alone, which reads rows flattened from HWC images
+    (PIL's, TensorFlow's) as CHW: every image scrambled, trained on without a word."""
+    colour = hf.Model(hf.NetSpec("kinds-colour", (3, 4, 4), [hf.layers.Flatten(), Dense(2)], 2))
+    images = np.random.default_rng(0).random((5, 4, 4, 3)).astype(np.float32)  # HWC, as PIL gives them
+    with pytest.raises(DataError) as e:
+        colour.predict(images.reshape(5, -1))
+    assert one_line(e) == ("predict x has shape [5, 48], expected [N, 3, 4, 4] (flat images; x.reshape(len(x), 3, 4, "
+                           "4) gives the net's if each row holds its channels one after another (CHW), x.reshape("
+                           "len(x), 4, 4, 3).transpose(0, 3, 1, 2) if each pixel's channels side by side (HWC: PIL, "
+                           "TensorFlow))")
+    x = images.reshape(5, -1)
+    assert np.array_equal(x.reshape(len(x), 4, 4, 3).transpose(0, 3, 1, 2), images.transpose(0, 3, 1, 2))
+
+
 def test_images_without_their_channel_axis_or_of_another_size_get_the_hint_that_fits() -> None:
     m = hf.Model(hf.NetSpec("kinds-grey", (1, 8, 8), [hf.layers.Flatten(), Dense(2)], 2))
     with pytest.raises(DataError) as e:

@@ -248,7 +248,12 @@ def _shape_hint(got: tuple[int, ...], want: tuple[int, ...]) -> str:
         return f"rows without the net's leading axis of {want[0]}; {fix}"
     # flat rows for an image net, or images for a net of flat rows: [N, 28, 28] for [784], [N, 784] for [1, 28, 28]
     if len(got) > 1 and (len(want) == 1 or len(got) == 2) and math.prod(got[1:]) == math.prod(want):
-        return f"rows of the same size in another shape; x.reshape(len(x), {', '.join(map(str, want))}) gives the net's"
+        fix = f"x.reshape(len(x), {', '.join(map(str, want))})"
+        if len(got) == 2 and len(want) == 3 and want[0] > 1:  # the reshape alone would scramble HWC rows' pixels
+            hwc = f"x.reshape(len(x), {want[1]}, {want[2]}, {want[0]}).transpose(0, 3, 1, 2)"
+            return (f"flat images; {fix} gives the net's if each row holds its channels one after another (CHW), "
+                    f"{hwc} if each pixel's channels side by side (HWC: PIL, TensorFlow)")
+        return f"rows of the same size in another shape; {fix} gives the net's"
     if len(want) == 3 and len(got) == 4:
         if got[1] != want[0] and tuple(got[2:]) == want[1:]:
             return f"images with {got[1]} channels; the net takes {want[0]}"
