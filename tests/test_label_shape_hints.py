@@ -39,3 +39,23 @@ def test_rows_of_another_width_get_no_hint() -> None:
     x = rng.standard_normal((64, 8)).astype(np.float32)
     with pytest.raises(DataError, match=r"fit labels have shape \[64, 5\], expected \[64\]$"):
         hf.Model(NET).fit(x, np.eye(5)[rng.integers(0, 5, 64)], epochs=1, batch_size=16, verbose=False)
+
+
+SEG = hf.NetSpec("tiny-seg", (3, 4, 4), [hf.layers.Conv2d(3, k=1)], 3)  # per-pixel logits [3, 4, 4]
+
+
+@pytest.mark.parametrize("form,said,fixed", [
+    (lambda m: m[:, None], "(an axis of 1 at 1: y.squeeze(1) drops it)", lambda y: y.squeeze(1)),
+    (lambda m: np.eye(3, dtype=np.float32)[m].transpose(0, 3, 1, 2),
+     "(one-hot rows of the 3 classes? y.argmax(1) gives the ids)", lambda y: y.argmax(1)),
+])
+def test_masks_with_a_channel_axis_say_how_to_get_the_ids(form, said, fixed) -> None:
+    """Masks as torch's loaders give them ([N, 1, H, W]) or one-hot channels first ([N, C, H, W]); before, 'fit
+    labels have shape [8, 1, 4, 4], expected [8, 4, 4]' and no more."""
+    rng = np.random.default_rng(0)
+    x, masks = rng.standard_normal((8, 3, 4, 4)).astype(np.float32), rng.integers(0, 3, (8, 4, 4))
+    model = hf.Model(SEG)
+    with pytest.raises(DataError) as e:
+        model.fit(x, form(masks), epochs=1, batch_size=4, verbose=False)
+    assert str(e.value) == f"fit labels have shape [8, {form(masks).shape[1]}, 4, 4], expected [8, 4, 4] {said}"
+    assert np.array_equal(fixed(form(masks)), masks)  # what the line says to do gives the masks back

@@ -229,12 +229,18 @@ def checked_labels(y: Any, shape: Sequence[int], y_dtype: str, classes: int | No
     trains on a plausible wrong loss; `lowest` −1: a language model's scored padding), or not finite."""
     y = np.asarray(host_array(y))
     if tuple(y.shape) != tuple(shape):
-        # one-hot (or probability) rows where class ids are taken: say how to get the ids
-        onehot = (y_dtype == "i32" and classes is not None and tuple(y.shape) == (*shape, classes)
-                  and y.dtype.kind in "fiub")
-        hint = f" (one-hot rows of the {classes} classes? y.argmax({len(shape)}) gives the ids)" if onehot else ""
+        # the axis y has beyond the labels' shape (masks [N, 1, H, W] or one-hot [N, C, H, W] for [N, H, W]), if one:
+        # never the batch's, the last where several fit (one-hot [4, 4] rows of 4 classes: axis 1)
+        extra = next((i for i in reversed(range(1, y.ndim)) if y.shape[:i] + y.shape[i + 1:] == tuple(shape)), None)
+        hint = ""
+        # one-hot (or probability) rows where class ids are taken, on any axis: say how to get the ids
+        if (extra is not None and y_dtype == "i32" and classes is not None and y.shape[extra] == classes
+                and y.dtype.kind in "fiub"):
+            hint = f" (one-hot rows of the {classes} classes? y.argmax({extra}) gives the ids)"
         if tuple(y.shape) == (*shape, 1):  # a column vector, as sklearn and pandas often hand labels
             hint = " (a trailing axis of 1: y[..., 0] drops it)"
+        elif extra is not None and y.shape[extra] == 1:  # masks with a channel axis, as torch's loaders give them
+            hint = f" (an axis of 1 at {extra}: y.squeeze({extra}) drops it)"
         raise DataError(f"{what} labels have shape {list(y.shape)}, expected {list(shape)}{hint}")
     if y_dtype == "i32":
         if y.dtype.kind not in "iu":
