@@ -97,6 +97,23 @@ def test_prepare_imagenette_says_one_skipped_image_in_the_singular(tmp_path, cap
            f"{src}/train/cat/c.webp" in capsys.readouterr().out.splitlines()
 
 
+def test_training_on_the_jpeg_folders_themselves_says_to_prepare_them(tmp_path, capsys) -> None:
+    """--data-dir at a user's own SRC/{train,val}/<class> folders: before, 'SRC/val.bin not found' and no more."""
+    src = tmp_path / "src"
+    _tree(src)
+    train = ["train", "resnet-mini", "--classes", "2", "--input", f"3,{VAL},{VAL}", "--data", "imagenette",
+             "--data-opt", f"train_size={TRAIN}", "--data-opt", f"crop={VAL}", "--epochs", "1", "--batch", "2",
+             "--no-progress", "--run-dir", str(tmp_path / "run")]
+    assert main([*train, "--data-dir", str(src)]) == EXIT_BAD_INPUT
+    assert _one_line(capsys) == (f"hloforge: error: {src}/val.bin not found: {src} holds the class folders themselves "
+                                 "(train/, val/); expected the binaries `hloforge prepare imagenette SRC OUT` writes "
+                                 "from SRC/train/<class>/*.JPEG and SRC/val/<class>/*.JPEG, then --data-dir OUT")
+    assert not (tmp_path / "run").exists()
+    assert _prepare(src, tmp_path / "out") == EXIT_OK
+    capsys.readouterr()
+    assert main([*train, "--data-dir", str(tmp_path / "out")]) == EXIT_OK  # what the line says to do trains
+
+
 # ------------------------------------------------------------------ 2. prepare yolo
 def _yolo(src, label_splits=("train", "val")) -> None:
     for split in ("train", "val"):

@@ -156,7 +156,13 @@ class Imagenette(RecordDataset):
         return self.train_size if split == "train" else self.crop
 
     def _load(self, split: str) -> tuple[np.ndarray, np.ndarray]:
-        return read_counted_images(os.path.join(self.data_dir, FILES[split]), self.side(split), self.num_classes,
+        path = os.path.join(self.data_dir, FILES[split])
+        if not os.path.isfile(path):  # a data_dir of JPEG class folders, the prepare step not yet taken
+            folders = all(os.path.isdir(os.path.join(self.data_dir, s)) for s in ("train", "val"))
+            held = f": {self.data_dir} holds the class folders themselves (train/, val/)" if folders else ""
+            raise DataError(f"{path} not found{held}; expected the binaries `hloforge prepare imagenette SRC OUT` "
+                            "writes from SRC/train/<class>/*.JPEG and SRC/val/<class>/*.JPEG, then --data-dir OUT")
+        return read_counted_images(path, self.side(split), self.num_classes,
                                    "train_size" if split == "train" else "crop", self._classes_from)
 
     def transform(self, split: str, augment: bool = False) -> Transform:
