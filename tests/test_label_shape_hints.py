@@ -59,3 +59,26 @@ def test_masks_with_a_channel_axis_say_how_to_get_the_ids(form, said, fixed) -> 
         model.fit(x, form(masks), epochs=1, batch_size=4, verbose=False)
     assert str(e.value) == f"fit labels have shape [8, {form(masks).shape[1]}, 4, 4], expected [8, 4, 4] {said}"
     assert np.array_equal(fixed(form(masks)), masks)  # what the line says to do gives the masks back
+
+
+@pytest.mark.parametrize("form,said", [
+    (lambda y: y.astype(np.float32), "have dtype float32, expected integer ids (int32) (whole numbers: "
+                                     "y.astype(np.int64) gives the ids)"),
+    (lambda y: np.array(["cat", "dog", "eel", "fox"])[y], "have dtype <U3, expected integer ids (int32) (class "
+                                                          "names? names, y = np.unique(y, return_inverse=True) "
+                                                          "numbers them in sorted order)"),
+    (lambda y: y + 1, "span 1..4, expected ids 0..3 (the net's 4 classes; counted from 1? y - 1 gives ids 0..3)"),
+])
+def test_ids_stored_as_floats_class_names_and_ids_counted_from_1_say_how_to_get_the_ids(form, said) -> None:
+    """Before: the dtype or the span alone ('fit labels span 1..4, expected ids 0..3 (the net's 4 classes)')."""
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((64, 8)).astype(np.float32), rng.integers(0, 4, 64)
+    y[:4] = np.arange(4)  # every class present
+    with pytest.raises(DataError) as e:
+        hf.Model(NET).fit(x, form(y), epochs=1, batch_size=16, verbose=False)
+    assert str(e.value) == f"fit labels {said}"
+    bools = (y > 1).astype(bool)
+    with pytest.raises(DataError, match=r"have dtype bool, expected integer ids \(int32\) \(y\.astype\(np\.int64\) "
+                                        r"gives ids 0 and 1\)$"):
+        hf.Model(NET).evaluate(x, bools)
+    assert np.array_equal(np.unique(np.array(["cat", "dog", "eel", "fox"])[y], return_inverse=True)[1], y)

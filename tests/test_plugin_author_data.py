@@ -229,7 +229,7 @@ def test_a_dataset_whose_train_labels_are_out_of_range_is_refused_before_the_com
     # once: refused at the first batch, after the compile, as "train batch labels span 1..3", naming no dataset
     assert main(train(tmp_path, "--data", "trainFromOne")) == 3
     assert refused(capsys) == (f"hloforge: error: dataset 'trainFromOne' {LABEL} train split labels span 1..3, "
-                               "expected ids 0..2 (the net's 3 classes)")
+                               "expected ids 0..2 (the net's 3 classes; counted from 1? y - 1 gives ids 0..2)")
 
 
 @pytest.mark.parametrize("workers", ["0", "1"])

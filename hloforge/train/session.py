@@ -244,10 +244,12 @@ def checked_labels(y: Any, shape: Sequence[int], y_dtype: str, classes: int | No
         raise DataError(f"{what} labels have shape {list(y.shape)}, expected {list(shape)}{hint}")
     if y_dtype == "i32":
         if y.dtype.kind not in "iu":
-            raise DataError(f"{what} labels have dtype {y.dtype}, expected integer ids (int32)")
+            raise DataError(f"{what} labels have dtype {y.dtype}, expected integer ids (int32){_ids_hint(y)}")
         if classes is not None and y.size and (y.min() < lowest or y.max() >= classes):
-            raise DataError(f"{what} labels span {int(y.min())}..{int(y.max())}, expected ids {lowest}..{classes - 1} "
-                            f"(the net's {classes} classes)")
+            lo, hi = int(y.min()), int(y.max())
+            from_one = f"; counted from 1? y - 1 gives ids 0..{classes - 1}" if (lo, hi) == (1, classes) else ""
+            raise DataError(f"{what} labels span {lo}..{hi}, expected ids {lowest}..{classes - 1} "
+                            f"(the net's {classes} classes{from_one})")
         return np.ascontiguousarray(y, np.int32)
     if y.dtype.kind not in "fiu":
         raise DataError(f"{what} labels have dtype {y.dtype}, expected real-valued targets (float32)")
@@ -256,6 +258,18 @@ def checked_labels(y: Any, shape: Sequence[int], y_dtype: str, classes: int | No
     if not (math.isfinite(lo) and math.isfinite(hi)):
         raise DataError(f"{what} labels hold NaN or inf (they span {lo} … {hi}); expected finite targets")
     return y
+
+
+def _ids_hint(y: np.ndarray) -> str:
+    """How labels of a dtype that holds no ids become ids, as the labels' checks say it ("" where none does): floats
+    of whole numbers (ids stored as 0.0, 1.0), bools, class names."""
+    if y.dtype.kind == "b":
+        return " (y.astype(np.int64) gives ids 0 and 1)"
+    if y.dtype.kind == "f" and np.isfinite(y).all() and np.array_equal(y, np.rint(y)):
+        return " (whole numbers: y.astype(np.int64) gives the ids)"
+    if y.dtype.kind in "US" or (y.dtype.kind == "O" and y.size and all(isinstance(v, (str, bytes)) for v in y.flat)):
+        return " (class names? names, y = np.unique(y, return_inverse=True) numbers them in sorted order)"
+    return ""
 
 
 def merge_carried(lay: TrainStepLayout, held: Sequence[Any], new: Sequence[Any]) -> list[Any]:
