@@ -456,6 +456,23 @@ def test_a_diverging_fit_stops_in_one_line_keeping_the_last_epoch(tmp_path: str,
     assert all(np.array_equal(kept[n], w) for n, w in m.params.items())
 
 
+def test_a_generator_refilling_one_buffer_trains_on_every_batch_it_yielded() -> None:
+    """`bx[:] = ...; yield bx, by` for each batch: before, every batch held was a view of the one buffer, so the
+    fit trained on 4 copies of the last batch (16 distinct rows of 64) without a word."""
+    x, y = blobs(64)
+
+    def refilled():
+        bx, by = np.empty((16, 4), np.float32), np.empty(16, np.int32)
+        for i in range(0, 64, 16):
+            bx[:], by[:] = x[i:i + 16], y[i:i + 16]
+            yield bx, by
+
+    a, b = hf.Model(tiny_net()), hf.Model(tiny_net())
+    a.fit(refilled(), epochs=2, verbose=False)
+    b.fit(x, y, epochs=2, batch_size=16, verbose=False)
+    assert a._step == 8 and all(np.array_equal(a.params[n], w) for n, w in b.params.items())
+
+
 def test_iterable_batches_of_different_shapes_is_one_line() -> None:
     x, y = blobs(32)
     m = hf.Model(tiny_net())

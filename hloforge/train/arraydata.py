@@ -188,6 +188,9 @@ def read_batches(batches: Iterable[Any], max_bytes: int) -> tuple[np.ndarray, np
     xs: list[np.ndarray] = []
     ys: list[np.ndarray] = []
     held = 0
+    # a generator may refill one buffer for every batch (bx[:] = ...; yield bx, by): each is copied as yielded, or
+    # every batch held would read as its last; a list's or tuple's batches are there together, read in place
+    refilled = not isinstance(batches, (list, tuple))
     for item in batches:
         if held > max_bytes:  # an endless generator (itertools.cycle) would never return
             raise DataError(f"fit read {len(xs)} batches ({held / 2**30:.1f} GiB) from its iterable without "
@@ -199,7 +202,7 @@ def read_batches(batches: Iterable[Any], max_bytes: int) -> tuple[np.ndarray, np
         for what, a in (("x", item[0]), ("y", item[1])):
             _refuse_sparse(a, f"fit batch {len(xs)}'s {what}")
             try:
-                got = np.asarray(host_array(a))
+                got = np.array(host_array(a)) if refilled else np.asarray(host_array(a))
             except ValueError:  # numpy's, on rows of different lengths
                 raise DataError(f"fit batch {len(xs)} has a ragged {what} (its rows differ in length); expected "
                                 "an array with one row per example") from None
