@@ -97,6 +97,22 @@ def test_prepare_imagenette_says_one_skipped_image_in_the_singular(tmp_path, cap
            f"{src}/train/cat/c.webp" in capsys.readouterr().out.splitlines()
 
 
+def test_prepare_imagenette_on_class_folders_not_yet_split_says_where_their_images_go(tmp_path, capsys) -> None:
+    """A user's own SRC/<class>/*.jpg: before, 'SRC/train not found; expected class folders of images
+    (SRC/train/<class>/*.JPEG)', naming no val split and not seeing the classes it held."""
+    src = tmp_path / "src"
+    _images(src / "cat", ["a.jpg"])
+    _images(src / "dog", ["a.jpg"])
+    assert _prepare(src, tmp_path / "out") == EXIT_BAD_INPUT
+    assert _one_line(capsys) == (f"hloforge: error: {src}/train not found: {src} holds folders cat, dog, its classes "
+                                 f"not yet split? move each class's images into {src}/train/<class>/ and some of them "
+                                 f"(a fifth, say) into {src}/val/<class>/; expected class folders of images "
+                                 "(SRC/train/<class>/*.JPEG and SRC/val/<class>/*.JPEG)")
+    assert _prepare(tmp_path / "nowhere", tmp_path / "out") == EXIT_BAD_INPUT
+    assert _one_line(capsys).startswith(f"hloforge: error: {tmp_path}/nowhere not found; expected a folder of class ")
+    assert not (tmp_path / "out").exists()
+
+
 def test_training_on_the_jpeg_folders_themselves_says_to_prepare_them(tmp_path, capsys) -> None:
     """--data-dir at a user's own SRC/{train,val}/<class> folders: before, 'SRC/val.bin not found' and no more."""
     src = tmp_path / "src"

@@ -74,7 +74,17 @@ class Preparer:
 # ---------------------------------------------------------------------------------------- imagenette
 def _class_folders(split_dir: str) -> list[str]:
     if not os.path.isdir(split_dir):
-        raise DataError(f"{split_dir} not found; expected class folders of images (SRC/train/<class>/*.JPEG)")
+        src = os.path.dirname(split_dir)
+        if not os.path.isdir(src):
+            raise DataError(f"{src} not found; expected a folder of class folders of images (SRC/train/<class>/*.JPEG "
+                            "and SRC/val/<class>/*.JPEG)")
+        held = sorted(d for d in os.listdir(src) if not d.startswith(".") and os.path.isdir(os.path.join(src, d)))
+        # a user's own SRC/<class>/ folders, not yet split: say where their images go
+        split = (f": {src} holds folders {_named(held)}, its classes not yet split? move each class's images into "
+                 f"{src}/train/<class>/ and some of them (a fifth, say) into {src}/val/<class>/"
+                 if held and not {"train", "val"} & set(held) else "")
+        raise DataError(f"{split_dir} not found{split}; expected class folders of images "
+                        "(SRC/train/<class>/*.JPEG and SRC/val/<class>/*.JPEG)")
     classes = sorted(d for d in os.listdir(split_dir) if os.path.isdir(os.path.join(split_dir, d)))
     if not classes:
         raise DataError(f"{split_dir} has no class folders")
