@@ -305,7 +305,7 @@ def test_a_first_fit_on_pixels_0_to_255_says_they_train_unscaled() -> None:
         m.fit(pixels(), y, epochs=1, batch_size=16, verbose=False)
     assert len(said) == 1 and said[0].filename == __file__  # the user's own line
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # said once, and never of scaled, standardised or 0/1 x
+        warnings.simplefilter("error")  # said once, and never of scaled, standardised, 0/1 or ±1 x
         m.fit(pixels(), y, epochs=1, batch_size=16, verbose=False)
-        for scaled in (x, pixels() / np.float32(255), (x > 0).astype(np.float32)):
+        for scaled in (x, pixels() / np.float32(255), (x > 0).astype(np.float32), np.sign(x).astype(np.int8)):
             hf.Model(tiny_net(), seed=0).fit(scaled, y, epochs=1, batch_size=16, verbose=False)

@@ -322,12 +322,12 @@ def input_kind(given: np.ndarray, x: np.ndarray, spec: NetSpec) -> InputKind | N
 
 
 def warn_unscaled(given: InputKind | None, trained: InputKind | None) -> None:
-    """Say that a first fit's x (`given`; `trained` None: the model has no kind yet) of whole numbers past 0…1,
+    """Say that a first fit's x (`given`; `trained` None: the model has no kind yet) of whole numbers past ±1,
     pixels 0…255 or counts, trains as it is: arrays are not scaled, as hloforge's datasets scale their images,
     and a net is initialised for x of about unit scale (mnist-mlp on digits as uint8: 95.8% top-1, 98.6%
     standardised). A warning, not a refusal: a net may scale its input itself."""
     if trained is None and given is not None and given.whole and given.hi is not None and given.lo is not None \
-            and given.hi - given.lo > 1:
+            and max(-given.lo, given.hi) > 1:  # ±1 codes and 0/1 flags are on a net's scale
         warnings.warn(HloforgeWarning(f"fit x is {given.said()}, trained on unscaled: arrays are taken as they are "
                                       "(hloforge's datasets scale and standardise their images); a net trains best "
                                       "on x of about unit scale, e.g. pixels as x.astype(np.float32) / 255, then "
