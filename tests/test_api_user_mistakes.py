@@ -58,6 +58,22 @@ def test_a_scipy_sparse_matrix_is_one_line(model) -> None:
         assert one_line(error) == (f"{what} is a scipy sparse csr_matrix; expected a dense array (its .toarray())")
 
 
+def test_a_masked_array_with_values_masked_is_one_line(model) -> None:
+    """Before: np.asarray read the values under the mask (the missing ones a file filled in) as x and labels."""
+    x, y = np.ma.masked_array(X, np.zeros_like(X, bool)), np.ma.masked_array(Y, np.zeros_like(Y, bool))
+    x[3, 1], y[5] = np.ma.masked, np.ma.masked
+    for call, what, n in ((lambda: model.fit(x, Y, batch_size=16, verbose=False), "fit x", X.size),
+                          (lambda: model.evaluate(X, y), "evaluate y", Y.size),
+                          (lambda: model.predict(x), "predict x", X.size),
+                          (lambda: model.fit([(x[:16], Y[:16])], verbose=False), "fit batch 0's x", 16 * X.shape[1])):
+        with pytest.raises(DataError) as error:
+            call()
+        assert one_line(error) == (f"{what} is a masked array with 1 of its {n} values masked, which would be read as "
+                                   "the values under the mask; expected every value real: fill them (.filled(value)) "
+                                   "or drop their rows")
+    assert model.predict(np.ma.masked_array(X, np.zeros_like(X, bool))).shape == (len(X), 10)  # none masked: read
+
+
 def test_arguments_that_were_ignored_or_read_as_true_are_refused(model, tmp_path) -> None:
     """Before: save(overwrite="no") replaced the checkpoint ("no" is truthy), evaluate("digits", data="mnist")
     scored digits, and data_options beside arrays were dropped unread."""

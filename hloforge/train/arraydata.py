@@ -129,14 +129,20 @@ class RaggedRows(DataError, ValueError):
     answers with what such an x most likely is (a pair (x, y), a list of batches)."""
 
 
-def _refuse_sparse(a: Any, what: str) -> None:
-    if type(a).__module__.startswith("scipy.sparse"):  # len() is ambiguous for it, np.asarray a 0-d object
+def _refuse_misread(a: Any, what: str) -> None:
+    """Refuse what numpy reads as another array: a scipy sparse matrix (len() is ambiguous for it, np.asarray a
+    0-d object), a masked array with values masked (np.asarray reads the values under the mask as data)."""
+    if type(a).__module__.startswith("scipy.sparse"):
         raise DataError(f"{what} is a scipy sparse {type(a).__name__}; expected a dense array (its .toarray())")
+    if isinstance(a, np.ma.MaskedArray) and (masked := int(np.ma.count_masked(a))):
+        raise DataError(f"{what} is a masked array with {masked} of its {a.size} values masked, which would be read "
+                        "as the values under the mask; expected every value real: fill them (.filled(value)) or drop "
+                        "their rows")
 
 
 def row_count(a: Any, what: str) -> int:
     """The rows of `a`, refused unless an array of at least one."""
-    _refuse_sparse(a, what)
+    _refuse_misread(a, what)
     try:
         scalar = not hasattr(a, "__len__") or np.ndim(a) == 0
     except ValueError:  # numpy's, on rows of different lengths
@@ -200,7 +206,7 @@ def read_batches(batches: Iterable[Any], max_bytes: int) -> tuple[np.ndarray, np
             raise DataError(f"fit batch {len(xs)} is a {type(item).__name__}, expected a pair (x, y)")
         pair = []
         for what, a in (("x", item[0]), ("y", item[1])):
-            _refuse_sparse(a, f"fit batch {len(xs)}'s {what}")
+            _refuse_misread(a, f"fit batch {len(xs)}'s {what}")
             try:
                 got = np.array(host_array(a)) if refilled else np.asarray(host_array(a))
             except ValueError:  # numpy's, on rows of different lengths
