@@ -74,6 +74,23 @@ def test_a_masked_array_with_values_masked_is_one_line(model) -> None:
     assert model.predict(np.ma.masked_array(X, np.zeros_like(X, bool))).shape == (len(X), 10)  # none masked: read
 
 
+def test_paths_to_array_files_are_said_to_be_paths(model, tmp_path, monkeypatch) -> None:
+    """Before: fit("x.npy", "y.npy") read x as a dataset's name and said 'fit(data=NAME) ... pass no x, y'."""
+    np.save(tmp_path / "x.npy", X)
+    np.save(tmp_path / "y.npy", Y)
+    path = str(tmp_path / "x.npy")
+    for call, what in ((lambda: model.fit(path, str(tmp_path / "y.npy"), verbose=False), "fit"),
+                       (lambda: model.fit(path, verbose=False), "fit"),
+                       (lambda: model.evaluate(path, str(tmp_path / "y.npy")), "evaluate")):
+        with pytest.raises(DataError) as error:
+            call()
+        assert one_line(error) == (f"{what} x is the path {path!r}, a file's name, not its arrays; expected arrays "
+                                   "(np.load(path) reads a .npy) or a registered dataset's name")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "digits").mkdir()  # a folder named as a dataset: the name is the dataset's
+    assert model.evaluate("digits")["n"] == 360
+
+
 def test_arguments_that_were_ignored_or_read_as_true_are_refused(model, tmp_path) -> None:
     """Before: save(overwrite="no") replaced the checkpoint ("no" is truthy), evaluate("digits", data="mnist")
     scored digits, and data_options beside arrays were dropped unread."""

@@ -10,6 +10,7 @@ score) is refused by evaluate and predict rather than scored."""
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -91,6 +92,10 @@ def dataset_named(x: Any, data: str | None, data_options: Any, what: str) -> tup
     """(x, the dataset) as fit and evaluate take them: `fit("digits")` or `fit(data="digits")`. Both is two
     datasets; data_options without a dataset would be dropped unread, so they are refused too."""
     if isinstance(x, str):
+        # fit("x.npy", "y.npy"): once read as a dataset's name, said as "pass no x, y" (a dataset's name comes first)
+        if os.path.exists(x) and x not in default_registry().names("dataset"):
+            raise DataError(f"{what} x is the path {x!r}, a file's name, not its arrays; expected arrays "
+                            "(np.load(path) reads a .npy) or a registered dataset's name")
         if data is not None:
             raise UnsupportedSpec(f"two datasets given: {x!r} and data={data!r}")
         x, data = None, x
