@@ -91,6 +91,14 @@ def test_paths_to_array_files_are_said_to_be_paths(model, tmp_path, monkeypatch)
     assert model.evaluate("digits")["n"] == 360
 
 
+def test_a_dict_of_arrays_is_said_to_be_one(model) -> None:
+    """Before: fit iterated its keys and said 'fit batch 0 is a str, expected a pair (x, y)'."""
+    with pytest.raises(DataError) as error:
+        model.fit({"image": X, "label": Y}, verbose=False)
+    assert one_line(error) == ("fit x is a dict (keys 'image', 'label'), not batches; expected arrays x and y "
+                               "(fit(d['x'], d['y']) of a dict d holding them) or an iterable of (x, y) batches")
+
+
 def test_arguments_that_were_ignored_or_read_as_true_are_refused(model, tmp_path) -> None:
     """Before: save(overwrite="no") replaced the checkpoint ("no" is truthy), evaluate("digits", data="mnist")
     scored digits, and data_options beside arrays were dropped unread."""

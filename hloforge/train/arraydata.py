@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -196,6 +196,10 @@ def _ragged(x: Any, want: tuple[int, ...]) -> str:
 def read_batches(batches: Iterable[Any], max_bytes: int) -> tuple[np.ndarray, np.ndarray, int]:
     """(x, y, the first batch's rows): an iterable of (x, y) batches (`Model.fit(batches)`) read once, each
     pair checked (one label per row, the shapes of batch 0's), refused as endless past `max_bytes`."""
+    if isinstance(batches, Mapping):  # iterated, its keys: refused as "fit batch 0 is a str"
+        keys = ", ".join(map(repr, list(batches)[:4]))
+        raise DataError(f"fit x is a {type(batches).__name__} (keys {keys}), not batches; expected arrays x and y "
+                        "(fit(d['x'], d['y']) of a dict d holding them) or an iterable of (x, y) batches")
     xs: list[np.ndarray] = []
     ys: list[np.ndarray] = []
     held = 0
