@@ -89,9 +89,9 @@ def test_a_models_predict_and_fit_refuse_them():
         m.fit(xb, np.zeros((2, T), np.int64), batch_size=2, epochs=1)
 
 
-def test_labels_that_are_x_itself_are_refused_before_the_compile(monkeypatch):
+def test_labels_that_are_x_itself_or_the_previous_tokens_are_refused_before_the_compile(monkeypatch):
     """Hugging Face's labels=input_ids (the model shifts them there): here the net shifts nothing, so y == x
-    trained a copy of the input, its bits_per_char a plausible low number."""
+    trained a copy of the input, its bits_per_char a plausible low number; x and y swapped did alike."""
     import hloforge.api as api
 
     monkeypatch.setattr(api, "TrainSession", None)  # compiling would call it: refused before
@@ -102,7 +102,13 @@ def test_labels_that_are_x_itself_are_refused_before_the_compile(monkeypatch):
         m.fit(w[:, :-1], w[:, :-1], batch_size=4, epochs=1, verbose=False)
     with pytest.raises(DataError, match="^evaluate " + said):
         m.evaluate(w[:, :-1].astype(np.float32), w[:, :-1])
+    swapped = r"labels are each position's previous token \(x and y swapped\?\); expected each position's next token"
+    with pytest.raises(DataError, match="^fit " + swapped):
+        m.fit(w[:, 1:], w[:, :-1], batch_size=4, epochs=1, verbose=False)
     assert m._step == 0
+    from hloforge.train.arraydata import check_next_tokens
+
+    check_next_tokens("tokens", w[:, :-1].astype(np.float32), w[:, 1:], "fit")  # the next tokens: taken
 
 
 def test_a_language_model_of_another_vocabulary_than_its_text_names_the_classes_that_fit(tmp_path, capsys):

@@ -108,10 +108,18 @@ def dataset_named(x: Any, data: str | None, data_options: Any, what: str) -> tup
 def check_next_tokens(kind: str, x: np.ndarray, y: np.ndarray, what: str) -> None:
     """Refuse a language model's labels that are x itself (Hugging Face's `labels=input_ids`, where the model
     shifts them): hloforge's nets take each position's next token as its label and shift nothing, so y == x
-    trains copying the input, with a plausible low loss and bits_per_char."""
-    if kind == "tokens" and x.shape == y.shape and np.array_equal(x, y):
-        raise DataError(f"{what} labels equal x token for token; expected each position's next token (the net "
-                        "shifts nothing): from windows w one token longer, x = w[:, :-1] and y = w[:, 1:]")
+    trains copying the input, with a plausible low loss and bits_per_char; so do labels shifted the other way
+    (x and y swapped: each label the token before, which the net sees)."""
+    if kind != "tokens" or x.shape != y.shape:
+        return
+    if np.array_equal(x, y):
+        said = "equal x token for token"
+    elif np.array_equal(y[:, 1:], x[:, :-1]) and not np.array_equal(x[:, 1:], y[:, :-1]):
+        said = "are each position's previous token (x and y swapped?)"
+    else:
+        return
+    raise DataError(f"{what} labels {said}; expected each position's next token (the net shifts nothing): from "
+                    "windows w one token longer, x = w[:, :-1] and y = w[:, 1:]")
 
 
 def refuse_ddpm_arrays(spec: NetSpec, what: str) -> None:
