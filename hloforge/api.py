@@ -240,6 +240,7 @@ class Model:
                                 "(x, y) batches, or a dataset name")
             x, y, first = arraydata.read_batches(x, FIT_BATCHES_MAX_BYTES)
             batch_size = first if batch_size is None else batch_size  # 0 is refused below, not defaulted
+        default = " (fit's default)" if batch_size is None else ""  # a user who gave none still reads why
         batch_size = checked_batch_size(batch_size, 32)
         given, xa = arraydata.input_rows(x, self.spec, "fit")  # before the compile: a bad x is refused at once
         # a fit goes on from the weights so far: x of another kind than they were trained on undoes them
@@ -252,8 +253,8 @@ class Model:
                 raise DataError("validation_data must be a pair (x, y)")
             self._check_x(validation_data[0], "validation_data", self._fit_inputs)
         if batch_size > len(xa):
-            raise DataError(f"batch_size {batch_size} is larger than the {len(xa)} rows of x; expected at most "
-                            f"{len(xa)}")
+            raise DataError(f"batch_size {batch_size}{default} is larger than the {len(xa)} rows of x; expected at "
+                            f"most {len(xa)}")
         xa, ya = self._check_xy(xa, y, "fit")
         val = None
         if validation_data is not None:  # checked whole here, so a bad one is refused before any step

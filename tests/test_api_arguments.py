@@ -92,6 +92,17 @@ def test_fit_batch_size_is_checked_on_every_path() -> None:
     assert m._step == 0
 
 
+def test_fewer_rows_than_the_default_batch_say_the_batch_was_the_default() -> None:
+    """Before: 'batch_size 32 is larger than the 10 rows of x' to a user who gave no batch_size."""
+    m = hf.Model(tiny_net())
+    with pytest.raises(DataError, match=re.escape("batch_size 32 (fit's default) is larger than the 10 rows of x; "
+                                                  "expected at most 10")):
+        m.fit(*rows(10), verbose=False)
+    with pytest.raises(DataError, match=re.escape("batch_size 16 is larger than the 10 rows of x; expected at most")):
+        m.fit(*rows(10), batch_size=16, verbose=False)
+    assert m._step == 0
+
+
 def test_a_single_row_is_said_to_want_a_batch() -> None:
     m = hf.Model(tiny_net())
     x, y = rows(8)
