@@ -61,6 +61,20 @@ def test_masks_with_a_channel_axis_say_how_to_get_the_ids(form, said, fixed) -> 
     assert np.array_equal(fixed(form(masks)), masks)  # what the line says to do gives the masks back
 
 
+def test_a_binary_mask_image_of_0_and_255_says_how_to_get_ids() -> None:
+    """A mask PNG of 0 and 255, as most binary-segmentation sets store it; before, 'labels span 0..255' alone."""
+    rng = np.random.default_rng(0)
+    x, masks = rng.standard_normal((8, 3, 4, 4)).astype(np.float32), rng.integers(0, 2, (8, 4, 4))
+    with pytest.raises(DataError) as e:
+        hf.Model(SEG).fit(x, (masks * 255).astype(np.uint8), epochs=1, batch_size=4, verbose=False)
+    assert str(e.value) == ("fit labels span 0..255, expected ids 0..2 (the net's 3 classes; a mask image of 0 and "
+                            "255? (y > 0) gives ids 0 and 1)")
+    other = np.where(masks, 255, 0)
+    other[0, 0, 0] = 1  # ids other than 0 and 255 among them: no hint
+    with pytest.raises(DataError, match=r"labels span 0\.\.255, expected ids 0\.\.2 \(the net's 3 classes\)$"):
+        hf.Model(SEG).fit(x, other, epochs=1, batch_size=4, verbose=False)
+
+
 @pytest.mark.parametrize("form,said", [
     (lambda y: y.astype(np.float32), "have dtype float32, expected integer ids (int32) (whole numbers: "
                                      "y.astype(np.int64) gives the ids)"),
