@@ -14,7 +14,7 @@ from test_prepare import write_jpeg_tree
 
 import hloforge as hf
 from hloforge.cli import EXIT_BAD_INPUT, EXIT_OK, main
-from hloforge.core.errors import DataError
+from hloforge.core.errors import DataError, HloforgeError
 from hloforge.datasets import imagenette
 from hloforge.datasets.imagenette import Imagenette
 from hloforge.datasets.prepare import prepare
@@ -57,7 +57,7 @@ def test_a_two_class_folder_trains_a_two_class_head_or_says_what_to_pass(tmp_pat
     assert main(train_args(out, tmp_path / "ten", *net)) == EXIT_BAD_INPUT  # the net's own 10 classes
     err = capsys.readouterr().err
     assert err == ("hloforge: error: dataset 'imagenette' has 2 classes, net 'resnet-mini' has 10; pass --classes 2 "
-                   "to give the net a head of 2\n")
+                   "(hf.Model's classes=2) to give the net a head of 2\n")
     assert main(train_args(out, tmp_path / "two", *net, "--classes", "2")) == EXIT_OK
     assert "test top-1" in capsys.readouterr().out
     assert hf.load(str(tmp_path / "two")).spec.num_classes == 2
@@ -65,7 +65,20 @@ def test_a_two_class_folder_trains_a_two_class_head_or_says_what_to_pass(tmp_pat
     assert main(train_args(out, tmp_path / "fixed", "mnist-cnn")) == EXIT_BAD_INPUT
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "dataset 'imagenette' has 2 classes, net 'mnist-cnn' has 10, a head it states " \
-        "itself (--classes does not reshape it): train a net of 2 classes, e.g. a zoo net that takes --classes 2" in err
+        "itself (--classes does not reshape it): train a net of 2 classes, e.g. a zoo net that takes --classes 2 " \
+        "(hf.Model's classes=2)" in err
+
+
+def test_a_models_fit_on_the_folder_names_the_keywords_it_takes(tmp_path) -> None:
+    """Before: hf.Model's fit said 'pass --classes 2' and 'pass --input 3,8,8', flags it takes no such way."""
+    out = prepared(tmp_path)
+    opts = {"data_dir": out, "train_size": TRAIN, "crop": VAL}
+    with pytest.raises(HloforgeError, match=re.escape("pass --classes 2 (hf.Model's classes=2) to give")):
+        hf.Model("resnet-mini").fit("imagenette", data_options=opts, batch_size=2, verbose=False)
+    with pytest.raises(HloforgeError, match=re.escape(f"--input 3,{VAL},{VAL} (hf.Model's input=(3, {VAL}, {VAL}))")):
+        hf.Model("resnet-mini", classes=2).fit("imagenette", data_options=opts, batch_size=2, verbose=False)
+    model = hf.Model("resnet-mini", classes=2, input=(3, VAL, VAL))  # as the lines say
+    assert "val_top1" in model.fit("imagenette", data_options=opts, batch_size=2, verbose=False)[-1]
 
 
 @pytest.mark.parametrize("text, what", [

@@ -118,4 +118,4 @@ def test_a_language_model_of_another_vocabulary_than_its_text_names_the_classes_
     assert main(["train", "tinygpt-nano", "--classes", "50", "--data", "text", "--epochs", "1",
                  "--run-dir", str(tmp_path / "r"), "--no-progress"]) == 3
     assert capsys.readouterr().err == ("hloforge: error: dataset 'text' has 65 classes, net 'tinygpt-nano' has 50; "
-                                       "pass --classes 65 to give the net a head of 65\n")
+                                       "pass --classes 65 (hf.Model's classes=65) to give the net a head of 65\n")

@@ -333,7 +333,7 @@ def test_a_dataset_of_another_input_shape_says_the_flag_for_a_zoo_net(tmp_path, 
         rec.tofile(data / name)
     argv = ["--data", "cifar10", "--data-dir", str(data), "--epochs", "1", "--batch", "8", "--no-progress"]
     assert main(["train", "resnet-mini", *argv, "--run-dir", str(tmp_path / "a")]) == 3
-    assert one_line_error(capsys).endswith("but net 'resnet-mini' expects [1, 28, 28]; pass --input 3,32,32 to "
-                                           "give the net that input")
+    assert one_line_error(capsys).endswith("but net 'resnet-mini' expects [1, 28, 28]; pass --input 3,32,32 "
+                                           "(hf.Model's input=(3, 32, 32)) to give the net that input")
     assert main(["train", "mnist-cnn", *argv, "--run-dir", str(tmp_path / "b")]) == 3  # defined at one size only
     assert one_line_error(capsys).endswith("but net 'mnist-cnn' expects [1, 28, 28]")

@@ -29,9 +29,10 @@ def fit_input(x: np.ndarray, spec: NetSpec, data_name: str, net: str = "") -> np
     from hloforge.zoo import takes_classes  # a zoo net not fixed at one size takes --input as it takes --classes
 
     given = ",".join(map(str, x.shape[1:]))
+    keyword = f"hf.Model's input={tuple(x.shape[1:])}"  # what a Model fit on the dataset takes
     raise DataError(f"dataset {data_name!r} gives inputs of shape {list(x.shape[1:])}, but net {spec.name!r} "
-                    f"expects {list(spec.input_shape)}" + (f"; pass --input {given} to give the net that input"
-                                                           if takes_classes(net) else ""))
+                    f"expects {list(spec.input_shape)}" + (f"; pass --input {given} ({keyword}) to give the net that "
+                                                           "input" if takes_classes(net) else ""))
 
 
 TOP_K = 5  # top-5 accuracy: the label among the 5 highest logits

@@ -152,11 +152,12 @@ def classes_mismatch(data: str, data_classes: int, net: str, spec: NetSpec) -> C
     from hloforge.zoo import takes_classes
 
     said = f"dataset {data!r} has {data_classes} classes, net {spec.name!r} has {spec.num_classes}"
-    if takes_classes(net):
-        return ClassCountMismatch(f"{said}; pass --classes {data_classes} to give the net a head of {data_classes}",
-                                  said)
+    if takes_classes(net):  # the flag, and the keyword a Model fit on the dataset takes
+        return ClassCountMismatch(f"{said}; pass --classes {data_classes} (hf.Model's classes={data_classes}) to give "
+                                  f"the net a head of {data_classes}", said)
     return ClassCountMismatch(f"{said}, a head it states itself (--classes does not reshape it): train a net of "
-                              f"{data_classes} classes, e.g. a zoo net that takes --classes {data_classes}", said)
+                              f"{data_classes} classes, e.g. a zoo net that takes --classes {data_classes} (hf.Model's "
+                              f"classes={data_classes})", said)
 
 
 class ClassificationTask(Task):
