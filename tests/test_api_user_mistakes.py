@@ -99,6 +99,15 @@ def test_a_dict_of_arrays_is_said_to_be_one(model) -> None:
                                "(fit(d['x'], d['y']) of a dict d holding them) or an iterable of (x, y) batches")
 
 
+def test_bool_features_say_how_to_read_them_as_numbers(model) -> None:
+    """Before: 'fit x has dtype bool, expected real numbers (float32)' and no more."""
+    with pytest.raises(DataError) as error:
+        model.fit(X > 0, Y, batch_size=16, verbose=False)
+    assert one_line(error) == ("fit x has dtype bool, expected real numbers (float32) (x.astype(np.float32) reads "
+                               "False, True as 0, 1)")
+    assert model.predict((X > 0).astype(np.float32)).shape == (len(X), 10)
+
+
 def test_arguments_that_were_ignored_or_read_as_true_are_refused(model, tmp_path) -> None:
     """Before: save(overwrite="no") replaced the checkpoint ("no" is truthy), evaluate("digits", data="mnist")
     scored digits, and data_options beside arrays were dropped unread."""

@@ -181,7 +181,8 @@ def finite_inputs(x: Any, shape: Sequence[int], what: str, note: str = "", vocab
     others, so id 1000 would silently read row vocab−1): one more pass, for a float x alone."""
     x = np.asarray(x)
     if x.dtype.kind not in "fiu":
-        raise DataError(f"{what} x has dtype {x.dtype}, expected real numbers (float32)")
+        flags = " (x.astype(np.float32) reads False, True as 0, 1)" if x.dtype.kind == "b" else ""
+        raise DataError(f"{what} x has dtype {x.dtype}, expected real numbers (float32){flags}")
     if tuple(x.shape) != tuple(shape):
         raise DataError(f"{what} x has shape {list(x.shape)}, expected {list(shape)}{note}")
     given = x
