@@ -113,6 +113,25 @@ def test_prepare_imagenette_on_class_folders_not_yet_split_says_where_their_imag
     assert not (tmp_path / "out").exists()
 
 
+def test_prepare_imagenette_says_when_folders_named_by_number_are_not_their_labels(tmp_path, capsys) -> None:
+    """Folders 1, 2, 10 are labels 0, 2, 1 (names sort as text, '10' before '2'): before, not a word, so a user
+    reading label 1 as class 1 (or 2) read every prediction wrong. Folders 0, 1, 2 are their labels: no word."""
+    src = tmp_path / "src"
+    for split in ("train", "val"):
+        for name in ("1", "2", "10"):
+            _images(src / split / name, ["a.jpg"])
+    assert _prepare(src, tmp_path / "out") == EXIT_OK
+    out = capsys.readouterr().out
+    assert (f"  {src}/train: class folders named by number are labelled by their place in name order, not by their "
+            f"number (label 0 is folder '1', label 1 is folder '10'); label i is the i-th name of "
+            f"{tmp_path}/out/classes.json\n") in out
+    assert json.loads((tmp_path / "out" / "classes.json").read_text()) == ["1", "10", "2"]
+    for split in ("train", "val"):
+        (src / split / "10").rename(src / split / "0")
+    assert _prepare(src, tmp_path / "out2") == EXIT_OK
+    assert "named by number" not in capsys.readouterr().out
+
+
 def test_training_on_the_jpeg_folders_themselves_says_to_prepare_them(tmp_path, capsys) -> None:
     """--data-dir at a user's own SRC/{train,val}/<class> folders: before, 'SRC/val.bin not found' and no more."""
     src = tmp_path / "src"

@@ -5,7 +5,8 @@ Adding a dataset is one entry there; the CLI builds its subcommand from it.
 
 - imagenette: SRC is an extracted Imagenette (or any ImageNet-style) tree, `SRC/train/<class>/*.JPEG`
   and `SRC/val/<class>/*.JPEG`. Classes are the train folders in sorted order (for Imagenette
-  the WordNet ids, so label 0 is n01440764, tench); val must use the same folders. Each image
+  the WordNet ids, so label 0 is n01440764, tench); val must use the same folders. Folders named by number whose
+  labels are not their numbers (1, 2, 10: labels 0, 2, 1) are said. Each image
   is decoded with Pillow, converted to RGB and resized bilinearly to S×S (train S = 256, val
   S = 224), and written as `OUT/train.bin` / `OUT/val.bin` in `hloforge.datasets.imagenette`'s
   format, with `OUT/classes.json` naming the labels (the dataset reads its class count there). An
@@ -195,6 +196,12 @@ def prepare_imagenette(src: str, out: str, train_size: int = imagenette.TRAIN_SI
                         "use the same classes")
     os.makedirs(out, exist_ok=True)
     summary: dict[str, Any] = {"classes": classes, "records": {}, "skipped": {}, "warnings": []}
+    # folders 1, 2, ..., 10 read as label = number, which the sorted names' order is not ('10' sorts before '2')
+    renumbered = [f"label {i} is folder {c!r}" for i, c in enumerate(classes) if c.isdecimal() and int(c) != i]
+    if renumbered and all(c.isdecimal() for c in classes):
+        summary["warnings"].append(f"{src}/train: class folders named by number are labelled by their place in name "
+                                   f"order, not by their number ({_named(renumbered)}); label i is the i-th name of "
+                                   f"{os.path.join(out, imagenette.CLASSES_FILE)}")
     with replaced_together(out) as stage:
         scanned = {split: _scan_split(os.path.join(src, split), classes) for split in ("train", "val")}
         for split, fname, side in (("train", "train.bin", train_size), ("val", "val.bin", val_size)):
