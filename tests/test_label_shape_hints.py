@@ -96,3 +96,18 @@ def test_ids_stored_as_floats_class_names_and_ids_counted_from_1_say_how_to_get_
                                         r"gives ids 0 and 1\)$"):
         hf.Model(NET).evaluate(x, bools)
     assert np.array_equal(np.unique(np.array(["cat", "dog", "eel", "fox"])[y], return_inverse=True)[1], y)
+
+
+@pytest.mark.parametrize("loss", ["crossEntropy", "bce"])
+def test_ids_0_and_1_for_a_head_of_one_output_say_it_takes_two(loss) -> None:
+    """Keras' yes/no head (Dense(1) with a sigmoid): before, 'labels span 0..1, expected ids 0..0 (the net's 1
+    classes)' and no more."""
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((64, 8)).astype(np.float32), rng.integers(0, 2, 64)
+    one = hf.NetSpec("yes-no", (8,), [hf.layers.Dense(1)], 1)
+    with pytest.raises(DataError) as e:
+        hf.Model(one, loss=loss).fit(x, y, epochs=1, batch_size=16, verbose=False)
+    assert str(e.value) == ("fit labels span 0..1, expected ids 0..0 (the net's 1 class; a yes/no head of one output? "
+                            "ids 0 and 1 take a head of 2 outputs)")
+    two = hf.NetSpec("yes-no", (8,), [hf.layers.Dense(2)], 2)
+    assert len(hf.Model(two, loss=loss).fit(x, y, epochs=1, batch_size=16, verbose=False)) == 1  # as it says

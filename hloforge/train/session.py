@@ -249,12 +249,14 @@ def checked_labels(y: Any, shape: Sequence[int], y_dtype: str, classes: int | No
         if classes is not None and y.size and (y.min() < lowest or y.max() >= classes):
             lo, hi = int(y.min()), int(y.max())
             fix = ""
-            if (lo, hi) == (1, classes):
+            if classes == 1 and lo >= 0 and hi == 1:  # Keras' Dense(1, sigmoid): here each class is a logit
+                fix = "; a yes/no head of one output? ids 0 and 1 take a head of 2 outputs"
+            elif (lo, hi) == (1, classes):
                 fix = f"; counted from 1? y - 1 gives ids 0..{classes - 1}"
             elif (lo, hi) == (0, 255) and classes >= 2 and not np.isin(y, (0, 255), invert=True).any():
                 fix = "; a mask image of 0 and 255? (y > 0) gives ids 0 and 1"  # as a binary mask PNG holds it
             raise DataError(f"{what} labels span {lo}..{hi}, expected ids {lowest}..{classes - 1} "
-                            f"(the net's {classes} classes{fix})")
+                            f"(the net's {classes} class{'es' if classes > 1 else ''}{fix})")
         return np.ascontiguousarray(y, np.int32)
     if y.dtype.kind not in "fiu":
         raise DataError(f"{what} labels have dtype {y.dtype}, expected real-valued targets (float32)")
