@@ -132,6 +132,20 @@ def test_prepare_imagenette_says_when_folders_named_by_number_are_not_their_labe
     assert "named by number" not in capsys.readouterr().out
 
 
+def test_prepare_imagenette_says_when_class_names_differ_in_unicode_form_alone(tmp_path, capsys) -> None:
+    """'café' composed in train, decomposed in val (as macOS writes names): before, 'val has class folders ['café']
+    not in train and lacks ['café']', two names that print alike."""
+    import unicodedata
+
+    src = tmp_path / "src"
+    for split, form in (("train", "NFC"), ("val", "NFD")):
+        _images(src / split / unicodedata.normalize(form, "café"), ["a.jpg"])
+        _images(src / split / "dog", ["a.jpg"])
+    assert _prepare(src, tmp_path / "out") == EXIT_BAD_INPUT
+    assert "; the names differ in Unicode form alone (é as one code point in one split, e + accent in the other, " \
+        "as macOS writes them): rename one split's folders; both splits must use the same classes" in _one_line(capsys)
+
+
 def test_training_on_the_jpeg_folders_themselves_says_to_prepare_them(tmp_path, capsys) -> None:
     """--data-dir at a user's own SRC/{train,val}/<class> folders: before, 'SRC/val.bin not found' and no more."""
     src = tmp_path / "src"

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import os
+import unicodedata
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -192,8 +193,12 @@ def prepare_imagenette(src: str, out: str, train_size: int = imagenette.TRAIN_SI
     if val_classes != classes:
         extra = sorted(set(val_classes) - set(classes))
         missing = sorted(set(classes) - set(val_classes))
-        raise DataError(f"{src}/val has class folders {extra} not in train and lacks {missing}; both splits must "
-                        "use the same classes")
+        # 'café' composed (é one code point) in one split, decomposed (e + ´) in the other: macOS writes the latter
+        nfc = {unicodedata.normalize("NFC", c) for c in extra} == {unicodedata.normalize("NFC", c) for c in missing}
+        forms = ("; the names differ in Unicode form alone (é as one code point in one split, e + accent in the "
+                 "other, as macOS writes them): rename one split's folders") if nfc else ""
+        raise DataError(f"{src}/val has class folders {extra} not in train and lacks {missing}{forms}; both splits "
+                        "must use the same classes")
     os.makedirs(out, exist_ok=True)
     summary: dict[str, Any] = {"classes": classes, "records": {}, "skipped": {}, "warnings": []}
     # folders 1, 2, ..., 10 read as label = number, which the sorted names' order is not ('10' sorts before '2')
