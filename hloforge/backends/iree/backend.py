@@ -44,7 +44,7 @@ from hloforge.backends.base import (
 from hloforge.backends.disk_cache import first_unwritable, host_cpu, prune, sha256_key, touch, write_atomic
 from hloforge.backends.host_memory import host_memory_description, retain_freed_host_memory
 from hloforge.backends.iree.transients import SIZE_KEY, TAKES_STORAGE_KEY, with_reflection, with_transient_storage
-from hloforge.core.errors import BackendError, BackendSettingError, HloforgeWarning, SettingError
+from hloforge.core.errors import BackendError, BackendSettingError, DeviceMemoryError, HloforgeWarning, SettingError
 from hloforge.core.hookspecs import hookimpl
 from hloforge.core.switches import whole_number
 
@@ -135,6 +135,13 @@ def _compiler_message(err: Exception) -> str:
     if len(diag) > 24:
         lines.append(f"… ({len(diag) - 24} more lines)")
     return "\n".join(lines)
+
+
+def _runtime_failure(e: Exception, doing: str, needed: int | None = None) -> BackendError:
+    """IREE's runtime error `e` while `doing`: an allocation it refused (RESOURCE_EXHAUSTED) is a
+    DeviceMemoryError of `needed` bytes, as XLA's is, so the sessions say it with their batch."""
+    message = f"IREE failed {doing}: {e}"
+    return DeviceMemoryError(message, needed) if "RESOURCE_EXHAUSTED" in str(e) else BackendError(message)
 
 
 def _module_head(mlir_text: str, n: int = 6) -> str:
@@ -314,9 +321,12 @@ class IreeExecutable:
                 raise BackendError(f"the artifact {artifact} takes a transient storage buffer of no constant size "
                                    f"({TAKES_STORAGE_KEY} without {SIZE_KEY}); hloforge passes one of a fixed size")
             rt = backend.runtime
-            self.transient_storage = backend.device.allocator.allocate_buffer(
-                memory_type=rt.MemoryType.DEVICE_LOCAL, allowed_usage=rt.BufferUsage.DEFAULT,
-                allocation_size=max(int(size), 1))
+            try:
+                self.transient_storage = backend.device.allocator.allocate_buffer(
+                    memory_type=rt.MemoryType.DEVICE_LOCAL, allowed_usage=rt.BufferUsage.DEFAULT,
+                    allocation_size=max(int(size), 1))
+            except RuntimeError as e:
+                raise _runtime_failure(e, f"allocating {module.name}'s transient storage", int(size)) from None
 
     def __repr__(self) -> str:
         return f"IreeExecutable({self.module.name!r}, {self.artifact})"
@@ -500,9 +510,13 @@ class IreeBackend:
         if etype is None:
             raise BackendError(f"the iree backend has no element type for dtype {host.dtype}")
         rt = self.runtime
-        view = self.device.allocator.allocate_buffer_copy(
-            memory_type=rt.MemoryType.DEVICE_LOCAL, allowed_usage=rt.BufferUsage.DEFAULT,
-            device=self.device, buffer=host, element_type=etype)
+        try:
+            view = self.device.allocator.allocate_buffer_copy(
+                memory_type=rt.MemoryType.DEVICE_LOCAL, allowed_usage=rt.BufferUsage.DEFAULT,
+                device=self.device, buffer=host, element_type=etype)
+        except RuntimeError as e:
+            raise _runtime_failure(e, f"copying a {host.dtype}{list(host.shape)} array to the device",
+                                  host.nbytes) from None
         return IreeBuffer(self, view, tuple(host.shape), host.dtype)
 
     def input_slot(self, shape: tuple[int, ...], dtype: np.dtype) -> InputSlot | None:
@@ -564,7 +578,7 @@ class IreeBackend:
             self._timeline += 1
         except Exception as e:
             self._semaphore = None  # a failed semaphore stays failed: the next call opens a new one
-            raise BackendError(f"IREE failed executing {exe.module.name}: {e}") from None
+            raise _runtime_failure(e, f"executing {exe.module.name}") from None
         finally:
             # Compiled without the ties (strip_aliasing), the storage is intact; a donated input is still
             # consumed, so a driver that reuses one fails here as it would on XLA, not only there.
