@@ -72,6 +72,26 @@ def test_an_unknown_target_in_the_variable_is_refused_naming_it(cache, monkeypat
     assert not isinstance(refused.value, SettingError)
 
 
+@pytest.mark.parametrize("target, arch", [("cuda", "sm80"), ("cuda", "sm_999"), ("rocm", "mi300")])
+def test_a_gpu_architecture_iree_does_not_know_is_refused_in_one_line(cache, monkeypatch, target, arch):
+    """HLOFORGE_IREE_GPU_ARCH=sm80 surfaced as iree-compile's ~20 lines ('Unknown CUDA target', a stack dump, the
+    module's head). Now one line naming the variable and the form expected; iree-compile builds a GPU target's
+    module without a GPU, so this runs anywhere. The argument's refusal names the argument, and is no SettingError."""
+    from hloforge.core.errors import SettingError
+
+    monkeypatch.setenv("HLOFORGE_IREE_TARGET", target)
+    monkeypatch.setenv("HLOFORGE_IREE_GPU_ARCH", arch)
+    form = {"cuda": r"an NVIDIA compute capability as sm_<major><minor> \(sm_80", "rocm": r"an AMD ISA as gfx<id>"}
+    with pytest.raises(SettingError, match=rf"^HLOFORGE_IREE_GPU_ARCH='{arch}': iree-compile knows no {target} "
+                                           rf"architecture of that name; expected {form[target]}[^\n]*, or the "
+                                           rf"variable unset \((sm_80|gfx942)\)$"):
+        IreeBackend().compile_artifact(STEP)
+    monkeypatch.delenv("HLOFORGE_IREE_GPU_ARCH")
+    with pytest.raises(BackendError, match=rf"^gpu_arch='{arch}': iree-compile knows no {target} architecture") as e:
+        IreeBackend(gpu_arch=arch).compile_artifact(STEP)
+    assert not isinstance(e.value, SettingError) and "\n" not in str(e.value)
+
+
 def test_missing_package_names_pip_package(monkeypatch):
     monkeypatch.setitem(sys.modules, "iree.compiler", None)  # import now raises ImportError
     with pytest.raises(BackendError, match="pip install iree-base-compiler iree-base-runtime"):

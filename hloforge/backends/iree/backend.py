@@ -58,6 +58,15 @@ TARGETS: dict[str, tuple[str, str | None, str | None]] = {
     "cuda": ("cuda", "--iree-cuda-target", "sm_80"),
     "rocm": ("hip", "--iree-rocm-target", "gfx942"),
 }
+# what a GPU target's architecture is written as, said when iree-compile knows no architecture of the name given
+ARCH_FORMS = {
+    "cuda": "an NVIDIA compute capability as sm_<major><minor> (sm_80 for an A100, sm_90 for an H100) or a name "
+            "iree-compile knows (ampere, a100, rtx4090)",
+    "rocm": "an AMD ISA as gfx<id> (gfx942 for an MI300X, gfx90a for an MI250) or a name iree-compile knows "
+            "(mi300x, cdna3)",
+}
+# iree-compile's words for an architecture it does not know: a misspelt name, or sm_<N> of no such N
+_UNKNOWN_ARCH = re.compile(r"Unknown (CUDA|ROCM) target '|missing GPU target in #hal\.executable\.target")
 
 # The CPU flags that help. `--iree-opt-data-tiling` is accepted by iree-compile 3.13 but
 # breaks our train steps: the fused dW dot_general (contracting [0] x [0]) then fails with
@@ -350,10 +359,10 @@ class IreeBackend:
             raise BackendSettingError(f"{TARGET_ENV_VAR}={self.target!r}: not an iree target; expected one of "
                                       f"{sorted(TARGETS)}, or the variable unset (llvm-cpu)")
         driver, arch_flag, arch_default = TARGETS[self.target]
-        if arch_flag is None:
-            flags = list(CPU_FLAGS)
-        else:
-            flags = [f"{arch_flag}={gpu_arch or os.environ.get(GPU_ARCH_ENV_VAR) or arch_default}"]
+        #: who named the GPU architecture ("gpu_arch", the variable, or None: the target's default or a CPU)
+        self.arch_named_by = "gpu_arch" if gpu_arch else GPU_ARCH_ENV_VAR if os.environ.get(GPU_ARCH_ENV_VAR) else None
+        self.gpu_arch = (gpu_arch or os.environ.get(GPU_ARCH_ENV_VAR) or arch_default) if arch_flag else None
+        flags = list(CPU_FLAGS) if arch_flag is None else [f"{arch_flag}={self.gpu_arch}"]
         self.flags: tuple[str, ...] = (*EXECUTION_FLAGS, *flags, *extra_flags)
         self.driver = driver
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -395,6 +404,12 @@ class IreeBackend:
             vmfb = self.compiler.compile_str(keyed, target_backends=[self.target], input_type="stablehlo",
                                              extra_args=list(self.flags))
         except self.compiler.CompilerToolError as e:
+            if self.target in ARCH_FORMS and self.arch_named_by and _UNKNOWN_ARCH.search(str(e)):
+                said = f"{self.arch_named_by}={self.gpu_arch!r}: iree-compile knows no {self.target} architecture " \
+                       f"of that name; expected {ARCH_FORMS[self.target]}"
+                if self.arch_named_by == "gpu_arch":
+                    raise BackendError(said) from None
+                raise BackendSettingError(f"{said}, or the variable unset ({TARGETS[self.target][2]})") from None
             raise BackendError(
                 f"iree-compile ({self.target}, flags {' '.join(self.flags)}) rejected the module; "
                 f"artifact path {path}\ncompiler says:\n{_compiler_message(e)}\nmodule begins:\n"
