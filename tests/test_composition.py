@@ -260,6 +260,37 @@ def test_refusals_are_one_clear_line():
     assert g2.read()[0].shape == (3, 4)
 
 
+def test_out_of_memory_is_one_line_naming_what_to_reduce(monkeypatch):
+    """A VJP or optimizer step the device has no room for said XLA's 'Out of memory allocating 21474836480 bytes.
+    [RESOURCE_EXHAUSTED]' (IREE's 'could not allocate buffer'); now the sessions say it in GiB, as training does:
+    a VjpSession with its batch, an optimizer step (no batch) with the θ it holds."""
+    from hloforge.core.errors import DeviceMemoryError
+
+    be = make_backend("xla")
+    spec = NetSpec("compose-mlp", (3,), (_dense(4, "relu"), _dense(2)), 2)
+    v, opt = VjpSession(spec, 2, be), OptimizerStepSession(spec, "adam", be)
+    _, g, _ = v.vjp(np.zeros((2, 3), np.float32), np.zeros((2, 2), np.float32))
+
+    def refused(*args, **kwargs):
+        raise DeviceMemoryError("XLA failed executing: Out of memory allocating 21474836480 bytes. "
+                                "[RESOURCE_EXHAUSTED]", 21474836480)
+
+    monkeypatch.setattr(be, "execute", refused)
+    said = r"out of memory: the {} asked for 20\.0 GiB at once, more than the device has free; {}$"
+    batch = "use a smaller VjpSession batch"
+    with pytest.raises(DeviceMemoryError, match="^" + said.format("VJP of net 'compose-mlp' at batch 2", batch)):
+        v.vjp(np.zeros((2, 3), np.float32), np.zeros((2, 2), np.float32))
+    with pytest.raises(DeviceMemoryError, match="^" + said.format("forward of net 'compose-mlp' at batch 2", batch)):
+        v.forward(np.zeros((2, 3), np.float32))
+    with pytest.raises(DeviceMemoryError, match="^" + said.format(
+            r"optimizer step of 4 parameter tensors \(0\.0 MiB of θ\)",
+            "θ, its optimizer state and ∂θ must fit on the device together")):
+        opt.step(g, 1e-3)
+    monkeypatch.setattr(be, "compile", refused)  # IREE allocates a module's transient storage as it loads it
+    with pytest.raises(DeviceMemoryError, match="^" + said.format("VJP of net 'compose-mlp' at batch 2", batch)):
+        v.vjp(np.zeros((2, 3), np.float32), np.zeros((2, 2), np.float32), into=g)
+
+
 def test_host_gradients_step_like_device_ones():
     be = make_backend("xla")
     spec = NetSpec("compose-mlp", (3,), (_dense(4, "relu"), _dense(2)), 2)

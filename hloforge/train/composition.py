@@ -19,7 +19,9 @@ See docs/composition.md for a worked MuZero-style unroll and a DQN.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import attrs
@@ -39,7 +41,7 @@ from hloforge.core.registry import Registry, default_registry
 from hloforge.core.spec import NetSpec, ParamSlot, qualified_masks
 from hloforge.core.strategy import target_of
 from hloforge.core.variant import Optimizer, Variant, Wrappers, checked_lr
-from hloforge.train.session import _is_host, positive_batch, stage
+from hloforge.train.session import _is_host, memory_said, positive_batch, stage
 
 __all__ = ["DeviceParams", "Gradients", "OptimizerStepSession", "VjpSession"]
 
@@ -140,11 +142,17 @@ class VjpSession:
         self.y_shape = (batch, *walk[-1].out_shape)
         self._exes: dict[str, Any] = {}
 
+    def _memory_said(self, which: str) -> AbstractContextManager[None]:
+        """Out of memory in the block said with this session's batch (IREE allocates as it compiles)."""
+        what = "forward" if which == "forward" else "VJP"
+        return memory_said(f"the {what} of net {self.spec.name!r}", self.batch, "use a smaller VjpSession batch")
+
     def _exe(self, which: str) -> Any:
         if which not in self._exes:  # compiled on first use: a net applied once never builds the accumulating form
             text = (forward_module(self.spec, self.batch, target=self.target) if which == "forward" else
                     net_vjp_module(self.spec, self.batch, target=self.target, accumulate=which == "acc"))
-            self._exes[which] = self.backend.compile(text)
+            with self._memory_said(which):
+                self._exes[which] = self.backend.compile(text)
         return self._exes[which]
 
     def _checked(self, what: str, a: Any, shape: tuple[int, ...]) -> Any:
@@ -158,8 +166,10 @@ class VjpSession:
     def forward(self, x: Any, *, host: bool = True) -> Any:
         """y = net(x) (host arrays, or device buffers with `host=False`)."""
         xd = self._checked("input x", x, self.x_shape)
-        (y,) = self.backend.execute(self._exe("forward"), [xd, *self.theta.buffers],
-                                    keep=range(1, 1 + len(self.slots)))  # θ outlives the call
+        exe = self._exe("forward")
+        with self._memory_said("forward"):
+            (y,) = self.backend.execute(exe, [xd, *self.theta.buffers],
+                                        keep=range(1, 1 + len(self.slots)))  # θ outlives the call
         return self._out(y, host)
 
     def vjp(self, x: Any, gbar: Any, *, into: Gradients | None = None,
@@ -174,8 +184,9 @@ class VjpSession:
             if into.slots != self.slots or into.backend is not self.backend:
                 raise DataError(f"vjp(into=): gradients of another net or backend, not {self.spec.name!r}'s")
             args += into._consume()
-        outs = self.backend.execute(self._exe("vjp" if into is None else "acc"), args,
-                                    keep=range(len(self.slots)))  # θ outlives the call; `into` is consumed
+        exe = self._exe("vjp" if into is None else "acc")
+        with self._memory_said("vjp"):
+            outs = self.backend.execute(exe, args, keep=range(len(self.slots)))  # θ outlives it; `into` is consumed
         n = len(self.slots)
         grads = Gradients(self.slots, self.backend, outs[1:1 + n], self.storage)
         return self._out(outs[0], host), grads, self._out(outs[1 + n], host)
@@ -234,9 +245,10 @@ class OptimizerStepSession:
         bare = [s for _, s in self.slots]
         initial = self.state_layout.initial(self.optimizer, bare, host)
         self._state = [backend.to_device(a) for a in host_stored(initial, self.storage)]
-        self.exe = backend.compile(optimizer_step_module(bare, self.optimizer, wrappers=self.wrappers,
-                                                         storage=self.storage, target=target,
-                                                         name="composition_optimizer_step"))
+        with self._memory_said():
+            self.exe = backend.compile(optimizer_step_module(bare, self.optimizer, wrappers=self.wrappers,
+                                                             storage=self.storage, target=target,
+                                                             name="composition_optimizer_step"))
         self.step_count = 0
 
     def step(self, grads: Gradients | Sequence[np.ndarray], lr: float) -> None:
@@ -254,7 +266,9 @@ class OptimizerStepSession:
         self.step_count += 1
         sched = self.state_layout.host_schedule(self.optimizer, self.step_count, lr)
         n = len(self.slots)
-        outs = self.backend.execute(self.exe, [*self.theta.buffers, *self._state, *g, stage(self.backend, sched)])
+        with self._memory_said():
+            outs = self.backend.execute(self.exe, [*self.theta.buffers, *self._state, *g,
+                                                   stage(self.backend, sched)])
         self.theta.buffers, self._state = list(outs[:n]), list(outs[n:])
 
     def read_params(self) -> list[np.ndarray]:
@@ -262,6 +276,13 @@ class OptimizerStepSession:
 
     def read_params_prefix(self, count: int | None = None) -> list[np.ndarray]:
         return self.theta.read_params_prefix(count)
+
+    def _memory_said(self) -> AbstractContextManager[None]:
+        """Out of memory in the block said in one line: the step takes no batch, so what fills memory is θ,
+        its optimizer state and ∂θ, held together."""
+        mib = sum(4 * math.prod(s.shape) for _, s in self.slots) / 2**20
+        return memory_said(f"the optimizer step of {len(self.slots)} parameter tensors ({mib:.1f} MiB of θ)", None,
+                           "θ, its optimizer state and ∂θ must fit on the device together")
 
     def read_state(self) -> list[np.ndarray]:
         """The optimizer state, copied to the host: each group of `state_layout.slots` in turn, one per θ."""

@@ -18,11 +18,12 @@ Sessions use only the backend interface of `hloforge.backends.base.Backend`.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import inspect
 import math
 import threading
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -160,12 +161,24 @@ def positive_batch(batch: Any, what: str = "batch") -> int:
     return int(batch)
 
 
-def out_of_memory(e: DeviceMemoryError, what: str, batch: int) -> DeviceMemoryError:
-    """A module that ran out of memory, said in one line with what to reduce: the batch, since the activations
-    (and those the backward keeps) grow with it, not the backend's byte count."""
+def out_of_memory(e: DeviceMemoryError, what: str, batch: int | None,
+                  reduce: str = "use a smaller batch (--batch, or fit's batch_size)") -> DeviceMemoryError:
+    """A module that ran out of memory, said in one line with what to reduce (`reduce`): the batch, since the
+    activations (and those the backward keeps) grow with it, not the backend's byte count. `batch` None: a
+    module of no batch (an optimizer step)."""
     asked = f"{e.needed / 2**30:.1f} GiB at once" if e.needed else "more memory"
-    return DeviceMemoryError(f"out of memory: {what} at batch {batch} asked for {asked}, more than the device has "
-                             "free; use a smaller batch (--batch, or fit's batch_size)", e.needed)
+    at = "" if batch is None else f" at batch {batch}"
+    return DeviceMemoryError(f"out of memory: {what}{at} asked for {asked}, more than the device has free; {reduce}",
+                             e.needed)
+
+
+@contextlib.contextmanager
+def memory_said(what: str, batch: int | None, reduce: str) -> Iterator[None]:
+    """The block's DeviceMemoryError (a compile that allocates, an execute) said by `out_of_memory`."""
+    try:
+        yield
+    except DeviceMemoryError as e:
+        raise out_of_memory(e, what, batch, reduce) from None
 
 
 def net_inputs(x: Any, spec: NetSpec, rows: int, what: str, note: str = "") -> np.ndarray:
