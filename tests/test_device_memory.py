@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from test_mpi import launch, needs_mpi  # tests/ is on sys.path (rootdir-relative, no package)
 
 BACKENDS = ["xla", pytest.param("iree", marks=pytest.mark.skipif(
     importlib.util.find_spec("iree") is None, reason="iree packages not installed"))]
@@ -57,6 +58,18 @@ def test_the_command_line_says_out_of_memory_in_gib_and_names_the_batch(net, bac
                     "--run-dir", "run", "--no-progress", "--backend", backend], net)
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     assert re.fullmatch(f"hloforge: error: {SAID}", done.stderr.splitlines()[-1]), done.stderr[-3000:]
+
+
+@needs_mpi
+def test_under_mpiexec_each_rank_says_the_same_line(net) -> None:
+    """Two ranks, each under the limit: the split step's gradient half asks for 10 GiB on each. Before, each rank
+    said XLA's 'XLA failed executing: Out of memory allocating 10689216544 bytes. [RESOURCE_EXHAUSTED]'."""
+    train = " ".join([sys.executable, "-m", "hloforge", "train", "--net", "net.toml", "--batch", "512", "--epochs",
+                      "1", "--run-dir", "run", "--no-progress", "--backend", "xla"])
+    done = launch(2, "sh", "-c", f"ulimit -v {LIMIT >> 10}; exec {train}", cwd=net)
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    said = [line for line in (done.stdout + done.stderr).splitlines() if line.startswith("hloforge: error:")]
+    assert said and all(re.fullmatch(f"hloforge: error: {SAID}", line) for line in said), done.stderr[-3000:]
 
 
 def test_model_fit_raises_the_same_line(net) -> None:

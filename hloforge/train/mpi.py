@@ -54,7 +54,7 @@ from hloforge.core.strategy import target_of
 from hloforge.core.switches import env_switch
 from hloforge.core.variant import Variant
 from hloforge.train.parallel import DataParallelTrainSession, require_replicas, split_batch
-from hloforge.train.session import ForwardSession, TrainSession, merge_carried
+from hloforge.train.session import ForwardSession, TrainSession, memory_said, merge_carried
 from hloforge.train.supervise import WORKER_ENV as WORKER_ENV
 from hloforge.train.supervise import supervise as supervise
 
@@ -567,9 +567,10 @@ class MpiTrainSession(DataParallelTrainSession):
             self.backend.compile(text)
 
     def _run(self, exe: Any, per_replica: list[list[Any]], keep: Sequence[int] = ()) -> list[list[Any]]:
-        if self.replicas > 1:
-            return self.backend.execute_replicated(exe, per_replica, keep=keep)
-        return [self.backend.execute(exe, per_replica[0], keep=keep)]
+        with memory_said(f"the train step of net {self.spec.name!r}", self.batch):  # the global batch, as P=1's
+            if self.replicas > 1:
+                return self.backend.execute_replicated(exe, per_replica, keep=keep)
+            return [self.backend.execute(exe, per_replica[0], keep=keep)]
 
     def _theta_on(self, r: int) -> list[Any]:
         """The carried state (θ, optimizer state) on local replica r's device."""

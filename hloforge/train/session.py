@@ -161,8 +161,11 @@ def positive_batch(batch: Any, what: str = "batch") -> int:
     return int(batch)
 
 
+SMALLER_BATCH = "use a smaller batch (--batch, or fit's batch_size)"  # what to reduce, for a run's train or eval
+
+
 def out_of_memory(e: DeviceMemoryError, what: str, batch: int | None,
-                  reduce: str = "use a smaller batch (--batch, or fit's batch_size)") -> DeviceMemoryError:
+                  reduce: str = SMALLER_BATCH) -> DeviceMemoryError:
     """A module that ran out of memory, said in one line with what to reduce (`reduce`): the batch, since the
     activations (and those the backward keeps) grow with it, not the backend's byte count. `batch` None: a
     module of no batch (an optimizer step)."""
@@ -173,7 +176,7 @@ def out_of_memory(e: DeviceMemoryError, what: str, batch: int | None,
 
 
 @contextlib.contextmanager
-def memory_said(what: str, batch: int | None, reduce: str) -> Iterator[None]:
+def memory_said(what: str, batch: int | None, reduce: str = SMALLER_BATCH) -> Iterator[None]:
     """The block's DeviceMemoryError (a compile that allocates, an execute) said by `out_of_memory`."""
     try:
         yield
