@@ -132,6 +132,26 @@ def test_a_run_checkpoint_drives_the_rendered_train_step_by_the_manifest_names(t
     np.testing.assert_allclose(got["param/0.w"], session.read_params()[0], rtol=1e-6, atol=1e-7)
 
 
+def test_render_onto_a_full_disk_says_which_file_in_one_line_and_leaves_none_torn(tmp_path):
+    """A write limit (RLIMIT_FSIZE; EFBIG, as ENOSPC) the train step's module passes: before, 'hloforge: error: a
+    file: file too large', naming none, and the module cut at the limit in --out, read later as a broken module."""
+    import resource
+
+    limit = 2000  # mnist-mlp's forward modules fit under it, its train step does not
+
+    def capped() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    done = subprocess.run([sys.executable, "-m", "hloforge", "render", "mnist-mlp", "--out", "o"], cwd=tmp_path,
+                          capture_output=True, text=True, preexec_fn=capped, timeout=120)
+    assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        "hloforge: error: could not write module o/mnist_mlp_adam_train_step.mlir: File too large (there was no "
+        "module before, the temp file removed); free space and render again")
+    written = {p.name: p.stat().st_size for p in (tmp_path / "o").iterdir()}
+    assert set(written) == {"mnist_mlp_fwd.mlir", "mnist_mlp_fwd_eval.mlir"} and max(written.values()) < limit
+
+
 def test_render_from_a_toml_spec(tmp_path, capsys):
     spec = tmp_path / "tiny.toml"
     spec.write_text('name = "Tiny Net"\ninput_shape = [1, 8, 8]\nnum_classes = 3\n\n'

@@ -68,13 +68,15 @@ def _render(args: argparse.Namespace) -> None:
                for name, text, eval_mode in zip(files, files.values(), (False, True), strict=False)}
     modules[next(reversed(files))] = {**about, "variant": variant.slug, "schedule": list(layout.scalars),
                                       **manifest.describe(step, layout.input_roles(), layout.output_roles())}
+    from hloforge.train.checkpoint import write_atomic
     from hloforge.train.rundir import make_dir
 
     make_dir(args.out, "--out")  # only once every module rendered: a refused net writes nothing
     listed = manifest.merged(os.path.join(args.out, manifest.MANIFEST), modules)
+    # each file written aside and renamed, the manifest last: a full disk leaves every file whole, said in one line
     for name, text in [*files.items(), (manifest.MANIFEST, json.dumps(listed, indent=1) + "\n")]:
-        with open(os.path.join(args.out, name), "w", encoding="utf-8") as f:
-            f.write(text)
+        write_atomic(os.path.join(args.out, name), text.encode(), "module" if name.endswith(".mlir") else "manifest",
+                     then="free space and render again")
         print(os.path.join(args.out, name))
     print(f"rendered {spec.name} ({spec.param_count():,} params, batch {args.batch}) in {secs:.2f}s", file=sys.stderr)
 
