@@ -169,8 +169,34 @@ def test_an_unwritable_cache_warns_once_and_the_tuning_goes_on(xla: object, tmp_
     with pytest.warns(AutotuneCacheWarning) as said:
         res = autotune.tune(NET, BATCH, xla, cache_dir=where, prepare=slow_when("conv2d", "nchw"))
     assert conv_choices(res) == ["nhwc"] * 3
-    assert [str(w.message) for w in said] == [f"autotune cache: cannot write to {where} (Not a directory); decisions "
+    assert [str(w.message) for w in said] == [f"autotune cache: cannot write to {where} (Not a directory); timings "
                                               "are not cached ($HLOFORGE_CACHE_DIR names a writable directory)"]
+
+
+def test_a_cache_on_a_full_disk_warns_once_and_the_tuning_goes_on(xla: object, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before, the first entry's ENOSPC ended the run, said as the run directory's ('run directory r: No space left
+    on device (a write); there is no checkpoint yet; free space and --resume') though it had room: now said once,
+    as the compile caches say it, and the plan is the one a writable cache gets; no temp file is left."""
+    import errno
+    import os
+
+    from hloforge.backends import disk_cache
+
+    want = conv_choices(autotune.tune(NET, BATCH, xla, cache_dir=tmp_path / "room", prepare=slow_when("conv2d",
+                                                                                                      "nchw")))
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(disk_cache.os, "fsync", full)
+    monkeypatch.setattr(disk_cache, "_UNWRITABLE", set())
+    with pytest.warns(AutotuneCacheWarning) as caught:
+        res = autotune.tune(NET, BATCH, xla, cache_dir=tmp_path / "full", prepare=slow_when("conv2d", "nchw"))
+    said = [str(w.message) for w in caught if isinstance(w.message, AutotuneCacheWarning)]
+    assert said == [f"autotune cache: cannot write to {tmp_path / 'full'} (No space left on device); timings are "
+                    "not cached ($HLOFORGE_CACHE_DIR names a writable directory)"]
+    assert conv_choices(res) == want and list((tmp_path / "full").iterdir()) == []
 
 
 def test_a_plan_the_whole_net_does_not_confirm_is_dropped(xla: object, tmp_path: Path) -> None:

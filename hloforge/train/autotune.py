@@ -73,8 +73,8 @@ DEFAULTS: Choices = (("plan", "defaults"),)
 
 
 class AutotuneCacheWarning(HloforgeWarning):
-    """A cache entry was unreadable or did not match its key (the layer was timed again), or the cache
-    could not be written (the decisions stand, not kept)."""
+    """A cache entry was unreadable or did not match its key (the layer was timed again), or could not be
+    written (the run went on)."""
 
 
 class AutotuneCandidateWarning(HloforgeWarning):
@@ -314,10 +314,19 @@ def read_entry(path: Path, key: Mapping[str, Any],
 
 
 def write_entry(path: Path, key: Mapping[str, Any], winner: Candidate, times_ms: Mapping[str, float]) -> None:
-    """Write the entry to a temp file beside it and rename it into place (atomic on one filesystem)."""
+    """Write the entry to a temp file beside it and rename it into place (atomic on one filesystem). One that
+    cannot be written (a full disk, a read-only cache) is said once per cause and the run goes on,
+    as the compile caches do: a cache is no part of the run."""
     data = json.dumps({"key": key, "choice": winner.label, "times_ms": dict(times_ms)}, sort_keys=True,
                       default=repr, indent=1)
-    write_atomic(path, data.encode())
+    try:
+        write_atomic(path, data.encode())
+    except OSError as e:
+        why = first_unwritable(path.parent, e)
+        if why is not None:
+            warnings.warn(AutotuneCacheWarning(f"autotune cache: cannot write to {path.parent} ({why}); timings are "
+                                               f"not cached (${CACHE_ENV_VAR} names a writable directory)"),
+                          stacklevel=2)
 
 
 # ------------------------------------------------------------------ tuning a net
@@ -420,13 +429,7 @@ def _decide(what: str, key: Mapping[str, Any], cands: Sequence[Candidate], where
     if hit is not None:
         return hit[0], hit[1], "cached"
     times, winner = _time_all(what, cands, ready, reps)
-    try:
-        write_entry(path, key, winner, times)
-    except OSError as e:  # an unwritable cache (a read-only home): the run goes on, said once
-        why = first_unwritable(where, e)
-        if why is not None:
-            warnings.warn(AutotuneCacheWarning(f"autotune cache: cannot write to {where} ({why}); decisions are not "
-                                               f"cached (${CACHE_ENV_VAR} names a writable directory)"), stacklevel=3)
+    write_entry(path, key, winner, times)
     return winner, times, "timed"
 
 
