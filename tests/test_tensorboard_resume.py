@@ -147,3 +147,30 @@ def test_a_resume_from_an_epoch_0_checkpoint_cuts_the_killed_runs_events(tmp_pat
         assert [s for s, _ in seen] == [s for s, _ in want[tag]], tag  # each step once, in order
     for tag in ("step/loss", "epoch/loss", "epoch/top1"):  # (not the timings)
         assert np.allclose([v for _, v in got[tag]], [v for _, v in want[tag]]), tag
+
+
+FULL = """
+import errno, os, sys
+from tensorboardX import record_writer
+from hloforge.cli import main
+
+def full(self):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+record_writer.RecordWriter.flush = full  # the logdir's disk fills as the events are forced out
+sys.exit(main(["train", "mnist-linear", "--epochs", "1", "--run-dir", "run", "--no-progress",
+               "--callback", "tensorboard:logdir=tb,every_step=true"]))
+"""
+
+
+def test_a_full_disk_under_the_logdir_is_one_line_naming_it(tmp_path):
+    """Before: tensorboardX's writer thread printed its traceback, another came at exit, and the run ended in
+    'run directory run: No space left on device (a write); ...; free space and --resume', though the run directory
+    had room. Now one line naming the logdir."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", FULL], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.splitlines()[-1] == ("hloforge: error: TensorBoard cannot write its event files in tb: No "
+                                            "space left on device; expected a directory with room for them")

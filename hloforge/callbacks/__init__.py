@@ -9,14 +9,16 @@ lookup of every registered callback: `hf.callbacks["early_stopping"]`, `hf.callb
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import inspect
 import math
 import os
 import sys
 import tempfile
+import time
 import typing
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from hloforge.callbacks import tbevents
@@ -326,15 +328,19 @@ class CSVLogger(Callback):
 
 class TensorBoard(Callback):
     """Each epoch's numeric metrics as TensorBoard scalars under `logdir` by epoch (and each step's loss by
-    global step when `every_step`), written by tensorboardX's SummaryWriter: `pip install tensorboardX`
-    (read back with tensorboard's EventAccumulator or `tensorboard --logdir`). A resume cuts the files
-    back to its checkpoint first (tbevents.rewind)."""
+    global step when `every_step`), written by tensorboardX's EventsWriter in this thread: `pip install
+    tensorboardX` (read back with tensorboard's EventAccumulator or `tensorboard --logdir`). A resume cuts the
+    files back to its checkpoint first (tbevents.rewind). Not its SummaryWriter: that one writes from a thread
+    of its own, so a full disk printed that thread's traceback and another at exit, and reached the run as the
+    run directory's fault."""
 
     name = "tensorboard"
 
     def __init__(self, logdir: str, every_step: bool = False):
         try:
-            from tensorboardX import SummaryWriter
+            from tensorboardX import summary  # the package first: a submodule loaded earlier imports without it
+            from tensorboardX.event_file_writer import EventsWriter
+            from tensorboardX.proto.event_pb2 import Event
         except ImportError:
             raise HloforgeError("the TensorBoard callback writes event files with tensorboardX, which is not "
                                 "installed; pip install tensorboardX") from None
@@ -346,7 +352,8 @@ class TensorBoard(Callback):
         if os.path.exists(logdir) and not os.path.isdir(logdir):
             raise UnsupportedSpec(f"TensorBoard writes event files into a directory, but {logdir} is a file")
         writable(logdir, "TensorBoard", directory=True)
-        self._writer_cls, self.logdir, self.every_step = SummaryWriter, logdir, every_step
+        self._writer_cls, self._event, self._scalar = EventsWriter, Event, summary.scalar
+        self.logdir, self.every_step = logdir, every_step
         self._writer: Any = None
 
     def on_train_begin(self, logs: dict[str, Any]) -> None:
@@ -363,13 +370,15 @@ class TensorBoard(Callback):
             except OSError as e:
                 raise HloforgeError(f"TensorBoard cannot cut the event files in {self.logdir} back to the checkpoint "
                                     f"(epoch {last['epoch']}): {e.strerror or e}") from None
-        self._writer = self._writer_cls(self.logdir, filename_suffix=tbevents.own_suffix())
+        with self._writing():
+            os.makedirs(self.logdir, exist_ok=True)
+            self._writer = self._writer_cls(os.path.join(self.logdir, "events"), tbevents.own_suffix())
         for row in history:
             self._log_epoch(row["epoch"], row, skip=kept)
 
     def on_step_end(self, step: int, logs: dict[str, Any]) -> None:
         if self.every_step:
-            self._writer.add_scalar(f"{tbevents.STEP}loss", logs["loss"], step)
+            self._add(f"{tbevents.STEP}loss", logs["loss"], step)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> None:
         self._log_epoch(epoch, logs)
@@ -378,12 +387,32 @@ class TensorBoard(Callback):
         for k, v in logs.items():
             tag = f"{tbevents.EPOCH}{k}"
             if k != "epoch" and isinstance(v, (int, float)) and (tag, epoch) not in skip:
-                self._writer.add_scalar(tag, v, epoch)
-        self._writer.flush()
+                self._add(tag, v, epoch)
+        with self._writing():
+            self._writer.flush()
+
+    def _add(self, tag: str, value: float, step: int) -> None:
+        """One scalar, as SummaryWriter.add_scalar writes it."""
+        with self._writing():
+            self._writer.write_event(self._event(summary=self._scalar(tag, value), step=step, wall_time=time.time()))
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """A write that fails (a full disk, the directory gone) in one line naming the logdir, the file closed."""
+        try:
+            yield
+        except OSError as e:
+            if self._writer is not None:
+                with contextlib.suppress(OSError):
+                    self._writer.close()
+                self._writer = None
+            raise HloforgeError(f"TensorBoard cannot write its event files in {self.logdir}: {e.strerror or e}; "
+                                "expected a directory with room for them") from None
 
     def on_train_end(self, logs: dict[str, Any]) -> None:
         if self._writer is not None:
-            self._writer.close()
+            with self._writing():
+                self._writer.close()
             self._writer = None
 
 
