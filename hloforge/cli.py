@@ -5,6 +5,7 @@ commands/handlers.py; their names are re-exported here (`from hloforge.cli impor
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import os
 import sys
@@ -161,6 +162,12 @@ def _show_warning(message: Warning | str, category: type[Warning], filename: str
 def _os_error_said(e: OSError) -> str:
     """A file the user named that the system refused, with what was expected: `[Errno 13] Permission denied:
     'ro/d'` said as `ro/d: permission denied; expected a path this user may write (or read)`."""
+    if e.errno == errno.EMFILE:  # no file of the user's at fault: the process's limit on open files
+        import resource
+
+        held = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return (f"too many open files: this process may hold {held} at once (ulimit -n); expected a higher limit "
+                "(ulimit -n 4096), or fewer files at once (--workers: each producer holds its pipes)")
     where = e.filename if e.filename is not None else "a file"
     what = (e.strerror or str(e)).lower()
     if isinstance(e, PermissionError):

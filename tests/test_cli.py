@@ -152,6 +152,27 @@ def test_render_onto_a_full_disk_says_which_file_in_one_line_and_leaves_none_tor
     assert set(written) == {"mnist_mlp_fwd.mlir", "mnist_mlp_fwd_eval.mlir"} and max(written.values()) < limit
 
 
+def test_too_many_open_files_says_the_limit_and_what_to_raise(tmp_path, capsys, monkeypatch):
+    """The open-file limit reached as --workers starts its producers (ulimit -n 12 does it): before, 'hloforge:
+    error: a file: too many open files', as if a file of the user's were at fault."""
+    import errno
+    import os
+    import resource
+
+    from hloforge.datasets import stream
+
+    def no_more(*args, **kwargs):
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+
+    monkeypatch.setattr(stream.subprocess, "Popen", no_more)
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "mnist-linear", "--epochs", "1", "--workers", "2", "--run-dir", "r", "--no-progress"]) == 3
+    held = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"hloforge: error: too many open files: this process may hold {held} at once (ulimit -n); expected a higher "
+        "limit (ulimit -n 4096), or fewer files at once (--workers: each producer holds its pipes)")
+
+
 def test_render_from_a_toml_spec(tmp_path, capsys):
     spec = tmp_path / "tiny.toml"
     spec.write_text('name = "Tiny Net"\ninput_shape = [1, 8, 8]\nnum_classes = 3\n\n'
