@@ -75,3 +75,21 @@ def test_under_mpiexec_each_rank_says_the_same_line(net) -> None:
 def test_model_fit_raises_the_same_line(net) -> None:
     done = limited([sys.executable, "-c", FIT], net)
     assert re.fullmatch(SAID, done.stdout.strip()), (done.stdout, done.stderr[-3000:])
+
+
+PREDICT = """
+import numpy as np, hloforge as hf
+from hloforge.core.errors import DeviceMemoryError
+try:
+    hf.Model(hf.NetSpec.from_file("net.toml")).predict(np.zeros((8192, 1, 28, 28), np.float32), batch_size=8192)
+except DeviceMemoryError as e:
+    print(e)
+"""
+
+
+def test_predict_names_its_own_batch_size(net) -> None:
+    """A forward too large for memory: before, its line sent the user to fit's batch_size, which predict has not."""
+    done = limited([sys.executable, "-c", PREDICT], net)
+    said = (r"out of memory: the forward of net 'big' at batch 8192 asked for \d+\.\d GiB at once, more than the "
+            r"device has free; use a smaller batch \(--batch, or the batch_size of predict, evaluate or fit\)")
+    assert re.fullmatch(said, done.stdout.strip()), (done.stdout, done.stderr[-3000:])

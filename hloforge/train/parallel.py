@@ -37,7 +37,14 @@ from hloforge.core.registry import Registry
 from hloforge.core.spec import NetSpec
 from hloforge.core.strategy import target_of
 from hloforge.core.variant import Variant
-from hloforge.train.session import ForwardSession, TrainSession, _is_host, merge_carried, out_of_memory
+from hloforge.train.session import (
+    SMALLER_EVAL_BATCH,
+    ForwardSession,
+    TrainSession,
+    _is_host,
+    merge_carried,
+    out_of_memory,
+)
 
 SHARD, REPLICATE = "shard", "replicate"
 
@@ -210,7 +217,7 @@ class ShardedForwardSession(ForwardSession):
             try:
                 res = be.execute_replicated(self.exe, args, keep=keep)
             except DeviceMemoryError as e:
-                raise out_of_memory(e, f"the forward of net {self.spec.name!r}", gb) from None
+                raise out_of_memory(e, f"the forward of net {self.spec.name!r}", gb, SMALLER_EVAL_BATCH) from None
             del args
             out.append(np.concatenate([be.to_host(outs[0]) for outs in res])[:n])
         return np.concatenate(out)

@@ -161,7 +161,9 @@ def positive_batch(batch: Any, what: str = "batch") -> int:
     return int(batch)
 
 
-SMALLER_BATCH = "use a smaller batch (--batch, or fit's batch_size)"  # what to reduce, for a run's train or eval
+SMALLER_BATCH = "use a smaller batch (--batch, or fit's batch_size)"  # what to reduce: a run's, a fit's train step
+# ... and a forward's: scoring takes the batch_size of predict or evaluate too (fit's, scoring its validation)
+SMALLER_EVAL_BATCH = "use a smaller batch (--batch, or the batch_size of predict, evaluate or fit)"
 
 
 def out_of_memory(e: DeviceMemoryError, what: str, batch: int | None,
@@ -554,7 +556,7 @@ class ForwardSession:
         try:
             self.exe = self._compile()
         except DeviceMemoryError as e:  # IREE allocates a module's transient storage as it loads it
-            raise out_of_memory(e, f"the forward of net {spec.name!r}", batch) from None
+            raise out_of_memory(e, f"the forward of net {spec.name!r}", batch, SMALLER_EVAL_BATCH) from None
         self._held: list[Any] | None = None
         self._held_gen: Hashable | None = None
         self._held_src: list[Any] = []  # the host arrays seeded from (kept alive so their ids stay theirs)
@@ -625,6 +627,7 @@ class ForwardSession:
                 try:
                     res = self.backend.execute(self.exe, [*self._x_in([chunk]), *dev], keep=keep)
                 except DeviceMemoryError as e:
-                    raise out_of_memory(e, f"the forward of net {self.spec.name!r}", self.batch) from None
+                    raise out_of_memory(e, f"the forward of net {self.spec.name!r}", self.batch,
+                                        SMALLER_EVAL_BATCH) from None
                 out.append(self.backend.to_host(res[0])[:n])
             return np.concatenate(out)
