@@ -60,6 +60,23 @@ def test_the_command_line_says_out_of_memory_in_gib_and_names_the_batch(net, bac
     assert re.fullmatch(f"hloforge: error: {SAID}", done.stderr.splitlines()[-1]), done.stderr[-3000:]
 
 
+@pytest.mark.parametrize(("message", "said"), [
+    ("Out of memory allocating 55838841440 bytes.", "52.0 GiB"),  # the CPU plugin's
+    ("Out of memory while trying to allocate 33762398024 bytes.", "31.4 GiB"),  # the GPU allocator's
+    ("Out of memory while trying to allocate 16.00GiB.", "16.0 GiB"),
+    ("Failed to allocate request for 2.00MiB (2097152B) on device ordinal 0", "more memory"),  # no size said
+])
+def test_the_size_asked_is_read_from_each_plugins_wording(message: str, said: str) -> None:
+    """Before, only the CPU plugin's 'allocating N bytes' was read: a GPU's out of memory said 'asked for more
+    memory', the GiB left out. (Wordings as XLA's GPU allocator prints them; no GPU ran here.)"""
+    from hloforge.backends.xla.pjrt.api import asked_bytes
+    from hloforge.core.errors import DeviceMemoryError
+    from hloforge.train.session import out_of_memory
+
+    line = str(out_of_memory(DeviceMemoryError(message, asked_bytes(message)), "the train step of net 'big'", 64))
+    assert line.startswith(f"out of memory: the train step of net 'big' at batch 64 asked for {said}"), line
+
+
 @needs_mpi
 def test_under_mpiexec_each_rank_says_the_same_line(net) -> None:
     """Two ranks, each under the limit: the split step's gradient half asks for 10 GiB on each. Before, each rank

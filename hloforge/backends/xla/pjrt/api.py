@@ -184,8 +184,7 @@ class Api:
             self._api.PJRT_Error_Destroy(self.args("Error_Destroy", error=error))
         exc = BackendError(f"XLA failed {doing}: {message} [{code}]")
         if code == "RESOURCE_EXHAUSTED":  # out of memory: the sessions name the batch that asked (out_of_memory)
-            asked = re.search(r"allocating (\d+) bytes", message)
-            exc = DeviceMemoryError(str(exc), int(asked[1]) if asked else None)
+            exc = DeviceMemoryError(str(exc), asked_bytes(message))
         exc.code = code  # type: ignore[attr-defined]
         exc.plugin_message = message  # type: ignore[attr-defined]
         return exc
@@ -208,6 +207,18 @@ class Api:
 
 
 _APIS: dict[str, Api] = {}
+# The allocation an out-of-memory message names: the CPU plugin's 'Out of memory allocating 55838841440 bytes',
+# the GPU allocator's 'Out of memory while trying to allocate 33762398024 bytes.' or '... allocate 16.00GiB'.
+_ASKED = re.compile(r"allocat(?:e|ing) (\d+(?:\.\d+)?) ?(bytes|[KMGT]iB)")
+_UNIT_BYTES = {"bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+
+def asked_bytes(message: str) -> int | None:
+    """The bytes of the allocation an XLA out-of-memory `message` says it was refused, None where it says none."""
+    found = _ASKED.search(message)
+    return round(float(found[1]) * _UNIT_BYTES[found[2]]) if found else None
+
+
 _APIS_LOCK = threading.Lock()
 
 
