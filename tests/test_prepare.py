@@ -33,6 +33,28 @@ def write_jpeg_tree(root, per_class=2, classes=CLASSES):
             (d / "notes.txt").write_text("not an image")
 
 
+def test_prepare_onto_a_full_disk_names_the_file_in_one_line(tmp_path):
+    """A write limit (RLIMIT_FSIZE: EFBIG, as a full disk's ENOSPC) the first record file passes: before, 'hloforge:
+    error: a file: file too large', naming none. Nothing of this prepare is left in --out."""
+    import resource
+    import subprocess
+    import sys
+
+    write_jpeg_tree(tmp_path / "src")
+
+    def capped() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (600, 600))
+
+    done = subprocess.run([sys.executable, "-m", "hloforge", "prepare", "imagenette", "src", "out", "--train-size",
+                           "32", "--val-size", "24"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          preexec_fn=capped)
+    assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        "hloforge: error: could not write out/train.bin: File too large (what out held before is untouched, this "
+        "prepare's files removed); free space and prepare again")
+    assert not list((tmp_path / "out").iterdir())
+
+
 def test_prepare_imagenette_from_jpeg_folders_through_the_cli(tmp_path, capsys):
     write_jpeg_tree(tmp_path / "src")
     out = tmp_path / "out"

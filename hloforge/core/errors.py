@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import errno
+
+#: the errnos of a write the disk had no room for (a full disk, a quota, a file-size limit)
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
 
 class HloforgeError(Exception):
     """Base of every error hloforge raises on purpose."""

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Iterator
 import numpy as np
 
 from hloforge.core.contracts import Dataset
-from hloforge.core.errors import DataError
+from hloforge.core.errors import DISK_FULL, DataError
 from hloforge.datasets.augment import Transform, apply_all
 
 COUNT_HEADER = struct.Struct("<I")  # the u32 little-endian record count of the counted formats
@@ -66,6 +66,12 @@ def replaced_together(out: str) -> Iterator[Callable[[str], str]]:
         yield stage
         for name, path in staged.items():
             os.replace(path, os.path.join(out, name))
+    except OSError as e:  # a write's error names no file: said with the one being written
+        if e.errno not in DISK_FULL or not staged:
+            raise
+        raise DataError(f"could not write {os.path.join(out, next(reversed(staged)))}: {e.strerror} (what {out} "
+                        "held before is untouched, this prepare's files removed); free space and prepare again") \
+            from None
     finally:
         for path in staged.values():
             if os.path.exists(path):

@@ -23,7 +23,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
+from hloforge.core.errors import DISK_FULL, DataError, HloforgeError, UnsupportedSpec
 from hloforge.core.spec import NetSpec
 from hloforge.train.checkpoint import FORMAT_FAMILY, TMP_SUFFIX, first_difference, load_meta, write_atomic
 from hloforge.train.config import BITMAP, CHECKPOINT, CONFIG, TrainConfig
@@ -37,7 +37,6 @@ NET_FILE = "net.json"  # Model.save's copy of a net the zoo does not name, so `e
 # What writing a run into a directory replaces or removes there: `hloforge train`, Model.save,
 # `import-weights --out DIR`, a ModelCheckpoint's copy (copy_run). What else a directory holds is left be.
 RUN_FILES = (CONFIG, CHECKPOINT, METRICS, PNG, BITMAP, NET_FILE)
-DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
