@@ -233,3 +233,34 @@ def test_image_out_on_its_own(tmp_path):
     assert image_out("grid.png") == "grid.png"  # the current directory
     with pytest.raises(DataError, match=r"has suffix '\.gif'"):
         image_out(str(tmp_path / "a.gif"))
+
+
+WRITERS = {  # each image command's writer, on an image larger than the limit below
+    "cam": "from hloforge.commands.cam import save_overlay as w; w(rng.random((3, 64, 64)), rng.random((64, 64)), OUT)",
+    "detect": "from hloforge.train.detection import draw_detections as w; w(rng.random((64, 64, 3)), "
+              "np.zeros((0, 6)), OUT, scale=4)",
+    "sample": "from hloforge.commands.sample import save_grid as w; w(rng.random((256, 256, 3)), OUT)",
+}
+
+
+@pytest.mark.parametrize("name", WRITERS)
+@pytest.mark.parametrize("suffix", [".png", ".jpg"])
+def test_an_image_onto_a_full_disk_is_one_line_and_no_torn_file(name, suffix, tmp_path):
+    """A write limit (RLIMIT_FSIZE: EFBIG, as a full disk's ENOSPC) under the image's size: before, the writer's raw
+    OSError ('hloforge: error: a file: file too large' on the command line, naming none) and the image cut at the
+    limit, left under the name the user gave. Now one line naming it, and nothing there."""
+    import resource
+    import subprocess
+    import sys
+
+    code = (f"import numpy as np\nfrom hloforge.core.errors import HloforgeError\nOUT = 'o{suffix}'\n"
+            f"rng = np.random.default_rng(0)\ntry:\n    {WRITERS[name]}\nexcept HloforgeError as e:\n    print(e)\n")
+
+    def capped() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          preexec_fn=capped)
+    assert done.stdout.strip() == (f"could not write image o{suffix}: File too large (there was no image before, the "
+                                   "temp file removed); free space and run it again"), done.stdout + done.stderr
+    assert not list(tmp_path.iterdir())

@@ -98,7 +98,7 @@ def save_overlay(image: np.ndarray, heat: np.ndarray, path: str, alpha: float = 
     ax.imshow(heat, cmap="jet", alpha=alpha, vmin=0.0, vmax=1.0)
     ax.axis("off")
     fig.tight_layout(pad=0)
-    fig.savefig(path, dpi=100)
+    ckpt.write_image(path, lambda f, suffix: fig.savefig(f, format=suffix, dpi=100))
     plt.close(fig)
 
 

@@ -11,6 +11,7 @@ from hloforge.commands.argtypes import image_out
 from hloforge.commands.opening import open_checkpoint
 from hloforge.core.errors import DataError, UnsupportedSpec
 from hloforge.core.regions import DEFAULT_REGION
+from hloforge.train.checkpoint import write_image
 from hloforge.train.diffusion import ancestral_sample, image_grid, to_unit
 from hloforge.train.session import ForwardSession
 from hloforge.train.tasks import DiffusionTask
@@ -53,4 +54,4 @@ def save_grid(grid: np.ndarray, out: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    plt.imsave(out, grid)
+    write_image(out, lambda f, suffix: plt.imsave(f, grid, format=suffix))

@@ -126,6 +126,17 @@ def write_atomic(path: str, data: bytes, what: str, *, fault: bool = False,
     _fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
+def write_image(path: str, draw: typing.Callable[[typing.BinaryIO, str], None]) -> None:
+    """An image a command writes (cam, detect, sample): `draw(file, suffix)` draws it into memory in the format
+    `path`'s suffix names ("png", "jpg"), then it is written whole (write_atomic): a full disk leaves no torn
+    image in place of the user's and is one line naming it."""
+    import io
+
+    buf = io.BytesIO()
+    draw(buf, os.path.splitext(path)[1][1:].lower())
+    write_atomic(path, buf.getvalue(), "image", then="free space and run it again")
+
+
 def _fsync_dir(d: str) -> None:
     """The rename itself made durable (a power cut after it keeps the new file)."""
     try:

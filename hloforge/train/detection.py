@@ -33,6 +33,7 @@ from hloforge.core.errors import DataError, UnsupportedSpec
 from hloforge.core.spec import NetSpec
 from hloforge.datasets.images import read_rgb
 from hloforge.losses.detection import BOX, centre_cell, encode_yolov1, pyramid_scales
+from hloforge.train.checkpoint import write_image
 
 IOU_MATCH = 0.5
 NMS_IOU = 0.5
@@ -294,7 +295,7 @@ def draw_detections(image: np.ndarray, dets: np.ndarray, path: str, *, names: Se
         pen.rectangle(box, outline=colour, width=2)
         label = f"{names[int(cls)] if names else int(cls)} {score:.2f}"
         pen.text((box[0] + 2, max(box[1] - 11, 0)), label, fill=colour)
-    img.save(path)
+    write_image(path, lambda f, suffix: img.save(f, format=Image.registered_extensions()[f".{suffix}"]))
 
 
 def load_image(path: str, size: int | None = None) -> np.ndarray:
