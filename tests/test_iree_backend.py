@@ -216,6 +216,24 @@ def test_cache_hit_does_not_recompile_and_changes_miss(cache, monkeypatch):
     assert not list(cache.glob("*.tmp"))
 
 
+def test_an_artifact_built_ahead_onto_a_full_disk_says_so(cache, monkeypatch):
+    """compile_artifact (a GPU module built ahead on a CPU machine) whose cache disk is full said 'cache directory
+    ... is not writable', sending the user to permissions; now the cause itself, after the cache's one warning.
+    The compile's run goes on from memory, as before (compile's own path); no entry, no temp file is left."""
+    from hloforge.backends import disk_cache
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(disk_cache.os, "fsync", full)
+    monkeypatch.setattr(disk_cache, "_UNWRITABLE", set())
+    with pytest.warns(IreeCacheWarning, match="No space left on device"), \
+            pytest.raises(BackendError, match=r"^could not write the artifact .*\.vmfb: No space left on device; "
+                                              r"expected a cache directory this user can write, with room for it "):
+        IreeBackend(target="cuda").compile_artifact(STEP)
+    assert not list(cache.iterdir())
+
+
 def test_a_write_prunes_the_cache_to_its_size_but_keeps_the_new_artifact(cache, monkeypatch):
     be = IreeBackend()
     old = be.compile(STEP).artifact

@@ -372,6 +372,7 @@ class IreeBackend:
         # the timeline semaphore `execute` signals (one value per call) and waits on; opened on first use
         self._semaphore: Any = None
         self._timeline = 0
+        self._unstored_why = ""  # why the last artifact could not be stored (_store)
 
     @property
     def config(self) -> Any:
@@ -423,8 +424,8 @@ class IreeBackend:
         Needs no device, so a GPU target can be built ahead of time on a CPU machine."""
         path, hit, unstored = self._artifact(mlir_text)
         if unstored is not None:
-            raise BackendError(f"could not write the artifact {path}: cache directory {self.cache_dir} is not "
-                               f"writable (${CACHE_ENV_VAR} names a writable directory)")
+            raise BackendError(f"could not write the artifact {path}: {self._unstored_why}; expected a cache "
+                               f"directory this user can write, with room for it (${CACHE_ENV_VAR} names one)")
         return path, hit
 
     def _artifact(self, mlir_text: str) -> tuple[Path, bool, bytes | None]:
@@ -445,6 +446,7 @@ class IreeBackend:
             prune(self.cache_dir, ".vmfb", keep=path)
             return True
         except OSError as e:
+            self._unstored_why = e.strerror or str(e)  # compile_artifact's cause: a full disk, a read-only one
             why = first_unwritable(self.cache_dir, e)
             if why is not None:
                 warnings.warn(IreeCacheWarning(
