@@ -55,25 +55,37 @@ from hloforge.core.errors import HloforgeError, HloforgeWarning, UnsupportedSpec
 
 
 def _internal_error(e: BaseException) -> str:
-    """Write the traceback to a file (under the cache root, else the temp dir); its path."""
+    """Write the traceback to a file (under the cache root, else the temp dir); where it is, said for the line.
+    Where neither can take it (a full disk: what may have caused the error), that, not a second traceback; a
+    file the disk filled midway is removed."""
     import tempfile
     import traceback
 
     text = "".join(traceback.format_exception(e))
     name = f"traceback-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.txt"
+
+    def save(fd: int, path: str) -> str:
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+            raise
+        return f"the full traceback is in {path}, or run with {DEBUG_ENV_VAR}=1"
+
     try:
         from hloforge.backends.base import cache_root
 
         d = cache_root() / "tracebacks"
         d.mkdir(parents=True, exist_ok=True)
         path = str(d / name)
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
+        return save(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), path)
     except Exception:  # an unwritable cache (or one that cannot be imported): the temp dir
-        fd, path = tempfile.mkstemp(prefix="hloforge-", suffix=".txt")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-    return path
+        try:
+            return save(*tempfile.mkstemp(prefix="hloforge-", suffix=".txt"))
+        except OSError as second:
+            return f"the traceback could not be saved ({second.strerror}); run with {DEBUG_ENV_VAR}=1 to see it"
 
 
 def _one_line(e: BaseException) -> str:
@@ -310,8 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
             print(f"hloforge: {said} ({whose})" if plugin else f"hloforge: {said}", file=sys.stderr)
         else:
-            print(f"hloforge: {said} ({whose}; the full traceback is in {_internal_error(e)}, "
-                  f"or run with {DEBUG_ENV_VAR}=1)", file=sys.stderr)
+            print(f"hloforge: {said} ({whose}; {_internal_error(e)})", file=sys.stderr)
         _end_mpi_run(e, EXIT_INTERNAL)
         return EXIT_INTERNAL
     return int(rc or 0)

@@ -336,6 +336,29 @@ def _boom(args):
     raise RuntimeError("an invariant broke\nsecond line")
 
 
+def test_an_internal_error_on_a_full_disk_is_still_one_line(tmp_path, capsys, monkeypatch):
+    """Neither the cache nor the temp dir could take the traceback file (a full disk, maybe the error's own cause):
+    before, the write's OSError came out of the handler as a second, raw traceback; now the line says the
+    traceback could not be saved and how to see it, and no empty file is left."""
+    import errno
+    import os
+
+    def full(fd: int, *args, **kwargs):
+        os.close(fd)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setenv("HLOFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("HLOFORGE_DEBUG", raising=False)
+    monkeypatch.setattr(options, "_plugins", _boom)
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    monkeypatch.setattr(os, "fdopen", full)
+    assert main(["plugins"]) == 4
+    assert capsys.readouterr().err == (
+        "hloforge: internal error: RuntimeError: an invariant broke (a bug; the traceback could not be saved (No "
+        "space left on device); run with HLOFORGE_DEBUG=1 to see it)\n")
+    assert not list((tmp_path / "cache" / "tracebacks").iterdir()) and sorted(os.listdir(tmp_path)) == ["cache"]
+
+
 def test_internal_error_is_one_line_naming_the_traceback_file(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HLOFORGE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("HLOFORGE_DEBUG", raising=False)
