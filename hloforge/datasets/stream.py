@@ -39,6 +39,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import struct
 import subprocess
 import sys
@@ -262,6 +263,19 @@ def producer_command(ref: DataRef, split: str, batch: int, shard: int, shards: i
 
 
 # ---------------------------------------------------------------------------------------- the reader
+def _ended(rc: int) -> str:
+    """How a producer ended, said: a signal by name (SIGKILL with its usual sender), else its exit code."""
+    if rc >= 0:
+        return f"exit code {rc}"
+    try:
+        name = signal.Signals(-rc).name
+    except ValueError:
+        name = f"signal {-rc}"
+    oom = ", which the kernel's out-of-memory killer sends when memory runs out, as kill -9 does" \
+        if -rc == signal.SIGKILL else ""
+    return f"killed by {name}{oom}"
+
+
 class _Worker:
     def __init__(self, index: int, name: str, argv: Sequence[str], env: Mapping[str, str] | None):
         self.index, self.name = index, name
@@ -293,7 +307,7 @@ class _Worker:
         err = self.stderr.read().decode("utf-8", "replace").strip()
         if len(err) > STDERR_TAIL:
             err = "…" + err[-STDERR_TAIL:]
-        return f"exit code {rc}" + (f"; its stderr: {err}" if err else "")
+        return _ended(rc) + (f"; its stderr: {err}" if err else "")
 
     def close(self) -> None:
         if self.proc.poll() is None:
