@@ -35,7 +35,7 @@ from hloforge.train.config import BITMAP, CHECKPOINT, CONFIG, TrainConfig, file_
 from hloforge.train.curves import PNG
 from hloforge.train.diffusion import is_time_conditioned
 from hloforge.train.exclusive import one_at_a_time
-from hloforge.train.rundir import METRICS, NET_FILE, check_own_files, checked_path, locked
+from hloforge.train.rundir import METRICS, NET_FILE, RUN_ID, check_own_files, checked_path, locked
 from hloforge.train.session import ForwardSession, TrainSession, checked_labels, make_backend
 
 # What fit reads of an iterable of batches before it refuses it as endless (it holds them all, then a copy).
@@ -601,7 +601,7 @@ class Model:
                 with open(os.path.join(path, CONFIG), "w", encoding="utf-8") as f:
                     f.write(cfg.to_toml())
                 ckpt.save_checkpoint(file, list(tensors), list(tensors.values()), meta)
-                for stale in (METRICS, BITMAP, PNG, *((NET_FILE,) if self._net_ref else ())):
+                for stale in (METRICS, BITMAP, PNG, RUN_ID, *((NET_FILE,) if self._net_ref else ())):
                     with contextlib.suppress(FileNotFoundError):
                         os.remove(os.path.join(path, stale))
         except OSError as e:  # a missing parent that cannot be made, a read-only or virtual file system (/proc)

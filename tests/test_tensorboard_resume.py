@@ -8,6 +8,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+from collections.abc import Collection
 
 import numpy as np
 import pytest
@@ -39,11 +40,11 @@ class StopAt(Callback):
             raise Stopped
 
 
-def scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
-    """Each tag's (step, value) in the order a reader meets them: every event file, oldest first, read raw
-    (no purge marker honoured), so a step held twice shows twice."""
+def scalars(logdir: str, skip: Collection[str] = ()) -> dict[str, list[tuple[int, float]]]:
+    """Each tag's (step, value) in the order a reader meets them: every event file (but those in `skip`),
+    oldest first, read raw (no purge marker honoured), so a step held twice shows twice."""
     out: dict[str, list[tuple[int, float]]] = {}
-    for path in sorted(glob.glob(os.path.join(logdir, "*tfevents*"))):
+    for path in sorted(set(glob.glob(os.path.join(logdir, "*tfevents*"))) - set(skip)):
         for ev in loader.EventFileLoader(path).Load():
             for v in ev.summary.value:
                 value = v.tensor.float_val[0] if v.HasField("tensor") else v.simple_value  # tensorboardX: a tensor
@@ -80,6 +81,29 @@ def test_a_resumed_runs_events_are_the_uninterrupted_runs(stop: StopAt, tmp_path
         assert got[tag] == [(r["epoch"], pytest.approx(r[tag.removeprefix("epoch/")], rel=1e-6)) for r in epochs], tag
 
 
+def test_a_resume_cuts_its_own_events_not_another_runs_in_a_shared_logdir(tmp_path) -> None:
+    """Two runs logging into one logdir: resuming one cut every event file there back to its checkpoint,
+    the other run's epochs and steps past it gone. Now a run's files bear its identity (kept in its run
+    directory), and its resume cuts those alone."""
+    logdir = str(tmp_path / "tb")
+    train(TrainConfig(net="mnist-linear", epochs=3, run_dir=str(tmp_path / "other")),
+          callbacks=[TensorBoard(logdir, every_step=True)], **QUIET)
+    theirs = {}
+    for path in glob.glob(os.path.join(logdir, "*tfevents*")):
+        with open(path, "rb") as f:
+            theirs[path] = f.read()
+    cfg = TrainConfig(net="mnist-linear", epochs=3, run_dir=str(tmp_path / "mine"))
+    with pytest.raises(Stopped):
+        train(cfg, callbacks=[StopAt(step=2 * STEPS + 5), TensorBoard(logdir, every_step=True)], **QUIET)
+    train(cfg, resume=True, callbacks=[TensorBoard(logdir, every_step=True)], **QUIET)
+    for path, raw in theirs.items():
+        with open(path, "rb") as f:
+            assert f.read() == raw, path
+    mine = scalars(logdir, skip=theirs)
+    assert [s for s, _ in mine["step/loss"]] == list(range(1, 3 * STEPS + 1))  # each step once: cut as before
+    assert [e for e, _ in mine["epoch/loss"]] == [1, 2, 3]
+
+
 def test_a_kill_mid_record_is_cut_and_the_rest_kept(tmp_path) -> None:
     """SIGKILL while tensorboardX writes leaves a torn last record: the rewind drops it with the scalars
     past the checkpoint, and keeps the other records, another writer's tags among them, as they were."""
@@ -97,7 +121,7 @@ def test_a_kill_mid_record_is_cut_and_the_rest_kept(tmp_path) -> None:
     (path,) = glob.glob(str(tmp_path / "*tfevents*"))
     with open(path, "ab") as f:
         f.write(b"\x40\x00\x00\x00\x00\x00\x00\x00\x01\x02")  # half a header
-    assert tbevents.rewind(str(tmp_path), epoch=1, step=2) == {("epoch/loss", 1)}
+    assert tbevents.rewind(str(tmp_path), epoch=1, step=2, run_id=None) == {("epoch/loss", 1)}
     assert scalars(str(tmp_path)) == {"step/loss": [(1, pytest.approx(0.1)), (2, pytest.approx(0.2))],
                                       "mine": [(1, 1), (2, 2), (3, 3)], "epoch/loss": [(1, 0.5)]}
     assert os.listdir(tmp_path) == [os.path.basename(path)]  # no temp file left

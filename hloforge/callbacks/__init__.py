@@ -357,22 +357,30 @@ class TensorBoard(Callback):
         self._writer: Any = None
 
     def on_train_begin(self, logs: dict[str, Any]) -> None:
-        history = logs.get("history", ())
+        from hloforge.train.rundir import run_id
+
+        history, resumed, dir_ = logs.get("history", ()), "history" in logs, run_dir_of(self.model)
         kept: set[tuple[str, int]] = set()
-        if "history" in logs:
+        # The run's identity names its files, so a resume cuts its own, not another run's in a shared logdir.
+        # None with a history: a run from before runs had one, whose files bear none; none without: a
+        # first resume (of Model.save's directory, a ModelCheckpoint copy's), which wrote no file yet.
+        ident = run_id(dir_, new=False) if dir_ and resumed else None
+        if resumed and (ident or history):
             # A resume: the files cut back to its checkpoint (the last epoch of its history; epoch 0, step 0
             # where it has none), then the history's epochs they lack (the run killed before this callback
             # logged its checkpoint's epoch, or a first run without this callback), as CSVLogger writes it.
             last = history[-1] if history else {"epoch": 0, "step": 0}
             try:
                 if os.path.isdir(self.logdir):
-                    kept = tbevents.rewind(self.logdir, last["epoch"], last["step"])
+                    kept = tbevents.rewind(self.logdir, last["epoch"], last["step"], ident)
             except OSError as e:
                 raise HloforgeError(f"TensorBoard cannot cut the event files in {self.logdir} back to the checkpoint "
                                     f"(epoch {last['epoch']}): {e.strerror or e}") from None
+        if dir_ and ident is None:
+            ident = run_id(dir_, new=True)
         with self._writing():
             os.makedirs(self.logdir, exist_ok=True)
-            self._writer = self._writer_cls(os.path.join(self.logdir, "events"), tbevents.own_suffix())
+            self._writer = self._writer_cls(os.path.join(self.logdir, "events"), tbevents.own_suffix(ident))
         for row in history:
             self._log_epoch(row["epoch"], row, skip=kept)
 

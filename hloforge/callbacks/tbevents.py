@@ -15,15 +15,18 @@ from collections.abc import Iterator
 EPOCH, STEP = "epoch/", "step/"  # the callback's tag prefixes: x-axis the epoch, x-axis the global step
 _HEAD = 12  # a TFRecord: data length (u64), its masked CRC (u32), the data, the data's masked CRC (u32)
 _writers_made = itertools.count()
+RUN_MARK = ".run-"  # then the run's identity (rundir.run_id), at the end of the event files of a run with a directory
 
 
-def own_suffix() -> str:
+def own_suffix(run_id: str | None = None) -> str:
     """The end of a new writer's file name (SummaryWriter's filename_suffix) that no other writer's has:
     tensorboardX names a file by its second and host alone, so a writer made within the second of another
     (a second fit into the logdir, a resume right after the kill) opened that one's file over it, its events
     gone. After the second: the nanosecond, so files of one second sort (TensorBoard reads them in name
-    order) as they were made, then the process and its count of writers, so no two names are the same."""
-    return f".{time.time_ns() % 10**9:09d}.{os.getpid()}.{next(_writers_made)}"
+    order) as they were made, then the process and its count of writers, so no two names are the same; last
+    the run's identity, by which its resume knows its own files (rewind)."""
+    mark = f"{RUN_MARK}{run_id}" if run_id else ""
+    return f".{time.time_ns() % 10**9:09d}.{os.getpid()}.{next(_writers_made)}{mark}"
 
 
 def records(raw: bytes) -> Iterator[tuple[bytes, bytes]]:
@@ -44,16 +47,20 @@ def records(raw: bytes) -> Iterator[tuple[bytes, bytes]]:
         at = end
 
 
-def rewind(logdir: str, epoch: int, step: int) -> set[tuple[str, int]]:
-    """Cut every event file in `logdir` back to a checkpoint at `epoch` and global `step`: an EPOCH scalar
-    of a later epoch, a STEP scalar of a later step and a torn last record dropped, the rest (other
-    writers' tags too) kept in order. Returns the (tag, epoch) of the EPOCH scalars kept."""
+def rewind(logdir: str, epoch: int, step: int, run_id: str | None) -> set[tuple[str, int]]:
+    """Cut the event files in `logdir` of the run `run_id` (own_suffix) back to a checkpoint at `epoch` and
+    global `step`: an EPOCH scalar of a later epoch, a STEP scalar of a later step and a torn last record
+    dropped, the rest (other writers' tags too) kept in order. Other runs' files in a shared logdir are
+    theirs, left be; `run_id` None (a run from before runs had one): the files of no run's. Returns the
+    (tag, epoch) of the EPOCH scalars kept."""
     from tensorboardX.proto.event_pb2 import Event
 
     kept_epochs: set[tuple[str, int]] = set()
     for name in sorted(os.listdir(logdir)):
         path = os.path.join(logdir, name)
         if "tfevents" not in name or not os.path.isfile(path):  # TensorBoard's own test of an event file
+            continue
+        if not (name.endswith(f"{RUN_MARK}{run_id}") if run_id else RUN_MARK not in name):
             continue
         with open(path, "rb") as f:
             raw = f.read()

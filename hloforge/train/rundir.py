@@ -14,8 +14,10 @@ import fcntl
 import io
 import json
 import os
+import re
 import shlex
 import tomllib
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -34,9 +36,10 @@ from hloforge.zoo import SPEC_SUFFIXES
 LOCK = ".lock"
 METRICS = "metrics.jsonl"
 NET_FILE = "net.json"  # Model.save's copy of a net the zoo does not name, so `eval` rebuilds it
+RUN_ID = "run-id"  # the run's identity (run_id): what marks files it writes elsewhere (TensorBoard's) as its own
 # What writing a run into a directory replaces or removes there: `hloforge train`, Model.save,
 # `import-weights --out DIR`, a ModelCheckpoint's copy (copy_run). What else a directory holds is left be.
-RUN_FILES = (CONFIG, CHECKPOINT, METRICS, PNG, BITMAP, NET_FILE)
+RUN_FILES = (CONFIG, CHECKPOINT, METRICS, PNG, BITMAP, NET_FILE, RUN_ID)
 NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
@@ -140,8 +143,9 @@ def locked(run_dir: str, last_good: str, resume: bool = False) -> Iterator[None]
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        for name in (CHECKPOINT, CONFIG, BITMAP, METRICS, PNG):  # a writer's killed mid-write: the lock says
-            with contextlib.suppress(FileNotFoundError):          # no one else writes them
+        # A writer's killed mid-write: the lock says no one else writes them.
+        for name in (CHECKPOINT, CONFIG, BITMAP, METRICS, PNG, RUN_ID):
+            with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(run_dir, name + TMP_SUFFIX))
         yield
     except OSError as e:
@@ -191,6 +195,23 @@ def holds_copy(checkpoint: str, path: str) -> bool:
     same = all(own.get(k) == kept.get(k) for k in ("spec", "variant", "seed", "backend")) and \
         same_eval_set(str(own.get("eval_set")), str(kept.get("eval_set")))
     return same and int(kept.get("step", -1)) <= int(own.get("step", -1))
+
+
+def run_id(run_dir: str, new: bool) -> str | None:
+    """The identity of the run in `run_dir`, kept in its RUN_ID file so it travels with the directory (a
+    resume after a move, on another machine); `new`: a fresh one, minted and written over any earlier run's.
+    None where the run has none (one written before runs had one, or the file tampered with)."""
+    path = os.path.join(run_dir, RUN_ID)
+    if new:
+        ident = uuid.uuid4().hex
+        write_atomic(path, f"{ident}\n".encode(), RUN_ID)
+        return ident
+    try:
+        with open(path, encoding="utf-8") as f:
+            ident = f.read().strip()
+    except (FileNotFoundError, UnicodeDecodeError):
+        return None
+    return ident if re.fullmatch(r"[0-9a-f]{32}", ident) else None
 
 
 def rewind_metrics(run_dir: str, step: int) -> None:
