@@ -173,3 +173,18 @@ def test_the_bench_parser_takes_no_prefix_either() -> None:
 
     with contextlib.redirect_stderr(io.StringIO()), pytest.raises(SystemExit):
         bench_parser().parse_args(["--round", "2"])
+
+
+def test_detects_image_may_follow_its_flags(capsys) -> None:
+    """argparse took no IMAGE before the flag and called the one after it unrecognized: `detect RUN --score 0.1
+    img.png` was refused, and `detect RUN --index 0 img.png` said so, not that detect takes one of the two."""
+    from hloforge.cli import main
+
+    ns = PARSER.parse_args(["detect", "RUN", "--score", "0.1", "img.png"])
+    assert (ns.run, ns.image, ns.score) == ("RUN", "img.png", 0.1)
+    assert main(["detect", "RUN", "--index", "0", "img.png"]) == 3
+    assert capsys.readouterr().err == ("hloforge: error: detect takes an image file or --index N (a test image of the "
+                                       "run's dataset), one of them\n")
+    with pytest.raises(SystemExit):
+        PARSER.parse_args(["detect", "RUN", "--score", "0.1", "img.png", "more.png"])
+    assert "unrecognized arguments: more.png" in capsys.readouterr().err

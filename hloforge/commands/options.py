@@ -89,8 +89,20 @@ class Parser(argparse.ArgumentParser):
                 if not isinstance(below, argparse.ArgumentParser):
                     break
                 said = below
-            said.error(f"unrecognized arguments: {' '.join(extras)}")
+            extras = _late_positionals(said, ns, extras)
+            if extras:
+                said.error(f"unrecognized arguments: {' '.join(extras)}")
         return ns
+
+
+def _late_positionals(parser: argparse.ArgumentParser, ns: argparse.Namespace, extras: list[str]) -> list[str]:
+    """`extras` less those that are an optional positional given after a flag (`detect RUN --score 0.1 IMAGE`),
+    set on `ns`: argparse fills such a positional, empty, with the one before the flag, and calls it unrecognized."""
+    unset = [a for a in parser._actions if not a.option_strings and a.nargs == "?" and getattr(ns, a.dest) is None]
+    while extras and unset and not extras[0].startswith("-"):
+        action = unset.pop(0)
+        setattr(ns, action.dest, parser._get_values(action, [extras.pop(0)]))
+    return extras
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
