@@ -245,6 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv is None and not debug:  # the process's own command (HLOFORGE_DEBUG: where each was raised)
         warnings.showwarning = _show_warning
     given_argv, argv = argv, list(sys.argv[1:] if argv is None else argv)
+    smaller: str | None = None
     if _another_rank_does_it(argv):
         return EXIT_OK
     if given_argv is None and os.environ.get("PMI_FD"):  # a rank under hydra: its worker (hloforge.train.supervise)
@@ -275,6 +276,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is None:  # a bare `hloforge`: the help, and nothing run
             p.print_help(sys.stderr)
             return EXIT_USAGE
+        smaller = getattr(args, "smaller", None)  # what this command's out-of-memory advice names
         rc = args.func(args)  # a command may return its exit status (verify: 1 on a failed gate)
     except KeyboardInterrupt as e:
         line = f"hloforge: stopped by {e}" if isinstance(e, Stopped) else "hloforge: interrupted"  # SIGTERM, SIGHUP
@@ -308,7 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _end_mpi_run(e, EXIT_BAD_INPUT)
         return EXIT_BAD_INPUT
     except MemoryError as e:  # a size asked for (a batch, an input shape) that does not fit, not a bug
-        print(f"hloforge: error: out of host memory ({_one_line(e)}); ask for a smaller batch or input",
+        print(f"hloforge: error: out of host memory ({_one_line(e)}); {smaller or 'ask for a smaller batch or input'}",
               file=sys.stderr)
         _end_mpi_run(e, EXIT_BAD_INPUT)
         return EXIT_BAD_INPUT

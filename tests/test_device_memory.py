@@ -110,3 +110,19 @@ def test_predict_names_its_own_batch_size(net) -> None:
     said = (r"out of memory: the forward of net 'big' at batch 8192 asked for \d+\.\d GiB at once, more than the "
             r"device has free; use a smaller batch \(--batch, or the batch_size of predict, evaluate or fit\)")
     assert re.fullmatch(said, done.stdout.strip()), (done.stdout, done.stderr[-3000:])
+
+
+def test_out_of_host_memory_names_the_commands_own_option(monkeypatch, capsys) -> None:
+    """`hloforge sample RUN -n 100000000` ran out of host memory and advised 'a smaller batch or input', though
+    sample takes no batch: its -n is. The advice names the option the command takes."""
+    import hloforge.commands.sample as sample
+    from hloforge.cli import main
+
+    def too_many(run: str, n: int, *args: object, **kw: object) -> None:  # as numpy says it, for the grid of n
+        raise MemoryError(f"Unable to allocate 572. GiB for an array with shape ({n}, 3, 16, 16)")
+
+    monkeypatch.setattr(sample, "sample_run", too_many)
+    assert main(["sample", "RUN", "-n", "100000000"]) == 3
+    assert capsys.readouterr().err == ("hloforge: error: out of host memory (MemoryError: Unable to allocate 572. GiB "
+                                       "for an array with shape (100000000, 3, 16, 16)); ask for fewer images (a "
+                                       "smaller -n)\n")

@@ -382,7 +382,7 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--no-clip", dest="clip", action="store_false",
                     help="leave each step's predicted clean image unclipped (default: clip it to the data's range)")
     _moved_data_flags(sp)
-    sp.set_defaults(func=_sample)
+    sp.set_defaults(func=_sample, smaller="ask for fewer images (a smaller -n)")  # -n is its batch
     prepare_parser(sub)
     sub.add_parser("bench", add_help=False, help="step time vs jax.jit and PyTorch (see `hloforge bench -h`)")
     return p
