@@ -51,7 +51,7 @@ from hloforge.commands.options import parser as parser
 from hloforge.commands.options import prepare_parser as prepare_parser
 from hloforge.commands.options import variant_flags as variant_flags
 from hloforge.commands.options import version as version
-from hloforge.core.errors import HloforgeError, HloforgeWarning, UnsupportedSpec
+from hloforge.core.errors import DeviceMemoryError, HloforgeError, HloforgeWarning, UnsupportedSpec
 
 
 def _internal_error(e: BaseException) -> str:
@@ -297,6 +297,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             _end_mpi_run(e, EXIT_OUTPUT_GONE)
             return EXIT_OUTPUT_GONE
+        if isinstance(e, DeviceMemoryError) and smaller:  # a command without --batch: what it takes instead
+            e.advise(smaller)
         said = f"hloforge: error: {_os_error_said(e) if isinstance(e, OSError) else e}\n"
         if not getattr(e, "quiet", False) and _said_across(argv, EXIT_BAD_INPUT, said, sys.stderr):
             return EXIT_BAD_INPUT  # (HLOFORGE_DEBUG's traceback: a rank's own, run alone)

@@ -158,7 +158,7 @@ def test_edge_values_accepted_in_a_real_process_train_and_read_back(tmp_path):
 
 
 @pytest.mark.parametrize("argv,unknown", [
-    (["eval", "RUN", "--batch", "32"], "--batch 32"),  # was read as --batch-stats, a diagnostic never asked for
+    (["eval", "RUN", "--batch-stat"], "--batch-stat"),  # was read as --batch-stats
     (["train", "--epoch", "2"], "--epoch"),  # a typo of --epochs, taken as it (2 is then the net)
 ])
 def test_a_flag_is_taken_only_as_spelled_in_full(argv: list[str], unknown: str) -> None:

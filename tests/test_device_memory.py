@@ -126,3 +126,27 @@ def test_out_of_host_memory_names_the_commands_own_option(monkeypatch, capsys) -
     assert capsys.readouterr().err == ("hloforge: error: out of host memory (MemoryError: Unable to allocate 572. GiB "
                                        "for an array with shape (100000000, 3, 16, 16)); ask for fewer images (a "
                                        "smaller -n)\n")
+
+
+@pytest.mark.parametrize("argv,module,function", [
+    (["detect", "RUN", "img.png"], "detect", "detect_run"),
+    (["cam", "RUN", "test:0"], "cam", "cam_run"),
+])
+def test_a_command_without_batch_advises_what_it_does_take(argv, module, function, monkeypatch, capsys) -> None:
+    """A command that runs one image at a time ran out of device memory and advised '--batch', which it does not
+    take (nor could help). It says what does: it runs one at a time already."""
+    import importlib
+
+    from hloforge.cli import main
+    from hloforge.core.errors import DeviceMemoryError
+    from hloforge.train.session import out_of_memory
+
+    def oom(*args: object, **kw: object) -> None:
+        raise out_of_memory(DeviceMemoryError("Out of memory allocating 21474836480 bytes", 20 << 30),
+                            "the forward of net 'big'", 1)
+
+    monkeypatch.setattr(importlib.import_module(f"hloforge.commands.{module}"), function, oom)
+    assert main(argv) == 3
+    assert capsys.readouterr().err == ("hloforge: error: out of memory: the forward of net 'big' at batch 1 asked for "
+                                       "20.0 GiB at once, more than the device has free; it runs one input at a time "
+                                       "already: free memory, or run it where there is more\n")

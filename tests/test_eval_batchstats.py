@@ -69,10 +69,34 @@ def test_batch_stats_eval_refuses_a_padded_tail(tmp_path, capsys) -> None:
     assert main(["eval", run, "--batch-stats"]) == 3
     err = capsys.readouterr().err.strip()
     # before: "score a split whose size divides by 32", a split the user cannot choose; now the batches that would do
-    assert err == ("hloforge: error: --batch-stats scores in the run's batches of 32, and the test split's 40 rows "
-                   "leave a last batch of 8 whose zero padding would shift the real rows' statistics; expected a run "
-                   "trained at a --batch dividing 40 (such as 8, 10, 20, 40)"), err
+    assert err == ("hloforge: error: --batch-stats scores in batches of 32, and the test split's 40 rows "
+                   "leave a last batch of 8 whose zero padding would shift the real rows' statistics; expected a "
+                   "--batch dividing 40 (such as 8, 10, 20, 40)"), err
     assert main(["eval", run]) == 0  # the running-statistics eval pads it, as always
+    assert main(["eval", run, "--batch-stats", "--batch", "20"]) == 0  # eval's own --batch, which divides 40
+
+
+def test_eval_batch_scores_in_batches_of_its_own_with_the_same_scores(tmp_path, capsys) -> None:
+    """A run trained at a batch its scoring device cannot hold: eval ran out of memory and advised --batch, which
+    eval did not take. `eval --batch N` compiles the forward at N and scores every row alone (a padded tail's
+    zeros never read, BN on its running statistics): the same top-1 and loss as at the run's 32."""
+    run = bn_run(tmp_path, n_test=40)
+    sizes = []
+    made = opening.make_forward_session
+
+    def spy(net, batch, *args, **kw):
+        sizes.append(batch)
+        return made(net, batch, *args, **kw)
+
+    scores = []
+    for batch in (None, 7, 40, 1000):
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(opening, "make_forward_session", spy)
+            res = evaluate_checkpoint(run, log=lambda s: None, batch=batch)
+        scores.append((res.correct.tolist(), round(res.nll, 5)))
+    assert sizes == [32, 7, 40, 1000] and scores[1:] == scores[:1] * 3
+    capsys.readouterr()
+    assert main(["eval", run, "--batch", "0"]) == 2 and "--batch" in capsys.readouterr().err
 
 
 def test_batch_stats_on_a_net_without_batchnorm_is_refused_as_plain_eval(tmp_path, capsys) -> None:

@@ -206,7 +206,7 @@ def _eval(args: argparse.Namespace) -> None:
 
     evaluate_checkpoint(args.run, backend=args.backend, region=args.region, replicas=args.replicas,
                         devices=args.devices, batch_stats=args.batch_stats, size=args.size, crop=args.crop,
-                        data_dir=args.data_dir, data_file=args.data_file)
+                        data_dir=args.data_dir, data_file=args.data_file, batch=args.batch)
 
 
 def _summary(args: argparse.Namespace) -> None:

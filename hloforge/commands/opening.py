@@ -108,9 +108,9 @@ def check_batch_stats(spec: NetSpec, batch: int, rows: int) -> None:
     if rows % batch:
         fits = [b for b in range(2, rows + 1) if rows % b == 0 and b != batch]
         near = sorted(fits, key=lambda b: (abs(b - batch), b))[:4]
-        raise UnsupportedSpec(f"--batch-stats scores in the run's batches of {batch}, and the test split's {rows} rows "
+        raise UnsupportedSpec(f"--batch-stats scores in batches of {batch}, and the test split's {rows} rows "
                               f"leave a last batch of {rows % batch} whose zero padding would shift the real rows' "
-                              f"statistics; expected a run trained at a --batch dividing {rows} "
+                              f"statistics; expected a --batch dividing {rows} "
                               f"(such as {', '.join(map(str, sorted(near)))})")
 
 
@@ -194,7 +194,7 @@ def evaluate_checkpoint(path: str, backend: str | None = None, region: str = DEF
                         log: Callable[[str], None] = print, replicas: int = 1,
                         devices: int | None = None, batch_stats: bool = False,
                         size: int | None = None, crop: float | None = None, data_dir: str | None = None,
-                        data_file: str | None = None) -> EvalResult:
+                        data_file: str | None = None, batch: int | None = None) -> EvalResult:
     """Score a run directory's (or a file's) checkpoint alone, with the training run's batching.
     `region` picks the weights: the live ones, the EMA shadow of an EMA variant, or (the default, as
     `sample`'s) auto: the shadow when the run kept one. `replicas` > 1
@@ -203,18 +203,21 @@ def evaluate_checkpoint(path: str, backend: str | None = None, region: str = DEF
     seed 003's diagnostic, BN with each batch's statistics instead of the running ones (ForwardSession).
     `size` (and `crop`): a classifier scored at size×size, its eval graph rendered there and the eval
     images resized and center-cropped to match (hloforge.commands.resolution: timm's test protocol).
-    `data_dir`, `data_file`: where the run's data is now, when it moved (open_checkpoint)."""
+    `data_dir`, `data_file`: where the run's data is now, when it moved (open_checkpoint). `batch`: score in
+    batches of that many rows (default the run's), on a device the run's batch does not fit: every row is
+    scored alone (a padded tail's zeros never read), so the scores are the same (but --batch-stats')."""
     check_region(region)  # a bad name is refused before anything is opened
     check_size_crop(size, crop)  # a bad value is refused before anything is opened
     oc = open_checkpoint(path, backend, log, devices, data_dir=data_dir, data_file=data_file, replicas=replicas)
     run, spec, meta, cfg = oc.run, oc.spec, oc.meta, oc.run.cfg
+    batch = cfg.batch if batch is None else batch
     # each region with its own BN statistics: the live weights with the running ones, the shadow with its EMA
     region, params, running = oc.region_weights(region)
     if batch_stats and (replicas > 1 or run.lm or (run.task is not None and run.task.kind != "class")):
         raise UnsupportedSpec("--batch-stats scores a classifier on one replica; this run is "
                               + ("sharded" if replicas > 1 else "not a classifier"))
     if batch_stats:  # said here, with what would do, rather than by the session at the last batch
-        check_batch_stats(spec, cfg.batch, len(run.y_te))
+        check_batch_stats(spec, batch, len(run.y_te))
     at = None
     if size is not None:
         kind = "a language model" if run.lm else None if run.task is None or run.task.kind == "class" \
@@ -223,8 +226,8 @@ def evaluate_checkpoint(path: str, backend: str | None = None, region: str = DEF
             raise UnsupportedSpec(f"--size scores an image classifier; this run is {kind}")
         at = scoring_size(spec, cfg.net, size, crop)
     net, suffix = (at.spec, at.suffix) if at else (spec, "")
-    evaluator = (ForwardSession(net, cfg.batch, run.backend, batch_stats=True, suffix=suffix) if batch_stats else
-                 make_forward_session(net, -(-cfg.batch // replicas), run.backend, replicas, suffix=suffix))
+    evaluator = (ForwardSession(net, batch, run.backend, batch_stats=True, suffix=suffix) if batch_stats else
+                 make_forward_session(net, -(-batch // replicas), run.backend, replicas, suffix=suffix))
     buffers = [*params, *([] if batch_stats else running)]  # host arrays: the session pushes them once
     if run.lm:
         lres = evaluate_lm(evaluator, buffers, run.x_te, run.y_te)

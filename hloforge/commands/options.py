@@ -66,6 +66,11 @@ def version() -> str:
 
     return str(hloforge.__version__)
 
+
+# The out-of-memory advice (the cli's) of a command that takes no --batch: `smaller` in its defaults.
+ONE_AT_A_TIME = "it runs one input at a time already: free memory, or run it where there is more"
+
+
 class Parser(argparse.ArgumentParser):
     """A usage error is one line naming the flag and what it expects, and where the help is. A flag is taken
     only as spelled in full: argparse's prefixes read `eval RUN --batch 32` as `--batch-stats`."""
@@ -280,6 +285,9 @@ def parser() -> argparse.ArgumentParser:
                     help="score sharded over N devices (XLA; same result)")
     sp.add_argument("--devices", type=integer(1, MAX_PROCESSES),
                     help="the XLA CPU client's device count (default: one per replica of --replicas, else 1)")
+    sp.add_argument("--batch", type=positive_int,
+                    help="score in batches of N, where the run's batch does not fit the device; the scores are "
+                         "the same (default: the run's training batch)")
     sp.add_argument("--batch-stats", action="store_true",
                     help="diagnostic: BatchNorm with each eval batch's own statistics, not the running ones "
                          "(refused when the last batch would be padded)")
@@ -342,7 +350,7 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--seed", type=nonneg_int, default=0, help="seeds the sampling")
     sp.add_argument("--backend", type=plugin_name, help="run on this backend (default: the one it trained on)")
     _moved_data_flags(sp)
-    sp.set_defaults(func=_generate)
+    sp.set_defaults(func=_generate, smaller=ONE_AT_A_TIME)
 
     sp = _command(sub, "cam", help="Grad-CAM heatmap of one image through a run's checkpoint")
     sp.add_argument("run", help="a run directory or a checkpoint file")
@@ -351,7 +359,7 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--class", dest="cls", type=nonneg_int, help="class to explain (default: the predicted one)")
     sp.add_argument("--backend", type=plugin_name, help="run on this backend (default: the one it trained on)")
     _moved_data_flags(sp)
-    sp.set_defaults(func=_cam)
+    sp.set_defaults(func=_cam, smaller=ONE_AT_A_TIME)
 
     sp = _command(sub, "detect", help="a detector run's boxes on one image, drawn to a PNG")
     sp.add_argument("run", help="a run directory or a checkpoint file")
@@ -362,14 +370,15 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--score", type=probability, default=0.3, help="lowest score drawn")
     sp.add_argument("--backend", type=plugin_name, help="run on this backend (default: the one it trained on)")
     _moved_data_flags(sp)
-    sp.set_defaults(func=_detect)
+    sp.set_defaults(func=_detect, smaller=ONE_AT_A_TIME)
 
     sp = _command(sub, "compare", help="McNemar's exact test on two runs' eval bitmaps (a report: exit 0 either way)")
     sp.add_argument("run_a", help="a run directory (or its eval_correct.npz)")
     sp.add_argument("run_b", help="another run directory scored on the same eval set")
     _region_flag(sp, ", the weights `hloforge eval` scores")
     _moved_data_flags(sp)  # the EMA shadow is scored from the checkpoint, on the run's data
-    sp.set_defaults(func=_compare)
+    sp.set_defaults(func=_compare, smaller="it scores at each run's training batch: free memory, or run it where "
+                                         "there is more")
 
     sp = _command(sub, "sample",
                   help="draw images from a DDPM run's checkpoint (ancestral sampling) as a PNG grid")

@@ -30,11 +30,16 @@ class BackendError(HloforgeError):
 
 class DeviceMemoryError(BackendError):
     """A backend ran out of memory running a module. `needed`: the bytes of the allocation it was refused, where
-    the backend says (else None); the sessions say it again with the batch that asked (`hloforge.train.session`)."""
+    the backend says (else None); the sessions say it again with the batch that asked (`hloforge.train.session`)
+    and `advice`, what to reduce, said last: a command without the batch option advised names its own (`advise`)."""
 
-    def __init__(self, message: str, needed: int | None = None) -> None:
-        super().__init__(message)
-        self.needed = needed
+    def __init__(self, message: str, needed: int | None = None, advice: str = "") -> None:
+        super().__init__(f"{message}; {advice}" if advice else message)
+        self.said, self.needed, self.advice = message, needed, advice
+
+    def advise(self, advice: str) -> None:
+        """Say `advice` instead of its own (the error itself kept: what else was set on it on the way up)."""
+        self.advice, self.args = advice, (f"{self.said}; {advice}",)
 
 
 class DataError(HloforgeError):

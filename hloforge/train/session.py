@@ -173,8 +173,8 @@ def out_of_memory(e: DeviceMemoryError, what: str, batch: int | None,
     module of no batch (an optimizer step)."""
     asked = f"{e.needed / 2**30:.1f} GiB at once" if e.needed else "more memory"
     at = "" if batch is None else f" at batch {batch}"
-    return DeviceMemoryError(f"out of memory: {what}{at} asked for {asked}, more than the device has free; {reduce}",
-                             e.needed)
+    return DeviceMemoryError(f"out of memory: {what}{at} asked for {asked}, more than the device has free", e.needed,
+                             reduce)
 
 
 @contextlib.contextmanager
