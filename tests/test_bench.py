@@ -219,3 +219,16 @@ def test_an_in_process_hloforge_measurement_keeps_its_heap_before_jax_starts():
     env = {k: v for k, v in os.environ.items() if k != "HLOFORGE_HOST_MEMORY"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert "kept before the FLOP count: [True] 0" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+
+
+def test_the_strategy_table_and_the_steps_help_read_as_columns_and_words():
+    """The lowering-strategy table padded kinds to 8 characters, so a longer one (paramLayout, tokenProduct)
+    pushed its row's choices out of line; `bench -h` showed --steps's defaults as a Python dict."""
+    from hloforge.bench.cli import parser
+    from hloforge.bench.report import strategy_lines, strategy_table
+
+    lines = strategy_lines()
+    assert len(lines) == len(strategy_table()) and any(len(kind) > 8 for kind, _, _ in strategy_table())
+    assert len({line.index("iree=") for line in lines}) == 1 and len({line.index("(choices:") for line in lines}) == 1
+    steps = next(a for a in parser()._actions if "--steps" in a.option_strings)
+    assert steps.help.endswith("(default: mnist-mlp 300, mnist-linear 300, mnist-cnn 10, another net 10)")

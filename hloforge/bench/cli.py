@@ -52,6 +52,7 @@ from hloforge.bench.common import (
     DEFAULT_STEPS,
     DISPATCH_BACKENDS,
     LOSS_RTOL,
+    OTHER_STEPS,
     SGEMM_N,
     SUITE,
     Result,
@@ -60,7 +61,7 @@ from hloforge.bench.common import (
     load_net,
     unavailable,
 )
-from hloforge.bench.report import details, sanity, strategy_table, table, throughput, versions
+from hloforge.bench.report import details, sanity, strategy_lines, strategy_table, table, throughput, versions
 from hloforge.bench.timing import (
     _in_child,
     dispatch_us,
@@ -88,7 +89,8 @@ def parser() -> argparse.ArgumentParser:
                    help=f"measure the sgemm roofline ({SGEMM_N}³ f32) and report GFLOP/s against it (default: "
                         "on; --no-roofline skips it)")
     p.add_argument("--steps", type=positive_int, default=None,
-                   help=f"timed steps per (net, backend); default {DEFAULT_STEPS}, else 10")
+                   help="timed steps per (net, backend) (default: " +
+                   ", ".join(f"{n} {s}" for n, s in DEFAULT_STEPS.items()) + f", another net {OTHER_STEPS})")
     p.add_argument("--warmup", type=positive_int, default=3,
                    help="untimed steps after compile (at least 1; default %(default)s)")
     p.add_argument("--rounds", type=positive_int, default=1,
@@ -183,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: list[Result] = []
     gflop: dict[str, float | None] = {}
     for net in nets:
-        steps = args.steps or DEFAULT_STEPS.get(net, 10)
+        steps = args.steps or DEFAULT_STEPS.get(net, OTHER_STEPS)
         batch = batch_of(net)
         try:
             gflop[net] = step_gflop(net, batch)
@@ -251,8 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     forced = os.environ.get("HLOFORGE_STRATEGY")
     print("\nlowering strategies (kind: choice per target" + (f"; forced by HLOFORGE_STRATEGY={forced}" if forced
                                                               else "") + "):")
-    for kind, choices, per_target in strategy_table():
-        print(f"  {kind:8} {', '.join(f'{t}={c}' for t, c in per_target.items())}   (choices: {choices})")
+    print("\n".join(strategy_lines()))
     if checks:
         print(f"\nsanity (first-step loss, rtol {LOSS_RTOL:.0e}):")
         for line, _ in checks:

@@ -17,6 +17,7 @@ BACKENDS = ("hloforge-xla", "hloforge-iree", "jax.jit", "torch", "torch-compile"
 DISPATCH_BACKENDS = ("hloforge-xla", "hloforge-iree", "jax.jit")
 # A few-ms step needs hundreds of samples for a stable median on a shared machine; a 100-ms one, ten.
 DEFAULT_STEPS = {"mnist-mlp": 300, "mnist-linear": 300, "mnist-cnn": 10}
+OTHER_STEPS = 10  # a net DEFAULT_STEPS does not name
 LOSS_RTOL = 1e-4
 # The issue-#11 suite: (net, per-step batch). A net is a zoo name, optionally with its input shape
 # ("vit-mini:3x32x32"); the suite's ViT is vit-cifar (0.81M parameters, 3×32×32, patch 4).

@@ -20,6 +20,15 @@ def strategy_table() -> list[tuple[str, str, dict[str, str]]]:
     return strategy.table()
 
 
+def strategy_lines() -> list[str]:
+    """strategy_table as printed: each kind, its choice per target and its choices, in columns as wide as the
+    widest kind and the widest choices (the kinds run from `sums` to `tokenProduct`)."""
+    rows = [(kind, ", ".join(f"{t}={c}" for t, c in per_target.items()), choices)
+            for kind, choices, per_target in strategy_table()]
+    kind_w, chosen_w = (max((len(r[i]) for r in rows), default=0) for i in (0, 1))
+    return [f"  {kind:{kind_w}}  {chosen:{chosen_w}}  (choices: {choices})" for kind, chosen, choices in rows]
+
+
 def versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
     for mod in ("hloforge", "numpy", "jax", "jaxlib", "optax", "torch"):
