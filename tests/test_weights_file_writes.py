@@ -51,3 +51,21 @@ def test_an_out_under_a_file_or_in_a_directory_it_cannot_write_is_one_line(tmp_p
     assert said == (f"could not write weights file {out}: Permission denied (there was no weights file before, the "
                     f"temp file removed); expected a directory this user can write ({tmp_path / 'ro'} is not)")
     assert not out.exists()
+
+
+def test_a_full_disk_leaves_no_directory_it_made_on_the_way(tmp_path, monkeypatch) -> None:
+    """`import-weights ... --out some/new/dir/w.safetensors` (or a run directory --out some/new/run) on a full
+    disk: the write was undone, but some/new/dir (some/new) it had made stayed behind. All or nothing: gone too."""
+    from hloforge.interop.exporter import write_whole
+
+    (tmp_path / "mine").mkdir()
+
+    def full(fd: int) -> None:  # the disk fills as the data is forced out
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint.os, "fsync", full)
+    with pytest.raises(HloforgeError, match="No space left on device"):
+        write_weights(_imported(), str(tmp_path / "some" / "new" / "dir" / "w.safetensors"))
+    with pytest.raises(HloforgeError, match="No space left on device"):
+        write_whole(str(tmp_path / "mine" / "new" / "run"), [(str(tmp_path / "mine" / "new" / "run" / "f"), b"x", "f")])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"] and not list((tmp_path / "mine").iterdir())

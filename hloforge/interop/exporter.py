@@ -161,18 +161,15 @@ def write_whole(out: str, files: list[tuple[str, bytes, str]], then: str = "free
     none: a write that fails (a full disk) removes the ones this export wrote, and the directory where it
     made it, so the same --out takes the export again once there is room (`then`: the failure says so)."""
     from hloforge.train.checkpoint import write_atomic
-    from hloforge.train.rundir import make_dir
+    from hloforge.train.rundir import new_dirs
 
-    made = not os.path.isdir(out)
-    make_dir(out, "--out")  # a file there is said as for every --out
     written: list[str] = []
-    try:
-        for path, data, what in files:
-            write_atomic(path, data, what, then=then)
-            written.append(path)
-    except BaseException:
-        for path in written:
-            os.remove(path)
-        if made and not os.listdir(out):
-            os.rmdir(out)
-        raise
+    with new_dirs(out, "--out"):  # a file there is said as for every --out
+        try:
+            for path, data, what in files:
+                write_atomic(path, data, what, then=then)
+                written.append(path)
+        except BaseException:
+            for path in written:
+                os.remove(path)
+            raise

@@ -354,16 +354,16 @@ def write_weights(imp: Imported, out: str) -> str:
     from safetensors.numpy import save
 
     from hloforge.train.checkpoint import write_atomic
-    from hloforge.train.rundir import make_dir
+    from hloforge.train.rundir import new_dirs
 
     if os.path.exists(out):
         raise HloforgeError(f"{out} already exists; pick another --out")
     names = [f"param/{n}" for n, _ in imp.spec.params()] + [f"stat/{n}" for n, _ in imp.spec.stats()]
-    make_dir(os.path.dirname(os.path.abspath(out)), "--out's directory")
     blob = save(dict(zip(names, [*imp.params, *imp.stats], strict=True)),
                 metadata={"source": imp.source, "classes": str(imp.spec.num_classes),
                           "spec": json.dumps(imp.spec.to_dict(), sort_keys=True)})
-    write_atomic(out, blob, "weights file", then="pass an --out this user can write, with room for it")
+    with new_dirs(os.path.dirname(os.path.abspath(out)), "--out's directory"):
+        write_atomic(out, blob, "weights file", then="pass an --out this user can write, with room for it")
     return out
 
 

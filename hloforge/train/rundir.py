@@ -69,6 +69,25 @@ def make_dir(path: str, what: str) -> None:
                             "pass a directory, or a path where one can be made") from None
 
 
+@contextmanager
+def new_dirs(path: str, what: str) -> Iterator[None]:
+    """make_dir(path, what) for the block, all or nothing: where the block fails (a full disk), the directories
+    it made on the way to `path` go with it, so the failed write leaves no trace and the same path takes it again."""
+    first_made, walked = None, os.path.abspath(path)
+    while not os.path.exists(walked) and os.path.dirname(walked) != walked:
+        first_made, walked = walked, os.path.dirname(walked)
+    make_dir(path, what)
+    try:
+        yield
+    except BaseException:
+        walked = os.path.abspath(path)
+        while first_made is not None and walked.startswith(first_made):
+            with contextlib.suppress(OSError):  # one the block left a file in, or removed itself
+                os.rmdir(walked)
+            walked = os.path.dirname(walked)
+        raise
+
+
 def holds_run(path: str) -> bool:
     """Whether directory `path` holds a run, whose files a run written there may replace: an hloforge
     checkpoint (of any hloforge version), or, where there is none, the config.toml a run writes before
