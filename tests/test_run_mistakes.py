@@ -379,3 +379,15 @@ def test_save_into_the_directory_of_its_own_spec_file_is_refused_not_deleting_it
     with pytest.raises(HloforgeError, match=r"holds net\.json, which is not a run's"):
         m.save(str(spec.parent))
     assert os.listdir(spec.parent) == ["net.json"]
+
+
+def test_a_run_directory_as_config_names_its_config_file(tmp_path, capsys):
+    """`train --config RUN` (the run directory, not its config.toml) said "cannot read it as TOML ([Errno 21] Is a
+    directory: ...)"; now it says it is a directory and, where it holds one, which config file was meant."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text('net = "mnist-linear"\n')
+    assert main(["train", "--config", str(run), "--run-dir", str(tmp_path / "r")]) == 3
+    assert one_line_error(capsys) == (f"hloforge: error: config {run} is a directory; expected a config file (TOML): "
+                                      f"the run's own is {run / 'config.toml'}")
+    assert not (tmp_path / "r").exists()

@@ -256,6 +256,10 @@ def read_toml(path: str) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)
+    except IsADirectoryError:  # a run directory, most likely: its config is the file in it
+        own = os.path.join(path, CONFIG)
+        raise UnsupportedSpec(f"config {path} is a directory; expected a config file (TOML)"
+                              + (f": the run's own is {own}" if os.path.isfile(own) else "")) from None
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise UnsupportedSpec(f"config {path}: cannot read it as TOML ({e})") from None
 
