@@ -13,7 +13,7 @@ from collections.abc import Collection
 import numpy as np
 import pytest
 
-from hloforge.callbacks import Callback, TensorBoard
+from hloforge.callbacks import Callback, TensorBoard, tbevents
 from hloforge.train.trainer import TrainConfig, train
 
 pytest.importorskip("tensorboardX")
@@ -104,12 +104,38 @@ def test_a_resume_cuts_its_own_events_not_another_runs_in_a_shared_logdir(tmp_pa
     assert [e for e, _ in mine["epoch/loss"]] == [1, 2, 3]
 
 
+def test_a_rewind_cuts_the_files_of_its_run_or_of_before_runs_had_one(tmp_path) -> None:
+    """A run's files end in its identity (any fit's do): its resume cuts those; a run from before runs had one
+    cuts the files that bear none (written then), and never another run's or a fit's."""
+    from tensorboardX import SummaryWriter
+
+
+    def logged(name: str, suffix: str) -> str:
+        w = SummaryWriter(str(tmp_path), filename_suffix=suffix)
+        for step in (1, 2, 3):
+            w.add_scalar("step/loss", step / 10, step)
+        w.close()
+        return max(glob.glob(str(tmp_path / f"*{suffix}")))
+
+    files = {name: logged(name, suffix) for name, suffix in (
+        ("old", ".1"), ("mine", tbevents.own_suffix("a" * 32)), ("theirs", tbevents.own_suffix("b" * 32)),
+        ("fit", tbevents.own_suffix("c" * 32)))}
+
+    def steps() -> dict[str, list[int]]:
+        return {n: [s for s, _ in scalars(str(tmp_path), skip=set(files.values()) - {p})["step/loss"]]
+                for n, p in files.items()}
+
+    tbevents.rewind(str(tmp_path), epoch=0, step=2, run_id="a" * 32)
+    assert steps() == {"old": [1, 2, 3], "mine": [1, 2], "theirs": [1, 2, 3], "fit": [1, 2, 3]}
+    tbevents.rewind(str(tmp_path), epoch=0, step=1, run_id=None)
+    assert steps() == {"old": [1], "mine": [1, 2], "theirs": [1, 2, 3], "fit": [1, 2, 3]}
+
+
 def test_a_kill_mid_record_is_cut_and_the_rest_kept(tmp_path) -> None:
     """SIGKILL while tensorboardX writes leaves a torn last record: the rewind drops it with the scalars
     past the checkpoint, and keeps the other records, another writer's tags among them, as they were."""
     from tensorboardX import SummaryWriter
 
-    from hloforge.callbacks import tbevents
 
     w = SummaryWriter(str(tmp_path))
     for step in (1, 2, 3):
@@ -144,6 +170,8 @@ def test_two_fits_into_one_logdir_within_a_second_each_keep_their_events(tmp_pat
     losses = [hf.Model("mnist-linear", seed=s).fit(x, y[:256], epochs=2, batch_size=64, verbose=False,
                                                    callbacks=[TensorBoard(logdir)])["loss"] for s in (1, 2)]
     assert len(glob.glob(os.path.join(logdir, "*tfevents*"))) == 2
+    # each bears an identity, so a resume of a run from before runs had one (rewind's None) leaves them be
+    assert all(tbevents.RUN_MARK in p for p in glob.glob(os.path.join(logdir, "*tfevents*")))
     got = sorted(v for _, v in scalars(logdir)["epoch/loss"])
     assert np.allclose(got, sorted(losses[0] + losses[1]))
 

@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 import typing
+import uuid
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -376,8 +377,8 @@ class TensorBoard(Callback):
             except OSError as e:
                 raise HloforgeError(f"TensorBoard cannot cut the event files in {self.logdir} back to the checkpoint "
                                     f"(epoch {last['epoch']}): {e.strerror or e}") from None
-        if dir_ and ident is None:
-            ident = run_id(dir_, new=True)
+        if ident is None:  # a fit's (no directory, never resumed) too: only files of before runs had one bear none
+            ident = run_id(dir_, new=True) if dir_ else uuid.uuid4().hex
         with self._writing():
             os.makedirs(self.logdir, exist_ok=True)
             self._writer = self._writer_cls(os.path.join(self.logdir, "events"), tbevents.own_suffix(ident))

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 EPOCH, STEP = "epoch/", "step/"  # the callback's tag prefixes: x-axis the epoch, x-axis the global step
 _HEAD = 12  # a TFRecord: data length (u64), its masked CRC (u32), the data, the data's masked CRC (u32)
 _writers_made = itertools.count()
-RUN_MARK = ".run-"  # then the run's identity (rundir.run_id), at the end of the event files of a run with a directory
+RUN_MARK = ".run-"  # then the run's identity (rundir.run_id; a fit's own), at the end of every writer's file name
 
 
 def own_suffix(run_id: str | None = None) -> str:
