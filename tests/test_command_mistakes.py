@@ -333,3 +333,15 @@ def test_a_folder_that_is_no_run_is_said_with_what_it_holds(tmp_path, capsys, ml
     assert main(["cam", out, "test:0"]) == 3
     assert capsys.readouterr().err.strip().endswith("; it is an export (manifest.json), whose weights `train --init` "
                                                     "reads")
+
+
+@pytest.mark.parametrize("fmt", ["hloforge", "torchvision"])
+def test_an_export_out_named_as_a_weights_file_is_refused(fmt, tmp_path, capsys, mlp_run) -> None:
+    """`export RUN --out model.safetensors` (import-weights' --out for bare weights) made a folder of that name,
+    the weights inside it. Now refused, saying export writes a directory, before anything is written."""
+    out = tmp_path / "model.safetensors"
+    assert main(["export", mlp_run, "--out", str(out), "--format", fmt]) == 3
+    inside = "model.safetensors" if fmt != "hloforge" else "forward.mlir, weights.safetensors, manifest.json"
+    assert capsys.readouterr().err == (f"hloforge: error: --out {out} names a .safetensors file, but export writes a "
+                                       f"directory ({inside}); expected a directory name\n")
+    assert not out.exists()

@@ -84,10 +84,15 @@ def export_run(run: str, out: str, fmt: str = "hloforge", log: Callable[[str], N
     from hloforge.commands.manifest import describe
     from hloforge.commands.opening import open_checkpoint
     from hloforge.core.modules import forward_input_roles, forward_module
+    from hloforge.train.checkpoint import SAFETENSORS, ends_in
     from hloforge.train.tasks import output_said
 
     if fmt not in FORMATS:
         raise UnsupportedSpec(f"export format {fmt!r}; expected one of {list(FORMATS)}")
+    if ends_in(out, SAFETENSORS) and not os.path.isdir(out):  # import-weights' bare-weights --out, here a folder
+        inside = "model.safetensors" if fmt != "hloforge" else "forward.mlir, weights.safetensors, manifest.json"
+        raise UnsupportedSpec(f"--out {out} names a .safetensors file, but export writes a directory ({inside}); "
+                              "expected a directory name")
     oc = open_checkpoint(run, log=log, needs_data=False, runs=False)  # a net and its weights: no dataset, no backend
     spec, cfg = oc.spec, oc.run.cfg
     # the weights eval scores (each with its own BN statistics): the EMA shadow's when the run kept one
