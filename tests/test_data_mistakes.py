@@ -182,7 +182,11 @@ def test_prepare_yolo_refuses_a_split_without_its_labels_folder(tmp_path, capsys
     assert _prepare_yolo(src, tmp_path / "out") == EXIT_BAD_INPUT
     assert _one_line(capsys) == (f"hloforge: error: {src}/labels/train not found; expected the label files (<image "
                                  f"stem>.txt) of {src}/images/train there")
-    assert not (tmp_path / "out" / "train.bin").exists()
+    assert not (tmp_path / "out").exists()  # before: the OUT it made, left empty
+    out = tmp_path / "new" / "out"
+    assert _prepare_yolo(src, out) == EXIT_BAD_INPUT
+    assert not (tmp_path / "new").exists()  # all or nothing: no folder made on the way to OUT either
+    _one_line(capsys)
 
 
 def test_prepare_yolo_names_a_near_miss_labels_folder(tmp_path, capsys) -> None:

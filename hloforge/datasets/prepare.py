@@ -199,7 +199,6 @@ def prepare_imagenette(src: str, out: str, train_size: int = imagenette.TRAIN_SI
                  "other, as macOS writes them): rename one split's folders") if nfc else ""
         raise DataError(f"{src}/val has class folders {extra} not in train and lacks {missing}{forms}; both splits "
                         "must use the same classes")
-    os.makedirs(out, exist_ok=True)
     summary: dict[str, Any] = {"classes": classes, "records": {}, "skipped": {}, "warnings": []}
     # folders 1, 2, ..., 10 read as label = number, which the sorted names' order is not ('10' sorts before '2')
     renumbered = [f"label {i} is folder {c!r}" for i, c in enumerate(classes) if c.isdecimal() and int(c) != i]
@@ -336,7 +335,6 @@ def prepare_brats(src: str, out: str, size: int = brats.NATIVE_SIZE, context: in
     n_val = min(len(cases) - 1, max(1, round(len(cases) * val_frac)))
     val_set = {cases[i] for i in order[:n_val]}
     split_cases = {"train": [c for c in cases if c not in val_set], "val": [c for c in cases if c in val_set]}
-    os.makedirs(out, exist_ok=True)
     rec = brats.record_bytes(size, context)
     summary: dict[str, Any] = {"size": size, "context": context, "context_step": context_step,
                                "channels": brats.channels(context), "seed": seed, "val_frac": val_frac,

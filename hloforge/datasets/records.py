@@ -55,27 +55,31 @@ def replaced_together(out: str) -> Iterator[Callable[[str], str]]:
     """A preparer's files as one set: inside the block each file NAME is written at `stage(NAME)`, a hidden
     path in `out`; when the block ends every staged file is renamed over `out/NAME`, and when it raises none
     is (and the staged ones are removed). So a prepare that fails on its second split leaves the earlier
-    set whole, not a new train.bin beside an old val.bin and an old classes.json."""
+    set whole, not a new train.bin beside an old val.bin and an old classes.json. `out` is made for the block,
+    and where the block raises, so are the directories it made on the way (rundir.new_dirs)."""
+    from hloforge.train.rundir import new_dirs
+
     staged: dict[str, str] = {}
 
     def stage(name: str) -> str:
         staged[name] = os.path.join(out, f".{name}.staged")
         return staged[name]
 
-    try:
-        yield stage
-        for name, path in staged.items():
-            os.replace(path, os.path.join(out, name))
-    except OSError as e:  # a write's error names no file: said with the one being written
-        if e.errno not in DISK_FULL or not staged:
-            raise
-        raise DataError(f"could not write {os.path.join(out, next(reversed(staged)))}: {e.strerror} (what {out} "
-                        "held before is untouched, this prepare's files removed); free space and prepare again") \
-            from None
-    finally:
-        for path in staged.values():
-            if os.path.exists(path):
-                os.remove(path)
+    with new_dirs(out, "OUT"):
+        try:
+            yield stage
+            for name, path in staged.items():
+                os.replace(path, os.path.join(out, name))
+        except OSError as e:  # a write's error names no file: said with the one being written
+            if e.errno not in DISK_FULL or not staged:
+                raise
+            raise DataError(f"could not write {os.path.join(out, next(reversed(staged)))}: {e.strerror} (what {out} "
+                            "held before is untouched, this prepare's files removed); free space and prepare again") \
+                from None
+        finally:
+            for path in staged.values():
+                if os.path.exists(path):
+                    os.remove(path)
 
 
 def file_size(path: str) -> int:

@@ -254,7 +254,6 @@ def _records(src: str, split: str, size: int, grid: int, boxes: int, classes: in
 def prepare_yolo(src: str, out: str, size: int = 224, grid: int = 7, boxes: int = 2,
                  classes: int = 20) -> dict[str, object]:
     check_geometry(size, grid, boxes, classes)  # before anything is read or written
-    os.makedirs(out, exist_ok=True)
     record = record_size(size, grid, 5 * boxes + classes)
     counts, warnings = {}, []
     with replaced_together(out) as stage:
