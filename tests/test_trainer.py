@@ -228,13 +228,15 @@ def test_nan_loss_stops_with_the_step_and_keeps_the_checkpoint(tmp_path):
     (["train", "--lr", "-1"], 2, "argument --lr: expected a finite number > 0"),
     (["train", "--config", "/nonexistent.toml"], 3, "cannot read it as TOML"),  # bad input (HloforgeError)
     (["train", "--batch", "5000"], 3, "larger than the 1437-image training split"),
+    # before: trained into r, the tag dropped without a word
+    (["train", "--tag", "x", "--run-dir", "r"], 3, "--tag 'x' ends the default run directory's name"),
 ])
 def test_bad_train_options(argv, rc, needle, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(argv) == rc
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and needle in err, err
-    assert not (tmp_path / "runs").exists()  # nothing written
+    assert os.listdir(tmp_path) == []  # nothing written (no runs/, no --run-dir)
 
 
 def test_cross_backend_resume_needs_the_flag(tmp_path, monkeypatch):

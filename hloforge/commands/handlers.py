@@ -97,6 +97,10 @@ def train_flags(args: argparse.Namespace) -> dict[str, Any]:
         if args.net and args.net != args.net_flag:
             raise UnsupportedSpec(f"two nets given: {args.net!r} and --net {args.net_flag!r}")
         args.net = args.net_flag
+    if args.tag is not None and args.run_dir is not None:  # --run-dir names the directory whole: no tag ends it
+        raise UnsupportedSpec(f"--tag {args.tag!r} ends the default run directory's name (runs/<net>_<variant>_"
+                              f"<backend>_<tag>), which --run-dir {args.run_dir} replaces, so the tag would be "
+                              "dropped; give one of them")
     return given(args, TrainConfig)
 
 
