@@ -158,3 +158,25 @@ def test_prepare_yolo_prints_the_paths_it_wrote(tmp_path, monkeypatch: pytest.Mo
     assert rest == [f"  train on them with: --data yolo --data-dir {out} --data-opt size=8 --data-opt grid=2 "
                     "--data-opt classes=1"]
     assert os.path.isfile(train) and os.path.isfile(test)
+
+
+def test_plot_on_a_full_disk_says_to_plot_again(tmp_path, capsys: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """`hloforge plot RUN` on a full disk advised 'free space and --resume', a training run's advice; plot's
+    is to plot again. The curves.png there before is whole."""
+    import errno
+
+    from hloforge.train import checkpoint
+
+    (tmp_path / "metrics.jsonl").write_text(GOOD)
+    (tmp_path / "curves.png").write_bytes(b"old")
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint.os, "fsync", full)
+    assert main(["plot", str(tmp_path)]) == 3
+    assert _one_line(capsys) == (f"hloforge: error: could not write plot {tmp_path / 'curves.png'}: No space left on "
+                                 "device (the previous plot is whole, the temp file removed); free space and plot "
+                                 "again")
+    assert (tmp_path / "curves.png").read_bytes() == b"old"

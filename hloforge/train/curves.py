@@ -142,5 +142,5 @@ def plot_run(run_dir: str) -> str:
     if not os.access(run_dir, os.W_OK):  # a read-only mount or another user's run: said as such, not as a full disk
         raise DataError(f"run directory {run_dir} is not writable, and plot writes its {PNG} there; copy the run "
                         "to a writable place and plot the copy")
-    write_atomic(out, draw(hist, title), "plot")
+    write_atomic(out, draw(hist, title), "plot", then="free space and plot again")
     return out
