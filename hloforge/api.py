@@ -600,7 +600,8 @@ class Model:
                         f.write(self._declared_spec.to_json())
                 with open(os.path.join(path, CONFIG), "w", encoding="utf-8") as f:
                     f.write(cfg.to_toml())
-                ckpt.save_checkpoint(file, list(tensors), list(tensors.values()), meta)
+                ckpt.save_checkpoint(file, list(tensors), list(tensors.values()), meta,
+                                     then="free space and save again")
                 for stale in (METRICS, BITMAP, PNG, RUN_ID, *((NET_FILE,) if self._net_ref else ())):
                     with contextlib.suppress(FileNotFoundError):
                         os.remove(os.path.join(path, stale))

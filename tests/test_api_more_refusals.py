@@ -69,6 +69,26 @@ def test_a_verbose_fit_in_a_process_without_sys_stderr_trains(monkeypatch) -> No
     assert [h["epoch"] for h in m.history] == [1]
 
 
+def test_a_save_that_meets_a_full_disk_advises_saving_again(tmp_path, monkeypatch) -> None:
+    """Model.save on a full disk advised 'free space and --resume', a training run's advice; a save's is to save
+    again. The checkpoint there before is whole."""
+    import errno
+
+    m = hf.Model("mnist-linear")
+    m.save(str(tmp_path / "run"))
+    before = (tmp_path / "run" / "checkpoint.safetensors").read_bytes()
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(HloforgeError) as e:
+        m.save(str(tmp_path / "run"), overwrite=True)
+    assert str(e.value).endswith("No space left on device (the previous checkpoint is whole, the temp file removed); "
+                                 "free space and save again"), e.value
+    assert (tmp_path / "run" / "checkpoint.safetensors").read_bytes() == before
+
+
 def test_a_csv_that_cannot_be_written_any_more_is_one_line(tmp_path) -> None:
     log = hf.CSVLogger(str(tmp_path / "logs" / "log.csv"))
     (tmp_path / "logs").write_text("a file where its folder was")  # made after the check, as a full disk is

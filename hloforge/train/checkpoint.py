@@ -151,11 +151,13 @@ def _fsync_dir(d: str) -> None:
         os.close(fd)
 
 
-def save_checkpoint(path: str, names: Sequence[str], tensors: Sequence[np.ndarray], meta: dict[str, Any]) -> None:
+def save_checkpoint(path: str, names: Sequence[str], tensors: Sequence[np.ndarray], meta: dict[str, Any],
+                    then: str = "free space and --resume") -> None:
+    """The checkpoint written whole (write_atomic; `then`: what a failed write advises)."""
     blob = serialize(names, tensors, meta)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     mark("checkpoint", meta.get("epoch"))
-    write_atomic(path, blob, "checkpoint", fault=os.environ.get(FAULT_ENV) == str(meta.get("epoch")))
+    write_atomic(path, blob, "checkpoint", fault=os.environ.get(FAULT_ENV) == str(meta.get("epoch")), then=then)
     mark("saved", meta.get("epoch"))
 
 
