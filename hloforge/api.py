@@ -28,6 +28,7 @@ from hloforge.core.registry import default_registry
 from hloforge.core.slots import check_stats
 from hloforge.core.spec import NetSpec, summary_table
 from hloforge.core.variant import SHADOW, Variant, VariantFields
+from hloforge.datasets.records import replaced_together
 from hloforge.train import arraydata
 from hloforge.train import checkpoint as ckpt
 from hloforge.train.arraydata import ARRAYS, ArrayData, InputKind, checked_batch_size, label_kind, plain, row_count
@@ -594,12 +595,13 @@ class Model:
                 "epoch": self._epoch, "step": self._step, "seed": self.seed, "config": attrs.asdict(cfg), **eval_set,
                 **({"inputs": attrs.asdict(self._inputs)} if self._inputs else {})}
         try:
-            with locked(path, file):
-                if not self._net_ref:
-                    with open(os.path.join(path, NET_FILE), "w", encoding="utf-8") as f:
-                        f.write(self._declared_spec.to_json())
-                with open(os.path.join(path, CONFIG), "w", encoding="utf-8") as f:
-                    f.write(cfg.to_toml())
+            # The config (and net) staged, renamed over only once the checkpoint is written: a save that fails
+            # leaves the one before whole, not its checkpoint beside this model's config.
+            with locked(path, file), replaced_together(path, "save directory") as stage:
+                for name, text in ((CONFIG, cfg.to_toml()), *(((NET_FILE, self._declared_spec.to_json()),)
+                                                              if not self._net_ref else ())):
+                    with open(stage(name), "w", encoding="utf-8") as f:
+                        f.write(text)
                 ckpt.save_checkpoint(file, list(tensors), list(tensors.values()), meta,
                                      then="free space and save again")
                 for stale in (METRICS, BITMAP, PNG, RUN_ID, *((NET_FILE,) if self._net_ref else ())):

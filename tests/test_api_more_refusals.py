@@ -89,6 +89,27 @@ def test_a_save_that_meets_a_full_disk_advises_saving_again(tmp_path, monkeypatc
     assert (tmp_path / "run" / "checkpoint.safetensors").read_bytes() == before
 
 
+def test_a_save_over_another_that_fails_leaves_the_one_before_whole(tmp_path, monkeypatch) -> None:
+    """A save (overwrite=True) of another model that met a full disk at its checkpoint had already written its
+    config.toml: the directory held the old checkpoint with the new config, and hf.load / eval refused it ('its
+    config.toml and checkpoint disagree'). The config is staged and renamed over only after the checkpoint."""
+    import errno
+
+    path = str(tmp_path / "run")
+    hf.Model("mnist-linear", optimizer="adam").save(path)
+    before = {p: open(os.path.join(path, p), "rb").read() for p in os.listdir(path) if p != ".lock"}
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(HloforgeError, match="No space left on device"):
+        hf.Model("mnist-linear", optimizer="sgd").save(path, overwrite=True)
+    monkeypatch.undo()
+    assert {p: open(os.path.join(path, p), "rb").read() for p in os.listdir(path) if p != ".lock"} == before
+    assert hf.load(path).variant.optimizer == "adam"
+
+
 def test_a_csv_that_cannot_be_written_any_more_is_one_line(tmp_path) -> None:
     log = hf.CSVLogger(str(tmp_path / "logs" / "log.csv"))
     (tmp_path / "logs").write_text("a file where its folder was")  # made after the check, as a full disk is
