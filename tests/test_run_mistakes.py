@@ -391,3 +391,14 @@ def test_a_run_directory_as_config_names_its_config_file(tmp_path, capsys):
     assert one_line_error(capsys) == (f"hloforge: error: config {run} is a directory; expected a config file (TOML): "
                                       f"the run's own is {run / 'config.toml'}")
     assert not (tmp_path / "r").exists()
+
+
+def test_an_empty_config_is_refused_not_trained_as_the_defaults(tmp_path, capsys):
+    """`train --config c.toml` of an empty file (not saved yet, or the wrong one) trained train's defaults
+    (mnist-mlp, 5 epochs) as if they were the config's, into runs/. Now one line saying it sets nothing."""
+    (tmp_path / "c.toml").write_text("# my settings, to come\n")
+    assert main(["train", "--config", str(tmp_path / "c.toml"), "--run-dir", str(tmp_path / "r")]) == 3
+    assert one_line_error(capsys) == (f"hloforge: error: config {tmp_path / 'c.toml'} sets nothing (it is empty); "
+                                      "expected train's options, as a run's config.toml holds them (net = \"...\", "
+                                      "epochs = ..., ...)")
+    assert not (tmp_path / "r").exists()

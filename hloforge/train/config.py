@@ -248,7 +248,11 @@ def launched_processes() -> int:
 
 def load_config(path: str, **overrides: Any) -> TrainConfig:
     """A config file (TOML), with command-line values on top."""
-    return config_of(read_toml(path), path, **overrides)
+    d = read_toml(path)
+    if not d:  # a file not saved, or the wrong one: not train's defaults all through, run as if it were the config
+        raise UnsupportedSpec(f"config {path} sets nothing (it is empty); expected train's options, as a run's "
+                              "config.toml holds them (net = \"...\", epochs = ..., ...)")
+    return config_of(d, path, **overrides)
 
 
 def read_toml(path: str) -> dict[str, Any]:
