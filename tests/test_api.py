@@ -512,6 +512,8 @@ def test_callback_options_of_the_wrong_type_are_one_line(make, message: str) -> 
 @pytest.mark.parametrize(("item", "message"), [
     ("model_checkpoint", "callback 'model_checkpoint' needs option(s) ['path']; its options are ['path',"),
     ("early_stopping:patience", "callback option 'patience' is not KEY=VALUE"),
+    # before: "'logdir=' is not KEY=VALUE", though it is KEY= with the value left out
+    ("tensorboard:logdir=", "callback option 'logdir=' gives logdir no value; expected logdir=VALUE"),
 ])
 def test_cli_callback_missing_or_bare_options_are_one_line(item: str, message: str) -> None:
     from hloforge.callbacks import from_items

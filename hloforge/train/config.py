@@ -307,7 +307,9 @@ def parse_data_options(items: Any, what: str = "data option", once: bool = False
     opts: dict[str, Any] = {}
     for item in option_items(items):
         key, eq, raw = (s.strip() for s in item.partition("="))
-        if not eq or not key or not raw:
+        if eq and key and not raw:  # `logdir=`: a key whose value was left out, not a malformed item
+            raise UnsupportedSpec(f"{what} {item!r} gives {key} no value; expected {key}=VALUE")
+        if not eq or not key:
             raise UnsupportedSpec(f"{what} {item!r} is not KEY=VALUE")
         if once and key in opts:
             raise UnsupportedSpec(f"{what} {key} given twice ({key}={opts[key]}, then {item}); expected each once")
