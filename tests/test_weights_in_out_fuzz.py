@@ -269,6 +269,22 @@ def test_a_state_dict_or_weights_file_where_a_checkpoint_is_expected_says_what_i
     assert not (tmp_path / "out").exists()
 
 
+def test_hloforges_own_weights_given_to_import_weights_say_so(tmp_path) -> None:
+    """import-weights of a run's checkpoint.safetensors (or an export's weights) listed every torchvision tensor as
+    missing, over 14 lines, not saying the file was hloforge's own; now one line pointing at --init."""
+    import hloforge as hf
+    from hloforge.interop.importer import import_weights
+
+    hf.Model("mnist-linear").save(str(tmp_path / "run"))
+    ckpt = str(tmp_path / "run" / "checkpoint.safetensors")
+    with pytest.raises(DataError) as e:
+        import_weights("torchvision:resnet18", ckpt, str(tmp_path / "out"))
+    assert str(e.value) == (f"weights file {ckpt} holds hloforge's own weights (tensors named param/…), not a "
+                            "PyTorch state dict; expected a torchvision/timm state dict (hloforge's own start a run "
+                            f"as they are: `hloforge train NET --init {ckpt}`)")
+    assert not (tmp_path / "out").exists()
+
+
 def test_an_import_that_meets_a_full_disk_is_one_line_and_leaves_no_half_run(tmp_path) -> None:
     """import-weights into a run directory on a disk that filled up at the checkpoint left config.toml alone there
     (no run: eval refused it) and said 'free space and --resume', a run it had not made. Now: one line saying to

@@ -47,7 +47,7 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
     if os.path.getsize(path) == 0:  # torch.load and safetensors both fail on one with no message worth quoting
         raise DataError(f"weights file {path} is empty; expected a saved state dict")
     if ends_in(path, SAFETENSORS):
-        return _not_empty(path, read_weights_file(path, "weights file"))
+        return _not_ours(path, _not_empty(path, read_weights_file(path, "weights file")))
     if not ends_in(path, PICKLED):
         raise DataError(f"weights file {path}: expected a .safetensors file, or {'/'.join(PICKLED)} (needs torch)")
     try:
@@ -97,6 +97,16 @@ def _not_empty(path: str, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """`sd`, refused where it holds no tensor (`torch.save({}, f)`): said as that, not as every weight missing."""
     if not sd:
         raise DataError(f"weights file {path} holds an empty state dict; expected the net's tensors by name")
+    return sd
+
+
+def _not_ours(path: str, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """`sd`, refused where its names are hloforge's own (param/…: a run's checkpoint, an export's weights, an
+    import's weights file): said as that and where it goes, not as every torchvision/timm tensor missing."""
+    if any(name.startswith("param/") for name in sd):
+        raise DataError(f"weights file {path} holds hloforge's own weights (tensors named param/…), not a PyTorch "
+                        "state dict; expected a torchvision/timm state dict (hloforge's own start a run as they are: "
+                        f"`hloforge train NET --init {path}`)")
     return sd
 
 
