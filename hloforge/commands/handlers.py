@@ -68,8 +68,8 @@ def _render(args: argparse.Namespace) -> None:
                for name, text, eval_mode in zip(files, files.values(), (False, True), strict=False)}
     modules[next(reversed(files))] = {**about, "variant": variant.slug, "schedule": list(layout.scalars),
                                       **manifest.describe(step, layout.input_roles(), layout.output_roles())}
+    from hloforge.core.paths import make_dir
     from hloforge.train.checkpoint import write_atomic
-    from hloforge.train.rundir import make_dir
 
     make_dir(args.out, "--out")  # only once every module rendered: a refused net writes nothing
     listed = manifest.merged(os.path.join(args.out, manifest.MANIFEST), modules)

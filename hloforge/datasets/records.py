@@ -24,6 +24,7 @@ import numpy as np
 
 from hloforge.core.contracts import Dataset
 from hloforge.core.errors import DISK_FULL, DataError
+from hloforge.core.paths import new_dirs
 from hloforge.datasets.augment import Transform, apply_all
 
 COUNT_HEADER = struct.Struct("<I")  # the u32 little-endian record count of the counted formats
@@ -56,9 +57,7 @@ def replaced_together(out: str) -> Iterator[Callable[[str], str]]:
     path in `out`; when the block ends every staged file is renamed over `out/NAME`, and when it raises none
     is (and the staged ones are removed). So a prepare that fails on its second split leaves the earlier
     set whole, not a new train.bin beside an old val.bin and an old classes.json. `out` is made for the block,
-    and where the block raises, so are the directories it made on the way (rundir.new_dirs)."""
-    from hloforge.train.rundir import new_dirs
-
+    and where the block raises, so are the directories it made on the way (paths.new_dirs)."""
     staged: dict[str, str] = {}
 
     def stage(name: str) -> str:

@@ -165,8 +165,8 @@ def write_whole(out: str, files: list[tuple[str, bytes, str]], then: str = "free
     """Each of `files` (path, bytes, what) into directory `out`, each written aside and renamed, and all or
     none: a write that fails (a full disk) removes the ones this export wrote, and the directory where it
     made it, so the same --out takes the export again once there is room (`then`: the failure says so)."""
+    from hloforge.core.paths import new_dirs
     from hloforge.train.checkpoint import write_atomic
-    from hloforge.train.rundir import new_dirs
 
     written: list[str] = []
     with new_dirs(out, "--out"):  # a file there is said as for every --out

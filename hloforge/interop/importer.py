@@ -363,8 +363,8 @@ def write_weights(imp: Imported, out: str) -> str:
 
     from safetensors.numpy import save
 
+    from hloforge.core.paths import new_dirs
     from hloforge.train.checkpoint import write_atomic
-    from hloforge.train.rundir import new_dirs
 
     if os.path.exists(out):
         raise HloforgeError(f"{out} already exists; pick another --out")
