@@ -595,9 +595,8 @@ class Model:
                 "epoch": self._epoch, "step": self._step, "seed": self.seed, "config": attrs.asdict(cfg), **eval_set,
                 **({"inputs": attrs.asdict(self._inputs)} if self._inputs else {})}
         try:
-            # The config (and net) staged, renamed over only once the checkpoint is written: a save that fails
-            # leaves the one before whole, not its checkpoint beside this model's config.
-            with locked(path, file), replaced_together(path, "save directory") as stage:
+            # config (and net) renamed over once the checkpoint is written: a failed save leaves the last one whole
+            with locked(path, file), replaced_together(path, "save directory", "save again") as stage:
                 for name, text in ((CONFIG, cfg.to_toml()), *(((NET_FILE, self._declared_spec.to_json()),)
                                                               if not self._net_ref else ())):
                     with open(stage(name), "w", encoding="utf-8") as f:

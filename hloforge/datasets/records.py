@@ -52,19 +52,20 @@ def write_counted(path: str, records: Iterable[bytes], record: int) -> int:
 
 
 @contextlib.contextmanager
-def replaced_together(out: str) -> Iterator[Callable[[str], str]]:
+def replaced_together(out: str, what: str = "OUT", again: str = "prepare again") -> Iterator[Callable[[str], str]]:
     """A preparer's files as one set: inside the block each file NAME is written at `stage(NAME)`, a hidden
     path in `out`; when the block ends every staged file is renamed over `out/NAME`, and when it raises none
     is (and the staged ones are removed). So a prepare that fails on its second split leaves the earlier
-    set whole, not a new train.bin beside an old val.bin and an old classes.json. `out` is made for the block,
-    and where the block raises, so are the directories it made on the way (paths.new_dirs)."""
+    set whole, not a new train.bin beside an old val.bin and an old classes.json. `out` (the option `what`) is
+    made for the block, and where the block raises, so are the directories it made on the way (paths.new_dirs).
+    A full disk is said naming the file, then what to do (`again`: Model.save's set is its config and net)."""
     staged: dict[str, str] = {}
 
     def stage(name: str) -> str:
         staged[name] = os.path.join(out, f".{name}.staged")
         return staged[name]
 
-    with new_dirs(out, "OUT"):
+    with new_dirs(out, what):
         try:
             yield stage
             for name, path in staged.items():
@@ -73,7 +74,7 @@ def replaced_together(out: str) -> Iterator[Callable[[str], str]]:
             if e.errno not in DISK_FULL or not staged:
                 raise
             raise DataError(f"could not write {os.path.join(out, next(reversed(staged)))}: {e.strerror} (what {out} "
-                            "held before is untouched, this prepare's files removed); free space and prepare again") \
+                            f"held before is untouched, the new files removed); free space and {again}") \
                 from None
         finally:
             for path in staged.values():
