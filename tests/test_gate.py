@@ -139,6 +139,20 @@ def test_gate_judges_a_custom_backward(factor: float, passes: bool) -> None:
         assert result.err_jax_f64 > TOL_JAX_F64 and result.err_fd_f64 > 1e-4
 
 
+@attrs.frozen
+class CotangentBlindCrossEntropy(CrossEntropy):
+    """CrossEntropy whose closed-form backward takes ḡ as 1, as the train step seeds it: right there, but
+    off by ḡ wherever the loss is weighted or composed into another (anchorYolo feeds diou λ·ḡ)."""
+
+    def backward(self, b: Builder, logits: Value, y: Value, g: Value) -> Value:
+        return super().backward(b, logits, y, b.full(1.0, g.shape, g.dtype))
+
+
+def test_gate_catches_a_loss_backward_that_drops_its_cotangent() -> None:
+    result = gate_loss(CotangentBlindCrossEntropy(label_smoothing=0.1), (7,))
+    assert not result.passed and result.err_jax_f64 > 0.1, _row_message(result)
+
+
 def test_custom_fault_breaks_cross_entropy() -> None:
     with inject_fault("custom") as calls:
         result = gate_loss(CrossEntropy(label_smoothing=0.1), (7,))

@@ -506,14 +506,16 @@ def emit_loss(b: Builder, loss: Loss, logits: Value, y: Value) -> Value:
     return lv
 
 
-def loss_module(loss: Loss, out_shape: Shape, batch: int, *, dtype: str = "f32", target: str | None = None) -> str:
-    """Probe `@main(logits, y) -> (loss, ∂loss/∂logits)`."""
+def loss_module(loss: Loss, out_shape: Shape, batch: int, *, dtype: str = "f32", target: str | None = None,
+                cotangent: float = 1.0) -> str:
+    """Probe `@main(logits, y) -> (loss, cotangent·∂loss/∂logits)`: the gate seeds another cotangent
+    than the train step's 1, so a backward that drops its ḡ (as a weighted or composed loss feeds it) shows."""
     y_shape, y_dtype = label_type(loss, out_shape, dtype)
     b = Builder(dtype, f"probe_{loss.name}", target)
     logits = b.arg((batch, *out_shape))
     y = b.arg((batch, *y_shape), y_dtype)
     lv = emit_loss(b, loss, logits, y)
-    (g,) = autodiff.grad(b, [lv], [b.full(1.0)], [logits])
+    (g,) = autodiff.grad(b, [lv], [b.full(cotangent)], [logits])
     return b.module([lv, g])
 
 

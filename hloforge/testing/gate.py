@@ -44,6 +44,9 @@ TOL_OPT_F64 = 1e-12
 TOL_OPT_F32 = 1e-6
 OPT_STEPS = 5
 FD_STEP = 1e-6
+# A loss is differentiated with this cotangent, not the train step's 1: a custom backward that drops its ḡ
+# (which a weighted or composed loss, or a loss inside another's forward, feeds it) is then off by 1/0.75.
+LOSS_COTANGENT = 0.75
 ZERO_GRAD = 1e-12  # a reference gradient this small relative to the case's largest is structurally zero
 
 
@@ -268,11 +271,11 @@ def gate_loss(loss: Loss, out_shape: Shape, *, batch: int = 3, seed: int = 0) ->
     y = _sampled_labels(loss, rng, batch, out_shape)
     y_ref = y.astype(np.float64) if y.dtype.kind == "f" else y
     val, g = jax.value_and_grad(lambda z: loss.reference(z, y_ref))(logits)
-    refs = [np.asarray(val), np.asarray(g)]
+    refs = [np.asarray(val), np.asarray(g) * LOSS_COTANGENT]
     errs = {}
     for dtype in ("f64", "f32"):
         npt = np.float64 if dtype == "f64" else np.float32
-        text = modules.loss_module(loss, out_shape, batch, dtype=dtype)
+        text = modules.loss_module(loss, out_shape, batch, dtype=dtype, cotangent=LOSS_COTANGENT)
         y_in = y.astype(npt) if y.dtype.kind == "f" else y
         got = _run(text, [logits.astype(npt), y_in])
         errs[dtype] = max(rel_err(a, r) for a, r in zip(got, refs, strict=True))
@@ -280,7 +283,7 @@ def gate_loss(loss: Loss, out_shape: Shape, *, batch: int = 3, seed: int = 0) ->
             exe = _compile(text)
             try:
                 fd = _fd_errors(lambda ins, exe=exe, y_in=y_in: np.asarray(exe.run([ins[0], y_in])[0]),
-                                np.ones(()), [logits], [got[1]], rng, [0])
+                                np.full((), LOSS_COTANGENT), [logits], [got[1]], rng, [0])
             finally:
                 exe.close()
     return GateResult("loss", loss.name, _case_label(loss, out_shape), errs["f64"], fd, errs["f32"])
