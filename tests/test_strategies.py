@@ -28,7 +28,7 @@ from hloforge.plugins.layers.mobile import InvertedResidual
 from hloforge.plugins.layers.norm import BatchNorm, ConvBn, DepthwiseConvBn
 from hloforge.plugins.layers.pool import GlobalAvgPool, MaxPool
 from hloforge.plugins.layers.residual import ResidualStage
-from hloforge.testing.gate import HEADER, GateCase, gate_cases
+from hloforge.testing.gate import HEADER, GateCase, gate_cases, gate_layer
 from hloforge.train.session import make_backend
 from hloforge.zoo import get_net
 
@@ -284,6 +284,23 @@ def test_chunked_kernel_gradient_is_gated_and_a_broken_one_turns_it_red(chunk_ev
     with inject_fault("custom") as calls:  # the chunked backward is a custom VJP: break it, the gate sees it
         result = cases[0].run()
     assert calls[0] > 0 and not result.passed
+
+
+def test_chunked_kernel_gradient_of_a_batch_the_chunks_do_not_divide_is_gated(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The looped ∂w sums the whole chunks in its while loop and the rest after it. The gate's batch of 2
+    in chunks of one (chunk_everything) leaves no rest: chunks of two at batch 3 leave one example
+    after the loop, whose ∂w must be in the sum."""
+    from hloforge.lowering import conv
+
+    monkeypatch.setattr(conv, "dw_chunk", lambda x_shape, g_shape, dtype: 2)
+    cases = [c for c in _cases("conv2d") if set(XLA_FORMS) <= set(c.strategy) and c.shape in ((3, 6, 6), (2, 7, 7))
+             and c.obj.groups == 1]
+    assert len(cases) == 2
+    for case in cases:
+        with strategy.forced(dict(case.strategy)):
+            assert "stablehlo.while" in vjp_module([case.obj], case.shape, 3)  # the looped ∂w
+            result = gate_layer(case.obj, case.shape, batch=3)
+        assert result.passed, f"\n{HEADER}\n{result.row()}"
 
 
 def test_flipped_data_input_gradient_is_gated_and_a_broken_one_turns_it_red(
