@@ -111,7 +111,7 @@ def test_reduce_sums_is_one_variadic_reduce_with_per_operand_vjps() -> None:
 
 # ------------------------------------------------------------------ max pool: ties as jax breaks them
 TIE_CASES = [(MaxPool(2), (3, 6, 6)), (MaxPool(3, 2, pad=1), (2, 7, 7)), (MaxPool(2, pad="same"), (2, 5, 5)),
-             (MaxPool(2, 3), (2, 7, 7))]
+             (MaxPool(2, 3), (2, 7, 7)), (MaxPool(2), (2, 5, 7))]  # the last: a row and a column no window reads
 
 
 @pytest.mark.parametrize("form", strategy.kind("maxPool").choices)
