@@ -57,7 +57,10 @@ class Dense(Layer):
 
     @classmethod
     def gate_cases(cls) -> list[tuple[Layer, Shape]]:
-        return [(cls(4, act="relu"), (6,)), (cls(3, bias=False, act="gelu"), (5,)), (cls(3, act="gelu"), (2, 4))]
+        return [(cls(4, act="relu"), (6,)), (cls(3, bias=False, act="gelu"), (5,)), (cls(3, act="gelu"), (2, 4)),
+                # fan-in 64 spreads the pre-activations to std ≈ 4: past relu6's 6 and the hard ones' ±3,
+                # which the N(0, 1) inputs of the activations' own cases never reach
+                *[(cls(16, act=act), (64,)) for act in ("relu6", "hSwish", "hSigmoid")]]
 
 
 @attrs.frozen
