@@ -168,8 +168,8 @@ def test_builtin_layout_free_optimizers_are_gated_on_stored_kernels() -> None:
     cases, errors = collect_cases(names=["adam", "sgd"])
     assert not errors
     hwio = [c for c in cases if c.strategy == (("paramLayout", "hwio"),)]
-    # one per declared case (adam's and sgd's two each), none inside the wrappers
-    assert len(hwio) == 4 and all(c.wrappers is None for c in hwio), [c.id for c in cases]
+    # one per declared case (adam's three, sgd's two), none inside the wrappers
+    assert len(hwio) == 5 and all(c.wrappers is None for c in hwio), [c.id for c in cases]
     assert all(c.id.endswith("~paramLayout=hwio") for c in hwio)
     r = hwio[0].run()
     assert r.passed and r.case.startswith("[paramLayout=hwio] "), r

@@ -38,6 +38,11 @@ class Adam(Optimizer):
 
         return optax.scale_by_adam(b1=self.b1, b2=self.b2, eps=self.eps)
 
+    @classmethod
+    def gate_cases(cls) -> list[Optimizer]:
+        # β1, β2 and ε other than the defaults: an update that reads a constant for one passes the others
+        return [cls(), cls(weight_decay=0.1), cls(b1=0.8, b2=0.99, eps=1e-4)]
+
 
 @attrs.frozen
 class AdamW(Adam):

@@ -46,7 +46,7 @@ class RMSProp(Optimizer):
 
     @classmethod
     def gate_cases(cls) -> list[Optimizer]:
-        return [cls(), cls(weight_decay=0.1, momentum=0.0, eps=1e-3)]
+        return [cls(), cls(weight_decay=0.1, momentum=0.0, eps=1e-3), cls(rho=0.8, momentum=0.7, initial_scale=0.5)]
 
 
 @hookimpl
