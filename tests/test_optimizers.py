@@ -215,3 +215,16 @@ def test_the_gate_catches_an_accumulator_that_keeps_the_clipped_sum() -> None:
             return new_p, new_s
 
     assert not gate_optimizer(Adam(), wrappers=ClippedAccumulator(ema=0.99, accum=2, clip=1.5)).passed
+
+
+def test_the_composed_wrapper_gate_applies_an_unclipped_accumulated_update() -> None:
+    """Clipping hides a gradient's scale wherever it clips, so the registry's composed case must apply
+    an accumulated update under the clip norm too: there an accumulator that sums g (no 1/k) is 2× off."""
+
+    @attrs.frozen
+    class SummingAccumulator(Wrappers):
+        def emit_update(self, b, opt, slots, params, grads, state, scalars):
+            return super().emit_update(b, opt, slots, params, [g * float(self.accum) for g in grads], state, scalars)
+
+    (composed,) = Wrappers.gate_cases()
+    assert not gate_optimizer(SGD(), wrappers=SummingAccumulator(**attrs.asdict(composed))).passed

@@ -314,10 +314,11 @@ def gate_optimizer(opt: Optimizer, *, steps: int = OPT_STEPS, lr: float = 0.05, 
     """`steps` updates of the optimizer-step module (the train step's update emitter) against optax on
     the same gradients (jax, f64): θ, and the EMA shadow when `wrappers` keep one (optax.ema fed θ
     after every update, at the host's warm-up decay). Under accumulation k, steps·k micro-batches.
-    Every third micro-batch's gradients are scaled down 20×, so a clip norm sees both of its branches,
-    and under accumulation a partial sum above the norm meets the accumulator. θ, ∂θ and the state
-    are carried as `modules.param_storage` says for no target (a `strategy.forced` paramLayout
-    choice applies), and read back in their declared layouts for the comparison."""
+    Every third update's micro-batch gradients are scaled down 20×, so a clip norm sees both of its
+    branches on applied updates, and under accumulation a partial sum above the norm meets the
+    accumulator. θ, ∂θ and the state are carried as `modules.param_storage` says for no target (a
+    `strategy.forced` paramLayout choice applies), and read back in their declared layouts for the
+    comparison."""
     jax = _jax()
     import jax.numpy as jnp
     import optax
@@ -327,7 +328,9 @@ def gate_optimizer(opt: Optimizer, *, steps: int = OPT_STEPS, lr: float = 0.05, 
     rng = np.random.default_rng(seed)
     params = [rng.standard_normal(s.shape) for s in OPT_SLOTS]
     micro = steps * wr.accum
-    grads = [[rng.standard_normal(s.shape) * (0.05 if t % 3 == 1 else 1.0) for s in OPT_SLOTS] for t in range(micro)]
+    # every third update's micro-batches scaled down: under accumulation too, one update below the clip norm applies
+    grads = [[rng.standard_normal(s.shape) * (0.05 if t // wr.accum % 3 == 1 else 1.0) for s in OPT_SLOTS]
+             for t in range(micro)]
     tx = wr.optax_reference(opt, lr, [s.decay for s in OPT_SLOTS])
     ref = [jnp.asarray(p) for p in params]
     state = tx.init(ref)
