@@ -50,8 +50,8 @@ def test_prepare_onto_a_full_disk_names_the_file_in_one_line(tmp_path):
                           preexec_fn=capped)
     assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.splitlines()[-1] == (
-        "hloforge: error: could not write out/train.bin: File too large (what out held before is untouched, this "
-        "prepare's files removed); free space and prepare again")
+        "hloforge: error: could not write out/train.bin: File too large (what out held before is untouched, the new "
+        "files removed); free space and prepare again")
     assert not list((tmp_path / "out").iterdir())
 
 
