@@ -175,7 +175,7 @@ def test_prepare_refuses_a_class_or_split_with_no_readable_image(tmp_path, capsy
         os.remove(src / "val" / "cat" / f"img_{i}.JPEG")
     with pytest.raises(DataError, match=rf"^{src}/val: no images \(.jpeg, .jpg, .png\) in its class folders$"):
         prepare("imagenette", str(src), str(out), train_size=TRAIN, val_size=VAL)
-    assert os.listdir(out) == []  # not even the train split it had written
+    assert not out.exists()  # not even the train split it had written, nor the OUT it made
 
 
 def test_a_prepare_that_fails_on_its_second_split_leaves_the_earlier_files_whole(tmp_path) -> None:
