@@ -71,6 +71,27 @@ def test_prepare_imagenette_from_jpeg_folders_through_the_cli(tmp_path, capsys):
     assert xv.shape == (6, 3, 8, 8) and list(yv) == [0, 0, 1, 1, 2, 2]
 
 
+def test_prepare_imagenette_val_shows_what_training_centre_crop_shows(tmp_path):
+    """A val image is the centre crop of the image resized as train's are (resize to train_size, centre val_size),
+    the window training takes without augmentation: before, the whole image resized to val_size, its objects
+    train_size/val_size smaller than training ever saw them (256/224 at the defaults)."""
+    from PIL import Image
+
+    from hloforge.datasets.augment import CenterCrop
+
+    rng = np.random.default_rng(0)
+    picture = Image.fromarray(rng.integers(0, 256, (30, 40, 3), dtype=np.uint8))
+    for split in ("train", "val"):  # the same picture in both splits, as PNG (lossless)
+        (tmp_path / "src" / split / "a").mkdir(parents=True)
+        picture.save(tmp_path / "src" / split / "a" / "p.png")
+    prepare("imagenette", str(tmp_path / "src"), str(tmp_path / "out"), train_size=16, val_size=10)
+    ds = Imagenette(str(tmp_path / "out"), train_size=16, crop=10, classes=1)
+    x_train, _ = ds.records("train")
+    x_val, _ = ds.records("test")
+    want, _ = CenterCrop(10)(x_train, np.zeros(1), rng)
+    assert np.array_equal(x_val, want)
+
+
 def test_prepare_imagenette_refuses_mismatched_classes_and_bad_images(tmp_path):
     write_jpeg_tree(tmp_path / "src")
     (tmp_path / "src" / "val" / "n99999999").mkdir()

@@ -91,8 +91,15 @@ class CenterCrop:
         h, w = x.shape[2:]
         if h < self.size or w < self.size:
             raise DataError(f"CenterCrop({self.size}): images are {h}×{w}, too small to crop")
-        top, left = (h - self.size) // 2, (w - self.size) // 2
-        return np.ascontiguousarray(x[:, :, top:top + self.size, left:left + self.size]), y
+        return np.ascontiguousarray(centre_window(x, self.size)), y
+
+
+def centre_window(x: np.ndarray, size: int) -> np.ndarray:
+    """The central `size`×`size` window of `x`'s last two axes (the larger margin below/right when the
+    difference is odd): CenterCrop's, and the val images `hloforge prepare imagenette` stores."""
+    h, w = x.shape[-2:]
+    top, left = (h - size) // 2, (w - size) // 2
+    return x[..., top:top + size, left:left + size]
 
 
 @attrs.frozen

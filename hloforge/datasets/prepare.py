@@ -7,8 +7,10 @@ Adding a dataset is one entry there; the CLI builds its subcommand from it.
   and `SRC/val/<class>/*.JPEG`. Classes are the train folders in sorted order (for Imagenette
   the WordNet ids, so label 0 is n01440764, tench); val must use the same folders. Folders named by number whose
   labels are not their numbers (1, 2, 10: labels 0, 2, 1) are said. Each image
-  is decoded with Pillow, converted to RGB and resized bilinearly to S×S (train S = 256, val
-  S = 224), and written as `OUT/train.bin` / `OUT/val.bin` in `hloforge.datasets.imagenette`'s
+  is decoded with Pillow, converted to RGB and resized bilinearly to 256×256 (`train_size`); a val image
+  is then centre-cropped to 224×224 (`val_size`), the window training's centre crop takes of the same
+  image, so val shows objects at the scale training does (a whole image resized to 224 would show them
+  256/224 smaller); written as `OUT/train.bin` / `OUT/val.bin` in `hloforge.datasets.imagenette`'s
   format, with `OUT/classes.json` naming the labels (the dataset reads its class count there). An
   image Pillow cannot decode is skipped: one line per split counts them and names the first with its
   error; so are, one line per kind, the image files of another format (.webp, .bmp: convert them), the
@@ -49,6 +51,7 @@ import numpy as np
 
 from hloforge.core.errors import DataError
 from hloforge.datasets import brats, imagenette, yolo
+from hloforge.datasets.augment import centre_window
 from hloforge.datasets.images import open_rgb
 from hloforge.datasets.records import replaced_together, write_counted
 
@@ -161,10 +164,11 @@ def _scan_split(split_dir: str, classes: list[str]) -> tuple[dict[str, list[str]
     return images, warnings
 
 
-def _image_records(split_dir: str, classes: list[str], images: dict[str, list[str]], side: int,
+def _image_records(split_dir: str, classes: list[str], images: dict[str, list[str]], resized: int, side: int,
                    skipped: list[str]) -> Iterator[bytes]:
-    """The split's records, class by class (`images`: _scan_split's). An image Pillow cannot decode is left
-    out and appended to `skipped` as "PATH (its error)"; a class none of whose images decodes is refused
+    """The split's records, class by class (`images`: _scan_split's): each image resized to `resized`², then
+    its centre `side`² kept (centre_window, as training crops without augmentation). An image Pillow cannot
+    decode is left out and appended to `skipped` as "PATH (its error)"; a class none of whose images decodes is refused
     (raised before any file of the set is renamed into place)."""
     for label, cls in enumerate(classes):
         folder = os.path.join(split_dir, cls)
@@ -172,7 +176,7 @@ def _image_records(split_dir: str, classes: list[str], images: dict[str, list[st
         for fname in images[cls]:
             path = os.path.join(folder, fname)
             try:
-                chw = _decoded(path, side)
+                chw = np.ascontiguousarray(centre_window(_decoded(path, resized), side))
             except Exception as e:  # Pillow raises many types for a bad file (OSError, SyntaxError, ValueError, …)
                 skipped.append(f"{path} ({' '.join(str(e).split()) or type(e).__name__})")
                 continue
@@ -213,7 +217,7 @@ def prepare_imagenette(src: str, out: str, train_size: int = imagenette.TRAIN_SI
             split_dir = os.path.join(src, split)
             images, warnings = scanned[split]
             summary["warnings"].extend(warnings)
-            n = write_counted(stage(fname), _image_records(split_dir, classes, images, side, skipped),
+            n = write_counted(stage(fname), _image_records(split_dir, classes, images, train_size, side, skipped),
                               imagenette.record_bytes(side))
             summary["records"][fname] = n
             summary["skipped"][split] = skipped
