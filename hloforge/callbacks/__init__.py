@@ -18,7 +18,6 @@ import sys
 import tempfile
 import time
 import typing
-import uuid
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -358,7 +357,7 @@ class TensorBoard(Callback):
         self._writer: Any = None
 
     def on_train_begin(self, logs: dict[str, Any]) -> None:
-        from hloforge.train.rundir import run_id
+        from hloforge.train.rundir import new_identity, run_id
 
         history, resumed, dir_ = logs.get("history", ()), "history" in logs, run_dir_of(self.model)
         kept: set[tuple[str, int]] = set()
@@ -378,7 +377,7 @@ class TensorBoard(Callback):
                 raise HloforgeError(f"TensorBoard cannot cut the event files in {self.logdir} back to the checkpoint "
                                     f"(epoch {last['epoch']}): {e.strerror or e}") from None
         if ident is None:  # a fit's (no directory, never resumed) too: only files of before runs had one bear none
-            ident = run_id(dir_, new=True) if dir_ else uuid.uuid4().hex
+            ident = run_id(dir_, new=True) if dir_ else new_identity()
         with self._writing():
             os.makedirs(self.logdir, exist_ok=True)
             self._writer = self._writer_cls(os.path.join(self.logdir, "events"), tbevents.own_suffix(ident))

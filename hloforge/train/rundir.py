@@ -181,13 +181,18 @@ def holds_copy(checkpoint: str, path: str) -> bool:
     return same and int(kept.get("step", -1)) <= int(own.get("step", -1))
 
 
+def new_identity() -> str:
+    """A fresh identity, in the form run_id reads back: a run's, or a fit's without a directory."""
+    return uuid.uuid4().hex
+
+
 def run_id(run_dir: str, new: bool) -> str | None:
     """The identity of the run in `run_dir`, kept in its RUN_ID file so it travels with the directory (a
     resume after a move, on another machine); `new`: a fresh one, minted and written over any earlier run's.
     None where the run has none (one written before runs had one, or the file tampered with)."""
     path = os.path.join(run_dir, RUN_ID)
     if new:
-        ident = uuid.uuid4().hex
+        ident = new_identity()
         write_atomic(path, f"{ident}\n".encode(), RUN_ID)
         return ident
     try:

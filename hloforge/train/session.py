@@ -335,10 +335,8 @@ class TrainSession:
         self._carried: list[Any] = []
         with ThreadPoolExecutor(1, thread_name_prefix="hloforge-setup") as pool:
             placed = pool.submit(contextvars.copy_context().run, self._place_initial, given, seed)
-            try:
+            with memory_said(f"the train step of net {spec.name!r}", batch):  # IREE allocates as it loads a module
                 self.exe = compile_step()
-            except DeviceMemoryError as e:  # IREE allocates a module's transient storage as it loads it
-                raise out_of_memory(e, f"the train step of net {spec.name!r}", batch) from None
             placed.result()
         self._step_inputs = InputStager(backend)
         self._batch_stats: list[Any] = []  # the last step's batch statistics (device buffers), one per stat slot
@@ -553,10 +551,8 @@ class ForwardSession:
         self.suffix = suffix
         # how the module takes θ (host arrays come in declared layouts and are stored so when pushed)
         self.storage = param_storage(spec.params(), target_of(backend))
-        try:
+        with memory_said(f"the forward of net {spec.name!r}", batch, SMALLER_EVAL_BATCH):  # IREE: as it loads
             self.exe = self._compile()
-        except DeviceMemoryError as e:  # IREE allocates a module's transient storage as it loads it
-            raise out_of_memory(e, f"the forward of net {spec.name!r}", batch, SMALLER_EVAL_BATCH) from None
         self._held: list[Any] | None = None
         self._held_gen: Hashable | None = None
         self._held_src: list[Any] = []  # the host arrays seeded from (kept alive so their ids stay theirs)
