@@ -29,6 +29,7 @@ from hloforge.core.slots import check_stats
 from hloforge.core.spec import NetSpec, summary_table
 from hloforge.core.variant import SHADOW, Variant, VariantFields
 from hloforge.datasets.records import replaced_together
+from hloforge.keywords import check_model_options
 from hloforge.train import arraydata
 from hloforge.train import checkpoint as ckpt
 from hloforge.train.arraydata import ARRAYS, ArrayData, InputKind, checked_batch_size, label_kind, plain, row_count
@@ -90,16 +91,8 @@ class Model:
         from hloforge.train.tasks import default_loss
         from hloforge.zoo import net_of
 
-        known = {f.name for f in attrs.fields(Variant)} - {"optimizer"}
-        unknown = sorted(set(variant_fields) - known)
-        if unknown:
-            import inspect
-
-            own = [p for p in inspect.signature(Model.__init__).parameters if p not in ("self", "variant_fields")]
-            fits = [u for u in unknown if u in inspect.signature(Model.fit).parameters]  # epochs=, batch_size=
-            to_fit = f" ({', '.join(fits)}: give {'it' if len(fits) == 1 else 'them'} to fit)" if fits else ""
-            raise UnsupportedSpec(f"Model takes no option(s) {unknown}{to_fit}; expected its own {own} or the "
-                                  f"variant's {sorted(known)}")
+        check_model_options(variant_fields, {f.name for f in attrs.fields(Variant)} - {"optimizer"}, Model.__init__,
+                            Model.fit)
         lr, seed, warmup_epochs, decay_rate, bn_momentum, classes = map(
             plain, (lr, seed, warmup_epochs, decay_rate, bn_momentum, classes))
         variant_fields = {k: plain(v) for k, v in variant_fields.items()}
