@@ -29,7 +29,7 @@ from hloforge.core.slots import check_stats
 from hloforge.core.spec import NetSpec, summary_table
 from hloforge.core.variant import SHADOW, Variant, VariantFields
 from hloforge.datasets.records import replaced_together
-from hloforge.keywords import check_model_options
+from hloforge.keywords import check_model_options, checked_keywords
 from hloforge.train import arraydata
 from hloforge.train import checkpoint as ckpt
 from hloforge.train.arraydata import ARRAYS, ArrayData, InputKind, checked_batch_size, label_kind, plain, row_count
@@ -258,6 +258,7 @@ class Model:
     def _label_kind(self) -> str:
         return label_kind(self.spec, self.variant)
 
+    @checked_keywords
     @one_at_a_time("model")
     def fit(self, x: Any = None, y: Any = None, epochs: int = 1, batch_size: int | None = None,
             validation_data: tuple[Any, Any] | None = None, callbacks: Iterable[Callback] = (),
@@ -365,6 +366,7 @@ class Model:
         return path
 
     # ------------------------------------------------------------------ scoring
+    @checked_keywords
     def predict(self, x: Any, batch_size: int | None = None, *, region: str = DEFAULT_REGION) -> np.ndarray:
         """The eval-mode logits of every row of x (a short last batch padded, its padding dropped), by
         `region`'s weights as `evaluate`'s."""
@@ -378,6 +380,7 @@ class Model:
         batch = checked_batch_size(batch_size, self._batch)
         return batch if batch_size is None else min(batch, 1 << (rows - 1).bit_length())
 
+    @checked_keywords
     def evaluate(self, x: Any = None, y: Any = None, batch_size: int | None = None, *, data: str | None = None,
                  data_options: Mapping[str, Any] | None = None, region: str = DEFAULT_REGION) -> dict[str, Any]:
         """The task's own scores, as `hloforge train` scores an epoch (its Task's evaluation), on
@@ -555,6 +558,7 @@ class Model:
                     seed=self.seed, run_dir=path, **self._run_options, **variant)
         return TrainConfig(**{**base, **fields})
 
+    @checked_keywords
     def save(self, path: str, data: str | None = None, overwrite: bool = False, *,
              data_options: Mapping[str, Any] | None = None) -> str:
         """Write the run directory `hloforge train` writes (config.toml and checkpoint.safetensors, by

@@ -1,24 +1,87 @@
 """The keywords the framework API's methods take: one it does not take is said in one line, naming what it
-takes instead (`Model`'s own options and its variant's; a fit option given to the constructor: fit)."""
+takes instead (`Model`'s own options and its variant's; a fit option given to the constructor: fit), the
+hloforge way of a Keras keyword (validation_split, class_weight, ...), or the close match of a typo."""
 
 from __future__ import annotations
 
+import difflib
+import functools
 import inspect
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 from hloforge.core.errors import UnsupportedSpec
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_WHOLE_VAL = "validation_data is scored whole at each epoch's end"
+_IN_PROCESS = "fit reads arrays, or an iterable of (x, y) batches, in this process"
+_SAME_WEIGHT = "the loss weighs every row alike"
+# Keras's keywords of fit, evaluate, predict and Model that hloforge takes nowhere, each with the way here
+KERAS = {
+    "validation_split": "hloforge holds no rows out itself: split x and y yourself and pass "
+                        "validation_data=(x_val, y_val)",
+    "validation_steps": _WHOLE_VAL, "validation_batch_size": _WHOLE_VAL, "validation_freq": _WHOLE_VAL,
+    "class_weight": f"{_SAME_WEIGHT}: repeat a rarer class's rows (np.repeat) or train with "
+                    "loss='focalCrossEntropy' for imbalanced classes",
+    "sample_weight": f"{_SAME_WEIGHT}: repeat the rows to weigh more (np.repeat(x, k, axis=0), and y alike)",
+    "steps_per_epoch": "an epoch is len(x) // batch_size steps over every row: pass fewer rows for fewer steps",
+    "initial_epoch": "a fit goes on from the model's own epoch and weights (model.history holds the epochs so far)",
+    "steps": "every row of x is scored: pass x[:k] for fewer",
+    "max_queue_size": _IN_PROCESS, "workers": _IN_PROCESS, "use_multiprocessing": _IN_PROCESS,
+    "return_dict": "evaluate returns a dict of its scores already",
+    "verbose": "evaluate and predict print nothing; fit's verbose=True prints its progress",
+    "callbacks": "callbacks run during fit alone: fit(..., callbacks=[...])",
+    "metrics": "evaluate returns the task's own scores (a classifier's top1, top5 and loss)",
+    "inputs": "hf.Model takes a net (a zoo name, a NetSpec or a .toml/.json spec file), not Keras tensors",
+    "outputs": "hf.Model takes a net (a zoo name, a NetSpec or a .toml/.json spec file), not Keras tensors",
+}
+
+
+def not_taken(where: str, keyword: str, takes: Iterable[str]) -> str:
+    """One line: `where` takes no `keyword`; Keras's with the hloforge way, else the close match and what it takes."""
+    if keyword in KERAS:
+        return f"{where} takes no keyword {keyword!r} (Keras's): {KERAS[keyword]}"
+    takes = sorted(takes)
+    near = difflib.get_close_matches(keyword, takes, n=1)
+    return (f"{where} takes no keyword {keyword!r}{f'; did you mean {near[0]!r}?' if near else ';'} expected one of "
+            f"{takes}")
+
+
+def checked_keywords(method: F) -> F:
+    """A method decorator: a keyword the method does not take, or more arguments by position than it takes so,
+    is refused in one line before the call (Python's TypeError names neither the way here nor a close match)."""
+    params = [p for p in inspect.signature(method).parameters.values() if p.name != "self"]
+    named = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    positional = [p.name for p in params if p.kind == p.POSITIONAL_OR_KEYWORD]
+    where = method.__name__
+
+    @functools.wraps(method)
+    def checked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        odd = next((k for k in kwargs if k not in named), None)
+        if odd is not None:
+            raise UnsupportedSpec(not_taken(where, odd, named))
+        if len(args) > len(positional):
+            rest = ", ".join(f"{n}=" for n in named if n not in positional)
+            raise UnsupportedSpec(f"{where} takes at most {len(positional)} arguments by position "
+                                  f"({', '.join(positional)}), got {len(args)}; pass the others by keyword ({rest})")
+        return method(self, *args, **kwargs)
+
+    return checked  # type: ignore[return-value]
 
 
 def check_model_options(given: Iterable[str], variant: Iterable[str], init: Callable[..., Any],
                         fit: Callable[..., Any]) -> None:
-    """Refuse the keywords of `given` that are none of Model's variant fields (`variant`): they name its own
-    options (`init`'s) and the variant's, and say which are fit's."""
+    """Refuse the keywords of `given` that are none of Model's variant fields (`variant`): a Keras one with its
+    hloforge way, else they name its own options (`init`'s) and the variant's, and say which are fit's."""
     known = set(variant)
     unknown = sorted(set(given) - known)
+    fits = [u for u in unknown if u in inspect.signature(fit).parameters]  # epochs=, batch_size=
+    if keras := [u for u in unknown if u in KERAS and u not in fits]:
+        raise UnsupportedSpec(not_taken("Model", keras[0], ()))
     if unknown:
         own = [p for p in inspect.signature(init).parameters if p not in ("self", "variant_fields")]
-        fits = [u for u in unknown if u in inspect.signature(fit).parameters]  # epochs=, batch_size=
         to_fit = f" ({', '.join(fits)}: give {'it' if len(fits) == 1 else 'them'} to fit)" if fits else ""
+        near = difflib.get_close_matches(unknown[0], [*own, *known], n=1) if not fits else []
         raise UnsupportedSpec(f"Model takes no option(s) {unknown}{to_fit}; expected its own {own} or the "
-                              f"variant's {sorted(known)}")
+                              f"variant's {sorted(known)}{f'; did you mean {near[0]!r}?' if near else ''}")

@@ -455,7 +455,12 @@ def checked_callbacks(callbacks: Any) -> list[Callback]:
     callbacks = list(callbacks)
     for cb in callbacks:
         if not isinstance(cb, Callback):
-            raise UnsupportedSpec(f"callbacks must be hloforge Callback instances, got {type(cb).__name__}")
+            kind = type(cb)
+            # another framework's (Keras's EarlyStopping): name hloforge's own of that name, if there is one
+            ours = globals().get(kind.__name__)
+            own = (f" from {kind.__module__.split('.')[0]}; hloforge's own is hf.callbacks.{kind.__name__}" if
+                   isinstance(ours, type) and issubclass(ours, Callback) and ours is not kind else "")
+            raise UnsupportedSpec(f"callbacks must be hloforge Callback instances, got {kind.__name__}{own}")
         check_hooks(cb)
     return callbacks
 

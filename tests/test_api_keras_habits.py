@@ -1,0 +1,79 @@
+"""Keras's (and PyTorch's) habits met by the framework API: a keyword hloforge does not take is one line naming
+the keyword and the hloforge way, never Python's 'got an unexpected keyword argument'; a typo keeps its own
+line, with the close match."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import hloforge as hf
+from hloforge.core.errors import UnsupportedSpec
+
+X = np.zeros((64, 784), np.float32)
+Y = np.arange(64) % 10
+
+
+@pytest.fixture(scope="module")
+def model() -> hf.Model:
+    return hf.Model("mnist-linear")
+
+
+def said(call) -> str:
+    with pytest.raises(UnsupportedSpec) as e:
+        call()
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+@pytest.mark.parametrize("keyword, value, way", [
+    ("validation_split", 0.1, "split x and y yourself and pass validation_data=(x_val, y_val)"),
+    ("class_weight", {0: 2.0}, "repeat a rarer class's rows (np.repeat) or train with loss='focalCrossEntropy'"),
+    ("sample_weight", np.ones(64), "repeat the rows to weigh more"),
+    ("steps_per_epoch", 2, "an epoch is len(x) // batch_size steps"),
+    ("initial_epoch", 1, "a fit goes on from the model's own epoch"),
+    ("workers", 4, "in this process"),
+])
+def test_a_keras_keyword_of_fit_names_the_hloforge_way(model, keyword, value, way) -> None:
+    """Before: TypeError: Model.fit() got an unexpected keyword argument 'validation_split'."""
+    line = said(lambda: model.fit(X, Y, batch_size=32, verbose=False, **{keyword: value}))
+    assert line.startswith(f"fit takes no keyword {keyword!r} (Keras's): ") and way in line, line
+
+
+@pytest.mark.parametrize("method, keyword, way", [
+    ("evaluate", "verbose", "evaluate and predict print nothing"),
+    ("evaluate", "return_dict", "returns a dict of its scores already"),
+    ("evaluate", "sample_weight", "the loss weighs every row alike"),
+    ("predict", "verbose", "evaluate and predict print nothing"),
+    ("predict", "steps", "every row of x is scored"),
+    ("predict", "callbacks", "callbacks run during fit alone"),
+])
+def test_a_keras_keyword_of_evaluate_or_predict_names_the_hloforge_way(model, method, keyword, way) -> None:
+    args = (X, Y) if method == "evaluate" else (X,)
+    line = said(lambda: getattr(model, method)(*args, **{keyword: 0}))
+    assert line.startswith(f"{method} takes no keyword {keyword!r} (Keras's): ") and way in line, line
+
+
+def test_a_typo_is_still_an_unknown_keyword_with_the_close_match(model) -> None:
+    line = said(lambda: model.fit(X, Y, epocs=2))
+    assert line.startswith("fit takes no keyword 'epocs'; did you mean 'epochs'? expected one of ['batch_size', ")
+    assert said(lambda: model.evaluate(X, Y, bach_size=8)).startswith(
+        "evaluate takes no keyword 'bach_size'; did you mean 'batch_size'?")
+    assert said(lambda: model.save("x", overwite=True)).startswith(
+        "save takes no keyword 'overwite'; did you mean 'overwrite'?")
+    assert said(lambda: model.predict(X, zzz=1)).startswith("predict takes no keyword 'zzz'; expected one of [")
+
+
+def test_model_names_a_keras_keyword_and_a_typos_close_match() -> None:
+    assert said(lambda: hf.Model("mnist-linear", metrics=["accuracy"])) == (
+        "Model takes no keyword 'metrics' (Keras's): evaluate returns the task's own scores (a classifier's top1, "
+        "top5 and loss)")
+    assert said(lambda: hf.Model("mnist-linear", dropuot=0.1)).endswith("; did you mean 'dropout'?")
+    assert "(verbose: give it to fit)" in said(lambda: hf.Model("mnist-linear", verbose=True))
+
+
+def test_a_keras_callback_names_hloforges_own_of_that_name(model) -> None:
+    early = type("EarlyStopping", (), {"__module__": "keras.src.callbacks.early_stopping"})
+    assert said(lambda: model.fit(X, Y, callbacks=[early()])) == (
+        "callbacks must be hloforge Callback instances, got EarlyStopping from keras; hloforge's own is "
+        "hf.callbacks.EarlyStopping")
