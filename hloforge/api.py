@@ -260,9 +260,9 @@ class Model:
 
     @checked_keywords
     @one_at_a_time("model")
-    def fit(self, x: Any = None, y: Any = None, epochs: int = 1, batch_size: int | None = None,
+    def fit(self, x: Any = None, y: Any = None, *, epochs: int = 1, batch_size: int | None = None,
             validation_data: tuple[Any, Any] | None = None, callbacks: Iterable[Callback] = (),
-            shuffle: bool = True, drop_last: bool = True, verbose: bool = True, *, data: str | None = None,
+            shuffle: bool = True, drop_last: bool = True, verbose: bool = True, data: str | None = None,
             data_options: Mapping[str, Any] | None = None) -> History:
         """Train `epochs` passes; returns the history (also `self.history`, over all fits).
 
@@ -273,7 +273,7 @@ class Model:
         them (a permutation from (seed, epoch); `shuffle=False`: as given), `len(x) // batch_size`
         steps — a ragged last batch is dropped (`drop_last`, the only mode) and said once, never
         padded into the gradient. The schedule runs over this call's steps. Every array is checked
-        whole before the first step."""
+        whole before the first step. Only x and y go by position (Keras's fit(x, y, 32, 5) is its batch 32)."""
         epochs = plain(epochs)
         for flag, on in (("shuffle", shuffle), ("drop_last", drop_last), ("verbose", verbose)):
             arraydata.checked_flag(flag, on)

@@ -77,3 +77,11 @@ def test_a_keras_callback_names_hloforges_own_of_that_name(model) -> None:
     assert said(lambda: model.fit(X, Y, callbacks=[early()])) == (
         "callbacks must be hloforge Callback instances, got EarlyStopping from keras; hloforge's own is "
         "hf.callbacks.EarlyStopping")
+
+
+def test_fits_arguments_after_x_and_y_are_keywords(model) -> None:
+    """Before: Keras's fit(x, y, batch_size, epochs) order, fit(x, y, 16, 2), trained 16 epochs at batch 2."""
+    assert said(lambda: model.fit(X, Y, 16, 2)) == (
+        "fit takes at most 2 arguments by position (x, y), got 4; pass the others by keyword (epochs=, "
+        "batch_size=, validation_data=, callbacks=, shuffle=, drop_last=, verbose=, data=, data_options=)")
+    assert model.history == []  # nothing trained
