@@ -201,6 +201,7 @@ class Model:
         n = row_count(y, f"{what} y")
         if n != len(xa):
             raise DataError(f"{what}: x has {len(xa)} rows but y has {n}; expected one label per row")
+        arraydata.refuse_misfit(self.spec, self.variant, y)  # mse on a classifier: before y's shape
         out = self.spec.out_shape
         y_shape, y_dtype = label_type(self.variant.label_loss(default_registry()), out, "f32")
         lowest = IGNORE if scored and self._label_kind() == "tokens" else 0

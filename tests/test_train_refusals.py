@@ -95,7 +95,7 @@ GOOD_X = np.linspace(-1, 1, 24, dtype=np.float32).reshape(4, 6)
 @pytest.mark.parametrize("x,y,needle", [
     (GOOD_X, np.array([1, 2, 12, 3]), r"labels span 1\.\.12, expected ids 0\.\.9"),
     (GOOD_X, np.array([1, -1, 0, 3]), r"labels span -1\.\.3, expected ids 0\.\.9"),
-    (GOOD_X, np.array([1.0, 2.5, 0.0, 3.0]), "labels have dtype float64, expected integer ids"),
+    (GOOD_X, np.array([1.0, 2.5, 0.0, 3.0]), r"labels are real numbers \(float64, not whole\): regression targets\?"),
     (GOOD_X, np.array([[1], [2], [0], [3]]), r"labels have shape \[4, 1\], expected \[4\]"),
     (np.where(np.eye(4, 6, dtype=bool), np.nan, GOOD_X), np.array([1, 2, 0, 3]), "x holds NaN or inf"),
     (np.where(np.eye(4, 6, dtype=bool), -np.inf, GOOD_X), np.array([1, 2, 0, 3]), "x holds NaN or inf"),

@@ -132,6 +132,20 @@ def refuse_ddpm_arrays(spec: NetSpec, what: str) -> None:
                               f"dataset ({what}(data=NAME), or hloforge train / eval), not from arrays")
 
 
+def refuse_misfit(spec: NetSpec, variant: Variant, y: Any) -> None:
+    """The loss's misfit with the net (mse on a net that is no DDPM: the user's regression) said of arrays y
+    before their shape, which the loss's targets would give (a classifier's logits' [N, 10]) and no shape fixes;
+    the labels a class loss takes are checked_labels' (real numbers said as regression targets there)."""
+    from hloforge.train.tasks import loss_label_kind, misfit
+
+    loss = variant.make_loss(default_registry())
+    kind = loss_label_kind(loss, tuple(spec.out_shape))
+    if kind == "noise":
+        ya = np.asarray(host_array(y))
+        if why := misfit(spec, loss, kind, ARRAYS, "noise" if ya.dtype.kind == "f" else "class", ya):
+            raise DataError(why)
+
+
 def batched(shape: Sequence[int]) -> str:
     """A batch of rows of `shape`, as messages say it: [N, 784]."""
     return "[" + ", ".join(["N", *map(str, shape)]) + "]"

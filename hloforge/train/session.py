@@ -247,6 +247,11 @@ def checked_labels(y: Any, shape: Sequence[int], y_dtype: str, classes: int | No
     another shape or kind, out of lowest..classes−1 (an id past the last class one-hots to nothing and
     trains on a plausible wrong loss; `lowest` −1: a language model's scored padding), or not finite."""
     y = np.asarray(host_array(y))
+    # real numbers where class ids are taken: regression targets, said before their shape (the shape of the ids
+    # would be no fix); one-hot or probability rows are said below, with how to get their ids
+    regression = (f"{what} labels are real numbers ({y.dtype}, not whole): regression targets? the loss trains on "
+                  f"classes, not on real values; expected integer class ids of shape {list(shape)} (int32)")
+    real = y_dtype == "i32" and y.dtype.kind == "f" and y.size > 0 and not np.array_equal(y, np.rint(y))
     if tuple(y.shape) != tuple(shape):
         # the axis y has beyond the labels' shape (masks [N, 1, H, W] or one-hot [N, C, H, W] for [N, H, W]), if one:
         # never the batch's, the last where several fit (one-hot [4, 4] rows of 4 classes: axis 1)
@@ -256,12 +261,16 @@ def checked_labels(y: Any, shape: Sequence[int], y_dtype: str, classes: int | No
         if (extra is not None and y_dtype == "i32" and classes is not None and y.shape[extra] == classes
                 and y.dtype.kind in "fiub"):
             hint = f" (one-hot rows of the {classes} classes? y.argmax({extra}) gives the ids)"
+        elif real:
+            raise DataError(regression)
         if tuple(y.shape) == (*shape, 1):  # a column vector, as sklearn and pandas often hand labels
             hint = " (a trailing axis of 1: y[..., 0] drops it)"
         elif extra is not None and y.shape[extra] == 1:  # masks with a channel axis, as torch's loaders give them
             hint = f" (an axis of 1 at {extra}: y.squeeze({extra}) drops it)"
         raise DataError(f"{what} labels have shape {list(y.shape)}, expected {list(shape)}{hint}")
     if y_dtype == "i32":
+        if real:
+            raise DataError(regression)
         if y.dtype.kind not in "iu":
             raise DataError(f"{what} labels have dtype {y.dtype}, expected integer ids (int32){_ids_hint(y)}")
         if classes is not None and y.size and (y.min() < lowest or y.max() >= classes):

@@ -442,12 +442,11 @@ def losses_for(spec: NetSpec, data_kind: str) -> list[str]:
     return fit
 
 
-def _misfit(run: Any, loss: Loss, kind: str) -> str | None:
-    """One line when the loss's labels are not what the dataset gives or the net is not the loss's
-    task's (mse on a classifier: its float targets train a DDPM); None when they fit. The task's own
-    check then names any finer mismatch (a DDPM's image size, a class count)."""
-    spec, out = run.spec, tuple(run.spec.out_shape)
-    data_kind = str(getattr(run.data, "label_kind", Dataset.label_kind))
+def misfit(spec: NetSpec, loss: Loss, kind: str, data: str, data_kind: str, y: Any) -> str | None:
+    """One line when the loss's labels are not what dataset `data` gives (`data_kind`, its labels `y` if known)
+    or the net is not the loss's task's (mse on a classifier: its float targets train a DDPM); None when they
+    fit. The task's own check then names any finer mismatch (a DDPM's image size, a class count)."""
+    out = tuple(spec.out_shape)
     shape, dtype = checked_label_spec(loss, out)
     if kind == "noise" and not DiffusionTask.ddpm_shaped(spec):
         wants = (f"float targets shaped like the net's output ({_shape_said(shape)}) and trains only a DDPM (images "
@@ -458,13 +457,12 @@ def _misfit(run: Any, loss: Loss, kind: str) -> str | None:
     else:
         return None
     labels = _LABELS_SAID.get(data_kind, f"{data_kind!r} labels")
-    y = getattr(run, "y_te", None)
     if y is not None:
         labels += f" of shape {_shape_said(np.shape(y)[1:])}"
     fit = [n for n in losses_for(spec, data_kind) if n != loss.name]
     fits = (f"losses that fit: {', '.join(fit)}" if fit else
             f"no registered loss trains net {spec.name!r} (output {list(out)}) on these labels")
-    return (f"loss {loss.name!r} does not fit net {spec.name!r} on dataset {run.cfg.data!r}: the dataset gives "
+    return (f"loss {loss.name!r} does not fit net {spec.name!r} on dataset {data!r}: the dataset gives "
             f"{labels}; {loss.name} wants {wants}; {fits}")
 
 
@@ -479,7 +477,8 @@ def make_task(run: Any) -> Task:
     if kind not in TASKS:
         raise UnsupportedSpec(f"loss {loss.name!r} takes {kind!r} labels; no task trains with those "
                               f"(tasks: {sorted(TASKS)})")
-    why = _misfit(run, loss, kind)
+    why = misfit(run.spec, loss, kind, run.cfg.data, str(getattr(run.data, "label_kind", Dataset.label_kind)),
+                 getattr(run, "y_te", None))
     if why:  # before the task's own check, which would speak of the wrong task (a DDPM's shapes for mse)
         raise DataError(why)
     return TASKS[kind](run)
