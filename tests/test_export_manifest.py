@@ -32,6 +32,7 @@ def test_following_the_export_manifest_alone_reproduces_predict_on_raw_pixels(tm
     assert {k: output[k] for k in ("name", "shape", "dtype", "kind")} == \
         {"name": "out", "shape": [1, 10], "dtype": "f32", "kind": "class"}
     assert "logits over the 10 classes" in output["meaning"]
+    assert "class_names" not in manifest  # digits names none: none is made up
     pixels = manifest["preprocessing"]["pixels"]
     assert pixels["range"] == [0, 16] and len(pixels["mean"]) == len(pixels["std"]) == 2
 
@@ -76,3 +77,27 @@ def test_export_makes_no_backend(tmp_path, monkeypatch) -> None:
     export_run(str(tmp_path / "run"), str(tmp_path / "export"), log=lambda s: None)
     with open(tmp_path / "export" / "manifest.json", encoding="utf-8") as f:
         assert json.load(f)["arguments"][0] == "x"
+
+
+def test_the_manifest_names_the_classes_in_label_id_order_and_the_version_that_wrote_it(tmp_path) -> None:
+    """Before: the manifest of a run on the user's own image folders carried the class count alone (a reader had to
+    guess that label 0 is the first folder in sorted order) and no hloforge version."""
+    from test_prepare import write_jpeg_tree
+
+    from hloforge.core.registry import hloforge_version
+    from hloforge.datasets.prepare import prepare
+
+    write_jpeg_tree(tmp_path / "src", per_class=2, classes=("zebra", "ant", "moose"))
+    data = str(tmp_path / "prepared")
+    prepare("imagenette", str(tmp_path / "src"), data, train_size=10, val_size=8)
+    options = {"data_dir": data, "train_size": 10, "crop": 8}
+    spec = hf.NetSpec("folders", (3, 8, 8), [L.Conv2d(out=4, k=3, act="relu"), L.GlobalAvgPool(), L.Dense(3)], 3)
+    m = hf.Model(spec)
+    m.fit(data="imagenette", data_options=options, epochs=1, batch_size=2, verbose=False)
+    run = str(tmp_path / "run")
+    m.save(run, data="imagenette", data_options=options)
+    export_run(run, str(tmp_path / "export"), log=lambda s: None)
+    with open(tmp_path / "export" / "manifest.json", encoding="utf-8") as f:
+        manifest = json.load(f)
+    assert manifest["class_names"] == ["ant", "moose", "zebra"]  # label i: the i-th folder in sorted order
+    assert manifest["hloforge_version"] == hloforge_version()

@@ -460,6 +460,11 @@ class Dataset:
     (a `hloforge.datasets.augment.Normalize`, the one it applies). Default None (a record dataset's is
     found in its test transform). Read by `hloforge export`'s manifest, for a runtime fed raw pixels."""
 
+    class_names: Sequence[str] | None = None
+    """Optional: the name of each class id, id i the i-th (imagenette's, the classes.json `hloforge prepare`
+    writes from the class folders); a head wider than the names leaves the ids past them unnamed. Default None:
+    not known (none is made up). Read by `hloforge export`'s manifest."""
+
     regions: ClassVar[Mapping[str, frozenset[int]] | None] = None
     """Named unions of mask classes that segmentation Dice is reported on (BraTS's WT/TC/ET).
     Default None: each foreground class alone (`hloforge.train.segmentation.default_regions`).

@@ -10,8 +10,9 @@ as val (or a file of another resolution) fails at load, naming the side its leng
 (`train_size`, `crop`) that reads it.
 
 The class count is the length of `data_dir/classes.json` (the label names prepare writes, label i
-the i-th) where the directory has one, else 10 (Imagenette's); a `classes` option may widen the head
-past the file's count, never narrow it. A label byte at or past the count is refused at load.
+the i-th, the dataset's `class_names`) where the directory has one, else 10 (Imagenette's); a `classes`
+option may widen the head past the file's count, never narrow it. A label byte at or past the count is
+refused at load.
 
 Training batches: a random `crop`×`crop` window of the 256² image and a random
 horizontal flip; without augmentation the centre window (so the net still sees
@@ -95,6 +96,12 @@ def _names_problem(names: object) -> str:
 
 def stated_classes(data_dir: str) -> int | None:
     """The class count `data_dir/classes.json` states (its names' number); None where there is none."""
+    names = stated_names(data_dir)
+    return None if names is None else len(names)
+
+
+def stated_names(data_dir: str) -> list[str] | None:
+    """The class names `data_dir/classes.json` states, label i the i-th; None where there is none."""
     path = os.path.join(data_dir, CLASSES_FILE)
     if not os.path.isfile(path):
         return None
@@ -108,7 +115,7 @@ def stated_classes(data_dir: str) -> int | None:
     if problem:
         raise DataError(f"{path}: {problem}; expected a JSON list of 1..{MAX_CLASSES} distinct class names "
                         "(label i the i-th), as `hloforge prepare imagenette` writes")
-    return len(names)
+    return list(names)
 
 
 def read_counted_images(path: str, side: int, classes: int, option: str = "",
@@ -139,7 +146,8 @@ class Imagenette(RecordDataset):
         data_dir = path("imagenette", "data_dir", data_dir)
         train_size, crop = integer("imagenette", "train_size", train_size, 1), integer("imagenette", "crop", crop, 1)
         check_sides(train_size, crop)
-        stated = stated_classes(data_dir)
+        names = stated_names(data_dir)
+        stated = None if names is None else len(names)
         if classes is None:
             classes = stated or CLASSES
         classes = integer("imagenette", "classes", classes, 1)
@@ -150,6 +158,7 @@ class Imagenette(RecordDataset):
                             f"{stated}; leave the option out to read its count")
         self.data_dir, self.train_size, self.crop, self.num_classes = data_dir, train_size, crop, classes
         self._classes_from = os.path.join(data_dir, CLASSES_FILE) if classes == stated else ""
+        self.class_names = None if names is None else tuple(names)
         self.image_shape = (3, crop, crop)
 
     def side(self, split: str) -> int:

@@ -2,8 +2,9 @@
 
 The default format writes the eval forward as StableHLO (`forward.mlir`, batch 1: `@main(x, θ…,
 running…)`), the weights as safetensors under their names (`weights.safetensors`: `param/…`,
-`stat/…`) and `manifest.json` (spec, input shape and preprocessing, classes, the module's argument
-order and its output (shape, type, meaning), the backend it trained on, the region). Its preprocessing
+`stat/…`) and `manifest.json` (spec, input shape and preprocessing, classes and, where the dataset names
+them, their names in label-id order, the module's argument order and its output (shape, type, meaning), the
+backend it trained on, the region, the hloforge version that wrote it). Its preprocessing
 names the dataset, its options and the data directory and file the run recorded, how the dataset scales
 pixels into the input (`pixels`), and for a text model the character vocabulary.
 The weights are those `hloforge eval` scores: by default the EMA shadow when the run kept one.
@@ -22,6 +23,7 @@ import numpy as np
 
 from hloforge.core.errors import HloforgeError, UnsupportedSpec
 from hloforge.core.regions import DEFAULT_REGION
+from hloforge.core.registry import hloforge_version
 from hloforge.core.spec import NetSpec
 from hloforge.interop.torch_names import LAYOUTS, SOURCES, units
 
@@ -84,7 +86,7 @@ def export_run(run: str, out: str, fmt: str = "hloforge", log: Callable[[str], N
     from hloforge.commands.manifest import describe
     from hloforge.commands.opening import open_checkpoint
     from hloforge.core.modules import forward_input_roles, forward_module
-    from hloforge.train.checkpoint import SAFETENSORS, ends_in
+    from hloforge.train.checkpoint import SAFETENSORS, VERSION, ends_in
     from hloforge.train.tasks import output_said
 
     if fmt not in FORMATS:
@@ -123,6 +125,7 @@ def export_run(run: str, out: str, fmt: str = "hloforge", log: Callable[[str], N
         "output": {**output, **output_said(spec, oc.run.task)},
         "preprocessing": preprocessing(cfg, oc.run.data),
         "backend": oc.meta.get("backend"), "epoch": oc.meta.get("epoch"), "step": oc.meta.get("step"),
+        **({"class_names": names} if (names := class_names(oc.run.data, spec)) else {}), VERSION: hloforge_version(),
     }
     weights = {n: np.ascontiguousarray(a) for n, a in zip([*pnames, *snames], [*params, *stats], strict=True)}
     write_whole(out, [(files[0], text.encode(), "exported forward"), (files[1], save(weights), "exported weights"),
@@ -146,6 +149,16 @@ def preprocessing(cfg: Any, data: Any) -> dict[str, Any]:
         out["pixels"] = {"range": [0.0, round(1.0 / norm.scale, 6)], "scale": norm.scale, "mean": list(norm.mean),
                          "std": list(norm.std)}
     return out
+
+
+def class_names(data: Any, spec: NetSpec) -> list[str] | None:
+    """The names of the net's class ids, id i the i-th, as the run's dataset names them (Dataset.class_names: a
+    prepared folder's classes.json); None where it names none, or more than the net has classes (its files
+    are no longer the ones trained on), so nothing is said that is not known."""
+    from hloforge.core.contracts import Dataset
+
+    names = getattr(data, "class_names", Dataset.class_names)
+    return None if not names or len(names) > spec.num_classes else [str(n) for n in names]
 
 
 def pixel_scaling(data: Any) -> Any:
