@@ -85,3 +85,17 @@ def test_fits_arguments_after_x_and_y_are_keywords(model) -> None:
         "fit takes at most 2 arguments by position (x, y), got 4; pass the others by keyword (epochs=, "
         "batch_size=, validation_data=, callbacks=, shuffle=, drop_last=, verbose=, data=, data_options=)")
     assert model.history == []  # nothing trained
+
+
+@pytest.mark.parametrize("kw, line", [
+    ({"loss": "sparse_categorical_crossentropy"}, "unknown loss 'sparse_categorical_crossentropy'; registered: "),
+    ({"optimizer": "Adam_W"}, "unknown optimizer 'Adam_W'; registered: "),
+])
+def test_an_unknown_name_with_an_underscore_is_said_unknown(kw, line) -> None:
+    """Before: 'loss name 'sparse_categorical_crossentropy' cannot appear in a variant slug: expected a letter then
+    letters and digits', a rule of the run's slug, where the name is registered nowhere."""
+    from hloforge.core.errors import PluginError
+
+    with pytest.raises(PluginError) as e:
+        hf.Model("mnist-linear", **kw)
+    assert str(e.value).startswith(line) and "\n" not in str(e.value)

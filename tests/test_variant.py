@@ -70,7 +70,7 @@ def test_a_slug_that_is_not_a_rendering_is_refused(slug: str, what: str) -> None
 
 @pytest.mark.parametrize("kw, what", [
     ({"accum": 0}, "accum"), ({"accum": 2.0}, "accum"), ({"ema": 1.0}, "ema"), ({"clip": -1.0}, "clip"),
-    ({"precision": "fp16"}, "precision"), ({"optimizer": "my_opt"}, "optimizer name"), ({"dropout": 1.0}, "dropout"),
+    ({"precision": "fp16"}, "precision"), ({"optimizer": 3}, "optimizer name"), ({"dropout": 1.0}, "dropout"),
     ({"bn_eps": 0.0}, "bn_eps"), ({"mixup": float("nan")}, "mixup"),
 ])
 def test_bad_options_are_one_clear_error(kw: dict, what: str) -> None:

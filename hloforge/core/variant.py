@@ -32,7 +32,7 @@ import numpy as np
 # the optimizer base lives with the other contracts; re-exported so `from hloforge.core.variant import Optimizer` works
 from hloforge.core.contracts import Optimizer as Optimizer
 from hloforge.core.errors import DataError, PluginError, UnsupportedSpec
-from hloforge.core.registry import component_label
+from hloforge.core.registry import component_label, default_registry
 from hloforge.core.spec import Loss, ParamSlot
 
 if TYPE_CHECKING:
@@ -318,6 +318,8 @@ def _decode(s: str) -> float:
 
 def _check_name(what: str, name: str) -> None:
     if not isinstance(name, str) or not _NAME.match(name):
+        if isinstance(name, str):  # a name registered nowhere (Keras's 'sparse_categorical_crossentropy'): said so,
+            default_registry().get(what, name)  # with the registered ones, before the slug's characters
         raise UnsupportedSpec(f"{what} name {name!r} cannot appear in a variant slug: expected a letter then "
                               "letters and digits")
 
