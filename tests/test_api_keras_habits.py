@@ -99,3 +99,16 @@ def test_an_unknown_name_with_an_underscore_is_said_unknown(kw, line) -> None:
     with pytest.raises(PluginError) as e:
         hf.Model("mnist-linear", **kw)
     assert str(e.value).startswith(line) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("name, ours", [
+    ("sparse_categorical_crossentropy", "crossEntropy"), ("CategoricalCrossentropy", "crossEntropy"),
+    ("CrossEntropyLoss", "crossEntropy"), ("binary_crossentropy", "bce"), ("MeanSquaredError", "mse")])
+def test_another_frameworks_loss_name_names_hloforges_own(name, ours) -> None:
+    """Before: 'did you mean 'focalCrossEntropy'?' for Keras's sparse_categorical_crossentropy: the closest spelling,
+    a different loss that trains plausibly (and wrongly) if taken."""
+    from hloforge.core.errors import PluginError
+
+    with pytest.raises(PluginError) as e:
+        hf.Model("mnist-linear", loss=name)
+    assert str(e.value).endswith(f"; {name!r} is loss {ours!r} here"), str(e.value)

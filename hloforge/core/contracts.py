@@ -212,6 +212,11 @@ class Loss(metaclass=_Component):
     """The lowering-strategy kinds (core/strategy.py) `forward` may consult. Default none. Read by
     the gate, which runs each of the loss's cases once per choice of each."""
 
+    also_known_as: ClassVar[tuple[str, ...]] = ()
+    """Other frameworks' names of this loss (Keras's `sparse_categorical_crossentropy`, PyTorch's
+    `CrossEntropyLoss`), matched without case or underscores. Default none. Read by the registry's refusal of an unknown
+    name, which names this loss instead of the closest spelling (a different loss)."""
+
     def label_spec(self, out_shape: Shape) -> tuple[Shape, str]:
         """Per-example label shape (no batch) and element type ('i32' class ids, 'f32' targets)."""
         raise NotImplementedError  # abstract

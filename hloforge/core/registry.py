@@ -259,7 +259,11 @@ class Registry:
         if name not in table:
             known = ", ".join(f"{n} ({e.distribution})" for n, e in sorted(table.items())) or "none"
             broken = "".join(f"; not loaded: {b.plugin} ({b.error})" for b in self.broken)
-            raise PluginError(f"unknown {kind} {name!r}; registered: {known}{broken}{near_name(name, table)}")
+            # another framework's name of a registered one: that one, not the closest spelling (another loss)
+            said = _folded(name)  # Keras's class name too: CategoricalCrossentropy is categorical_crossentropy
+            same = [n for n, e in sorted(table.items()) if said in map(_folded, getattr(e.obj, "also_known_as", ()))]
+            hint = f"; {name!r} is {kind} {same[0]!r} here" if same else near_name(name, table)
+            raise PluginError(f"unknown {kind} {name!r}; registered: {known}{broken}{hint}")
         return table[name]
 
     def make(self, kind: str, name: str, **options: Any) -> Any:
@@ -355,6 +359,11 @@ def _component_of(frame: Any, classes: Mapping[str, list[tuple[str, Entry]]],
     me = frame.f_locals.get("self", frame.f_locals.get("cls"))
     mine = [e for e in found if e.obj is me or e.obj is type(me)] or found
     return mine[0] if mine else None
+
+
+def _folded(name: object) -> str:
+    """A name as another framework's names are matched: without case or underscores."""
+    return str(name).lower().replace("_", "")
 
 
 def near_name(name: str, names: Collection[str]) -> str:

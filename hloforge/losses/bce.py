@@ -18,6 +18,7 @@ from hloforge.losses.ce import ClassTargetLoss
 @attrs.frozen
 class BinaryCrossEntropy(ClassTargetLoss):
     name = "bce"
+    also_known_as = ("binary_crossentropy", "BCEWithLogitsLoss")  # Keras's, PyTorch's
 
     def forward(self, b: Builder, logits: Value, y: Value) -> Value:
         n, c = logits.shape

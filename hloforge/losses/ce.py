@@ -76,6 +76,8 @@ class CrossEntropy(ClassTargetLoss):
     """mean_b −Σ_c t_c log softmax(z)_c (targets: ClassTargetLoss)."""
 
     name = "crossEntropy"
+    # Keras's (categorical: its one-hot y, refused here with how to get the ids) and PyTorch's
+    also_known_as = ("sparse_categorical_crossentropy", "categorical_crossentropy", "CrossEntropyLoss")
 
     def forward(self, b: Builder, logits: Value, y: Value) -> Value:
         n, c = logits.shape
@@ -181,6 +183,7 @@ class MeanSquaredError(Loss):
     """mean over every element of (z − y)², y a float target shaped like the output."""
 
     name = "mse"
+    also_known_as = ("mean_squared_error", "MSELoss")  # Keras's, PyTorch's
 
     def label_spec(self, out_shape: Shape) -> tuple[Shape, str]:
         return out_shape, "f32"
