@@ -42,7 +42,6 @@ from hloforge.train.session import ForwardSession, TrainSession, checked_labels,
 
 # What fit reads of an iterable of batches before it refuses it as endless (it holds them all, then a copy).
 FIT_BATCHES_MAX_BYTES = 8 << 30
-PLOT_SUFFIXES = (".png",)  # what Model.plot writes: hloforge.train.curves.draw renders PNG
 _HOST_STATE = threading.Lock()  # a model's host θ and state, replaced whole at each epoch's end of a fit
 
 
@@ -349,22 +348,7 @@ class Model:
         """This model's curves over `self.history` (loss, and the validation metric), written to `path`."""
         from hloforge.train import curves
 
-        path = checked_path(path, "plot")
-        suffix = os.path.splitext(path)[1]
-        if suffix.lower() not in PLOT_SUFFIXES:  # curves.draw renders PNG bytes alone
-            got = f"suffix {suffix!r}" if suffix else "no suffix"
-            raise UnsupportedSpec(f"plot cannot write {path}: it has {got}; expected a path ending in one of "
-                                  f"{list(PLOT_SUFFIXES)} (the format curves are drawn in)")
-        if not self.history:
-            raise HloforgeError("no history to plot yet; fit first")
-        png = curves.draw(list(self.history), self.spec.name)
-        try:
-            with open(path, "wb") as f:
-                f.write(png)
-        except OSError as e:
-            raise HloforgeError(f"cannot write the plot to {path}: {e.strerror or e}; expected a writable file "
-                                "in an existing directory") from None
-        return path
+        return curves.write_plot(checked_path(path, "plot"), list(self.history), self.spec.name)
 
     # ------------------------------------------------------------------ scoring
     @checked_keywords

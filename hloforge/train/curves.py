@@ -12,10 +12,11 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from hloforge.core.errors import DataError
+from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
 
 PNG = "curves.png"
 METRICS = "metrics.jsonl"
+PLOT_SUFFIXES = (".png",)  # what Model.plot writes: draw renders PNG
 
 
 def history(run_dir: str) -> list[dict[str, Any]]:
@@ -144,3 +145,22 @@ def plot_run(run_dir: str) -> str:
                         "to a writable place and plot the copy")
     write_atomic(out, draw(hist, title), "plot", then="free space and plot again")
     return out
+
+
+def write_plot(path: str, records: Sequence[dict[str, Any]], title: str) -> str:
+    """`Model.plot`: the curves of `records` (a Model's history) drawn and written to `path` (checked), a .png."""
+    suffix = os.path.splitext(path)[1]
+    if suffix.lower() not in PLOT_SUFFIXES:  # draw renders PNG bytes alone
+        got = f"suffix {suffix!r}" if suffix else "no suffix"
+        raise UnsupportedSpec(f"plot cannot write {path}: it has {got}; expected a path ending in one of "
+                              f"{list(PLOT_SUFFIXES)} (the format curves are drawn in)")
+    if not records:
+        raise HloforgeError("no history to plot yet; fit first")
+    png = draw(records, title)
+    try:
+        with open(path, "wb") as f:
+            f.write(png)
+    except OSError as e:
+        raise HloforgeError(f"cannot write the plot to {path}: {e.strerror or e}; expected a writable file "
+                            "in an existing directory") from None
+    return path
