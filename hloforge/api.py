@@ -29,7 +29,7 @@ from hloforge.core.slots import check_stats
 from hloforge.core.spec import NetSpec, summary_table
 from hloforge.core.variant import SHADOW, Variant, VariantFields
 from hloforge.datasets.records import replaced_together
-from hloforge.keywords import check_model_options, checked_keywords
+from hloforge.keywords import check_model_options, checked_keywords, no_method
 from hloforge.train import arraydata
 from hloforge.train import checkpoint as ckpt
 from hloforge.train.arraydata import ARRAYS, ArrayData, InputKind, checked_batch_size, label_kind, plain, row_count
@@ -625,6 +625,12 @@ class Model:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state, backend=make_backend(state["backend"]))
+
+    def __getattr__(self, name: str) -> Any:  # only for a name Model has not: Keras's compile, PyTorch's state_dict
+        raise no_method(self, name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise no_method(self, "__call__")
 
     def __repr__(self) -> str:
         return (f"Model({self.spec.name!r}, {self.spec.param_count():,} params, {self.variant.slug}, "

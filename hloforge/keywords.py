@@ -38,6 +38,44 @@ KERAS = {
 }
 
 
+_NOT_CALLED = "model.predict(x) gives the eval-mode logits, model.evaluate(x, y) the scores, model.fit(x, y) trains"
+_BY_NAME = "model.params and model.state are θ and the rest by name, dicts of arrays (assign one to set it)"
+# Keras's and PyTorch's methods of a model that hf.Model has not, each with the way here
+METHODS = {
+    "__call__": _NOT_CALLED,
+    "forward": _NOT_CALLED,
+    "compile": "hf.Model takes the optimizer, lr and loss itself: hf.Model(net, optimizer='adam', lr=1e-3, "
+               "loss='crossEntropy')",
+    "train_on_batch": "model.fit(x, y) on the batch's rows (epochs=1, batch_size=len(x))",
+    "test_on_batch": "model.evaluate(x, y) on the batch's rows", "predict_on_batch": "model.predict(x)",
+    "fit_generator": "model.fit takes an iterable of (x, y) batches itself",
+    "get_weights": _BY_NAME, "set_weights": _BY_NAME, "state_dict": _BY_NAME, "load_state_dict": _BY_NAME,
+    "parameters": _BY_NAME, "named_parameters": _BY_NAME,
+    "save_weights": "model.save(DIR) writes the run directory hf.load(DIR) reads back",
+    "load_weights": "hf.load(DIR) reads a saved run back; a weights file's tensors are assigned to model.params",
+    "eval": "predict and evaluate run the eval forward, fit the train step: there is no mode to set",
+    "train": "predict and evaluate run the eval forward, fit the train step: there is no mode to set",
+    "to": "the backend runs it (hf.Model(net, backend=...) or $HLOFORGE_BACKEND): there is no device to move it to",
+    "cuda": "the backend runs it (hf.Model(net, backend=...) or $HLOFORGE_BACKEND): there is no device to move it to",
+    "zero_grad": "fit runs the whole step (forward, backward, update) as one compiled program",
+}
+
+
+class Elsewhere(UnsupportedSpec, AttributeError):
+    """Another framework's method asked of a Model, said in one line; an AttributeError still, so hasattr() and
+    getattr(model, name, default) answer as for any missing attribute."""
+
+
+def no_method(model: Any, name: str) -> AttributeError:
+    """What `model.name` raises where Model has no such attribute: another framework's method with the way here,
+    else Python's own AttributeError (with its close-match suggestion)."""
+    if name in METHODS:
+        what = "is not called as a Keras or PyTorch model is" if name == "__call__" else \
+            f"has no {name}() (Keras's or PyTorch's)"
+        return Elsewhere(f"hf.Model {what}: {METHODS[name]}")
+    return AttributeError(f"{type(model).__name__!r} object has no attribute {name!r}", name=name, obj=model)
+
+
 def not_taken(where: str, keyword: str, takes: Iterable[str]) -> str:
     """One line: `where` takes no `keyword`; Keras's with the hloforge way, else the close match and what it takes."""
     if keyword in KERAS:

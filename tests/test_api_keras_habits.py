@@ -112,3 +112,23 @@ def test_another_frameworks_loss_name_names_hloforges_own(name, ours) -> None:
     with pytest.raises(PluginError) as e:
         hf.Model("mnist-linear", loss=name)
     assert str(e.value).endswith(f"; {name!r} is loss {ours!r} here"), str(e.value)
+
+
+@pytest.mark.parametrize("call, line", [
+    (lambda m: m(X), "hf.Model is not called as a Keras or PyTorch model is: model.predict(x) gives the eval-mode "
+                     "logits, model.evaluate(x, y) the scores, model.fit(x, y) trains"),
+    (lambda m: m.compile(optimizer="adam"), "hf.Model has no compile() (Keras's or PyTorch's): hf.Model takes the "
+                                            "optimizer, lr and loss itself: "),
+    (lambda m: m.state_dict(), "hf.Model has no state_dict() (Keras's or PyTorch's): model.params and model.state "),
+    (lambda m: m.eval(), "hf.Model has no eval() (Keras's or PyTorch's): predict and evaluate run the eval forward"),
+    (lambda m: m.to("cuda"), "hf.Model has no to() (Keras's or PyTorch's): the backend runs it"),
+])
+def test_another_frameworks_model_method_names_the_way_here(model, call, line) -> None:
+    """Before: TypeError: 'Model' object is not callable; AttributeError: 'Model' object has no attribute 'compile'."""
+    assert said(lambda: call(model)).startswith(line)
+
+
+def test_missing_attributes_stay_attribute_errors(model) -> None:
+    assert not hasattr(model, "compile") and getattr(model, "state_dict", None) is None
+    with pytest.raises(AttributeError, match="'Model' object has no attribute 'paramz'"):
+        model.paramz  # noqa: B018
