@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import hloforge as hf
-from hloforge.core.errors import UnsupportedSpec
+from hloforge.core.errors import DataError, UnsupportedSpec
 
 X = np.zeros((64, 784), np.float32)
 Y = np.arange(64) % 10
@@ -132,3 +132,13 @@ def test_missing_attributes_stay_attribute_errors(model) -> None:
     assert not hasattr(model, "compile") and getattr(model, "state_dict", None) is None
     with pytest.raises(AttributeError, match="'Model' object has no attribute 'paramz'"):
         model.paramz  # noqa: B018
+
+
+def test_an_iterable_of_batches_to_evaluate_or_predict_says_fit_alone_reads_them(model) -> None:
+    """Before: 'evaluate x is a DataLoader, expected an array with one row per example', nothing on why fit took it."""
+    for call, what in ((lambda: model.evaluate(iter([(X, Y)])), "evaluate"),
+                       (lambda: model.predict(iter([X])), "predict")):
+        with pytest.raises(DataError) as e:
+            call()
+        assert str(e.value) == (f"{what} x is a list_iterator, expected an array with one row per example (an "
+                                "iterable, of batches? fit alone reads batches: np.concatenate their rows here)")

@@ -176,7 +176,10 @@ def row_count(a: Any, what: str) -> int:
         raise RaggedRows(f"{what} is ragged (its rows differ in length); expected an array with one row per "
                          "example") from None
     if scalar:
-        raise DataError(f"{what} is a {type(a).__name__}, expected an array with one row per example")
+        # a DataLoader, a generator, a tf.data.Dataset: read as batches by fit alone, not by evaluate or predict
+        batches = (" (an iterable, of batches? fit alone reads batches: np.concatenate their rows here)"
+                   if isinstance(a, Iterable) and not isinstance(a, (str, bytes)) else "")
+        raise DataError(f"{what} is a {type(a).__name__}, expected an array with one row per example{batches}")
     n = len(a)
     if n == 0:
         raise DataError(f"{what} is empty (0 rows), expected at least one example")
