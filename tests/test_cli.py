@@ -18,6 +18,7 @@ import pytest
 from hloforge.backends.xla import default_client
 from hloforge.cli import EXIT_CODES, EXIT_OUTPUT_GONE, main, parser
 from hloforge.commands import options
+from hloforge.core.registry import hloforge_version
 from hloforge.core.variant import Variant
 from hloforge.train.trainer import TrainConfig
 from hloforge.zoo import NETS, get_net
@@ -79,6 +80,7 @@ def test_render_manifest_names_every_input_and_output_in_order(tmp_path, capsys)
     assert m["format"] == "hloforge-render-1"
     fwd, ev, step = (m["modules"][f"resnet_mini_{f}.mlir"] for f in ("fwd", "fwd_eval", "adam_ema0p99_train_step"))
     assert fwd["net"] == "resnet-mini" and step["batch"] == 4 and step["variant"] == "adam_ema0p99"
+    assert fwd["hloforge_version"] == step["hloforge_version"] == hloforge_version()  # the release that rendered it
     assert [i["name"] for i in fwd["inputs"]] == ["x", *params]
     assert [i["name"] for i in ev["inputs"]] == ["x", *params, *stats]
     assert ev["inputs"][0] == {"name": "x", "shape": [4, 1, 28, 28], "dtype": "f32"}

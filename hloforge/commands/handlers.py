@@ -46,7 +46,9 @@ def _render(args: argparse.Namespace) -> None:
 
     from hloforge.commands import manifest
     from hloforge.core.modules import forward_input_roles, forward_module, train_step_module
+    from hloforge.core.registry import hloforge_version
     from hloforge.core.variant import Variant
+    from hloforge.train.checkpoint import VERSION
     from hloforge.train.tasks import default_loss
     from hloforge.zoo import get_net
 
@@ -63,7 +65,7 @@ def _render(args: argparse.Namespace) -> None:
         f"{spec.ident}_{variant.slug}_train_step.mlir": step,
     }
     secs = time.perf_counter() - t
-    about = {"net": spec.name, "batch": args.batch}
+    about = {"net": spec.name, "batch": args.batch, VERSION: hloforge_version()}  # each module: its renderer
     modules = {name: {**about, **manifest.describe(text, forward_input_roles(spec, eval_mode), [("out", "")])}
                for name, text, eval_mode in zip(files, files.values(), (False, True), strict=False)}
     modules[next(reversed(files))] = {**about, "variant": variant.slug, "schedule": list(layout.scalars),

@@ -1,7 +1,8 @@
 """`hloforge render`'s manifest.json: each rendered module's inputs and outputs by name, shape and element
 type, in order, so the `.mlir` files can be driven from another runtime (iree-run-module, a PJRT of one's
 own) without reading hloforge. Tensors are named as a checkpoint names them (`param/0.w`, `state/m/0.w`,
-`stat/1.mean`), so a run's checkpoint.safetensors feeds a train step by name."""
+`stat/1.mean`), so a run's checkpoint.safetensors feeds a train step by name. Each module's entry names the
+hloforge release that rendered it (`hloforge_version`): modules of several renders share one manifest."""
 
 from __future__ import annotations
 
