@@ -243,8 +243,7 @@ class Model:
         self._fit_inputs = arraydata.input_kind(given, xa, self.spec)  # the model's once an epoch of it is kept
         arraydata.warn_unscaled(self._fit_inputs, self._inputs)  # a first fit on pixels 0…255 is said
         if validation_data is not None:
-            if not (isinstance(validation_data, (tuple, list)) and len(validation_data) == 2):
-                raise DataError("validation_data must be a pair (x, y)")
+            arraydata.check_pair(validation_data, "validation_data")
             self._check_x(validation_data[0], "validation_data", self._fit_inputs)
         if batch_size > len(xa):
             raise DataError(f"batch_size {batch_size}{default} is larger than the {len(xa)} rows of x; expected at "

@@ -142,3 +142,14 @@ def test_an_iterable_of_batches_to_evaluate_or_predict_says_fit_alone_reads_them
             call()
         assert str(e.value) == (f"{what} x is a list_iterator, expected an array with one row per example (an "
                                 "iterable, of batches? fit alone reads batches: np.concatenate their rows here)")
+
+
+def test_validation_data_that_is_no_pair_says_what_it_is(model) -> None:
+    """Before: 'validation_data must be a pair (x, y)' for Keras's (x, y, sample_weight) and a DataLoader alike."""
+    for v, line in (((X, Y, np.ones(64)), "validation_data is 3 items (Keras's (x, y, sample_weight)? the loss weighs "
+                                          "every row alike); expected a pair (x, y) of arrays"),
+                    (iter([(X, Y)]), "validation_data is a list_iterator (batches? np.concatenate their x and their "
+                                     "y); expected a pair (x, y) of arrays")):
+        with pytest.raises(DataError) as e:
+            model.fit(X, Y, batch_size=32, validation_data=v, verbose=False)
+        assert str(e.value) == line

@@ -132,6 +132,20 @@ def refuse_ddpm_arrays(spec: NetSpec, what: str) -> None:
                               f"dataset ({what}(data=NAME), or hloforge train / eval), not from arrays")
 
 
+def check_pair(v: Any, what: str) -> None:
+    """Refuse `v` unless a pair (x, y), saying what it is instead: Keras's (x, y, sample_weight), or an iterable
+    of batches (a DataLoader), which fit alone reads as batches."""
+    if isinstance(v, (tuple, list)) and len(v) == 2:
+        return
+    if isinstance(v, (tuple, list)):
+        keras = " (Keras's (x, y, sample_weight)? the loss weighs every row alike)" if len(v) == 3 else ""
+        got = f"{len(v)} item{'' if len(v) == 1 else 's'}{keras}"
+    else:
+        got = f"a {type(v).__name__}" + (" (batches? np.concatenate their x and their y)"
+                                         if isinstance(v, Iterable) and not isinstance(v, (str, bytes)) else "")
+    raise DataError(f"{what} is {got}; expected a pair (x, y) of arrays")
+
+
 def refuse_misfit(spec: NetSpec, variant: Variant, y: Any) -> None:
     """The loss's misfit with the net (mse on a net that is no DDPM: the user's regression) said of arrays y
     before their shape, which the loss's targets would give (a classifier's logits' [N, 10]) and no shape fixes;
