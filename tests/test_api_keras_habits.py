@@ -153,3 +153,11 @@ def test_validation_data_that_is_no_pair_says_what_it_is(model) -> None:
         with pytest.raises(DataError) as e:
             model.fit(X, Y, batch_size=32, validation_data=v, verbose=False)
         assert str(e.value) == line
+
+
+@pytest.mark.parametrize("level", [2, "auto"])
+def test_a_keras_verbose_level_says_what_true_prints(model, level) -> None:
+    """Before: 'verbose must be True or False (or 1 or 0), got 2', nothing on Keras's levels."""
+    assert said(lambda: model.fit(X, Y, verbose=level)) == (
+        f"verbose must be True or False (or 1 or 0), got {level!r} (Keras's verbose levels are not hloforge's: True "
+        "prints the progress and each epoch's line)")

@@ -84,7 +84,10 @@ def checked_batch_size(batch_size: Any, default: int) -> int:
 def checked_flag(name: str, on: Any) -> bool:
     """A Model method's True/False argument (1 or 0 taken), refused otherwise: "no" would count as yes."""
     if not isinstance(on, (bool, np.bool_, int)) or on not in (0, 1):
-        raise UnsupportedSpec(f"{name} must be True or False (or 1 or 0), got {on!r}")
+        # Keras's verbose=2 (a line per epoch, no bar) or "auto": True prints its progress and each epoch's line
+        keras = " (Keras's verbose levels are not hloforge's: True prints the progress and each epoch's line)" if \
+            name == "verbose" and (on == "auto" or (isinstance(on, int) and on > 1)) else ""
+        raise UnsupportedSpec(f"{name} must be True or False (or 1 or 0), got {on!r}{keras}")
     return bool(on)
 
 
