@@ -1,6 +1,7 @@
 """The keywords the framework API's methods take: one it does not take is said in one line, naming what it
 takes instead (`Model`'s own options and its variant's; a fit option given to the constructor: fit), the
-hloforge way of a Keras keyword (validation_split, class_weight, ...), or the close match of a typo."""
+hloforge way of a Keras keyword (validation_split, class_weight, ...), or the close match of a typo. And a
+Keras or PyTorch model's method asked of a Model (`model(x)`, `compile`, `state_dict`): the way here."""
 
 from __future__ import annotations
 
@@ -37,9 +38,10 @@ KERAS = {
     "outputs": "hf.Model takes a net (a zoo name, a NetSpec or a .toml/.json spec file), not Keras tensors",
 }
 
-
 _NOT_CALLED = "model.predict(x) gives the eval-mode logits, model.evaluate(x, y) the scores, model.fit(x, y) trains"
 _BY_NAME = "model.params and model.state are θ and the rest by name, dicts of arrays (assign one to set it)"
+_NO_MODE = "predict and evaluate run the eval forward, fit the train step: there is no mode to set"
+_NO_DEVICE = "the backend runs it (hf.Model(net, backend=...) or $HLOFORGE_BACKEND): there is no device to move it to"
 # Keras's and PyTorch's methods of a model that hf.Model has not, each with the way here
 METHODS = {
     "__call__": _NOT_CALLED,
@@ -53,10 +55,7 @@ METHODS = {
     "parameters": _BY_NAME, "named_parameters": _BY_NAME,
     "save_weights": "model.save(DIR) writes the run directory hf.load(DIR) reads back",
     "load_weights": "hf.load(DIR) reads a saved run back; a weights file's tensors are assigned to model.params",
-    "eval": "predict and evaluate run the eval forward, fit the train step: there is no mode to set",
-    "train": "predict and evaluate run the eval forward, fit the train step: there is no mode to set",
-    "to": "the backend runs it (hf.Model(net, backend=...) or $HLOFORGE_BACKEND): there is no device to move it to",
-    "cuda": "the backend runs it (hf.Model(net, backend=...) or $HLOFORGE_BACKEND): there is no device to move it to",
+    "eval": _NO_MODE, "train": _NO_MODE, "to": _NO_DEVICE, "cuda": _NO_DEVICE,
     "zero_grad": "fit runs the whole step (forward, backward, update) as one compiled program",
 }
 
