@@ -29,7 +29,7 @@ from hloforge.core.slots import check_stats
 from hloforge.core.spec import NetSpec, summary_table
 from hloforge.core.variant import SHADOW, Variant, VariantFields
 from hloforge.datasets.records import replaced_together
-from hloforge.keywords import check_model_options, checked_keywords, no_method
+from hloforge.keywords import check_model_options, checked_keywords, no_method, no_metric
 from hloforge.train import arraydata
 from hloforge.train import checkpoint as ckpt
 from hloforge.train.arraydata import ARRAYS, ArrayData, InputKind, checked_batch_size, label_kind, plain, row_count
@@ -50,8 +50,15 @@ class History(list):  # type: ignore[type-arg]
 
     def __getitem__(self, key: Any) -> Any:
         if isinstance(key, str):  # history["val_top1"]: that metric over the epochs
+            if not all(key in h for h in self):
+                raise no_metric(key, list(self))
             return [h[key] for h in self]
         return super().__getitem__(key)
+
+    @property
+    def history(self) -> dict[str, list[Any]]:
+        """Keras's History.history: each metric over the epochs (None in an epoch that has not it)."""
+        return {k: [h.get(k) for h in self] for k in dict.fromkeys(k for h in self for k in h)}
 
 
 class _Keep(Callback):

@@ -11,7 +11,7 @@ import inspect
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from hloforge.core.errors import UnsupportedSpec
+from hloforge.core.errors import DataError, UnsupportedSpec
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -73,6 +73,33 @@ def no_method(model: Any, name: str) -> AttributeError:
             f"has no {name}() (Keras's or PyTorch's)"
         return Elsewhere(f"hf.Model {what}: {METHODS[name]}")
     return AttributeError(f"{type(model).__name__!r} object has no attribute {name!r}", name=name, obj=model)
+
+
+# Keras's metric names in a fit's history (its compile's metrics=["accuracy"]), and hloforge's for them
+KERAS_METRICS = {"accuracy": "top1", "acc": "top1", "sparse_categorical_accuracy": "top1",
+                 "categorical_accuracy": "top1", "sparse_top_k_categorical_accuracy": "top5",
+                 "top_k_categorical_accuracy": "top5"}
+
+
+class NoMetric(DataError, KeyError):
+    """A metric a fit's history lacks, said in one line (not KeyError's quoted form); a KeyError still."""
+
+    __str__ = BaseException.__str__
+
+
+def no_metric(key: str, records: list[dict[str, Any]]) -> NoMetric:
+    """The refusal of history[key] where an epoch's record lacks `key`: Keras's name with hloforge's, else the
+    close match, and the metrics it holds; or, in some epochs alone (a fit with validation_data after one
+    without), how to read it with None for the others."""
+    held = list(dict.fromkeys(k for r in records for k in r))
+    if (some := sum(key in r for r in records)):
+        return NoMetric(f"history holds {key!r} in {some} of its {len(records)} epochs (those of a fit that scored "
+                        f"it); history.history[{key!r}] reads it with None for the others")
+    base = key.removeprefix("val_")
+    ours = f"{key[:len(key) - len(base)]}{KERAS_METRICS[base]}" if base in KERAS_METRICS else ""
+    near = difflib.get_close_matches(key, held, n=1)
+    hint = f" (Keras's {key} is {ours!r} here)" if ours else f" (did you mean {near[0]!r}?)" if near else ""
+    return NoMetric(f"history has no metric {key!r}{hint}; it holds {held}")
 
 
 def not_taken(where: str, keyword: str, takes: Iterable[str]) -> str:

@@ -161,3 +161,23 @@ def test_a_keras_verbose_level_says_what_true_prints(model, level) -> None:
     assert said(lambda: model.fit(X, Y, verbose=level)) == (
         f"verbose must be True or False (or 1 or 0), got {level!r} (Keras's verbose levels are not hloforge's: True "
         "prints the progress and each epoch's line)")
+
+
+def test_a_histories_keras_metric_name_or_typo_is_one_line_and_history_history_reads_it() -> None:
+    """Before: KeyError: 'val_accuracy' (a raw traceback naming nothing held) and AttributeError: 'History' object
+    has no attribute 'history', Keras's hist.history['loss']."""
+    m = hf.Model("mnist-linear")
+    m.fit(X, Y, batch_size=32, verbose=False)
+    h = m.fit(X, Y, batch_size=32, epochs=2, validation_data=(X, Y), verbose=False)
+    for key, hint in (("val_accuracy", " (Keras's val_accuracy is 'val_top1' here)"),
+                      ("accuracy", " (Keras's accuracy is 'top1' here)"), ("val_lose", " (did you mean 'val_loss'?)")):
+        with pytest.raises(KeyError) as e:
+            h[key]
+        assert isinstance(e.value, DataError)
+        assert str(e.value).startswith(f"history has no metric {key!r}{hint}; it holds ['epoch', 'step', 'loss', ")
+    assert h.history["val_top1"] == h["val_top1"] and len(h.history["loss"]) == 2
+    with pytest.raises(KeyError) as e:  # the model's history: a first fit without validation_data, then one with
+        m.history["val_top1"]
+    assert str(e.value) == ("history holds 'val_top1' in 2 of its 3 epochs (those of a fit that scored it); "
+                            "history.history['val_top1'] reads it with None for the others")
+    assert m.history.history["val_top1"] == [None, *h["val_top1"]]
