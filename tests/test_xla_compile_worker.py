@@ -3,7 +3,12 @@ worker answered by compiling here."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 import warnings
 
 import numpy as np
@@ -201,3 +206,66 @@ def test_the_bench_can_read_the_workers_peak(backend):
     if peak is None:
         pytest.skip("no /proc here")
     assert 10 < peak < 4096
+
+
+# A process whose compile (resnet18-cifar's step, seconds) goes to a worker: it prints the worker's pid once
+# the module is in the worker's pipe, then waits for the answer.
+COMPILING = """
+import sys
+from hloforge.backends.xla import compile_worker
+from hloforge.backends.xla.backend import XlaBackend
+from hloforge.core.modules import train_step_module
+from hloforge.core.strategy import target_of
+from hloforge.core.variant import Variant
+from hloforge.zoo import get_net
+
+be = XlaBackend(cache_dir=sys.argv[1])
+text, _ = train_step_module(get_net("resnet18-cifar"), Variant("sgd"), 8, target=target_of(be))
+read_part = compile_worker._read_part
+
+def asked(stream):
+    compile_worker._read_part = read_part
+    print(*compile_worker.worker_pids(), flush=True)
+    return read_part(stream)
+
+compile_worker._read_part = asked
+be.compile(text)
+"""
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` runs (a zombie nobody has reaped yet has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_worker_ends_soon_after_its_parent_is_killed_mid_compile(tmp_path, monkeypatch):
+    """kill -9 (or the out-of-memory killer) on the process whose module the worker is compiling: the
+    worker goes within a second, not at the compile's end seconds later."""
+    if not os.path.isdir("/proc/self"):
+        pytest.skip("no /proc here")
+    monkeypatch.setenv(xla_cache.CACHE_ENV_VAR, "0")
+    monkeypatch.delenv(compile_worker.ENV_VAR, raising=False)
+    parent = subprocess.Popen([sys.executable, "-c", COMPILING, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    pid = None
+    try:
+        line = parent.stdout.readline().split()
+        if not line:
+            pytest.skip("the compile was not given to a worker here (heap not kept)")
+        pid = int(line[0])
+        time.sleep(0.2)  # well into the compile
+        assert _running(pid)
+        parent.kill()
+        parent.wait()
+        gone = time.monotonic() + 1.0
+        while _running(pid) and time.monotonic() < gone:
+            time.sleep(0.02)
+        assert not _running(pid)
+    finally:
+        parent.kill()
+        parent.wait()
+        if pid is not None and _running(pid):  # the worker this test started, left behind
+            os.kill(pid, signal.SIGKILL)

@@ -7,7 +7,7 @@ under the kept heap hands its compiles to a worker (`python -c`, this module's :
 same plugin and device count): it compiles, serializes the executable and sends it back, and the
 client loads it (0.03–0.27 s on the suite's steps; the cache stores the same bytes). The worker
 starts at the first compile of a module large enough to pay for its start (~0.25 s), serves the next
-ones, and exits once idle for IDLE_EXIT_S or when this process goes.
+ones, and exits once idle for IDLE_EXIT_S or when this process goes, mid-compile too (`_exit_with_parent`).
 
 A module the worker does not take is compiled here, as it was: one with a custom call (a host call is
 a function of this process), a client on another platform than the CPU, a heap not kept, or while
@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from typing import IO
 
 from hloforge.backends.host_memory import ENV_VAR as HOST_MEMORY_ENV_VAR
@@ -42,6 +43,9 @@ ENV_VAR = "HLOFORGE_XLA_COMPILE_WORKER"
 # within a second of each other (`hloforge train`: the step, then the eval), and an idle worker holds
 # ~65 MB of its own besides the plugin's pages.
 IDLE_EXIT_S = 5.0
+# How often a worker looks whether this process is still its parent: a parent killed mid-compile (kill -9,
+# the out-of-memory killer) leaves the worker at most this long, not the rest of a compile (seconds).
+PARENT_CHECK_S = 0.1
 # A module shorter than this is compiled here unless a worker is running: starting one (~0.25 s) costs
 # more than the arena's lock does a short compile (mnist-mlp's step, 18k characters: setup 0.52 s
 # through a new worker, 0.42 here; mnist-cnn's, 56k: 1.08 against 1.31).
@@ -128,11 +132,11 @@ class CompileWorker:
         self._log = tempfile.TemporaryFile()
         self._log_read = 0
         code = ("from hloforge.backends.xla.compile_worker import serve; "
-                "sys.exit(serve(sys.argv[2], int(sys.argv[3]), float(sys.argv[4])))")
+                "sys.exit(serve(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])))")
         try:
             # a session of its own, so a terminal's Ctrl-C reaches this process alone (which stops the worker)
             self._proc = subprocess.Popen(
-                python_child_argv(code, self.plugin_path, str(self.device_count), str(IDLE_EXIT_S)),
+                python_child_argv(code, self.plugin_path, str(self.device_count), str(IDLE_EXIT_S), str(os.getpid())),
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=env, start_new_session=True)
         except OSError:
             self._stop()
@@ -224,9 +228,24 @@ def _stop_workers() -> None:
             worker._stop()  # not close(): a thread still compiling at exit holds the lock
 
 
-def serve(plugin_path: str, device_count: int, idle_exit_s: float) -> int:
-    """The worker's loop: compile each module asked for until stdin closes or `idle_exit_s` pass idle."""
+def _exit_with_parent(parent: int) -> None:
+    """End this worker within PARENT_CHECK_S of `parent` (the process that started it) going, a compile
+    under way or not: once it is gone this process's parent is another (init, a subreaper). A thread
+    watching getppid rather than PR_SET_PDEATHSIG, whose "parent" is the thread that started the worker:
+    a compile asked from a thread that then ends (a user's) would take the worker down with it."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK_S)
+        os._exit(1)  # nobody to answer: not the compile's end, nor an interpreter's orderly exit
+
+    threading.Thread(target=watch, name="hloforge-parent-watch", daemon=True).start()
+
+
+def serve(plugin_path: str, device_count: int, idle_exit_s: float, parent: int) -> int:
+    """The worker's loop: compile each module asked for until stdin closes, `idle_exit_s` pass idle or
+    `parent` goes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _exit_with_parent(parent)  # a parent gone before it started included: its parent is another at once
     from hloforge.backends.xla.pjrt import Client
 
     requests, answers = io.FileIO(sys.stdin.fileno(), "rb", closefd=False), sys.stdout.buffer
