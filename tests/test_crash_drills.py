@@ -246,6 +246,39 @@ def test_sigterm_or_sighup_mid_checkpoint_stops_the_run_as_ctrl_c_does(signum, t
     assert r.returncode == 0 and "resumed after epoch 1" in r.stdout, r.stderr
 
 
+@pytest.mark.parametrize("second", ["50 ms later", "as the line is said"])
+def test_two_ctrl_cs_mid_checkpoint_stop_the_run_as_one_does(second, tmp_path):
+    """Ctrl-C twice (a key held down, an impatient user), the first landing mid-write of epoch 2's checkpoint.
+    Before, the second raised again while the run stopped or, once the interpreter was finalizing, ended the
+    process by SIGINT: status -2 after the one line (28 runs of 30, 50 ms apart at random moments). Now the
+    second changes nothing: one line, exit 130, no temp file, and --resume goes on from epoch 1's checkpoint."""
+    trace = str(tmp_path / "trace")
+    proc = subprocess.Popen(train_argv("xla", "--net", "mnist-linear"), cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, ckpt.TRACE_ENV: trace, ckpt.SLOW_WRITE_ENV: "0.1"})
+    try:
+        assert crash_drill.wait_for(proc, trace, ("checkpoint", "2"), time.monotonic() + TIMEOUT), \
+            proc.communicate()[1]
+        proc.send_signal(signal.SIGINT)
+        said = ""
+        if second == "50 ms later":
+            time.sleep(0.05)
+        else:
+            while not said.startswith("hloforge:"):
+                said = proc.stderr.readline()
+                assert said, "the process ended without a line"
+        proc.send_signal(signal.SIGINT)
+        err = said + proc.communicate(timeout=TIMEOUT)[1]
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert error_lines(err) == ["hloforge: interrupted"]
+    assert not [n for n in os.listdir(tmp_path / "run") if n.endswith(ckpt.TMP_SUFFIX)]
+    r = subprocess.run(train_argv("xla", "--resume", epochs=2), cwd=tmp_path, capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    assert r.returncode == 0 and "resumed after epoch 1" in r.stdout, r.stderr
+
+
 def test_the_epoch_lines_reach_a_log_file_as_they_are_said(tmp_path):
     """`nohup hloforge train > train.log` (SLURM's output file too): stdout is a file, which Python writes in
     8 KB blocks. Before, `tail -f` showed no epoch until the run ended, and a kill -9 (the out-of-memory

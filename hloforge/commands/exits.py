@@ -54,9 +54,19 @@ def _stop(signum: int, frame: Any) -> None:
     raise Stopped(signum)
 
 
+def _interrupted(signum: int, frame: Any) -> None:
+    # A second Ctrl-C while the command stops (a terminal's key repeat, an impatient user) changes nothing:
+    # Python's own handler would raise again in the midst of the stop (a temp file left, a traceback) or,
+    # once the interpreter is finalizing, end the process by SIGINT (status -2) after its one line.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
 def stop_on_signals() -> None:
-    """SIGTERM and SIGHUP raise Stopped in this process. A signal its parent set ignored stays ignored
-    (nohup's SIGHUP: the run goes on after its terminal closes)."""
+    """SIGTERM and SIGHUP raise Stopped in this process, Ctrl-C KeyboardInterrupt once. A signal its parent
+    set ignored stays ignored (nohup's SIGHUP: the run goes on after its terminal closes; `&`'s SIGINT)."""
     for signum in (signal.SIGTERM, signal.SIGHUP):
         if signal.getsignal(signum) == signal.SIG_DFL:
             signal.signal(signum, _stop)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _interrupted)
