@@ -216,7 +216,7 @@ def test_a_kill_while_the_end_plot_is_drawn_is_finished_by_resume(tmp_path, monk
     (tmp_path / "run" / "curves.png.tmp").write_bytes(drawn[:100])  # as a kill mid-write leaves it
     assert main([*argv, "--resume"]) == EXIT_BAD_INPUT
     assert sorted(os.listdir(tmp_path / "run")) == [".lock", "checkpoint.safetensors", "config.toml", "curves.png",
-                                                    "eval_correct.npz", "metrics.jsonl"]
+                                                    "eval_correct.npz", "metrics.jsonl", "run-id"]
     assert read(tmp_path / "run" / "curves.png")[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -9,7 +9,9 @@ import glob
 import json
 import os
 from collections.abc import Collection
+from pathlib import Path
 
+import attrs
 import numpy as np
 import pytest
 
@@ -226,3 +228,22 @@ def test_a_full_disk_under_the_logdir_is_one_line_naming_it(tmp_path):
     assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.splitlines()[-1] == ("hloforge: error: TensorBoard cannot write its event files in tb: No "
                                             "space left on device; expected a directory with room for them")
+
+
+def test_a_new_run_in_an_old_runs_directory_is_a_run_of_its_own(tmp_path) -> None:
+    """A run stopped in its first epoch (no checkpoint), then a new run, not --resume, in its directory: the
+    new run kept the old one's identity (run-id), so once resumed with TensorBoard it took the old run's event
+    files for its own: it cut them back to its checkpoint's step and counted their scalars as its. Now a new run
+    has an identity of its own and leaves the old run's files as they were."""
+    d, logdir = str(tmp_path / "run"), str(tmp_path / "tb")
+    with pytest.raises(Stopped):  # the old run: steps 1-9 of batch 64 logged, no checkpoint
+        train(TrainConfig(net="mnist-linear", epochs=3, run_dir=d),
+              callbacks=[StopAt(step=10), TensorBoard(logdir, every_step=True)], **QUIET)
+    old = {p: Path(p).read_bytes() for p in glob.glob(os.path.join(logdir, "*tfevents*"))}
+    assert [s for s, _ in scalars(logdir)["step/loss"]] == list(range(1, 10))
+    new = TrainConfig(net="mnist-linear", epochs=1, batch=256, run_dir=d)
+    train(new, **QUIET)  # a new run there (5 steps an epoch), without TensorBoard
+    train(attrs.evolve(new, epochs=2), resume=True, callbacks=[TensorBoard(logdir, every_step=True)], **QUIET)
+    assert {p: Path(p).read_bytes() for p in old} == old  # the old run's files as it left them
+    mine = scalars(logdir, skip=old)
+    assert [s for s, _ in mine["step/loss"]] == list(range(6, 11)) and [s for s, _ in mine["epoch/loss"]] == [1, 2]

@@ -361,10 +361,11 @@ class TensorBoard(Callback):
 
         history, resumed, dir_ = logs.get("history", ()), "history" in logs, run_dir_of(self.model)
         kept: set[tuple[str, int]] = set()
-        # The run's identity names its files, so a resume cuts its own, not another run's in a shared logdir.
-        # None with a history: a run from before runs had one, whose files bear none; none without: a
-        # first resume (of Model.save's directory, a ModelCheckpoint copy's), which wrote no file yet.
-        ident = run_id(dir_, new=False) if dir_ and resumed else None
+        # The run's identity names its files, so a resume cuts its own, not another run's in a shared logdir
+        # (a new run mints its own as it starts). None with a history: a run from before runs had one, whose
+        # files bear none; none without: a first resume (of Model.save's directory, a ModelCheckpoint copy's),
+        # which wrote no file yet.
+        ident = run_id(dir_, new=False) if dir_ else None
         if resumed and (ident or history):
             # A resume: the files cut back to its checkpoint (the last epoch of its history; epoch 0, step 0
             # where it has none), then the history's epochs they lack (the run killed before this callback

@@ -442,6 +442,8 @@ class Run:
             finetune.start_from(self, session, init)
         if world.is_root:
             ckpt.write_atomic(os.path.join(self.dir, CONFIG), cfg.to_toml().encode(), "config")
+            if not resume:  # a new run: not the identity of a run stopped here before (its TensorBoard files)
+                rundir.run_id(self.dir, new=True)
         used = self.steps_per_epoch * cfg.batch  # whole batches only (of each worker's shard, when streamed)
         kept = f", {used} of them an epoch in whole batches" if used < self.feed.n else ""
         self.log(f"hloforge: {self.spec.name} ({self.spec.param_count():,} params) on {cfg.data} "
