@@ -54,7 +54,7 @@ from hloforge.core.strategy import target_of
 from hloforge.core.switches import env_switch
 from hloforge.core.variant import Variant
 from hloforge.train.parallel import DataParallelTrainSession, require_replicas, split_batch
-from hloforge.train.session import ForwardSession, TrainSession, memory_said, merge_carried
+from hloforge.train.session import TrainSession, memory_said, merge_carried
 from hloforge.train.supervise import WORKER_ENV as WORKER_ENV
 from hloforge.train.supervise import supervise as supervise
 
@@ -617,24 +617,3 @@ class MpiTrainSession(DataParallelTrainSession):
         self._batch_stats = [v.reshape(s.shape).copy() for v, (_, s) in zip(self._stat_views, lay.stats, strict=True)]
         return float(self._flat[self._grad_end])
 
-
-class RankShardedForward:
-    """An eval session's `logits` spread over the ranks: each scores a contiguous slice of the rows
-    with `inner` (its own devices as `inner` does), and the logits are gathered in row order on every
-    rank, so every task scores the whole split exactly as one process does."""
-
-    def __init__(self, inner: ForwardSession, world: World):
-        self.inner, self.world = inner, world
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def logits(self, x: np.ndarray, params: Sequence[Any], gen: Any = None) -> np.ndarray:
-        w, n = self.world, len(x)
-        counts = [n // w.size + (1 if r < n % w.size else 0) for r in range(w.size)]
-        lo = sum(counts[:w.rank])
-        if counts[w.rank]:
-            part = self.inner.logits(x[lo:lo + counts[w.rank]], params, gen)
-        else:  # fewer rows than ranks: this one scores none, but says the row shape
-            part = np.zeros((0, *self.inner.spec.out_shape), np.float32)
-        return w.allgather_rows(part, counts, "the evaluation gather")

@@ -18,6 +18,7 @@ Both split a GLOBAL batch of B = N·b rows on its first axis: replica r gets row
   back in row order with the padding dropped, exactly as `ForwardSession` returns them.
   It refuses a graph with a cross-replica op: it reads every replica's output, which
   is only right when no replica's result depends on another's.
+- `RankShardedForward`: an eval forward spread over the processes of an MPI run (train/mpi.py's world).
 
 A backend that cannot run N replicas (IREE; a client with fewer devices) raises
 BackendError before anything is compiled, never a quiet run on one device.
@@ -231,3 +232,25 @@ def make_forward_session(spec: NetSpec, batch: int, backend: Any, replicas: int 
     if replicas <= 1:
         return ForwardSession(spec, batch, backend, suffix=suffix)
     return ShardedForwardSession(spec, batch, backend, replicas, suffix=suffix)
+
+
+class RankShardedForward:
+    """An eval session's `logits` spread over the ranks: each scores a contiguous slice of the rows
+    with `inner` (its own devices as `inner` does), and the logits are gathered in row order on every
+    rank, so every task scores the whole split exactly as one process does."""
+
+    def __init__(self, inner: ForwardSession, world: Any):  # train.mpi.World (which imports this module)
+        self.inner, self.world = inner, world
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def logits(self, x: np.ndarray, params: Sequence[Any], gen: Any = None) -> np.ndarray:
+        w, n = self.world, len(x)
+        counts = [n // w.size + (1 if r < n % w.size else 0) for r in range(w.size)]
+        lo = sum(counts[:w.rank])
+        if counts[w.rank]:
+            part = self.inner.logits(x[lo:lo + counts[w.rank]], params, gen)
+        else:  # fewer rows than ranks: this one scores none, but says the row shape
+            part = np.zeros((0, *self.inner.spec.out_shape), np.float32)
+        return w.allgather_rows(part, counts, "the evaluation gather")

@@ -58,7 +58,7 @@ from hloforge.train.evaluation import (  # noqa: F401
 )
 from hloforge.train.metrics import eval_set_id
 from hloforge.train.mixing import Mixer
-from hloforge.train.parallel import DataParallelTrainSession, make_forward_session
+from hloforge.train.parallel import DataParallelTrainSession, RankShardedForward, make_forward_session
 from hloforge.train.schedule import lr_at, warmup_updates
 from hloforge.train.session import ForwardSession, TrainSession, make_backend, replica_devices
 from hloforge.train.tasks import classes_mismatch, make_task
@@ -425,7 +425,7 @@ class Run:
             evaluator: Any = make_forward_session(self.spec, cfg.batch // cfg.replicas, self.backend,
                                                   cfg.replicas // world.size)
             if world.size > 1:  # each rank scores its slice of the split, the logits gathered
-                evaluator = mpi.RankShardedForward(evaluator, world)
+                evaluator = RankShardedForward(evaluator, world)
         world.barrier("the compile", slow=True)
         compile_s = time.perf_counter() - t0
         start = 0
