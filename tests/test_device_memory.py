@@ -78,15 +78,49 @@ def test_the_size_asked_is_read_from_each_plugins_wording(message: str, said: st
 
 
 @needs_mpi
-def test_under_mpiexec_each_rank_says_the_same_line(net) -> None:
+def test_under_mpiexec_the_ranks_say_it_once(net) -> None:
     """Two ranks, each under the limit: the split step's gradient half asks for 10 GiB on each. Before, each rank
-    said XLA's 'XLA failed executing: Out of memory allocating 10689216544 bytes. [RESOURCE_EXHAUSTED]'."""
+    said XLA's 'XLA failed executing: Out of memory allocating 10689216544 bytes. [RESOURCE_EXHAUSTED]'; then each
+    said the same line of its own, and the launcher its MPI_Abort line after them. Now one line, naming the ranks."""
     train = " ".join([sys.executable, "-m", "hloforge", "train", "--net", "net.toml", "--batch", "512", "--epochs",
                       "1", "--run-dir", "run", "--no-progress", "--backend", "xla"])
     done = launch(2, "sh", "-c", f"ulimit -v {LIMIT >> 10}; exec {train}", cwd=net)
-    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "Abort" not in done.stderr, done.stderr[-3000:]
     said = [line for line in (done.stdout + done.stderr).splitlines() if line.startswith("hloforge: error:")]
-    assert said and all(re.fullmatch(f"hloforge: error: {SAID}", line) for line in said), done.stderr[-3000:]
+    once = SAID.replace("; use", r" \(on every rank of 2\); use")
+    assert len(said) == 1 and re.fullmatch(f"hloforge: error: {once}", said[0]), done.stderr[-3000:]
+    assert done.returncode == 3
+
+
+# A rank's gradient half out of memory at its first step, by a stand-in for XLA's refusal, on the ranks listed.
+FAILING = """
+import os, sys
+from hloforge.backends.xla.backend import XlaBackend
+from hloforge.core.errors import DeviceMemoryError
+execute, failing = XlaBackend.execute, os.environ["PMI_RANK"] in sys.argv.pop(1).split(",")
+
+def refused(self, exe, args, keep=()):
+    if keep and failing:  # the gradient half keeps θ
+        raise DeviceMemoryError("Out of memory allocating 10737418240 bytes.", 10 << 30)
+    return execute(self, exe, args, keep)
+
+XlaBackend.execute = refused
+from hloforge.cli import main
+sys.exit(main())
+"""
+
+
+@needs_mpi
+@pytest.mark.parametrize(("ranks", "on"), [("1", "rank 1 of 2"), ("0,1", "every rank of 2")])
+def test_under_mpiexec_a_rank_alone_out_of_memory_is_said_once_naming_it(ranks: str, on: str, tmp_path) -> None:
+    done = launch(2, sys.executable, "-c", FAILING, ranks, "train", "mnist-linear", "--epochs", "1", "--run-dir",
+                  "run", "--no-progress", cwd=tmp_path)
+    assert "Traceback" not in done.stderr and "Abort" not in done.stderr, done.stderr[-3000:]
+    said = [line for line in (done.stdout + done.stderr).splitlines() if line.startswith("hloforge: error:")]
+    assert said == [f"hloforge: error: out of memory: the train step of net 'mnist-linear' at batch 64 asked for "
+                    f"10.0 GiB at once, more than the device has free (on {on}); use a smaller batch (--batch, or "
+                    "fit's batch_size)"], done.stderr[-3000:]
+    assert done.returncode == 3
 
 
 def test_model_fit_raises_the_same_line(net) -> None:

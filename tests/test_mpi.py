@@ -288,7 +288,7 @@ def test_two_processes_are_the_two_replica_step_and_every_rank_holds_the_same_th
         assert calls == STEPS * per_step and nbytes > 64, (name, calls)
         if name == "frozen":
             assert n_frozen == 3  # the conv's w and BN's γ, β
-            assert nbytes == 4 * (trained_floats + 1 + 6)  # trained ∂θ alone, the loss, BN's 2 × 3 batch stats
+            assert nbytes == 4 * (trained_floats + 1 + 6 + 2)  # trained ∂θ alone, the loss, 2 × 3 BN stats, 2 flags
             for i in range(n_frozen):
                 assert np.array_equal(ranks[0][f"p{i}"], init[i]) and np.array_equal(ref[f"p{i}"], init[i])
         worst = max(rel(ranks[0][k], ref[k]) for k in ref)

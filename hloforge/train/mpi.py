@@ -44,7 +44,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from hloforge.core.errors import BackendError, DataError, HloforgeError, UnsupportedSpec
+from hloforge.core.errors import BackendError, DataError, DeviceMemoryError, HloforgeError, UnsupportedSpec
 from hloforge.core.hlo import PROCESS_SUM
 from hloforge.core.launcher import launched as launched
 from hloforge.core.modules import TrainStepLayout, gradient_step_module, optimizer_step_module, stored_shape
@@ -83,11 +83,11 @@ class PeerError(HloforgeError):
         self.quiet, self.together = quiet, together
 
 
-def shared(err: HloforgeError, w: World) -> HloforgeError:
-    """`err` as a refusal every rank raises alike: printed by rank 0 alone. Every rank is there to raise
+def shared(err: HloforgeError, w: World, by: int = 0) -> HloforgeError:
+    """`err` as a refusal every rank raises alike: printed by rank `by` alone. Every rank is there to raise
     it, so each ends in MPI_Finalize at exit: a script that catches it (Model.fit's) and exits would
     otherwise leave hydra to SIGKILL the ranks still handling it once the first one's PMI socket closed."""
-    err.quiet = not w.is_root  # type: ignore[attr-defined]
+    err.quiet = w.rank != by  # type: ignore[attr-defined]
     err.together = True  # type: ignore[attr-defined]
     w.finalize_at_exit()
     return err
@@ -419,6 +419,16 @@ def refuse_together(w: World, failed: HloforgeError | None) -> None:
     raise shared(UnsupportedSpec(f"{said[gone[0]]}{_alone(gone, w.size)}"), w)
 
 
+def memory_together(w: World, failed: DeviceMemoryError | None, gone: list[int]) -> HloforgeError:
+    """Out of memory on ranks `gone` (`failed` on this one, None where its step ran) at a point every rank
+    reaches: raised by every rank, said once, by the lowest of them, naming them."""
+    who = f"every rank of {w.size}" if len(gone) == w.size else \
+        f"rank{'s' if len(gone) > 1 else ''} {', '.join(map(str, gone))} of {w.size}"
+    err = DeviceMemoryError(f"{failed.said} (on {who})", failed.needed, failed.advice) if failed else \
+        PeerError(f"out of memory on {who}; the other ranks stopped")
+    return shared(err, w, by=gone[0])
+
+
 def ended_before_start(code: int, said: str) -> str | None:
     """A rank of a launch across processes that ends before its run starts meets the others first (_meet);
     what it prints of `said` then ("" where another rank says it). None where no world can be made (no
@@ -519,7 +529,9 @@ class MpiTrainSession(DataParallelTrainSession):
         stat_sizes = [math.prod(s.shape) for _, s in lay.stats]
         # [∂θ… | loss | batch stats…]: one buffer, one all-reduce; the views below are its pieces, stored
         # as the gradient half returns them and the update half takes them.
-        self._flat = np.zeros(sum(sizes) + 1 + sum(stat_sizes), np.float32)
+        # … | a flag per rank]: the ranks whose gradient half ran out of memory, said once (memory_together)
+        self._flat = np.zeros(sum(sizes) + 1 + sum(stat_sizes) + world.size, np.float32)
+        self._failed = self._flat[-world.size:]
         self._grad_end = sum(sizes)
         self._grad_views: list[np.ndarray] = []
         off = 0
@@ -591,16 +603,25 @@ class MpiTrainSession(DataParallelTrainSession):
         # The gradient half: θ kept (the update half takes it next), this rank's rows per local replica.
         args = [[*self._theta_on(r)[:n], *(be.to_device(np.ascontiguousarray(p[r]), borrow=True, device=r)
                                            for p in mine)] for r in range(self.replicas)]
-        outs = self._run(self.exe, args, keep=range(n))[0]
+        failed, self._failed[:] = None, 0.0
+        try:
+            outs = self._run(self.exe, args, keep=range(n))[0]
+        except DeviceMemoryError as e:  # flagged in the all-reduce every rank comes to; under sync BN the others
+            if self.sync_bn:  # may wait in its host call's, mid-step: said here, the job ended as any fault's
+                raise
+            failed, self._failed[w.rank] = e, 1.0
         del args
-        for view, buf in zip(self._grad_views, outs[:n_tr], strict=True):
-            view[:] = be.to_host(buf).ravel()
-        self._flat[self._grad_end] = be.to_host(outs[n_tr])
-        for view, buf in zip(self._stat_views, outs[n_tr + 1:], strict=True):
-            view[:] = be.to_host(buf).ravel() if w.is_root else 0.0  # rank 0's statistics, on every rank
+        if failed is None:
+            for view, buf in zip(self._grad_views, outs[:n_tr], strict=True):
+                view[:] = be.to_host(buf).ravel()
+            self._flat[self._grad_end] = be.to_host(outs[n_tr])
+            for view, buf in zip(self._stat_views, outs[n_tr + 1:], strict=True):
+                view[:] = be.to_host(buf).ravel() if w.is_root else 0.0  # rank 0's statistics, on every rank
         t = time.perf_counter()
         w.allreduce_sum(self._flat, "the gradient all-reduce")
         self.comm_s += time.perf_counter() - t
+        if self._failed.any():
+            raise memory_together(w, failed, np.flatnonzero(self._failed).tolist())
         self._flat[:self._grad_end + 1] /= np.float32(w.size)  # the mean, as replica_mean divides (float32)
         # The update half, on identical inputs on every rank and replica: identical θ' and state'. It takes
         # (and donates) the trained θ and the state; a frozen θ stays where it is held.
