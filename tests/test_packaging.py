@@ -9,20 +9,22 @@ import subprocess
 import sys
 import tarfile
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ("hloforge", "tests", "docs", "examples", "scripts")  # what the wheel and the tests need
-TOP = ("pyproject.toml", "README.md", "MANIFEST.in", "tox.ini")
+TOP = ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in", "tox.ini")
 LEFTOVERS = ("examples/hloforge-groupnorm/build/lib/hloforge_groupnorm/layers.py",
              "examples/hloforge-groupnorm/hloforge_groupnorm.egg-info/PKG-INFO", "tests/__pycache__/conftest.pyc")
 
 
-def test_the_sdist_holds_the_tests_whole_and_no_leftovers(tmp_path: Path) -> None:
-    """Before: setuptools shipped tests/test_*.py alone (no conftest.py, plugin_site.py, tests/data), whose
-    import of the helpers fails, and none of the docs or the example plugin the tests read."""
+@pytest.fixture(scope="module")
+def sdist(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, set[str]]:
+    """The sdist of a copy of the source with a working tree's leftovers added, and the files it must ship."""
+    tmp_path = tmp_path_factory.mktemp("sdist")
     src = tmp_path / "src"
     for d in SOURCE:
         shutil.copytree(ROOT / d, src / d, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build"))
@@ -37,10 +39,35 @@ def test_the_sdist_holds_the_tests_whole_and_no_leftovers(tmp_path: Path) -> Non
     build = f"from setuptools.build_meta import build_sdist; print(build_sdist({str(out)!r}))"
     proc = subprocess.run([sys.executable, "-c", build], cwd=src, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    with tarfile.open(out / proc.stdout.split()[-1]) as sdist:
-        shipped = {n.split("/", 1)[1] for n in sdist.getnames() if "/" in n}
+    return out / proc.stdout.split()[-1], wanted
+
+
+def test_the_sdist_holds_the_tests_whole_and_no_leftovers(sdist: tuple[Path, set[str]]) -> None:
+    """Before: setuptools shipped tests/test_*.py alone (no conftest.py, plugin_site.py, tests/data), whose
+    import of the helpers fails, and none of the docs or the example plugin the tests read."""
+    path, wanted = sdist
+    with tarfile.open(path) as archive:
+        shipped = {n.split("/", 1)[1] for n in archive.getnames() if "/" in n}
     assert sorted(wanted - shipped) == []
     assert sorted(set(LEFTOVERS) & shipped) == []
+
+
+def test_the_license_text_ships_in_the_sdist_and_in_the_wheel_built_from_it(sdist: tuple[Path, set[str]]) -> None:
+    """Before: pyproject.toml declared Apache-2.0 but the tree held no LICENSE, so neither the sdist nor the
+    wheel carried the license text the Apache License asks every redistribution to include."""
+    path, _ = sdist
+    with tarfile.open(path) as archive:
+        archive.extractall(path.parent, filter="data")
+        [top] = {n.split("/", 1)[0] for n in archive.getnames()}
+    unpacked = path.parent / top
+    assert (unpacked / "LICENSE").read_text().split()[:4] == ["Apache", "License", "Version", "2.0,"]
+    build = f"from setuptools.build_meta import build_wheel; print(build_wheel({str(path.parent)!r}))"
+    proc = subprocess.run([sys.executable, "-c", build], cwd=unpacked, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    with zipfile.ZipFile(path.parent / proc.stdout.split()[-1]) as wheel:
+        dist_info = next(n.split("/")[0] for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
+        assert wheel.read(f"{dist_info}/licenses/LICENSE") == (ROOT / "LICENSE").read_bytes()
+        assert "License-File: LICENSE" in wheel.read(f"{dist_info}/METADATA").decode().splitlines()
 
 
 @pytest.mark.parametrize("project", [ROOT, ROOT / "examples" / "hloforge-groupnorm"], ids=["hloforge", "example"])
