@@ -4,6 +4,7 @@ cache leftovers of the working tree in it."""
 
 from __future__ import annotations
 
+import configparser
 import shutil
 import subprocess
 import sys
@@ -80,3 +81,14 @@ def test_the_build_requirement_reads_the_license_expression(project: Path) -> No
     [setuptools] = [r for r in meta["build-system"]["requires"] if r.startswith("setuptools")]
     minimum = tuple(int(x) for x in setuptools.partition(">=")[2].split("."))
     assert minimum >= (77,), setuptools
+
+
+def test_the_tox_envs_test_hloforge_as_installed_not_the_working_tree() -> None:
+    """Before: tox.ini's suite and plugin envs installed hloforge editable, so they imported the working tree and
+    a file the sdist or the wheel left out (package data, a module) passed in every env and failed for users."""
+    tox = configparser.ConfigParser(interpolation=None)
+    tox.read(ROOT / "tox.ini")
+    for env in (e.strip() for e in tox["tox"]["env_list"].split(",")):
+        section = f"testenv:{env}" if tox.has_section(f"testenv:{env}") else "testenv"
+        package = tox[section].get("package", tox["testenv"].get("package", "sdist"))  # tox's default: sdist
+        assert not package.startswith("editable"), (env, package)
