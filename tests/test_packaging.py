@@ -16,17 +16,27 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCE = ("hloforge", "tests", "docs", "examples", "scripts")  # what the wheel and the tests need
+SOURCE = ("hloforge", "tests", "docs", "examples", "scripts", "_build")  # what the wheel, its build and the tests need
 TOP = ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in", "tox.ini")
 LEFTOVERS = ("examples/hloforge-groupnorm/build/lib/hloforge_groupnorm/layers.py",
-             "examples/hloforge-groupnorm/hloforge_groupnorm.egg-info/PKG-INFO", "tests/__pycache__/conftest.pyc")
+             "examples/hloforge-groupnorm/hloforge_groupnorm.egg-info/PKG-INFO", "tests/__pycache__/conftest.pyc",
+             "build/lib/hloforge/gone.py")  # a module an earlier `pip install .` staged, since deleted from the tree
+
+
+def build(hook: str, project: Path, out: Path) -> Path:
+    """What `pip` does: `project`'s pyproject.toml's build backend (its backend-path first) runs `hook` into `out`."""
+    system = tomllib.loads((project / "pyproject.toml").read_text())["build-system"]
+    code = (f"import importlib, sys; sys.path[:0] = {system.get('backend-path', [])!r}; "
+            f"print(importlib.import_module({system['build-backend']!r}).{hook}({str(out)!r}))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=project, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out / proc.stdout.split()[-1]
 
 
 @pytest.fixture(scope="module")
 def sdist(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, set[str]]:
     """The sdist of a copy of the source with a working tree's leftovers added, and the files it must ship."""
-    tmp_path = tmp_path_factory.mktemp("sdist")
-    src = tmp_path / "src"
+    src = tmp_path_factory.mktemp("sdist") / "src"
     for d in SOURCE:
         shutil.copytree(ROOT / d, src / d, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build"))
     for f in TOP:
@@ -36,11 +46,7 @@ def sdist(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, set[str]]:
     for junk in LEFTOVERS:  # what a working tree holds after a build, an editable install or a test run
         (src / junk).parent.mkdir(parents=True, exist_ok=True)
         (src / junk).write_text("")
-    out = tmp_path / "dist"
-    build = f"from setuptools.build_meta import build_sdist; print(build_sdist({str(out)!r}))"
-    proc = subprocess.run([sys.executable, "-c", build], cwd=src, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return out / proc.stdout.split()[-1], wanted
+    return build("build_sdist", src, src.parent / "dist"), wanted
 
 
 def test_the_sdist_holds_the_tests_whole_and_no_leftovers(sdist: tuple[Path, set[str]]) -> None:
@@ -62,13 +68,20 @@ def test_the_license_text_ships_in_the_sdist_and_in_the_wheel_built_from_it(sdis
         [top] = {n.split("/", 1)[0] for n in archive.getnames()}
     unpacked = path.parent / top
     assert (unpacked / "LICENSE").read_text().split()[:4] == ["Apache", "License", "Version", "2.0,"]
-    build = f"from setuptools.build_meta import build_wheel; print(build_wheel({str(path.parent)!r}))"
-    proc = subprocess.run([sys.executable, "-c", build], cwd=unpacked, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    with zipfile.ZipFile(path.parent / proc.stdout.split()[-1]) as wheel:
+    with zipfile.ZipFile(build("build_wheel", unpacked, path.parent)) as wheel:
         dist_info = next(n.split("/")[0] for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
         assert wheel.read(f"{dist_info}/licenses/LICENSE") == (ROOT / "LICENSE").read_bytes()
         assert "License-File: LICENSE" in wheel.read(f"{dist_info}/METADATA").decode().splitlines()
+
+
+def test_a_module_deleted_since_an_earlier_build_stays_out_of_the_wheel(sdist: tuple[Path, set[str]],
+                                                                       tmp_path: Path) -> None:
+    """Before: setuptools staged the wheel in build/lib, which it never empties, so `pip install .` after a module
+    was deleted or moved in the tree installed the old module beside the new code (pypa/setuptools#1871)."""
+    src = sdist[0].parents[1] / "src"  # the tree the sdist was built from, build/lib/hloforge/gone.py in it
+    with zipfile.ZipFile(build("build_wheel", src, tmp_path)) as wheel:
+        names = set(wheel.namelist())
+    assert "hloforge/__init__.py" in names and "hloforge/gone.py" not in names
 
 
 @pytest.mark.parametrize("project", [ROOT, ROOT / "examples" / "hloforge-groupnorm"], ids=["hloforge", "example"])
