@@ -96,6 +96,15 @@ def test_the_build_requirement_reads_the_license_expression(project: Path) -> No
     assert minimum >= (77,), setuptools
 
 
+def test_the_test_extra_brings_the_setuptools_these_tests_build_with() -> None:
+    """Before: `pip install 'hloforge[test]'` left a fresh venv's own setuptools (65 on Python 3.11), and the
+    sdist and wheel tests here, which run the build backend in the test environment, failed with setuptools'
+    "project.license must be valid exactly by one definition" for a packager running the tests the sdist ships."""
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    [built_with] = [r for r in meta["build-system"]["requires"] if r.startswith("setuptools")]
+    assert built_with in meta["project"]["optional-dependencies"]["test"]
+
+
 def test_the_tox_envs_test_hloforge_as_installed_not_the_working_tree() -> None:
     """Before: tox.ini's suite and plugin envs installed hloforge editable, so they imported the working tree and
     a file the sdist or the wheel left out (package data, a module) passed in every env and failed for users."""
