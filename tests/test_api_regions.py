@@ -30,10 +30,11 @@ def test_bn_statistics_assigned_after_params_are_the_restarted_shadows_too(ema_r
     for model in (hf.Model(donor.spec, ema=0.9), hf.load(ema_run)):  # a new model, and a fitted one
         model.params = donor.params
         model.state = live_stats
-        np.testing.assert_array_equal(model.predict(x), want)
+        # a new model's forward is compiled at its own batch, whose GEMM kernels may round otherwise (AVX-512)
+        np.testing.assert_allclose(model.predict(x), want, rtol=1e-5, atol=1e-5)
         # the shadow's own statistics, assigned by hand, are taken as given
         model.state = {k.replace("stat/", "stat/E/"): np.ones_like(v) for k, v in live_stats.items()}
-        assert not np.array_equal(model.predict(x), want)
+        assert not np.allclose(model.predict(x), want, rtol=1e-3, atol=1e-3)
 
 
 def quiet(_: str) -> None:
