@@ -356,11 +356,23 @@ def test_the_worked_example_runs_as_documented(tmp_path) -> None:
     r = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "head ['7.w', '7.b'] re-initialised" in r.stdout and "frozen ['0'] (3 tensors)" in r.stdout
-    stub = ('import sys, types\nsys.modules.setdefault("torchvision._meta_registrations", '
-            'types.ModuleType("torchvision._meta_registrations"))\n')
-    r = subprocess.run([sys.executable, "-c", stub + check], cwd=tmp_path, env=env, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-c", check], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0 and r.stdout.startswith("top-1 "), r.stdout + r.stderr[-2000:]
+
+
+def test_the_round_trips_imports_run_as_written() -> None:
+    """Before: the PyTorch side of the worked example, as written, died importing torchvision here (operator
+    torchvision::nms does not exist); only the shell block carried this environment's workaround."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    if not (importlib.util.find_spec("torch") and importlib.util.find_spec("torchvision")):  # (not imported here)
+        pytest.skip("the round trip builds the torchvision model: needs torch and torchvision")
+    imports = _doc_blocks()[1].split("\nmodel = ", 1)[0]  # everything before the model is built
+    r = subprocess.run([sys.executable, "-c", imports], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
 
 
 def test_imported_bare_weights_start_a_run_with_a_new_head(tmp_path, capsys) -> None:
