@@ -453,3 +453,16 @@ def test_a_flag_the_command_does_not_take_points_at_that_commands_help(capsys):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith(f"{prog}: error: unrecognized arguments: ") and err.endswith(f"(see `{prog} -h`)"), err
+
+
+def test_the_readmes_resume_line_continues_the_first_run_as_written(tmp_path, monkeypatch):
+    """The README's walk in order: `hloforge train` (here 1 epoch), then its `--resume` line as written. Before,
+    the line was a bare `hloforge train --resume`, refused on the run step 1 had finished ('already finished')."""
+    import shlex
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    line = next(s for s in readme.splitlines() if s.startswith("hloforge train --resume"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--epochs", "1", "--no-progress"]) == 0
+    assert main([*shlex.split(line.split("#")[0])[1:], "--no-progress"]) == 0
+    assert len(list((tmp_path / "runs").iterdir())) == 1  # continued, not a new run beside it
