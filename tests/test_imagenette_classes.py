@@ -37,6 +37,20 @@ def train_args(out: str, run_dir, *extra: str) -> list[str]:
 
 
 # ------------------------------------------------------------------ the class count
+def test_a_head_and_an_input_that_both_differ_are_said_in_one_line(tmp_path, capsys) -> None:
+    """The README's prepare-then-train walk: before, the class count was refused first, and with --classes added the
+    input next, one flag a try; now the first line names both, and the flags it gives train."""
+    out = prepared(tmp_path)
+    capsys.readouterr()
+    assert main(train_args(out, tmp_path / "r", "resnet-mini")) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err == (f"hloforge: error: dataset 'imagenette' has 2 classes and inputs of shape [3, {VAL}, {VAL}], net "
+                   f"'resnet-mini' has 10 and takes [1, 28, 28]; pass --classes 2 --input 3,{VAL},{VAL} (hf.Model's "
+                   f"classes=2, input=(3, {VAL}, {VAL})) to give the net a head of 2 and that input\n")
+    flags = err.split("pass ", 1)[1].split(" (", 1)[0].split()
+    assert main(train_args(out, tmp_path / "r", "resnet-mini", *flags)) == EXIT_OK
+
+
 def test_the_dataset_takes_its_class_count_from_classes_json(tmp_path) -> None:
     out = prepared(tmp_path)
     ds = Imagenette(out, train_size=TRAIN, crop=VAL)
@@ -73,7 +87,8 @@ def test_a_models_fit_on_the_folder_names_the_keywords_it_takes(tmp_path) -> Non
     """Before: hf.Model's fit said 'pass --classes 2' and 'pass --input 3,8,8', flags it takes no such way."""
     out = prepared(tmp_path)
     opts = {"data_dir": out, "train_size": TRAIN, "crop": VAL}
-    with pytest.raises(HloforgeError, match=re.escape("pass --classes 2 (hf.Model's classes=2) to give")):
+    with pytest.raises(HloforgeError, match=re.escape(f"pass --classes 2 --input 3,{VAL},{VAL} (hf.Model's classes=2, "
+                                                      f"input=(3, {VAL}, {VAL})) to give")):
         hf.Model("resnet-mini").fit("imagenette", data_options=opts, batch_size=2, verbose=False)
     with pytest.raises(HloforgeError, match=re.escape(f"--input 3,{VAL},{VAL} (hf.Model's input=(3, {VAL}, {VAL}))")):
         hf.Model("resnet-mini", classes=2).fit("imagenette", data_options=opts, batch_size=2, verbose=False)

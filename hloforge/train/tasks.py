@@ -146,15 +146,24 @@ class ClassCountMismatch(DataError):
         self.stated = stated or message
 
 
-def classes_mismatch(data: str, data_classes: int, net: str, spec: NetSpec) -> ClassCountMismatch:
+def classes_mismatch(data: str, data_classes: int, net: str, spec: NetSpec,
+                     image: Sequence[int] | None = None) -> ClassCountMismatch:
     """The refusal of a head that is not the dataset's class count, saying what reshapes it (`net`: the name
-    the config gives the net)."""
+    the config gives the net). `image`: the dataset's input shape where it states one; one the net cannot take
+    is said in the same line, so the user fixes both at once rather than meeting the input's refusal next."""
     from hloforge.zoo import takes_classes
 
     said = f"dataset {data!r} has {data_classes} classes, net {spec.name!r} has {spec.num_classes}"
     if takes_classes(net):  # the flag, and the keyword a Model fit on the dataset takes
-        return ClassCountMismatch(f"{said}; pass --classes {data_classes} (hf.Model's classes={data_classes}) to give "
-                                  f"the net a head of {data_classes}", said)
+        flags, keywords, gives = f"--classes {data_classes}", f"classes={data_classes}", f"a head of {data_classes}"
+        both = said
+        if image and int(np.prod(image)) != int(np.prod(spec.input_shape)):  # not a reshape fit_input makes
+            both = (f"dataset {data!r} has {data_classes} classes and inputs of shape {list(image)}, net {spec.name!r} "
+                    f"has {spec.num_classes} and takes {list(spec.input_shape)}")
+            flags += f" --input {','.join(map(str, image))}"
+            keywords += f", input={tuple(image)}"
+            gives += " and that input"
+        return ClassCountMismatch(f"{both}; pass {flags} (hf.Model's {keywords}) to give the net {gives}", said)
     return ClassCountMismatch(f"{said}, a head it states itself (--classes does not reshape it): train a net of "
                               f"{data_classes} classes, e.g. a zoo net that takes --classes {data_classes} (hf.Model's "
                               f"classes={data_classes})", said)
@@ -172,7 +181,7 @@ class ClassificationTask(Task):
         run = self.run
         classes = dataset_classes(run.data)
         if classes != run.spec.num_classes:
-            raise classes_mismatch(run.cfg.data, classes, run.cfg.net, run.spec)
+            raise classes_mismatch(run.cfg.data, classes, run.cfg.net, run.spec, getattr(run.data, "image_shape", None))
         # before the first step, not at the first epoch's scoring (a column [N, 1] broke it, after an epoch)
         from hloforge.core.registry import component_label
         from hloforge.train.session import checked_labels
