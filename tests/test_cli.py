@@ -466,3 +466,13 @@ def test_the_readmes_resume_line_continues_the_first_run_as_written(tmp_path, mo
     assert main(["train", "--epochs", "1", "--no-progress"]) == 0
     assert main([*shlex.split(line.split("#")[0])[1:], "--no-progress"]) == 0
     assert len(list((tmp_path / "runs").iterdir())) == 1  # continued, not a new run beside it
+
+
+def test_the_readme_shows_every_command():
+    """Before: `hloforge summary` (a net's layers, shapes and parameters) was in `hloforge -h` but nowhere in the
+    README's command list, so a newcomer reading it never met it. Each command the parser has is shown there."""
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    block = readme.split("## What you get", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
+    commands = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    missing = [c for c in commands if f"\nhloforge {c}" not in block]
+    assert not missing, f"commands the README's list does not show: {missing}"
