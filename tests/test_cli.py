@@ -476,3 +476,16 @@ def test_the_readme_shows_every_command():
     commands = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
     missing = [c for c in commands if f"\nhloforge {c}" not in block]
     assert not missing, f"commands the README's list does not show: {missing}"
+
+
+def test_the_readme_names_every_install_extra():
+    """Before: the README named the test, mpi and gate extras only, so `pip install .` then its IREE, bench or
+    TensorBoard line met a missing package, and the extra that brings it was in pyproject.toml alone."""
+    import re
+    import tomllib
+
+    root = Path(__file__).parents[1]
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    readme = (root / "README.md").read_text()
+    named = {e for group in re.findall(r"(?:hloforge|\.)\[([a-z,]+)\]", readme) for e in group.split(",")}
+    assert set(extras) <= named, f"extras the README does not name: {sorted(set(extras) - named)}"
