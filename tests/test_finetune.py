@@ -425,3 +425,25 @@ def test_an_init_from_a_run_without_dropout_starts_a_run_with_it_and_back(tmp_pa
         assert all(np.array_equal(a, tensors[n]) for a, n in zip(init.params, theirs, strict=True))
     assert ckpt.renumbered(["param/0.w", "param/2.w"], ["param/0.w", "param/3.b"]) == {}  # another tensor
     assert ckpt.renumbered(["param/0.w", "param/2.w"], ["param/0.w", "param/1.w", "param/3.w"]) == {}
+
+
+def test_the_readmes_fine_tune_line_is_the_worked_examples_command() -> None:
+    """Before: the README's line was `hloforge train resnet18 --init r18.safetensors --classes 10 --freeze 0 ...`:
+    run as written it was refused (the digits' [1, 28, 28] for the net's [3, 224, 224]), and the refusal's
+    `--input 1,28,28` then did not fit the weights' 3-channel stem. Its flags are now the worked example's, which
+    the slow test runs, but for the weights file and the example's own epochs, batch and run directory."""
+    import shlex
+
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md"), encoding="utf-8").read()
+    start = readme.index("hloforge train resnet18 --init")
+    line = readme[start:].replace("\\\n", " ").split("\n", 1)[0].split("#", 1)[0]
+    worked = next(s for s in _doc_blocks()[0].replace("\\\n", " ").splitlines() if s.startswith("hloforge train "))
+
+    def flags(command: str) -> dict[str, list[str]]:
+        words, out = shlex.split(command)[2:], {}
+        for k, v in zip(words[1::2], words[2::2], strict=False):
+            out.setdefault(k, []).append(v)
+        return {"net": [words[0]], **{k: v for k, v in out.items() if k not in ("--init", "--epochs", "--batch",
+                                                                                 "--run-dir")}}
+
+    assert flags(line) == flags(worked)
