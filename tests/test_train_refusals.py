@@ -337,3 +337,17 @@ def test_a_dataset_of_another_input_shape_says_the_flag_for_a_zoo_net(tmp_path, 
                                            "(hf.Model's input=(3, 32, 32)) to give the net that input")
     assert main(["train", "mnist-cnn", *argv, "--run-dir", str(tmp_path / "b")]) == 3  # defined at one size only
     assert one_line_error(capsys).endswith("but net 'mnist-cnn' expects [1, 28, 28]")
+
+
+@pytest.mark.parametrize("flags", [[], ["--classes", "10"]])
+def test_the_input_flag_is_offered_only_at_a_shape_the_net_takes(tmp_path, capsys, flags):
+    """Before: vit_tiny on the digits was told `pass --input 1,28,28` (with --classes 10 where its head differed
+    too), and following it met the next refusal: patch 16 does not divide the 28x28 image. The line now says why
+    that input would not do, and offers only the flag that would (the head's)."""
+    assert main(["train", "vit_tiny", *flags, "--epochs", "1", "--no-progress", "--run-dir", str(tmp_path / "r")]) == 3
+    err = one_line_error(capsys)
+    assert "pass --input" not in err and "--input 1,28,28 would not build it (layer 0 (patchEmbed(dim=192, patch=16, " \
+        "cls=True)) on input [1, 28, 28]: patch 16 does not divide the 28x28 image); expected data of a shape it " \
+        "takes" in err, err
+    assert ("pass --classes 10 (hf.Model's classes=10) to give the net a head of 10, but" in err) == (not flags), err
+    assert not (tmp_path / "r").exists()

@@ -5,13 +5,13 @@ commands all score through it."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import attrs
 import numpy as np
 
-from hloforge.core.errors import DataError
+from hloforge.core.errors import DataError, UnsupportedSpec
 from hloforge.core.spec import NetSpec
 from hloforge.datasets.stream import check_channels_first
 from hloforge.train.metrics import check_finite, check_ids, label_rank, wilson
@@ -30,9 +30,25 @@ def fit_input(x: np.ndarray, spec: NetSpec, data_name: str, net: str = "") -> np
 
     given = ",".join(map(str, x.shape[1:]))
     keyword = f"hf.Model's input={tuple(x.shape[1:])}"  # what a Model fit on the dataset takes
-    raise DataError(f"dataset {data_name!r} gives inputs of shape {list(x.shape[1:])}, but net {spec.name!r} "
-                    f"expects {list(spec.input_shape)}" + (f"; pass --input {given} ({keyword}) to give the net that "
-                                                           "input" if takes_classes(net) else ""))
+    said = f"dataset {data_name!r} gives inputs of shape {list(x.shape[1:])}, but net {spec.name!r} expects " \
+           f"{list(spec.input_shape)}"
+    if not takes_classes(net):
+        raise DataError(said)
+    why = input_misfit(net, x.shape[1:])
+    raise DataError(f"{said}; pass --input {given} ({keyword}) to give the net that input" if not why else
+                    f"{said}, and --input {given} would not build it ({why}); expected data of a shape it takes")
+
+
+def input_misfit(net: str, shape: Sequence[int]) -> str:
+    """Why zoo net `net` cannot be built at input `shape` ('' where it can), so a refusal offers `--input` only
+    for a shape the net takes (a ViT's patch or a ConvNeXt's 2×2 downsample refuses some)."""
+    from hloforge.zoo import get_net
+
+    try:
+        get_net(net, input=tuple(shape))
+    except UnsupportedSpec as e:
+        return str(e)
+    return ""
 
 
 TOP_K = 5  # top-5 accuracy: the label among the 5 highest logits

@@ -156,14 +156,21 @@ def classes_mismatch(data: str, data_classes: int, net: str, spec: NetSpec,
     said = f"dataset {data!r} has {data_classes} classes, net {spec.name!r} has {spec.num_classes}"
     if takes_classes(net):  # the flag, and the keyword a Model fit on the dataset takes
         flags, keywords, gives = f"--classes {data_classes}", f"classes={data_classes}", f"a head of {data_classes}"
-        both = said
+        both, misfit = said, ""
         if image and int(np.prod(image)) != int(np.prod(spec.input_shape)):  # not a reshape fit_input makes
+            from hloforge.train.evaluation import input_misfit
+
+            shape = ",".join(map(str, image))
             both = (f"dataset {data!r} has {data_classes} classes and inputs of shape {list(image)}, net {spec.name!r} "
                     f"has {spec.num_classes} and takes {list(spec.input_shape)}")
-            flags += f" --input {','.join(map(str, image))}"
-            keywords += f", input={tuple(image)}"
-            gives += " and that input"
-        return ClassCountMismatch(f"{both}; pass {flags} (hf.Model's {keywords}) to give the net {gives}", said)
+            why = input_misfit(net, image)
+            if why:  # the head's flag alone, and why the input's would not do
+                misfit = f", but --input {shape} would not build it ({why}); expected data of a shape it takes"
+            else:
+                flags, keywords, gives = f"{flags} --input {shape}", f"{keywords}, input={tuple(image)}", \
+                    f"{gives} and that input"
+        return ClassCountMismatch(f"{both}; pass {flags} (hf.Model's {keywords}) to give the net {gives}{misfit}",
+                                  said)
     return ClassCountMismatch(f"{said}, a head it states itself (--classes does not reshape it): train a net of "
                               f"{data_classes} classes, e.g. a zoo net that takes --classes {data_classes} (hf.Model's "
                               f"classes={data_classes})", said)
