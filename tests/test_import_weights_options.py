@@ -27,7 +27,8 @@ def _weights_file(tmp_path) -> str:
     return file
 
 
-@pytest.mark.parametrize("flags", [["--data", "digits"], ["--data-opt", "size=32"], ["--backend", "iree"]])
+@pytest.mark.parametrize("flags", [["--data", "digits"], ["--data-opt", "size=32"], ["--data-dir", "d"],
+                                   ["--data-file", "f"], ["--backend", "iree"]])
 def test_run_options_with_a_bare_weights_out_are_refused_not_dropped(tmp_path, capsys, flags) -> None:
     # Before: written without a word, the dataset, its options or the backend asked for in no file.
     file, out = _weights_file(tmp_path), tmp_path / "w.safetensors"
@@ -185,3 +186,22 @@ def test_an_object_beside_the_weights_is_not_called_a_whole_model(tmp_path) -> N
     text = str(e.value)
     assert "HyperParameters: a whole model saved with torch.save(model), or an object a training script saved " \
            "beside the weights (its config)? save the state dict alone" in text and len(text.splitlines()) == 1
+
+
+def test_a_run_directory_on_data_elsewhere_takes_train_s_data_dir(tmp_path, capsys) -> None:
+    """Before: `import-weights ... --data cifar10 --data-dir DIR`, as train and eval name a dataset's folder, was
+    a usage error (unrecognized arguments: --data-dir), and only `--data-opt data_dir=DIR` reached it."""
+    from test_datasets_formats import write_cifar
+
+    from hloforge.cli import main
+
+    data = tmp_path / "cifar"
+    data.mkdir()
+    write_cifar(data, n_per_file=16)  # 80 training rows: more than the run's batch of 64
+    out = tmp_path / "run"
+    assert main(["import-weights", "torchvision:resnet18", _weights_file(tmp_path), "--input", "3,32,32", "--out",
+                 str(out), "--data", "cifar10", "--data-dir", str(data)]) == 0
+    assert f'data_dir = "{data}"' in (out / "config.toml").read_text()
+    capsys.readouterr()
+    assert main(["eval", str(out)]) == 0
+    assert "resnet18 epoch 0 (live)" in capsys.readouterr().out

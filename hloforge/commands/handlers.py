@@ -226,7 +226,8 @@ def _import_weights(args: argparse.Namespace) -> None:
     from hloforge.interop import import_weights
 
     import_weights(args.source, args.file, args.out, input=args.input, data=args.data or "",
-                   data_options=args.data_options or (), backend=args.backend or "")
+                   data_options=args.data_options or (), data_dir=args.data_dir or "",
+                   data_file=args.data_file or "", backend=args.backend or "")
 
 
 def _export(args: argparse.Namespace) -> None:

@@ -323,6 +323,9 @@ def parser() -> argparse.ArgumentParser:
                                    "its class count must be the state dict's")
     sp.add_argument("--data-opt", dest="data_options", action="append", metavar="KEY=VALUE",
                     help="a dataset option, as train's (repeatable; default: none)")
+    sp.add_argument("--data-dir", help="where the run's file-based dataset reads from, as train's (default: the "
+                                       "dataset's own)")
+    sp.add_argument("--data-file", help="the run's file-based dataset's file, as train's (default: the dataset's own)")
     sp.add_argument("--backend", type=plugin_name, help="the run's backend (default: $HLOFORGE_BACKEND, else xla)")
     sp.set_defaults(func=_import_weights)
 

@@ -299,8 +299,8 @@ def _under(sd: Mapping[str, np.ndarray], head: str) -> dict[str, np.ndarray]:
     return {k[len(head) + 1:]: v for k, v in sd.items() if k.startswith(f"{head}.")}
 
 
-def write_run(imp: Imported, out: str, *, data: str = "", data_options: Sequence[str] = (), backend: str = "",
-              log: Callable[[str], None] = print) -> str:
+def write_run(imp: Imported, out: str, *, data: str = "", data_options: Sequence[str] = (), data_dir: str = "",
+              data_file: str = "", backend: str = "", log: Callable[[str], None] = print) -> str:
     """A run directory at `out` (config.toml and an epoch-0 checkpoint, written by the trainer's own
     functions) holding the imported weights; its path. The run's config must fit (dataset, classes):
     the run is rebuilt, as eval rebuilds it, before anything is written."""
@@ -320,8 +320,7 @@ def write_run(imp: Imported, out: str, *, data: str = "", data_options: Sequence
                              "run_dir": out, "data_options": tuple(data_options)}
     if data:
         given["data"] = data
-    if backend:
-        given["backend"] = backend
+    given.update({k: v for k, v in (("data_dir", data_dir), ("data_file", data_file), ("backend", backend)) if v})
     try:
         run = Run(TrainConfig(**given), log=log, progress=False)
     except DataError as e:
@@ -377,16 +376,17 @@ def write_weights(imp: Imported, out: str) -> str:
     return out
 
 
-_FLAGS = {"data": "data", "data_options": "data-opt", "backend": "backend"}  # import_weights's keywords as flags
+_FLAGS = {"data": "data", "data_options": "data-opt", "data_dir": "data-dir", "data_file": "data-file",
+          "backend": "backend"}  # import_weights's keywords as flags
 
 
 def import_weights(source: str, file: str, out: str, *, input: Sequence[int] | None = None, data: str = "",
-                   data_options: Sequence[str] | Mapping[str, Any] = (), backend: str = "",
-                   log: Callable[[str], None] = print) -> str:
+                   data_options: Sequence[str] | Mapping[str, Any] = (), data_dir: str = "", data_file: str = "",
+                   backend: str = "", log: Callable[[str], None] = print) -> str:
     """`source` ("torchvision:resnet18", "timm:vit_tiny_patch16_224", ...) weights in `file` as a run
     directory at `out`; returns its path. `input` overrides the net's input shape (C, H, W), `data`
-    / `data_options` the dataset the run evaluates on (default: the trainer's; its options a mapping, as
-    Model.fit takes them, or "KEY=VALUE" items). An `out` ending in
+    / `data_options` / `data_dir` / `data_file` the dataset the run evaluates on (default: the trainer's; its
+    options a mapping, as Model.fit takes them, or "KEY=VALUE" items). An `out` ending in
     .safetensors (in any case) is a bare weights file instead (`write_weights`: no run, no dataset)."""
     family(source)
     if input is not None and (isinstance(input, str) or not isinstance(input, (Sequence, np.ndarray))):
@@ -399,7 +399,8 @@ def import_weights(source: str, file: str, out: str, *, input: Sequence[int] | N
         data_options = tuple(f"{k}={v}" for k, v in data_options.items())
     file, out = checked_path(file, "import_weights file"), checked_path(out, "import_weights out")  # a Path too
     if ends_in(out, SAFETENSORS):  # a bare weights file has no run to evaluate on a dataset or backend
-        run_only = [n for n, v in (("data", data), ("data_options", data_options), ("backend", backend)) if v]
+        run_only = [n for n, v in (("data", data), ("data_options", data_options), ("data_dir", data_dir),
+                                   ("data_file", data_file), ("backend", backend)) if v]
         if run_only:
             raise UnsupportedSpec(f"{out}: a .safetensors out is the bare weights, which name no dataset or backend, "
                                   f"so {' / '.join(run_only)} (--{' / --'.join(_FLAGS[n] for n in run_only)}) would "
@@ -408,7 +409,8 @@ def import_weights(source: str, file: str, out: str, *, input: Sequence[int] | N
     if ends_in(out, SAFETENSORS):
         write_weights(imp, out)
     else:
-        write_run(imp, out, data=data, data_options=data_options, backend=backend, log=log)
+        write_run(imp, out, data=data, data_options=data_options, data_dir=data_dir, data_file=data_file,
+                  backend=backend, log=log)
     log(f"imported {source} from {file}: {imp.spec.name} ({imp.spec.param_count():,} params, "
         f"{imp.spec.num_classes} classes, {len(imp.stats)} BatchNorm statistics) -> {out}")
     return out
