@@ -205,3 +205,23 @@ def test_a_run_directory_on_data_elsewhere_takes_train_s_data_dir(tmp_path, caps
     capsys.readouterr()
     assert main(["eval", str(out)]) == 0
     assert "resnet18 epoch 0 (live)" in capsys.readouterr().out
+
+
+def test_the_fine_tune_advice_is_a_command_that_runs(tmp_path, capsys) -> None:
+    """An ImageNet head imported as a run on the digits is refused, advising the bare weights and `train --init`.
+    Before, the advice was `hloforge train resnet18 --init FILE.safetensors --data digits`, which train refused in
+    turn (its 1000-class head, its 3×224×224 input) and which dropped the data options given; now it carries the
+    class count, the input and the data flags, as the worked example in docs/interop.md runs them."""
+    from safetensors.numpy import save_file
+
+    from hloforge.cli import main
+
+    spec = get_net("resnet18", input=INPUT)  # 1000 classes
+    sd = torch_state_dict("torchvision:resnet18", spec, spec.init_params(0), [s.initial() for _, s in spec.stats()])
+    file = str(tmp_path / "in1k.safetensors")
+    save_file({k: np.ascontiguousarray(v) for k, v in sd.items()}, file)
+    capsys.readouterr()
+    assert main(["import-weights", "torchvision:resnet18", file, "--input", "3,32,32", "--out", str(tmp_path / "r"),
+                 "--data", "digits", "--data-opt", "size=32", "--data-opt", "channels=3"]) == 3
+    assert ("`hloforge train resnet18 --init FILE.safetensors --classes 10 --input 3,32,32 --data digits --data-opt "
+            "size=32 --data-opt channels=3` re-initialises the head") in capsys.readouterr().err

@@ -109,7 +109,8 @@ def test_a_head_of_other_classes_than_the_dataset_says_how_to_fine_tune(tmp_path
         import_weights("torchvision:resnet18", file, str(tmp_path / "run"), input=INPUT, data="digits",
                        data_options=("size=32", "channels=3"), log=lambda s: None)
     text = str(e.value)
-    assert "--classes" not in text  # import-weights has no such option: the trainer's advice does not apply
+    assert "pass --classes" not in text  # import-weights has no such option: the trainer's advice does not apply
+    assert "`hloforge train resnet18 --init FILE.safetensors --classes 10 --input 3,32,32 --data digits" in text
     assert "dataset 'digits' has 10 classes, net 'resnet18' has 4" in text and "--init FILE.safetensors" in text
     assert not os.path.exists(tmp_path / "run")
 

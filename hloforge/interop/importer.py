@@ -324,7 +324,14 @@ def write_run(imp: Imported, out: str, *, data: str = "", data_options: Sequence
     try:
         run = Run(TrainConfig(**given), log=log, progress=False)
     except DataError as e:
-        train = f"hloforge train {fam.net} --init FILE.safetensors" + (f" --data {data}" if data else "")
+        import shlex  # the advised command carries the data flags given, quoted as a shell reads them
+
+        data_flags = [*(["--data", data] if data else []), *(w for o in data_options for w in ("--data-opt", o)),
+                      *(w for f, v in (("--data-dir", data_dir), ("--data-file", data_file)) if v for w in (f, v))]
+        net_flags = [*(["--classes", str(e.classes)] if isinstance(e, ClassCountMismatch) and e.classes else []),
+                     *(["--input", ",".join(map(str, imp.spec.input_shape))]
+                       if imp.spec.input_shape != get_net(fam.net).input_shape else [])]
+        train = shlex.join(["hloforge", "train", fam.net, "--init", "FILE.safetensors", *net_flags, *data_flags])
         # the trainer's advice (--classes) is train's, not import-weights'
         said = f"{e.stated} (the state dict's head)" if isinstance(e, ClassCountMismatch) else str(e)
         if not data:  # a dataset the user never named: say it is the default, and how to do without one

@@ -139,11 +139,12 @@ class Task:
 
 class ClassCountMismatch(DataError):
     """A classifier (or language model) whose head is not the dataset's class count; `stated`: the fact
-    alone, without the advice the message adds (what import-weights says in its own words)."""
+    alone, without the advice the message adds (what import-weights says in its own words); `classes`: the
+    dataset's count, for a command that advises another (0: not known)."""
 
-    def __init__(self, message: str, stated: str = ""):
+    def __init__(self, message: str, stated: str = "", classes: int = 0):
         super().__init__(message)
-        self.stated = stated or message
+        self.stated, self.classes = stated or message, classes
 
 
 def classes_mismatch(data: str, data_classes: int, net: str, spec: NetSpec,
@@ -170,10 +171,10 @@ def classes_mismatch(data: str, data_classes: int, net: str, spec: NetSpec,
                 flags, keywords, gives = f"{flags} --input {shape}", f"{keywords}, input={tuple(image)}", \
                     f"{gives} and that input"
         return ClassCountMismatch(f"{both}; pass {flags} (hf.Model's {keywords}) to give the net {gives}{misfit}",
-                                  said)
+                                  said, data_classes)
     return ClassCountMismatch(f"{said}, a head it states itself (--classes does not reshape it): train a net of "
                               f"{data_classes} classes, e.g. a zoo net that takes --classes {data_classes} (hf.Model's "
-                              f"classes={data_classes})", said)
+                              f"classes={data_classes})", said, data_classes)
 
 
 class ClassificationTask(Task):
