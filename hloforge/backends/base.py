@@ -32,7 +32,7 @@ from hloforge.core.registry import default_registry
 from hloforge.core.switches import env_path
 
 __all__ = ["ArgSpec", "Backend", "BACKEND_ENV_VAR", "CACHE_ENV_VAR", "CROSS_REPLICA_OPS", "DEFAULT_BACKEND",
-           "InputSlot", "backend_fingerprint", "backend_name", "cache_root",
+           "ForkedError", "InputSlot", "backend_fingerprint", "backend_name", "cache_root",
            "check_args", "cross_replica_op", "parse_main_signature"]
 
 #: StableHLO ops whose result depends on the other replicas, or on which replica runs them
@@ -86,6 +86,19 @@ def cache_root() -> Path:
                                           f"and user id {os.getuid()} has none; expected ${CACHE_ENV_VAR} (or "
                                           "$XDG_CACHE_HOME) naming a writable directory")
     return Path(home) / ".cache" / "hloforge"
+
+
+class ForkedError(BackendError):
+    """A device used in a forked child of the process that opened it (see forked_error)."""
+
+
+def forked_error(runtime: str, pid: int) -> ForkedError:
+    """The refusal of a call into `runtime` (XLA, IREE) in a fork of process `pid`, which had started it: a
+    fork copies only the thread that called it, and the runtime's calls wait on threads it started."""
+    return ForkedError(f"this process is a fork of process {pid}, which had started {runtime}, and {runtime}'s "
+                       "threads stay in the process that started them (here its calls would wait forever); start "
+                       "the process with multiprocessing's 'spawn' method (a Model pickles across), or fork before "
+                       "the first Model is made")
 
 
 def backend_fingerprint(backend: Any) -> str:

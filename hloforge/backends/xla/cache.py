@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from hloforge.backends.base import CACHE_ENV_VAR as CACHE_ROOT_ENV_VAR
-from hloforge.backends.base import cache_root
+from hloforge.backends.base import ForkedError, cache_root
 from hloforge.backends.disk_cache import first_unwritable, host_cpu, max_bytes, prune, sha256_key, touch, write_atomic
 from hloforge.backends.xla import compile_worker
 from hloforge.backends.xla.pjrt import Client, Executable
@@ -198,6 +198,8 @@ class ExecutableCache:
             return None
         try:
             exe = client.deserialize(payload, mlir_text, options, num_replicas, scheduler)
+        except ForkedError:  # the process cannot run XLA at all: no fault of the entry's
+            raise
         except BackendError as e:
             _warn(f"XLA cache entry {path} does not load ({getattr(e, 'plugin_message', e)}); "
                   f"compiling again and replacing it")

@@ -15,9 +15,11 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
+from typing import NoReturn
 
 import numpy as np
 
+from hloforge.backends.base import forked_error
 from hloforge.backends.signature import DTYPES, extension_dtypes
 from hloforge.backends.xla.pjrt.c_api import (
     _API_SIZE_NEEDED,
@@ -102,7 +104,7 @@ class Api:
             get_api = self._lib.GetPjrtApi
         except AttributeError:
             raise BackendError(f"{path} is not a PJRT plugin: it exports no GetPjrtApi") from None
-        self.path = path
+        self.path, self.pid = path, os.getpid()  # the process whose threads XLA starts
         self._api = get_api()
         # PJRT_<name> -> (function pointer, args pointer type, struct_size), looked up once: the step's
         # hot path makes ~35 calls.
@@ -202,11 +204,30 @@ class Api:
         args = self.call("Plugin_Attributes", "reading plugin attributes")
         return _named_values_to_dict(args.attributes, args.num_attributes)
 
+    @property
+    def forked(self) -> bool:
+        """Whether this process is a fork of the one that loaded the plugin (see _refuse_in_fork)."""
+        return os.getpid() != self.pid
+
     def __repr__(self) -> str:
         return f"Api({self.path!r}, version={self.version[0]}.{self.version[1]})"
 
 
 _APIS: dict[str, Api] = {}
+
+
+def _refuse_in_fork() -> None:
+    """In a forked child: XLA's threads (those an execute, a transfer or a destroy waits on) stayed in the
+    parent, so any call would wait forever; each loaded plugin refuses its calls instead. Set on the
+    instance, over its methods, so the hot path pays nothing for it."""
+    for api in list(_APIS.values()):
+        def refuse(*_args: object, _pid: int = api.pid, **_fields: object) -> NoReturn:
+            raise forked_error("XLA", _pid)
+        api.call = api.destroy_buffer = refuse  # type: ignore[method-assign]
+
+
+os.register_at_fork(after_in_child=_refuse_in_fork)
+
 # The allocation an out-of-memory message names: the CPU plugin's 'Out of memory allocating 55838841440 bytes',
 # the GPU allocator's 'Out of memory while trying to allocate 33762398024 bytes.' or '... allocate 16.00GiB'.
 _ASKED = re.compile(r"allocat(?:e|ing) (\d+(?:\.\d+)?) ?(bytes|[KMGT]iB)")

@@ -240,6 +240,8 @@ class Client:
         if self._closed:
             return
         self._closed = True
+        if self._api.forked:  # the parent's client (a forked child's exit closes it): nothing here to free
+            return
         for child in list(self._owned):
             if isinstance(child, DeviceBuffer):
                 child._release("belongs to a closed Client")
