@@ -114,14 +114,14 @@ def test_a_whole_number_variable_refuses_other_digits_in_one_line(monkeypatch, v
     """'²' passes str.isdigit() and int() then raised (an internal error: exit 4 and a traceback file);
     '٣' int() read as 3. Each is one line naming the variable, as any other wrong value is."""
     from hloforge.backends import disk_cache
-    from hloforge.backends.iree import backend as iree_backend
+    from hloforge.backends.iree import runtime as iree_runtime
 
     monkeypatch.setenv(disk_cache.MAX_MB_ENV_VAR, value)
     with pytest.raises(BackendError, match=r"^HLOFORGE_CACHE_MAX_MB=.*: expected a whole number of MiB"):
         disk_cache.max_bytes()
-    monkeypatch.setenv(iree_backend.WORKER_NICE_ENV_VAR, value)
+    monkeypatch.setenv(iree_runtime.WORKER_NICE_ENV_VAR, value)
     with pytest.raises(BackendError, match=r"^HLOFORGE_IREE_WORKER_NICE=.*: expected a niceness step from 0 to 19"):
-        iree_backend.worker_nice()
+        iree_runtime.worker_nice()
 
 
 def test_a_launcher_count_in_other_digits_is_a_plain_run():

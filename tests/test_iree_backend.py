@@ -318,7 +318,7 @@ def test_an_artifact_with_another_abi_is_refused_in_one_line(cache):
 
 def test_runtime_flags_are_set_once_and_a_bad_one_is_one_clear_error(monkeypatch):
     """In child processes (IREE's runtime flags are process-wide, read before the first device)."""
-    from hloforge.backends.iree import backend as iree_backend
+    from hloforge.backends.iree import runtime as iree_runtime
 
     script = textwrap.dedent(f"""
         import numpy as np
@@ -334,27 +334,27 @@ def test_runtime_flags_are_set_once_and_a_bad_one_is_one_clear_error(monkeypatch
             os.PRIO_PROCESS, 0) for w in workers}}))
     """)
     env = {k: v for k, v in os.environ.items()
-           if k not in (iree_backend.RUNTIME_FLAGS_ENV_VAR, iree_backend.WORKER_NICE_ENV_VAR)}
+           if k not in (iree_runtime.RUNTIME_FLAGS_ENV_VAR, iree_runtime.WORKER_NICE_ENV_VAR)}
     default = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     fingerprint, workers = default.stdout.strip().splitlines()
     assert default.returncode == 0 and "runtime --task_worker_spin_us=50 worker nice 1 host memory " in fingerprint
     # the task-system workers run one step nicer than the caller (see DEFAULT_WORKER_NICE); 0 leaves them
     assert workers.startswith("workers ") and workers.endswith("nicer by [1]") and workers != "workers 0 nicer by []"
     left = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                          env={**env, iree_backend.WORKER_NICE_ENV_VAR: "0"})
+                          env={**env, iree_runtime.WORKER_NICE_ENV_VAR: "0"})
     assert left.returncode == 0 and left.stdout.strip().endswith("nicer by [0]")
     bad_nice = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                              env={**env, iree_backend.WORKER_NICE_ENV_VAR: "-5"})
+                              env={**env, iree_runtime.WORKER_NICE_ENV_VAR: "-5"})
     assert bad_nice.returncode != 0
     said = "BackendSettingError: HLOFORGE_IREE_WORKER_NICE='-5': expected a niceness step from 0 to 19"
     assert said in bad_nice.stderr
     bad = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                         env={**env, iree_backend.RUNTIME_FLAGS_ENV_VAR: "--no_such_flag=1"})
+                         env={**env, iree_runtime.RUNTIME_FLAGS_ENV_VAR: "--no_such_flag=1"})
     assert bad.returncode != 0
     assert ("BackendSettingError: IREE refused the runtime flags --no_such_flag=1 ($HLOFORGE_IREE_RUNTIME_FLAGS): "
             in bad.stderr and "'no_such_flag' not recognized" in bad.stderr)
-    monkeypatch.setenv(iree_backend.RUNTIME_FLAGS_ENV_VAR, "")
-    assert iree_backend.runtime_flags() == ()  # empty: IREE's own defaults
+    monkeypatch.setenv(iree_runtime.RUNTIME_FLAGS_ENV_VAR, "")
+    assert iree_runtime.runtime_flags() == ()  # empty: IREE's own defaults
 
 
 def one_step(backend, spec, batch, seed=5):
