@@ -4,12 +4,14 @@ workers run; and one runtime config (instance + device) per driver."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from hloforge.backends.base import forked_error
 from hloforge.backends.host_memory import retain_freed_host_memory
 from hloforge.core.errors import BackendError, BackendSettingError
 from hloforge.core.switches import whole_number
@@ -84,9 +86,13 @@ class Runtime:
     _lock = threading.Lock()
     _configs: dict[str, Any] = {}
     _flags_set = False
+    _opened_in: int | None = None  # the process that opened them
+    _forked_from: int | None = None  # that process, in a fork of it: the devices' threads stayed there
 
     @classmethod
     def get(cls, runtime: Any, driver: str) -> Any:
+        if cls._forked_from is not None:  # any call would wait forever on threads this process lacks
+            raise forked_error("IREE", cls._forked_from)
         with cls._lock:
             if not cls._flags_set:  # before the first device: the task system reads them when it starts
                 flags = runtime_flags()
@@ -108,4 +114,18 @@ class Runtime:
                     raise BackendError(f"IREE could not open the {driver!r} driver: {why}") from None
                 if driver == "local-task":  # the threads the device started: its task-system workers
                     _renice(_thread_ids() - before, nice)
+                cls._opened_in = os.getpid()
             return cls._configs[driver]
+
+    @classmethod
+    def after_fork(cls) -> None:
+        cls._forked_from = cls._opened_in
+        if cls._configs:  # never freed here: freeing a device waits on its threads (the exit would never end)
+            for config in cls._configs.values():
+                ctypes.pythonapi.Py_IncRef(ctypes.py_object(config))
+            import iree.runtime
+
+            iree.runtime._binding.disable_leak_checker()  # kept on purpose: nanobind's exit report, a page, is noise
+
+
+os.register_at_fork(after_in_child=Runtime.after_fork)
