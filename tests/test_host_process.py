@@ -4,6 +4,7 @@ the process a fit leaves (what the user had set stays as it was)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 import textwrap
@@ -47,3 +48,53 @@ def test_a_forked_child_is_refused_in_one_line_and_exits(backend):
     assert "multiprocessing's 'spawn'" in child
     assert parent == "parent: True"
     assert done.stderr == "", done.stderr
+
+
+# What a user's program had before hloforge was imported, and has after a fit, predict, evaluate, save and load.
+STATE = textwrap.dedent("""
+    import faulthandler, json, logging, os, signal, sys, tempfile, threading, warnings
+    import numpy as np
+
+    def state():
+        umask = os.umask(0o22)
+        os.umask(umask)
+        return {"signals": {s.name: str(signal.getsignal(s)) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP,
+                                                                         signal.SIGUSR1, signal.SIGCHLD)},
+                "numpy_rng": str(np.random.get_state()[1][:4]), "warnings": str(warnings.filters),
+                "logging": str((logging.root.handlers, logging.root.level)), "cwd": os.getcwd(), "umask": umask,
+                "recursion": sys.getrecursionlimit(), "faulthandler": faulthandler.is_enabled(),
+                "threads": sorted(t.name for t in threading.enumerate()), "environ": dict(os.environ)}
+
+    np.random.seed(7)
+    before = state()
+    import hloforge as hf
+
+    x = np.random.default_rng(0).standard_normal((64, 3)).astype(np.float32)
+    y = np.arange(64) % 2
+    model = hf.Model(hf.NetSpec("tiny", (3,), [hf.layers.Dense(2)], 2), seed=0)
+    model.fit(x, y, epochs=2, batch_size=16, verbose=True)
+    model.predict(x), model.evaluate(x, y)
+    with tempfile.TemporaryDirectory() as d:
+        model.save(d + "/m")
+        hf.load(d + "/m").predict(x)
+    after = state()
+    print(json.dumps({k: [before[k], after[k]] for k in before}))
+""")
+
+
+@pytest.fixture(scope="module")
+def host_state() -> dict[str, list[object]]:
+    done = subprocess.run([sys.executable, "-c", STATE], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_the_process_state_a_user_set_is_left_as_it_was(host_state):
+    changed = {k: v for k, v in host_state.items() if k not in ("threads", "environ") and v[0] != v[1]}
+    assert changed == {}
+
+
+def test_a_fit_leaves_no_thread_running(host_state):
+    """tqdm starts a monitor thread for a bar, even one that is off (stderr not a terminal), and never stops it."""
+    before, after = host_state["threads"]
+    assert after == before

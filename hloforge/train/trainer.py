@@ -611,8 +611,10 @@ class Run:
             return None
         from tqdm.auto import tqdm  # a notebook's widget, a terminal's bar
 
-        return tqdm(total=self.steps_per_epoch, desc=f"epoch {epoch}/{self.end_epoch}", leave=False,
-                    file=sys.stderr, dynamic_ncols=True, disable=None)  # None: off when not a terminal
+        tqdm.get_lock()  # made on tqdm's own class, so that every epoch's Bar writes under the one lock, as before
+        bar = type("Bar", (tqdm,), {"monitor_interval": 0})  # no monitor: one left running for good, the bar off or not
+        return bar(total=self.steps_per_epoch, desc=f"epoch {epoch}/{self.end_epoch}", leave=False,
+                   file=sys.stderr, dynamic_ncols=True, disable=None)  # None: off when not a terminal
 
     def _history(self) -> list[dict[str, Any]]:
         return curves.history(self.dir) if self.dir is not None else []
