@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -84,7 +85,8 @@ STATE = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def host_state() -> dict[str, list[object]]:
-    done = subprocess.run([sys.executable, "-c", STATE], capture_output=True, text=True, timeout=120)
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}  # unset, as a user's mostly is
+    done = subprocess.run([sys.executable, "-c", STATE], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -98,3 +100,11 @@ def test_a_fit_leaves_no_thread_running(host_state):
     """tqdm starts a monitor thread for a bar, even one that is off (stderr not a terminal), and never stops it."""
     before, after = host_state["threads"]
     assert after == before
+
+
+def test_a_fit_leaves_the_environment_as_it_was(host_state):
+    """XLA's INFO lines are kept off by TF_CPP_MIN_LOG_LEVEL, which was left set in the user's environment (their
+    TensorFlow's level, their child processes' environment)."""
+    before, after = host_state["environ"]
+    assert {k: (before.get(k), after.get(k)) for k in before.keys() | after.keys()
+            if before.get(k) != after.get(k)} == {}

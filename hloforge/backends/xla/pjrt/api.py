@@ -243,10 +243,28 @@ def asked_bytes(message: str) -> int | None:
 _APIS_LOCK = threading.Lock()
 
 
+LOG_LEVEL_ENV_VAR = "TF_CPP_MIN_LOG_LEVEL"
+_LOG_LEVEL_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def info_unlogged() -> Iterator[None]:
+    """XLA logs every client option it applies at INFO to stderr (a user who wants that sets TF_CPP_MIN_LOG_LEVEL=0).
+    It reads the level from the environment once, at its first line, a client's creation: 1 (warnings and up) is
+    set for that where the user set none, then taken out again, the process's environment left as it was."""
+    with _LOG_LEVEL_LOCK:
+        unset = LOG_LEVEL_ENV_VAR not in os.environ
+        if unset:
+            os.environ[LOG_LEVEL_ENV_VAR] = "1"
+        try:
+            yield
+        finally:
+            if unset:
+                os.environ.pop(LOG_LEVEL_ENV_VAR, None)
+
+
 def load_api(path: str) -> Api:
     """The process-wide Api for ``path``: PJRT plugins must be initialized only once."""
-    # XLA logs every client option it applies at INFO to stderr; a user who wants it sets this to 0.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     key = os.path.realpath(path)
     with _APIS_LOCK:
         if key not in _APIS:

@@ -17,7 +17,7 @@ import numpy as np
 import hloforge.backends.xla.pjrt.host_calls as host_calls
 from hloforge.backends.host_memory import retain_freed_host_memory
 from hloforge.backends.signature import parse_main_signature
-from hloforge.backends.xla.pjrt.api import _buffer_type, _named_values, load_api, stderr_without
+from hloforge.backends.xla.pjrt.api import _buffer_type, _named_values, info_unlogged, load_api, stderr_without
 from hloforge.backends.xla.pjrt.buffers import Device, DeviceBuffer
 from hloforge.backends.xla.pjrt.c_api import _struct_size, ffi
 from hloforge.backends.xla.pjrt.discovery import find_plugin
@@ -56,14 +56,15 @@ class Client:
         self._owned: weakref.WeakSet = weakref.WeakSet()
         retain_freed_host_memory()  # before the client starts the threads that allocate its buffers
         self.plugin_path = plugin_path or find_plugin()
-        self._api = load_api(self.plugin_path)
         options, keep_alive = _named_values(create_options or {})
-        created = self._api.call(
-            "Client_Create",
-            "creating a PJRT client",
-            create_options=options,
-            num_options=len(create_options or {}),
-        )
+        with info_unlogged():
+            self._api = load_api(self.plugin_path)
+            created = self._api.call(
+                "Client_Create",
+                "creating a PJRT client",
+                create_options=options,
+                num_options=len(create_options or {}),
+            )
         del keep_alive
         self._handle = created.client
         self._closed = False
