@@ -61,7 +61,7 @@ STATE = textwrap.dedent("""
         os.umask(umask)
         return {"signals": {s.name: str(signal.getsignal(s)) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP,
                                                                          signal.SIGUSR1, signal.SIGCHLD)},
-                "numpy_rng": str(np.random.get_state()[1][:4]), "warnings": str(warnings.filters),
+                "numpy_rng": str(np.random.get_state()[1:3]), "warnings": str(warnings.filters),
                 "logging": str((logging.root.handlers, logging.root.level)), "cwd": os.getcwd(), "umask": umask,
                 "recursion": sys.getrecursionlimit(), "faulthandler": faulthandler.is_enabled(),
                 "threads": sorted(t.name for t in threading.enumerate()), "environ": dict(os.environ)}
