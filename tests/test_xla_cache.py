@@ -368,3 +368,17 @@ def test_an_entry_is_readable_by_the_other_users_of_a_shared_cache(tmp_path):
     """)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "0o644"
+
+
+def test_an_entry_follows_the_umask_the_user_has_when_it_is_written(tmp_path):
+    """A program that sets its umask (0o077: nothing it makes is for others) after hloforge's import got entries
+    of the import's umask (0644) all the same."""
+    from hloforge.backends.disk_cache import write_atomic
+
+    mask = os.umask(0o077)
+    try:
+        write_atomic(tmp_path / "entry", b"x")
+        assert os.umask(0o077) == 0o077  # and left as the user set it
+    finally:
+        os.umask(mask)
+    assert oct((tmp_path / "entry").stat().st_mode & 0o777) == "0o600"

@@ -77,13 +77,16 @@ def first_unwritable(directory: Path, e: OSError) -> str | None:
 
 
 def _file_mode() -> int:
-    """The mode open() gives a new file under this process's umask (read back at once: no call reads it)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
+    """The mode open() gives a new file under this process's umask now (the user may have set another since the
+    last write). Read from /proc (Linux 4.7+), where no call reads it without setting it: set and put back, it
+    would be another for the user's threads meanwhile; that is only the fallback."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            mask = next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError):
+        mask = os.umask(0o022)
+        os.umask(mask)
     return 0o666 & ~mask
-
-
-_NEW_FILE_MODE = _file_mode()
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -93,7 +96,7 @@ def write_atomic(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.fchmod(fd, _NEW_FILE_MODE)
+        os.fchmod(fd, _file_mode())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
