@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 # A model runs, then the process forks: the backend's threads stay in the parent, so the child's call is refused
@@ -108,3 +109,22 @@ def test_a_fit_leaves_the_environment_as_it_was(host_state):
     before, after = host_state["environ"]
     assert {k: (before.get(k), after.get(k)) for k in before.keys() | after.keys()
             if before.get(k) != after.get(k)} == {}
+
+
+def test_plot_leaves_the_matplotlib_backend_the_user_chose(tmp_path):
+    """Model.plot switched the process to Agg: a notebook's inline plots, or a script's windows, then stopped
+    showing (an svg backend stands in for theirs here)."""
+    import matplotlib
+
+    import hloforge as hf
+
+    model = hf.Model(hf.NetSpec("tiny", (3,), [hf.layers.Dense(2)], 2), seed=0)
+    model.fit(np.zeros((32, 3), np.float32), np.arange(32) % 2, batch_size=16, verbose=False)
+    chosen = matplotlib.get_backend()
+    matplotlib.use("svg")
+    try:
+        model.plot(str(tmp_path / "curves.png"))
+        assert matplotlib.get_backend() == "svg"
+    finally:
+        matplotlib.use(chosen)
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -92,14 +92,13 @@ def panel(history: Sequence[dict[str, Any]]) -> tuple[str, str] | None:
 
 
 def draw(history: Sequence[dict[str, Any]], title: str) -> bytes:
-    """The two panels as PNG bytes."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """The two panels as PNG bytes. A Figure of its own, not pyplot's: the user's program keeps its matplotlib
+    backend (a notebook's inline one) and pyplot's figures as they were."""
+    from matplotlib.figure import Figure
 
     ep = [h["epoch"] for h in history]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.5))
+    fig = Figure(figsize=(9, 3.5))
+    a, b = fig.subplots(1, 2)
     a.plot(ep, [h["loss"] for h in history], marker="o")
     a.set(xlabel="epoch", ylabel="train loss", title=title)
     right = panel(history)
@@ -122,7 +121,6 @@ def draw(history: Sequence[dict[str, Any]], title: str) -> bytes:
     fig.tight_layout()
     png = io.BytesIO()
     fig.savefig(png, format="png", dpi=90)
-    plt.close(fig)
     return png.getvalue()
 
 
