@@ -115,19 +115,21 @@ def test_train_step_as_accurate_as_jax_f32(backend, net, optimizer, steps, lr, b
         f"{net}/{optimizer}: {ours:.2e} from the f64 oracle, jax f32 {theirs:.2e}"
 
 
-def test_a_winograd_train_step_is_within_4x_of_jax_f32(backend):
-    """XLA's default forms run mnist-cnn's 64-wide 3×3 conv as Winograd's F(2×2, 3×3), whose
-    transforms round more than a direct conv: two Adam steps landed 1.43e-5 from the f64 oracle
-    against 4.54e-6 in the direct forms (the test above), 3.1x. Still within 4x of jax's f32, and
-    far below what a wrong gradient gives."""
+def test_a_winograd_train_step_is_as_accurate_as_jax_f32(backend):
+    """XLA's default forms run mnist-cnn's 64-wide 3×3 conv as Winograd's F(2×2, 3×3), whose transforms
+    round otherwise than a direct conv. Gated with momentum, which carries the gradient's rounding into θ
+    as it is: 3.05e-8 from the f64 oracle against jax f32's 3.09e-8 (AVX-512 EPYC). Not with Adam: its
+    m/√v turns the rounding of near-zero gradients into O(lr) moves, so two Adam steps measure no conv's
+    rounding; jax's own f32 error there was 1.2e-6 in one process and 7.9e-5 in another on the same machine
+    (the direct forms' Adam case, above, holds Adam's own arithmetic)."""
     if backend != "xla":
         pytest.skip("Winograd's form is XLA's (IREE's convGrad is 'written')")
     from hloforge.lowering import conv
 
     assert conv.takes_winograd((3, 3, 64, 64), 1, 1)
-    got, ref32, ref64 = run_both(backend, "mnist-cnn", "adam", 2, 1e-3, 4)
+    got, ref32, ref64 = run_both(backend, "mnist-cnn", "momentum", 2, 0.05, 4)
     ours, theirs = rel(flat(got), flat(ref64)), rel(flat(ref32), flat(ref64))
-    assert ours <= max(4 * theirs, 1e-6), f"mnist-cnn/adam: {ours:.2e} from the f64 oracle, jax f32 {theirs:.2e}"
+    assert ours <= max(2 * theirs, 1e-7), f"mnist-cnn/momentum: {ours:.2e} from the f64 oracle, jax f32 {theirs:.2e}"
 
 
 def test_train_step_signature_aliases_parameters_and_state():
