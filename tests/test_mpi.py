@@ -691,8 +691,11 @@ def test_a_killed_parent_takes_its_worker_with_it(tmp_path):
 @needs_mpi
 @pytest.mark.parametrize("flags", [(), ("-disable-auto-cleanup",)], ids=["hydras-cleanup", "no-auto-cleanup"])
 def test_a_hung_rank_makes_the_others_stop_within_the_timeout_naming_it(tmp_path, flags):
-    """Rank 0 reports and ends the job (MPI_Abort): with the hung rank stopped, nothing else would end it."""
-    secs, out, rc = drill(tmp_path, signal.SIGSTOP, flags=flags, timeout_s="5")
+    """Rank 0 reports and ends the job (MPI_Abort): with the hung rank stopped, nothing else would end it. At
+    batch 16 (89 steps an epoch), so that the stop lands mid-epoch: at batch 64 a fast machine ran rank 1's
+    last 17 steps within the drill's 0.2 s poll, and rank 0 waited at the epoch's end, whose wait follows rank
+    0's checkpoint and so gets SLOW_PHASE_FACTOR timeouts (101 s)."""
+    secs, out, rc = drill(tmp_path, signal.SIGSTOP, flags=flags, timeout_s="5", more=("--batch", "16"))
     assert rc != 0 and secs <= 60, (secs, out)
     lines = hloforge_lines(out)
     assert len(lines) == 1 and "rank 1 of 2 did not arrive within 5 s" in lines[0], out
