@@ -221,29 +221,41 @@ def test_a_kill_while_the_end_plot_is_drawn_is_finished_by_resume(tmp_path, monk
 
 
 # ------------------------------------------------------------------ SIGTERM and SIGHUP
+def started_mid_checkpoint(tmp_path) -> subprocess.Popen:
+    """A run of mnist-linear, returned once it is writing epoch 2's checkpoint (slowly: SLOW_WRITE_ENV)."""
+    trace = str(tmp_path / "trace")
+    proc = subprocess.Popen(train_argv("xla", "--net", "mnist-linear"), cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, ckpt.TRACE_ENV: trace, ckpt.SLOW_WRITE_ENV: "0.1"})
+    if not crash_drill.wait_for(proc, trace, ("checkpoint", "2"), time.monotonic() + TIMEOUT):
+        proc.kill()
+        raise AssertionError(proc.communicate()[1])
+    return proc
+
+
+def assert_left_whole_and_resumed(tmp_path) -> None:
+    """No temp file beside the checkpoint, and --resume goes on from epoch 1's."""
+    assert not [n for n in os.listdir(tmp_path / "run") if n.endswith(ckpt.TMP_SUFFIX)]
+    r = subprocess.run(train_argv("xla", "--resume", epochs=2), cwd=tmp_path, capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    assert r.returncode == 0 and "resumed after epoch 1" in r.stdout, r.stderr
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_sigterm_or_sighup_mid_checkpoint_stops_the_run_as_ctrl_c_does(signum, tmp_path):
     """A scheduler's stop before its kill (SLURM, Kubernetes: SIGTERM) or a closed terminal (SIGHUP),
     landing mid-write of epoch 2's checkpoint. Before, the process died at once: no line, status -n, the
     temp file left beside the checkpoint, a compile worker or producer processes left running. Now as at
     Ctrl-C: one line, exit 128 + n, no temp file, and --resume goes on from epoch 1's checkpoint."""
-    trace = str(tmp_path / "trace")
-    proc = subprocess.Popen(train_argv("xla", "--net", "mnist-linear"), cwd=tmp_path, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, ckpt.TRACE_ENV: trace, ckpt.SLOW_WRITE_ENV: "0.1"})
+    proc = started_mid_checkpoint(tmp_path)
     try:
-        assert crash_drill.wait_for(proc, trace, ("checkpoint", "2"), time.monotonic() + TIMEOUT), \
-            proc.communicate()[1]
         proc.send_signal(signum)
         err = proc.communicate(timeout=TIMEOUT)[1]
     finally:
         proc.kill()
     assert proc.returncode == 128 + signum, err
     assert error_lines(err) == [f"hloforge: stopped by {signal.Signals(signum).name}"]
-    assert not [n for n in os.listdir(tmp_path / "run") if n.endswith(ckpt.TMP_SUFFIX)]
-    r = subprocess.run(train_argv("xla", "--resume", epochs=2), cwd=tmp_path, capture_output=True, text=True,
-                       timeout=TIMEOUT)
-    assert r.returncode == 0 and "resumed after epoch 1" in r.stdout, r.stderr
+    assert_left_whole_and_resumed(tmp_path)
 
 
 @pytest.mark.parametrize("second", ["50 ms later", "as the line is said"])
@@ -252,13 +264,8 @@ def test_two_ctrl_cs_mid_checkpoint_stop_the_run_as_one_does(second, tmp_path):
     Before, the second raised again while the run stopped or, once the interpreter was finalizing, ended the
     process by SIGINT: status -2 after the one line (28 runs of 30, 50 ms apart at random moments). Now the
     second changes nothing: one line, exit 130, no temp file, and --resume goes on from epoch 1's checkpoint."""
-    trace = str(tmp_path / "trace")
-    proc = subprocess.Popen(train_argv("xla", "--net", "mnist-linear"), cwd=tmp_path, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, ckpt.TRACE_ENV: trace, ckpt.SLOW_WRITE_ENV: "0.1"})
+    proc = started_mid_checkpoint(tmp_path)
     try:
-        assert crash_drill.wait_for(proc, trace, ("checkpoint", "2"), time.monotonic() + TIMEOUT), \
-            proc.communicate()[1]
         proc.send_signal(signal.SIGINT)
         said = ""
         if second == "50 ms later":
@@ -273,10 +280,7 @@ def test_two_ctrl_cs_mid_checkpoint_stop_the_run_as_one_does(second, tmp_path):
         proc.kill()
     assert proc.returncode == 130, err
     assert error_lines(err) == ["hloforge: interrupted"]
-    assert not [n for n in os.listdir(tmp_path / "run") if n.endswith(ckpt.TMP_SUFFIX)]
-    r = subprocess.run(train_argv("xla", "--resume", epochs=2), cwd=tmp_path, capture_output=True, text=True,
-                       timeout=TIMEOUT)
-    assert r.returncode == 0 and "resumed after epoch 1" in r.stdout, r.stderr
+    assert_left_whole_and_resumed(tmp_path)
 
 
 def test_the_epoch_lines_reach_a_log_file_as_they_are_said(tmp_path):
