@@ -82,12 +82,12 @@ class _Keep(Callback):
 class Model:
     """A net with its training variant, weights and optimizer state.
 
-    `net`: a NetSpec, a zoo name (`classes` / `input` override its defaults) or a .toml/.json spec
-    file. `optimizer`, `lr`, `schedule` ("cosine", "exp", "constant"), `warmup_epochs`, `decay_rate`,
-    `decay_epochs`, a DDPM's `diffusion_steps`, `beta_start` and `beta_end`, `seed`, and `augment` (False:
-    `--no-augment`, for a fit on a dataset by name) as `hloforge train` takes them (hf.load: the run's own);
-    the other Variant fields (loss, weight_decay, label_smoothing, ema, accum, mixup, cutmix, precision, clip,
-    dropout, drop_path, bn_eps) as keywords. `backend` None: $HLOFORGE_BACKEND, else xla."""
+    `net`: a NetSpec, a zoo name (`classes` / `input` override its defaults) or a .toml/.json spec file; `backend`
+    None: $HLOFORGE_BACKEND, else xla. `optimizer`, `lr`, `schedule` ("cosine", "exp", "constant"), `warmup_epochs`,
+    `decay_rate`, `decay_epochs`, a DDPM's `diffusion_steps`, `beta_start` and `beta_end`, `seed`, `bn_momentum` (a
+    config.toml key, no flag) and `augment` (False: `--no-augment`, for a fit on a dataset by name) as `hloforge train`
+    takes them (hf.load: the run's own); the other Variant fields (loss, weight_decay, label_smoothing, ema, accum,
+    mixup, cutmix, precision, clip, dropout, drop_path, bn_eps, frozen) as keywords."""
 
     def __init__(self, net: NetSpec | str, optimizer: str = "adam", lr: float = 1e-3, schedule: str = "cosine",
                  backend: str | None = None, seed: int = 0, *, warmup_epochs: float = 0.0, decay_rate: float = 0.97,
@@ -270,16 +270,16 @@ class Model:
             validation_data: tuple[Any, Any] | None = None, callbacks: Iterable[Callback] = (),
             shuffle: bool = True, drop_last: bool = True, verbose: bool = True, data: str | None = None,
             data_options: Mapping[str, Any] | None = None) -> History:
-        """Train `epochs` passes; returns the history (also `self.history`, over all fits).
+        """Train `epochs` passes; returns the history (also `self.history`, over all fits). Only x, y go by position.
 
-        On arrays `fit(x, y)`; on an iterable of (x, y) batches `fit(batches)` (read once; the batch
-        size its first batch's); on a registered dataset `fit("digits")` or `fit(data="digits")`
-        (its `data_options` as keywords; scored each epoch on its test split as val_*). Every epoch
-        is `hloforge train`'s loop (hloforge.train.trainer.Run.loop): the rows in the order it draws
-        them (a permutation from (seed, epoch); `shuffle=False`: as given), `len(x) // batch_size`
-        steps — a ragged last batch is dropped (`drop_last`, the only mode) and said once, never
-        padded into the gradient. The schedule runs over this call's steps. Every array is checked
-        whole before the first step. Only x and y go by position (Keras's fit(x, y, 32, 5) is its batch 32)."""
+        On arrays `fit(x, y)` (`batch_size` default 32); on an iterable of (x, y) batches `fit(batches)` (read once;
+        the batch size its first batch's); on a registered dataset `fit("digits")` or `fit(data="digits")` (its options
+        a `data_options` mapping; batch default 32; scored each epoch on its test split as val_*). `validation_data`:
+        (x, y) arrays scored each epoch as val_*; `callbacks`: hf.Callback instances run in the loop; `verbose=False`:
+        no progress bar or lines. Every epoch is `hloforge train`'s loop (hloforge.train.trainer.Run.loop): the rows
+        in the order it draws them (a permutation from (seed, epoch); `shuffle=False`: as given), `len(x) // batch_size`
+        steps — a ragged last batch is dropped (`drop_last`, the only mode) and said once, never padded into the
+        gradient. The schedule runs over this call's steps. Every array is checked whole before the first step."""
         epochs = plain(epochs)
         for flag, on in (("shuffle", shuffle), ("drop_last", drop_last), ("verbose", verbose)):
             arraydata.checked_flag(flag, on)
@@ -359,8 +359,8 @@ class Model:
     # ------------------------------------------------------------------ scoring
     @checked_keywords
     def predict(self, x: Any, batch_size: int | None = None, *, region: str = DEFAULT_REGION) -> np.ndarray:
-        """The eval-mode logits of every row of x (a short last batch padded, its padding dropped), by
-        `region`'s weights as `evaluate`'s."""
+        """Eval-mode logits of every row of x (a short last batch padded, its padding dropped), by `region`'s weights
+        as `evaluate`'s, in batches of `batch_size` (default: the last fit's or loaded run's, else 32)."""
         buffers = self._region_buffers(region)
         xa = self._check_x(x, "predict", self._inputs)
         return self._forward(self._scoring_batch(batch_size, len(xa))).logits(xa, buffers)
@@ -379,9 +379,9 @@ class Model:
         interval top1_lo / top1_hi, top5 (of more than 5 classes), the mean cross-entropy `loss`, `correct`, `n`; a
         segmenter's miou, pixel_acc, iou/*, dice/*; a DDPM's noise_mse; a language model's
         bits_per_char. On arrays (x, y), or a registered dataset's test split (`evaluate("shapes")`
-        or `data=`; a detector's mAP@0.5 scores its boxes: map50, ap50/*). `region`: the weights
-        `hloforge eval --region` scores: "live" (θ with the running BN statistics), "ema" (the EMA shadow
-        with its own), "auto" (the default: the shadow when the variant keeps one, else θ)."""
+        or `data=`, its `data_options`; a detector's mAP@0.5 scores its boxes: map50, ap50/*). `region`: the weights
+        `hloforge eval --region` scores: "live" (θ with the running BN statistics), "ema" (the EMA shadow with its
+        own), "auto" (the default: the shadow when the variant keeps one, else θ). `batch_size` as predict's."""
         from hloforge.train.evaluation import evaluate_lm
 
         batch = checked_batch_size(batch_size, self._batch)
@@ -559,8 +559,8 @@ class Model:
         `eval` then refuses it, `hloforge export` needs none) and `hf.load(DIR)` reads it back bit for
         bit; what a run wrote beside its last checkpoint (its metrics, curves, eval bitmap) goes, being
         another model's. Under the directory's lock: a run training there is never overwritten.
-        `data_options`: the options of the dataset `data` names (`size`, `channels`, ...), as fit takes them.
-        Returns `path`."""
+        `data_options`: the options of the dataset `data` names (`size`, `channels`, ...), as fit takes them. Returns
+        `path`. `overwrite=True` replaces a checkpoint there (default False: a directory holding one is refused)."""
         path, overwrite = checked_path(path, "save"), arraydata.checked_flag("overwrite", overwrite)
         options, data = self._options_for(data), data or self._data
         if data_options is not None:  # the options a net of another input than the dataset's default needs

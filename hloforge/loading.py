@@ -24,8 +24,8 @@ _WEIGHTS_ELSEWHERE = ("a weights file's param/… and stat/… tensors are assig
 
 
 def load(path: str, backend: str | None = None) -> Model:
-    """A run directory written by `Model.save` or `hloforge train`, as a Model: θ, optimizer state,
-    BN statistics, step and epoch as saved, bit for bit."""
+    """The run directory `path` (`Model.save`'s or `hloforge train`'s) as a Model: θ, optimizer state,
+    BN statistics, step and epoch as saved, bit for bit. `backend`: where it runs (default: the run's own)."""
     from hloforge.commands.opening import check_run_dir, no_checkpoint
     from hloforge.train.trainer import load_config
     from hloforge.zoo import SPEC_SUFFIXES
