@@ -489,3 +489,26 @@ def test_the_readme_names_every_install_extra():
     readme = (root / "README.md").read_text()
     named = {e for group in re.findall(r"(?:hloforge|\.)\[([a-z,]+)\]", readme) for e in group.split(",")}
     assert set(extras) <= named, f"extras the README does not name: {sorted(set(extras) - named)}"
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/api.md", "docs/distributed.md", "docs/interop.md",
+                                 "docs/plugins.md", "docs/composition.md"])
+def test_every_flag_the_docs_show_is_a_flag_of_its_command(doc: str) -> None:
+    """Each `hloforge CMD ... --flag` a doc shows (a command line, in a block or in the text) names a flag CMD's
+    parser has (prepare's: its dataset's), so a renamed or removed flag fails here, not in a reader's terminal."""
+    import re
+
+    from hloforge import bench
+
+    parsers = {path.removeprefix("hloforge "): p for path, p in _parsers(parser())}
+    parsers["bench"] = bench.parser()
+    text = (Path(__file__).parents[1] / doc).read_text().replace("\\\n", " ")
+    unknown = []
+    for cmd, rest in re.findall(r"hloforge ([a-z-]+)([^#`|;)\n]*)", text):
+        words = rest.split()
+        p = parsers.get(f"{cmd} {words[0]}" if cmd == "prepare" and words else cmd)
+        if p is None:
+            continue
+        known = {o for a in p._actions for o in a.option_strings}
+        unknown += [f"hloforge {cmd} {f}" for f in re.findall(r"(?<![\w-])(--?[a-zA-Z][\w-]*)", rest) if f not in known]
+    assert unknown == []
