@@ -93,3 +93,17 @@ def test_a_ddpm_on_a_dataset_without_image_shape_is_one_clear_error():
         data=NoImageShape())
     with pytest.raises(DataError, match=r"dataset 'noImageShape' gives \[\]"):
         DiffusionTask(run)
+
+
+def test_every_layer_attribute_the_trainer_reads_is_declared():
+    """A layer attribute train/ reads by name (`getattr(layer, "head_kind", None)`) is a contract member: declared on
+    `contracts.Layer` with its default, so it is in docs/hookspecs.md for a plugin author. Before, `head_kind` and
+    `time_conditioned` were set by the built-in heads and DDPM layers and read by train/detection.py and
+    train/diffusion.py, and no contract or reference page named them."""
+    import re
+
+    train = Path(__file__).resolve().parent.parent / "hloforge" / "train"
+    read = {name for path in train.glob("*.py") for name in re.findall(r'getattr\(layer, "(\w+)"', path.read_text())}
+    assert read >= {"head_kind", "time_conditioned"}
+    assert [name for name in sorted(read) if not hasattr(contracts.Layer, name)] == []
+    assert (contracts.Layer.head_kind, contracts.Layer.time_conditioned) == (None, False)

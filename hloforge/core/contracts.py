@@ -113,6 +113,16 @@ class Layer(metaclass=_Component):
     here (often a property of its options). Default None: not a head, the net's last shape must be
     `[classes]`, `[T, classes]` or `[classes, H, W]`. Read by `NetSpec.walk` on the last layer."""
 
+    head_kind: ClassVar[str | None] = None
+    """A detection head's output layout, one of `hloforge.train.detection.HEAD_KINDS` ("yolov1", "fpn"), which
+    picks the loss that encodes its targets and how its output decodes (a "yolov1" head also has `boxes`, its
+    boxes per cell, checked against the loss's). Default None: not a detection head. Read by
+    `hloforge.train.detection.DetectionHead.of` on the net's last layer."""
+
+    time_conditioned: ClassVar[bool] = False
+    """It reads a DDPM's time channel (timeCondAdd, timeResBlock): a net with such a layer is a noise predictor,
+    trained on noised images (mse by default). Default False. Read by `hloforge.train.diffusion.is_time_conditioned`."""
+
     def out_shape(self, in_shape: Shape) -> Shape:
         """The output shape (no batch) on input `in_shape`; raises `UnsupportedSpec(reason)` for an
         input it cannot render faithfully. Required. Read first by the shape walk
