@@ -228,3 +228,34 @@ def test_architecture_names_only_files_that_exist() -> None:
         if not found:
             missing.append(token)
     assert missing == []
+
+
+def _resolves(dotted: str) -> bool:
+    """`hloforge.a.b.C.d` names a module and attributes (an annotated or attrs field counts) that exist."""
+    import importlib
+
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj: object = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for name in parts[i:]:
+            if name in getattr(obj, "__annotations__", {}) and not hasattr(obj, name):
+                return True  # a declared field (an instance's, set in __init__)
+            if not hasattr(obj, name):
+                return False
+            obj = getattr(obj, name)
+        return True
+    return False
+
+
+@pytest.mark.parametrize("doc", ["README.md", *(f"docs/{p.name}" for p in sorted((PKG.parent / "docs").glob("*.md")))])
+def test_docs_name_only_hloforge_modules_and_attributes_that_exist(doc: str) -> None:
+    """Every `hloforge.x.y` a page names (a module, class, function or attribute) is importable as written: one the
+    code renamed or moved would send its reader to nothing."""
+    import re
+
+    text = (PKG.parent / doc).read_text()
+    names = {n.rstrip(".") for n in re.findall(r"\bhloforge(?:\.[A-Za-z_]\w*)+", text)}
+    assert sorted(n for n in names if not _resolves(n)) == []
