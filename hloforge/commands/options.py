@@ -377,7 +377,7 @@ def parser() -> argparse.ArgumentParser:
 
     sp = _command(sub, "compare", help="McNemar's exact test on two runs' eval bitmaps (a report: exit 0 either way)")
     sp.add_argument("run_a", help="a run directory (or its eval_correct.npz)")
-    sp.add_argument("run_b", help="another run directory scored on the same eval set")
+    sp.add_argument("run_b", help="another run directory (or its eval_correct.npz), scored on the same eval set")
     _region_flag(sp, ", the weights `hloforge eval` scores")
     _moved_data_flags(sp)  # the EMA shadow is scored from the checkpoint, on the run's data
     sp.set_defaults(func=_compare, smaller="it scores at each run's training batch: free memory, or run it where "
