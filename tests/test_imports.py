@@ -259,3 +259,13 @@ def test_docs_name_only_hloforge_modules_and_attributes_that_exist(doc: str) -> 
     text = (PKG.parent / doc).read_text()
     names = {n.rstrip(".") for n in re.findall(r"\bhloforge(?:\.[A-Za-z_]\w*)+", text)}
     assert sorted(n for n in names if not _resolves(n)) == []
+
+
+def test_architecture_names_every_package() -> None:
+    """Every package under hloforge/ is named in docs/architecture.md as a folder (`hloforge/train/`, or the tail of
+    one, `xla/pjrt/`), so a newcomer can find each from the page."""
+    import re
+
+    folders = set(re.findall(r"`([\w/]+/)`", (PKG.parent / "docs" / "architecture.md").read_text()))
+    packages = [p.parent.relative_to(PKG.parent).as_posix() + "/" for p in PKG.rglob("__init__.py") if p.parent != PKG]
+    assert sorted(p for p in packages if not any(p.endswith(f) for f in folders)) == []
