@@ -512,3 +512,17 @@ def test_every_flag_the_docs_show_is_a_flag_of_its_command(doc: str) -> None:
         known = {o for a in p._actions for o in a.option_strings}
         unknown += [f"hloforge {cmd} {f}" for f in re.findall(r"(?<![\w-])(--?[a-zA-Z][\w-]*)", rest) if f not in known]
     assert unknown == []
+
+
+def test_loss_help_names_every_loss_train_picks_by_default():
+    """`--loss`'s help lists the losses train picks when it is not given; before, it left out the detectors' (yolov1,
+    fpnYolo), which `hloforge train fpn-mini --data shapes` picks."""
+    import attrs
+
+    from hloforge.core.variant import OPTION
+    from hloforge.train.tasks import default_loss
+
+    picked = {default_loss(get_net(n), None) for n in NETS}
+    assert {"crossEntropy", "yolov1", "fpnYolo"} <= picked
+    shown = attrs.fields_dict(Variant)["loss"].metadata[OPTION].help
+    assert sorted(name for name in picked if name not in shown) == []

@@ -394,7 +394,7 @@ class VariantFields:
     weight_decay: float | None = option(None, "decoupled weight decay (default: the optimizer's own)")
     loss: str = option("crossEntropy", "a loss plugin (default: the one the net and dataset call for: "
                                        "crossEntropy for classes, tokenCrossEntropy per token, perPixelCE for "
-                                       "masks, mse for a DDPM)")
+                                       "masks, mse for a DDPM, a detector's head's own: yolov1, fpnYolo)")
     label_smoothing: float = option(0.0, "label smoothing of a cross-entropy loss")
     ema: float = option(0.0, "keep an EMA shadow of the weights (e.g. 0.9999; default 0: none)", metavar="DECAY")
     accum: int = option(1, "accumulate gradients over K micro-batches per update (default 1)", metavar="K")

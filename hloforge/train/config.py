@@ -111,7 +111,8 @@ class TrainConfig(VariantFields):
 
     def variant(self, spec: NetSpec | None = None) -> Variant:
         """The loss: `loss` if given, else the net's and dataset's (tokenCrossEntropy for per-token logits,
-        crossEntropy for classes, perPixelCE for masks, mse for a DDPM: hloforge.train.tasks)."""
+        crossEntropy for classes, perPixelCE for masks, mse for a DDPM, a detector head's yolov1 or fpnYolo:
+        hloforge.train.tasks)."""
         from hloforge.train.tasks import default_loss
 
         loss = self.loss or ("crossEntropy" if spec is None else default_loss(spec, self.data))
