@@ -215,7 +215,7 @@ def parser() -> argparse.ArgumentParser:
     sp = _command(sub, "train", help="train a net (default: mnist-mlp on digits on XLA)")
     sp.add_argument("net", nargs="?", default=None, help="a zoo name or a .toml/.json spec (default mnist-mlp)")
     sp.add_argument("--net", dest="net_flag", metavar="NET",
-                    help="the net, as a flag (the same as NET; default mnist-mlp)")
+                    help="the net, as a flag (the same as the positional net; default mnist-mlp)")
     sp.add_argument("--config", help="a config.toml (e.g. a run's own); flags given here override it (default: none)")
     net_opts(sp)
     sp.add_argument("--data", help="a dataset plugin (`hloforge plugins` lists them)")
