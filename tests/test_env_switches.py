@@ -225,3 +225,20 @@ def test_the_readme_environment_section_names_every_variable_a_user_sets():
     listed = set(re.findall(r"`(HLOFORGE_[A-Z0-9_]+)(?:=[^`]*)?` —", section))  # an entry: `NAME[=value]` — what
     assert sorted(read - INTERNAL_VARIABLES - listed) == []
     assert sorted(listed - read) == []  # every entry is a variable the code reads
+
+
+def test_the_readme_on_off_list_is_every_switch():
+    """The README's "An on/off variable (...)" list names exactly the variables read through `env_switch`, so
+    the spellings it promises hold for each one it names and for no other it leaves out."""
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    switches = set()
+    for path in (root / "hloforge").rglob("*.py"):
+        text = path.read_text()
+        for const in re.findall(r"env_switch\(([A-Z_]+)", text):
+            found = re.search(rf'^{const}\s*(?::[^=\n]*)?=\s*"(HLOFORGE_\w+)"', text, re.M)
+            assert found, f"{path.name}: env_switch({const}) names no HLOFORGE_ constant of its module"
+            switches.add(found.group(1))
+    sentence = (root / "README.md").read_text().split("An on/off variable (", 1)[1].split(")", 1)[0]
+    assert set(re.findall(r"`(HLOFORGE_\w+)`", sentence)) == switches
