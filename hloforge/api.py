@@ -351,7 +351,7 @@ class Model:
         self._data, self._data_options, self._inputs = run.cfg.data, run.cfg.data_options, self._fit_inputs
 
     def plot(self, path: str = "curves.png") -> str:
-        """This model's curves over `self.history` (loss, and the validation metric), written to `path`."""
+        """This model's curves over `self.history` (loss, and the validation metric) as a PNG at `path`; returns it."""
         from hloforge.train import curves
 
         return curves.write_plot(checked_path(path, "plot"), list(self.history), self.spec.name)
