@@ -225,3 +225,20 @@ def test_the_fine_tune_advice_is_a_command_that_runs(tmp_path, capsys) -> None:
                  "--data", "digits", "--data-opt", "size=32", "--data-opt", "channels=3"]) == 3
     assert ("`hloforge train resnet18 --init FILE.safetensors --classes 10 --input 3,32,32 --data digits --data-opt "
             "size=32 --data-opt channels=3` re-initialises the head") in capsys.readouterr().err
+
+
+def test_interop_doc_table_lists_every_source():
+    """docs/interop.md's SOURCE table is the sources import-weights maps (hloforge.interop.torch_names.SOURCES): a
+    family added without a row, or a row left after one goes, fails here."""
+    import re
+
+    from hloforge.interop.torch_names import SOURCES
+
+    text = open(os.path.join(os.path.dirname(__file__), "..", "docs", "interop.md"), encoding="utf-8").read()
+    listed = set()
+    for row in text.split("| SOURCE | zoo net |", 1)[1].split("\n\n", 1)[0].splitlines()[2:]:
+        prefix = ""
+        for token in re.findall(r"`([\w:]+)`", row.split("|")[1]):
+            prefix, name = token.split(":") if ":" in token else (prefix, token)
+            listed.add(f"{prefix}:{name}")
+    assert listed == set(SOURCES)
