@@ -193,18 +193,18 @@ def test_a_fit_option_given_to_model_says_fit_takes_it() -> None:
     assert "the variant's ['accum'," in said
 
 
-@pytest.mark.parametrize("name", ["Model", "fit", "evaluate", "predict", "save", "plot", "load"])
+@pytest.mark.parametrize("name", ["Model", "fit", "evaluate", "predict", "save", "plot", "load", "NetSpec", "Variant"])
 def test_every_public_parameter_is_in_its_docstring(name: str) -> None:
     """help(hf.Model) and its methods' help name every parameter they take, and Model's every Variant field it takes
     as a keyword: before, fit's docstring left out validation_data, callbacks and verbose, Model's bn_momentum and
-    frozen, save's overwrite and hf.load's backend."""
+    frozen, save's overwrite and hf.load's backend, and hf.NetSpec and hf.Variant had no docstring at all."""
     import inspect
 
     import attrs
 
     from hloforge.core.variant import Variant
 
-    fn = hf.load if name == "load" else hf.Model if name == "Model" else getattr(hf.Model, name)
+    fn = getattr(hf, name) if name in ("load", "Model", "NetSpec", "Variant") else getattr(hf.Model, name)
     params = [p.name for p in inspect.signature(fn).parameters.values()
               if p.name != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD]
     if name == "Model":

@@ -154,6 +154,11 @@ def check_options(layer: Layer) -> None:
 
 @attrs.frozen
 class NetSpec:
+    """A net as data: `name` (its modules', artifacts' and run directory's), `input_shape` (one example's, no batch
+    axis), `layers` (layer instances in order, `hf.layers.Dense(64, act="relu")`, ...) and `num_classes`. Frozen and
+    hashable; `to_dict` / `to_json` / `to_toml` and `from_dict` / `from_json` / `from_toml` / `from_file` round-trip
+    it; `walk()` checks every layer's shapes, refusing what a plugin cannot render with the layer named."""
+
     name: str
     input_shape: Shape = attrs.field(converter=_shape)
     layers: tuple[Layer, ...] = attrs.field(converter=_layers)

@@ -419,6 +419,11 @@ class VariantFields:
 
 @attrs.frozen
 class Variant(VariantFields):
+    """A training variant, each field a keyword (and `hloforge train` flag): `optimizer` and `loss` by registered
+    name, weight_decay (None: the optimizer's own), label_smoothing, ema, accum, clip, mixup, cutmix, dropout,
+    drop_path, bn_eps (None: each layer's own), precision ("fp32", "fp8") and frozen (parameter prefixes), each
+    checked as it is made; VariantFields declares each one's default and meaning. `slug` names it in artifacts."""
+
     # Each numeric field's type and range, said when its value is not a number: checked before the range
     # checks below (and Wrappers'), so a string or None built in directly is one line, not a TypeError from `<`.
     # A bool is no number here (as in a config: hloforge.train.configio); None only where the field's default is.
