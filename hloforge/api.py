@@ -406,8 +406,9 @@ class Model:
     # ------------------------------------------------------------------ named tensors
     @property
     def params(self) -> dict[str, np.ndarray]:
-        """θ by the names checkpoints use (`0.w`, `1.b`, ...), in their declared layouts; copies."""
-        return {n: p.copy() for (n, _), p in zip(self._param_slots, self._now()[0], strict=True)}
+        """θ by the names checkpoints use (`0.w`, `1.b`, ...), in their declared layouts; copies, whose item
+        assignment (`model.params["0.w"] = w`) sets the model's too."""
+        return ckpt.NamedTensors(self, "params", zip((n for n, _ in self._param_slots), self._now()[0], strict=True))
 
     @params.setter
     def params(self, new: Mapping[str, Any]) -> None:
@@ -427,7 +428,7 @@ class Model:
     def state(self) -> dict[str, np.ndarray]:
         """The optimizer state (`m/0.w`, ...; an EMA shadow's `E/0.w`), the BN running statistics
         (`stat/1.mean`, ...) and the shadow's (`stat/E/1.mean`)."""
-        return {n: a.copy() for n, a in zip(self._state_names(), self._state_tensors(), strict=True)}
+        return ckpt.NamedTensors(self, "state", zip(self._state_names(), self._state_tensors(), strict=True))
 
     @state.setter
     def state(self, new: Mapping[str, Any]) -> None:

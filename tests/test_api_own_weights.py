@@ -3,6 +3,8 @@ line saying how they differ and what is expected, not a line about something els
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 
@@ -141,3 +143,39 @@ def test_a_head_of_another_class_count_says_to_leave_it_out() -> None:
     assert np.array_equal(model.params["1.w"], theirs["1.w"])
     with pytest.raises(DataError, match=r"params\['0.w'\] has shape \[10, 64\], expected \[784, 512\]$"):
         model.params = {"0.w": np.zeros((10, 64), np.float32)}  # not the head: no such advice
+
+
+def test_item_assignment_on_params_sets_the_models_weight() -> None:
+    """Before: `model.params["0.w"] = w` set a copy's entry alone, so the model trained on as before, silently."""
+    model = hf.Model("mnist-linear")
+    w = np.full_like(model.params["0.w"], 0.5, dtype=np.float64)  # read as float32, as assigning the mapping reads it
+    model.params["0.w"] = w
+    got = model.params["0.w"]
+    assert got.dtype == np.float32 and np.all(got == 0.5)
+    model.params.update({"0.b": np.ones_like(model.params["0.b"])})
+    assert np.all(model.params["0.b"] == 1)
+    model.state["m/0.b"] = np.full_like(model.state["m/0.b"], 0.25)  # the optimizer state's the same way
+    assert np.all(model.state["m/0.b"] == 0.25)
+
+
+def test_item_assignment_on_params_is_checked_as_the_mapping_is() -> None:
+    model = hf.Model("mnist-linear")
+    before = model.params["0.w"]
+    for bad, said in [(np.zeros((3, 3), np.float32), "params['0.w'] has shape [3, 3], expected"),
+                      (np.zeros(before.shape, np.int32), "params['0.w'] has dtype int32, expected a float one")]:
+        with pytest.raises(DataError) as e:
+            model.params["0.w"] = bad
+        assert said in str(e.value) and "\n" not in str(e.value), str(e.value)
+    with pytest.raises(DataError, match="params: no tensor named '9.w'"):
+        model.params["9.w"] = before
+    assert np.array_equal(model.params["0.w"], before)  # a refused assignment changes nothing
+
+
+def test_the_edited_params_assigned_back_and_their_pickle_are_plain() -> None:
+    model, other = hf.Model("mnist-linear", seed=1), hf.Model("mnist-linear", seed=2)
+    p = model.params
+    p["0.w"] = np.zeros_like(p["0.w"])
+    other.params = p  # the edited copy assigned to a model, as before
+    assert np.all(other.params["0.w"] == 0) and np.array_equal(other.params["0.b"], model.params["0.b"])
+    plain = pickle.loads(pickle.dumps(p))
+    assert type(plain) is dict and np.all(plain["0.w"] == 0)

@@ -22,7 +22,8 @@ import signal
 import struct
 import time
 import typing
-from collections.abc import Collection, Mapping, Sequence
+import weakref
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import attrs
@@ -372,6 +373,40 @@ def assigned(new: Mapping[str, Any], want: list[tuple[str, tuple[int, ...]]], wh
             raise DataError(f"{what}[{name!r}] {f32}")
         out[index[name]] = f32
     return out
+
+
+class NamedTensors(dict[str, np.ndarray]):
+    """`Model.params` / `Model.state` (`what`): copies of the model's tensors by name, whose item assignment
+    (`model.params["0.w"] = w`; `update`, `|=`) also assigns them to the model, checked as assigning the mapping
+    is: a plain copy made that a silent no-op, where PyTorch's and Keras's users expect the weight set.
+    Everything else is a dict's (`del`, `pop` edit this copy alone); a pickle or `copy()` is a plain dict."""
+
+    def __init__(self, model: Any, what: str, tensors: Iterable[tuple[str, np.ndarray]]) -> None:
+        super().__init__((n, a.copy()) for n, a in tensors)
+        self._model, self._what = weakref.ref(model), what  # a kept copy keeps no dropped model (its sessions) alive
+
+    def update(self, *args: Any, **kw: Any) -> None:
+        new = dict(*args, **kw)
+        if (model := self._model()) is not None:
+            setattr(model, self._what, new)  # the model's setter checks every name, shape and dtype first
+        for name, a in new.items():  # as the model now holds it (float32), not the model's own array
+            held = a if model is None else as_float32_weight(np.asarray(host_array(a)))  # checked: no str here
+            super().__setitem__(name, typing.cast(np.ndarray, held))
+
+    def __setitem__(self, name: str, a: Any) -> None:
+        self.update({name: a})
+
+    def __ior__(self, other: Any) -> NamedTensors:  # type: ignore[override,misc]
+        self.update(other)
+        return self
+
+    def setdefault(self, name: str, a: Any = None) -> np.ndarray:
+        if name not in self:
+            self[name] = a
+        return self[name]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return dict, (dict(self),)
 
 
 def load_checkpoint(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
