@@ -37,7 +37,7 @@ from hloforge.train.config import BITMAP, CHECKPOINT, CONFIG, TrainConfig, file_
 from hloforge.train.curves import PNG
 from hloforge.train.diffusion import is_time_conditioned
 from hloforge.train.exclusive import one_at_a_time
-from hloforge.train.rundir import METRICS, NET_FILE, RUN_ID, check_own_files, checked_path, locked
+from hloforge.train.rundir import METRICS, NET_FILE, RUN_ID, check_own_files, check_save_dir, checked_path, locked
 from hloforge.train.session import ForwardSession, TrainSession, checked_labels, make_backend
 
 # What fit reads of an iterable of batches before it refuses it as endless (it holds them all, then a copy).
@@ -571,8 +571,7 @@ class Model:
             if data == ARRAYS:
                 raise UnsupportedSpec("save's data_options are the options of the dataset it names; pass data=NAME")
             options = tuple(f"{k}={v}" for k, v in data_options.items())
-        if os.path.exists(path) and not os.path.isdir(path):
-            raise HloforgeError(f"cannot save to {path}: it is a file; expected a directory (new or a run's)")
+        check_save_dir(path)
         check_own_files(path, "save directory", "the save", "save to another path")  # before the dataset loads
         file = os.path.join(path, CHECKPOINT)
         if os.path.exists(file) and not overwrite:

@@ -181,3 +181,23 @@ def test_a_histories_keras_metric_name_or_typo_is_one_line_and_history_history_r
     assert str(e.value) == ("history holds 'val_top1' in 2 of its 3 epochs (those of a fit that scored it); "
                             "history.history['val_top1'] reads it with None for the others")
     assert m.history.history["val_top1"] == [None, *h["val_top1"]]
+
+
+@pytest.mark.parametrize("name", ["w.safetensors", "model.keras", "net.pt"])
+def test_save_to_a_file_name_says_a_save_is_a_directory(model, tmp_path, name) -> None:
+    """Before: `save("w.safetensors")` made a directory of that name, where Keras's save("x.keras") writes a file."""
+    path = tmp_path / name
+    line = said(lambda: model.save(path))
+    stem = str(path).rsplit(".", 1)[0]
+    assert line.startswith(f"save to {path} names a .{name.rsplit('.', 1)[1]} file, but a save is a run directory")
+    assert f"hf.load(DIR) reads back; give a directory path, e.g. {stem!r}" in line, line
+    assert not path.exists()
+    with pytest.raises(UnsupportedSpec, match=f"ModelCheckpoint path {path} names a"):
+        hf.ModelCheckpoint(path, monitor="loss")
+
+
+def test_a_directory_an_earlier_save_named_as_a_file_is_still_saved_to_and_loaded(model, tmp_path) -> None:
+    path = tmp_path / "w.safetensors"
+    path.mkdir()  # as a save before the refusal made it
+    assert model.save(path, overwrite=True) == str(path)
+    assert np.array_equal(hf.load(path).params["0.w"], model.params["0.w"])

@@ -210,6 +210,9 @@ class ModelCheckpoint(Monitor):
         path = os.path.expanduser(os.fspath(path))  # `~/best` is under the home folder, as save's path
         if os.path.isfile(path):  # else refused only when the first improvement is written
             raise UnsupportedSpec(f"ModelCheckpoint writes a run directory, but {path} is a file")
+        from hloforge.train.rundir import check_save_dir
+
+        check_save_dir(path, "ModelCheckpoint path")  # a new one named as a file (`best.keras`)
         if not isinstance(overwrite, bool):  # "no" would be true
             raise UnsupportedSpec(f"ModelCheckpoint wants overwrite true or false, got {overwrite!r}")
         writable(path, "ModelCheckpoint", directory=True)

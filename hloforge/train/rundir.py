@@ -97,6 +97,23 @@ def check_own_files(path: str, what: str, writer: str, instead: str,
                     f"replace or delete; expected a new or empty directory, or a run's: move them, or {instead}")
 
 
+# what a model or weights file is named (Keras's `save("x.keras")`, torch.save's `.pt`): a directory named so is
+# a save's mistake, refused while no such directory exists (one an earlier save made is still written)
+FILE_SUFFIXES = (".safetensors", ".keras", ".h5", ".hdf5", ".pt", ".pth", ".ckpt", ".bin", ".npz", ".pkl", ".onnx")
+
+
+def check_save_dir(path: str, what: str = "save to") -> None:
+    """Refuse, in one line, a save's (`what`: "save to", "ModelCheckpoint path") directory `path` that is a file,
+    or a new one named as a file."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise HloforgeError(f"cannot save to {path}: it is a file; expected a directory (new or a run's)")
+    suffix = os.path.splitext(path.rstrip(os.sep))[1].lower()
+    if suffix in FILE_SUFFIXES and not os.path.isdir(path):
+        raise UnsupportedSpec(f"{what} {path} names a {suffix} file, but a save is a run directory (config.toml + "
+                              f"checkpoint.safetensors, which holds the weights) that hf.load(DIR) reads back; "
+                              f"give a directory path, e.g. {os.path.splitext(path.rstrip(os.sep))[0]!r}")
+
+
 @contextmanager
 def locked(run_dir: str, last_good: str, resume: bool = False) -> Iterator[None]:
     """Hold `run_dir`'s lock for the block (made, with the directory, if missing). Refused with one
