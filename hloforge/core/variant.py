@@ -57,6 +57,16 @@ def checked_lr(lr: Any) -> float:
     return v
 
 
+def bn_weight(momentum: float, accum: int = 1) -> float:
+    """The weight the running statistics put on a new batch (seed 003): exactly 0.01 at the
+    default 0.99, not 1 − 0.99 = 0.010000000000000009. Under accumulation over k micro-batches the
+    statistics move once per MICRO-batch, so the momentum is k-th-rooted: k chained updates
+    compose to one update at `momentum` per optimizer step."""
+    if accum == 1:
+        return 0.01 if momentum == 0.99 else 1.0 - momentum
+    return 1.0 - float(momentum ** (1.0 / accum))  # float ** float is Any to mypy
+
+
 def ema_decay_at(decay: float, update: int) -> float:
     """The shadow's decay for 0-based optimizer update `update`: min(d, (1 + t)/(10 + t)), a warm-up
     so the shadow does not sit at the initialisation for the first ~1/(1 − d) steps."""

@@ -30,7 +30,7 @@ import numpy as np
 from hloforge.core.errors import DataError, HloforgeError, PluginError, UnsupportedSpec
 from hloforge.core.registry import default_registry
 from hloforge.core.spec import NetSpec
-from hloforge.core.variant import SHADOW, Variant, ema_decay_at
+from hloforge.core.variant import SHADOW, Variant, bn_weight, ema_decay_at
 from hloforge.datasets.stream import DataRef, Feed, check_rows, dataset_classes, split_labels, split_pair
 from hloforge.train import autotune, curves, finetune, fp8, mpi, rundir, tasks
 from hloforge.train import checkpoint as ckpt
@@ -68,16 +68,6 @@ from hloforge.zoo import get_net
 def is_lm(spec: NetSpec) -> bool:
     """A language model: its output is per-token logits [T, vocab]."""
     return len(spec.out_shape) == 2
-
-
-def bn_weight(momentum: float, accum: int = 1) -> float:
-    """The weight the running statistics put on a new batch (seed 003): exactly 0.01 at the
-    default 0.99, not 1 − 0.99 = 0.010000000000000009. Under accumulation over k micro-batches the
-    statistics move once per MICRO-batch, so the momentum is k-th-rooted: k chained updates
-    compose to one update at `momentum` per optimizer step."""
-    if accum == 1:
-        return 0.01 if momentum == 0.99 else 1.0 - momentum
-    return 1.0 - momentum ** (1.0 / accum)
 
 
 class Run:
