@@ -604,10 +604,10 @@ class Model:
         (None), another's defaults."""
         return self._data_options if data in (None, self._data) else ()
 
-    def _eval_set_of(self, path: str, data: str, options: tuple[str, ...] | None = None) -> dict[str, str]:
-        """{"eval_set": its id} for a save to `path` naming dataset `data`, refused unless the net fits its
-        test split as `hloforge eval` will read it; {} for the user's arrays, no registered eval set (nothing
-        to compare a later eval against). ModelCheckpoint asks it before the first step."""
+    def _eval_set_of(self, path: str, data: str, options: tuple[str, ...] | None = None) -> dict[str, Any]:
+        """{"eval_set": its id} (and the dataset's "class_names") for a save to `path` naming dataset `data`, refused
+        unless the net fits its test split as `hloforge eval` will read it; {} for the user's arrays, no registered
+        eval set (nothing to compare a later eval against). ModelCheckpoint asks it before the first step."""
         if data == ARRAYS:
             return {}
         arraydata.check_dataset_kind(self._inputs, data, self.spec, f"cannot save {path} naming",
@@ -617,7 +617,7 @@ class Model:
             test = self._run(data, self._batch, data_options=given, eval_only=True)
         except HloforgeError as e:
             raise type(e)(f"cannot save {path} naming dataset {data!r}: {e}") from None
-        return {"eval_set": test.eval_set}
+        return {"eval_set": test.eval_set, **test.named}
 
     def summary(self) -> str:
         """The layer table: index, kind, input → output shape, parameters; then the totals (the frozen apart)."""

@@ -101,3 +101,29 @@ def test_the_manifest_names_the_classes_in_label_id_order_and_the_version_that_w
         manifest = json.load(f)
     assert manifest["class_names"] == ["ant", "moose", "zebra"]  # label i: the i-th folder in sorted order
     assert manifest["hloforge_version"] == hloforge_version()
+
+
+def test_the_manifest_names_the_classes_the_run_trained_on_after_its_data_was_renamed(tmp_path) -> None:
+    """Before: the class names were read from the data directory at export: one re-prepared after training from
+    folders of other names exported those names for the ids the run trained under the old ones."""
+    import shutil
+
+    from test_prepare import write_jpeg_tree
+
+    from hloforge.datasets.prepare import prepare
+    from hloforge.train.trainer import TrainConfig, train
+
+    write_jpeg_tree(tmp_path / "src", per_class=2, classes=("zebra", "ant", "moose"))
+    data = str(tmp_path / "prepared")
+    prepare("imagenette", str(tmp_path / "src"), data, train_size=10, val_size=8)
+    spec = hf.NetSpec("folders", (3, 8, 8), [L.Conv2d(out=4, k=3, act="relu"), L.GlobalAvgPool(), L.Dense(3)], 3)
+    net, run = tmp_path / "folders.json", str(tmp_path / "run")
+    net.write_text(json.dumps(spec.to_dict()))
+    train(TrainConfig(net=str(net), data="imagenette", data_options=(f"data_dir={data}", "train_size=10", "crop=8"),
+                      epochs=1, batch=2, run_dir=run), spec=spec, log=lambda s: None, progress=False)
+    shutil.rmtree(data)  # re-prepared after training from folders of other names (the same images, ids, split)
+    write_jpeg_tree(tmp_path / "other", per_class=2, classes=("cow", "ape", "bee"))
+    prepare("imagenette", str(tmp_path / "other"), data, train_size=10, val_size=8)
+    export_run(run, str(tmp_path / "export"), log=lambda s: None)
+    with open(tmp_path / "export" / "manifest.json", encoding="utf-8") as f:
+        assert json.load(f)["class_names"] == ["ant", "moose", "zebra"]  # as recorded when the run started

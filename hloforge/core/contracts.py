@@ -478,7 +478,8 @@ class Dataset:
     class_names: Sequence[str] | None = None
     """Optional: the name of each class id, id i the i-th (imagenette's, the classes.json `hloforge prepare`
     writes from the class folders); a head wider than the names leaves the ids past them unnamed. Default None:
-    not known (none is made up). Read by `hloforge export`'s manifest."""
+    not known (none is made up). Read when a run starts, kept in its checkpoints for `hloforge export`'s
+    manifest."""
 
     regions: ClassVar[Mapping[str, frozenset[int]] | None] = None
     """Named unions of mask classes that segmentation Dice is reported on (BraTS's WT/TC/ET).

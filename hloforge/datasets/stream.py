@@ -53,6 +53,7 @@ import numpy as np
 from hloforge.core.contracts import Dataset
 from hloforge.core.errors import DataError, PluginError
 from hloforge.core.registry import component_label
+from hloforge.core.spec import NetSpec
 from hloforge.datasets.augment import Compose, Transform, step_rng
 
 MAGIC = b"HFST"
@@ -117,6 +118,14 @@ def dataset_classes(data: Any) -> int:
     said = "no num_classes" if not hasattr(data, "num_classes") else f"num_classes {n!r} (a {type(n).__name__})"
     raise PluginError(f"{component_label('dataset', data)} has {said}; expected an int ≥ 1, the classes of its "
                       "labels (a class attribute or set in __init__)")
+
+
+def class_names(data: Any, spec: NetSpec) -> list[str] | None:
+    """The names of the net's class ids, id i the i-th, as the run's dataset names them (Dataset.class_names: a
+    prepared folder's classes.json); None where it names none, or more than the net has classes (its files
+    are no longer the ones trained on), so nothing is said that is not known."""
+    names = getattr(data, "class_names", Dataset.class_names)
+    return None if not names or len(names) > spec.num_classes else [str(n) for n in names]
 
 
 def check_channels_first(name: str, got: Sequence[int], want: Sequence[int]) -> None:

@@ -125,7 +125,7 @@ def export_run(run: str, out: str, fmt: str = "hloforge", log: Callable[[str], N
         "output": {**output, **output_said(spec, oc.run.task)},
         "preprocessing": preprocessing(cfg, oc.run.data),
         "backend": oc.meta.get("backend"), "epoch": oc.meta.get("epoch"), "step": oc.meta.get("step"),
-        **({"class_names": names} if (names := class_names(oc.run.data, spec)) else {}), VERSION: hloforge_version(),
+        **({"class_names": names} if (names := _class_names(oc)) else {}), VERSION: hloforge_version(),
     }
     weights = {n: np.ascontiguousarray(a) for n, a in zip([*pnames, *snames], [*params, *stats], strict=True)}
     write_whole(out, [(files[0], text.encode(), "exported forward"), (files[1], save(weights), "exported weights"),
@@ -151,14 +151,13 @@ def preprocessing(cfg: Any, data: Any) -> dict[str, Any]:
     return out
 
 
-def class_names(data: Any, spec: NetSpec) -> list[str] | None:
-    """The names of the net's class ids, id i the i-th, as the run's dataset names them (Dataset.class_names: a
-    prepared folder's classes.json); None where it names none, or more than the net has classes (its files
-    are no longer the ones trained on), so nothing is said that is not known."""
-    from hloforge.core.contracts import Dataset
+def _class_names(oc: Any) -> list[str] | None:
+    """The class names the run recorded when it started (its checkpoint's), else, for a run from before they were
+    recorded, its dataset's as it reads now (class_names)."""
+    from hloforge.datasets.stream import class_names
 
-    names = getattr(data, "class_names", Dataset.class_names)
-    return None if not names or len(names) > spec.num_classes else [str(n) for n in names]
+    recorded = oc.meta.get("class_names")
+    return [str(n) for n in recorded] if isinstance(recorded, list) else class_names(oc.run.data, oc.spec)
 
 
 def pixel_scaling(data: Any) -> Any:

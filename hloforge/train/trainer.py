@@ -31,7 +31,7 @@ from hloforge.core.errors import DataError, HloforgeError, PluginError, Unsuppor
 from hloforge.core.registry import default_registry
 from hloforge.core.spec import NetSpec
 from hloforge.core.variant import SHADOW, Variant, bn_weight, ema_decay_at
-from hloforge.datasets.stream import DataRef, Feed, check_rows, dataset_classes, split_labels, split_pair
+from hloforge.datasets.stream import DataRef, Feed, check_rows, class_names, dataset_classes, split_labels, split_pair
 from hloforge.train import autotune, curves, finetune, fp8, mpi, rundir, tasks
 from hloforge.train import checkpoint as ckpt
 from hloforge.train.arraydata import ARRAYS
@@ -122,6 +122,8 @@ class Run:
                             f"continue it there (hf.load({cfg.run_dir or 'DIR'!r}).fit(x, y)), or on a dataset its net "
                             "fits (--data NAME)")
         self.data = data if data is not None else reg.make("dataset", cfg.data, **opts)
+        # its class names as the run starts, in each checkpoint: an export then names them wherever the data went
+        self.named = {"class_names": names} if (names := class_names(self.data, self.spec)) else {}
         # under workers the eval streams too: its labels here, the float split only if a consumer asks (x_te)
         x_te, self.y_te = (None, split_labels(self.data, "test")) if cfg.workers else split_pair(self.data, "test")
         if data is None:  # a registered dataset's; the user's arrays may have no test split (fit without validation)
@@ -182,7 +184,7 @@ class Run:
     def meta(self, epoch: int, step: int) -> dict[str, Any]:
         return {"spec": self.spec.to_dict(), "variant": attrs.asdict(self.variant), "backend": self.cfg.backend,
                 "epoch": epoch, "step": step, "seed": self.cfg.seed, "config": attrs.asdict(self.cfg),
-                "eval_set": self.eval_set}
+                "eval_set": self.eval_set, **self.named}
 
     def save(self, session: TrainSession, epoch: int,
              host: tuple[list[str], list[np.ndarray]] | None = None) -> None:
