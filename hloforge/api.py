@@ -21,7 +21,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from hloforge.callbacks import Callback, Monitor, checked_callbacks
+from hloforge.callbacks import Callback, History, Monitor, checked_callbacks
 from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
 from hloforge.core.regions import DEFAULT_REGION
 from hloforge.core.registry import default_registry
@@ -29,7 +29,7 @@ from hloforge.core.slots import check_stats
 from hloforge.core.spec import NetSpec, summary_table
 from hloforge.core.variant import SHADOW, Variant, VariantFields
 from hloforge.datasets.records import replaced_together
-from hloforge.keywords import check_model_options, checked_keywords, no_method, no_metric
+from hloforge.keywords import check_model_options, checked_keywords, no_method
 from hloforge.train import arraydata
 from hloforge.train import checkpoint as ckpt
 from hloforge.train.arraydata import ARRAYS, ArrayData, InputKind, checked_batch_size, label_kind, plain, row_count
@@ -43,22 +43,6 @@ from hloforge.train.session import ForwardSession, TrainSession, checked_labels,
 # What fit reads of an iterable of batches before it refuses it as endless (it holds them all, then a copy).
 FIT_BATCHES_MAX_BYTES = 8 << 30
 _HOST_STATE = threading.Lock()  # a model's host θ and state, replaced whole at each epoch's end of a fit
-
-
-class History(list):  # type: ignore[type-arg]
-    """One dict of metrics per epoch (loss, lr, seconds; val_* with validation_data)."""
-
-    def __getitem__(self, key: Any) -> Any:
-        if isinstance(key, str):  # history["val_top1"]: that metric over the epochs
-            if not all(key in h for h in self):
-                raise no_metric(key, list(self))
-            return [h[key] for h in self]
-        return super().__getitem__(key)
-
-    @property
-    def history(self) -> dict[str, list[Any]]:
-        """Keras's History.history: each metric over the epochs (None in an epoch that has not it)."""
-        return {k: [h.get(k) for h in self] for k in dict.fromkeys(k for h in self for k in h)}
 
 
 class _Keep(Callback):

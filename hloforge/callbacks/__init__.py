@@ -26,6 +26,23 @@ from hloforge.core.errors import HloforgeError, PluginError, UnsupportedSpec
 from hloforge.core.lookup import LookupModule
 from hloforge.core.registry import component_label
 from hloforge.core.spec import conforms
+from hloforge.keywords import no_metric
+
+
+class History(list):  # type: ignore[type-arg]
+    """One dict of metrics per epoch (loss, lr, seconds; val_* with validation_data)."""
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, str):  # history["val_top1"]: that metric over the epochs
+            if not all(key in h for h in self):
+                raise no_metric(key, list(self))
+            return [h[key] for h in self]
+        return super().__getitem__(key)
+
+    @property
+    def history(self) -> dict[str, list[Any]]:
+        """Keras's History.history: each metric over the epochs (None in an epoch that has not it)."""
+        return {k: [h.get(k) for h in self] for k in dict.fromkeys(k for h in self for k in h)}
 
 
 class Callback:
