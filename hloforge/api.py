@@ -21,6 +21,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from hloforge.backends.host_memory import kept_while
 from hloforge.callbacks import Callback, History, Monitor, checked_callbacks
 from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
 from hloforge.core.regions import DEFAULT_REGION
@@ -250,6 +251,7 @@ class Model:
 
     @checked_keywords
     @one_at_a_time("model")
+    @kept_while()
     def fit(self, x: Any = None, y: Any = None, *, epochs: int = 1, batch_size: int | None = None,
             validation_data: tuple[Any, Any] | None = None, callbacks: Iterable[Callback] = (),
             shuffle: bool = True, drop_last: bool = True, verbose: bool = True, data: str | None = None,
@@ -342,6 +344,7 @@ class Model:
 
     # ------------------------------------------------------------------ scoring
     @checked_keywords
+    @kept_while()
     def predict(self, x: Any, batch_size: int | None = None, *, region: str = DEFAULT_REGION) -> np.ndarray:
         """Eval-mode logits of every row of x (a short last batch padded, its padding dropped), by `region`'s weights
         as `evaluate`'s, in batches of `batch_size` (default: the last fit's or loaded run's, else 32)."""
@@ -356,6 +359,7 @@ class Model:
         return batch if batch_size is None else min(batch, 1 << (rows - 1).bit_length())
 
     @checked_keywords
+    @kept_while()
     def evaluate(self, x: Any = None, y: Any = None, batch_size: int | None = None, *, data: str | None = None,
                  data_options: Mapping[str, Any] | None = None, region: str = DEFAULT_REGION) -> dict[str, Any]:
         """The task's own scores, as `hloforge train` scores an epoch (its Task's evaluation), on

@@ -154,11 +154,20 @@ def test_an_xla_execute_returns_once_its_temp_buffer_is_freed(scratch):
         assert known_mib == 0 and small_readings >= 10
 
 
-def test_the_hole_check_takes_the_reading_it_is_given(monkeypatch):
+@pytest.fixture
+def kept_heap():
+    """The heap kept, as in a Model's call (kept_while): an earlier test's fit in this process gave it back."""
     from hloforge.backends import host_memory
 
     if not host_memory.retain_freed_host_memory() or host_memory.mallinfo2() is None:
         pytest.skip("heap memory is not kept here (not glibc 2.33+)")
+    with host_memory.kept_while():
+        yield
+
+
+def test_the_hole_check_takes_the_reading_it_is_given(monkeypatch, kept_heap):
+    from hloforge.backends import host_memory
+
     reading = host_memory.mallinfo2()
     reading.keepcost = host_memory.SCRATCH_MIN_BYTES * 4  # a top the scratch fits: no hole to take
 
@@ -169,14 +178,12 @@ def test_the_hole_check_takes_the_reading_it_is_given(monkeypatch):
     assert host_memory.hold_stranded_scratch(host_memory.SCRATCH_MIN_BYTES * 2, reading) is False
 
 
-def test_waiting_for_a_scratch_ends_when_it_is_freed_or_after_its_limit(monkeypatch):
-    from hloforge.backends import host_memory
-
-    if not host_memory.retain_freed_host_memory() or host_memory.heap_in_use() is None:
-        pytest.skip("heap memory is not kept here (not glibc 2.33+)")
+def test_waiting_for_a_scratch_ends_when_it_is_freed_or_after_its_limit(monkeypatch, kept_heap):
     import ctypes
     import threading
     import time
+
+    from hloforge.backends import host_memory
 
     libc = ctypes.CDLL(None)
     libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, (ctypes.c_size_t,)
@@ -279,3 +286,54 @@ def test_a_plugin_without_compiled_memory_stats_is_still_loaded_and_said_to_lack
     assert not plugin.has("Executable_GetCompiledMemoryStats")
     table.struct_size = stats_end  # reaches the slot, but it is empty
     assert not plugin.has("Executable_GetCompiledMemoryStats")
+
+
+# A notebook's session: a fit, then an array of the user's freed; the second fit's steps see the kept heap.
+_AFTER_A_FIT = r'''
+import gc
+import time
+import numpy as np
+import hloforge as hf
+from hloforge.backends import host_memory
+
+def rss_mib():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) // 1024 for line in f if line.startswith("VmRSS"))
+
+host_memory.RELEASE_AFTER_S = 0.2  # 2 s by default
+x, y = np.zeros((64, 784), np.float32), np.arange(64) % 10
+m = hf.Model("mnist-linear")
+m.fit(x, y, epochs=1, batch_size=32, verbose=False)
+kept_after = host_memory.heap_in_use() is not None  # for a call soon after, as a loop of predicts makes
+before = rss_mib()
+big = np.ones(64 << 20)  # 512 MiB, every page touched, made at once: in the kept heap
+del big
+time.sleep(1)
+left = [rss_mib() - before]  # given back with the heap
+big = np.ones(64 << 20)  # made once the heap is given back
+held = rss_mib() - before
+del big
+gc.collect()
+left.append(rss_mib() - before)
+kept_in_fit = []
+
+class Reading(hf.Callback):
+    def on_epoch_end(self, epoch, logs):
+        kept_in_fit.append(host_memory.heap_in_use() is not None)
+
+m.fit(x, y, epochs=1, batch_size=32, verbose=False, callbacks=[Reading()])
+print(held, max(left), kept_in_fit == [True] and kept_after)
+'''
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the policy is glibc's malloc settings")
+def test_memory_the_user_frees_after_a_fit_leaves_the_process_and_the_next_fit_keeps_the_heap():
+    """Before: the kept heap stayed the process's policy after fit returned, so a 512 MiB array freed after it
+    stayed resident (a notebook's memory only grew)."""
+    env = {**os.environ, ENV_VAR: "retain"}
+    done = subprocess.run([sys.executable, "-c", _AFTER_A_FIT], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    held, left, kept_in_fit = done.stdout.split()[-3:]
+    assert int(held) >= 500, f"the array should have been resident: {held} MiB"
+    assert int(left) < 64, f"{left} MiB of the freed 512 MiB array stayed resident after the fit"
+    assert kept_in_fit == "True", "the heap should be kept for the second fit's steps and for a while after a fit"

@@ -19,6 +19,10 @@ nothing). So would an XLA compile: its two threads wait on that arena's lock, re
 compiling in 4.5–4.9 s against 3.0–3.1 (benchmarks/NOTES.md). The one arena cannot be lifted for a
 compile alone (glibc fixes the arena limit when a thread first takes an arena, and a thread keeps its
 arena), so XLA compiles in a process of its own (backends/xla/compile_worker.py).
+A Model's fit, predict and evaluate keep the heap only while they run (:func:`kept_while`): in a process
+that goes on after them (a notebook), glibc's own trimming and mmap come back two seconds after the last
+returns, and the kept heap is given back, so an array the user frees later leaves the process's memory
+(a 2 GiB one freed after a fit stayed resident); the next call keeps the heap again before its first step.
 `HLOFORGE_HOST_MEMORY=release` keeps glibc's own policy. It must be chosen before the
 XLA client starts: its threads take their arenas then (set later, XLA kept faulting 47 000 pages
 per step). Elsewhere than glibc this does nothing.
@@ -41,6 +45,7 @@ never touches and gives the hole's pages back to the kernel (benchmarks/NOTES.md
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import mmap
@@ -48,7 +53,7 @@ import os
 import platform
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from hloforge.core.errors import BackendSettingError
@@ -60,8 +65,13 @@ DEFAULT_POLICY = "retain"
 # mallopt's parameters (glibc's malloc.h)
 _M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8
 
+_KEEP = ((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, -1))  # what kept_while sets again (the arena limit stays)
+_GLIBC_OWN = ((_M_MMAP_MAX, 65536), (_M_TRIM_THRESHOLD, 128 * 1024))  # glibc's defaults (malloc.c)
+
 _lock = threading.Lock()
 _applied: bool | None = None  # None until first asked; then whether glibc took the settings
+_released = False  # the kept heap given back between a Model's calls (kept_while); the one arena stays
+_calls = 0  # the kept_while windows open (a callback's evaluate inside a fit, another thread's predict)
 _held_holes: list[int] = []  # the blocks hold_stranded_scratch took over (their addresses)
 _held_hole_bytes = 0
 
@@ -89,11 +99,71 @@ def retain_freed_host_memory() -> bool:
         if _applied is None:
             _applied = False
             if _glibc():
-                mallopt = ctypes.CDLL(None).mallopt
-                mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-                _applied = all(mallopt(param, value) == 1 for param, value in
-                               ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, -1)))
+                _applied = _mallopt(((_M_ARENA_MAX, 1), *_KEEP))
         return _applied
+
+
+def _mallopt(settings: tuple[tuple[int, int], ...]) -> bool:
+    mallopt = ctypes.CDLL(None).mallopt
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    return all(mallopt(param, value) == 1 for param, value in settings)
+
+
+@contextlib.contextmanager
+def kept_while() -> Iterator[None]:
+    """Around a Model's fit, predict or evaluate: the heap kept (as retain_freed_host_memory keeps it) while it
+    runs, then, RELEASE_AFTER_S after the last such call returned, glibc's own trimming and mmap again and the
+    kept heap trimmed, so that the user's memory freed between calls goes back to the kernel. The steps run as
+    they did: the settings are back before the first one (a kept heap's first step faults its pages in, as a
+    process's first)."""
+    global _released, _calls, _release_at
+    with _lock:
+        _release_at = None
+        if _released:
+            _mallopt(_KEEP)
+            _released = False
+        _calls += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _calls -= 1
+            if _calls == 0 and _applied:
+                _release_at = time.monotonic() + RELEASE_AFTER_S
+                _start_releaser()
+                _release_due.notify()
+
+
+# How long the heap stays kept once a Model's last call returned: a loop of small predicts (each would
+# fault its scratch in afresh: mnist-cnn's on 64 rows, 8 000 pages, 30 → 46-50 ms of CPU a call) or
+# the next fit finds it still kept.
+RELEASE_AFTER_S = 2.0
+_release_at: float | None = None  # when the heap is given back, unless a call starts first
+_release_due = threading.Condition(_lock)
+_releaser: threading.Thread | None = None
+
+
+def _start_releaser() -> None:
+    """(under _lock) the thread that gives the kept heap back when due: one for the process, started once."""
+    global _releaser
+    if _releaser is None or not _releaser.is_alive():  # not alive: a forked child's copy of the parent's
+        _releaser = threading.Thread(target=_release_when_due, name="hloforge-heap-release", daemon=True)
+        _releaser.start()
+
+
+def _release_when_due() -> None:
+    global _released, _release_at
+    with _lock:
+        while True:
+            if _release_at is None:
+                _release_due.wait()
+            elif (left := _release_at - time.monotonic()) > 0:
+                _release_due.wait(left)
+            else:
+                _release_at = None
+                if _calls == 0 and not _released:
+                    _released = _mallopt(_GLIBC_OWN)
+                    trim_heap()
 
 
 def host_memory_description() -> str:
@@ -150,7 +220,7 @@ SCRATCH_WAIT_S = 0.02
 
 
 def _kept_heap_reading() -> _Mallinfo2 | None:
-    return mallinfo2() if _applied else None
+    return mallinfo2() if _applied and not _released else None
 
 
 def _in_use(info: _Mallinfo2) -> int:
@@ -158,7 +228,8 @@ def _in_use(info: _Mallinfo2) -> int:
 
 
 def heap_kept() -> bool:
-    """Whether this process's heap is kept (:func:`retain_freed_host_memory` took effect)."""
+    """Whether this process's heap is kept (:func:`retain_freed_host_memory` took effect; its one arena stays
+    while kept_while gives the heap back between a Model's calls)."""
     return bool(_applied)
 
 
@@ -223,7 +294,7 @@ def hold_stranded_scratch(scratch: int, reading: _Mallinfo2 | None = None) -> bo
     kernel: the heap then keeps one scratch in memory. `reading`: a heap reading taken since the
     scratch came back (`wait_for_scratch`'s), spared reading it again. True when a hole was taken."""
     global _held_hole_bytes
-    if scratch < SCRATCH_MIN_BYTES or _held_hole_bytes + scratch > MAX_HELD_BYTES or not _applied:
+    if scratch < SCRATCH_MIN_BYTES or _held_hole_bytes + scratch > MAX_HELD_BYTES or not _applied or _released:
         return False
     info = reading if reading is not None else mallinfo2()
     if info is None:

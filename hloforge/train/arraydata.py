@@ -387,7 +387,7 @@ def warn_unscaled(given: InputKind | None, trained: InputKind | None) -> None:
         warnings.warn(HloforgeWarning(f"fit x is {given.said()}, trained on unscaled: arrays are taken as they are "
                                       "(hloforge's datasets scale and standardise their images); a net trains best "
                                       "on x of about unit scale, e.g. pixels as x.astype(np.float32) / 255, then "
-                                      "standardised"), stacklevel=6)  # the user's fit call (past fit's two decorators)
+                                      "standardised"), stacklevel=7)  # the user's fit call, past fit's 3 decorators
 
 
 def dataset_inputs(name: str, spec: NetSpec) -> InputKind | None:
