@@ -114,3 +114,17 @@ def test_the_tox_envs_test_hloforge_as_installed_not_the_working_tree() -> None:
         section = f"testenv:{env}" if tox.has_section(f"testenv:{env}") else "testenv"
         package = tox[section].get("package", tox["testenv"].get("package", "sdist"))  # tox's default: sdist
         assert not package.startswith("editable"), (env, package)
+
+
+def test_the_example_plugins_wheel_and_sdist_carry_its_license_text(tmp_path: Path) -> None:
+    """Before: examples/hloforge-groupnorm declared Apache-2.0 with no LICENSE file: a wheel or sdist built from it
+    (the template a plugin author copies) carried no license text."""
+    project = tmp_path / "hloforge-groupnorm"
+    shutil.copytree(ROOT / "examples" / "hloforge-groupnorm", project,
+                    ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build"))
+    with zipfile.ZipFile(build("build_wheel", project, tmp_path)) as wheel:
+        dist_info = next(n.split("/")[0] for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
+        assert wheel.read(f"{dist_info}/licenses/LICENSE") == (ROOT / "LICENSE").read_bytes()
+        assert "License-File: LICENSE" in wheel.read(f"{dist_info}/METADATA").decode().splitlines()
+    with tarfile.open(build("build_sdist", project, tmp_path)) as archive:
+        assert any(n.split("/", 1)[-1] == "LICENSE" for n in archive.getnames())
