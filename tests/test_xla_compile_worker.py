@@ -269,3 +269,17 @@ def test_a_worker_ends_soon_after_its_parent_is_killed_mid_compile(tmp_path, mon
         parent.wait()
         if pid is not None and _running(pid):  # the worker this test started, left behind
             os.kill(pid, signal.SIGKILL)
+
+
+def test_an_idle_worker_that_exited_is_reaped_without_another_compile(backend, monkeypatch):
+    """Before: a worker that exited idle stayed a zombie (a `<defunct>` process) until the next compile or exit."""
+    worker(backend).close()
+    monkeypatch.setattr(compile_worker, "IDLE_EXIT_S", 0.2)
+    backend.compile(STEP)
+    proc = worker(backend)._proc
+    assert proc is not None
+    deadline = time.monotonic() + 30
+    while os.path.exists(f"/proc/{proc.pid}") and time.monotonic() < deadline:  # a zombie's entry stays
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{proc.pid}"), "the exited worker was left a zombie"
+    assert proc.returncode == 0

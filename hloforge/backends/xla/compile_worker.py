@@ -141,6 +141,9 @@ class CompileWorker:
         except OSError:
             self._stop()
             return False
+        # reaped as it exits (once idle, or killed): else it stays a zombie until the next compile or this
+        # process's exit; a thread of its own, not a SIGCHLD handler, which would change the user's process
+        threading.Thread(target=self._proc.wait, name="hloforge-compile-worker-reap", daemon=True).start()
         return True
 
     def _ask(self, mlir_text: str, options: bytes, num_replicas: int) -> bytes | None:
