@@ -131,7 +131,6 @@ def kept_while() -> Iterator[None]:
             if _calls == 0 and _applied:
                 _release_at = time.monotonic() + RELEASE_AFTER_S
                 _start_releaser()
-                _release_due.notify()
 
 
 # How long the heap stays kept once a Model's last call returned: a loop of small predicts (each would
@@ -144,26 +143,38 @@ _releaser: threading.Thread | None = None
 
 
 def _start_releaser() -> None:
-    """(under _lock) the thread that gives the kept heap back when due: one for the process, started once."""
+    """(under _lock) the thread that gives the kept heap back when due, unless one is waiting already."""
     global _releaser
-    if _releaser is None or not _releaser.is_alive():  # not alive: a forked child's copy of the parent's
+    if _releaser is None:
         _releaser = threading.Thread(target=_release_when_due, name="hloforge-heap-release", daemon=True)
         _releaser.start()
 
 
 def _release_when_due() -> None:
-    global _released, _release_at
+    """Waits until the heap is due back, gives it back, and ends: no thread stays in the user's process (a call
+    that starts meanwhile cancels the release, and this thread ends at its wake-up)."""
+    global _released, _release_at, _releaser
     with _lock:
-        while True:
-            if _release_at is None:
-                _release_due.wait()
-            elif (left := _release_at - time.monotonic()) > 0:
+        while _release_at is not None:
+            if (left := _release_at - time.monotonic()) > 0:
                 _release_due.wait(left)
-            else:
-                _release_at = None
-                if _calls == 0 and not _released:
-                    _released = _mallopt(_GLIBC_OWN)
-                    trim_heap()
+                continue
+            _release_at = None
+            if _calls == 0 and not _released:
+                _released = _mallopt(_GLIBC_OWN)
+                trim_heap()
+        _releaser = None
+
+
+def _new_locks_in_child() -> None:
+    """A child forked while the releaser held _lock would find it held for good (its first fit hung)."""
+    global _lock, _release_due, _releaser, _release_at
+    _lock = threading.Lock()
+    _release_due = threading.Condition(_lock)
+    _releaser, _release_at = None, None
+
+
+os.register_at_fork(after_in_child=_new_locks_in_child)
 
 
 def host_memory_description() -> str:
