@@ -262,3 +262,16 @@ def test_train_a_tiny_ddpm_and_sample_a_grid(tmp_path, capsys, backend):
     capsys.readouterr()
     assert main(["sample", str(plain), "-n", "1", "--region", "ema", "--out", str(tmp_path / "x.png")]) == 3
     assert "has no EMA shadow" in capsys.readouterr().err
+
+
+def test_ddpm_mini_reads_its_image_channels_off_the_input():
+    """`--input 2,28,28` alone (the module's own digits example) was refused as "ddpm-mini on 3-channel
+    images", the default classes said as the user's images; the channels are now the input's less the time
+    plane, and a classes that disagrees with the input names the one that fits."""
+    assert get_net("ddpm-mini", None, (2, 28, 28)).out_shape == (1, 28, 28)
+    assert get_net("ddpm-mini", None, (5, 16, 16)).out_shape == (4, 16, 16)
+    assert get_net("ddpm-mini").out_shape == (3, 32, 32)
+    with pytest.raises(UnsupportedSpec, match=r"got input \[2, 28, 28\]; expected classes 1 \(--classes 1\), or none"):
+        get_net("ddpm-mini", 3, (2, 28, 28))
+    with pytest.raises(UnsupportedSpec, match=r"at least 2 input channels, got input \[1, 28, 28\]"):
+        get_net("ddpm-mini", None, (1, 28, 28))

@@ -2,7 +2,7 @@
 
 Input [C+1, H, W] (the noised image and the t/T plane, hloforge.train.diffusion), output the
 predicted noise [C, H, W]; `classes` is C, the image channels (3 for shapes, 1 for digits with
-`--input 2,28,28`). H and W must divide by 4 (two levels):
+`--input 2,28,28`), read off the input when not given. H and W must divide by 4 (two levels):
 
     conv3×3 → [res(w1) ×2, skip] → pool → [res(w2) ×2, skip] → pool → res(w2) ×2
             → up, concat → res(w2) → up, concat → res(w1) → noiseHead (swish, conv3×3 to C, from zero)
@@ -28,10 +28,16 @@ NFREQ = 6
 WIDTHS = (32, 64)
 
 
-def ddpm_mini(classes: int = 3, input: Sequence[int] = (4, 32, 32)) -> NetSpec:
+def ddpm_mini(classes: int | None = None, input: Sequence[int] = (4, 32, 32)) -> NetSpec:
+    if input[0] < 2:
+        raise UnsupportedSpec(f"ddpm-mini takes the images and the time plane: at least 2 input channels, got input "
+                              f"{list(input)}")
+    if classes is None:  # the images' channels: the input's less the time plane (--input 2,28,28 alone: digits')
+        classes = input[0] - 1
     if input[0] != classes + 1:
-        raise UnsupportedSpec(f"ddpm-mini on {classes}-channel images takes {classes + 1} input channels (the "
-                              f"images and the time plane), got input {list(input)}")
+        raise UnsupportedSpec(f"ddpm-mini of {classes} image channels (classes {classes}) takes {classes + 1} input "
+                              f"channels (the images and the time plane), got input {list(input)}; expected classes "
+                              f"{input[0] - 1} (--classes {input[0] - 1}), or none")
     w1, w2 = WIDTHS
 
     def res(w: int) -> TimeResBlock:
