@@ -275,3 +275,18 @@ def test_ddpm_mini_reads_its_image_channels_off_the_input():
         get_net("ddpm-mini", 3, (2, 28, 28))
     with pytest.raises(UnsupportedSpec, match=r"at least 2 input channels, got input \[1, 28, 28\]"):
         get_net("ddpm-mini", None, (1, 28, 28))
+
+
+def test_sample_grid_shows_an_image_of_four_channels_as_its_channels_side_by_side():
+    """A DDPM trained on BraTS' 4 modalities (ddpm-mini --input 5,S,S --data brats) had `hloforge sample` run all
+    its ancestral steps and then refuse the grid ("shows 1- or 3-channel images"), every sample lost. Each
+    sample is now its channels side by side in grey, channel k the k-th W columns of its tile."""
+    images = np.random.default_rng(0).uniform(size=(3, 4, 5, 6))
+    grid = diffusion.image_grid(images, cols=2, zoom=1, pad=1)
+    assert grid.shape == (2 * (5 + 1) + 1, 2 * (4 * 6 + 1) + 1, 3)
+    second = grid[1:6, 1 + 4 * 6 + 1:1 + 2 * (4 * 6) + 1]  # sample 1: row 0, column 1
+    for k in range(4):
+        for rgb in range(3):
+            np.testing.assert_array_equal(second[:, k * 6:(k + 1) * 6, rgb], images[1, k])
+    np.testing.assert_array_equal(diffusion.image_grid(images[:, :3], cols=2, zoom=1)[1:6, 1:7],
+                                  images[0, :3].transpose(1, 2, 0))  # RGB as it was

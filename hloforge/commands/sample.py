@@ -43,7 +43,8 @@ def sample_run(run_path: str, n: int = 16, out: str = "grid.png", seed: int = 0,
                          np.random.default_rng(seed), (lo, hi) if clip else None)
     save_grid(image_grid(to_unit(x, lo, hi), cols=math.ceil(math.sqrt(n))), out)
     log(f"{spec.name} epoch {oc.meta['epoch']} ({region}): {n} samples ({schedule.steps} ancestral steps, "
-        f"{schedule.describe()}, x̂0 {'clipped to the data range' if clip else 'unclipped'}) -> {out}")
+        f"{schedule.describe()}, x̂0 {'clipped to the data range' if clip else 'unclipped'}) -> {out}"
+        + ("" if shape[0] in (1, 3) else f", each sample's {shape[0]} channels side by side in grey"))
     return x
 
 

@@ -148,10 +148,12 @@ def to_unit(images: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
 
 
 def image_grid(images: np.ndarray, cols: int, zoom: int = 4, pad: int = 1) -> np.ndarray:
-    """[n, C, H, W] in [0, 1] (C 1 or 3) → one RGB image [rows·(H·zoom+pad)+pad, cols·(W·zoom+pad)+pad, 3]."""
+    """[n, C, H, W] in [0, 1] → one RGB image [rows·(H·zoom+pad)+pad, cols·(W'·zoom+pad)+pad, 3]: an image of
+    C 1 or 3 as itself (W' = W), one of other C (BraTS' 4 modalities) as its C channels side by side in grey
+    (W' = C·W)."""
     n, c, h, w = images.shape
-    if c not in (1, 3):
-        raise UnsupportedSpec(f"a sample grid shows 1- or 3-channel images, got {c} channels")
+    if c not in (1, 3):  # refused after the sampling, it lost every sample drawn
+        images, c, w = images.transpose(0, 2, 1, 3).reshape(n, 1, h, c * w), 1, c * w
     rgb = np.repeat(images, 3, axis=1) if c == 1 else images
     big = rgb.repeat(zoom, axis=2).repeat(zoom, axis=3).transpose(0, 2, 3, 1)
     rows = -(-n // cols)
