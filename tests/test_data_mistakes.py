@@ -220,6 +220,23 @@ def test_prepare_yolo_refuses_a_split_none_of_whose_images_has_a_label(tmp_path,
                                  "would have no boxes")
 
 
+def test_prepare_yolo_skips_the_hidden_files_macos_writes_beside_each_image(tmp_path, capsys) -> None:
+    """A dataset copied from a Mac to a USB drive or zipped there holds `._0.png` (AppleDouble) beside each image:
+    prepare yolo read it as an image and refused the whole set ("cannot decode it as an image"), where prepare
+    imagenette skips hidden files. It now skips them too, and writes what it writes without them."""
+    src = tmp_path / "y4"
+    _yolo(src)
+    assert _prepare_yolo(src, tmp_path / "clean") == EXIT_OK
+    for split in ("train", "val"):
+        (src / "images" / split / "._0.png").write_bytes(b"\x00\x05\x16\x07\x00\x02\x00\x00Mac OS X")
+        (src / "labels" / split / "._1.txt").write_bytes(b"\x00\x05\x16\x07\x00\x02\x00\x00Mac OS X")
+    capsys.readouterr()
+    assert _prepare_yolo(src, tmp_path / "out") == EXIT_OK
+    assert "._" not in capsys.readouterr().out  # nothing said of them: no one's data
+    for name in ("train.bin", "test.bin"):
+        assert (tmp_path / "out" / name).read_bytes() == (tmp_path / "clean" / name).read_bytes()
+
+
 # ------------------------------------------------------------------ 3. dataset options
 @pytest.mark.parametrize(("data", "options", "message"), [
     ("shapes", {"n_train": 100.0}, "shapes n_train must be an integer ≥ 1, got 100.0"),

@@ -19,8 +19,8 @@ one line `class cx cy w h` (fractions of the image) per box; an image without a 
 has no boxes, but a split without its labels folder (`valid` for `val` is named), or none of whose
 images has a label file, is refused, and a file in labels/ that is no image's `<stem>.txt` (`a.TXT`) is
 said; an image of more than MAX_BOXES is refused, as is a box with no area inside the image; a
-repeated box line is kept once, and said. Images are resized (squashed) bilinearly
-to S×S, which leaves fractional boxes unchanged. val becomes test.bin.
+repeated box line is kept once, and said; hidden files (.DS_Store, macOS's `._a.jpg`) are skipped.
+Images are resized (squashed) bilinearly to S×S, which leaves fractional boxes unchanged. val becomes test.bin.
 
 `Yolo(data_dir)`: `arrays(split)` -> (x float32 [N, 3, S, S] = (pixels/255 − mean)/std with
 ImageNet's mean and std, labels [N, perCell + 1, g, g]: target then mask), `boxes(split)` ->
@@ -161,13 +161,16 @@ def read_label_file(path: str, classes: int) -> np.ndarray:
     return np.asarray(rows, np.float64).reshape(-1, 5)
 
 
+def listed(folder: str) -> list[str]:
+    """The files of `folder`, sorted. Hidden ones are no one's data: .DS_Store, and the `._a.jpg` AppleDouble
+    files macOS writes beside each file it copies to a USB drive or zips, which no decoder reads."""
+    return sorted(n for n in os.listdir(folder) if not n.startswith(".")
+                  and os.path.isfile(os.path.join(folder, n))) if os.path.isdir(folder) else []
+
+
 def _unread(image_dir: str, label_dir: str, names: list[str]) -> list[str]:
     """One warning line per kind of file of a split that prepare leaves out, so none is dropped unseen: files
     in images/ that are no .jpg/.jpeg/.png (a .bmp, a .webp), and label files of no image (a stem typo)."""
-    def listed(folder: str) -> list[str]:  # hidden files (.DS_Store) are no one's data
-        return sorted(n for n in os.listdir(folder) if not n.startswith(".")
-                      and os.path.isfile(os.path.join(folder, n))) if os.path.isdir(folder) else []
-
     out = []
     others = [n for n in listed(image_dir) if not n.lower().endswith(IMAGE_SUFFIXES)]
     if others:
@@ -211,7 +214,7 @@ def _records(src: str, split: str, size: int, grid: int, boxes: int, classes: in
     if not os.path.isdir(label_dir):  # read as no boxes in any image, it trained (and scored) nothing
         raise DataError(f"{label_dir} not found; expected the label files (<image stem>.txt) of {image_dir} there"
                         f"{near_miss(label_dir)}")
-    names = sorted(n for n in os.listdir(image_dir) if n.lower().endswith(IMAGE_SUFFIXES))
+    names = [n for n in listed(image_dir) if n.lower().endswith(IMAGE_SUFFIXES)]
     if not names:
         raise DataError(f"{image_dir} holds no .jpg/.jpeg/.png images")
     warnings.extend(_unread(image_dir, label_dir, names))
