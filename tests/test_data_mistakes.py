@@ -282,6 +282,17 @@ def test_a_mistyped_data_option_is_one_line_through_the_cli(tmp_path, capsys) ->
     assert "shapes noise must be a finite number ≥ 0, got 'abc'" in err and "<=" not in err
 
 
+def test_a_corpus_of_fewer_windows_than_the_batch_says_its_windows_and_the_batch_that_fits(tmp_path, capsys) -> None:
+    """A 2,000-character corpus at tinygpt-nano's default batch 64: "batch 64 is larger than the 28-image training
+    split", the corpus's windows called images and no batch named; now examples, and the batch that fits."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(("the quick brown fox jumps over the lazy dog. " * 45)[:2000], encoding="utf-8")
+    assert main(["train", "tinygpt-nano", "--data", "text", "--data-file", str(corpus), "--epochs", "1",
+                 "--run-dir", str(tmp_path / "r"), "--no-progress"]) == EXIT_BAD_INPUT
+    assert _one_line(capsys) == ("hloforge: error: batch 64 is larger than the 28-example training split; expected a "
+                                 "batch of at most 28")
+
+
 # ------------------------------------------------------------------ 4. export of a text model
 def test_a_text_models_export_records_its_corpus_and_vocabulary(tmp_path, capsys) -> None:
     from hloforge.datasets.text import Text, default_corpus

@@ -433,7 +433,7 @@ def test_hloforge_train_freeze_and_ema_under_mpiexec_is_the_two_replica_run(tmp_
     (("--loss", "nope"), "unknown loss 'nope'; registered: anchorYolo (hloforge)"),
     (("--warmup-epochs", "0.01"), "warmup_epochs 0.01 is less than one optimizer update (0.01 of an epoch of 22)"),
     (("--accum", "4"), "accum 4: the 22 batches of an epoch do not divide into updates of 4 micro-batches"),
-    (("--batch", "5000"), "batch 5000 is larger than the 1437-image training split"),
+    (("--batch", "5000"), "batch 5000 is larger than the 1437-example training split"),
     (("--data-dir", "/no-such-dir"), "--data-dir /no-such-dir: dataset 'digits' reads no data dir"),
 ])
 def test_a_refusal_every_rank_reaches_under_mpiexec_is_one_line(tmp_path, more, message):

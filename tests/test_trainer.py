@@ -227,7 +227,7 @@ def test_nan_loss_stops_with_the_step_and_keeps_the_checkpoint(tmp_path):
     (["train", "--epochs", "0"], 2, "argument --epochs: expected an integer ≥ 1, got '0'"),  # usage (argparse)
     (["train", "--lr", "-1"], 2, "argument --lr: expected a finite number > 0"),
     (["train", "--config", "/nonexistent.toml"], 3, "cannot read it as TOML"),  # bad input (HloforgeError)
-    (["train", "--batch", "5000"], 3, "larger than the 1437-image training split"),
+    (["train", "--batch", "5000"], 3, "larger than the 1437-example training split"),
     # before: trained into r, the tag dropped without a word
     (["train", "--tag", "x", "--run-dir", "r"], 3, "--tag 'x' ends the default run directory's name"),
 ])

@@ -189,8 +189,10 @@ class TrainConfig(VariantFields):
         """What the options refuse of the training split's batches (`steps` an epoch, of its `rows`): none at all,
         an epoch that does not end on an applied update, and (`training`) a warm-up worth no whole update."""
         if steps == 0 and training:
-            raise DataError(f"batch {self.batch} is larger than the {rows}-image training split"
-                            + (f" shared by {self.workers} workers" if self.workers else ""))
+            # "examples": a language model's are windows of its corpus, a DDPM's or a classifier's images
+            raise DataError(f"batch {self.batch} is larger than the {rows}-example training split"
+                            + (f" shared by {self.workers} workers" if self.workers else
+                               f"; expected a batch of at most {rows}"))
         if steps % accum:
             # An epoch must end on an applied update, or its checkpoint would hold a half-full accumulator.
             raise UnsupportedSpec(f"accum {accum}: the {steps} batches of an epoch do not divide into updates of "
