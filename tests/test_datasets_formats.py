@@ -177,6 +177,19 @@ def test_brats_2d_file_read_as_25d_fails_naming_what_fits(tmp_path):
         brats.Brats(str(tmp_path), size=16, context=0).records("train")
 
 
+def test_brats_file_of_another_size_names_the_size_it_fits(tmp_path):
+    """A set of one's own in brats' format at 32², read at the default 240², was "truncated, or not this format"
+    and nothing more (only 240² and 224² were tried): the size is now solved from the file's length."""
+    write_brats(tmp_path, size=32, context=0)
+    with pytest.raises(DataError, match=r"train\.bin: .*not this format; its length fits 4 channels at 32² — a 32² "
+                                        r"file read at 240²\? \(the data option size=32\)$"):
+        brats.Brats(str(tmp_path)).records("train")
+    with pytest.raises(DataError, match=r"fits 4 channels at 32² — a 2D file read as 2\.5D \(context 1\) at 224²\? "
+                                        r"\(the data options size=32 context=0\)$"):
+        brats.Brats224Context(str(tmp_path)).records("train")
+    assert brats.Brats(str(tmp_path), size=32).records("train")[0].shape == (4, 4, 32, 32)  # as the hint says
+
+
 def test_brats_bad_mask_label(tmp_path):
     write_brats(tmp_path, size=16)
     raw = bytearray((tmp_path / "val.bin").read_bytes())

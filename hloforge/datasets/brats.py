@@ -22,6 +22,7 @@ Augmentation is the identity.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 
@@ -89,21 +90,31 @@ class MaskToInt32:
 
 
 def _length_hint(path: str, size: int, context: int) -> str:
-    """Which (context, size) the file's length does fit, for the error of one that does not."""
+    """Which (context, size) the file's length does fit, for the error of one that does not: solved from its
+    length, so a set of the user's own at 32² read at the default 240² is named, not called truncated."""
     total = file_size(path)
     with open(path, "rb") as f:
         head = f.read(COUNT_HEADER.size)
     if len(head) < COUNT_HEADER.size:
         return ""
     (count,) = COUNT_HEADER.unpack(head)
-    for s in dict.fromkeys((size, NATIVE_SIZE, 224)):
-        for k in range(8):
-            if (s, k) != (size, context) and total == COUNT_HEADER.size + count * record_bytes(s, k):
-                kind = "2D" if k == 0 else f"2.5D (context {k})"
-                want = "2D" if context == 0 else f"2.5D (context {context})"
-                return (f"; its length fits {channels(k)} channels at {s}² — a {kind} file read as {want} at "
-                        f"{size}²?")
-    return ""
+    if count == 0 or (total - COUNT_HEADER.size) % count:
+        return ""
+    rec = (total - COUNT_HEADER.size) // count
+    fits = []
+    for k in range(8):
+        s = math.isqrt(rec // (channels(k) + 1))
+        if (s, k) != (size, context) and s > 0 and rec == record_bytes(s, k):
+            fits.append((s != size, k != context, k, s))  # the likeliest first: one option off, the size kept
+    if not fits:
+        return ""
+    _, _, k, s = min(fits)
+    kind = "2D" if k == 0 else f"2.5D (context {k})"
+    want = "2D" if context == 0 else f"2.5D (context {context})"
+    options = " ".join(f"{name}={v}" for name, v, asked in (("size", s, size), ("context", k, context)) if v != asked)
+    misread = f"a {s}² file read at {size}²" if k == context else f"a {kind} file read as {want} at {size}²"
+    return (f"; its length fits {channels(k)} channels at {s}² — {misread}? (the data option"
+            f"{'s' if ' ' in options else ''} {options})")
 
 
 def read_brats(path: str, size: int, context: int) -> tuple[np.ndarray, np.ndarray]:
