@@ -65,3 +65,20 @@ def test_losses_for_reads_the_registry():
     assert losses_for(unet, "mask") == ["dice", "diceCE", "perPixelCE", "perPixelFocal"]
     assert losses_for(unet, "noise") == []  # its input is not its output plus a time channel
     assert losses_for(get_net("ddpm-mini", None, None), "noise") == ["mse"]
+
+
+def test_a_loss_of_another_output_names_the_loss_the_net_trains_with(tmp_path, capsys):
+    """crossEntropy on a segmenter was 'crossEntropy takes logits [classes], got [4, 32, 32]' and no more: what
+    was wrong, not what was expected. The loss the net trains with by default is now named, through the CLI,
+    a dataset by name and arrays alike."""
+    rc = main(["train", "unet-mini", "--loss", "crossEntropy", "--data", "shapes", "--epochs", "1",
+               "--run-dir", str(tmp_path / "r")])
+    assert rc == 3 and capsys.readouterr().err == (
+        "hloforge: error: crossEntropy takes logits [classes], got [4, 32, 32]; net 'unet-mini' on dataset 'shapes' "
+        "trains with perPixelCE (its default, with no loss given)\n")
+    x, y = np.zeros((4, 3, 32, 32), np.float32), np.zeros((4, 32, 32), np.int64)
+    with pytest.raises(hf.HloforgeError, match=r"got \[4, 32, 32\]; net 'unet-mini' trains with perPixelCE \(its "):
+        hf.Model("unet-mini", loss="crossEntropy").fit(x, y, batch_size=4, verbose=False)
+    with pytest.raises(hf.HloforgeError, match=r"got \[13, 8, 8\]; net 'yolov1-mini' on dataset 'shapes' trains "
+                                               r"with yolov1 \(its default, with no loss given\)$"):
+        hf.Model("yolov1-mini", loss="crossEntropy").fit("shapes", batch_size=4, verbose=False)

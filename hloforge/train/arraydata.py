@@ -153,8 +153,9 @@ def refuse_misfit(spec: NetSpec, variant: Variant, y: Any) -> None:
     """The loss's misfit with the net (mse on a net that is no DDPM: the user's regression) said of arrays y
     before their shape, which the loss's targets would give (a classifier's logits' [N, 10]) and no shape fixes;
     the labels a class loss takes are checked_labels' (real numbers said as regression targets there)."""
-    from hloforge.train.tasks import misfit
+    from hloforge.train.tasks import check_loss_fits, misfit
 
+    check_loss_fits(spec, variant.make_loss(default_registry()))  # crossEntropy on a segmenter: what fits
     if (kind := label_kind(spec, variant)) == "noise":  # (a language model's tokens: no loss's own label kind)
         ya = np.asarray(host_array(y))
         loss = variant.make_loss(default_registry())

@@ -21,7 +21,7 @@ import attrs
 import numpy as np
 
 from hloforge.core.contracts import Dataset
-from hloforge.core.errors import DataError, UnsupportedSpec
+from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
 from hloforge.core.hlo import FLOAT_DTYPES
 from hloforge.core.modules import checked_label_spec
 from hloforge.core.spec import Loss, NetSpec
@@ -459,6 +459,21 @@ def losses_for(spec: NetSpec, data_kind: str) -> list[str]:
     return fit
 
 
+def check_loss_fits(spec: NetSpec, loss: Loss, data: str | None = None) -> None:
+    """`loss.check` of the net's output, its refusal ("crossEntropy takes logits [classes]" to a segmenter) naming
+    the loss the net trains with by default on dataset `data` (None: on arrays, the net's own task's)."""
+    try:
+        loss.check(tuple(spec.out_shape))
+    except UnsupportedSpec as e:
+        try:
+            own = default_loss(spec, data)
+        except HloforgeError:  # a net no task trains by default: no loss to name
+            raise e from None
+        on = f" on dataset {data!r}" if data else ""
+        raise UnsupportedSpec(f"{e}; net {spec.name!r}{on} trains with {own} (its default, with no loss given)") \
+            from None
+
+
 def misfit(spec: NetSpec, loss: Loss, kind: str, data: str, data_kind: str, y: Any) -> str | None:
     """One line when the loss's labels are not what dataset `data` gives (`data_kind`, its labels `y` if known)
     or the net is not the loss's task's (mse on a classifier: its float targets train a DDPM); None when they
@@ -489,13 +504,13 @@ def make_task(run: Any) -> Task:
 
     loss = run.variant.make_loss(default_registry())
     out = run.spec.out_shape
-    loss.check(out)
+    data_kind = str(getattr(run.data, "label_kind", Dataset.label_kind))
+    check_loss_fits(run.spec, loss, run.cfg.data)
     kind = loss_label_kind(loss, out)
     if kind not in TASKS:
         raise UnsupportedSpec(f"loss {loss.name!r} takes {kind!r} labels; no task trains with those "
                               f"(tasks: {sorted(TASKS)})")
-    why = misfit(run.spec, loss, kind, run.cfg.data, str(getattr(run.data, "label_kind", Dataset.label_kind)),
-                 getattr(run, "y_te", None))
+    why = misfit(run.spec, loss, kind, run.cfg.data, data_kind, getattr(run, "y_te", None))
     if why:  # before the task's own check, which would speak of the wrong task (a DDPM's shapes for mse)
         raise DataError(why)
     return TASKS[kind](run)
