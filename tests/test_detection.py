@@ -522,6 +522,21 @@ def test_a_detector_on_a_test_split_without_boxes_is_refused_before_training(tmp
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.parametrize(("net", "loss", "head", "own"), [
+    ("fpn-mini", "anchorYolo", "fpnDetect", "fpnYolo"),  # before: trained, reading [cells, A, 5 + C] as a grid
+    ("yolov1-mini", "anchorYolo", "yolov1Head", "yolov1"),
+    ("fpn-mini", "yolov1", "fpnDetect", "fpnYolo"),  # before: "… reads 2 box(es) per cell, … head has None"
+])
+def test_a_box_loss_of_another_head_is_refused_naming_the_heads_own(tmp_path, capsys, net, loss, head, own) -> None:
+    from hloforge.cli import main
+
+    assert main(["train", net, "--loss", loss, "--data", "shapes", "--data-opt", "n_train=8", "--data-opt",
+                 "n_test=4", "--batch", "4", "--epochs", "1", "--run-dir", str(tmp_path / "r")]) == 3
+    assert capsys.readouterr().err == (f"hloforge: error: loss {loss!r} does not read the output of net {net!r}'s "
+                                       f"head ({head}); expected {own}, its own (the default, with no loss given)\n")
+    assert not (tmp_path / "r").exists()
+
+
 def test_a_detector_of_fewer_classes_than_the_boxes_names_the_split_and_the_fix(tmp_path, capsys) -> None:
     """fpn-mini --classes 2 on 3-class boxes said 'image 0: box classes must be integers in [0, 2), got
     [np.float64(0.0), np.float64(2.0)]': no dataset, no split, valid classes listed, no way out."""

@@ -371,6 +371,12 @@ class DetectionTask(Task):
                             f"{list(run.spec.input_shape)}; a zoo net takes --input {','.join(map(str, image))}")
         boxes, head_boxes = getattr(run.variant.make_loss(default_registry()), "boxes", None), \
             getattr(self.head.layer, "boxes", None)
+        # hloforge's box losses each read one head's layout: another's (anchorYolo on fpnDetect's [cells, A, 5 + C]
+        # read as channels over a grid) trained and scored a plausible run of nothing it meant (a plugin's may read any)
+        if run.variant.loss != self.head.loss and default_registry().entry("loss", run.variant.loss).builtin:
+            raise DataError(f"loss {run.variant.loss!r} does not read the output of net {run.spec.name!r}'s head "
+                            f"({getattr(self.head.layer, 'kind', 'detection')}); expected {self.head.loss}, its own "
+                            "(the default, with no loss given)")
         if boxes != head_boxes:  # the yolov1 loss reads the head's per-cell layout with its own `boxes`
             raise DataError(f"loss {run.variant.loss!r} reads {boxes} box(es) per cell, net {run.spec.name!r}'s head "
                             f"has {head_boxes}")
