@@ -352,6 +352,25 @@ def test_prepare_yolo_refuses_a_bad_label(tmp_path) -> None:
     assert not (tmp_path / "out" / "train.bin").exists()
 
 
+def test_a_yolo_label_line_says_what_it_most_likely_is(tmp_path) -> None:
+    """'0.0 0.5 0.5 0.2 0.2' (a class column written as floats, which Ultralytics reads as class 0) was refused as
+    "expected 'class cx cy w h'", the very form it has; it is now read as class 0. A class 0.5, or a segmentation
+    polygon, is refused saying which."""
+    from hloforge.datasets.yolo import read_label_file
+
+    label = tmp_path / "a.txt"
+    label.write_text("0.0 0.5 0.5 0.2 0.2\n2 0.25 0.5 0.1 0.3\n")
+    np.testing.assert_array_equal(read_label_file(str(label), 3), [[0, 0.5, 0.5, 0.2, 0.2], [2, 0.25, 0.5, 0.1, 0.3]])
+    label.write_text("0.5 0.5 0.5 0.2 0.2\n")
+    with pytest.raises(DataError, match=r"a.txt:1: expected 'class cx cy w h', got '0.5 0.5 0.5 0.2 0.2' \(class 0.5 "
+                                        r"is no integer id\)$"):
+        read_label_file(str(label), 3)
+    label.write_text("1 0.1 0.1 0.3 0.1 0.3 0.4\n")
+    with pytest.raises(DataError, match=r"\(a polygon of 3 points, a segmentation label\? a detection label is its "
+                                        r"box: class, centre and size\)$"):
+        read_label_file(str(label), 3)
+
+
 def test_prepare_yolo_refuses_more_boxes_than_a_record_holds(tmp_path) -> None:
     """An image of 60 boxes was stored with its first 56: the eval's truth silently lacked 4 (a plausible mAP)."""
     from hloforge.datasets.yolo import MAX_BOXES, Yolo, prepare_yolo

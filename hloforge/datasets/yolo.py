@@ -147,11 +147,13 @@ def read_label_file(path: str, classes: int) -> np.ndarray:
             continue
         parts = line.split()
         try:
-            cls, cx, cy, w, h = int(parts[0]), *(float(v) for v in parts[1:5])
-            if len(parts) != 5:
-                raise ValueError
-        except (ValueError, IndexError):
-            raise DataError(f"{path}:{ln}: expected 'class cx cy w h', got {line.strip()!r}") from None
+            values = [float(v) for v in parts]
+        except ValueError:
+            values = []
+        # the class as Ultralytics reads it, a number: "0.0" (a float column written out) is class 0
+        if len(values) != 5 or not values[0].is_integer():
+            raise DataError(f"{path}:{ln}: expected 'class cx cy w h', got {line.strip()!r}{_misread(values)}")
+        cls, cx, cy, w, h = int(values[0]), *values[1:]
         if not 0 <= cls < classes:
             raise DataError(f"{path}:{ln}: class {cls} is outside 0..{classes - 1} (--classes {classes})")
         if not (0 < w <= 1 and 0 < h <= 1 and 0 <= cx <= 1 and 0 <= cy <= 1):  # a NaN fails too
@@ -166,6 +168,16 @@ def listed(folder: str) -> list[str]:
     files macOS writes beside each file it copies to a USB drive or zips, which no decoder reads."""
     return sorted(n for n in os.listdir(folder) if not n.startswith(".")
                   and os.path.isfile(os.path.join(folder, n))) if os.path.isdir(folder) else []
+
+
+def _misread(values: list[float]) -> str:
+    """What a label line of numbers that is no box most likely is, as a hint ("" when none)."""
+    if len(values) == 5:
+        return f" (class {values[0]:g} is no integer id)"
+    if len(values) >= 7 and len(values) % 2:  # Ultralytics' segmentation labels: class x1 y1 x2 y2 …
+        return (f" (a polygon of {len(values) // 2} points, a segmentation label? a detection label is its box: "
+                "class, centre and size)")
+    return ""
 
 
 def _unread(image_dir: str, label_dir: str, names: list[str]) -> list[str]:
