@@ -82,3 +82,12 @@ def test_a_loss_of_another_output_names_the_loss_the_net_trains_with(tmp_path, c
     with pytest.raises(hf.HloforgeError, match=r"got \[13, 8, 8\]; net 'yolov1-mini' on dataset 'shapes' trains "
                                                r"with yolov1 \(its default, with no loss given\)$"):
         hf.Model("yolov1-mini", loss="crossEntropy").fit("shapes", batch_size=4, verbose=False)
+
+
+def test_mse_on_a_detector_names_its_heads_loss_not_the_segmentation_losses():
+    """mse on yolov1-mini over shapes (whose labels are masks, and boxes) named 'losses that fit: dice, diceCE,
+    perPixelCE, perPixelFocal', which its [13, 8, 8] output passes as a mask's shape and no detector trains on."""
+    with pytest.raises(DataError, match=r"which a net from \[3, 32, 32\] to \[13, 8, 8\] is not; losses that fit: "
+                                        r"yolov1$"):
+        hf.Model("yolov1-mini", loss="mse").fit("shapes", batch_size=4, verbose=False,
+                                                 data_options={"n_train": 8, "n_test": 4})

@@ -497,7 +497,11 @@ def misfit(spec: NetSpec, loss: Loss, kind: str, data: str, data_kind: str, y: A
     labels = _LABELS_SAID.get(data_kind, f"{data_kind!r} labels")
     if y is not None:
         labels += f" of shape {_shape_said(np.shape(y)[1:])}"
-    fit = [n for n in losses_for(spec, data_kind) if n != loss.name]
+    from hloforge.train.detection import HEAD_KINDS
+
+    head = getattr(spec.layers[-1], "head_kind", None) if spec.layers else None
+    # a detector trains on its head's own loss, whatever else its output's shape would pass (dice on [13, 8, 8])
+    fit = [HEAD_KINDS[head]] if head in HEAD_KINDS else [n for n in losses_for(spec, data_kind) if n != loss.name]
     fits = (f"losses that fit: {', '.join(fit)}" if fit else
             f"no registered loss trains net {spec.name!r} (output {list(out)}) on these labels")
     return (f"loss {loss.name!r} does not fit net {spec.name!r} on dataset {data!r}: the dataset gives "
