@@ -79,15 +79,20 @@ def test_a_loss_of_another_output_names_the_loss_the_net_trains_with(tmp_path, c
     x, y = np.zeros((4, 3, 32, 32), np.float32), np.zeros((4, 32, 32), np.int64)
     with pytest.raises(hf.HloforgeError, match=r"got \[4, 32, 32\]; net 'unet-mini' trains with perPixelCE \(its "):
         hf.Model("unet-mini", loss="crossEntropy").fit(x, y, batch_size=4, verbose=False)
-    with pytest.raises(hf.HloforgeError, match=r"got \[13, 8, 8\]; net 'yolov1-mini' on dataset 'shapes' trains "
-                                               r"with yolov1 \(its default, with no loss given\)$"):
-        hf.Model("yolov1-mini", loss="crossEntropy").fit("shapes", batch_size=4, verbose=False)
+    with pytest.raises(hf.HloforgeError, match=r"got \[4, 32, 32\]; net 'unet-mini' on dataset 'shapes' trains "
+                                               r"with perPixelCE \(its default, with no loss given\)$"):
+        hf.Model("unet-mini", loss="crossEntropy").fit("shapes", batch_size=4, verbose=False)
 
 
-def test_mse_on_a_detector_names_its_heads_loss_not_the_segmentation_losses():
-    """mse on yolov1-mini over shapes (whose labels are masks, and boxes) named 'losses that fit: dice, diceCE,
-    perPixelCE, perPixelFocal', which its [13, 8, 8] output passes as a mask's shape and no detector trains on."""
-    with pytest.raises(DataError, match=r"which a net from \[3, 32, 32\] to \[13, 8, 8\] is not; losses that fit: "
-                                        r"yolov1$"):
-        hf.Model("yolov1-mini", loss="mse").fit("shapes", batch_size=4, verbose=False,
-                                                 data_options={"n_train": 8, "n_test": 4})
+@pytest.mark.parametrize(("net", "loss", "head", "own"), [
+    ("yolov1-mini", "mse", "yolov1Head", "yolov1"),  # before: 'losses that fit: dice, diceCE, perPixelCE, …'
+    ("yolov1-mini", "perPixelCE", "yolov1Head", "yolov1"),  # before: 'shapes has 4 mask classes, net … predicts 13'
+    ("fpn-mini", "dice", "fpnDetect", "fpnYolo"),
+])
+def test_a_loss_not_a_detectors_own_names_its_heads_loss(net, loss, head, own):
+    """Refusals of a segmentation loss (or mse) on a detector over shapes (whose labels are masks, and boxes)
+    spoke of masks and named the segmentation losses, which a [13, 8, 8] output passes as a mask's shape and
+    no detector trains on: now the head's own loss."""
+    with pytest.raises(DataError, match=rf"^loss '{loss}' does not read the output of net '{net}''s head \({head}\); "
+                                        rf"expected {own}, its own \(the default, with no loss given\)$"):
+        hf.Model(net, loss=loss).fit("shapes", batch_size=4, verbose=False, data_options={"n_train": 8, "n_test": 4})

@@ -371,12 +371,6 @@ class DetectionTask(Task):
                             f"{list(run.spec.input_shape)}; a zoo net takes --input {','.join(map(str, image))}")
         boxes, head_boxes = getattr(run.variant.make_loss(default_registry()), "boxes", None), \
             getattr(self.head.layer, "boxes", None)
-        # hloforge's box losses each read one head's layout: another's (anchorYolo on fpnDetect's [cells, A, 5 + C]
-        # read as channels over a grid) trained and scored a plausible run of nothing it meant (a plugin's may read any)
-        if run.variant.loss != self.head.loss and default_registry().entry("loss", run.variant.loss).builtin:
-            raise DataError(f"loss {run.variant.loss!r} does not read the output of net {run.spec.name!r}'s head "
-                            f"({getattr(self.head.layer, 'kind', 'detection')}); expected {self.head.loss}, its own "
-                            "(the default, with no loss given)")
         if boxes != head_boxes:  # the yolov1 loss reads the head's per-cell layout with its own `boxes`
             raise DataError(f"loss {run.variant.loss!r} reads {boxes} box(es) per cell, net {run.spec.name!r}'s head "
                             f"has {head_boxes}")
@@ -465,9 +459,29 @@ def losses_for(spec: NetSpec, data_kind: str) -> list[str]:
     return fit
 
 
+def _builtin_loss(name: str) -> bool:
+    from hloforge.core.registry import default_registry
+
+    try:
+        return bool(default_registry().entry("loss", name).builtin)
+    except HloforgeError:  # a loss not registered by that name: not one of ours
+        return False
+
+
 def check_loss_fits(spec: NetSpec, loss: Loss, data: str | None = None) -> None:
     """`loss.check` of the net's output, its refusal ("crossEntropy takes logits [classes]" to a segmenter) naming
     the loss the net trains with by default on dataset `data` (None: on arrays, the net's own task's)."""
+    from hloforge.train.detection import HEAD_KINDS
+
+    head = spec.walk()[-1].layer if spec.layers else None
+    own = HEAD_KINDS.get(getattr(head, "head_kind", None) or "")
+    # hloforge's losses each read one output's layout: another's on a detection head (anchorYolo reading fpnDetect's
+    # [cells, A, 5 + C] as channels over a grid) trained and scored a plausible run of nothing it meant; a plugin's
+    # loss may read any
+    if own and loss.name != own and _builtin_loss(loss.name):
+        raise DataError(f"loss {loss.name!r} does not read the output of net {spec.name!r}'s head "
+                        f"({getattr(head, 'kind', 'detection')}); expected {own}, its own (the default, with no loss "
+                        "given)")
     try:
         loss.check(tuple(spec.out_shape))
     except UnsupportedSpec as e:
@@ -497,11 +511,7 @@ def misfit(spec: NetSpec, loss: Loss, kind: str, data: str, data_kind: str, y: A
     labels = _LABELS_SAID.get(data_kind, f"{data_kind!r} labels")
     if y is not None:
         labels += f" of shape {_shape_said(np.shape(y)[1:])}"
-    from hloforge.train.detection import HEAD_KINDS
-
-    head = getattr(spec.layers[-1], "head_kind", None) if spec.layers else None
-    # a detector trains on its head's own loss, whatever else its output's shape would pass (dice on [13, 8, 8])
-    fit = [HEAD_KINDS[head]] if head in HEAD_KINDS else [n for n in losses_for(spec, data_kind) if n != loss.name]
+    fit = [n for n in losses_for(spec, data_kind) if n != loss.name]
     fits = (f"losses that fit: {', '.join(fit)}" if fit else
             f"no registered loss trains net {spec.name!r} (output {list(out)}) on these labels")
     return (f"loss {loss.name!r} does not fit net {spec.name!r} on dataset {data!r}: the dataset gives "
