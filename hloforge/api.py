@@ -380,6 +380,8 @@ class Model:
                 raise UnsupportedSpec("evaluate(data=NAME) scores the dataset's test split; pass no x or y with it")
             arraydata.check_dataset_kind(self._inputs, data, self.spec, "evaluate on", "score it on x of its own kind")
             run = self._run(data, batch, data_options=data_options, eval_only=True)
+            arraydata.check_vocabulary(run.data, lambda: self._run(self._data, batch, eval_only=True, data_options=(
+                parse_data_options(self._data_options))).data if self._data == data else None, "evaluate")
         else:
             arraydata.refuse_ddpm_arrays(self.spec, "evaluate")
             xa, ya = self._check_xy(x, y, "evaluate", scored=True, trained=self._inputs)

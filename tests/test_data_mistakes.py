@@ -355,3 +355,26 @@ def test_compare_says_a_run_that_is_no_classifier_keeps_no_per_example_results(t
     assert main(["compare", plain, plain]) == EXIT_BAD_INPUT
     assert _one_line(capsys).endswith("eval_correct.npz does not exist; expected a run directory holding "
                                       "eval_correct.npz")
+
+
+def test_a_language_model_is_not_scored_on_a_corpus_of_another_vocabulary(tmp_path) -> None:
+    """hf.Model fit on one corpus, evaluate(data="text") on another whose vocabulary numbers the characters
+    otherwise (each corpus's ids are its own characters in code-point order) gave a plausible bits_per_char of
+    ids read as other characters (`hloforge eval --data-file` refuses it as changed data). Refused now; a corpus of
+    the same vocabulary is scored."""
+    import hloforge.api as hf
+
+    words = "the quick brown fox jumps over a lazy dog".split()
+    rng = np.random.default_rng(0)
+    own, same, other = (tmp_path / n for n in ("own.txt", "same.txt", "other.txt"))
+    own.write_text(" ".join(rng.choice(words, 900)), encoding="utf-8")
+    same.write_text(" ".join(rng.choice(words, 900)), encoding="utf-8")  # the same characters, other text
+    other.write_text(own.read_text(encoding="utf-8").upper(), encoding="utf-8")
+    model = hf.Model("tinygpt-nano", seed=0)
+    model.fit(data="text", data_options={"data_file": str(own)}, batch_size=16, verbose=False)
+    assert model.evaluate(data="text", data_options={"data_file": str(same)})["n"] > 0
+    with pytest.raises(DataError, match=r"^evaluate: corpus '.*other.txt' numbers its characters otherwise than the "
+                                        r"one the model was fit on \(id 1: 'A' here, 'a' in training\), so each id "
+                                        r"would be read as another character; expected a corpus of the model's "
+                                        r"vocabulary$"):
+        model.evaluate(data="text", data_options={"data_file": str(other)})

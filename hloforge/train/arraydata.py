@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -123,6 +123,26 @@ def check_next_tokens(kind: str, x: np.ndarray, y: np.ndarray, what: str) -> Non
         return
     raise DataError(f"{what} labels {said}; expected each position's next token (the net shifts nothing): from "
                     "windows w one token longer, x = w[:, :-1] and y = w[:, 1:]")
+
+
+def check_vocabulary(data: Any, trained: Callable[[], Any], what: str) -> None:
+    """Refuse a character language model's scores on a corpus (`data`) whose vocabulary numbers its characters
+    otherwise than the one the model was fit on (`trained()`: that dataset, None when it was another): each id
+    would stand for another character, a plausible wrong bits_per_char. A training corpus gone: nothing to compare."""
+    chars = getattr(data, "chars", None)
+    if chars is None:
+        return
+    try:
+        own = getattr(trained(), "chars", None)
+    except HloforgeError:
+        return
+    if own is None or list(own) == list(chars):
+        return
+    i = next((k for k, (a, b) in enumerate(zip(own, chars, strict=False)) if a != b), min(len(own), len(chars)))
+    said = [repr(c[i]) if i < len(c) else "none" for c in (chars, own)]
+    raise DataError(f"{what}: corpus {getattr(data, 'source', '')!r} numbers its characters otherwise than the one the "
+                    f"model was fit on (id {i}: {said[0]} here, {said[1]} in training), so each id would be read as "
+                    "another character; expected a corpus of the model's vocabulary")
 
 
 def refuse_ddpm_arrays(spec: NetSpec, what: str) -> None:
