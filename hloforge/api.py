@@ -283,6 +283,8 @@ class Model:
             arraydata.check_dataset_kind(self._inputs, data, self.spec, "fit on", "build a new Model to train on it")
             self._fit_inputs = arraydata.dataset_inputs(data, self.spec)
             run = self._run(data, batch, epochs, shuffle, verbose, data_options)
+            arraydata.check_vocabulary(run.data, lambda: self._run(self._data, batch, eval_only=True, data_options=(
+                parse_data_options(self._data_options))).data if self._data == data else None, "fit")
         else:
             if x is None:
                 raise DataError("fit takes arrays x and y, an iterable of (x, y) batches or a dataset name; got none")

@@ -378,3 +378,6 @@ def test_a_language_model_is_not_scored_on_a_corpus_of_another_vocabulary(tmp_pa
                                         r"would be read as another character; expected a corpus of the model's "
                                         r"vocabulary$"):
         model.evaluate(data="text", data_options={"data_file": str(other)})
+    with pytest.raises(DataError, match=r"^fit: corpus '.*other.txt' numbers its characters otherwise"):  # nor trained
+        model.fit(data="text", data_options={"data_file": str(other)}, batch_size=16, verbose=False)
+    model.fit(data="text", data_options={"data_file": str(same)}, batch_size=16, verbose=False)
