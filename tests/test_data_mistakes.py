@@ -381,3 +381,24 @@ def test_a_language_model_is_not_scored_on_a_corpus_of_another_vocabulary(tmp_pa
     with pytest.raises(DataError, match=r"^fit: corpus '.*other.txt' numbers its characters otherwise"):  # nor trained
         model.fit(data="text", data_options={"data_file": str(other)}, batch_size=16, verbose=False)
     model.fit(data="text", data_options={"data_file": str(same)}, batch_size=16, verbose=False)
+
+
+def test_init_from_a_language_models_run_on_a_corpus_of_another_vocabulary_is_refused(tmp_path, capsys) -> None:
+    """hloforge train --init RUN on another corpus fine-tuned its weights on ids that stand for other characters
+    (a plausible falling loss); refused now before anything is written, and the same corpus still fine-tunes."""
+    own, other = tmp_path / "own.txt", tmp_path / "other.txt"
+    words = "the quick brown fox jumps over a lazy dog".split()
+    own.write_text(" ".join(np.random.default_rng(0).choice(words, 900)), encoding="utf-8")
+    other.write_text(own.read_text(encoding="utf-8").upper(), encoding="utf-8")
+    base = ["train", "tinygpt-nano", "--data", "text", "--epochs", "1", "--batch", "16", "--no-progress"]
+    assert main([*base, "--data-file", str(own), "--run-dir", str(tmp_path / "a")]) == EXIT_OK
+    capsys.readouterr()
+    assert main([*base, "--data-file", str(other), "--init", str(tmp_path / "a"), "--run-dir", str(tmp_path / "b")]) \
+        == EXIT_BAD_INPUT
+    assert _one_line(capsys) == (f"hloforge: error: --init {tmp_path}/a/checkpoint.safetensors: corpus '{other}' "
+                                 "numbers its characters otherwise than the one the model was fit on (id 1: 'A' here, "
+                                 "'a' in training), so each id would be read as another character; expected a corpus "
+                                 "of the model's vocabulary")
+    assert not (tmp_path / "b").exists()
+    assert main([*base, "--data-file", str(own), "--init", str(tmp_path / "a"), "--run-dir", str(tmp_path / "c")]) \
+        == EXIT_OK

@@ -29,6 +29,7 @@ from hloforge.core.slots import check_stats
 from hloforge.core.switches import whole_number
 from hloforge.core.variant import SHADOW, Variant, covers
 from hloforge.train import checkpoint as ckpt
+from hloforge.train.arraydata import check_vocabulary
 from hloforge.train.config import CHECKPOINT
 
 if TYPE_CHECKING:
@@ -150,6 +151,7 @@ def _not_safetensors(path: str, error: Exception) -> str:
 def read_init(run: Run, log: Callable[[str], None] = print) -> Init:
     """`run.cfg.init` read and matched against `run`'s net, or one DataError naming what does not fit."""
     path, tensors, classes, region, net = _read(run.cfg.init, run.cfg.init_region)
+    check_vocabulary(run.data, lambda: _corpus_of(os.path.dirname(path), run), f"--init {path}")
     if region == "ema":
         log(f"  init {path}: its EMA shadow's weights, the ones `hloforge eval` scores (--init-region live: θ)")
     spec = run.spec
@@ -207,6 +209,23 @@ def read_init(run: Run, log: Callable[[str], None] = print) -> Init:
         log(f"  init {path}: {classes} classes there, {spec.num_classes} here: head {names} re-initialised"
             f" (the net's own init, seed {run.cfg.seed})")
     return Init(path, [np.array(a, np.float32) for a in p], [np.array(a, np.float32) for a in st], tuple(head))
+
+
+def _corpus_of(folder: str, run: Run) -> Any:
+    """The dataset the run in `folder` was trained on, where it is `run`'s (a language model's corpus, whose
+    vocabulary its weights read), else None."""
+    from hloforge.core.registry import default_registry
+    from hloforge.train.config import CONFIG, data_path_options, load_config, parse_data_options
+
+    if not hasattr(run.data, "chars") or not os.path.isfile(os.path.join(folder, CONFIG)):
+        return None
+    cfg = load_config(os.path.join(folder, CONFIG))
+    if cfg.data != run.cfg.data:
+        return None
+    reg = default_registry()
+    opts = {**data_path_options(cfg, reg.get("dataset", cfg.data)), **parse_data_options(cfg.data_options),
+            "seq_len": run.data.seq_len}
+    return reg.make("dataset", cfg.data, **opts)
 
 
 def _head_classes(have: dict[str, np.ndarray], head: dict[str, tuple[int, ...]], num_classes: int) -> int | None:
