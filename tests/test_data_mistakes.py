@@ -311,7 +311,12 @@ def test_a_text_models_export_records_its_corpus_and_vocabulary(tmp_path, capsys
     assert "pixels" not in pre  # text: no pixels to scale
     assert chars != Text().chars
     assert pre["data"] == "text" and pre["data_file"] == corpus and pre["data_dir"] == ""
-    assert pre["vocabulary"] == chars and pre["other_token"] == len(chars) - 1
+    # every id as the run encoded and decoded it: this corpus has 53 characters, so ids 53..63 are unused and
+    # every rarer character is id 64 (the last), where the manifest said 53 (the other token at the list's end)
+    text = Text(corpus)
+    assert len(chars) == 54 and len(pre["vocabulary"]) == manifest["classes"] == 65
+    assert pre["other_token"] == 64 == int(text.encode("€")[0])
+    assert pre["vocabulary"] == [text.decode([i]) for i in range(65)] and pre["vocabulary"][:53] == chars[:53]
 
 
 # ------------------------------------------------------------------ 5. compare on an EMA run

@@ -94,6 +94,12 @@ class Text(Dataset):
         """The characters of `s` outside the vocabulary (each encoded as the other-character token), sorted."""
         return sorted(set(s) - set(self._index))
 
+    @property
+    def vocabulary(self) -> list[str]:
+        """Each id's character, ids 0..vocab − 1, as encode and decode read them: a corpus of fewer characters leaves
+        ids unused between its last character and the other-character token (the last id), each U+FFFD."""
+        return [*self.chars[:-1], *[OTHER] * (self.num_classes - len(self.chars) + 1)]
+
     def decode(self, ids: np.ndarray) -> str:
         return "".join(self.chars[min(int(i), len(self.chars) - 1)] for i in ids)
 

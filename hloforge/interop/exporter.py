@@ -144,7 +144,8 @@ def preprocessing(cfg: Any, data: Any) -> dict[str, Any]:
                            "data_file": cfg.data_file}
     chars = getattr(data, "chars", None)
     if getattr(data, "label_kind", None) == "tokens" and chars is not None:
-        out.update(vocabulary=list(chars), other_token=len(chars) - 1)
+        vocabulary = list(getattr(data, "vocabulary", chars))  # every id's, as the run encoded (text's: unused too)
+        out.update(vocabulary=vocabulary, other_token=len(vocabulary) - 1)
     if (norm := pixel_scaling(data)) is not None:
         out["pixels"] = {"range": [0.0, round(1.0 / norm.scale, 6)], "scale": norm.scale, "mean": list(norm.mean),
                          "std": list(norm.std)}
