@@ -243,3 +243,15 @@ def test_train_and_eval_a_tiny_unet_on_shapes(tmp_path, capsys, backend):
                  str(tmp_path / "r3")]) == 3
     assert "predicts per-pixel classes [4, 32, 32]; dataset 'digits' has no per-pixel masks" in \
         capsys.readouterr().err
+
+
+def test_a_segmenter_of_another_class_count_names_the_classes_that_fit(tmp_path, capsys):
+    """unet-mini --classes 3 on shapes' 4 mask classes (or --input 4,S,S on brats without --classes 4) said the
+    two counts and no way on, where a classifier's refusal names --classes; now the same."""
+    from hloforge.cli import main
+
+    assert main(["train", "unet-mini", "--classes", "3", "--data", "shapes", "--data-opt", "n_train=8", "--data-opt",
+                 "n_test=4", "--batch", "4", "--run-dir", str(tmp_path / "r")]) == 3
+    assert capsys.readouterr().err == ("hloforge: error: dataset 'shapes' has 4 mask classes, net 'unet-mini' predicts "
+                                       "3; pass --classes 4 (hf.Model's classes=4) to give the net a head of 4\n")
+    assert not (tmp_path / "r").exists()

@@ -252,8 +252,13 @@ class SegmentationTask(Task):
             raise DataError(f"net {run.spec.name!r} predicts per-pixel classes {list(out)}; dataset {run.cfg.data!r} "
                             "has no per-pixel masks")
         if dataset_classes(run.data) != out[0]:
-            raise DataError(f"dataset {run.cfg.data!r} has {run.data.num_classes} mask classes, net "
-                            f"{run.spec.name!r} predicts {out[0]}")
+            from hloforge.zoo import takes_classes
+
+            n = run.data.num_classes  # a zoo segmenter's classes are its output's channels
+            fix = (f"; pass --classes {n} (hf.Model's classes={n}) to give the net a head of {n}"
+                   if takes_classes(run.cfg.net) else "")
+            raise DataError(f"dataset {run.cfg.data!r} has {n} mask classes, net {run.spec.name!r} predicts "
+                            f"{out[0]}{fix}")
         if tuple(run.y_te.shape[1:]) != tuple(out[1:]):
             raise DataError(f"dataset {run.cfg.data!r} gives masks of {list(run.y_te.shape[1:])}, net "
                             f"{run.spec.name!r} predicts {list(out[1:])}")
