@@ -407,3 +407,22 @@ def test_init_from_a_language_models_run_on_a_corpus_of_another_vocabulary_is_re
     assert not (tmp_path / "b").exists()
     assert main([*base, "--data-file", str(own), "--init", str(tmp_path / "a"), "--run-dir", str(tmp_path / "c")]) \
         == EXIT_OK
+
+
+def test_generate_counts_the_corpus_characters_and_says_when_the_other_token_was_never_trained(tmp_path) -> None:
+    """On a 27-character corpus the prompt's unknown characters were said to be outside 'the run's vocabulary of 64
+    characters' (the head's size less one) and read as the other-character token with no word that the net never
+    saw that token (a corpus of fewer characters than the vocabulary has no rarer one in training)."""
+    from hloforge.commands.generate import generate
+    from hloforge.core.errors import HloforgeWarning
+
+    corpus = tmp_path / "corpus.txt"
+    words = "the quick brown fox jumps over a lazy dog".split()
+    corpus.write_text(" ".join(np.random.default_rng(0).choice(words, 900)), encoding="utf-8")
+    assert main(["train", "tinygpt-nano", "--data", "text", "--data-file", str(corpus), "--epochs", "1", "--batch",
+                 "16", "--run-dir", str(tmp_path / "r"), "--no-progress"]) == EXIT_OK
+    known = len(set(corpus.read_text(encoding="utf-8")))
+    with pytest.warns(HloforgeWarning, match=rf"^the prompt's 'Z', '€' are not in the run's vocabulary of {known} "
+                                             r"characters: each is read as its other-character token, which training "
+                                             r"never showed the net \(its corpus has none\)$"):
+        generate(str(tmp_path / "r"), prompt="Zebra€", tokens=1)

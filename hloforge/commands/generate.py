@@ -38,9 +38,12 @@ def generate(path: str, prompt: str = "\n", tokens: int = 200, temperature: floa
     unknown = run.data.unknown(prompt) if hasattr(run.data, "unknown") else []
     if unknown:  # the net reads them as one token, the one it learnt for the corpus' rare characters
         shown = ", ".join(repr(c) for c in unknown[:8]) + (f" and {len(unknown) - 8} more" if len(unknown) > 8 else "")
-        warnings.warn(HloforgeWarning(f"the prompt's {shown} are not in the run's vocabulary of "
-                                      f"{run.data.num_classes - 1} characters: each is read as its other-character "
-                                      "token"), stacklevel=2)
+        known = len(run.data.chars) - 1  # the corpus's characters (num_classes − 1 only where it fills the vocabulary)
+        # a corpus of fewer characters has no rarer one in training: the net never saw that token
+        unseen = "" if known == run.data.num_classes - 1 else \
+            ", which training never showed the net (its corpus has none)"
+        warnings.warn(HloforgeWarning(f"the prompt's {shown} are not in the run's vocabulary of {known} characters: "
+                                      f"each is read as its other-character token{unseen}"), stacklevel=2)
     ids = list(run.data.encode(prompt or "\n"))
     rng = np.random.default_rng(seed)
     emit = out or (lambda s: None)
