@@ -80,7 +80,7 @@ STATE = textwrap.dedent("""
         model.save(d + "/m")
         hf.load(d + "/m").predict(x)
     from hloforge.backends.host_memory import RELEASE_AFTER_S
-    time.sleep(RELEASE_AFTER_S + 1)  # the kept heap goes back RELEASE_AFTER_S after the last call, by a thread that ends
+    time.sleep(RELEASE_AFTER_S + 1)  # the heap goes back RELEASE_AFTER_S after the last call, by a thread that ends
     after = state()
     print(json.dumps({k: [before[k], after[k]] for k in before}))
 """)
