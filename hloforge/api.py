@@ -381,9 +381,12 @@ class Model:
             if x is not None or y is not None:
                 raise UnsupportedSpec("evaluate(data=NAME) scores the dataset's test split; pass no x or y with it")
             arraydata.check_dataset_kind(self._inputs, data, self.spec, "evaluate on", "score it on x of its own kind")
-            run = self._run(data, batch, data_options=data_options, eval_only=True)
-            arraydata.check_vocabulary(run.data, lambda: self._run(self._data, batch, eval_only=True, data_options=(
-                parse_data_options(self._data_options))).data if self._data == data else None, "evaluate")
+            own = data_options is None and data == self._data  # as it trained on it (size, corpus file): eval's split
+            given = parse_data_options(self._data_options) if own else data_options
+            run = self._run(data, batch, data_options=given, eval_only=True)
+            if not own:
+                arraydata.check_vocabulary(run.data, lambda: self._run(self._data, batch, eval_only=True, data_options=(
+                    parse_data_options(self._data_options))).data if self._data == data else None, "evaluate")
         else:
             arraydata.refuse_ddpm_arrays(self.spec, "evaluate")
             xa, ya = self._check_xy(x, y, "evaluate", scored=True, trained=self._inputs)
