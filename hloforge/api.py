@@ -132,6 +132,7 @@ class Model:
         # The dataset a saved run directory names for `hloforge eval`: the one the model last trained on (its
         # last fit's, or the loaded run's); ARRAYS, none, until a fit on a registered dataset.
         self._data, self._data_options = ARRAYS, ()  # and its options ("key=value" items), as a config has them
+        self._eval_set: str | None = None  # the id of that dataset's test split as last scored (None: not known)
         # the kind of x it was fit on (refused of another kind when scored); None: not known, nothing checked
         self._inputs: InputKind | None = None
         self._fit_inputs: InputKind | None = None  # the fit in progress's, the model's when an epoch is kept
@@ -337,6 +338,7 @@ class Model:
         self._step = self._live.step
         # weights trained on it now: a registered dataset's name (with its options), or ARRAYS
         self._data, self._data_options, self._inputs = run.cfg.data, run.cfg.data_options, self._fit_inputs
+        self._eval_set = run.eval_set
 
     def plot(self, path: str = "curves.png") -> str:
         """This model's curves over `self.history` (loss, and the validation metric) as a PNG at `path`; returns it."""
@@ -373,6 +375,7 @@ class Model:
         `hloforge eval --region` scores: "live" (θ with the running BN statistics), "ema" (the EMA shadow with its
         own), "auto" (the default: the shadow when the variant keeps one, else θ). `batch_size` as predict's."""
         from hloforge.train.evaluation import evaluate_lm
+        from hloforge.train.metrics import check_eval_set
 
         batch = checked_batch_size(batch_size, self._batch)
         buffers = self._region_buffers(region)
@@ -384,7 +387,9 @@ class Model:
             own = data_options is None and data == self._data  # as it trained on it (size, corpus file): eval's split
             given = parse_data_options(self._data_options) if own else data_options
             run = self._run(data, batch, data_options=given, eval_only=True)
-            if not own:
+            if own:  # and as it was scored then, as `hloforge eval` holds it: an edited corpus scores plausibly
+                check_eval_set(self._eval_set, run.eval_set, data, "evaluate")
+            else:
                 arraydata.check_vocabulary(run.data, lambda: self._run(self._data, batch, eval_only=True, data_options=(
                     parse_data_options(self._data_options))).data if self._data == data else None, "evaluate")
         else:

@@ -85,5 +85,6 @@ def load(path: str, backend: str | None = None) -> Model:
     # the run's dataset files as a fit's data_options record them: else a save named the dataset's default ones
     files = tuple(f"{k}={v}" for k, v in (("data_dir", cfg.data_dir), ("data_file", cfg.data_file)) if v)
     model._data, model._data_options = cfg.data, (*files, *cfg.data_options)
+    model._eval_set = meta.get("eval_set")  # its test split as the run scored it (evaluate on it checks it)
     model._inputs = arraydata.saved_inputs(file, meta, cfg.data, model.spec)
     return model

@@ -53,3 +53,34 @@ def test_a_loaded_language_model_scores_the_corpus_it_trained_on(text_run: tuple
     run, corpus, logged = text_run
     got = hf.load(run).evaluate("text")
     assert got == {"bits_per_char": logged["val_bits_per_char"], "n": logged["n"]}
+
+
+def test_evaluate_refuses_its_own_dataset_changed_since_as_eval_does(text_run: tuple[str, str, dict],
+                                                                     tmp_path: str) -> None:
+    """Before, the run's corpus edited after training (a cut paragraph) was scored by hf.load(run).evaluate("text")
+    as a plausible bits_per_char, where `hloforge eval` refused it: its test split is not the one scored then."""
+    run, corpus, logged = text_run
+    with open(corpus, encoding="utf-8") as f:
+        kept = f.read()
+    try:
+        with open(corpus, "w", encoding="utf-8") as f:
+            f.write(kept[:3000] + kept[3400:])
+        m = hf.load(run)
+        said = (r"^evaluate: the test split of dataset 'text' is not the one the run was scored on \(\d+ examples, "
+                r".* then\); its data changed since$")
+        with pytest.raises(DataError, match=said):
+            m.evaluate("text")
+        with pytest.raises(DataError, match=r"the test split of dataset 'text' is not the one the run was scored"):
+            evaluate_checkpoint(run, log=lambda s: None)  # the same refusal, in eval's words
+        assert m.evaluate("text", data_options={"data_file": corpus})["n"] < logged["n"]  # the text given is scored
+    finally:
+        with open(corpus, "w", encoding="utf-8") as f:
+            f.write(kept)
+    assert hf.load(run).evaluate("text")["bits_per_char"] == logged["val_bits_per_char"]
+    # a model refit on another corpus scores that one, not held to the run's
+    other = os.path.join(tmp_path, "other.txt")
+    with open(other, "w", encoding="utf-8") as f:
+        f.write(kept[:5000])
+    m = hf.load(run)
+    h = m.fit("text", data_options={"data_file": other}, epochs=1, batch_size=16, verbose=False)
+    assert m.evaluate("text")["bits_per_char"] == h[-1]["val_bits_per_char"]

@@ -21,7 +21,7 @@ from hloforge.train.arraydata import ARRAYS, check_dataset_kind, check_input_kin
 from hloforge.train.config import CHECKPOINT, CONFIG, TrainConfig, data_path_options, load_config
 from hloforge.train.evaluation import EvalResult, evaluate, evaluate_lm, evaluate_stream
 from hloforge.train.finetune import EXPORT_MANIFEST
-from hloforge.train.metrics import describe_eval_set, same_eval_set
+from hloforge.train.metrics import check_eval_set
 from hloforge.train.parallel import make_forward_session
 from hloforge.train.rundir import own_spec
 from hloforge.train.session import ForwardSession, make_backend, replica_devices
@@ -171,13 +171,7 @@ def open_checkpoint(path: str, backend: str | None = None, log: Callable[[str], 
     if spec != run.spec:
         raise DataError(f"checkpoint {file} holds a spec that differs from net {cfg.net!r} as defined now "
                         f"({ckpt.first_difference(spec.to_dict(), run.spec.to_dict())})")
-    # The data as it reads now against what the run was scored on: a corpus or data file edited or replaced since
-    # would score (and a text run decode) plausibly and wrongly.
-    scored_on, now = meta.get("eval_set"), run.eval_set
-    if scored_on is not None and not same_eval_set(scored_on, now):
-        raise DataError(f"checkpoint {file}: the test split of dataset {cfg.data!r} is not the one the run was "
-                        f"scored on ({describe_eval_set(now)} now, {describe_eval_set(scored_on)} then); its data "
-                        "changed since")
+    check_eval_set(meta.get("eval_set"), run.eval_set, cfg.data, f"checkpoint {file}")  # the data as it reads now
     # what the tensors were trained as, against what the config makes (a field newer than the checkpoint aside)
     made = json.loads(json.dumps(attrs.asdict(run.variant)))  # as stored: tuples as lists
     if any(k not in made or made[k] != v for k, v in meta["variant"].items()):

@@ -132,6 +132,14 @@ def _forms(set_id: str) -> list[str]:
     return [str(set_id), legacy] if legacy else [str(set_id)]
 
 
+def check_eval_set(scored_on: str | None, now: str, data: str, where: str) -> None:
+    """Refuse a test split other than the one a run was scored on (`scored_on`; None: not known): a corpus or data
+    file edited or replaced since would score (and a text run decode) plausibly and wrongly."""
+    if scored_on is not None and not same_eval_set(scored_on, now):
+        raise DataError(f"{where}: the test split of dataset {data!r} is not the one the run was scored on "
+                        f"({describe_eval_set(now)} now, {describe_eval_set(scored_on)} then); its data changed since")
+
+
 def describe_eval_set(set_id: str) -> str:
     """An `eval_set_id` as a message says it: "360 examples, labels hash 1a2b…, inputs hash 3c4d…" (an
     older id: "360 labels, hash 1a2b…")."""
