@@ -35,6 +35,7 @@ from hloforge.core.registry import hloforge_version
 from hloforge.core.slots import StatSlot
 from hloforge.core.switches import env_path, whole_number
 from hloforge.core.variant import SHADOW
+from hloforge.train.provenance import PLUGINS, check_plugin_layers, plugin_layers
 
 FORMAT_FAMILY = "hloforge-checkpoint-"  # + the layout's version
 FORMAT = f"{FORMAT_FAMILY}1"
@@ -80,6 +81,8 @@ def serialize(names: Sequence[str], tensors: Sequence[np.ndarray], meta: dict[st
     from safetensors.numpy import save
 
     meta = {**meta, VERSION: hloforge_version()}  # this writer's, over one a re-saved checkpoint carried
+    meta.pop(PLUGINS, None)  # and the plugins its net is made of now (none: no key, the bytes as before)
+    meta.update({PLUGINS: used} if (used := plugin_layers(meta.get("spec"))) else {})
     blob = save({n: np.ascontiguousarray(t) for n, t in zip(names, tensors, strict=True)},
                 metadata={"format": FORMAT, **{k: json.dumps(v) for k, v in meta.items()}})
     (n,) = struct.unpack("<Q", blob[:8])
@@ -468,6 +471,7 @@ def load_meta(path: str) -> dict[str, Any]:
                 raise DataError(f"checkpoint {path}: its metadata {k!r} is not JSON; tampered, or not written by "
                                 "hloforge") from None
     check_meta(path, meta)
+    check_plugin_layers(path, meta)  # before its spec is read: a plugin's layer not installed says which to install
     return meta
 
 

@@ -1,0 +1,58 @@
+"""The third-party plugins a checkpoint's net is made of: recorded as it is written, checked as it is read.
+
+A net with a plugin's layer (`groupNorm` from hloforge-groupnorm) saved, then opened where that plugin is not
+installed, would otherwise be refused as an unknown layer among every registered one, with nothing saying it was a
+plugin's or which distribution to install."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Mapping
+from typing import Any
+
+from hloforge.core.errors import DataError
+from hloforge.core.registry import default_registry
+
+PLUGINS = "plugin_layers"  # the metadata key: {layer kind: {"distribution": ..., "version": ...}}
+
+
+def plugin_layers(spec: Any) -> dict[str, dict[str, str]]:
+    """The layers of `spec` (a spec's dict, as a checkpoint holds it) that an installed third-party plugin
+    provides, each with its distribution and version; {} for a net of hloforge's own layers."""
+    registry, out = default_registry(), {}
+    for layer in spec.get("layers", ()) if isinstance(spec, Mapping) else ():
+        kind = layer.get("kind") if isinstance(layer, Mapping) else None
+        if not isinstance(kind, str) or kind not in registry.names("layer"):
+            continue
+        entry = registry.entry("layer", kind)
+        if not entry.builtin:
+            try:
+                version = importlib.metadata.version(entry.distribution)
+            except importlib.metadata.PackageNotFoundError:  # a plugin registered in process, with no distribution
+                version = ""
+            out[kind] = {"distribution": entry.distribution, "version": version}
+    return out
+
+
+def check_plugin_layers(path: str, meta: Mapping[str, Any]) -> None:
+    """Refuse, in one line naming the distribution to install, a checkpoint whose net uses a plugin's layer that
+    is not registered here (not installed, or installed but failed to load)."""
+    recorded = meta.get(PLUGINS)
+    if not isinstance(recorded, Mapping):
+        return
+    registry = default_registry()
+    known = set(registry.names("layer"))
+    said = []
+    for kind, where in sorted(recorded.items()):
+        if kind in known or not isinstance(where, Mapping):
+            continue
+        dist = str(where.get("distribution", "?"))
+        release = f"{dist} {where.get('version')}".strip() if where.get("version") else dist
+        failed = [b.error for b in registry.broken if b.plugin.split(":")[0] == dist]
+        said.append(f"layer {kind!r} of plugin {release}, " + (f"installed but not loaded ({failed[0]})" if failed
+                                                               else "not installed here"))
+    if said:
+        dists = sorted({str(w.get("distribution")) for k, w in recorded.items() if k not in known
+                        and isinstance(w, Mapping)})
+        raise DataError(f"checkpoint {path}: its net uses {'; '.join(said)}; expected the plugin the run was "
+                        f"trained with (pip install {' '.join(dists)})")
