@@ -17,6 +17,7 @@ from hloforge.commands.argtypes import image_out
 from hloforge.commands.opening import open_checkpoint
 from hloforge.core.cam import cam_module, feature_layer
 from hloforge.core.errors import DataError, UnsupportedSpec
+from hloforge.core.regions import DEFAULT_REGION
 from hloforge.core.resample import bilinear_matrix
 from hloforge.core.spec import NetSpec
 from hloforge.train import checkpoint as ckpt
@@ -128,7 +129,9 @@ def load_image(ref: str, run: Run) -> np.ndarray:
 
 def cam_run(path: str, image_ref: str, out: str, class_index: int | None = None,
             log: Callable[[str], None] = print, data_dir: str | None = None,
-            data_file: str | None = None, backend: str | None = None) -> np.ndarray:
+            data_file: str | None = None, backend: str | None = None, region: str = DEFAULT_REGION) -> np.ndarray:
+    """`hloforge cam`: the Grad-CAM of one image through the weights `region` picks (eval's: by default the EMA
+    shadow where the run kept one, so the class explained is the one eval and predict give), drawn to `out`."""
     image_out(out)
     oc = open_checkpoint(path, backend, log=log, data_dir=data_dir, data_file=data_file)
     spec = oc.spec
@@ -136,9 +139,8 @@ def cam_run(path: str, image_ref: str, out: str, class_index: int | None = None,
     given = load_image(image_ref, oc.run)
     image = check_image(given, spec, f"image {image_ref}:")
     oc.check_input(given, image, f"image {image_ref}:", otherwise="pass one of the run's test images as test:N")
-    params = oc.weights(ckpt.PARAMS, [n for n, _ in spec.params()])
-    running = oc.weights(ckpt.STATS, [n for n, _ in spec.stats()])
+    region, params, running = oc.region_weights(region)  # θ or the EMA shadow, each with its own BN statistics
     heat = gradcam(spec, params, running, image, oc.run.backend, class_index)
     save_overlay(image, heat, out)
-    log(f"wrote {out} (Grad-CAM of {image_ref} through {spec.name}, epoch {oc.meta['epoch']})")
+    log(f"wrote {out} (Grad-CAM of {image_ref} through {spec.name}, epoch {oc.meta['epoch']}, {region} weights)")
     return heat

@@ -9,17 +9,18 @@ import numpy as np
 from hloforge.commands.argtypes import image_out
 from hloforge.commands.opening import open_checkpoint
 from hloforge.core.errors import DataError
-from hloforge.train import checkpoint as ckpt
+from hloforge.core.regions import DEFAULT_REGION
 from hloforge.train.detection import DetectionHead, boxes_to, describe, draw_detections, load_image
 from hloforge.train.session import ForwardSession
 
 
 def detect_run(run_path: str, image: str | None, out: str, *, index: int | None = None,
                score_min: float = 0.3, backend: str | None = None, log: Any = print, data_dir: str | None = None,
-               data_file: str | None = None) -> np.ndarray:
+               data_file: str | None = None, region: str = DEFAULT_REGION) -> np.ndarray:
     """`hloforge detect`: a run's checkpoint on one image — a PNG/JPEG file (normalised as the
     run's dataset normalises, which it must say how: `normalize`) or test image `index` of the
-    run's dataset — drawn with its detections to `out`. Returns the detections."""
+    run's dataset — drawn with its detections to `out`, by the weights `region` picks (eval's: by default the
+    EMA shadow where the run kept one, the weights its mAP was scored with). Returns the detections."""
     if (image is None) == (index is None):
         raise DataError("detect takes an image file or --index N (a test image of the run's dataset), one of them")
     image_out(out)
@@ -46,8 +47,7 @@ def detect_run(run_path: str, image: str | None, out: str, *, index: int | None 
             log(f"{image} is {original.shape[2]}×{original.shape[1]}: resized to the net's {size}×{size} input; "
                 "boxes are in the image's own pixels")
         x = normalize(shown)
-    params = oc.weights(ckpt.PARAMS, [n for n, _ in spec.params()])
-    running = oc.weights(ckpt.STATS, run.stat_names)
+    region, params, running = oc.region_weights(region)  # θ or the EMA shadow, each with its own BN statistics
     evaluator = ForwardSession(spec, 1, run.backend)
     raw = evaluator.logits(np.asarray(x, np.float32)[None], params + running)
     (dets,) = head.decode(raw, score_min=score_min)
@@ -58,5 +58,5 @@ def detect_run(run_path: str, image: str | None, out: str, *, index: int | None 
     draw_detections(shown, dets, out, names=names, truth=truth, scale=scale)
     for line in describe(dets, names):
         log(f"  {line}")
-    log(f"{len(dets)} detection(s) (score ≥ {score_min}) written to {out}")
+    log(f"{len(dets)} detection(s) (score ≥ {score_min}, {region} weights) written to {out}")
     return dets

@@ -254,7 +254,7 @@ def _cam(args: argparse.Namespace) -> None:
     from hloforge.commands.cam import cam_run
 
     cam_run(args.run, args.image, args.out, args.cls, data_dir=args.data_dir, data_file=args.data_file,
-            backend=args.backend)
+            backend=args.backend, region=args.region)
 
 
 def _prepare(args: argparse.Namespace) -> None:
@@ -275,7 +275,7 @@ def _detect(args: argparse.Namespace) -> None:
     from hloforge.commands.detect import detect_run
 
     detect_run(args.run, args.image, args.out, index=args.index, score_min=args.score, backend=args.backend,
-               data_dir=args.data_dir, data_file=args.data_file)
+               data_dir=args.data_dir, data_file=args.data_file, region=args.region)
 
 
 def _compare(args: argparse.Namespace) -> None:

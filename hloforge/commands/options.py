@@ -361,6 +361,7 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", default="cam.png", help=IMAGE_OUT_HELP)
     sp.add_argument("--class", dest="cls", type=nonneg_int, help="class to explain (default: the predicted one)")
     sp.add_argument("--backend", type=plugin_name, help="run on this backend (default: the one it trained on)")
+    _region_flag(sp, ", the weights `hloforge eval` scores")
     _moved_data_flags(sp)
     sp.set_defaults(func=_cam, smaller=ONE_AT_A_TIME)
 
@@ -372,6 +373,7 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", default="boxes.png", help=IMAGE_OUT_HELP)
     sp.add_argument("--score", type=probability, default=0.3, help="lowest score drawn")
     sp.add_argument("--backend", type=plugin_name, help="run on this backend (default: the one it trained on)")
+    _region_flag(sp, ", the weights `hloforge eval` scores")
     _moved_data_flags(sp)
     sp.set_defaults(func=_detect, smaller=ONE_AT_A_TIME)
 
