@@ -127,3 +127,27 @@ def test_the_manifest_names_the_classes_the_run_trained_on_after_its_data_was_re
     export_run(run, str(tmp_path / "export"), log=lambda s: None)
     with open(tmp_path / "export" / "manifest.json", encoding="utf-8") as f:
         assert json.load(f)["class_names"] == ["ant", "moose", "zebra"]  # as recorded when the run started
+
+
+def test_the_manifest_types_every_argument_as_forward_mlir_declares_it(tmp_path) -> None:
+    """Before, the manifest named the arguments alone: a reader could not tell x's dtype or shape (a text model's
+    token ids are f32 in forward.mlir, not the integers the vocabulary suggests) without parsing the module."""
+    from safetensors.numpy import load_file
+
+    from hloforge.commands.manifest import parse_main_signature
+
+    spec = hf.NetSpec("typed", (2, 8, 8), [L.Conv2d(out=4, k=3), L.BatchNorm(), L.GlobalAvgPool(), L.Dense(3)], 3)
+    m = hf.Model(spec)
+    m.fit(np.random.default_rng(0).standard_normal((8, 2, 8, 8)).astype(np.float32), np.arange(8) % 3, epochs=1,
+          batch_size=4, verbose=False)
+    m.save(str(tmp_path / "run"))
+    export_run(str(tmp_path / "run"), str(tmp_path / "e"), log=lambda s: None)
+    with open(tmp_path / "e" / "manifest.json", encoding="utf-8") as f:
+        manifest = json.load(f)
+    inputs = manifest["inputs"]
+    assert [i["name"] for i in inputs] == manifest["arguments"]
+    assert inputs[0] == {"name": "x", "shape": [1, 2, 8, 8], "dtype": "f32"}
+    weights = load_file(str(tmp_path / "e" / "weights.safetensors"))
+    assert all(i["shape"] == list(weights[i["name"]].shape) and i["dtype"] == "f32" for i in inputs[1:])
+    declared = parse_main_signature((tmp_path / "e" / "forward.mlir").read_text())
+    assert [list(a.shape) for a in declared] == [i["shape"] for i in inputs]

@@ -117,11 +117,14 @@ def export_run(run: str, out: str, fmt: str = "hloforge", log: Callable[[str], N
     text = forward_module(spec, 1, eval_mode=True)
     pnames = [f"param/{n}" for n, _ in spec.params()]
     snames = [f"stat/{n}" for n, _ in spec.stats()]
-    # the output typed from the module's own text (as render's manifest types it), with what it means
-    (output,) = describe(text, forward_input_roles(spec, eval_mode=True), [("out", "")])["outputs"]
+    # the arguments and output typed from the module's own text (as render's manifest types them): x's dtype is
+    # not the data's (a text model's token ids are f32 there), and the output says what it means
+    typed = describe(text, forward_input_roles(spec, eval_mode=True), [("out", "")])
+    (output,) = typed["outputs"]
     manifest = {
         "format": "hloforge-export-1", "spec": spec.to_dict(), "input_shape": list(spec.input_shape),
-        "classes": spec.num_classes, "batch": 1, "arguments": ["x", *pnames, *snames], "region": region,
+        "classes": spec.num_classes, "batch": 1, "arguments": ["x", *pnames, *snames], "inputs": typed["inputs"],
+        "region": region,
         "output": {**output, **output_said(spec, oc.run.task)},
         "preprocessing": preprocessing(cfg, oc.run.data),
         "backend": oc.meta.get("backend"), "epoch": oc.meta.get("epoch"), "step": oc.meta.get("step"),
