@@ -375,7 +375,6 @@ class Model:
         `hloforge eval --region` scores: "live" (θ with the running BN statistics), "ema" (the EMA shadow with its
         own), "auto" (the default: the shadow when the variant keeps one, else θ). `batch_size` as predict's."""
         from hloforge.train.evaluation import evaluate_lm
-        from hloforge.train.metrics import check_eval_set
 
         batch = checked_batch_size(batch_size, self._batch)
         buffers = self._region_buffers(region)
@@ -384,12 +383,11 @@ class Model:
             if x is not None or y is not None:
                 raise UnsupportedSpec("evaluate(data=NAME) scores the dataset's test split; pass no x or y with it")
             arraydata.check_dataset_kind(self._inputs, data, self.spec, "evaluate on", "score it on x of its own kind")
-            own = data_options is None and data == self._data  # as it trained on it (size, corpus file): eval's split
-            given = parse_data_options(self._data_options) if own else data_options
-            run = self._run(data, batch, data_options=given, eval_only=True)
-            if own:  # and as it was scored then, as `hloforge eval` holds it: an edited corpus scores plausibly
-                check_eval_set(self._eval_set, run.eval_set, data, "evaluate")
+            if data_options is None and data == self._data:  # as it trained on it: the split `hloforge eval` scores
+                run = arraydata.own_dataset_run(lambda opts: self._run(data, batch, data_options=opts, eval_only=True),
+                                                data, self._data_options, self._eval_set)
             else:
+                run = self._run(data, batch, data_options=data_options, eval_only=True)
                 arraydata.check_vocabulary(run.data, lambda: self._run(self._data, batch, eval_only=True, data_options=(
                     parse_data_options(self._data_options))).data if self._data == data else None, "evaluate")
         else:

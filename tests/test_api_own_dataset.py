@@ -84,3 +84,21 @@ def test_evaluate_refuses_its_own_dataset_changed_since_as_eval_does(text_run: t
     m = hf.load(run)
     h = m.fit("text", data_options={"data_file": other}, epochs=1, batch_size=16, verbose=False)
     assert m.evaluate("text")["bits_per_char"] == h[-1]["val_bits_per_char"]
+
+
+def test_its_own_data_file_moved_says_the_data_options_that_find_it(text_run: tuple[str, str, dict],
+                                                                    tmp_path: str) -> None:
+    """The run's corpus moved: evaluate("text") named only the CLI's --data-file; it now says the data_options
+    that give the new place (the model's own options, the moved path as PATH), which then score the run's split."""
+    run, corpus, logged = text_run
+    moved = os.path.join(tmp_path, "moved.txt")
+    os.rename(corpus, moved)
+    try:
+        m = hf.load(run)
+        with pytest.raises(DataError) as e:
+            m.evaluate("text")
+        assert str(e.value).endswith("; if the model's data moved, pass where it is now: data_options={'data_file': "
+                                     "PATH}") and "\n" not in str(e.value)
+        assert m.evaluate("text", data_options={"data_file": moved})["bits_per_char"] == logged["val_bits_per_char"]
+    finally:
+        os.rename(moved, corpus)

@@ -76,6 +76,28 @@ def plain(v: Any) -> Any:
     return v.item() if isinstance(v, np.generic) else v
 
 
+def own_dataset_run(make: Callable[[dict[str, Any]], Any], data: str, options: Sequence[str],
+                    scored_on: str | None) -> Any:
+    """evaluate(NAME) on the dataset a model trained on: the Run `make(data_options)` builds, read with the options
+    the model trained with (`options`: its size, its corpus file), the split `hloforge eval` scores; refused, as eval
+    refuses it, if that split is not the one scored then (`scored_on`: an edited corpus would score plausibly),
+    and where a path they record is gone, saying the data_options that give where it is now."""
+    from hloforge.train.config import parse_data_options
+    from hloforge.train.metrics import check_eval_set
+
+    given = parse_data_options(options)
+    try:
+        run = make(given)
+    except DataError as e:
+        gone = [k for k in ("data_dir", "data_file") if k in given and not os.path.exists(str(given[k]))]
+        if not gone:
+            raise
+        said = ", ".join(f"{k!r}: {'PATH' if k == gone[0] else repr(v)}" for k, v in given.items())
+        raise type(e)(f"{e}; if the model's data moved, pass where it is now: data_options={{{said}}}") from None
+    check_eval_set(scored_on, run.eval_set, data, "evaluate")
+    return run
+
+
 def checked_batch_size(batch_size: Any, default: int) -> int:
     """A Model's `batch_size` argument (None: `default`), refused unless an integer ≥ 1."""
     return positive_batch(default if batch_size is None else plain(batch_size), "batch_size")
