@@ -356,10 +356,37 @@ def test_compare_says_a_run_that_is_no_classifier_keeps_no_per_example_results(t
         assert _one_line(capsys) == (f"hloforge: error: run {lm} trained 'tinygpt-nano' (output [64, 65]), no "
                                      "classifier: its eval scores no example right or wrong, so it keeps no "
                                      "eval_correct.npz; compare takes two classifier runs")
-    os.remove(os.path.join(plain, "eval_correct.npz"))  # a classifier's run without one: said as before
-    assert main(["compare", plain, plain]) == EXIT_BAD_INPUT
-    assert _one_line(capsys).endswith("eval_correct.npz does not exist; expected a run directory holding "
-                                      "eval_correct.npz")
+    os.remove(os.path.join(plain, "eval_correct.npz"))  # a classifier's run without one: its checkpoint scored
+    assert main(["compare", plain, plain]) == EXIT_OK
+    assert capsys.readouterr().out.splitlines()[1] == "A right, B wrong: 0   A wrong, B right: 0   McNemar exact p = 1"
+
+
+def test_compare_scores_a_saved_model_that_keeps_no_bitmap(tmp_path, capsys) -> None:
+    """A Model.save directory (as import-weights' and ModelCheckpoint's) holds a checkpoint and no eval_correct.npz:
+    compare refused it ('saved/eval_correct.npz does not exist; expected a run directory holding
+    eval_correct.npz'), naming nothing to do. It now scores the checkpoint as `hloforge eval` does, on the region
+    eval scores (an EMA model's shadow), and the counts are predict's."""
+    import hloforge as hf
+    from hloforge.datasets.digits import Digits
+
+    saved, run = str(tmp_path / "saved"), str(tmp_path / "run")
+    m = hf.Model("mnist-linear", ema=0.9, seed=1)
+    m.fit("digits", epochs=1, batch_size=64, verbose=False)
+    m.save(saved)
+    assert main(["train", "mnist-linear", "--epochs", "1", "--run-dir", run, "--no-progress"]) == EXIT_OK
+    capsys.readouterr()
+    x, y = Digits().arrays("test")
+    x = x.reshape(len(x), -1)
+    a = hf.load(saved).predict(x).argmax(1) == y  # the shadow's, as eval scores it
+    b = np.load(os.path.join(run, "eval_correct.npz"))["correct"]
+    assert main(["compare", saved, run]) == EXIT_OK
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"A {saved} (epoch 1, ema weights): {a.sum()}/360   B {run} (epoch 1, live weights): "
+                             f"{b.sum()}/360"), out
+    assert out[1].startswith(f"A right, B wrong: {(a & ~b).sum()}   A wrong, B right: {(~a & b).sum()}   "), out
+    live = hf.load(saved).predict(x, region="live").argmax(1) == y
+    assert main(["compare", saved, run, "--region", "live"]) == EXIT_OK
+    assert capsys.readouterr().out.startswith(f"A {saved} (epoch 1, live weights): {live.sum()}/360")
 
 
 def test_a_language_model_is_not_scored_on_a_corpus_of_another_vocabulary(tmp_path) -> None:

@@ -284,15 +284,15 @@ def _compare(args: argparse.Namespace) -> None:
     from hloforge.commands.opening import evaluate_checkpoint
     from hloforge.train.compare import compare_runs
 
-    def score_shadow(run_dir: str) -> np.ndarray:  # as `hloforge eval --region ema` scores it
-        res = evaluate_checkpoint(run_dir, region="ema", log=lambda s: None, data_dir=args.data_dir,
+    def score(run_dir: str, region: str) -> np.ndarray:  # as `hloforge eval --region REGION` scores it
+        res = evaluate_checkpoint(run_dir, region=region, log=lambda s: None, data_dir=args.data_dir,
                                   data_file=args.data_file)
         if getattr(res, "correct", None) is None:
-            raise DataError(f"{run_dir}: its EMA shadow's eval gives no per-example results to compare; use "
-                            "--region live")
+            raise DataError(f"{run_dir}: its {region} weights' eval gives no per-example results to compare"
+                            + ("; use --region live" if region == "ema" else ""))
         return np.asarray(res.correct, bool)
 
-    compare_runs(args.run_a, args.run_b, region=args.region, score_shadow=score_shadow)
+    compare_runs(args.run_a, args.run_b, region=args.region, score=score)
 
 
 def _sample(args: argparse.Namespace) -> None:

@@ -3,7 +3,8 @@
 Each run is compared on the weights `hloforge eval`, `export` and `train --init` read by default: with
 `region` auto, the EMA shadow where the run kept one, else its live weights (`live` / `ema` pick one, as
 eval's --region). A run's eval_correct.npz holds its live weights' results; the shadow's are scored from
-its checkpoint (the same eval pass `hloforge eval --region ema` runs). Each line says which region."""
+its checkpoint (the same eval pass `hloforge eval --region ema` runs), and so are both of a directory holding a
+checkpoint but no bitmap (Model.save, import-weights and ModelCheckpoint write none). Each line says which region."""
 
 from __future__ import annotations
 
@@ -59,16 +60,26 @@ def _no_classifier(run: str) -> str:
 
 
 def region_bitmap(run: str, region: str = DEFAULT_REGION,
-                  score_shadow: Callable[[str], np.ndarray] | None = None) -> tuple[np.ndarray, str, int, str]:
+                  score: Callable[[str, str], np.ndarray] | None = None) -> tuple[np.ndarray, str, int, str]:
     """(per-example right/wrong, the eval set's id, the epoch, the region resolved) of `run` (a run directory
-    or its eval_correct.npz) for `region`: the bitmap the run wrote for its live weights, or, for its EMA
-    shadow, `score_shadow(run directory)`: its checkpoint scored as `hloforge eval --region ema` scores it
-    (the caller's, which opens checkpoints)."""
+    or its eval_correct.npz) for `region`: the bitmap the run wrote for its live weights, or `score(run
+    directory, region)`: its checkpoint scored as `hloforge eval --region` scores it (the caller's, which opens
+    checkpoints), for its EMA shadow, or for a directory holding a checkpoint but no bitmap."""
     from hloforge.train import checkpoint as ckpt
 
-    correct, set_id, epoch = load_bitmap(run)
     folder = run if os.path.isdir(run) else os.path.dirname(run) or "."
     file = os.path.join(folder, CHECKPOINT)
+    unscored = (os.path.isdir(run) and not os.path.exists(os.path.join(run, BITMAP)) and os.path.isfile(file)
+                and score is not None and not _no_classifier(run))
+    if unscored:  # a saved model (Model.save, import-weights): its checkpoint scored as `hloforge eval` scores it
+        meta = ckpt.load_meta(file)
+        variant = meta.get("variant", {})
+        shadows = isinstance(variant, dict) and float(variant.get("ema", 0.0) or 0.0) > 0.0
+        resolved = "ema" if shadows and region != "live" else "live"  # eval refuses ema without a shadow
+        assert score is not None
+        correct = np.asarray(score(folder, region), bool)
+        return correct, str(meta.get("eval_set", "")), int(meta["epoch"]), resolved
+    correct, set_id, epoch = load_bitmap(run)
     if not os.path.exists(file):  # a bitmap alone: its live weights' results, all there is
         if region == "ema":
             raise DataError(f"{run}: no {CHECKPOINT} beside its {BITMAP} to score an EMA shadow from; expected a "
@@ -81,16 +92,16 @@ def region_bitmap(run: str, region: str = DEFAULT_REGION,
         raise DataError(f"checkpoint {file} has no EMA shadow (its run was trained without --ema); use --region live")
     if region == "live" or not shadows:
         return correct, set_id, epoch, "live"
-    assert score_shadow is not None, "comparing an EMA shadow needs score_shadow"
-    return np.asarray(score_shadow(folder), bool), set_id, int(meta.get("epoch", epoch)), "ema"
+    assert score is not None, "comparing an EMA shadow needs score"
+    return np.asarray(score(folder, "ema"), bool), set_id, int(meta.get("epoch", epoch)), "ema"
 
 
 def compare_runs(run_a: str, run_b: str, log: Callable[[str], None] = print, region: str = DEFAULT_REGION,
-                 score_shadow: Callable[[str], np.ndarray] | None = None) -> tuple[int, int, float]:
+                 score: Callable[[str, str], np.ndarray] | None = None) -> tuple[int, int, float]:
     """McNemar's exact test on two runs' per-example results, each on `region`'s weights (region_bitmap)."""
     check_region(region)  # a bad name is refused before anything is opened
-    a, set_a, ep_a, reg_a = region_bitmap(run_a, region, score_shadow)
-    b, set_b, ep_b, reg_b = region_bitmap(run_b, region, score_shadow)
+    a, set_a, ep_a, reg_a = region_bitmap(run_a, region, score)
+    b, set_b, ep_b, reg_b = region_bitmap(run_b, region, score)
     if not same_eval_set(set_a, set_b):
         raise DataError(f"the runs were scored on different eval sets ({set_a} vs {set_b}); McNemar needs one set")
     if a.shape != b.shape or a.ndim != 1:  # the set id names the length: a bitmap that disagrees was altered
