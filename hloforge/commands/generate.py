@@ -15,16 +15,17 @@ from collections.abc import Callable
 import numpy as np
 
 from hloforge.core.errors import DataError, HloforgeWarning, UnsupportedSpec
+from hloforge.core.regions import DEFAULT_REGION
 from hloforge.train.session import ForwardSession
 
 
 def generate(path: str, prompt: str = "\n", tokens: int = 200, temperature: float = 0.8, seed: int = 0,
              backend: str | None = None, out: Callable[[str], None] | None = None, data_dir: str | None = None,
-             data_file: str | None = None) -> str:
+             data_file: str | None = None, region: str = DEFAULT_REGION) -> str:
     """The prompt followed by `tokens` sampled characters; `out`, if given, receives each piece as it comes.
-    `data_dir`, `data_file`: where the run's data is now, when it moved (`open_checkpoint`'s)."""
+    `data_dir`, `data_file`: where the run's data is now, when it moved (`open_checkpoint`'s). `region`: the
+    weights, as `hloforge eval` scores them (by default the EMA shadow where the run kept one)."""
     from hloforge.commands.opening import open_checkpoint
-    from hloforge.train import checkpoint as ckpt
 
     if tokens < 0 or temperature < 0:
         raise UnsupportedSpec(f"tokens and temperature must be non-negative, got {tokens} and {temperature}")
@@ -32,7 +33,8 @@ def generate(path: str, prompt: str = "\n", tokens: int = 200, temperature: floa
     run, spec = oc.run, oc.spec
     if not run.lm or not hasattr(run.data, "encode"):
         raise DataError(f"{oc.file} is not a character language model run (net {spec.name!r} on {run.cfg.data!r})")
-    params = oc.weights(ckpt.PARAMS, [n for n, _ in spec.params()])
+    _, params, running = oc.region_weights(region)  # the weights eval scored: θ or the EMA shadow
+    params = [*params, *running]
     fwd = ForwardSession(spec, 1, run.backend)
     t = spec.input_shape[0]
     unknown = run.data.unknown(prompt) if hasattr(run.data, "unknown") else []

@@ -246,7 +246,8 @@ def _generate(args: argparse.Namespace) -> None:
     from hloforge.commands.generate import generate
 
     generate(args.run, args.prompt, args.tokens, args.temperature, args.seed, args.backend,
-             out=lambda s: print(s, end="", flush=True), data_dir=args.data_dir, data_file=args.data_file)
+             out=lambda s: print(s, end="", flush=True), data_dir=args.data_dir, data_file=args.data_file,
+             region=args.region)
     print()
 
 

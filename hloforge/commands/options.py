@@ -352,6 +352,7 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--temperature", type=nonneg_float, default=0.8, help="0: always the most likely character")
     sp.add_argument("--seed", type=nonneg_int, default=0, help="seeds the sampling")
     sp.add_argument("--backend", type=plugin_name, help="run on this backend (default: the one it trained on)")
+    _region_flag(sp, ", the weights `hloforge eval` scores")
     _moved_data_flags(sp)
     sp.set_defaults(func=_generate, smaller=ONE_AT_A_TIME)
 
