@@ -335,6 +335,25 @@ def test_a_folder_that_is_no_run_is_said_with_what_it_holds(tmp_path, capsys, ml
                                                     "reads")
 
 
+def test_a_run_stopped_before_its_first_checkpoint_is_said_as_one(tmp_path, capsys, mlp_run) -> None:
+    """A run directory killed during its first epoch (config.toml, metrics, no checkpoint yet: one is written as
+    each epoch ends) was refused as 'expected a run directory', as if it were none; it now says why it has none."""
+    import shutil
+
+    import hloforge as hf
+
+    stopped = str(tmp_path / "stopped")
+    os.mkdir(stopped)
+    shutil.copy(os.path.join(mlp_run, "config.toml"), stopped)
+    said = ("; it is a run with no checkpoint yet: one is written as each epoch ends, so a run stopped before its "
+            "first epoch ended kept none (train it again; one still running has one after that epoch)")
+    assert main(["eval", stopped]) == 3
+    assert capsys.readouterr().err.strip().endswith(said)
+    with pytest.raises(hf.HloforgeError) as e:
+        hf.load(stopped)
+    assert str(e.value).endswith(said)
+
+
 @pytest.mark.parametrize("fmt", ["hloforge", "torchvision"])
 def test_an_export_out_named_as_a_weights_file_is_refused(fmt, tmp_path, capsys, mlp_run) -> None:
     """`export RUN --out model.safetensors` (import-weights' --out for bare weights) made a folder of that name,

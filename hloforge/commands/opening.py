@@ -90,6 +90,9 @@ def no_checkpoint(path: str, or_file: bool = True) -> DataError:
     runs = sorted(d for d in os.listdir(path) if os.path.isfile(os.path.join(path, d, CHECKPOINT)))
     if os.path.isfile(os.path.join(path, EXPORT_MANIFEST)):
         what = "; it is an export (manifest.json), whose weights `train --init` reads"
+    elif os.path.isfile(os.path.join(path, CONFIG)):  # a run stopped (or still running) before its first checkpoint
+        what = ("; it is a run with no checkpoint yet: one is written as each epoch ends, so a run stopped before "
+                "its first epoch ended kept none (train it again; one still running has one after that epoch)")
     elif runs:
         what = f"; it holds run directories: {', '.join(os.path.join(path, r) for r in runs[:4])}" + \
             (f" and {len(runs) - 4} more" if len(runs) > 4 else "")
