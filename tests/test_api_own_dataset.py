@@ -77,10 +77,10 @@ def test_evaluate_refuses_its_own_dataset_changed_since_as_eval_does(text_run: t
         with open(corpus, "w", encoding="utf-8") as f:
             f.write(kept)
     assert hf.load(run).evaluate("text")["bits_per_char"] == logged["val_bits_per_char"]
-    # a model refit on another corpus scores that one, not held to the run's
+    # a model refit on another corpus (of the same vocabulary: another is refused) scores that one, not the run's
     other = os.path.join(tmp_path, "other.txt")
     with open(other, "w", encoding="utf-8") as f:
-        f.write(kept[:5000])
+        f.write(kept[:5400] + kept[:600])  # the run's first 90% (its vocabulary's), another validation tenth
     m = hf.load(run)
     h = m.fit("text", data_options={"data_file": other}, epochs=1, batch_size=16, verbose=False)
     assert m.evaluate("text")["bits_per_char"] == h[-1]["val_bits_per_char"]
