@@ -309,7 +309,7 @@ def test_a_checkpoint_of_a_net_with_nested_tuples_matches_its_own_net():
     and `--resume` (and eval of its run directory) refused fpn-mini's own run as "not 'fpn-mini'"."""
     import json
 
-    from hloforge.train.trainer import check_matches
+    from hloforge.train.rundir import check_matches
     from hloforge.zoo import get_net
 
     cfg = TrainConfig(net="fpn-mini", data="shapes")

@@ -190,7 +190,7 @@ def test_refusals(tmp_path, capsys, monkeypatch):
     with pytest.raises(DataError, match="variant"):
         train(cfg(tmp_path, optimizer="sgd", epochs=2), resume=True, progress=False)
     with pytest.raises(DataError, match="backend 'xla', not 'iree'"):
-        from hloforge.train.trainer import check_matches
+        from hloforge.train.rundir import check_matches
         from hloforge.zoo import get_net
 
         _, meta = ckpt.load_checkpoint(os.path.join(run, CHECKPOINT))

@@ -23,9 +23,9 @@ from hloforge.train.evaluation import EvalResult, evaluate, evaluate_lm, evaluat
 from hloforge.train.finetune import EXPORT_MANIFEST
 from hloforge.train.metrics import check_eval_set
 from hloforge.train.parallel import make_forward_session
-from hloforge.train.rundir import own_spec
+from hloforge.train.rundir import check_matches, own_spec
 from hloforge.train.session import ForwardSession, make_backend, replica_devices
-from hloforge.train.trainer import Run, check_matches
+from hloforge.train.trainer import Run
 from hloforge.zoo import get_net
 
 

@@ -28,6 +28,7 @@ import numpy as np
 from hloforge.core.errors import DISK_FULL, DataError, HloforgeError, UnsupportedSpec
 from hloforge.core.paths import make_dir
 from hloforge.core.spec import NetSpec
+from hloforge.core.variant import Variant
 from hloforge.train.checkpoint import FORMAT_FAMILY, TMP_SUFFIX, first_difference, load_meta, write_atomic
 from hloforge.train.config import BITMAP, CHECKPOINT, CONFIG, TrainConfig
 from hloforge.train.curves import PNG
@@ -388,3 +389,20 @@ def config_spec(config: str, cfg: TrainConfig) -> NetSpec | None:
                         f"own spec file (its copy is in {path}), or the net given to train as it is now: "
                         f"hloforge train {shlex.quote(cfg.net)} --config {shlex.quote(config)}")
     return None
+
+
+def check_matches(path: str, meta: dict[str, Any], spec: NetSpec, variant: Variant, backend: str,
+                  allow_cross_backend: bool = False) -> None:
+    """Refuse a checkpoint of another variant, net or backend with one clear line (the variant first: its dropout
+    or BN ε changes the spec too). Specs compare as JSON (a stored nested tuple came back as a list)."""
+    made = json.loads(json.dumps(attrs.asdict(variant)))  # as stored: tuples as lists
+    # a field newer than the checkpoint reads as its default
+    stored = {**json.loads(json.dumps(attrs.asdict(Variant()))), **meta.get("variant", {})}
+    if stored != made:
+        raise DataError(variant_changed(path, stored, made))
+    if meta.get("spec") != json.loads(json.dumps(spec.to_dict())):
+        raise DataError(f"checkpoint {path} is of net {meta.get('spec', {}).get('name')!r}, not {spec.name!r} "
+                        f"(its spec differs: {first_difference(meta.get('spec'), spec.to_dict())})")
+    if meta.get("backend") != backend and not allow_cross_backend:
+        raise DataError(f"checkpoint {path} was trained on backend {meta.get('backend')!r}, not {backend!r}; "
+                        "pass --cross-backend to load it anyway")

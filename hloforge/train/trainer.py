@@ -30,7 +30,7 @@ import numpy as np
 from hloforge.core.errors import DataError, HloforgeError, PluginError, UnsupportedSpec
 from hloforge.core.registry import default_registry
 from hloforge.core.spec import NetSpec
-from hloforge.core.variant import SHADOW, Variant, bn_weight, ema_decay_at
+from hloforge.core.variant import SHADOW, bn_weight, ema_decay_at
 from hloforge.datasets.stream import DataRef, Feed, check_rows, class_names, dataset_classes, split_labels, split_pair
 from hloforge.train import autotune, curves, finetune, fp8, mpi, rundir, tasks
 from hloforge.train import checkpoint as ckpt
@@ -280,7 +280,7 @@ class Run:
     def restore(self, session: TrainSession, cross_backend: bool = False) -> int:
         """Load the run's checkpoint into the session; returns the epoch it ended."""
         tensors, meta = ckpt.load_checkpoint(self.ckpt_path)
-        check_matches(self.ckpt_path, meta, self.spec, self.variant, self.cfg.backend, cross_backend)
+        rundir.check_matches(self.ckpt_path, meta, self.spec, self.variant, self.cfg.backend, cross_backend)
         session.state_layout.check_slots(f"checkpoint {self.ckpt_path}", list(tensors))
         rundir.check_same_data(self.ckpt_path, meta, self.cfg.data, self.eval_set)
         rundir.check_steps(self.ckpt_path, meta, self.steps_per_epoch, self.cfg, self.feed.n)
@@ -615,23 +615,6 @@ class Run:
         """curves.png in the run directory: the loss and the task's metric over the epochs."""
         assert self.dir is not None
         ckpt.write_atomic(os.path.join(self.dir, curves.PNG), curves.draw(history, self.spec.name), "plot")
-
-
-def check_matches(path: str, meta: dict[str, Any], spec: NetSpec, variant: Variant, backend: str,
-                  allow_cross_backend: bool = False) -> None:
-    """Refuse a checkpoint of another variant, net or backend with one clear line (the variant first: its dropout
-    or BN ε changes the spec too). Specs compare as JSON (a stored nested tuple came back as a list)."""
-    made = json.loads(json.dumps(attrs.asdict(variant)))  # as stored: tuples as lists
-    # a field newer than the checkpoint reads as its default
-    stored = {**json.loads(json.dumps(attrs.asdict(Variant()))), **meta.get("variant", {})}
-    if stored != made:
-        raise DataError(rundir.variant_changed(path, stored, made))
-    if meta.get("spec") != json.loads(json.dumps(spec.to_dict())):
-        raise DataError(f"checkpoint {path} is of net {meta.get('spec', {}).get('name')!r}, not {spec.name!r} "
-                        f"(its spec differs: {ckpt.first_difference(meta.get('spec'), spec.to_dict())})")
-    if meta.get("backend") != backend and not allow_cross_backend:
-        raise DataError(f"checkpoint {path} was trained on backend {meta.get('backend')!r}, not {backend!r}; "
-                        "pass --cross-backend to load it anyway")
 
 
 def train(cfg: TrainConfig, *, resume: bool = False, cross_backend: bool = False, spec: NetSpec | None = None,
