@@ -188,8 +188,13 @@ class EarlyStopping(Monitor):
     def on_train_begin(self, logs: dict[str, Any]) -> None:
         super().on_train_begin(logs)
         self.wait, self.stopped_epoch = 0, 0
-        for m in self.past_epochs(logs):  # a resumed run's patience counts from its real best epoch
+        past = self.past_epochs(logs)
+        for m in past:  # a resumed run's patience counts from its real best epoch
             self.wait = 0 if self.improved(m) else self.wait + 1
+        # Its patience ran out in those epochs (a run killed as it ended, after the stop): no epoch more, as the
+        # run it resumes trained none. on_epoch_end's test: a stop follows at least one epoch without improvement.
+        if past and self.wait >= max(self.patience, 1):
+            self._stop(int(past[-1].get("epoch", 0)))
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> None:
         if self.improved(logs):
@@ -197,12 +202,15 @@ class EarlyStopping(Monitor):
             return
         self.wait += 1
         if self.wait >= self.patience:
-            self.stopped_epoch = epoch
-            self.model.stop_training = True
-            say = getattr(self.model, "log", None)  # a `hloforge train` run's lines: else it ended short unsaid
-            if callable(say):
-                say(f"  early_stopping: {self.monitor} not better than {self.best:.6g} for {self.wait} epoch(s); "
-                    f"stopped after epoch {epoch} of {getattr(self.model, 'end_epoch', '?')}")
+            self._stop(epoch)
+
+    def _stop(self, epoch: int) -> None:
+        self.stopped_epoch = epoch
+        self.model.stop_training = True
+        say = getattr(self.model, "log", None)  # a `hloforge train` run's lines: else it ended short unsaid
+        if callable(say):
+            say(f"  early_stopping: {self.monitor} not better than {self.best:.6g} for {self.wait} epoch(s); "
+                f"stopped after epoch {epoch} of {getattr(self.model, 'end_epoch', '?')}")
 
 
 class ModelCheckpoint(Monitor):

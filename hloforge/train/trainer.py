@@ -474,6 +474,8 @@ class Run:
         begin = {"history": list(history)} if self.writes and (start or resumed) else {}
         for cb in callbacks:
             cb.on_train_begin(begin)
+        if self.world.size > 1:  # a stop decided there (EarlyStopping's patience out in a resumed history): rank 0's
+            owner.stop_training = self.world.bcast(owner.stop_training, "whether to stop", slow=True)
         try:
             for epoch in range(start + 1, self.end_epoch + 1):
                 if owner.stop_training:

@@ -1,0 +1,33 @@
+"""EarlyStopping and ModelCheckpoint across resumes and repeated fits: a run resumed after a kill ends as the
+run it resumes would have, and a best epoch already kept is never replaced by a worse one."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from hloforge.cli import main
+
+
+def _epochs(run: str) -> list[int]:
+    with open(os.path.join(run, "metrics.jsonl"), encoding="utf-8") as f:
+        return [json.loads(ln)["epoch"] for ln in f if '"kind": "epoch"' in ln]
+
+
+def test_a_run_its_early_stopping_ended_resumes_to_no_epoch_more(tmp_path) -> None:
+    """A run killed after its EarlyStopping stopped it (while drawing its curves, say) is resumed with the same
+    callback: its patience ran out in the history, so no epoch is trained. Before, the resume trained one more
+    epoch (and so ended with other weights than the run that was not killed)."""
+    d = str(tmp_path / "run")
+    stop = ["--callback", "early_stopping:monitor=lr,mode=max,patience=1"]  # cosine lr: best at epoch 1
+    args = ["train", "mnist-linear", "--epochs", "6", "--run-dir", d, "--no-progress", *stop]
+    assert main(args) == 0
+    assert _epochs(d) == [1, 2]
+    with open(os.path.join(d, "checkpoint.safetensors"), "rb") as f:
+        ended = f.read()
+    os.remove(os.path.join(d, "curves.png"))  # what a kill while they were drawn leaves
+    assert main([*args, "--resume"]) == 0
+    assert _epochs(d) == [1, 2]
+    with open(os.path.join(d, "checkpoint.safetensors"), "rb") as f:
+        assert f.read() == ended
+    assert os.path.exists(os.path.join(d, "curves.png"))
