@@ -31,3 +31,28 @@ def test_a_run_its_early_stopping_ended_resumes_to_no_epoch_more(tmp_path) -> No
     with open(os.path.join(d, "checkpoint.safetensors"), "rb") as f:
         assert f.read() == ended
     assert os.path.exists(os.path.join(d, "curves.png"))
+
+
+def test_a_model_checkpoint_reused_by_the_models_next_fit_keeps_its_best_epoch(tmp_path) -> None:
+    """A notebook's second fit of one Model with the same ModelCheckpoint goes on from the first's best: an epoch
+    no better than the one kept does not replace it. Before, each fit started its best afresh, so the second fit's
+    first epoch, however worse, was written over the best epoch kept."""
+    import numpy as np
+
+    import hloforge as hf
+
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((64, 784)).astype(np.float32), rng.integers(0, 10, 64)
+    model = hf.Model("mnist-linear", lr=1e-2)
+    best = hf.ModelCheckpoint(str(tmp_path / "best"), monitor="lr", mode="max")  # cosine: best at each fit's first
+    model.fit(x, y, epochs=2, batch_size=32, callbacks=[best], verbose=False)
+    with open(tmp_path / "best" / "checkpoint.safetensors", "rb") as f:
+        kept = f.read()
+    model.lr = 1e-3  # every epoch of the next fit is worse by the monitor
+    model.fit(x, y, epochs=2, batch_size=32, callbacks=[best], verbose=False)
+    assert best.best_epoch == 1 and best.best == model.history["lr"][0]
+    with open(tmp_path / "best" / "checkpoint.safetensors", "rb") as f:
+        assert f.read() == kept
+    other = hf.Model("mnist-linear", lr=1e-3)  # another model's fit starts its own best, as before
+    other.fit(x, y, epochs=1, batch_size=32, callbacks=[best], verbose=False)
+    assert best.best_epoch == 1 and best.best == other.history["lr"][0]

@@ -254,6 +254,7 @@ class ModelCheckpoint(Monitor):
         self.path, self.data, self.overwrite = path, data, overwrite
         self.best_epoch = 0
         self._wrote: frozenset[tuple[str, int, int]] | None = None  # `path` as its last write left it
+        self._kept_of: Any = None  # the model (or run) whose epoch that write kept
 
     def check_begin(self) -> None:
         from hloforge.train.rundir import check_own_files, holds_run
@@ -285,8 +286,14 @@ class ModelCheckpoint(Monitor):
     def on_train_begin(self, logs: dict[str, Any]) -> None:
         from hloforge.train.config import CHECKPOINT
 
+        kept = self.best, self.best_epoch
         super().on_train_begin(logs)
         self.best_epoch = 0
+        # A later fit of the Model whose epoch it keeps, `path` as it left it (a notebook's next fit): only a better
+        # one replaces that epoch, as in a resumed run. Else that fit's first epoch, however worse, would.
+        if "history" not in logs and self._kept_of is self.model and listing(self.path) == self._wrote:
+            self.best, self.best_epoch = kept
+            return
         # A resumed run whose best epoch so far is already at `path`: only a better one replaces it.
         if os.path.exists(os.path.join(self.path, CHECKPOINT)):
             for m in self.past_epochs(logs):
@@ -301,7 +308,7 @@ class ModelCheckpoint(Monitor):
             copy(self.path)
         else:  # over its own files alone: another's were refused before the first step (check_begin)
             self.model.save(self.path, data=self.data, overwrite=True)
-        self._wrote = listing(self.path)
+        self._wrote, self._kept_of = listing(self.path), self.model
         self.best_epoch = epoch
 
 
