@@ -56,3 +56,54 @@ def test_a_model_checkpoint_reused_by_the_models_next_fit_keeps_its_best_epoch(t
     other = hf.Model("mnist-linear", lr=1e-3)  # another model's fit starts its own best, as before
     other.fit(x, y, epochs=1, batch_size=32, callbacks=[best], verbose=False)
     assert best.best_epoch == 1 and best.best == other.history["lr"][0]
+
+
+def _epoch_of(folder: str) -> tuple[int | None, int | None]:
+    """(the checkpoint's epoch, the eval bitmap's epoch) in `folder`; None for one it lacks."""
+    import numpy as np
+
+    from hloforge.train.checkpoint import load_meta
+
+    ckpt = os.path.join(folder, "checkpoint.safetensors")
+    bitmap = os.path.join(folder, "eval_correct.npz")
+    got_ckpt = int(load_meta(ckpt)["epoch"]) if os.path.exists(ckpt) else None
+    if not os.path.exists(bitmap):
+        return got_ckpt, None
+    with np.load(bitmap) as z:
+        return got_ckpt, int(z["epoch"])
+
+
+def test_a_best_epoch_copy_a_stop_cut_off_is_never_mixed_and_is_made_again_on_resume(tmp_path, monkeypatch) -> None:
+    """SIGTERM while ModelCheckpoint copied the run's best epoch (epoch 2 of 4) to its path. Before: the path held
+    epoch 2's eval bitmap beside epoch 1's checkpoint (so `compare` and `eval` of it spoke of two epochs), and the
+    resumed run, taking epoch 2 as kept, never copied it: the best epoch was lost, the path kept epoch 1's weights.
+    Now a cut-off copy leaves no bitmap beside another epoch's checkpoint, and the resume makes the copy again."""
+    from safetensors.numpy import load_file
+
+    from hloforge.commands.exits import Stopped
+    from hloforge.train import rundir
+
+    d, best = str(tmp_path / "run"), str(tmp_path / "best")
+    args = ["train", "mnist-linear", "--epochs", "4", "--warmup-epochs", "1.5", "--run-dir", d, "--no-progress",
+            "--callback", f"model_checkpoint:path={best},monitor=lr,mode=max"]  # the lr peaks at epoch 2
+    write, copies = rundir.write_atomic, []
+
+    def stopped_at_the_second_copy(path: str, data: bytes, what: str) -> None:
+        if os.path.dirname(path) == best and os.path.basename(path) == "checkpoint.safetensors":
+            copies.append(path)
+            if len(copies) == 2:
+                raise Stopped(15)
+        write(path, data, what)
+
+    monkeypatch.setattr(rundir, "write_atomic", stopped_at_the_second_copy)
+    assert main(args) == 143
+    kept, bitmap = _epoch_of(best)
+    assert bitmap is None or bitmap == kept  # never epoch 2's bitmap beside epoch 1's checkpoint
+    monkeypatch.setattr(rundir, "write_atomic", write)
+    assert main([*args, "--resume"]) == 0
+    assert _epoch_of(best) == (2, 2)
+    ref, ref_best = str(tmp_path / "ref"), str(tmp_path / "ref_best")
+    assert main([a.replace(d, ref).replace(best, ref_best) for a in args]) == 0
+    got, want = load_file(os.path.join(best, "checkpoint.safetensors")), \
+        load_file(os.path.join(ref_best, "checkpoint.safetensors"))
+    assert got.keys() == want.keys() and all((got[k] == want[k]).all() for k in want)

@@ -296,9 +296,19 @@ class ModelCheckpoint(Monitor):
             return
         # A resumed run whose best epoch so far is already at `path`: only a better one replaces it.
         if os.path.exists(os.path.join(self.path, CHECKPOINT)):
-            for m in self.past_epochs(logs):
+            past = self.past_epochs(logs)
+            for m in past:
                 if self.improved(m):
                     self.best_epoch = int(m.get("epoch", 0))
+            # That best is the epoch the run resumes from, yet `path` holds no whole copy of it (an earlier epoch, or
+            # no bitmap): a kill cut its copy off. The run's checkpoint is that epoch: copied now, else lost for good.
+            from hloforge.train.rundir import copy_whole
+
+            dir_ = run_dir_of(self.model)
+            if past and self.best_epoch == int(past[-1].get("epoch", 0)) and dir_ \
+                    and not copy_whole(dir_, self.path, self.best_epoch):
+                self.model.copy_to(self.path)
+                self._wrote, self._kept_of = listing(self.path), self.model
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> None:
         if not self.improved(logs):

@@ -163,25 +163,57 @@ def locked(run_dir: str, last_good: str, resume: bool = False) -> Iterator[None]
         os.close(fd)  # the lock goes with the last descriptor
 
 
-COPIED = (CONFIG, BITMAP, CHECKPOINT)  # what copy_run copies: the checkpoint last, so a copy with one is whole
+COPIED = (CONFIG, BITMAP, CHECKPOINT)  # what copy_run copies
 
 
 def copy_run(run_dir: str, path: str) -> None:
     """`run_dir` as it is now (config, eval bitmap, checkpoint) copied to `path`. What another run left
     there beside them (its metrics, curves; an eval bitmap this run has not written yet) goes, as
-    Model.save removes it: a directory of two runs' files would be read as one."""
+    Model.save removes it: a directory of two runs' files would be read as one. A copy stopped midway
+    (SIGTERM, kill -9) never leaves a bitmap beside another epoch's checkpoint: the old bitmap goes before
+    the checkpoint is replaced, and the new one, copied only if of the checkpoint's epoch (a run killed
+    between its bitmap and its checkpoint is ahead), after."""
     os.makedirs(path, exist_ok=True)
-    for name in COPIED:
-        src = os.path.join(run_dir, name)
-        if os.path.exists(src):
-            with open(src, "rb") as f:
-                write_atomic(os.path.join(path, name), f.read(), name)
-        elif name != CHECKPOINT:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(os.path.join(path, name))
-    for stale in set(RUN_FILES) - set(COPIED):
+
+    def copy(name: str) -> None:
+        with open(os.path.join(run_dir, name), "rb") as f:
+            write_atomic(os.path.join(path, name), f.read(), name)
+
+    for stale in (*(set(RUN_FILES) - set(COPIED)), BITMAP, *(() if os.path.exists(os.path.join(run_dir, CONFIG))
+                                                             else (CONFIG,))):
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(path, stale))
+    if os.path.exists(os.path.join(run_dir, CONFIG)):
+        copy(CONFIG)
+    source = os.path.join(run_dir, CHECKPOINT)
+    if not os.path.exists(source):
+        return
+    copy(CHECKPOINT)
+    if _bitmap_epoch(run_dir) == _checkpoint_epoch(run_dir):
+        copy(BITMAP)
+
+
+def copy_whole(run_dir: str, path: str, epoch: int) -> bool:
+    """Whether `path` holds a whole copy_run of `run_dir` at `epoch`: a checkpoint of that epoch, and its bitmap
+    unless the run keeps none (no classifier). A copy a kill cut off lacks one or the other."""
+    return _checkpoint_epoch(path) == epoch and (_bitmap_epoch(path) == epoch
+                                                 or not os.path.exists(os.path.join(run_dir, BITMAP)))
+
+
+def _checkpoint_epoch(folder: str) -> int | None:
+    try:
+        return int(load_meta(os.path.join(folder, CHECKPOINT))["epoch"])
+    except (HloforgeError, KeyError, TypeError, ValueError):  # none, or not whole
+        return None
+
+
+def _bitmap_epoch(folder: str) -> int | None:
+    from hloforge.train.compare import load_bitmap
+
+    try:
+        return load_bitmap(folder)[2]
+    except HloforgeError:  # none, or not whole
+        return None
 
 
 def holds_copy(checkpoint: str, path: str) -> bool:
