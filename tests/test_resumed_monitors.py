@@ -107,3 +107,26 @@ def test_a_best_epoch_copy_a_stop_cut_off_is_never_mixed_and_is_made_again_on_re
     got, want = load_file(os.path.join(best, "checkpoint.safetensors")), \
         load_file(os.path.join(ref_best, "checkpoint.safetensors"))
     assert got.keys() == want.keys() and all((got[k] == want[k]).all() for k in want)
+
+
+def test_a_csv_logger_reused_by_the_models_next_fit_keeps_the_earlier_fits_rows(tmp_path) -> None:
+    """A notebook's second fit of one Model with the same CSVLogger adds its epochs after the first fit's. Before,
+    each fit wrote the file anew: the first fit's rows were lost, unsaid."""
+    import csv
+
+    import numpy as np
+
+    import hloforge as hf
+
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((64, 784)).astype(np.float32), rng.integers(0, 10, 64)
+    path = str(tmp_path / "log.csv")
+    model, log = hf.Model("mnist-linear"), hf.CSVLogger(path)
+
+    def epochs() -> list[str]:
+        with open(path, newline="", encoding="utf-8") as f:
+            return [row["epoch"] for row in csv.DictReader(f)]
+
+    model.fit(x, y, epochs=2, batch_size=32, callbacks=[log], verbose=False)
+    model.fit(x, y, epochs=2, batch_size=32, callbacks=[log], verbose=False)
+    assert epochs() == ["1", "2", "3", "4"]

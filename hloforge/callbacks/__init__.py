@@ -324,7 +324,8 @@ class ModelCheckpoint(Monitor):
 
 class CSVLogger(Callback):
     """One row per epoch (its metrics) to `path`, the header from the first epoch's keys. A resumed run's
-    file starts with the epochs it already trained (on_train_begin's history), so none is lost."""
+    file starts with the epochs it already trained (on_train_begin's history), so none is lost; a later fit
+    of the Model it logged, the file as it left it, adds its rows after the earlier fits'."""
 
     name = "csv_logger"
 
@@ -337,6 +338,7 @@ class CSVLogger(Callback):
         writable(path, "CSVLogger")
         self.path = path
         self._keys: list[str] = []
+        self._wrote: tuple[Any, Any] = (None, None)  # (the model logged, the file's size and mtime its rows left)
 
     def check_begin(self) -> None:
         from hloforge.train.rundir import LOCK, RUN_FILES
@@ -348,6 +350,8 @@ class CSVLogger(Callback):
                                   f"expected a file of its own ({os.path.join(dir_, 'log.csv')}, say)")
 
     def on_train_begin(self, logs: dict[str, Any]) -> None:
+        if "history" not in logs and self._wrote == (self.model, _stamp(self.path)):
+            return  # the same model's next fit (a notebook's), which goes on from its weights: its rows go on too
         self._keys = []
         history = logs.get("history", ())
         if history:
@@ -367,6 +371,7 @@ class CSVLogger(Callback):
                 if first:
                     w.writeheader()
                 w.writerows(rows)
+            self._wrote = (self.model, _stamp(self.path))
         except OSError as e:  # a full disk, the file removed or made read-only since the check
             raise HloforgeError(f"CSVLogger cannot write {self.path}: {e.strerror or e}") from None
 
@@ -481,6 +486,15 @@ def listing(path: str) -> frozenset[tuple[str, int, int]]:
                          if n != LOCK)
     except OSError:  # removed meanwhile, or unreadable: the write itself says what is wrong
         return frozenset()
+
+
+def _stamp(path: str) -> tuple[int, int] | None:
+    """A file's (size, mtime): whether it is as a callback's last write left it. None where there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns
 
 
 def run_dir_of(model: Any) -> str | None:
