@@ -351,6 +351,20 @@ def test_hloforge_train_under_mpiexec_is_the_two_replica_run_and_resumes_at_any_
 
 
 @needs_mpi
+def test_a_finished_run_resumed_under_mpiexec_with_a_callback_of_rank_0_is_refused_once(tmp_path):
+    """A resume of a finished run runs its callbacks' start for no epoch (ModelCheckpoint completes a copy a kill
+    cut off; tests/test_resumed_monitors.py) on every rank, rank 0's callbacks alone: the stop broadcast after
+    their start is met by every rank, and the run is refused in one line. With rank 0 alone there, it waited."""
+    run, best = tmp_path / "r", tmp_path / "best"
+    watch = ("--callback", f"model_checkpoint:path={best},monitor=top1")
+    under_mpi(train_cmd(run, 1, *watch))
+    (best / "eval_correct.npz").unlink()  # a copy a kill cut off
+    r = launch(2, *train_cmd(run, 1, "--resume", *watch))
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert r.stderr.count("already finished") == 1 and (best / "eval_correct.npz").exists(), r.stderr
+
+
+@needs_mpi
 def test_sync_bn_under_mpiexec_is_the_one_process_sync_bn_run(tmp_path):
     """`mpiexec -n 2 hloforge train resnet-mini --sync-bn`: BN over the global batch, its sums all-reduced
     inside the step, = `--replicas 2 --devices 2 --sync-bn` in one process (checkpoint and top-1)."""

@@ -130,3 +130,28 @@ def test_a_csv_logger_reused_by_the_models_next_fit_keeps_the_earlier_fits_rows(
     model.fit(x, y, epochs=2, batch_size=32, callbacks=[log], verbose=False)
     model.fit(x, y, epochs=2, batch_size=32, callbacks=[log], verbose=False)
     assert epochs() == ["1", "2", "3", "4"]
+
+
+def test_a_best_epoch_copy_cut_off_at_the_runs_last_epoch_is_made_again_by_the_resume(tmp_path, monkeypatch) -> None:
+    """The kill lands in the copy of the run's last epoch, its best: the resume finds the run finished and says so,
+    and still makes the copy. Before, it said so and left the path without that epoch, for good; and the first
+    copy of a run cut off after its config made the resume refuse the path as another run's."""
+    from hloforge.commands.exits import Stopped
+    from hloforge.train import rundir
+
+    d, best = str(tmp_path / "run"), str(tmp_path / "best")
+    args = ["train", "mnist-linear", "--epochs", "1", "--run-dir", d, "--no-progress",
+            "--callback", f"model_checkpoint:path={best},monitor=top1"]
+    write = rundir.write_atomic
+
+    def stopped_at_the_last_file(path: str, data: bytes, what: str) -> None:
+        write(path, data, what)
+        if os.path.dirname(path) == best and len(os.listdir(best)) == 2:  # of the copy's three
+            raise Stopped(15)
+
+    monkeypatch.setattr(rundir, "write_atomic", stopped_at_the_last_file)
+    assert main(args) == 143
+    monkeypatch.setattr(rundir, "write_atomic", write)
+    assert main([*args, "--resume"]) == 3  # already finished, said in one line
+    assert _epoch_of(best) == (1, 1) and os.path.exists(os.path.join(best, "config.toml"))
+    assert main(["eval", best]) == 0

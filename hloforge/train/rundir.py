@@ -172,32 +172,31 @@ def copy_run(run_dir: str, path: str) -> None:
     Model.save removes it: a directory of two runs' files would be read as one. A copy stopped midway
     (SIGTERM, kill -9) never leaves a bitmap beside another epoch's checkpoint: the old bitmap goes before
     the checkpoint is replaced, and the new one, copied only if of the checkpoint's epoch (a run killed
-    between its bitmap and its checkpoint is ahead), after."""
+    between its bitmap and its checkpoint is ahead), after. The config goes last: a first copy cut off is
+    then a checkpoint alone, which a resume takes for its own (holds_copy) and copies again (copy_whole)."""
     os.makedirs(path, exist_ok=True)
 
     def copy(name: str) -> None:
         with open(os.path.join(run_dir, name), "rb") as f:
             write_atomic(os.path.join(path, name), f.read(), name)
 
-    for stale in (*(set(RUN_FILES) - set(COPIED)), BITMAP, *(() if os.path.exists(os.path.join(run_dir, CONFIG))
-                                                             else (CONFIG,))):
+    has_config = os.path.exists(os.path.join(run_dir, CONFIG))
+    for stale in (*(set(RUN_FILES) - set(COPIED)), BITMAP, *(() if has_config else (CONFIG,))):
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(path, stale))
-    if os.path.exists(os.path.join(run_dir, CONFIG)):
+    if os.path.exists(os.path.join(run_dir, CHECKPOINT)):
+        copy(CHECKPOINT)
+        if _bitmap_epoch(run_dir) == _checkpoint_epoch(run_dir):
+            copy(BITMAP)
+    if has_config:
         copy(CONFIG)
-    source = os.path.join(run_dir, CHECKPOINT)
-    if not os.path.exists(source):
-        return
-    copy(CHECKPOINT)
-    if _bitmap_epoch(run_dir) == _checkpoint_epoch(run_dir):
-        copy(BITMAP)
 
 
 def copy_whole(run_dir: str, path: str, epoch: int) -> bool:
-    """Whether `path` holds a whole copy_run of `run_dir` at `epoch`: a checkpoint of that epoch, and its bitmap
-    unless the run keeps none (no classifier). A copy a kill cut off lacks one or the other."""
-    return _checkpoint_epoch(path) == epoch and (_bitmap_epoch(path) == epoch
-                                                 or not os.path.exists(os.path.join(run_dir, BITMAP)))
+    """Whether `path` holds a whole copy_run of `run_dir` at `epoch`: its config, a checkpoint of that epoch, and
+    its bitmap unless the run keeps none (no classifier). A copy a kill cut off lacks one of them."""
+    return os.path.exists(os.path.join(path, CONFIG)) and _checkpoint_epoch(path) == epoch and \
+        (_bitmap_epoch(path) == epoch or not os.path.exists(os.path.join(run_dir, BITMAP)))
 
 
 def _checkpoint_epoch(folder: str) -> int | None:

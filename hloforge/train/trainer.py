@@ -425,6 +425,9 @@ class Run:
             start = self.restore(session, cross_backend) if world.is_root else 0
             start = self._share_restored(session, start)
             if start >= cfg.epochs:
+                if callbacks or world.size > 1:  # no epoch; their start on its history (every rank: its collectives)
+                    self.loop(session, evaluator, start, callbacks, resumed=True)  # does what a kill at the end cut
+                    # off (ModelCheckpoint's copy; the curves)
                 undrawn = world.is_root and not os.path.exists(os.path.join(self.dir, curves.PNG))
                 if undrawn and (done := self._history()):  # the end's plot, which a kill while drawn left undrawn
                     self.plot(done)
