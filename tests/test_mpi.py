@@ -365,6 +365,19 @@ def test_a_finished_run_resumed_under_mpiexec_with_a_callback_of_rank_0_is_refus
 
 
 @needs_mpi
+def test_an_early_stopped_run_resumed_under_mpiexec_stops_on_every_rank(tmp_path):
+    """A run its EarlyStopping (rank 0's) ended, resumed under mpiexec: the stop its start decides reaches every
+    rank (tests/test_resumed_monitors.py), so none trains an epoch alone waiting on rank 0 at its steps."""
+    run = tmp_path / "r"
+    stop = ("--callback", "early_stopping:monitor=lr,patience=1")  # a constant lr: no better after epoch 1
+    under_mpi(train_cmd(run, 6, *stop))
+    (run / "curves.png").unlink()  # a kill as they were drawn
+    r = launch(2, *train_cmd(run, 6, "--resume", *stop))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert len(top1s(run)) == 2 and (run / "curves.png").exists()
+
+
+@needs_mpi
 def test_sync_bn_under_mpiexec_is_the_one_process_sync_bn_run(tmp_path):
     """`mpiexec -n 2 hloforge train resnet-mini --sync-bn`: BN over the global batch, its sums all-reduced
     inside the step, = `--replicas 2 --devices 2 --sync-bn` in one process (checkpoint and top-1)."""
