@@ -155,3 +155,22 @@ def test_a_best_epoch_copy_cut_off_at_the_runs_last_epoch_is_made_again_by_the_r
     assert main([*args, "--resume"]) == 3  # already finished, said in one line
     assert _epoch_of(best) == (1, 1) and os.path.exists(os.path.join(best, "config.toml"))
     assert main(["eval", best]) == 0
+
+
+def test_a_finished_runs_resume_with_tensorboard_leaves_no_empty_event_file(tmp_path) -> None:
+    """The resume of a finished run runs its callbacks' start for no epoch (above): TensorBoard's writer, opened
+    there, logs nothing and its file goes at the end. Before, each such resume left an events file of its version
+    line alone beside the run's own."""
+    import glob
+
+    import pytest
+
+    pytest.importorskip("tensorboardX")
+    d, tb = str(tmp_path / "run"), str(tmp_path / "tb")
+    args = ["train", "mnist-linear", "--epochs", "1", "--run-dir", d, "--no-progress", "--callback",
+            f"tensorboard:logdir={tb}"]
+    assert main(args) == 0
+    files = sorted(glob.glob(os.path.join(tb, "*tfevents*")))
+    assert len(files) == 1
+    assert main([*args, "--resume"]) == 3  # already finished
+    assert sorted(glob.glob(os.path.join(tb, "*tfevents*"))) == files

@@ -405,6 +405,7 @@ class TensorBoard(Callback):
         self._writer_cls, self._event, self._scalar = EventsWriter, Event, summary.scalar
         self.logdir, self.every_step = logdir, every_step
         self._writer: Any = None
+        self._logged = False  # whether the writer holds a scalar
 
     def on_train_begin(self, logs: dict[str, Any]) -> None:
         from hloforge.train.rundir import new_identity, run_id
@@ -432,6 +433,7 @@ class TensorBoard(Callback):
         with self._writing():
             os.makedirs(self.logdir, exist_ok=True)
             self._writer = self._writer_cls(os.path.join(self.logdir, "events"), tbevents.own_suffix(ident))
+        self._logged = False
         for row in history:
             self._log_epoch(row["epoch"], row, skip=kept)
 
@@ -454,6 +456,7 @@ class TensorBoard(Callback):
         """One scalar, as SummaryWriter.add_scalar writes it."""
         with self._writing():
             self._writer.write_event(self._event(summary=self._scalar(tag, value), step=step, wall_time=time.time()))
+        self._logged = True
 
     @contextlib.contextmanager
     def _writing(self) -> Iterator[None]:
@@ -472,6 +475,10 @@ class TensorBoard(Callback):
         if self._writer is not None:
             with self._writing():
                 self._writer.close()
+            file = getattr(self._writer, "_file_name", None)  # tensorboardX's EventsWriter's own
+            if not self._logged and isinstance(file, str):  # no scalar (a finished run's resume): no file of none
+                with contextlib.suppress(OSError):
+                    os.remove(file)
             self._writer = None
 
 
