@@ -106,3 +106,20 @@ def test_the_recorded_plugin_is_its_distribution_and_version(site: Path, tmp_pat
         with safe_open(str(tmp_path / "run" / "checkpoint.safetensors"), "np") as f:
             said = json.loads((f.metadata() or {})["plugin_layers"])
         assert said == {"doubled": {"distribution": "hloforge-doubled", "version": "0.1"}}
+
+
+def test_a_saved_model_whose_plugin_is_installed_but_fails_to_load_names_its_error_not_an_install(
+        saved: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: the line named the import error and still ended '(pip install hloforge-doubled)', advice that
+    changes nothing for a plugin already installed."""
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    # a module of another name: the working one the fixture imported stays in sys.modules
+    fake_dist(broken, "hloforge-doubled", {"hf_doubled_broken": "raise ImportError('needs libdoubled.so')"},
+              {"hloforge.layers": {"doubled": "hf_doubled_broken"}})
+    for _ in installed_in_process(broken, tmp_path, monkeypatch):
+        with pytest.raises(DataError) as e:
+            hf.load(str(saved))
+    said = str(e.value)
+    assert "of plugin hloforge-doubled 0.1, installed but not loaded (" in said and "needs libdoubled.so" in said, said
+    assert "pip install" not in said and said.endswith("(hloforge-doubled loading without that error)"), said

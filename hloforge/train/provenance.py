@@ -42,17 +42,19 @@ def check_plugin_layers(path: str, meta: Mapping[str, Any]) -> None:
         return
     registry = default_registry()
     known = set(registry.names("layer"))
-    said = []
+    said, missing, broken = [], set(), set()
     for kind, where in sorted(recorded.items()):
         if kind in known or not isinstance(where, Mapping):
             continue
         dist = str(where.get("distribution", "?"))
         release = f"{dist} {where.get('version')}".strip() if where.get("version") else dist
         failed = [b.error for b in registry.broken if b.plugin.split(":")[0] == dist]
+        (broken if failed else missing).add(dist)
         said.append(f"layer {kind!r} of plugin {release}, " + (f"installed but not loaded ({failed[0]})" if failed
                                                                else "not installed here"))
     if said:
-        dists = sorted({str(w.get("distribution")) for k, w in recorded.items() if k not in known
-                        and isinstance(w, Mapping)})
+        # an installed plugin that fails to load is mended where it fails, not by installing it once more
+        fix = ([f"pip install {' '.join(sorted(missing))}"] if missing else []) + \
+            ([f"{', '.join(sorted(broken))} loading without that error"] if broken else [])
         raise DataError(f"checkpoint {path}: its net uses {'; '.join(said)}; expected the plugin the run was "
-                        f"trained with (pip install {' '.join(dists)})")
+                        f"trained with ({'; '.join(fix)})")
