@@ -149,6 +149,9 @@ def test_prepare_brats_2d_and_25d_from_nifti(tmp_path):
 
     s3 = prepare("brats", str(tmp_path / "task"), str(tmp_path / "25d"), size=16, val_frac=0.34, stride=1, context=1)
     assert s3["records"] == s2["records"] and s3["channels"] == 12
+    # the options that read them, which `hloforge prepare` prints as its train line (they were not said)
+    assert s2["data_options"] == ["size=16"] and s3["data_options"] == ["size=16", "context=1"]
+    assert "data_options" not in json.loads((tmp_path / "25d" / "split.json").read_text())
     x3, y3 = Brats(str(tmp_path / "25d"), size=16, context=1).arrays("test")
     assert np.array_equal(y3, y) and np.array_equal(x3[:, 4:8], x), "the centre slice sits at channels 4..7"
     assert np.array_equal(x3[1, 0:4], x[0]), "slice 2's lower neighbour is slice 1, the first kept slice"

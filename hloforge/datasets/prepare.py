@@ -28,7 +28,8 @@ Adding a dataset is one entry there; the CLI builds its subcommand from it.
   Kept slices are those with at least `min_tumor_px` tumour voxels, every `stride`-th; 2.5D
   (`context` K) stacks slices z−K·step … z+K·step, replicated at the volume ends, around the
   same kept centres. Writes `OUT/train.bin`, `OUT/val.bin` in `hloforge.datasets.brats`'s
-  format and `OUT/split.json` (the volumes on each side and the options).
+  format and `OUT/split.json` (the volumes on each side and the options). Where the size or context
+  is not the dataset's default (240², 2D), the `--data-opt` options that read the files are printed.
 
 - yolo: SRC in the YOLO txt layout (`SRC/images/{train,val}`, `SRC/labels/{train,val}`), written as
   YOLOv1 records `OUT/train.bin`, `OUT/test.bin` (`hloforge.datasets.yolo`). A missing labels folder
@@ -355,6 +356,10 @@ def prepare_brats(src: str, out: str, size: int = brats.NATIVE_SIZE, context: in
             summary["records"][f"{split}.bin"] = write_counted(stage(f"{split}.bin"), records(), rec)
         with open(stage("split.json"), "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=1)
+    # the dataset's options these files need where they are not its defaults (240², 2D): read at 240², a 2.5D
+    # or smaller file was only refused as not of the format
+    read_as = {"size": (size, brats.Brats.default_size), "context": (context, brats.Brats.default_context)}
+    summary["data_options"] = [f"{k}={v}" for k, (v, default) in read_as.items() if v != default]
     return summary
 
 
