@@ -273,6 +273,10 @@ def test_ddpm_mini_reads_its_image_channels_off_the_input():
     assert get_net("ddpm-mini").out_shape == (3, 32, 32)
     with pytest.raises(UnsupportedSpec, match=r"got input \[2, 28, 28\]; expected classes 1 \(--classes 1\), or none"):
         get_net("ddpm-mini", 3, (2, 28, 28))
+    # --classes 1 alone (digits' channel) against the default input: the input that fits is named too (it was not)
+    with pytest.raises(UnsupportedSpec, match=r"expected classes 3 \(--classes 3\), or none, for this input, or "
+                                              r"--input 2,32,32 for 1-channel images$"):
+        get_net("ddpm-mini", 1)
     with pytest.raises(UnsupportedSpec, match=r"at least 2 input channels, got input \[1, 28, 28\]"):
         get_net("ddpm-mini", None, (1, 28, 28))
 

@@ -35,9 +35,12 @@ def ddpm_mini(classes: int | None = None, input: Sequence[int] = (4, 32, 32)) ->
     if classes is None:  # the images' channels: the input's less the time plane (--input 2,28,28 alone: digits')
         classes = input[0] - 1
     if input[0] != classes + 1:
+        # either may be the one meant: --classes 1 alone (digits) meets the default 4-channel input
+        side = ",".join(str(d) for d in input[1:])
         raise UnsupportedSpec(f"ddpm-mini of {classes} image channels (classes {classes}) takes {classes + 1} input "
                               f"channels (the images and the time plane), got input {list(input)}; expected classes "
-                              f"{input[0] - 1} (--classes {input[0] - 1}), or none")
+                              f"{input[0] - 1} (--classes {input[0] - 1}), or none, for this input, or --input "
+                              f"{classes + 1},{side} for {classes}-channel images")
     w1, w2 = WIDTHS
 
     def res(w: int) -> TimeResBlock:
