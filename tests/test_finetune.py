@@ -198,6 +198,23 @@ def test_a_new_class_count_reinitialises_the_head_and_trains(tmp_path, capsys) -
     assert np.isfinite(res["loss"])
 
 
+def test_an_init_from_an_export_of_another_format_is_refused(tmp_path) -> None:
+    """Before: a manifest of another format ("hloforge-export-2", another version's layout) was read for its classes
+    and net as if this version's, its format unread."""
+    a, e, c = (str(tmp_path / n) for n in ("a", "e", "c"))
+    train(TrainConfig(**SMALL, run_dir=a), progress=False)
+    export_run(a, e, log=lambda s: None)
+    with open(os.path.join(e, "manifest.json"), encoding="utf-8") as f:
+        manifest = json.load(f)
+    manifest["format"] = "hloforge-export-2"
+    with open(os.path.join(e, "manifest.json"), "w", encoding="utf-8") as f:
+        json.dump(manifest, f)
+    with pytest.raises(DataError, match=r"manifest.json is of format 'hloforge-export-2'; expected "
+                                        r"'hloforge-export-1', what this hloforge exports"):
+        train(TrainConfig(**SMALL, run_dir=c, init=e), progress=False)
+    assert not os.path.exists(c)
+
+
 def test_an_init_that_does_not_fit_is_one_line_and_writes_nothing(tmp_path) -> None:
     src = tmp_path / "e"
     src.mkdir()

@@ -87,6 +87,7 @@ def export_run(run: str, out: str, fmt: str = "hloforge", log: Callable[[str], N
     from hloforge.commands.opening import open_checkpoint
     from hloforge.core.modules import forward_input_roles, forward_module
     from hloforge.train.checkpoint import SAFETENSORS, VERSION, ends_in
+    from hloforge.train.finetune import EXPORT_FORMAT
     from hloforge.train.tasks import output_said
 
     if fmt not in FORMATS:
@@ -122,7 +123,7 @@ def export_run(run: str, out: str, fmt: str = "hloforge", log: Callable[[str], N
     typed = describe(text, forward_input_roles(spec, eval_mode=True), [("out", "")])
     (output,) = typed["outputs"]
     manifest = {
-        "format": "hloforge-export-1", "spec": spec.to_dict(), "input_shape": list(spec.input_shape),
+        "format": EXPORT_FORMAT, "spec": spec.to_dict(), "input_shape": list(spec.input_shape),
         "classes": spec.num_classes, "batch": 1, "arguments": ["x", *pnames, *snames], "inputs": typed["inputs"],
         "region": region,
         "output": {**output, **output_said(spec, oc.run.task)},

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 Run = Any  # hloforge.train.trainer.Run, which imports this module
 
 EXPORT_WEIGHTS, EXPORT_MANIFEST = "weights.safetensors", "manifest.json"  # what `hloforge export` writes
+EXPORT_FORMAT = "hloforge-export-1"  # its manifest's "format": what this hloforge writes and reads
 EXPORT_TORCH_WEIGHTS = "model.safetensors"  # `hloforge export --format torchvision|timm`'s state dict
 
 
@@ -93,6 +94,9 @@ def _read(path: str, region: str) -> tuple[str, dict[str, np.ndarray], int | Non
             classes, net = int(stated["classes"]), _net_named(stated.get("spec"))
         except (OSError, ValueError, KeyError, TypeError):
             raise DataError(f"--init {path}: its {manifest} does not read as an export manifest") from None
+        if stated.get("format") != EXPORT_FORMAT:  # another version's layout: its fields may not mean these
+            raise DataError(f"--init {path}: its {manifest} is of format {stated.get('format')!r}; expected "
+                            f"{EXPORT_FORMAT!r}, what this hloforge exports (one from another hloforge version?)")
     return path, tensors, classes, "", net
 
 
