@@ -284,8 +284,7 @@ class Model:
             arraydata.check_dataset_kind(self._inputs, data, self.spec, "fit on", "build a new Model to train on it")
             self._fit_inputs = arraydata.dataset_inputs(data, self.spec)
             run = self._run(data, batch, epochs, shuffle, verbose, data_options)
-            arraydata.check_vocabulary(run.data, lambda: self._run(self._data, batch, eval_only=True, data_options=(
-                parse_data_options(self._data_options))).data if self._data == data else None, "fit")
+            arraydata.check_vocabulary(run.data, lambda: self._data_fit_on(data, batch), "fit")
         else:
             if x is None:
                 raise DataError("fit takes arrays x and y, an iterable of (x, y) batches or a dataset name; got none")
@@ -388,8 +387,7 @@ class Model:
                                                 data, self._data_options, self._eval_set)
             else:
                 run = self._run(data, batch, data_options=data_options, eval_only=True)
-                arraydata.check_vocabulary(run.data, lambda: self._run(self._data, batch, eval_only=True, data_options=(
-                    parse_data_options(self._data_options))).data if self._data == data else None, "evaluate")
+                arraydata.check_vocabulary(run.data, lambda: self._data_fit_on(data, batch), "evaluate")
         else:
             arraydata.refuse_ddpm_arrays(self.spec, "evaluate")
             xa, ya = self._check_xy(x, y, "evaluate", scored=True, trained=self._inputs)
@@ -596,6 +594,13 @@ class Model:
             raise HloforgeError(f"cannot save to {path}: {e.strerror or e}; expected a directory that can be "
                                 "created and written") from None
         return path
+
+    def _data_fit_on(self, data: str, batch: int) -> Any:
+        """The dataset this model last trained on, read with the options it trained with, where that is `data`
+        (else None): a corpus whose vocabulary its weights read."""
+        if self._data != data:
+            return None
+        return self._run(data, batch, eval_only=True, data_options=parse_data_options(self._data_options)).data
 
     def _options_for(self, data: str | None) -> tuple[str, ...]:
         """The data options a save naming dataset `data` records: the model's own for its own dataset

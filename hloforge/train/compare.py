@@ -12,6 +12,7 @@ import os
 import zipfile
 import zlib
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -70,13 +71,10 @@ def region_bitmap(run: str, region: str = DEFAULT_REGION,
     folder = run if os.path.isdir(run) else os.path.dirname(run) or "."
     file = os.path.join(folder, CHECKPOINT)
     unscored = (os.path.isdir(run) and not os.path.exists(os.path.join(run, BITMAP)) and os.path.isfile(file)
-                and score is not None and not _no_classifier(run))
-    if unscored:  # a saved model (Model.save, import-weights): its checkpoint scored as `hloforge eval` scores it
+                and not _no_classifier(run))
+    if unscored and score is not None:  # a saved model (Model.save, import-weights): scored as `hloforge eval` does
         meta = ckpt.load_meta(file)
-        variant = meta.get("variant", {})
-        shadows = isinstance(variant, dict) and float(variant.get("ema", 0.0) or 0.0) > 0.0
-        resolved = "ema" if shadows and region != "live" else "live"  # eval refuses ema without a shadow
-        assert score is not None
+        resolved = "ema" if _keeps_shadow(meta) and region != "live" else "live"  # eval refuses ema without one
         correct = np.asarray(score(folder, region), bool)
         return correct, str(meta.get("eval_set", "")), int(meta["epoch"]), resolved
     correct, set_id, epoch = load_bitmap(run)
@@ -86,14 +84,19 @@ def region_bitmap(run: str, region: str = DEFAULT_REGION,
                             "run directory, or --region live")
         return correct, set_id, epoch, "live"
     _, meta = ckpt.load_checkpoint(file)
-    variant = meta.get("variant", {})
-    shadows = isinstance(variant, dict) and float(variant.get("ema", 0.0) or 0.0) > 0.0
+    shadows = _keeps_shadow(meta)
     if region == "ema" and not shadows:
         raise DataError(f"checkpoint {file} has no EMA shadow (its run was trained without --ema); use --region live")
     if region == "live" or not shadows:
         return correct, set_id, epoch, "live"
     assert score is not None, "comparing an EMA shadow needs score"
     return np.asarray(score(folder, "ema"), bool), set_id, int(meta.get("epoch", epoch)), "ema"
+
+
+def _keeps_shadow(meta: dict[str, Any]) -> bool:
+    """Whether a checkpoint's run kept an EMA shadow (its variant's ema)."""
+    variant = meta.get("variant", {})
+    return isinstance(variant, dict) and float(variant.get("ema", 0.0) or 0.0) > 0.0
 
 
 def compare_runs(run_a: str, run_b: str, log: Callable[[str], None] = print, region: str = DEFAULT_REGION,
