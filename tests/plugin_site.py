@@ -41,3 +41,35 @@ def installed_in_process(site: Path, tmp_path: Path, monkeypatch: Any) -> Iterat
     registry.default_registry.cache_clear()
     yield
     registry.default_registry.cache_clear()
+
+
+# A plugin layer module of one layer, `kind`, that doubles its input (gated against its reference), and its hook.
+def layer_module(kind: str, header: str = "") -> str:
+    return textwrap.dedent(header) + textwrap.dedent(f'''
+        import attrs
+        from hloforge.core.hookspecs import hookimpl
+        from hloforge.core.spec import Layer
+
+
+        @attrs.frozen
+        class Scale(Layer):
+            kind = "{kind}"
+
+            def out_shape(self, in_shape):
+                return in_shape
+
+            def forward(self, b, x, params, ctx):
+                return x * 2.0
+
+            def reference(self, params, x, ctx):
+                return 2.0 * x
+
+            @classmethod
+            def gate_cases(cls):
+                return [(cls(), (3,))]
+
+
+        @hookimpl
+        def hloforge_layers():
+            return [Scale]
+        ''')

@@ -13,12 +13,11 @@ import re
 import shutil
 import subprocess
 import sys
-import textwrap
 import tomllib
 from pathlib import Path
 
 import pytest
-from plugin_site import env_with, fake_dist
+from plugin_site import env_with, fake_dist, layer_module
 
 import hloforge
 from hloforge.core.errors import PluginError
@@ -27,37 +26,6 @@ from hloforge.core.registry import BrokenPlugin, PluginLoadWarning, Registry
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "hloforge-groupnorm"
 DOCS = ROOT / "docs"
-
-
-def layer_module(kind: str, header: str = "") -> str:
-    return textwrap.dedent(header) + textwrap.dedent(f'''
-        import attrs
-        from hloforge.core.hookspecs import hookimpl
-        from hloforge.core.spec import Layer
-
-
-        @attrs.frozen
-        class Scale(Layer):
-            kind = "{kind}"
-
-            def out_shape(self, in_shape):
-                return in_shape
-
-            def forward(self, b, x, params, ctx):
-                return x * 2.0
-
-            def reference(self, params, x, ctx):
-                return 2.0 * x
-
-            @classmethod
-            def gate_cases(cls):
-                return [(cls(), (3,))]
-
-
-        @hookimpl
-        def hloforge_layers():
-            return [Scale]
-        ''')
 
 
 def hloforge_cli(env: dict[str, str], *args: str, cwd: Path | None = None,

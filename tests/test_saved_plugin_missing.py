@@ -6,48 +6,23 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
-from plugin_site import env_with, fake_dist, installed_in_process
+from plugin_site import env_with, fake_dist, installed_in_process, layer_module
 
 import hloforge as hf
 from hloforge.core.errors import DataError
 from hloforge.core.registry import default_registry
-
-LAYER = textwrap.dedent('''
-    import attrs
-    from hloforge.core.hookspecs import hookimpl
-    from hloforge.core.spec import Layer
-
-
-    @attrs.frozen
-    class Doubled(Layer):
-        kind = "doubled"
-
-        def out_shape(self, in_shape):
-            return in_shape
-
-        def forward(self, b, x, params, ctx):
-            return x * 2.0
-
-        def reference(self, params, x, ctx):
-            return 2.0 * x
-
-
-    @hookimpl
-    def hloforge_layers():
-        return [Doubled]
-    ''')
 
 
 @pytest.fixture
 def site(tmp_path: Path) -> Path:
     where = tmp_path / "site"
     where.mkdir()
-    fake_dist(where, "hloforge-doubled", {"hf_doubled": LAYER}, {"hloforge.layers": {"doubled": "hf_doubled"}})
+    fake_dist(where, "hloforge-doubled", {"hf_doubled": layer_module("doubled")},
+              {"hloforge.layers": {"doubled": "hf_doubled"}})
     return where
 
 
