@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from hloforge.core.spec import NetSpec
     from hloforge.core.variant import Variant
     from hloforge.loading import load
+    from hloforge.registering import register
 
     layers: Lookup
     from hloforge import losses
@@ -32,6 +33,7 @@ _LAZY = {
     "Variant": ("hloforge.core.variant", "Variant"),
     "Model": ("hloforge.api", "Model"),
     "load": ("hloforge.loading", "load"),
+    "register": ("hloforge.registering", "register"),
     "Callback": ("hloforge.callbacks", "Callback"),
     "EarlyStopping": ("hloforge.callbacks", "EarlyStopping"),
     "ModelCheckpoint": ("hloforge.callbacks", "ModelCheckpoint"),
@@ -44,9 +46,9 @@ _LAZY = {
     "optimizers": ("hloforge.core.lookup", "optimizers"),
 }
 
-__all__ = ["PLUGIN_API_VERSION", "__version__", "NetSpec", "Variant", "Model", "load", "Callback", "EarlyStopping",
-           "ModelCheckpoint", "CSVLogger", "TensorBoard", "HloforgeError", "layers", "losses", "optimizers",
-           "callbacks"]
+__all__ = ["PLUGIN_API_VERSION", "__version__", "NetSpec", "Variant", "Model", "load", "register", "Callback",
+           "EarlyStopping", "ModelCheckpoint", "CSVLogger", "TensorBoard", "HloforgeError", "layers", "losses",
+           "optimizers", "callbacks"]
 assert set(__all__) == {"PLUGIN_API_VERSION", "__version__", *_LAZY}  # one list, checked against the table
 
 

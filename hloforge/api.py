@@ -31,6 +31,7 @@ from hloforge.core.spec import NetSpec, summary_table
 from hloforge.core.variant import SHADOW, Variant, VariantFields
 from hloforge.datasets.records import replaced_together
 from hloforge.keywords import check_model_options, checked_keywords, no_method
+from hloforge.registering import check_layer_classes
 from hloforge.train import arraydata
 from hloforge.train import checkpoint as ckpt
 from hloforge.train.arraydata import ARRAYS, ArrayData, InputKind, checked_batch_size, label_kind, plain, row_count
@@ -99,6 +100,7 @@ class Model:
                                      warmup_epochs=warmup_epochs, decay_rate=decay_rate, bn_momentum=bn_momentum,
                                      seed=seed, classes=classes, input=input, **self._run_options, **variant_fields)
         spec, self._net_ref = net_of(net, classes, input)
+        check_layer_classes(spec.layers, spec.name)  # a class of the program's own: gated by hf.register first
         config.check_bn(spec)  # bn_momentum on a net without BatchNorm, as apply_to refuses bn_eps
         # an option its schedule or net never reads is a mistake said, as `hloforge train` says it of the flags
         given = {k: v for k, v in {"decay_rate": decay_rate, **self._run_options}.items()

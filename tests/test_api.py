@@ -16,6 +16,7 @@ import pytest
 import hloforge as hf
 from hloforge.callbacks import Callback
 from hloforge.core.errors import DataError, HloforgeError
+from hloforge.core.registry import default_registry
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -226,9 +227,13 @@ def test_docs_api_blocks_run(tmp_path: str, monkeypatch: pytest.MonkeyPatch) -> 
     assert len(headline) <= 15
     monkeypatch.chdir(tmp_path)
     ns: dict = {}
-    for i, block in enumerate(blocks):
-        exec(compile(block, f"docs/api.md block {i}", "exec"), ns)
+    try:
+        for i, block in enumerate(blocks):
+            exec(compile(block, f"docs/api.md block {i}", "exec"), ns)
+    finally:
+        default_registry.cache_clear()  # the layer a block registers (hf.register) is gone for the other tests
     assert ns["scores"]["top1"] >= 0.97
+    assert ns["scaled"].params["0.s"].shape == (784,)
 
 
 def test_fit_trains_what_hloforge_train_trains(tmp_path: str) -> None:

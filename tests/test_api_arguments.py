@@ -193,7 +193,8 @@ def test_a_fit_option_given_to_model_says_fit_takes_it() -> None:
     assert "the variant's ['accum'," in said
 
 
-@pytest.mark.parametrize("name", ["Model", "fit", "evaluate", "predict", "save", "plot", "load", "NetSpec", "Variant"])
+@pytest.mark.parametrize("name", ["Model", "fit", "evaluate", "predict", "save", "plot", "load", "register", "NetSpec",
+                                  "Variant"])
 def test_every_public_parameter_is_in_its_docstring(name: str) -> None:
     """help(hf.Model) and its methods' help name every parameter they take, and Model's every Variant field it takes
     as a keyword: before, fit's docstring left out validation_data, callbacks and verbose, Model's bn_momentum and
@@ -204,7 +205,7 @@ def test_every_public_parameter_is_in_its_docstring(name: str) -> None:
 
     from hloforge.core.variant import Variant
 
-    fn = getattr(hf, name) if name in ("load", "Model", "NetSpec", "Variant") else getattr(hf.Model, name)
+    fn = getattr(hf, name) if name in ("load", "register", "Model", "NetSpec", "Variant") else getattr(hf.Model, name)
     params = [p.name for p in inspect.signature(fn).parameters.values()
               if p.name != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD]
     if name == "Model":

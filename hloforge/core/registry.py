@@ -62,8 +62,9 @@ class Entry:
     kind: str
     name: str
     obj: Any
-    distribution: str
+    distribution: str  # a component registered in process: the module defining its class
     plugin: str
+    in_process: bool = False  # registered by the running program (`hf.register`), not by an entry point
 
     @property
     def builtin(self) -> bool:
@@ -248,6 +249,26 @@ class Registry:
 
     def get(self, kind: str, name: str) -> Any:
         return self.entry(kind, name).obj
+
+    def in_process_entry(self, kind: str, cls: Any) -> Entry:
+        """The entry `cls`, a class the running program defines, would have as a `kind` component (not yet
+        added: `add_in_process`). Its name is checked as a plugin's; a name another component holds is a
+        NameClash, but the same class defined again (a notebook's cell run twice) takes its name back."""
+        name = _component_name(cls, kind, KINDS[kind][2])
+        where = f"{cls.__module__}.{cls.__qualname__}"
+        prev = self.find(kind, name)
+        if prev is not None and prev.obj is not cls and not (prev.in_process and prev.plugin == where):
+            holder = f"{prev.obj.__module__}.{prev.obj.__qualname__}" if isinstance(prev.obj, type) else repr(prev.obj)
+            raise NameClash(f"{kind} {name!r} is already {holder} (distribution {prev.distribution!r}); give "
+                            f"{cls.__name__} a {KINDS[kind][2]} of its own")
+        return prev if prev is not None and prev.obj is cls else Entry(kind, name, cls, cls.__module__, where, True)
+
+    def find(self, kind: str, name: str) -> Entry | None:
+        """The entry registered under `name`, or None (`entry` refuses an unknown name)."""
+        return self._table(kind).get(name)
+
+    def add_in_process(self, entry: Entry) -> None:
+        self._table(entry.kind)[entry.name] = entry
 
     def _table(self, kind: str) -> dict[str, Entry]:
         if kind not in self.kinds:

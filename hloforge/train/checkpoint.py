@@ -35,7 +35,14 @@ from hloforge.core.registry import hloforge_version
 from hloforge.core.slots import StatSlot
 from hloforge.core.switches import env_path, whole_number
 from hloforge.core.variant import SHADOW
-from hloforge.train.provenance import PLUGINS, check_plugin_layers, plugin_layers
+from hloforge.train.provenance import (
+    IN_PROCESS,
+    PLUGINS,
+    check_in_process,
+    check_plugin_layers,
+    in_process_components,
+    plugin_layers,
+)
 
 FORMAT_FAMILY = "hloforge-checkpoint-"  # + the layout's version
 FORMAT = f"{FORMAT_FAMILY}1"
@@ -83,6 +90,8 @@ def serialize(names: Sequence[str], tensors: Sequence[np.ndarray], meta: dict[st
     meta = {**meta, VERSION: hloforge_version()}  # this writer's, over one a re-saved checkpoint carried
     meta.pop(PLUGINS, None)  # and the plugins its net is made of now (none: no key, the bytes as before)
     meta.update({PLUGINS: used} if (used := plugin_layers(meta.get("spec"))) else {})
+    meta.pop(IN_PROCESS, None)  # and the classes of the program's own it was trained with (none: no key)
+    meta.update({IN_PROCESS: own} if (own := in_process_components(meta)) else {})
     blob = save({n: np.ascontiguousarray(t) for n, t in zip(names, tensors, strict=True)},
                 metadata={"format": FORMAT, **{k: json.dumps(v) for k, v in meta.items()}})
     (n,) = struct.unpack("<Q", blob[:8])
@@ -472,6 +481,7 @@ def load_meta(path: str) -> dict[str, Any]:
                                 "hloforge") from None
     check_meta(path, meta)
     check_plugin_layers(path, meta)  # before its spec is read: a plugin's layer not installed says which to install
+    check_in_process(path, meta)  # and a class of the training program's own not registered, which to register
     return meta
 
 
