@@ -453,3 +453,16 @@ def test_generate_counts_the_corpus_characters_and_says_when_the_other_token_was
                                              r"characters: each is read as its other-character token, which training "
                                              r"never showed the net \(its corpus has none\)$"):
         generate(str(tmp_path / "r"), prompt="Zebra€", tokens=1)
+
+
+def test_a_corpus_saved_with_a_byte_order_mark_has_the_vocabulary_of_the_same_text_without(tmp_path) -> None:
+    """Windows Notepad's UTF-8 starts with U+FEFF: it was read as the corpus's first character, a vocabulary entry
+    of its own (so a model trained on the file was refused on the same text saved without it)."""
+    from hloforge.datasets.text import Text
+
+    body = "the quick brown fox jumps over the lazy dog. " * 40
+    (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbf" + body.encode())
+    (tmp_path / "plain.txt").write_text(body, encoding="utf-8")
+    bom, plain = Text(str(tmp_path / "bom.txt"), seq_len=16), Text(str(tmp_path / "plain.txt"), seq_len=16)
+    assert "\ufeff" not in bom.chars and bom.vocabulary == plain.vocabulary
+    np.testing.assert_array_equal(bom.train_ids, plain.train_ids)

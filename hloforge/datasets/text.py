@@ -58,7 +58,7 @@ class Text(Dataset):
         data_file = path("text", "data_file", data_file)
         if data_file:
             try:
-                with open(data_file, encoding="utf-8") as f:
+                with open(data_file, encoding="utf-8-sig") as f:  # -sig: a byte-order mark is no character
                     text = f.read()
             except OSError as e:  # no such file, a directory, no permission: not a matter of its encoding
                 raise DataError(f"text: {data_file}: {(e.strerror or str(e)).lower()}; expected a UTF-8 text file "
