@@ -364,3 +364,15 @@ def test_an_export_out_named_as_a_weights_file_is_refused(fmt, tmp_path, capsys,
     assert capsys.readouterr().err == (f"hloforge: error: --out {out} names a .safetensors file, but export writes a "
                                        f"directory ({inside}); expected a directory name\n")
     assert not out.exists()
+
+
+def test_a_train_run_dir_named_as_a_weights_file_is_refused(tmp_path, capsys) -> None:
+    """`train --run-dir w.safetensors` made a run directory of that name, which `Model.save("w.safetensors")`
+    refuses; now refused the same way, before the data is read or anything is written."""
+    run = tmp_path / "w.safetensors"
+    assert main(["train", "mnist-linear", "--epochs", "1", "--run-dir", str(run)]) == 3
+    assert capsys.readouterr().err == (f"hloforge: error: run directory {run} names a .safetensors file, but a save "
+                                       "is a run directory (config.toml + checkpoint.safetensors, which holds the "
+                                       f"weights) that hf.load(DIR) reads back; give a directory path, e.g. "
+                                       f"{str(tmp_path / 'w')!r}\n")
+    assert not run.exists()

@@ -124,6 +124,8 @@ def locked(run_dir: str, last_good: str, resume: bool = False) -> Iterator[None]
     block that fails before writing anything leaves no trace of a directory it made. A full disk
     anywhere in the block is one line naming `last_good`, the checkpoint that is still whole."""
     if not resume:
+        if not os.path.exists(run_dir):  # a new one named as a file (`--run-dir w.safetensors`): as save refuses it
+            check_save_dir(run_dir, "run directory")
         check_own_files(run_dir, "run directory", "a run written there", "give another directory")
     made = not os.path.isdir(run_dir)
     path = os.path.join(run_dir, LOCK)
