@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hloforge.cli import F32_MAX, I64_MAX, parser, train_config
+from hloforge.commands.argtypes import path as path_arg
 from hloforge.commands.argtypes import plugin_name
 from hloforge.core.errors import HloforgeError
 from hloforge.train.trainer import TrainConfig, load_config
@@ -31,7 +32,8 @@ POSITIONALS = {"render": ["mnist-linear", "--out", "OUT"], "eval": ["RUN"], "gen
 
 
 def _typed_options() -> list[tuple[tuple[str, ...], str, argparse.Action]]:
-    """(command path, flag, action) of every option that parses its value with a numeric type function."""
+    """(command path, flag, action) of every option that parses its value with a numeric type function (not a name
+    or a path)."""
     found = []
 
     def walk(p: argparse.ArgumentParser, path: tuple[str, ...]) -> None:
@@ -39,7 +41,7 @@ def _typed_options() -> list[tuple[tuple[str, ...], str, argparse.Action]]:
             if isinstance(a, argparse._SubParsersAction):
                 for name, q in a.choices.items():
                     walk(q, (*path, name))
-            elif a.type not in (None, plugin_name) and a.option_strings:
+            elif a.type not in (None, plugin_name, path_arg) and a.option_strings:
                 found.append((path, a.option_strings[-1], a))
 
     walk(PARSER, ())

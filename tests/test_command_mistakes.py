@@ -376,3 +376,20 @@ def test_a_train_run_dir_named_as_a_weights_file_is_refused(tmp_path, capsys) ->
                                        f"weights) that hf.load(DIR) reads back; give a directory path, e.g. "
                                        f"{str(tmp_path / 'w')!r}\n")
     assert not run.exists()
+
+
+def test_a_path_written_with_equals_and_a_tilde_is_under_the_home_folder(tmp_path, monkeypatch, capsys) -> None:
+    """`--run-dir=~/r` reaches hloforge unexpanded (the shell expands `~` only at a word's start): it made a folder
+    named `~` in the current one. Every path argument now takes a leading `~` as the home folder, as hf.load and
+    Model.save do."""
+    home, here = tmp_path / "home", tmp_path / "here"
+    home.mkdir()
+    here.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(here)
+    assert main(["train", "mnist-linear", "--epochs", "1", "--run-dir=~/r"]) == 0
+    assert (home / "r" / "checkpoint.safetensors").is_file() and not (here / "~").exists()
+    capsys.readouterr()
+    assert main(["eval", "~/r"]) == 0
+    assert main(["export", "~/r", "--out=~/e"]) == 0
+    assert (home / "e" / "manifest.json").is_file() and not (here / "~").exists()

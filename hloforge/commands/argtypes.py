@@ -115,6 +115,12 @@ def _shape(text: str) -> tuple[int, ...]:
     return dims
 
 
+def path(text: str) -> str:
+    """A file or directory argument, a leading `~` the home folder: the shell expands it in `--out ~/d` but not in
+    `--out=~/d` (which made a folder named `~` here), and hf.load and Model.save take their paths so."""
+    return os.path.expanduser(text)
+
+
 # The images cam (matplotlib's savefig), detect (PIL) and sample (matplotlib's imsave) write: the suffixes
 # all three writers take (imsave refuses .tif, savefig .bmp, PIL .svg) and write to exactly the name given.
 IMAGE_OUT_SUFFIXES = (".png", ".jpg", ".jpeg")

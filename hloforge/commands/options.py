@@ -15,6 +15,7 @@ from hloforge.commands.argtypes import (
     nonneg_float,
     nonneg_int,
     number,
+    path,
     plugin_name,
     positive_float,
     positive_int,
@@ -55,8 +56,9 @@ def _region_flag(sp: argparse.ArgumentParser, auto_also: str = "") -> None:
 def _moved_data_flags(sp: argparse.ArgumentParser) -> None:
     """--data-dir and --data-file of a command that opens a run's dataset (`opening.open_checkpoint`)."""
     sp.add_argument("--data-dir", help="where the run's file-based dataset is now, when it moved (default: the "
-                                       "path the run recorded); its test split must be the one the run scored")
-    sp.add_argument("--data-file", help="where the run's dataset file (text's corpus) is now, when it moved "
+                                       "path the run recorded); its test split must be the one the run scored",
+                    type=path)
+    sp.add_argument("--data-file", type=path, help="where the run's dataset file (text's corpus) is now, when it moved "
                                         "(default: the path the run recorded)")
 
 
@@ -186,8 +188,8 @@ def prepare_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
     names = sp.add_subparsers(dest="dataset", required=True, metavar="DATASET")
     for name, prep in sorted(PREPARERS.items()):
         q = _command(names, name, help=prep.help)
-        q.add_argument("src", help="the downloaded layout to read")
-        q.add_argument("out", help="the directory the binaries are written to")
+        q.add_argument("src", type=path, help="the downloaded layout to read")
+        q.add_argument("out", type=path, help="the directory the binaries are written to")
         for o in prep.options:
             # The Option's least value is refused here, before SRC is read; the preparer checks the rest.
             kind = {int: integer() if o.lo is None else integer(o.lo), float: finite_float}.get(o.type, o.type)
@@ -204,7 +206,7 @@ def parser() -> argparse.ArgumentParser:
 
     sp = _command(sub, "render", help="write the forward, eval and train-step StableHLO of a net")
     sp.add_argument("net", help="a zoo name or a .toml/.json spec")
-    sp.add_argument("--out", required=True, help="the directory the .mlir files are written to")
+    sp.add_argument("--out", type=path, required=True, help="the directory the .mlir files are written to")
     sp.add_argument("--batch", type=positive_int, default=128, help="the modules' batch size")
     sp.add_argument("--data", help="pick the default loss as `train` does on this dataset (default: from the net's "
                                    "output alone)")
@@ -216,12 +218,14 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("net", nargs="?", default=None, help="a zoo name or a .toml/.json spec (default mnist-mlp)")
     sp.add_argument("--net", dest="net_flag", metavar="NET",
                     help="the net, as a flag (the same as the positional net; default mnist-mlp)")
-    sp.add_argument("--config", help="a config.toml (e.g. a run's own); flags given here override it (default: none)")
+    sp.add_argument("--config", type=path,
+                    help="a config.toml (e.g. a run's own); flags given here override it (default: none)")
     net_opts(sp)
     sp.add_argument("--data", help="a dataset plugin (`hloforge plugins` lists them)")
     sp.add_argument("--data-dir", help="where a file-based dataset reads from, e.g. mnist's IDX files (default: the "
-                                       "dataset's own)")
-    sp.add_argument("--data-file", help="a file-based dataset's file (text: a UTF-8 corpus; default pydoc topics)")
+                                       "dataset's own)", type=path)
+    sp.add_argument("--data-file", type=path,
+                    help="a file-based dataset's file (text: a UTF-8 corpus; default pydoc topics)")
     sp.add_argument("--data-opt", dest="data_options", action="append", metavar="KEY=VALUE",
                     help="a dataset option (repeatable; int, float, true/false or text), e.g. shapes: "
                          "--data-opt size=48 --data-opt noise=0; kept with the run for eval, detect and sample "
@@ -252,13 +256,13 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--beta-start", type=unit_open, help="a DDPM's β_1 (default 1e-4), linear to --beta-end")
     sp.add_argument("--beta-end", type=unit_open, help="a DDPM's β_T (default 0.02)")
     sp.add_argument("--seed", type=nonneg_int, help="seeds the initialisation, shuffling and augmentation")
-    sp.add_argument("--run-dir", help="the run directory (default: runs/<net>_<variant>_<backend>[_<tag>], "
+    sp.add_argument("--run-dir", type=path, help="the run directory (default: runs/<net>_<variant>_<backend>[_<tag>], "
                                       "a new _2, _3 ... if taken)")
     sp.add_argument("--tag", help="a suffix of the default run directory (default: none)")
     sp.add_argument("--resume", action="store_true",
                     help="continue the run directory's checkpoint, with its config.toml (a flag given replaces "
                          "its value)")
-    sp.add_argument("--init", metavar="DIR_OR_FILE",
+    sp.add_argument("--init", type=path, metavar="DIR_OR_FILE",
                     help="start a new run from these weights (a run directory, a checkpoint, an export directory "
                          "or a weights file), matched by name and shape; a new class count re-initialises the "
                          "head; fresh optimizer state (default: none, the net's own init)")
@@ -278,7 +282,7 @@ def parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=_train)
 
     sp = _command(sub, "eval", help="score a run's checkpoint alone (the same top-1 the run printed)")
-    sp.add_argument("run", help="a run directory or a checkpoint file")
+    sp.add_argument("run", type=path, help="a run directory or a checkpoint file")
     sp.add_argument("--backend", type=plugin_name, help="score on this backend (default: the one it trained on)")
     _region_flag(sp)
     sp.add_argument("--replicas", type=positive_int, default=1,
@@ -302,7 +306,7 @@ def parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=_eval)
 
     sp = _command(sub, "plot", help="draw a run's curves.png (train loss and the task's metric) from its metrics")
-    sp.add_argument("run", help="a run directory")
+    sp.add_argument("run", type=path, help="a run directory")
     sp.set_defaults(func=_plot)
 
     sp = _command(sub, "summary", help="print a net's layers (kind, input → output shape, parameters) and totals")
@@ -314,9 +318,9 @@ def parser() -> argparse.ArgumentParser:
                                               "zoo net by tensor name")
     sp.add_argument("source", metavar="SOURCE", help="torchvision:NAME or timm:NAME, e.g. torchvision:resnet18")
     sp.add_argument("file", help="the state dict: .safetensors, or .pth/.pt/.bin/.pth.tar/.ckpt (read with torch, "
-                                 "weights_only=True)")
+                                 "weights_only=True)", type=path)
     sp.add_argument("--out", required=True, help="the run directory written (refused if it holds a checkpoint); "
-                                                 "a FILE.safetensors: the bare weights, for `train --init`")
+                                                 "a FILE.safetensors: the bare weights, for `train --init`", type=path)
     sp.add_argument("--input", type=_shape,
                     help="the net's input shape without batch, e.g. 3,64,64 (default: the net's own)")
     sp.add_argument("--data", help="the dataset the run evaluates and fine-tunes on (default: train's default); "
@@ -324,15 +328,16 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--data-opt", dest="data_options", action="append", metavar="KEY=VALUE",
                     help="a dataset option, as train's (repeatable; default: none)")
     sp.add_argument("--data-dir", help="where the run's file-based dataset reads from, as train's (default: the "
-                                       "dataset's own)")
-    sp.add_argument("--data-file", help="the run's file-based dataset's file, as train's (default: the dataset's own)")
+                                       "dataset's own)", type=path)
+    sp.add_argument("--data-file", type=path,
+                    help="the run's file-based dataset's file, as train's (default: the dataset's own)")
     sp.add_argument("--backend", type=plugin_name, help="the run's backend (default: $HLOFORGE_BACKEND, else xla)")
     sp.set_defaults(func=_import_weights)
 
     sp = _command(sub, "export", help="a run's model out: its eval forward (StableHLO), weights and manifest, "
                                       "or a torchvision/timm state dict")
-    sp.add_argument("run", help="a run directory or a checkpoint file")
-    sp.add_argument("--out", required=True, help="the directory written")
+    sp.add_argument("run", type=path, help="a run directory or a checkpoint file")
+    sp.add_argument("--out", type=path, required=True, help="the directory written")
     sp.add_argument("--format", default="hloforge", choices=("hloforge", "torchvision", "timm"),
                     help="hloforge: forward.mlir, weights.safetensors, manifest.json; torchvision/timm: "
                          "model.safetensors, loadable with load_state_dict(strict=True)")
@@ -346,7 +351,7 @@ def parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=_verify)
 
     sp = _command(sub, "generate", help="sample text from a trained character language model run")
-    sp.add_argument("run", help="a run directory or a checkpoint file")
+    sp.add_argument("run", type=path, help="a run directory or a checkpoint file")
     sp.add_argument("--prompt", default="\n", help="the text the sample continues (default: a newline)")
     sp.add_argument("--tokens", type=nonneg_int, default=200, help="how many characters to sample")
     sp.add_argument("--temperature", type=nonneg_float, default=0.8, help="0: always the most likely character")
@@ -357,9 +362,9 @@ def parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=_generate, smaller=ONE_AT_A_TIME)
 
     sp = _command(sub, "cam", help="Grad-CAM heatmap of one image through a run's checkpoint")
-    sp.add_argument("run", help="a run directory or a checkpoint file")
-    sp.add_argument("image", help="test:N (the N-th eval image) or a .npy array of the net's input shape")
-    sp.add_argument("--out", default="cam.png", help=IMAGE_OUT_HELP)
+    sp.add_argument("run", type=path, help="a run directory or a checkpoint file")
+    sp.add_argument("image", type=path, help="test:N (the N-th eval image) or a .npy array of the net's input shape")
+    sp.add_argument("--out", type=path, default="cam.png", help=IMAGE_OUT_HELP)
     sp.add_argument("--class", dest="cls", type=nonneg_int, help="class to explain (default: the predicted one)")
     sp.add_argument("--backend", type=plugin_name, help="run on this backend (default: the one it trained on)")
     _region_flag(sp, ", the weights `hloforge eval` scores")
@@ -367,11 +372,11 @@ def parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=_cam, smaller=ONE_AT_A_TIME)
 
     sp = _command(sub, "detect", help="a detector run's boxes on one image, drawn to a PNG")
-    sp.add_argument("run", help="a run directory or a checkpoint file")
-    sp.add_argument("image", nargs="?", help="a PNG/JPEG file (or give --index; default: none)")
+    sp.add_argument("run", type=path, help="a run directory or a checkpoint file")
+    sp.add_argument("image", type=path, nargs="?", help="a PNG/JPEG file (or give --index; default: none)")
     sp.add_argument("--index", type=nonneg_int, help="take test image N of the run's dataset instead of a file "
                                                      "(default: none)")
-    sp.add_argument("--out", default="boxes.png", help=IMAGE_OUT_HELP)
+    sp.add_argument("--out", type=path, default="boxes.png", help=IMAGE_OUT_HELP)
     sp.add_argument("--score", type=probability, default=0.3, help="lowest score drawn")
     sp.add_argument("--backend", type=plugin_name, help="run on this backend (default: the one it trained on)")
     _region_flag(sp, ", the weights `hloforge eval` scores")
@@ -379,8 +384,9 @@ def parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=_detect, smaller=ONE_AT_A_TIME)
 
     sp = _command(sub, "compare", help="McNemar's exact test on two runs' eval bitmaps (a report: exit 0 either way)")
-    sp.add_argument("run_a", help="a run directory (or its eval_correct.npz)")
-    sp.add_argument("run_b", help="another run directory (or its eval_correct.npz), scored on the same eval set")
+    sp.add_argument("run_a", type=path, help="a run directory (or its eval_correct.npz)")
+    sp.add_argument("run_b", type=path,
+                    help="another run directory (or its eval_correct.npz), scored on the same eval set")
     _region_flag(sp, ", the weights `hloforge eval` scores")
     _moved_data_flags(sp)  # the EMA shadow is scored from the checkpoint, on the run's data
     sp.set_defaults(func=_compare, smaller="it scores at each run's training batch: free memory, or run it where "
@@ -388,9 +394,9 @@ def parser() -> argparse.ArgumentParser:
 
     sp = _command(sub, "sample",
                   help="draw images from a DDPM run's checkpoint (ancestral sampling) as a PNG grid")
-    sp.add_argument("run", help="a run directory or a checkpoint file")
+    sp.add_argument("run", type=path, help="a run directory or a checkpoint file")
     sp.add_argument("-n", type=positive_int, default=16, help="how many images")
-    sp.add_argument("--out", default="grid.png", help=IMAGE_OUT_HELP)
+    sp.add_argument("--out", type=path, default="grid.png", help=IMAGE_OUT_HELP)
     sp.add_argument("--seed", type=nonneg_int, default=0, help="seeds the sampling noise")
     sp.add_argument("--backend", type=plugin_name, help="run on this backend (default: the one it trained on)")
     _region_flag(sp)
