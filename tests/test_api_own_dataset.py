@@ -72,7 +72,14 @@ def test_evaluate_refuses_its_own_dataset_changed_since_as_eval_does(text_run: t
             m.evaluate("text")
         with pytest.raises(DataError, match=r"the test split of dataset 'text' is not the one the run was scored"):
             evaluate_checkpoint(run, log=lambda s: None)  # the same refusal, in eval's words
-        assert m.evaluate("text", data_options={"data_file": corpus})["n"] < logged["n"]  # the text given is scored
+        # the text given is scored where its characters are the run's; this edit lost every '6': each id after it
+        # would be read as another character, refused (before: scored with the ids shifted)
+        with pytest.raises(DataError, match=r"^evaluate: corpus .* numbers its characters otherwise than the one"):
+            m.evaluate("text", data_options={"data_file": corpus})
+        moved = os.path.join(tmp_path, "moved.txt")  # the text given is scored: here the run's own, moved
+        with open(moved, "w", encoding="utf-8") as f:
+            f.write(kept)
+        assert m.evaluate("text", data_options={"data_file": moved})["bits_per_char"] == logged["val_bits_per_char"]
     finally:
         with open(corpus, "w", encoding="utf-8") as f:
             f.write(kept)

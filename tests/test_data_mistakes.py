@@ -415,6 +415,30 @@ def test_a_language_model_is_not_scored_on_a_corpus_of_another_vocabulary(tmp_pa
     model.fit(data="text", data_options={"data_file": str(same)}, batch_size=16, verbose=False)
 
 
+def test_a_language_model_whose_training_corpus_is_gone_is_still_not_scored_on_another_vocabulary(tmp_path) -> None:
+    """The vocabulary was read off the training corpus again, so once that file was moved or deleted a corpus of
+    another vocabulary was scored (a plausible bits_per_char of ids read as other characters). A run records its
+    vocabulary, which `fit`, `evaluate` and `hf.load` keep."""
+    import hloforge.api as hf
+    from hloforge.loading import load
+
+    words = "the quick brown fox jumps over a lazy dog".split()
+    rng = np.random.default_rng(0)
+    own, same, other = (tmp_path / n for n in ("own.txt", "same.txt", "other.txt"))
+    own.write_text(" ".join(rng.choice(words, 900)), encoding="utf-8")
+    same.write_text(" ".join(rng.choice(words, 900)), encoding="utf-8")
+    other.write_text(own.read_text(encoding="utf-8").upper(), encoding="utf-8")
+    model = hf.Model("tinygpt-nano", seed=0)
+    model.fit(data="text", data_options={"data_file": str(own)}, batch_size=16, verbose=False)
+    model.save(str(tmp_path / "run"))
+    own.unlink()
+    for m in (model, load(str(tmp_path / "run"))):
+        with pytest.raises(DataError, match=r"^evaluate: corpus '.*other.txt' numbers its characters otherwise than "
+                                            r"the one the model was fit on \(id 1: 'A' here, 'a' in training\)"):
+            m.evaluate(data="text", data_options={"data_file": str(other)})
+        assert m.evaluate(data="text", data_options={"data_file": str(same)})["n"] > 0
+
+
 def test_init_from_a_language_models_run_on_a_corpus_of_another_vocabulary_is_refused(tmp_path, capsys) -> None:
     """hloforge train --init RUN on another corpus fine-tuned its weights on ids that stand for other characters
     (a plausible falling loss); refused now before anything is written, and the same corpus still fine-tunes."""

@@ -128,6 +128,15 @@ def class_names(data: Any, spec: NetSpec) -> list[str] | None:
     return None if not names or len(names) > spec.num_classes else [str(n) for n in names]
 
 
+def recorded_names(data: Any, spec: NetSpec) -> dict[str, list[str]]:
+    """What a checkpoint records of the names the run's ids stand for: its dataset's `class_names`, and a corpus's
+    `vocabulary` (each id's character), which a later corpus must share (its ids are read as these characters) even
+    once the training corpus is gone."""
+    vocabulary = getattr(data, "vocabulary", None) if hasattr(data, "chars") else None
+    return {**({"class_names": names} if (names := class_names(data, spec)) else {}),
+            **({"vocabulary": [str(c) for c in vocabulary]} if vocabulary else {})}
+
+
 def check_channels_first(name: str, got: Sequence[int], want: Sequence[int]) -> None:
     """Refuse a dataset's images with their channels last ([H, W, C], as PIL and most image files have them)
     for a net taking them first ([C, H, W]) where rows are reshaped to the net's input: of the same size, the

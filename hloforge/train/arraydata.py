@@ -147,17 +147,21 @@ def check_next_tokens(kind: str, x: np.ndarray, y: np.ndarray, what: str) -> Non
                     "windows w one token longer, x = w[:, :-1] and y = w[:, 1:]")
 
 
-def check_vocabulary(data: Any, trained: Callable[[], Any], what: str) -> None:
+def check_vocabulary(data: Any, recorded: Sequence[str] | None, trained: Callable[[], Any], what: str) -> None:
     """Refuse a character language model's scores on a corpus (`data`) whose vocabulary numbers its characters
-    otherwise than the one the model was fit on (`trained()`: that dataset, None when it was another): each id
-    would stand for another character, a plausible wrong bits_per_char. A training corpus gone: nothing to compare."""
+    otherwise than the one the model was fit on: each id would stand for another character, a plausible wrong
+    bits_per_char. That vocabulary is the one its checkpoint `recorded` (every id's character), else the training
+    corpus's (`trained()`: that dataset, None when it was another; gone, nothing to compare)."""
     chars = getattr(data, "chars", None)
     if chars is None:
         return
-    try:
-        own = getattr(trained(), "chars", None)
-    except HloforgeError:
-        return
+    if recorded is not None:
+        chars, own = getattr(data, "vocabulary", chars), recorded
+    else:
+        try:
+            own = getattr(trained(), "chars", None)
+        except HloforgeError:
+            return
     if own is None or list(own) == list(chars):
         return
     i = next((k for k, (a, b) in enumerate(zip(own, chars, strict=False)) if a != b), min(len(own), len(chars)))

@@ -31,7 +31,15 @@ from hloforge.core.errors import DataError, HloforgeError, PluginError, Unsuppor
 from hloforge.core.registry import default_registry
 from hloforge.core.spec import NetSpec
 from hloforge.core.variant import SHADOW, bn_weight, ema_decay_at
-from hloforge.datasets.stream import DataRef, Feed, check_rows, class_names, dataset_classes, split_labels, split_pair
+from hloforge.datasets.stream import (
+    DataRef,
+    Feed,
+    check_rows,
+    dataset_classes,
+    recorded_names,
+    split_labels,
+    split_pair,
+)
 from hloforge.train import autotune, curves, finetune, fp8, mpi, rundir, tasks
 from hloforge.train import checkpoint as ckpt
 from hloforge.train.arraydata import ARRAYS
@@ -123,7 +131,7 @@ class Run:
                             "fits (--data NAME)")
         self.data = data if data is not None else reg.make("dataset", cfg.data, **opts)
         # its class names as the run starts, in each checkpoint: an export then names them wherever the data went
-        self.named = {"class_names": names} if (names := class_names(self.data, self.spec)) else {}
+        self.named = recorded_names(self.data, self.spec)
         # under workers the eval streams too: its labels here, the float split only if a consumer asks (x_te)
         x_te, self.y_te = (None, split_labels(self.data, "test")) if cfg.workers else split_pair(self.data, "test")
         if data is None:  # a registered dataset's; the user's arrays may have no test split (fit without validation)
