@@ -4,8 +4,9 @@
 Adding a dataset is one entry there; the CLI builds its subcommand from it.
 
 - imagenette: SRC is an extracted Imagenette (or any ImageNet-style) tree, `SRC/train/<class>/*.JPEG`
-  and `SRC/val/<class>/*.JPEG`. Classes are the train folders in sorted order (for Imagenette
-  the WordNet ids, so label 0 is n01440764, tench); val must use the same folders. Folders named by number whose
+  and `SRC/val/<class>/*.JPEG`. Classes are the train folders in sorted order, hidden ones
+  (.ipynb_checkpoints) left out (for Imagenette the WordNet ids, so label 0 is n01440764, tench); val must
+  use the same folders. Folders named by number whose
   labels are not their numbers (1, 2, 10: labels 0, 2, 1) are said. Each image
   is decoded with Pillow, converted to RGB and resized bilinearly to 256×256 (`train_size`); a val image
   is then centre-cropped to 224×224 (`val_size`), the window training's centre crop takes of the same
@@ -91,7 +92,9 @@ def _class_folders(split_dir: str) -> list[str]:
                  if held and not {"train", "val"} & set(held) else "")
         raise DataError(f"{split_dir} not found{split}; expected class folders of images "
                         "(SRC/train/<class>/*.JPEG and SRC/val/<class>/*.JPEG)")
-    classes = sorted(d for d in os.listdir(split_dir) if os.path.isdir(os.path.join(split_dir, d)))
+    # hidden folders (Jupyter's .ipynb_checkpoints, .git) are no one's class, as hidden files are no one's image
+    shown = sorted(d for d in os.listdir(split_dir) if not d.startswith("."))
+    classes = [d for d in shown if os.path.isdir(os.path.join(split_dir, d))]
     if not classes:
         raise DataError(f"{split_dir} has no class folders")
     return classes
