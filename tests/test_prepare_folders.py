@@ -7,7 +7,7 @@ import json
 
 from test_prepare import write_jpeg_tree
 
-from hloforge.cli import EXIT_OK, main
+from hloforge.cli import EXIT_BAD_INPUT, EXIT_OK, main
 from hloforge.datasets.imagenette import Imagenette
 
 CLASSES = ("cat", "dog")
@@ -29,3 +29,24 @@ def test_a_hidden_folder_beside_the_class_folders_is_no_class(tmp_path, capsys) 
     assert json.loads((out / "classes.json").read_text()) == list(CLASSES)
     ds = Imagenette(str(out), train_size=TRAIN, crop=VAL)
     assert ds.num_classes == 2 and list(ds.records("train")[1]) == [0, 1, 1]
+
+
+def test_a_link_to_a_class_folder_that_is_not_there_is_one_line(tmp_path, capsys) -> None:
+    """A class folder linked from a drive not mounted, or a link loop: before, no folder, left out without a word,
+    its class missing from both splits and the rest prepared as if it never was."""
+    src, out = tmp_path / "src", tmp_path / "out"
+    write_jpeg_tree(src, per_class=2, classes=CLASSES)
+    for split in ("train", "val"):
+        (src / split / "eel").symlink_to(tmp_path / "unmounted" / split / "eel")
+    assert main(["prepare", "imagenette", str(src), str(out)]) == EXIT_BAD_INPUT
+    assert capsys.readouterr().err == (
+        f"hloforge: error: {src}/train/eel: a link to {tmp_path}/unmounted/train/eel, which is not there (or links "
+        "back to itself); expected a class folder: mount or mend what it links to, or remove the link\n")
+    assert not out.exists()
+    for split in ("train", "val"):
+        (src / split / "eel").unlink()
+        (src / split / "loop").symlink_to("loop")
+    (src / "train" / "loop2").symlink_to("loop2")
+    assert main(["prepare", "imagenette", str(src), str(out)]) == EXIT_BAD_INPUT
+    assert capsys.readouterr().err.startswith(f"hloforge: error: {src}/train/loop: a link to loop, which is not "
+                                              f"there (or links back to itself); so are {src}/train/loop2; expected")

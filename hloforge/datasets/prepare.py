@@ -17,7 +17,8 @@ Adding a dataset is one entry there; the CLI builds its subcommand from it.
   error; so are, one line per kind, the image files of another format (.webp, .bmp: convert them), the
   folders nested in class folders and the images beside the class folders, none of which are read. A
   class with no .jpeg/.jpg/.png image in a split (an empty folder, one of .webp files), or none of whose
-  images decodes, or a split without one image, is refused. Where the
+  images decodes, or a split without one image, is refused, as is a link among the class folders to
+  nothing (a drive not mounted). Where the
   sizes are not the dataset's defaults (256², 224²), the `--data-opt` options that read the files
   are printed.
 - brats: SRC is MSD's `Task01_BrainTumour` (dataset.json, imagesTr/*.nii.gz 4D (X, Y, Z, 4),
@@ -94,6 +95,12 @@ def _class_folders(split_dir: str) -> list[str]:
                         "(SRC/train/<class>/*.JPEG and SRC/val/<class>/*.JPEG)")
     # hidden folders (Jupyter's .ipynb_checkpoints, .git) are no one's class, as hidden files are no one's image
     shown = sorted(d for d in os.listdir(split_dir) if not d.startswith("."))
+    # a link to a class folder on a drive not mounted (or a link loop) is no folder: left out unsaid, its class was lost
+    dangling = [p for d in shown if os.path.islink(p := os.path.join(split_dir, d)) and not os.path.exists(p)]
+    if dangling:
+        raise DataError(f"{dangling[0]}: a link to {os.readlink(dangling[0])}, which is not there (or links back to "
+                        f"itself){f'; so are {_named(dangling[1:])}' if dangling[1:] else ''}; expected a class "
+                        "folder: mount or mend what it links to, or remove the link")
     classes = [d for d in shown if os.path.isdir(os.path.join(split_dir, d))]
     if not classes:
         raise DataError(f"{split_dir} has no class folders")
