@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from test_prepare import write_jpeg_tree
 
 from hloforge.cli import EXIT_BAD_INPUT, EXIT_OK, main
+from hloforge.core.errors import DataError
 from hloforge.datasets.imagenette import Imagenette
+from hloforge.datasets.prepare import prepare
 
 CLASSES = ("cat", "dog")
 TRAIN, VAL = 12, 8
@@ -50,3 +53,27 @@ def test_a_link_to_a_class_folder_that_is_not_there_is_one_line(tmp_path, capsys
     assert main(["prepare", "imagenette", str(src), str(out)]) == EXIT_BAD_INPUT
     assert capsys.readouterr().err.startswith(f"hloforge: error: {src}/train/loop: a link to loop, which is not "
                                               f"there (or links back to itself); so are {src}/train/loop2; expected")
+
+
+def test_a_class_whose_images_lie_one_folder_down_is_told_to_move_them_up(tmp_path) -> None:
+    """cat/batch1/*.JPEG: before, 'class folder cat holds no image ...: add some', when its images are there, one
+    folder too deep (the nested-folder warning that says so is never shown when the class is refused)."""
+    src = tmp_path / "src"
+    write_jpeg_tree(src, per_class=2, classes=CLASSES)
+    (src / "train" / "cat" / "batch1").mkdir()
+    for i in range(2):
+        (src / "train" / "cat" / f"img_{i}.JPEG").rename(src / "train" / "cat" / "batch1" / f"img_{i}.JPEG")
+    with pytest.raises(DataError) as e:
+        prepare("imagenette", str(src), str(tmp_path / "out"))
+    assert str(e.value) == (f"{src}/train: class folder cat holds no .jpeg/.jpg/.png image (cat: 1 folder inside it, "
+                            "batch1); each class needs at least one in each split: move their images up (a class's "
+                            "images lie directly in its folder), or remove the class from both splits")
+    for cls in CLASSES:  # every class of a split so
+        (src / "val" / cls / "2019").mkdir()
+        for i in range(2):
+            (src / "val" / cls / f"img_{i}.JPEG").rename(src / "val" / cls / "2019" / f"img_{i}.JPEG")
+    (src / "train" / "cat" / "batch1" / "img_0.JPEG").rename(src / "train" / "cat" / "img_0.JPEG")
+    with pytest.raises(DataError) as e:
+        prepare("imagenette", str(src), str(tmp_path / "out"))
+    assert str(e.value) == (f"{src}/val: no images (.jpeg, .jpg, .png) in its class folders but in folders inside "
+                            "them (cat/2019, dog/2019): move their images up")

@@ -137,26 +137,31 @@ def _scan_split(split_dir: str, classes: list[str]) -> tuple[dict[str, list[str]
     pillow = {s.lower() for s in Image.registered_extensions()}
     images: dict[str, list[str]] = {}
     others: dict[str, list[str]] = {}
-    nested: list[str] = []
+    nested: dict[str, list[str]] = {}
     for cls in classes:
         folder = os.path.join(split_dir, cls)
         names = sorted(n for n in os.listdir(folder) if not n.startswith("."))
         images[cls] = [n for n in names if n.lower().endswith(IMAGE_SUFFIXES)]
         others[cls] = [n for n in names if n not in images[cls] and os.path.splitext(n)[1].lower() in pillow]
-        nested += [os.path.join(folder, n) for n in names if n not in images[cls] and
-                   os.path.isdir(os.path.join(folder, n))]
+        nested[cls] = [n for n in names if n not in images[cls] and os.path.isdir(os.path.join(folder, n))]
     wanted = "/".join(IMAGE_SUFFIXES)
     if not any(images.values()):
-        raise DataError(f"{split_dir}: no images ({', '.join(IMAGE_SUFFIXES)}) in its class folders")
+        down = [os.path.join(cls, n) for cls in classes for n in nested[cls]]
+        inside = f" but in folders inside them ({_named(down)}): move their images up" if down else ""
+        raise DataError(f"{split_dir}: no images ({', '.join(IMAGE_SUFFIXES)}) in its class folders{inside}")
     empty = [cls for cls in classes if not images[cls]]
     if empty:
         held = [f"{cls}: {_plural(len(others[cls]), 'other image file')}, the first {others[cls][0]}"
                 for cls in empty if others[cls]]
+        # images one folder down (cat/batch1/*.jpg) are there, not read: 'add some' sent the user to find more
+        inside = [f"{cls}: {_plural(len(nested[cls]), 'folder')} inside it, {_named(nested[cls])}"
+                  for cls in empty if nested[cls] and not others[cls]]
         which = f"folders {', '.join(empty)} hold" if len(empty) > 1 else f"folder {empty[0]} holds"
-        detail = f" ({'; '.join(held)})" if held else ""
+        detail = f" ({'; '.join(held + inside)})" if held or inside else ""
+        fix = ("convert them" if held else "move their images up (a class's images lie directly in its folder)"
+               if inside else "add some")
         raise DataError(f"{split_dir}: class {which} no {wanted} image{detail}; each class needs at least one in "
-                        f"each split: {'convert them' if held else 'add some'}, "
-                        "or remove the class from both splits")
+                        f"each split: {fix}, or remove the class from both splits")
     warnings = []
     other_paths = [os.path.join(split_dir, cls, n) for cls in classes for n in others[cls]]
     if other_paths:
@@ -164,9 +169,10 @@ def _scan_split(split_dir: str, classes: list[str]) -> tuple[dict[str, list[str]
         warnings.append(f"{split_dir}: skipped {_plural(len(other_paths), 'image file')} that {'is' if one else 'are'} "
                         f"not {wanted} (convert {'it' if one else 'them'} to use {'it' if one else 'them'}): "
                         f"{_named(other_paths)}")
-    if nested:
-        warnings.append(f"{split_dir}: skipped {_plural(len(nested), 'folder')} inside class folders (a class's "
-                        f"images lie directly in its folder): {_named(nested)}")
+    nested_paths = [os.path.join(split_dir, cls, n) for cls in classes for n in nested[cls]]
+    if nested_paths:
+        warnings.append(f"{split_dir}: skipped {_plural(len(nested_paths), 'folder')} inside class folders (a "
+                        f"class's images lie directly in its folder): {_named(nested_paths)}")
     loose = sorted(os.path.join(split_dir, n) for n in os.listdir(split_dir)
                    if not n.startswith(".") and os.path.splitext(n)[1].lower() in pillow)
     if loose:
