@@ -77,3 +77,16 @@ def test_a_class_whose_images_lie_one_folder_down_is_told_to_move_them_up(tmp_pa
         prepare("imagenette", str(src), str(tmp_path / "out"))
     assert str(e.value) == (f"{src}/val: no images (.jpeg, .jpg, .png) in its class folders but in folders inside "
                             "them (cat/2019, dog/2019): move their images up")
+
+
+def test_a_split_given_as_src_is_told_to_pass_its_parent(tmp_path) -> None:
+    """SRC/train passed for SRC: before, 'SRC/train holds folders cat, dog, its classes not yet split? move each
+    class's images into SRC/train/train/<class>/ ...', sending the user to nest the split in itself."""
+    src = tmp_path / "src"
+    write_jpeg_tree(src, per_class=1, classes=CLASSES)
+    for split, other in (("train", "val"), ("val", "train")):
+        with pytest.raises(DataError) as e:
+            prepare("imagenette", str(src / split), str(tmp_path / "out"))
+        assert str(e.value).startswith(f"{src}/{split}/train not found: {src}/{split} is itself a split, beside "
+                                       f"{src}/{other}; pass their parent, {src}, as SRC; expected")
+    assert not (tmp_path / "out").exists()

@@ -91,6 +91,10 @@ def _class_folders(split_dir: str) -> list[str]:
         split = (f": {src} holds folders {_named(held)}, its classes not yet split? move each class's images into "
                  f"{src}/train/<class>/ and some of them (a fifth, say) into {src}/val/<class>/"
                  if held and not {"train", "val"} & set(held) else "")
+        parent, name = os.path.split(os.path.abspath(src))
+        other = os.path.join(parent, "val" if name == "train" else "train")
+        if name in ("train", "val") and os.path.isdir(other):  # SRC/train given for SRC: its classes read as splits
+            split = f": {src} is itself a split, beside {other}; pass their parent, {parent}, as SRC"
         raise DataError(f"{split_dir} not found{split}; expected class folders of images "
                         "(SRC/train/<class>/*.JPEG and SRC/val/<class>/*.JPEG)")
     # hidden folders (Jupyter's .ipynb_checkpoints, .git) are no one's class, as hidden files are no one's image
