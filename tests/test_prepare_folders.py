@@ -90,3 +90,25 @@ def test_a_split_given_as_src_is_told_to_pass_its_parent(tmp_path) -> None:
         assert str(e.value).startswith(f"{src}/{split}/train not found: {src}/{split} is itself a split, beside "
                                        f"{src}/{other}; pass their parent, {src}, as SRC; expected")
     assert not (tmp_path / "out").exists()
+
+
+def test_an_image_past_pillows_warning_limit_is_prepared_without_its_warning(tmp_path, capsys, monkeypatch) -> None:
+    """An image past Pillow's MAX_IMAGE_PIXELS (89M pixels, a 108-megapixel phone photo's; lowered here) and under
+    twice it: before, decoded, and a raw 'DecompressionBombWarning: ... could be decompression bomb DOS attack.' and
+    '  warnings.warn(' printed amid prepare's lines. One past twice the limit is skipped and said, as before."""
+    import warnings
+
+    from PIL import Image
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    write_jpeg_tree(src, per_class=1, classes=CLASSES)  # 40×30 and 30×30: under the limit
+    Image.new("RGB", (60, 40), (9, 9, 9)).save(src / "train" / "cat" / "big.png")  # 2400 pixels: past it
+    Image.new("RGB", (80, 80), (9, 9, 9)).save(src / "train" / "dog" / "bomb.png")  # 6400: past twice it
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 2000)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a warning would be raised, the image skipped as undecodable
+        assert main(["prepare", "imagenette", str(src), str(out), "--train-size", str(TRAIN),
+                     "--val-size", str(VAL)]) == EXIT_OK
+    said, err = capsys.readouterr()
+    assert err == "" and "train.bin (3 records)" in said
+    assert f"skipped 1 of 4 images that cannot be decoded; the first: {src}/train/dog/bomb.png (Image size" in said

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -24,7 +25,12 @@ def open_rgb(path: str) -> Any:
     ValueError for 32-bit pixels (of no range it could scale): for a caller that skips such files."""
     from PIL import Image, ImageOps
 
-    with Image.open(path) as im:
+    with warnings.catch_warnings():
+        # past MAX_IMAGE_PIXELS (89M pixels: a 108-megapixel phone photo) Pillow warns of a decompression bomb in two
+        # raw lines amid prepare's own and decodes it; past twice that it raises, the image skipped and said
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        im = Image.open(path)
+    with im:
         im.load()
         im = ImageOps.exif_transpose(im)
         if im.mode in _SIXTEEN_BIT:
