@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from test_prepare import write_jpeg_tree
 
@@ -112,3 +113,27 @@ def test_an_image_past_pillows_warning_limit_is_prepared_without_its_warning(tmp
     said, err = capsys.readouterr()
     assert err == "" and "train.bin (3 records)" in said
     assert f"skipped 1 of 4 images that cannot be decoded; the first: {src}/train/dog/bomb.png (Image size" in said
+
+
+def test_a_palette_png_with_transparency_is_prepared_without_pillows_warning(tmp_path, capsys) -> None:
+    """A palette PNG whose tRNS chunk gives each palette entry an alpha (a web-optimised PNG's): before, Pillow's
+    raw 'UserWarning: Palette images with Transparency expressed in bytes should be converted to RGBA images' and
+    '  warnings.warn(' amid prepare's lines. The pixels stored are the palette's colours, as before."""
+    import warnings
+
+    from PIL import Image
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    write_jpeg_tree(src, per_class=1, classes=CLASSES)
+    rgb = np.random.default_rng(0).integers(0, 256, (TRAIN, TRAIN, 3), dtype=np.uint8)
+    pal = Image.fromarray(rgb).quantize(16)
+    pal.save(src / "train" / "cat" / "web.png", transparency=bytes([0] * 4 + [255] * 12))
+    assert Image.open(src / "train" / "cat" / "web.png").info["transparency"][:5] == bytes([0] * 4 + [255])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a warning would be raised, the image skipped as undecodable
+        assert main(["prepare", "imagenette", str(src), str(out), "--train-size", str(TRAIN),
+                     "--val-size", str(VAL)]) == EXIT_OK
+    said, err = capsys.readouterr()
+    assert err == "" and "train.bin (3 records)" in said and "skipped" not in said
+    x, _ = Imagenette(str(out), train_size=TRAIN, crop=VAL).records("train")
+    assert np.array_equal(x[1], np.asarray(pal.convert("RGB")).transpose(2, 0, 1))  # cat's 2nd image, sorted

@@ -39,6 +39,8 @@ def open_rgb(path: str) -> Any:
         elif im.mode in ("I", "F"):  # of no range a viewer knows: 32-bit integers or floats (a TIFF's)
             kind = "32-bit integer" if im.mode == "I" else "floating-point"
             raise ValueError(f"{kind} pixels; expected an 8- or 16-bit image")
+        elif im.mode == "P" and "transparency" in im.info:  # the same RGB, without Pillow's raw two-line warning
+            im = im.convert("RGBA")  # (a web PNG's) that palette images with transparency go through RGBA
         return im.convert("RGB")
 
 
