@@ -137,3 +137,24 @@ def test_a_palette_png_with_transparency_is_prepared_without_pillows_warning(tmp
     assert err == "" and "train.bin (3 records)" in said and "skipped" not in said
     x, _ = Imagenette(str(out), train_size=TRAIN, crop=VAL).records("train")
     assert np.array_equal(x[1], np.asarray(pal.convert("RGB")).transpose(2, 0, 1))  # cat's 2nd image, sorted
+
+
+def test_a_jpeg_with_exif_cut_short_is_prepared_without_pillows_warning(tmp_path, capsys) -> None:
+    """A camera's JPEG whose EXIF block is cut short: before, Pillow's raw 'UserWarning: Truncated File Read' and
+    '  warnings.warn(str(msg))' amid prepare's lines (its pixels decoded all the same)."""
+    import warnings
+
+    from PIL import Image
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    write_jpeg_tree(src, per_class=1, classes=CLASSES)
+    exif = Image.Exif()
+    exif[0x010E] = "a description " * 4
+    Image.new("RGB", (20, 16), (200, 30, 30)).save(src / "train" / "cat" / "camera.jpg",
+                                                   exif=exif.tobytes()[:-20], quality=95)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a warning would be raised, the image skipped as undecodable
+        assert main(["prepare", "imagenette", str(src), str(out), "--train-size", str(TRAIN),
+                     "--val-size", str(VAL)]) == EXIT_OK
+    said, err = capsys.readouterr()
+    assert err == "" and "train.bin (3 records)" in said and "skipped" not in said

@@ -26,22 +26,20 @@ def open_rgb(path: str) -> Any:
     from PIL import Image, ImageOps
 
     with warnings.catch_warnings():
-        # past MAX_IMAGE_PIXELS (89M pixels: a 108-megapixel phone photo) Pillow warns of a decompression bomb in two
-        # raw lines amid prepare's own and decodes it; past twice that it raises, the image skipped and said
-        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-        im = Image.open(path)
-    with im:
-        im.load()
-        im = ImageOps.exif_transpose(im)
-        if im.mode in _SIXTEEN_BIT:
-            a = np.asarray(im, np.int64)
-            im = Image.fromarray(((a * 255 + 0x7FFF) // 0xFFFF).astype(np.uint8), "L")
-        elif im.mode in ("I", "F"):  # of no range a viewer knows: 32-bit integers or floats (a TIFF's)
-            kind = "32-bit integer" if im.mode == "I" else "floating-point"
-            raise ValueError(f"{kind} pixels; expected an 8- or 16-bit image")
-        elif im.mode == "P" and "transparency" in im.info:  # the same RGB, without Pillow's raw two-line warning
-            im = im.convert("RGBA")  # (a web PNG's) that palette images with transparency go through RGBA
-        return im.convert("RGB")
+        # Pillow warns, in two raw lines amid prepare's own, of what it decodes all the same: an image past
+        # MAX_IMAGE_PIXELS (89M pixels: a 108-megapixel phone photo), EXIF it reads in part ("Truncated File Read",
+        # a camera's), a palette PNG with transparency bytes; what it cannot decode it raises (skipped and said)
+        warnings.simplefilter("ignore")
+        with Image.open(path) as im:
+            im.load()
+            im = ImageOps.exif_transpose(im)
+            if im.mode in _SIXTEEN_BIT:
+                a = np.asarray(im, np.int64)
+                im = Image.fromarray(((a * 255 + 0x7FFF) // 0xFFFF).astype(np.uint8), "L")
+            elif im.mode in ("I", "F"):  # of no range a viewer knows: 32-bit integers or floats (a TIFF's)
+                kind = "32-bit integer" if im.mode == "I" else "floating-point"
+                raise ValueError(f"{kind} pixels; expected an 8- or 16-bit image")
+            return im.convert("RGB")
 
 
 def read_rgb(path: str) -> Any:
