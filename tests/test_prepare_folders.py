@@ -158,3 +158,25 @@ def test_a_jpeg_with_exif_cut_short_is_prepared_without_pillows_warning(tmp_path
                      "--val-size", str(VAL)]) == EXIT_OK
     said, err = capsys.readouterr()
     assert err == "" and "train.bin (3 records)" in said and "skipped" not in said
+
+
+def test_a_run_scored_on_a_folder_prepared_with_another_class_count_is_told_so(tmp_path, capsys) -> None:
+    """A class folder added (or removed) and the folder prepared again, the run then scored on it: before,
+    'pass --classes 3 (hf.Model's classes=3) to give the net a head of 3', a flag eval does not take and a head a
+    checkpoint cannot change."""
+    src, out, more = tmp_path / "src", tmp_path / "out", tmp_path / "more"
+    write_jpeg_tree(src, per_class=2, classes=CLASSES)
+    size = ["--train-size", str(TRAIN), "--val-size", str(VAL)]
+    assert main(["prepare", "imagenette", str(src), str(out), *size]) == EXIT_OK
+    assert main(["train", "resnet-mini", "--input", f"3,{VAL},{VAL}", "--classes", "2", "--data", "imagenette",
+                 "--data-dir", str(out), "--data-opt", f"train_size={TRAIN}", "--data-opt", f"crop={VAL}",
+                 "--epochs", "1", "--batch", "2", "--run-dir", str(tmp_path / "run"), "--no-progress"]) == EXIT_OK
+    for split in ("train", "val"):
+        (src / split / "eel").mkdir()
+        (src / split / "cat" / "img_0.JPEG").rename(src / split / "eel" / "img_0.JPEG")
+    assert main(["prepare", "imagenette", str(src), str(more), *size]) == EXIT_OK
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path / "run"), "--data-dir", str(more)]) == EXIT_BAD_INPUT
+    assert capsys.readouterr().err == (
+        f"hloforge: error: checkpoint {tmp_path}/run/checkpoint.safetensors: dataset 'imagenette' has 3 classes, net "
+        "'resnet-mini' has 2: expected the data it was trained on, of 2 classes\n")

@@ -25,6 +25,7 @@ from hloforge.train.metrics import check_eval_set
 from hloforge.train.parallel import make_forward_session
 from hloforge.train.rundir import check_matches, own_spec
 from hloforge.train.session import ForwardSession, make_backend, replica_devices
+from hloforge.train.tasks import ClassCountMismatch
 from hloforge.train.trainer import Run
 from hloforge.zoo import get_net
 
@@ -170,7 +171,10 @@ def open_checkpoint(path: str, backend: str | None = None, log: Callable[[str], 
     except SettingError:  # an environment variable's, named by itself: no fault of the checkpoint's
         raise
     except HloforgeError as e:  # the stored config's net, variant or data refused: say whose config it is
-        raise type(e)(f"checkpoint {file}: {e}{'' if moved else moved_data_hint(cfg)}") from None  # not twice
+        said = str(e)
+        if isinstance(e, ClassCountMismatch):  # not '--classes N', which shapes a net to train, not a checkpoint
+            said = f"{e.stated}: expected the data it was trained on, of {spec.num_classes} classes"
+        raise type(e)(f"checkpoint {file}: {said}{'' if moved else moved_data_hint(cfg)}") from None  # not twice
     if spec != run.spec:
         raise DataError(f"checkpoint {file} holds a spec that differs from net {cfg.net!r} as defined now "
                         f"({ckpt.first_difference(spec.to_dict(), run.spec.to_dict())})")
