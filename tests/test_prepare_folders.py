@@ -180,3 +180,16 @@ def test_a_run_scored_on_a_folder_prepared_with_another_class_count_is_told_so(t
     assert capsys.readouterr().err == (
         f"hloforge: error: checkpoint {tmp_path}/run/checkpoint.safetensors: dataset 'imagenette' has 3 classes, net "
         "'resnet-mini' has 2: expected the data it was trained on, of 2 classes\n")
+
+
+def test_the_macosx_folder_a_macs_zip_unpacks_is_no_class(tmp_path) -> None:
+    """train.zip made on a Mac unpacks __MACOSX/<class>/._img.JPEG (AppleDouble files) beside the class folders:
+    before, a class, refused as holding no image with 'move their images up', or, in one split alone, the whole
+    prepare refused for val lacking it."""
+    src, out = tmp_path / "src", tmp_path / "out"
+    write_jpeg_tree(src, per_class=1, classes=CLASSES)
+    for cls in CLASSES:
+        (src / "train" / "__MACOSX" / cls).mkdir(parents=True)
+        (src / "train" / "__MACOSX" / cls / "._img_0.JPEG").write_bytes(b"\x00\x05\x16\x07 AppleDouble")
+    prepare("imagenette", str(src), str(out), train_size=TRAIN, val_size=VAL)
+    assert json.loads((out / "classes.json").read_text()) == list(CLASSES)

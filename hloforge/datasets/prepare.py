@@ -5,8 +5,8 @@ Adding a dataset is one entry there; the CLI builds its subcommand from it.
 
 - imagenette: SRC is an extracted Imagenette (or any ImageNet-style) tree, `SRC/train/<class>/*.JPEG`
   and `SRC/val/<class>/*.JPEG`. Classes are the train folders in sorted order, hidden ones
-  (.ipynb_checkpoints) left out (for Imagenette the WordNet ids, so label 0 is n01440764, tench); val must
-  use the same folders. Folders named by number whose
+  (.ipynb_checkpoints) and a Mac zip's __MACOSX left out (for Imagenette the WordNet ids, so label 0 is
+  n01440764, tench); val must use the same folders. Folders named by number whose
   labels are not their numbers (1, 2, 10: labels 0, 2, 1) are said. Each image
   is decoded with Pillow, converted to RGB and resized bilinearly to 256×256 (`train_size`); a val image
   is then centre-cropped to 224×224 (`val_size`), the window training's centre crop takes of the same
@@ -80,13 +80,19 @@ class Preparer:
 
 
 # ---------------------------------------------------------------------------------------- imagenette
+def _no_class(name: str) -> bool:
+    """A folder that is no one's class, as hidden files are no one's image: a hidden one (Jupyter's
+    .ipynb_checkpoints, .git) or the __MACOSX of AppleDouble files a zip made on a Mac unpacks beside its folders."""
+    return name.startswith(".") or name == "__MACOSX"
+
+
 def _class_folders(split_dir: str) -> list[str]:
     if not os.path.isdir(split_dir):
         src = os.path.dirname(split_dir)
         if not os.path.isdir(src):
             raise DataError(f"{src} not found; expected a folder of class folders of images (SRC/train/<class>/*.JPEG "
                             "and SRC/val/<class>/*.JPEG)")
-        held = sorted(d for d in os.listdir(src) if not d.startswith(".") and os.path.isdir(os.path.join(src, d)))
+        held = sorted(d for d in os.listdir(src) if not _no_class(d) and os.path.isdir(os.path.join(src, d)))
         # a user's own SRC/<class>/ folders, not yet split: say where their images go
         split = (f": {src} holds folders {_named(held)}, its classes not yet split? move each class's images into "
                  f"{src}/train/<class>/ and some of them (a fifth, say) into {src}/val/<class>/"
@@ -97,8 +103,7 @@ def _class_folders(split_dir: str) -> list[str]:
             split = f": {src} is itself a split, beside {other}; pass their parent, {parent}, as SRC"
         raise DataError(f"{split_dir} not found{split}; expected class folders of images "
                         "(SRC/train/<class>/*.JPEG and SRC/val/<class>/*.JPEG)")
-    # hidden folders (Jupyter's .ipynb_checkpoints, .git) are no one's class, as hidden files are no one's image
-    shown = sorted(d for d in os.listdir(split_dir) if not d.startswith("."))
+    shown = sorted(d for d in os.listdir(split_dir) if not _no_class(d))
     # a link to a class folder on a drive not mounted (or a link loop) is no folder: left out unsaid, its class was lost
     dangling = [p for d in shown if os.path.islink(p := os.path.join(split_dir, d)) and not os.path.exists(p)]
     if dangling:
