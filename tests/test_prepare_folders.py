@@ -193,3 +193,20 @@ def test_the_macosx_folder_a_macs_zip_unpacks_is_no_class(tmp_path) -> None:
         (src / "train" / "__MACOSX" / cls / "._img_0.JPEG").write_bytes(b"\x00\x05\x16\x07 AppleDouble")
     prepare("imagenette", str(src), str(out), train_size=TRAIN, val_size=VAL)
     assert json.loads((out / "classes.json").read_text()) == list(CLASSES)
+
+
+def test_a_classifier_of_one_class_is_refused_before_it_trains(tmp_path, capsys) -> None:
+    """A folder of one class folder, prepared and trained: before, 'loss 0.0000  test top-1 100.00%', a plausible
+    number of a net that learnt nothing (cross-entropy over one class is 0 whatever the weights)."""
+    src, out = tmp_path / "src", tmp_path / "out"
+    write_jpeg_tree(src, per_class=2, classes=CLASSES[:1])
+    prepare("imagenette", str(src), str(out), train_size=TRAIN, val_size=VAL)  # prepared: a DDPM may train on it
+    capsys.readouterr()
+    assert main(["train", "resnet-mini", "--input", f"3,{VAL},{VAL}", "--classes", "1", "--data", "imagenette",
+                 "--data-dir", str(out), "--data-opt", f"train_size={TRAIN}", "--data-opt", f"crop={VAL}",
+                 "--epochs", "1", "--batch", "2", "--run-dir", str(tmp_path / "run"),
+                 "--no-progress"]) == EXIT_BAD_INPUT
+    assert capsys.readouterr().err == (
+        "hloforge: error: net 'resnet-mini' on dataset 'imagenette' has 1 class: a classifier of one class calls every "
+        "example it (top-1 100%, its loss 0 whatever the weights), so it learns nothing; expected at least 2 classes\n")
+    assert not (tmp_path / "run" / "checkpoint.safetensors").exists()

@@ -195,6 +195,12 @@ class ClassificationTask(Task):
         from hloforge.train.session import checked_labels
 
         checked_labels(run.y_te, (len(run.y_te),), "i32", classes, f"{component_label('dataset', run.data)} test split")
+        # a folder of one class folder: loss 0 and top-1 100% whatever the net does (after the labels' check, which
+        # says what labels 0 and 1 on a Keras yes/no head of one output need)
+        if classes == 1:
+            raise DataError(f"net {run.spec.name!r} on dataset {run.cfg.data!r} has 1 class: a classifier of one class "
+                            "calls every example it (top-1 100%, its loss 0 whatever the weights), so it learns "
+                            "nothing; expected at least 2 classes")
 
     def check_train(self, y: Any, n: int) -> None:
         # once: refused at the first bad batch, after the compile, naming no dataset
