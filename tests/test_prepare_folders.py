@@ -210,3 +210,22 @@ def test_a_classifier_of_one_class_is_refused_before_it_trains(tmp_path, capsys)
         "hloforge: error: net 'resnet-mini' on dataset 'imagenette' has 1 class: a classifier of one class calls every "
         "example it (top-1 100%, its loss 0 whatever the weights), so it learns nothing; expected at least 2 classes\n")
     assert not (tmp_path / "run" / "checkpoint.safetensors").exists()
+
+
+def test_a_named_pipe_among_the_images_is_skipped_not_waited_on(tmp_path) -> None:
+    """A FIFO named like an image (a stream someone left in the folder): before, prepare opened it and waited for a
+    writer forever. Run in a subprocess, so a hang fails the test rather than stalling it."""
+    import os
+    import subprocess
+    import sys
+
+    src = tmp_path / "src"
+    write_jpeg_tree(src, per_class=1, classes=CLASSES)
+    os.mkfifo(src / "train" / "cat" / "stream.png")
+    done = subprocess.run([sys.executable, "-m", "hloforge", "prepare", "imagenette", "src", "out", "--train-size",
+                           str(TRAIN), "--val-size", str(VAL)], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == EXIT_OK and done.stderr == "", done.stderr
+    assert ("  src/train: skipped 1 of 3 images that cannot be decoded; the first: src/train/cat/stream.png (a named "
+            "pipe, socket or device, not a file, whose reading would never end; expected an image file)"
+            in done.stdout.splitlines())

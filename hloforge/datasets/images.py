@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Any
 
@@ -25,6 +26,9 @@ def open_rgb(path: str) -> Any:
     ValueError for 32-bit pixels (of no range it could scale): for a caller that skips such files."""
     from PIL import Image, ImageOps
 
+    if os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path):  # open() would wait on a writer
+        raise ValueError("a named pipe, socket or device, not a file, whose reading would never end; expected an "
+                         "image file")
     with warnings.catch_warnings():
         # Pillow warns, in two raw lines amid prepare's own, of what it decodes all the same: an image past
         # MAX_IMAGE_PIXELS (89M pixels: a 108-megapixel phone photo), EXIF it reads in part ("Truncated File Read",
