@@ -229,3 +229,27 @@ def test_a_named_pipe_among_the_images_is_skipped_not_waited_on(tmp_path) -> Non
     assert ("  src/train: skipped 1 of 3 images that cannot be decoded; the first: src/train/cat/stream.png (a named "
             "pipe, socket or device, not a file, whose reading would never end; expected an image file)"
             in done.stdout.splitlines())
+
+
+def test_a_named_pipe_for_a_yolo_label_file_is_one_line_not_waited_on(tmp_path) -> None:
+    """prepare yolo with a FIFO where an image's label file is: before, it opened it and waited forever."""
+    import os
+    import subprocess
+    import sys
+
+    from PIL import Image
+
+    for split in ("train", "val"):
+        (tmp_path / "src" / "images" / split).mkdir(parents=True)
+        (tmp_path / "src" / "labels" / split).mkdir(parents=True)
+        for stem in ("a", "b"):
+            Image.new("RGB", (16, 16), (200, 30, 30)).save(tmp_path / "src" / "images" / split / f"{stem}.png")
+            (tmp_path / "src" / "labels" / split / f"{stem}.txt").write_text("0 0.5 0.5 0.5 0.5\n")
+    os.remove(tmp_path / "src" / "labels" / "train" / "a.txt")
+    os.mkfifo(tmp_path / "src" / "labels" / "train" / "a.txt")
+    done = subprocess.run([sys.executable, "-m", "hloforge", "prepare", "yolo", "src", "out", "--size", "16",
+                           "--grid", "2", "--classes", "1"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == EXIT_BAD_INPUT and done.stderr == (
+        "hloforge: error: src/labels/train/a.txt: a named pipe, socket or device, not a file, whose reading would "
+        "never end; expected a YOLO label file\n")
+    assert not (tmp_path / "out").exists()

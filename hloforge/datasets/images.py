@@ -20,15 +20,23 @@ from hloforge.core.errors import DataError
 _SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N")
 
 
+ENDLESS = "a named pipe, socket or device, not a file, whose reading would never end"
+
+
+def endless(path: str) -> bool:
+    """Whether `path` is a named pipe, socket or device (ENDLESS), on whose open() a reader waits for a writer
+    forever: a file named like an image or a label that is none."""
+    return os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path)
+
+
 def open_rgb(path: str) -> Any:
     """The image at `path` as a decoded 8-bit RGB PIL image (see the module). Raises what Pillow raises for a
     file it cannot decode (OSError, ValueError, SyntaxError, its decompression-bomb error, ...), and
     ValueError for 32-bit pixels (of no range it could scale): for a caller that skips such files."""
     from PIL import Image, ImageOps
 
-    if os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path):  # open() would wait on a writer
-        raise ValueError("a named pipe, socket or device, not a file, whose reading would never end; expected an "
-                         "image file")
+    if endless(path):
+        raise ValueError(f"{ENDLESS}; expected an image file")
     with warnings.catch_warnings():
         # Pillow warns, in two raw lines amid prepare's own, of what it decodes all the same: an image past
         # MAX_IMAGE_PIXELS (89M pixels: a 108-megapixel phone photo), EXIF it reads in part ("Truncated File Read",

@@ -40,7 +40,7 @@ from hloforge.core.contracts import Dataset
 from hloforge.core.errors import DataError
 from hloforge.core.hookspecs import hookimpl
 from hloforge.datasets.augment import IMAGENET_MEAN, IMAGENET_STD, Normalize
-from hloforge.datasets.images import read_rgb
+from hloforge.datasets.images import ENDLESS, endless, read_rgb
 from hloforge.datasets.options import integer, path
 from hloforge.datasets.records import check_counted_records, map_records, replaced_together, write_counted
 
@@ -136,6 +136,8 @@ class Yolo(Dataset):
 # ---------------------------------------------------------------------------------------- prepare
 def read_label_file(path: str, classes: int) -> np.ndarray:
     """Rows (class, cx, cy, w, h) of a YOLO txt label file; any malformed line is an error naming it."""
+    if endless(path):
+        raise DataError(f"{path}: {ENDLESS}; expected a YOLO label file")
     try:
         with open(path, encoding="utf-8-sig") as f:  # -sig: a byte-order mark (Windows Notepad's) is no data
             lines = f.readlines()
