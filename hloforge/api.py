@@ -135,7 +135,7 @@ class Model:
         # last fit's, or the loaded run's); ARRAYS, none, until a fit on a registered dataset.
         self._data, self._data_options = ARRAYS, ()  # and its options ("key=value" items), as a config has them
         self._eval_set: str | None = None  # the id of that dataset's test split as last scored (None: not known)
-        self._vocab: list[str] | None = None  # a corpus's characters by id, where it trained on one (as recorded)
+        self._named: dict[str, list[str]] = {}  # what its ids stand for, as recorded: class_names, a vocabulary
         # the kind of x it was fit on (refused of another kind when scored); None: not known, nothing checked
         self._inputs: InputKind | None = None
         self._fit_inputs: InputKind | None = None  # the fit in progress's, the model's when an epoch is kept
@@ -287,7 +287,7 @@ class Model:
             arraydata.check_dataset_kind(self._inputs, data, self.spec, "fit on", "build a new Model to train on it")
             self._fit_inputs = arraydata.dataset_inputs(data, self.spec)
             run = self._run(data, batch, epochs, shuffle, verbose, data_options)
-            arraydata.check_vocabulary(run.data, self._vocab, lambda: self._data_fit_on(data, batch), "fit")
+            arraydata.check_names(run, self._named, lambda: self._data_fit_on(data, batch), "fit")
         else:
             if x is None:
                 raise DataError("fit takes arrays x and y, an iterable of (x, y) batches or a dataset name; got none")
@@ -340,7 +340,7 @@ class Model:
         self._step = self._live.step
         # weights trained on it now: a registered dataset's name (with its options), or ARRAYS
         self._data, self._data_options, self._inputs = run.cfg.data, run.cfg.data_options, self._fit_inputs
-        self._eval_set, self._vocab = run.eval_set, run.named.get("vocabulary")
+        self._eval_set, self._named = run.eval_set, run.named
 
     def plot(self, path: str = "curves.png") -> str:
         """This model's curves over `self.history` (loss, and the validation metric) as a PNG at `path`; returns it."""
@@ -390,7 +390,7 @@ class Model:
                                                 data, self._data_options, self._eval_set)
             else:
                 run = self._run(data, batch, data_options=data_options, eval_only=True)
-                arraydata.check_vocabulary(run.data, self._vocab, lambda: self._data_fit_on(data, batch), "evaluate")
+                arraydata.check_names(run, self._named, lambda: self._data_fit_on(data, batch), "evaluate")
         else:
             arraydata.refuse_ddpm_arrays(self.spec, "evaluate")
             xa, ya = self._check_xy(x, y, "evaluate", scored=True, trained=self._inputs)

@@ -86,6 +86,6 @@ def load(path: str, backend: str | None = None) -> Model:
     files = tuple(f"{k}={v}" for k, v in (("data_dir", cfg.data_dir), ("data_file", cfg.data_file)) if v)
     model._data, model._data_options = cfg.data, (*files, *cfg.data_options)
     model._eval_set = meta.get("eval_set")  # its test split as the run scored it (evaluate on it checks it)
-    model._vocab = meta.get("vocabulary") if isinstance(meta.get("vocabulary"), list) else None
+    model._named = {k: meta[k] for k in ("class_names", "vocabulary") if isinstance(meta.get(k), list)}
     model._inputs = arraydata.saved_inputs(file, meta, cfg.data, model.spec)
     return model

@@ -253,3 +253,28 @@ def test_a_named_pipe_for_a_yolo_label_file_is_one_line_not_waited_on(tmp_path) 
         "hloforge: error: src/labels/train/a.txt: a named pipe, socket or device, not a file, whose reading would "
         "never end; expected a YOLO label file\n")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_model_is_not_scored_on_class_folders_renamed_since(tmp_path) -> None:
+    """A class folder renamed (cat → zcat) and the folder prepared again numbers the classes otherwise (ids follow
+    the names' order): `Model.evaluate(data=..., data_options=...)` scored it silently, each id read as another
+    class (top-1 0.333 where it was 0.667 on the audit's set). The names recorded when it trained are checked, by the
+    model that trained and by hf.load of its save alike; the folder as it was still scores."""
+    import hloforge as hf
+
+    src, out, renamed = tmp_path / "src", tmp_path / "out", tmp_path / "renamed"
+    write_jpeg_tree(src, per_class=2, classes=("cat", "dog", "eel"))
+    size = ["--train-size", str(TRAIN), "--val-size", str(VAL)]
+    assert main(["prepare", "imagenette", str(src), str(out), *size]) == EXIT_OK
+    for split in ("train", "val"):
+        (src / split / "cat").rename(src / split / "zcat")
+    assert main(["prepare", "imagenette", str(src), str(renamed), *size]) == EXIT_OK
+    opts = {"train_size": TRAIN, "crop": VAL}
+    m = hf.Model("resnet-mini", classes=3, input=(3, VAL, VAL))
+    m.fit(data="imagenette", data_options={"data_dir": str(out), **opts}, epochs=1, batch_size=4, verbose=False)
+    m.save(str(tmp_path / "run"))
+    for model in (m, hf.load(str(tmp_path / "run"))):
+        with pytest.raises(DataError, match=r"^evaluate: dataset 'imagenette' names its classes otherwise than the "
+                                            r"data the model was fit on \(id 0: 'dog' here, 'cat' in training\)"):
+            model.evaluate(data="imagenette", data_options={"data_dir": str(renamed), **opts})
+        assert model.evaluate(data="imagenette", data_options={"data_dir": str(out), **opts})["n"] > 0

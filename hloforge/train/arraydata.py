@@ -23,6 +23,7 @@ from hloforge.core.modules import label_type
 from hloforge.core.registry import default_registry
 from hloforge.core.spec import NetSpec
 from hloforge.core.variant import Variant
+from hloforge.datasets.stream import class_names
 from hloforge.train.checkpoint import host_array
 from hloforge.train.session import net_inputs, positive_batch, token_vocab
 
@@ -147,16 +148,24 @@ def check_next_tokens(kind: str, x: np.ndarray, y: np.ndarray, what: str) -> Non
                     "windows w one token longer, x = w[:, :-1] and y = w[:, 1:]")
 
 
-def check_vocabulary(data: Any, recorded: Sequence[str] | None, trained: Callable[[], Any], what: str) -> None:
-    """Refuse a character language model's scores on a corpus (`data`) whose vocabulary numbers its characters
-    otherwise than the one the model was fit on: each id would stand for another character, a plausible wrong
-    bits_per_char. That vocabulary is the one its checkpoint `recorded` (every id's character), else the training
-    corpus's (`trained()`: that dataset, None when it was another; gone, nothing to compare)."""
+def check_names(run: Any, recorded: Mapping[str, Sequence[str]], trained: Callable[[], Any], what: str) -> None:
+    """Refuse scores or training on a run's dataset whose ids stand for other things than the model's did, each a
+    plausible wrong number: a corpus whose vocabulary numbers its characters otherwise, or class folders renamed or
+    prepared again so that their names differ. What the model's ids stood for is what its checkpoint `recorded`
+    (its `class_names`, a corpus's `vocabulary`: every id's character), else, for a vocabulary, the training corpus's
+    own (`trained()`: that dataset, None when it was another; gone, nothing to compare)."""
+    data, names, before = run.data, class_names(run.data, run.spec), recorded.get("class_names")
+    if names and before and list(names) != list(before):
+        i = next((k for k, (a, b) in enumerate(zip(before, names, strict=False)) if a != b), len(before))
+        said = [repr(n[i]) if i < len(n) else "none" for n in (names, before)]
+        raise DataError(f"{what}: dataset {getattr(data, 'name', '?')!r} names its classes otherwise than the data the "
+                        f"model was fit on (id {i}: {said[0]} here, {said[1]} in training), so each id would be scored "
+                        "as another class; expected the classes it was trained on (arrays of your own: evaluate(x, y))")
     chars = getattr(data, "chars", None)
     if chars is None:
         return
-    if recorded is not None:
-        chars, own = getattr(data, "vocabulary", chars), recorded
+    if recorded.get("vocabulary") is not None:
+        chars, own = getattr(data, "vocabulary", chars), recorded["vocabulary"]
     else:
         try:
             own = getattr(trained(), "chars", None)

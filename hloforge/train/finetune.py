@@ -29,7 +29,7 @@ from hloforge.core.slots import check_stats
 from hloforge.core.switches import whole_number
 from hloforge.core.variant import SHADOW, Variant, covers
 from hloforge.train import checkpoint as ckpt
-from hloforge.train.arraydata import check_vocabulary
+from hloforge.train.arraydata import check_names
 from hloforge.train.config import CHECKPOINT
 
 if TYPE_CHECKING:
@@ -155,7 +155,7 @@ def _not_safetensors(path: str, error: Exception) -> str:
 def read_init(run: Run, log: Callable[[str], None] = print) -> Init:
     """`run.cfg.init` read and matched against `run`'s net, or one DataError naming what does not fit."""
     path, tensors, classes, region, net = _read(run.cfg.init, run.cfg.init_region)
-    check_vocabulary(run.data, None, lambda: _corpus_of(os.path.dirname(path), run), f"--init {path}")
+    check_names(run, {}, lambda: _corpus_of(os.path.dirname(path), run), f"--init {path}")
     if region == "ema":
         log(f"  init {path}: its EMA shadow's weights, the ones `hloforge eval` scores (--init-region live: θ)")
     spec = run.spec
