@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
+
 from hloforge.core import contracts
 from hloforge.core.errors import PluginError
 from hloforge.core.registry import KINDS, Entry, default_registry
@@ -28,9 +30,10 @@ def register(component: type, *more: type, gate: bool = True) -> type:
     process under its `kind` (a layer) or `name`; returns `component`, so `@hf.register` decorates a class.
 
     `gate`: False registers without gating (its backward then unverified, as an installed plugin's is until
-    `hloforge verify` runs it). A class registered already is not gated again; the same class defined again
-    (a notebook cell run twice) replaces it. A name another component holds, a class that is no component or
-    a failed gate case is refused in one line, and nothing of that call is registered.
+    `hloforge verify` runs it). A class registered already is not gated again (one registered with gate=False
+    is, registered now with the gate); the same class defined again (a notebook cell run twice) replaces it.
+    A name another component holds, a class that is no component or a failed gate case is refused in one line,
+    and nothing of that call is registered.
     A program that opens a saved model made of its own layer registers it again first: the checkpoint
     records the class, not its code. A `hloforge` command cannot: it runs no program of the user's (package
     the class as a plugin for that, docs/plugins.md)."""
@@ -39,10 +42,11 @@ def register(component: type, *more: type, gate: bool = True) -> type:
     for cls in (component, *more):
         kind = _kind_of(cls)
         entry = reg.in_process_entry(kind, cls)
-        if reg.find(kind, entry.name) is entry:
-            continue  # registered already: gated then
+        if reg.find(kind, entry.name) is entry and (entry.gated or not gate):
+            continue  # registered already, and gated then where it is to be now (not where gate=False said not)
         if gate:
             _gate(entry)
+            entry = attrs.evolve(entry, gated=True)
         entries.append(entry)
     for entry in entries:  # all or none: a later class's refusal leaves the earlier ones unregistered
         reg.add_in_process(entry)

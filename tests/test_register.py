@@ -156,6 +156,19 @@ def test_a_wrong_backward_is_refused_and_not_registered() -> None:
     assert hf.layers["wrongSoftsign"] is WrongSoftsign
 
 
+def test_a_class_registered_ungated_is_gated_when_registered_again_with_the_gate() -> None:
+    """Before: the second call found it registered and returned, its wrong backward never gated."""
+    hf.register(WrongSoftsign, gate=False)
+    with pytest.raises(PluginError, match=r"^hf\.register: layer 'wrongSoftsign' .* failed its gate in 1 of 1 "):
+        hf.register(WrongSoftsign)
+    assert hf.layers["wrongSoftsign"] is WrongSoftsign  # as gate=False registered it: nothing of that call
+    hf.register(ChannelScale, gate=False)
+    hf.register(ChannelScale)
+    assert default_registry().find("layer", "channelScale").gated  # type: ignore[union-attr]
+    hf.register(ChannelScale, gate=False)  # registered and gated already: it stays so
+    assert default_registry().find("layer", "channelScale").gated  # type: ignore[union-attr]
+
+
 def test_what_is_no_component_is_refused_in_one_line() -> None:
     with pytest.raises(PluginError, match=r"takes classes, got ChannelScale\(\) \(hf\.register\(ChannelScale\): "):
         hf.register(ChannelScale())

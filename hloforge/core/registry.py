@@ -65,6 +65,7 @@ class Entry:
     distribution: str  # a component registered in process: the module defining its class
     plugin: str
     in_process: bool = False  # registered by the running program (`hf.register`), not by an entry point
+    gated: bool = False  # its gate passed as `hf.register` registered it (gate=False, or a plugin's: not run then)
 
     @property
     def builtin(self) -> bool:
