@@ -19,7 +19,7 @@ import attrs
 
 from hloforge.core import contracts
 from hloforge.core.errors import PluginError
-from hloforge.core.registry import KINDS, Entry, default_registry
+from hloforge.core.registry import KINDS, Entry, NameClash, default_registry
 
 # the kinds a program's own class may be, by the contract it subclasses (each is gated)
 _CONTRACTS = {"layer": contracts.Layer, "loss": contracts.Loss, "optimizer": contracts.Optimizer}
@@ -38,11 +38,16 @@ def register(component: type, *more: type, gate: bool = True) -> type:
     records the class, not its code. A `hloforge` command cannot: it runs no program of the user's (package
     the class as a plugin for that, docs/plugins.md)."""
     reg = default_registry()
-    entries = []
+    entries: list[Entry] = []
     for cls in (component, *more):
         kind = _kind_of(cls)
         entry = reg.in_process_entry(kind, cls)
-        if reg.find(kind, entry.name) is entry and (entry.gated or not gate):
+        # a name two classes of this one call claim: the registry holds neither yet, so it could not say so
+        same = next((e for e in entries if (e.kind, e.name) == (kind, entry.name)), None)
+        if same is not None and same.obj is not cls:
+            raise NameClash(f"{kind} {entry.name!r} is claimed twice in this hf.register call, by {same.plugin} and "
+                            f"by {entry.plugin}; give {cls.__name__} a {KINDS[kind][2]} of its own")
+        if same is not None or reg.find(kind, entry.name) is entry and (entry.gated or not gate):
             continue  # registered already, and gated then where it is to be now (not where gate=False said not)
         if gate:
             _gate(entry)

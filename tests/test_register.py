@@ -169,6 +169,21 @@ def test_a_class_registered_ungated_is_gated_when_registered_again_with_the_gate
     assert default_registry().find("layer", "channelScale").gated  # type: ignore[union-attr]
 
 
+def test_two_classes_of_one_call_under_one_name_are_refused() -> None:
+    """Before: neither was registered yet when the other's name was checked, so the second replaced the first."""
+    @attrs.frozen
+    class Other(WrongSoftsign):
+        kind = "channelScale"
+
+    with pytest.raises(NameClash, match=r"^layer 'channelScale' is claimed twice in this hf\.register call, by "
+                                        r"test_register\.ChannelScale and by test_register\..*Other; give Other a "
+                                        r"kind of its own$"):
+        hf.register(ChannelScale, Other, gate=False)
+    assert "channelScale" not in hf.layers  # nothing of that call
+    hf.register(ChannelScale, ChannelScale)  # one class named twice is registered once
+    assert hf.layers["channelScale"] is ChannelScale
+
+
 def test_what_is_no_component_is_refused_in_one_line() -> None:
     with pytest.raises(PluginError, match=r"takes classes, got ChannelScale\(\) \(hf\.register\(ChannelScale\): "):
         hf.register(ChannelScale())
