@@ -6,6 +6,8 @@ from __future__ import annotations
 import inspect
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,7 @@ from plugin_site import env_with
 import hloforge as hf
 from hloforge.core.errors import DataError, PluginError
 from hloforge.core.hlo import Builder, Value
-from hloforge.core.registry import NameClash, default_registry
+from hloforge.core.registry import NameClash, Registry, default_registry
 from hloforge.core.spec import Ctx, Layer, Loss, ParamSlot, Shape
 
 
@@ -182,6 +184,26 @@ def test_two_classes_of_one_call_under_one_name_are_refused() -> None:
     assert "channelScale" not in hf.layers  # nothing of that call
     hf.register(ChannelScale, ChannelScale)  # one class named twice is registered once
     assert hf.layers["channelScale"] is ChannelScale
+
+
+def test_two_threads_registering_first_at_once_register_into_one_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: each thread's first default_registry() built a registry of its own (functools.cache keeps the last),
+    so one hf.register returned and its class was not registered."""
+    build = Registry.__init__
+
+    def slow(self: Registry, *args: Any, **kwargs: Any) -> None:  # both threads inside the first build at once
+        build(self, *args, **kwargs)
+        time.sleep(0.3)
+
+    monkeypatch.setattr(Registry, "__init__", slow)
+    threads = [threading.Thread(target=hf.register, args=(c,), kwargs={"gate": False})
+               for c in (ChannelScale, HalfSquared)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert default_registry().find("layer", "channelScale") is not None
+    assert default_registry().find("loss", "halfSquared") is not None
 
 
 def test_what_is_no_component_is_refused_in_one_line() -> None:

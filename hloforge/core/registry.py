@@ -14,6 +14,7 @@ import difflib
 import functools
 import os
 import sys
+import threading
 import traceback
 import warnings
 from collections.abc import Collection, Iterator, Mapping, Sequence
@@ -480,9 +481,22 @@ def component_label(kind: str, obj: Any) -> str:
     return f"{kind} {name!r}"
 
 
-@functools.cache
-def default_registry() -> Registry:
-    return Registry()
+class _OneRegistry:
+    """`default_registry()`: the registry, built by the first call and kept (`cache_clear` and `cache_info` as
+    functools.cache's), one however many threads make that first call at once: functools.cache alone builds one per
+    such thread and keeps the last, and what `hf.register` added to another was lost."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()  # reentrant: a plugin whose import asks for the registry is answered as before
+        self._kept = functools.cache(Registry)
+        self.cache_clear, self.cache_info = self._kept.cache_clear, self._kept.cache_info
+
+    def __call__(self) -> Registry:
+        with self._lock:
+            return self._kept()
+
+
+default_registry = _OneRegistry()
 
 
 @functools.cache
