@@ -12,6 +12,7 @@ another class, or not at all.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,6 +24,8 @@ from hloforge.core.registry import KINDS, Entry, NameClash, default_registry
 
 # the kinds a program's own class may be, by the contract it subclasses (each is gated)
 _CONTRACTS = {"layer": contracts.Layer, "loss": contracts.Loss, "optimizer": contracts.Optimizer}
+
+_REGISTERING = threading.RLock()  # reentrant: a class's gate_cases that registers another is no deadlock
 
 
 def register(component: type, *more: type, gate: bool = True) -> type:
@@ -37,9 +40,15 @@ def register(component: type, *more: type, gate: bool = True) -> type:
     A program that opens a saved model made of its own layer registers it again first: the checkpoint
     records the class, not its code. A `hloforge` command cannot: it runs no program of the user's (package
     the class as a plugin for that, docs/plugins.md)."""
+    with _REGISTERING:  # one call at a time: two threads' classes of one name would both find it free
+        _register((component, *more), gate)
+    return component
+
+
+def _register(classes: Sequence[type], gate: bool) -> None:
     reg = default_registry()
     entries: list[Entry] = []
-    for cls in (component, *more):
+    for cls in classes:
         kind = _kind_of(cls)
         entry = reg.in_process_entry(kind, cls)
         # a name two classes of this one call claim: the registry holds neither yet, so it could not say so
@@ -55,7 +64,6 @@ def register(component: type, *more: type, gate: bool = True) -> type:
         entries.append(entry)
     for entry in entries:  # all or none: a later class's refusal leaves the earlier ones unregistered
         reg.add_in_process(entry)
-    return component
 
 
 def _kind_of(cls: Any) -> str:

@@ -206,6 +206,32 @@ def test_two_threads_registering_first_at_once_register_into_one_registry(monkey
     assert default_registry().find("loss", "halfSquared") is not None
 
 
+def test_two_threads_registering_two_classes_under_one_name_clash(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: each thread found the name free before the other had added its class: both registered, no clash."""
+    import hloforge.registering
+
+    @attrs.frozen
+    class Other(WrongSoftsign):
+        kind = "channelScale"
+
+    monkeypatch.setattr(hloforge.registering, "_gate", lambda entry: time.sleep(0.3))  # both gating at once
+    default_registry()
+    refused: list[str] = []
+
+    def register(cls: type) -> None:
+        try:
+            hf.register(cls)
+        except NameClash as e:
+            refused.append(str(e))
+
+    threads = [threading.Thread(target=register, args=(c,)) for c in (ChannelScale, Other)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(refused) == 1 and refused[0].startswith("layer 'channelScale' is already test_register.")
+
+
 def test_what_is_no_component_is_refused_in_one_line() -> None:
     with pytest.raises(PluginError, match=r"takes classes, got ChannelScale\(\) \(hf\.register\(ChannelScale\): "):
         hf.register(ChannelScale())
