@@ -127,6 +127,10 @@ def check_layer_classes(layers: Sequence[Any], net: str) -> None:
         if held is None:
             raise PluginError(f"{what}, which is not registered (its kind {kind!r} is no registered layer's); "
                               f"hf.register({cls.__name__}) gates it and makes it known")
+        if held.in_process and held.plugin == f"{cls.__module__}.{cls.__qualname__}":  # a kind of its own would not do
+            raise PluginError(f"{what} of an earlier definition: the class was defined again (a notebook cell run "
+                              f"twice) and that one registered under kind {kind!r} since; expected the net's layers "
+                              f"made again, of the class registered now")
         raise PluginError(f"{what}, but its kind {kind!r} is {held.obj.__module__}.{held.obj.__qualname__}'s "
                           f"(distribution {held.distribution!r}); give {cls.__name__} a kind of its own, then "
                           f"hf.register it")

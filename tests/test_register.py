@@ -250,6 +250,21 @@ def test_the_same_class_defined_again_takes_its_name_back() -> None:
     assert hf.layers["channelScale"] is again["ChannelScale"]
 
 
+def test_a_layer_of_a_class_defined_again_since_is_refused_naming_that() -> None:
+    """Before: "layer 0 is test_register.ChannelScale, but its kind is test_register.ChannelScale's; give ChannelScale
+    a kind of its own", advice that would not help: the net's layer was made of the cell's previous run."""
+    hf.register(ChannelScale)
+    net = hf.NetSpec("scaled", (8,), [ChannelScale(), hf.layers.Dense(3)], 3)
+    again: dict[str, Any] = {}
+    exec(SCALE, {**globals(), "__name__": "test_register"}, again)
+    hf.register(again["ChannelScale"])
+    with pytest.raises(PluginError, match=r"^net 'scaled': layer 0 is test_register\.ChannelScale of an earlier "
+                                          r"definition: the class was defined again .* expected the net's layers "
+                                          r"made again, of the class registered now$"):
+        hf.Model(net)
+    hf.Model(hf.NetSpec("scaled", (8,), [again["ChannelScale"](), hf.layers.Dense(3)], 3))
+
+
 def test_a_loss_of_the_programs_own_trains_by_its_name(tmp_path: Path) -> None:
     hf.register(HalfSquared)
     x, y = digits()
