@@ -636,6 +636,7 @@ class Model:
                 "_forwards": {}, "_live": None, "_fitting": None, "backend": self.backend.name}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        check_layer_classes(state["_declared_spec"].layers, state["_declared_spec"].name)  # as Model() refuses
         self.__dict__.update(state, backend=make_backend(state["backend"]))
 
     def __getattr__(self, name: str) -> Any:  # only for a name Model has not: Keras's compile, PyTorch's state_dict

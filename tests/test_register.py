@@ -135,6 +135,21 @@ def test_a_layer_not_registered_is_refused_when_a_model_is_made() -> None:
         hf.Model(net)
 
 
+def test_a_model_unpickled_where_its_layer_is_not_registered_is_refused() -> None:
+    """Before: it trained ungated, and saved a checkpoint without the class's record, which `hf.load` then refused
+    as an unknown layer among every built-in one."""
+    import pickle
+
+    hf.register(ChannelScale)
+    pickled = pickle.dumps(hf.Model(hf.NetSpec("scaled", (8,), [ChannelScale(), hf.layers.Dense(3)], 3), seed=0))
+    default_registry.cache_clear()  # a program that has not registered it
+    with pytest.raises(PluginError, match=r"^net 'scaled': layer 0 is test_register\.ChannelScale, which is not "
+                                          r"registered .*; hf\.register\(ChannelScale\) gates it and makes it known$"):
+        pickle.loads(pickled)
+    hf.register(ChannelScale)
+    assert pickle.loads(pickled).spec.layers[0] == ChannelScale()
+
+
 def test_a_class_under_a_built_in_kind_is_refused() -> None:
     """A subclass of hloforge's Dense keeping kind 'dense' would save as 'dense' and reopen as hloforge's."""
     class Dense(hf.layers.Dense):  # type: ignore[misc, name-defined]
