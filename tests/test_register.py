@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 import numpy as np
@@ -245,6 +245,32 @@ def test_two_threads_registering_two_classes_under_one_name_clash(monkeypatch: p
     for t in threads:
         t.join()
     assert len(refused) == 1 and refused[0].startswith("layer 'channelScale' is already test_register.")
+
+
+def test_an_optimizer_whose_update_is_not_optax_s_is_refused_naming_optax() -> None:
+    """Before: its refusal said "against jax.vjp of its reference ... against finite differences", oracles an
+    optimizer has none of: it is gated against optax, through its optax_direction."""
+    from hloforge.core.variant import Optimizer
+
+    @attrs.frozen
+    class Halved(Optimizer):
+        """Steps along g, while its optax oracle says g/2."""
+
+        name: ClassVar[str] = "halved"
+
+        def direction(self, b: Builder, g: Value, state: Mapping[str, Value],
+                      scalars: Mapping[str, Value]) -> tuple[Value, dict[str, Value]]:
+            return g, {}
+
+        def optax_direction(self) -> Any:
+            import optax
+
+            return optax.scale(0.5)
+
+    with pytest.raises(PluginError, match=r"^hf\.register: optimizer 'halved' .* failed its gate in \d+ of "
+                                          r"\d+ case\(s\), first .*: error \S+ against optax \(its optax_direction\) "
+                                          r"in f64 \(tolerance 1e-12\), \S+ in f32 \(1e-06\); not registered$"):
+        hf.register(Halved)
 
 
 def test_what_is_no_component_is_refused_in_one_line() -> None:
