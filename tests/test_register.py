@@ -274,6 +274,14 @@ def test_an_optimizer_whose_update_is_not_optax_s_is_refused_naming_optax() -> N
 
 
 def test_what_is_no_component_is_refused_in_one_line() -> None:
+    @attrs.frozen
+    class Annotated(WrongSoftsign):
+        kind: str = "annotated"  # an attrs option, not the class's kind
+
+    # before: "returned <class ...>, ...", as a plugin's hook is told of what it returned
+    with pytest.raises(PluginError, match=r"^hf\.register got <class '.*Annotated'>, which is not a layer component: "
+                                          r"its 'kind' is annotated, so attrs made it an option"):
+        hf.register(Annotated)
     with pytest.raises(PluginError, match=r"takes classes, got ChannelScale\(\) \(hf\.register\(ChannelScale\): "):
         hf.register(ChannelScale())
     with pytest.raises(PluginError, match=r"CSVLogger is none \(a callback is given to fit as an instance"):

@@ -256,7 +256,7 @@ class Registry:
         """The entry `cls`, a class the running program defines, would have as a `kind` component (not yet
         added: `add_in_process`). Its name is checked as a plugin's; a name another component holds is a
         NameClash, but the same class defined again (a notebook's cell run twice) takes its name back."""
-        name = _component_name(cls, kind, KINDS[kind][2])
+        name = _component_name(cls, kind, KINDS[kind][2], "hf.register got")
         where = f"{cls.__module__}.{cls.__qualname__}"
         prev = self.find(kind, name)
         if prev is not None and prev.obj is not cls and not (prev.in_process and prev.plugin == where):
@@ -424,28 +424,29 @@ def _returned_list(result: Any) -> Sequence[Any]:
     return result
 
 
-def _component_name(obj: Any, kind: str, attr: str) -> str:
+def _component_name(obj: Any, kind: str, attr: str, said: str = "returned") -> str:
+    """`obj`'s name as a `kind` component, or a PluginError starting `said` (what a plugin's hook did with it)."""
     a = "an" if kind[0] in "aeiou" else "a"
     base = CONTRACTS.get(kind)
     if kind in CONTRACTS:  # a strategy kind is an instance; every other component is a class
         if not isinstance(obj, type):
-            raise PluginError(f"returned {obj!r}, which is not {a} {kind} component: an instance, expected its "
+            raise PluginError(f"{said} {obj!r}, which is not {a} {kind} component: an instance, expected its "
                               "class (hloforge makes the instances)")
         if base is not None and not issubclass(obj, base):
-            raise PluginError(f"returned {obj!r}, which is not {a} {kind} component: expected a subclass of "
+            raise PluginError(f"{said} {obj!r}, which is not {a} {kind} component: expected a subclass of "
                               f"hloforge.core.contracts.{base.__name__}")
     name = getattr(obj, attr, None)
     if not isinstance(name, str) or not name:
         if isinstance(obj, type) and attrs.has(obj) and attr in attrs.fields_dict(obj):  # `name: str = "x"`
-            raise PluginError(f"returned {obj!r}, which is not {a} {kind} component: its {attr!r} is annotated, so "
+            raise PluginError(f"{said} {obj!r}, which is not {a} {kind} component: its {attr!r} is annotated, so "
                               f"attrs made it an option, not the class's {attr}; declare it a plain class attribute "
                               f"(`{attr} = ...`) or a ClassVar (`{attr}: ClassVar[str] = ...`)")
-        raise PluginError(f"returned {obj!r}, which is not {a} {kind} component: it has no string attribute {attr!r}")
+        raise PluginError(f"{said} {obj!r}, which is not {a} {kind} component: it has no string attribute {attr!r}")
     # a tuple of names written without its comma, `("mom")`, is a string: each letter would be taken for a name
     for field in [n for n, t in getattr(base, "__annotations__", {}).items() if t == "ClassVar[tuple[str, ...]]"]:
         v = getattr(obj, field, ())
         if isinstance(v, str):
-            raise PluginError(f"returned {kind} {name!r}, whose {field} is the string {v!r}; expected a tuple of "
+            raise PluginError(f"{said} {kind} {name!r}, whose {field} is the string {v!r}; expected a tuple of "
                               f"names (one name is `({v!r},)`, with the comma)")
     return name
 
