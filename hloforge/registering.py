@@ -135,5 +135,5 @@ def check_layer_classes(layers: Sequence[Any], net: str) -> None:
                               f"twice) and that one registered under kind {kind!r} since; expected the net's layers "
                               f"made again, of the class registered now")
         raise PluginError(f"{what}, but its kind {kind!r} is {held.obj.__module__}.{held.obj.__qualname__}'s "
-                          f"(distribution {held.distribution!r}); give {cls.__name__} a kind of its own, then "
+                          f"({held.origin}); give {cls.__name__} a kind of its own, then "
                           f"hf.register it")

@@ -163,6 +163,23 @@ def test_a_class_under_a_built_in_kind_is_refused() -> None:
         hf.register(Dense)
 
 
+def test_a_subclass_of_a_registered_class_keeping_its_kind_is_refused_naming_this_program() -> None:
+    """Before: "its kind 'channelScale' is test_register.ChannelScale's (distribution 'test_register')", a module
+    named as if pip installed it."""
+    hf.register(ChannelScale)
+
+    class Sub(ChannelScale):
+        pass
+
+    with pytest.raises(PluginError, match=r"^net 's': layer 0 is .*Sub, but its kind 'channelScale' is "
+                                          r"test_register\.ChannelScale's \(registered by this program: "
+                                          r"hf\.register\); give Sub a kind of its own, then hf\.register it$"):
+        hf.Model(hf.NetSpec("s", (8,), [Sub(), hf.layers.Dense(3)], 3))
+    with pytest.raises(NameClash, match=r"^layer 'channelScale' is already test_register\.ChannelScale \(registered "
+                                        r"by this program: hf\.register\); give Sub a kind of its own$"):
+        hf.register(Sub)
+
+
 def test_a_wrong_backward_is_refused_and_not_registered() -> None:
     with pytest.raises(PluginError, match=r"^hf\.register: layer 'wrongSoftsign' \(test_register\.WrongSoftsign\) "
                                           r"failed its gate in 1 of 1 case\(s\), first .*against jax\.vjp.*"

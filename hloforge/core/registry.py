@@ -69,6 +69,12 @@ class Entry:
     gated: bool = False  # its gate passed as `hf.register` registered it (gate=False, or a plugin's: not run then)
 
     @property
+    def origin(self) -> str:
+        """Where a message says the component comes from: its distribution, or this program (its `distribution`
+        then a module, which no pip install provides)."""
+        return "registered by this program: hf.register" if self.in_process else f"distribution {self.distribution!r}"
+
+    @property
     def builtin(self) -> bool:
         """hloforge's own component (its entry points are hloforge's distribution's)."""
         return self.distribution == BUILTIN_DISTRIBUTION
@@ -261,7 +267,7 @@ class Registry:
         prev = self.find(kind, name)
         if prev is not None and prev.obj is not cls and not (prev.in_process and prev.plugin == where):
             holder = f"{prev.obj.__module__}.{prev.obj.__qualname__}" if isinstance(prev.obj, type) else repr(prev.obj)
-            raise NameClash(f"{kind} {name!r} is already {holder} (distribution {prev.distribution!r}); give "
+            raise NameClash(f"{kind} {name!r} is already {holder} ({prev.origin}); give "
                             f"{cls.__name__} a {KINDS[kind][2]} of its own")
         return prev if prev is not None and prev.obj is cls else Entry(kind, name, cls, cls.__module__, where, True)
 
