@@ -25,12 +25,14 @@ from hloforge.core.registry import KINDS, Entry, NameClash, default_registry
 # the kinds a program's own class may be, by the contract it subclasses (each is gated)
 _CONTRACTS = {"layer": contracts.Layer, "loss": contracts.Loss, "optimizer": contracts.Optimizer}
 
+_DECORATES: Any = object()  # register's component when none is given: `@hf.register(gate=False)`
 _REGISTERING = threading.RLock()  # reentrant: a class's gate_cases that registers another is no deadlock
 
 
-def register(component: type, *more: type, gate: bool = True) -> type:
+def register(component: Any = _DECORATES, *more: type, gate: bool = True) -> Any:
     """Gate `component` and each of `more` (each a `Layer`, `Loss` or `Optimizer` subclass) and register it in this
-    process under its `kind` (a layer) or `name`; returns `component`, so `@hf.register` decorates a class.
+    process under its `kind` (a layer) or `name`; returns `component`, so `@hf.register` decorates a class (and
+    `@hf.register(gate=False)`: given no class, it returns the decorator).
 
     `gate`: False registers without gating (its backward then unverified, as an installed plugin's is until
     `hloforge verify` runs it). A class registered already is not gated again (one registered with gate=False
@@ -40,6 +42,8 @@ def register(component: type, *more: type, gate: bool = True) -> type:
     A program that opens a saved model made of its own layer registers it again first: the checkpoint
     records the class, not its code. A `hloforge` command cannot: it runs no program of the user's (package
     the class as a plugin for that, docs/plugins.md)."""
+    if component is _DECORATES:  # @hf.register(gate=False) was a TypeError: no component given
+        return lambda cls: register(cls, gate=gate)
     with _REGISTERING:  # one call at a time: two threads' classes of one name would both find it free
         _register((component, *more), gate)
     return component

@@ -290,6 +290,24 @@ def test_an_optimizer_whose_update_is_not_optax_s_is_refused_naming_optax() -> N
         hf.register(Halved)
 
 
+def test_register_with_options_decorates_a_class() -> None:
+    """Before: `@hf.register(gate=False)` was a TypeError: register() missing its component."""
+    @hf.register(gate=False)
+    @attrs.frozen
+    class Ungated(WrongSoftsign):
+        kind = "ungatedSoftsign"
+
+    assert hf.layers["ungatedSoftsign"] is Ungated
+    assert not default_registry().find("layer", "ungatedSoftsign").gated  # type: ignore[union-attr]
+    with pytest.raises(PluginError, match=r"^hf\.register takes classes, got None$"):
+        hf.register(None)  # a class looked up as None is no decorator asked for
+    with pytest.raises(PluginError, match=r"failed its gate in 1 of 1 case"):
+        @hf.register(gate=True)
+        @attrs.frozen
+        class Gated(WrongSoftsign):
+            kind = "gatedSoftsign"
+
+
 def test_what_is_no_component_is_refused_in_one_line() -> None:
     @attrs.frozen
     class Annotated(WrongSoftsign):
