@@ -308,6 +308,27 @@ def test_register_with_options_decorates_a_class() -> None:
             kind = "gatedSoftsign"
 
 
+def test_an_optimizer_whose_gate_cases_are_no_instances_is_refused_in_one_line() -> None:
+    """Before: an attrs NotAnAttrsClassError traceback, raised naming the failed case."""
+    from hloforge.core.variant import Optimizer
+
+    @attrs.frozen
+    class Plain(Optimizer):
+        name: ClassVar[str] = "plain"
+
+        def direction(self, b: Builder, g: Value, state: Mapping[str, Value],
+                      scalars: Mapping[str, Value]) -> tuple[Value, dict[str, Value]]:
+            return g, {}
+
+        @classmethod
+        def gate_cases(cls) -> list[Any]:
+            return [(cls(), ())]  # a layer's pair
+
+    with pytest.raises(PluginError, match=r"^hf\.register: optimizer 'plain' \(.*Plain\) failed building its gate "
+                                          r"cases: gate_cases\(\) must return optimizer instances, not \(.*Plain\("):
+        hf.register(Plain)
+
+
 def test_what_is_no_component_is_refused_in_one_line() -> None:
     @attrs.frozen
     class Annotated(WrongSoftsign):

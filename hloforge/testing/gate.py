@@ -499,6 +499,10 @@ def _loss_cases(e: Any, declared: Sequence[Any]) -> list[GateCase]:
 
 
 def _optimizer_cases(e: Any, declared: Sequence[Any]) -> list[GateCase]:
+    # a layer's (instance, shape) pair, or the class itself, would fail only in naming its case: an attrs error
+    bad = [opt for opt in declared if not isinstance(opt, Optimizer)]
+    if bad:
+        raise PluginError(f"gate_cases() must return optimizer instances, not {bad[0]!r}"[:200])
     out = [GateCase(e.kind, e.name, opt, (), e.distribution) for opt in declared]
     # layout_free hands the update its tensors as stored, so each case runs again under every other
     # paramLayout (a kernel's axes permuted); one that is not gets the declared layout whatever it is.
