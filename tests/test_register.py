@@ -329,6 +329,22 @@ def test_an_optimizer_whose_gate_cases_are_no_instances_is_refused_in_one_line()
         hf.register(Plain)
 
 
+def test_a_loss_whose_gate_cases_hold_its_class_is_refused_in_one_line() -> None:
+    """Before: `(cls, shape)` for `(cls(), shape)` was an attrs NotAnAttrsClassError traceback."""
+    @attrs.frozen
+    class Uninstantiated(HalfSquared):
+        name = "uninstantiated"
+
+        @classmethod
+        def gate_cases(cls) -> list[Any]:
+            return [(cls, (4,))]
+
+    with pytest.raises(PluginError, match=r"^hf\.register: loss 'uninstantiated' .* failed building its gate cases: "
+                                          r"gate_cases\(\) must return \(loss instance, output shape\) pairs, not "
+                                          r"\(<class '.*Uninstantiated'>, \(4,\)\)$"):
+        hf.register(Uninstantiated)
+
+
 def test_what_is_no_component_is_refused_in_one_line() -> None:
     @attrs.frozen
     class Annotated(WrongSoftsign):

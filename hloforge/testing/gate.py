@@ -453,8 +453,9 @@ class CaseError:
         return f"{plugin_label(self.kind, self.name, self.distribution)} {self.reason}"
 
 
-def _pairs(declared: Sequence[Any], what: str) -> list[tuple[Any, Shape]]:
-    bad = [c for c in declared if not (isinstance(c, (tuple, list)) and len(c) == 2)]
+def _pairs(declared: Sequence[Any], what: str, base: type) -> list[tuple[Any, Shape]]:
+    # the class for its instance, `(Huber, (4,))`, would fail only naming its case: an attrs error
+    bad = [c for c in declared if not (isinstance(c, (tuple, list)) and len(c) == 2 and isinstance(c[0], base))]
     if bad:
         raise PluginError(f"gate_cases() must return ({what}) pairs, not {bad[0]!r}"[:200])
     return [(obj, tuple(shape)) for obj, shape in declared]
@@ -467,7 +468,7 @@ def _layer_cases(e: Any, declared: Sequence[Any]) -> list[GateCase]:
     # renders it by default where that combines several (convGrad=autodiff acts only
     # inside an NHWC conv: XLA's layout=nhwc + convGrad=autodiff)
     out: list[GateCase] = []
-    for obj, shape in _pairs(declared, "layer instance, input shape"):
+    for obj, shape in _pairs(declared, "layer instance, input shape", Layer):
         stats = bool(walk_layers([obj], shape)[0].stats)
         nhwc = len(shape) == 3 and obj.supports_nhwc(shape)
         kinds = [k for k in obj.strategies_for(shape) if k != "layout" or nhwc]
@@ -492,7 +493,7 @@ def _layer_cases(e: Any, declared: Sequence[Any]) -> list[GateCase]:
 def _loss_cases(e: Any, declared: Sequence[Any]) -> list[GateCase]:
     # each case in the portable form, then once per other choice of each kind the loss consults
     out: list[GateCase] = []
-    for obj, shape in _pairs(declared, "loss instance, output shape"):
+    for obj, shape in _pairs(declared, "loss instance, output shape", Loss):
         forcings = [()] + [((k, c),) for k in obj.strategy_kinds for c in strategy.kind(k).choices[1:]]
         out += [GateCase(e.kind, e.name, obj, shape, e.distribution, strategy=f) for f in forcings]
     return out
