@@ -11,8 +11,6 @@ takes the loop's host copy back at the end of every epoch.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import sys
 import threading
 from collections.abc import Iterable, Mapping, Sequence
@@ -28,18 +26,17 @@ from hloforge.core.regions import DEFAULT_REGION
 from hloforge.core.registry import default_registry
 from hloforge.core.slots import check_stats
 from hloforge.core.spec import NetSpec, summary_table
-from hloforge.core.variant import SHADOW, Variant, VariantFields
-from hloforge.datasets.records import replaced_together
+from hloforge.core.variant import SHADOW, Variant
 from hloforge.keywords import check_model_options, checked_keywords, no_method
 from hloforge.registering import check_layer_classes
+from hloforge.saving import Saving
 from hloforge.train import arraydata
 from hloforge.train import checkpoint as ckpt
 from hloforge.train.arraydata import ARRAYS, ArrayData, InputKind, checked_batch_size, label_kind, plain, row_count
-from hloforge.train.config import BITMAP, CHECKPOINT, CONFIG, TrainConfig, file_fields, parse_data_options
-from hloforge.train.curves import PNG
+from hloforge.train.config import TrainConfig, parse_data_options
 from hloforge.train.diffusion import is_time_conditioned
 from hloforge.train.exclusive import one_at_a_time
-from hloforge.train.rundir import METRICS, NET_FILE, RUN_ID, check_own_files, check_save_dir, checked_path, locked
+from hloforge.train.rundir import checked_path
 from hloforge.train.session import ForwardSession, TrainSession, checked_labels, make_backend
 
 # What fit reads of an iterable of batches before it refuses it as endless (it holds them all, then a copy).
@@ -65,7 +62,7 @@ class _Keep(Callback):
         self.model.history.append(dict(logs))
 
 
-class Model:
+class Model(Saving):
     """A net with its training variant, weights and optimizer state.
 
     `net`: a NetSpec, a zoo name (`classes` / `input` override its defaults) or a .toml/.json spec file; `backend`
@@ -535,95 +532,12 @@ class Model:
                 self._state_layout.initial(self.variant.make_optimizer(default_registry()), [s for s, _ in kept],
                                            [p for _, p in kept])]
 
-    # ------------------------------------------------------------------ run directories
-    def _config(self, path: str, data: str, **fields: Any) -> Any:
-        """The TrainConfig of this model (a run directory's config.toml, or the config its fit runs)."""
-        from hloforge.train.trainer import TrainConfig
-
-        v = self.variant
-        net = self._net_ref or (os.path.join(os.path.abspath(path), NET_FILE) if path else self.spec.name)
-        variant = {f.name: getattr(v, f.name) for f in attrs.fields(VariantFields)}  # every one, frozen too
-        base = dict(net=net, classes=self._classes, input=self._input, data=data, backend=self.backend.name,
-                    epochs=max(self._epoch, 1), batch=self._batch, lr=self.lr, schedule=self.schedule,
-                    warmup_epochs=self.warmup_epochs, decay_rate=self.decay_rate, bn_momentum=self.bn_momentum,
-                    seed=self.seed, run_dir=path, **self._run_options, **variant)
-        return TrainConfig(**{**base, **fields})
-
-    @checked_keywords
-    def save(self, path: str, data: str | None = None, overwrite: bool = False, *,
-             data_options: Mapping[str, Any] | None = None) -> str:
-        """Write the run directory `hloforge train` writes (config.toml and checkpoint.safetensors, by
-        the trainer's own writers), so `hloforge eval DIR` scores it on `data`'s test split (the
-        dataset the config names, refused unless the net fits it; default: the one the model last
-        trained on or a loaded run named; none, "arrays", for a model fit on arrays or not at all:
-        `eval` then refuses it, `hloforge export` needs none) and `hf.load(DIR)` reads it back bit for
-        bit; what a run wrote beside its last checkpoint (its metrics, curves, eval bitmap) goes, being
-        another model's. Under the directory's lock: a run training there is never overwritten.
-        `data_options`: the options of the dataset `data` names (`size`, `channels`, ...), as fit takes them. Returns
-        `path`. `overwrite=True` replaces a checkpoint there (default False: a directory holding one is refused)."""
-        path, overwrite = checked_path(path, "save"), arraydata.checked_flag("overwrite", overwrite)
-        options, data = self._options_for(data), data or self._data
-        if data_options is not None:  # the options a net of another input than the dataset's default needs
-            if not isinstance(data_options, Mapping):
-                raise UnsupportedSpec("data_options must be a mapping of option names to values, got a "
-                                      f"{type(data_options).__name__}")
-            if data == ARRAYS:
-                raise UnsupportedSpec("save's data_options are the options of the dataset it names; pass data=NAME")
-            options = tuple(f"{k}={v}" for k, v in data_options.items())
-        check_save_dir(path)
-        check_own_files(path, "save directory", "the save", "save to another path")  # before the dataset loads
-        file = os.path.join(path, CHECKPOINT)
-        if os.path.exists(file) and not overwrite:
-            raise HloforgeError(f"{path} already holds a checkpoint; pass overwrite=True to replace it")
-        cfg = self._config(path, data, **file_fields(options))  # checked before anything is written
-        eval_set = self._eval_set_of(path, data, options)
-        tensors = self._checkpoint_tensors()
-        meta = {"spec": self.spec.to_dict(), "variant": attrs.asdict(self.variant), "backend": self.backend.name,
-                "epoch": self._epoch, "step": self._step, "seed": self.seed, "config": attrs.asdict(cfg), **eval_set,
-                **({"inputs": attrs.asdict(self._inputs)} if self._inputs else {})}
-        try:
-            # config (and net) renamed over once the checkpoint is written: a failed save leaves the last one whole
-            with locked(path, file), replaced_together(path, "save directory", "save again") as stage:
-                for name, text in ((CONFIG, cfg.to_toml()), *(((NET_FILE, self._declared_spec.to_json()),)
-                                                              if not self._net_ref else ())):
-                    with open(stage(name), "w", encoding="utf-8") as f:
-                        f.write(text)
-                ckpt.save_checkpoint(file, list(tensors), list(tensors.values()), meta,
-                                     then="free space and save again")
-                for stale in (METRICS, BITMAP, PNG, RUN_ID, *((NET_FILE,) if self._net_ref else ())):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.remove(os.path.join(path, stale))
-        except OSError as e:  # a missing parent that cannot be made, a read-only or virtual file system (/proc)
-            raise HloforgeError(f"cannot save to {path}: {e.strerror or e}; expected a directory that can be "
-                                "created and written") from None
-        return path
-
     def _data_fit_on(self, data: str, batch: int) -> Any:
         """The dataset this model last trained on, read with the options it trained with, where that is `data`
         (else None): a corpus whose vocabulary its weights read."""
         if self._data != data:
             return None
         return self._run(data, batch, eval_only=True, data_options=parse_data_options(self._data_options)).data
-
-    def _options_for(self, data: str | None) -> tuple[str, ...]:
-        """The data options a save naming dataset `data` records: the model's own for its own dataset
-        (None), another's defaults."""
-        return self._data_options if data in (None, self._data) else ()
-
-    def _eval_set_of(self, path: str, data: str, options: tuple[str, ...] | None = None) -> dict[str, Any]:
-        """{"eval_set": its id} (and the dataset's "class_names") for a save to `path` naming dataset `data`, refused
-        unless the net fits its test split as `hloforge eval` will read it; {} for the user's arrays, no registered
-        eval set (nothing to compare a later eval against). ModelCheckpoint asks it before the first step."""
-        if data == ARRAYS:
-            return {}
-        arraydata.check_dataset_kind(self._inputs, data, self.spec, f"cannot save {path} naming",
-                                     "save it with no dataset (data='arrays')")
-        try:
-            given = parse_data_options(self._options_for(data) if options is None else options)
-            test = self._run(data, self._batch, data_options=given, eval_only=True)
-        except HloforgeError as e:
-            raise type(e)(f"cannot save {path} naming dataset {data!r}: {e}") from None
-        return {"eval_set": test.eval_set, **test.named}
 
     def summary(self) -> str:
         """The layer table: index, kind, input → output shape, parameters; then the totals (the frozen apart)."""
