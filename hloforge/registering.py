@@ -99,6 +99,10 @@ def _gate(entry: Entry) -> None:
         checked = "update" if entry.kind == "optimizer" else "backward"
         raise PluginError(f"{who} declares no gate cases (its classmethod gate_cases()), so its {checked} cannot be "
                           "verified; declare some (docs/plugins.md), or register it with gate=False")
+    if not any(isinstance(case.obj, entry.obj) for case in cases):  # another class's instances gate that class
+        raise PluginError(f"{who}: its gate cases hold no {entry.obj.__name__} (they hold "
+                          f"{sorted({type(c.obj).__name__ for c in cases})}), so its own code is not verified; "
+                          f"expected cases of {entry.obj.__name__} instances")
     gate.require_oracles(cases)
     failed = []
     for case in cases:

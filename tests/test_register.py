@@ -459,3 +459,30 @@ def test_a_saved_model_refuses_a_missing_class_in_this_program_too(tmp_path: Pat
     default_registry.cache_clear()  # a program that has not registered it
     with pytest.raises(DataError, match=r"trained with layer 'channelScale' \(class test_register\.ChannelScale\)"):
         hf.load(str(tmp_path / "run"))
+
+
+def test_gate_cases_of_another_class_do_not_gate_this_one() -> None:
+    """`gate_cases` returning another class's instances (a copy-paste from a sibling layer) gated that class, and
+    registered this one ungated."""
+    @attrs.frozen
+    class Borrowed(Layer):
+        kind = "borrowed"
+
+        def out_shape(self, in_shape: Shape) -> Shape:
+            return in_shape
+
+        def forward(self, b: Builder, x: Value, params: Mapping[str, Value], ctx: Ctx) -> Value:
+            return x * 3.0  # wrong: the reference doubles
+
+        def reference(self, params: Mapping[str, Any], x: Any, ctx: Ctx | None) -> Any:
+            return x * 2.0
+
+        @classmethod
+        def gate_cases(cls) -> list[tuple[Layer, Shape]]:
+            return [(ChannelScale(), (3,))]
+
+    with pytest.raises(PluginError, match=r"^hf\.register: layer 'borrowed' \(.*Borrowed\): its gate cases hold no "
+                                          r"Borrowed \(they hold \['ChannelScale'\]\), so its own code is not "
+                                          r"verified; expected cases of Borrowed instances$"):
+        hf.register(Borrowed)
+    assert "borrowed" not in hf.layers
