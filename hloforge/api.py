@@ -547,7 +547,8 @@ class Model(Saving):
         """pickle's and deepcopy's: host state (a callback's: the step's); sessions and backend remade by name."""
         live = dict(zip(("_params", "_opt_state", "_running", "_shadow_running"), self._now(), strict=True))
         return {**self.__dict__, **live, "_step": self._live.step if self._here() else self._step, "_sessions": {},
-                "_forwards": {}, "_live": None, "_fitting": None, "backend": self.backend.name}
+                "_forwards": {}, "_live": None, "_fitting": None, "backend": self.backend.name,
+                "history": History(self.history)}  # copy.copy's too: the copy's fits append to its own
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         check_layer_classes(state["_declared_spec"].layers, state["_declared_spec"].name)  # as Model() refuses

@@ -302,3 +302,18 @@ def test_hf_load_of_a_missing_path_or_a_folder_of_runs_says_which(tmp_path) -> N
                                               r"\(that hloforge train, import-weights or Model\.save wrote\); it "
                                               r"holds run directories: .*runs/a$"):
         hf.load(str(tmp_path / "runs"))
+
+
+def test_a_shallow_copys_fit_leaves_the_originals_history_be() -> None:
+    """copy.copy(model) shared the original's History: the copy's fit appended its epochs to the original's
+    `history` (and the original's to the copy's), though its weights trained apart."""
+    import copy
+
+    x, y = _rows()
+    m = hf.Model("mnist-linear")
+    m.fit(x, y, epochs=1, batch_size=16, verbose=False)
+    c = copy.copy(m)
+    c.fit(x, y, epochs=2, batch_size=16, verbose=False)
+    assert len(m.history) == 1 and len(c.history) == 3 and m._epoch == 1 and c._epoch == 3
+    m.fit(x, y, epochs=1, batch_size=16, verbose=False)
+    assert len(m.history) == 2 and len(c.history) == 3
