@@ -441,3 +441,30 @@ def test_an_iree_train_step_reuses_its_transient_memory_call_after_call(cache):
     stored, third, last = done.stdout.split()[-3:]
     assert stored == "True"
     assert int(last) - int(third) < 16, f"the process grew from {third} MB at step 3 to {last} MB at step 10"
+
+
+def test_a_models_forwards_run_from_several_threads_at_once(cache):
+    """Two of one model's forwards executed from two threads at once (a server's predicts of varying batch size,
+    or a predict beside a fit's step) made the same timeline fences: a predict hung for good, or a fit's step
+    failed with 'semaphore already signaled past'."""
+    import threading
+
+    import hloforge as hf
+
+    x = np.random.default_rng(0).standard_normal((100, 784)).astype(np.float32)
+    m = hf.Model("mnist-linear", backend="iree")
+    want = {b: m.predict(x, batch_size=b) for b in (8, 16, 32, 64)}
+    wrong: list[object] = []
+
+    def score(b: int) -> None:
+        try:
+            wrong.extend(b for _ in range(20) if not np.array_equal(m.predict(x, batch_size=b), want[b]))
+        except Exception as e:  # noqa: BLE001 - told as the failure
+            wrong.append(e)
+
+    threads = [threading.Thread(target=score, args=(b,), daemon=True) for b in (8, 16, 32, 64) * 2]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads) and wrong == []

@@ -22,6 +22,7 @@ import errno
 import json
 import os
 import re
+import threading
 import time
 import warnings
 from collections.abc import Sequence
@@ -273,6 +274,9 @@ class IreeBackend:
         # the timeline semaphore `execute` signals (one value per call) and waits on; opened on first use
         self._semaphore: Any = None
         self._timeline = 0
+        # One execute at a time: each waits on the timeline's value the last one signalled, so two at once (a fit's
+        # step and another thread's predict, two forwards of one model) made the same fences, and one hung or failed.
+        self._executing = threading.Lock()
         self._unstored_why = ""  # why the last artifact could not be stored (_store)
 
     @property
@@ -465,6 +469,10 @@ class IreeBackend:
                            "one device only and will not run it on one quietly (use --backend xla)")
 
     def execute(self, exe: IreeExecutable, args: Sequence[IreeBuffer], keep: Sequence[int] = ()) -> list[IreeBuffer]:
+        with self._executing:
+            return self._execute(exe, args, keep)
+
+    def _execute(self, exe: IreeExecutable, args: Sequence[IreeBuffer], keep: Sequence[int]) -> list[IreeBuffer]:
         if not isinstance(exe, IreeExecutable):
             raise BackendError(f"execute takes an IreeExecutable, got {type(exe).__name__}")
         for i, buf in enumerate(args):
