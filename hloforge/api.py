@@ -35,7 +35,7 @@ from hloforge.train import checkpoint as ckpt
 from hloforge.train.arraydata import ARRAYS, ArrayData, InputKind, checked_batch_size, label_kind, plain, row_count
 from hloforge.train.config import TrainConfig, parse_data_options
 from hloforge.train.diffusion import is_time_conditioned
-from hloforge.train.exclusive import one_at_a_time
+from hloforge.train.exclusive import one_at_a_time, own_callbacks
 from hloforge.train.rundir import checked_path
 from hloforge.train.session import ForwardSession, TrainSession, checked_labels, make_backend
 
@@ -252,6 +252,7 @@ class Model(Saving):
 
     @checked_keywords
     @one_at_a_time("model")
+    @own_callbacks
     @kept_while()
     def fit(self, x: Any = None, y: Any = None, *, epochs: int = 1, batch_size: int | None = None,
             validation_data: tuple[Any, Any] | None = None, callbacks: Iterable[Callback] = (),

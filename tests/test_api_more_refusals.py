@@ -317,3 +317,33 @@ def test_a_shallow_copys_fit_leaves_the_originals_history_be() -> None:
     assert len(m.history) == 1 and len(c.history) == 3 and m._epoch == 1 and c._epoch == 3
     m.fit(x, y, epochs=1, batch_size=16, verbose=False)
     assert len(m.history) == 2 and len(c.history) == 3
+
+
+def test_a_callback_in_a_running_fit_given_to_another_threads_fit_is_one_line() -> None:
+    """One EarlyStopping given to two models' fits on two threads at once: the second fit set its `model` to its own,
+    so the first fit, which it should have stopped after 2 epochs, ran all 8 (and the stop went to the other)."""
+    import threading
+
+    x, y = _rows()
+    inside, go_on = threading.Event(), threading.Event()
+
+    class Held(hf.Callback):
+        def on_epoch_end(self, epoch, logs) -> None:
+            inside.set()
+            go_on.wait(60)
+
+    stop, held, a = hf.EarlyStopping(monitor="loss", patience=1, min_delta=10), Held(), hf.Model("mnist-linear")
+    t = threading.Thread(target=lambda: a.fit(x, y, epochs=8, batch_size=16, callbacks=[held, stop], verbose=False))
+    t.start()
+    assert inside.wait(60)
+    try:
+        with pytest.raises(UnsupportedSpec, match=r"^callback EarlyStopping is in another fit running on another "
+                                                  r"thread; .* give each fit one of its own$"):
+            hf.Model("mnist-linear").fit(x, y, epochs=8, batch_size=16, callbacks=(c for c in [stop]), verbose=False)
+    finally:
+        go_on.set()
+        t.join(120)
+    assert stop.model is a and a._epoch == 2  # stopped by its own EarlyStopping, after 2 epochs
+    b = hf.Model("mnist-linear")
+    b.fit(x, y, epochs=8, batch_size=16, callbacks=[stop], verbose=False)  # once that fit is done, another takes it
+    assert stop.model is b and b._epoch == 2

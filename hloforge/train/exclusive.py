@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from hloforge.core.errors import UnsupportedSpec
@@ -52,3 +52,39 @@ def one_at_a_time(thing: str) -> Callable[[F], F]:
         return guarded  # type: ignore[return-value]
 
     return wrap
+
+
+# id of a callback → the thread whose fit runs it; an entry lives only while that fit does
+_CALLBACKS: dict[int, int] = {}
+
+
+def own_callbacks(method: F) -> F:
+    """A decorator of fit: each callback given (its `callbacks` keyword) runs in one fit at a time. A callback holds
+    its fit's state (its `model`, its best epoch, its patience): a second fit at once, of another model on another
+    thread, set the callback's `model` to its own, and an EarlyStopping shared so never stopped the first fit. Refused
+    in one line instead; one fit after the other, a callback is taken again, as before."""
+
+    @functools.wraps(method)
+    def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
+        given = kwargs.get("callbacks", ())
+        if not isinstance(given, Iterable) or isinstance(given, (str, bytes, Mapping)) or \
+                hasattr(given, "on_epoch_end"):  # not a list of callbacks: fit refuses it, naming it
+            return method(self, *args, **kwargs)
+        kwargs["callbacks"] = given = list(given)  # a generator read once, here
+        ids, me = {id(cb) for cb in given}, threading.get_ident()
+        with _LOCK:
+            busy = [cb for cb in given if _CALLBACKS.get(id(cb), me) != me]
+            ids = set() if busy else ids - set(_CALLBACKS)  # this fit's (a fit under it holds its own)
+            _CALLBACKS.update(dict.fromkeys(ids, me))
+        if busy:
+            raise UnsupportedSpec(f"callback {type(busy[0]).__name__} is in another fit running on another thread; "
+                                  "a callback keeps one fit's state (its model, its best epoch): give each fit one "
+                                  "of its own")
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            with _LOCK:
+                for i in ids:
+                    _CALLBACKS.pop(i, None)
+
+    return guarded  # type: ignore[return-value]
