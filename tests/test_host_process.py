@@ -130,3 +130,54 @@ def test_plot_leaves_the_matplotlib_backend_the_user_chose(tmp_path):
     finally:
         matplotlib.use(chosen)
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# The fork taken while another thread scores (a server's): that thread held the forward's lock (and IREE's execute
+# lock), which the child found held for good, so its call waited forever before the runtime's one-line refusal.
+FORKED_WHILE_SCORING = textwrap.dedent("""
+    import contextlib, os, sys, threading, time
+    import numpy as np
+    import hloforge as hf
+
+    x = np.zeros((4, 3), np.float32)
+    model = hf.Model(hf.NetSpec("tiny", (3,), [hf.layers.Dense(2)], 2), seed=0, backend=sys.argv[1])
+    model.predict(x)
+    held, done = threading.Event(), threading.Event()
+
+    def scoring():  # as a predict is in the middle of its chunks
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(model._forwards[32]._lock)
+            if hasattr(model.backend, "_executing"):
+                stack.enter_context(model.backend._executing)
+            held.set()
+            done.wait(60)
+
+    t = threading.Thread(target=scoring)
+    t.start()
+    held.wait(60)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            model.predict(x)
+        except hf.HloforgeError as e:
+            print("child:", type(e).__name__, e, flush=True)
+        os._exit(0)
+    deadline = time.monotonic() + 30
+    while not os.waitpid(pid, os.WNOHANG)[0]:
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            print("child hung", flush=True)
+            break
+        time.sleep(0.05)
+    done.set()
+    t.join()
+""")
+
+
+@pytest.mark.parametrize("backend", ["xla", pytest.param("iree", marks=pytest.mark.skipif(
+    importlib.util.find_spec("iree") is None, reason="iree packages not installed"))])
+def test_a_child_forked_while_another_thread_scores_is_refused_in_one_line(backend):
+    done = subprocess.run([sys.executable, "-c", FORKED_WHILE_SCORING, backend], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("child: ForkedError this process is a fork of process "), done.stdout

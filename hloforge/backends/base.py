@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,23 @@ def forked_error(runtime: str, pid: int) -> ForkedError:
                        "threads stay in the process that started them (here its calls would wait forever); start "
                        "the process with multiprocessing's 'spawn' method (a Model pickles across), or fork before "
                        "the first Model is made")
+
+
+class ProcessLock:
+    """A threading.Lock held across a device call (one forward's chunks, one IREE execute) that a forked child finds
+    free: a fork copies only its own thread, so a lock another thread of the parent held then stayed held for good,
+    and the child's call waited on it forever before reaching the runtime's one-line refusal (forked_error)."""
+
+    def __init__(self) -> None:
+        self._pid, self._lock = os.getpid(), threading.Lock()
+
+    def __enter__(self) -> bool:
+        if os.getpid() != self._pid:  # a forked child: whoever held it is not in this process
+            self._pid, self._lock = os.getpid(), threading.Lock()
+        return self._lock.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
 
 
 def backend_fingerprint(backend: Any) -> str:

@@ -22,14 +22,13 @@ import contextlib
 import contextvars
 import inspect
 import math
-import threading
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
-from hloforge.backends.base import backend_name
+from hloforge.backends.base import ProcessLock, backend_name
 from hloforge.core.contracts import Backend
 from hloforge.core.errors import BackendError, DataError, DeviceMemoryError, PluginError, UnsupportedSpec
 from hloforge.core.modules import (
@@ -567,7 +566,7 @@ class ForwardSession:
         self._held_src: list[Any] = []  # the host arrays seeded from (kept alive so their ids stay theirs)
         self._x_in = InputStager(backend)
         self.seeds = 0  # how many times parameters were pushed (hold mode or not)
-        self._lock = threading.Lock()
+        self._lock = ProcessLock()
 
     def _compile(self) -> Any:
         return self.backend.compile(forward_module(self.spec, self.batch, eval_mode=not self.batch_stats,

@@ -22,7 +22,6 @@ import errno
 import json
 import os
 import re
-import threading
 import time
 import warnings
 from collections.abc import Sequence
@@ -36,6 +35,7 @@ from hloforge.backends.base import (
     CROSS_REPLICA_OPS,
     ArgSpec,
     InputSlot,
+    ProcessLock,
     cache_root,
     check_args,
     parse_main_signature,
@@ -276,7 +276,7 @@ class IreeBackend:
         self._timeline = 0
         # One execute at a time: each waits on the timeline's value the last one signalled, so two at once (a fit's
         # step and another thread's predict, two forwards of one model) made the same fences, and one hung or failed.
-        self._executing = threading.Lock()
+        self._executing = ProcessLock()
         self._unstored_why = ""  # why the last artifact could not be stored (_store)
 
     @property
