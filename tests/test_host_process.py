@@ -181,3 +181,41 @@ def test_a_child_forked_while_another_thread_scores_is_refused_in_one_line(backe
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("child: ForkedError this process is a fork of process "), done.stdout
+
+
+# The fork taken while another thread fits: the child, which has no such thread, refused the same model's fit as
+# "called while another thread's fit of this model runs; ... wait for it to return", a wait that never ends there.
+FORKED_WHILE_FITTING = textwrap.dedent("""
+    import os, threading
+    import numpy as np
+    import hloforge as hf
+
+    x, y = np.zeros((32, 3), np.float32), np.arange(32) % 2
+    model = hf.Model(hf.NetSpec("tiny", (3,), [hf.layers.Dense(2)], 2), seed=0)
+    held, done = threading.Event(), threading.Event()
+
+    class Hold(hf.Callback):
+        def on_epoch_end(self, epoch, logs):
+            held.set()
+            done.wait(60)
+
+    t = threading.Thread(target=lambda: model.fit(x, y, batch_size=16, callbacks=[Hold()], verbose=False))
+    t.start()
+    held.wait(60)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            model.fit(x, y, batch_size=16, verbose=False)
+        except hf.HloforgeError as e:
+            print("child:", type(e).__name__, e, flush=True)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    done.set()
+    t.join()
+""")
+
+
+def test_a_child_forked_while_another_thread_fits_is_told_it_is_a_fork():
+    done = subprocess.run([sys.executable, "-c", FORKED_WHILE_FITTING], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("child: ForkedError this process is a fork of process "), done.stdout

@@ -8,6 +8,7 @@ threads have no order a caller chose."""
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
@@ -88,3 +89,17 @@ def own_callbacks(method: F) -> F:
                     _CALLBACKS.pop(i, None)
 
     return guarded  # type: ignore[return-value]
+
+
+def _forget_in_child() -> None:
+    """A forked child holds only the thread that forked: the parent's other threads' calls do not run here, so a fit
+    they ran was refused in the child as running on another thread ('wait for it to return': it never would), and
+    _LOCK, were one of them holding it, stayed held. The forking thread's own calls are kept."""
+    global _LOCK
+    _LOCK, me = threading.Lock(), threading.get_ident()
+    for running in (_RUNNING, _CALLBACKS):
+        for key in [k for k, owner in running.items() if owner != me]:
+            del running[key]
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
