@@ -9,8 +9,10 @@ score) is refused by evaluate and predict rather than scored."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import sys
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -433,6 +435,18 @@ def input_kind(given: np.ndarray, x: np.ndarray, spec: NetSpec) -> InputKind | N
     return InputKind(integer, integer or _all_whole(x), given.dtype.name, float(x.min()), float(x.max()))
 
 
+def _callers_level() -> int:
+    """warnings.warn's stacklevel of the user's call, counted from the function that warns: the first frame outside
+    hloforge past fit's decorators and helpers, however many (a fixed count broke with each decorator added), and
+    contextlib's frames of the decorators made with it."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    frame, level = sys._getframe(2), 2  # the caller of the function that warns is level 2
+    while frame is not None and (os.path.abspath(frame.f_code.co_filename).startswith(package)
+                                 or frame.f_code.co_filename == contextlib.__file__):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def warn_unscaled(given: InputKind | None, trained: InputKind | None) -> None:
     """Say that a first fit's x (`given`; `trained` None: the model has no kind yet) of whole numbers past ±1,
     pixels 0…255 or counts, trains as it is: arrays are not scaled, as hloforge's datasets scale their images,
@@ -443,7 +457,7 @@ def warn_unscaled(given: InputKind | None, trained: InputKind | None) -> None:
         warnings.warn(HloforgeWarning(f"fit x is {given.said()}, trained on unscaled: arrays are taken as they are "
                                       "(hloforge's datasets scale and standardise their images); a net trains best "
                                       "on x of about unit scale, e.g. pixels as x.astype(np.float32) / 255, then "
-                                      "standardised"), stacklevel=7)  # the user's fit call, past fit's 3 decorators
+                                      "standardised"), stacklevel=_callers_level())
 
 
 def dataset_inputs(name: str, spec: NetSpec) -> InputKind | None:
