@@ -19,6 +19,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from hloforge.backends.base import ProcessLock
 from hloforge.backends.host_memory import kept_while
 from hloforge.callbacks import Callback, History, Monitor, checked_callbacks
 from hloforge.core.errors import DataError, HloforgeError, UnsupportedSpec
@@ -41,7 +42,10 @@ from hloforge.train.session import ForwardSession, TrainSession, checked_labels,
 
 # What fit reads of an iterable of batches before it refuses it as endless (it holds them all, then a copy).
 FIT_BATCHES_MAX_BYTES = 8 << 30
-_HOST_STATE = threading.Lock()  # a model's host θ and state, replaced whole at each epoch's end of a fit
+_HOST_STATE = ProcessLock()  # a model's host θ and state, replaced whole at each epoch's end of a fit
+# The forwards a model keeps compiled, the last used: a server predicting with batch_size=len(x) of varying x would
+# otherwise keep one per row count (200 sizes: RSS 255 -> 374 MB); one dropped is remade from the compile cache.
+FORWARDS_KEPT = 8
 
 
 class _Keep(Callback):
@@ -170,9 +174,11 @@ class Model(Saving):
         return s
 
     def _forward(self, batch: int) -> ForwardSession:
-        if batch not in self._forwards:
-            self._forwards[batch] = ForwardSession(self.spec, batch, self.backend)
-        return self._forwards[batch]
+        forward = self._forwards.pop(batch, None) or ForwardSession(self.spec, batch, self.backend)
+        self._forwards[batch] = forward  # the last used last: the first is the one to drop
+        while len(self._forwards) > FORWARDS_KEPT:
+            del self._forwards[next(iter(self._forwards))]
+        return forward
 
     # ------------------------------------------------------------------ checks
     def _check_x(self, x: Any, what: str, trained: InputKind | None = None) -> np.ndarray:
@@ -330,12 +336,11 @@ class Model(Saving):
         tensors = host[1]
         n, m = len(self._param_slots), len(self._stat_names)
         k = len(run.state_layout.slots) * (n - len(run.frozen))  # each state slot holds the trained θ's alone
-        with _HOST_STATE:  # another thread's read (_now) sees one epoch's θ and statistics, never a mix
+        with _HOST_STATE:  # another thread's read (_now, a copy) sees one epoch's θ, statistics and step, never a mix
             self._params, self._opt_state, self._running = tensors[:n], tensors[n:n + k], tensors[n + k:n + k + m]
             if run.state_layout.shadows:
                 self._shadow_running = tensors[n + k + m:]
-        self._epoch = epoch
-        self._step = self._live.step
+            self._epoch, self._step = epoch, self._live.step
         # weights trained on it now: a registered dataset's name (with its options), or ARRAYS
         self._data, self._data_options, self._inputs = run.cfg.data, run.cfg.data_options, self._fit_inputs
         self._eval_set, self._named = run.eval_set, run.named
@@ -546,10 +551,14 @@ class Model(Saving):
 
     def __getstate__(self) -> dict[str, Any]:
         """pickle's and deepcopy's: host state (a callback's: the step's); sessions and backend remade by name."""
-        live = dict(zip(("_params", "_opt_state", "_running", "_shadow_running"), self._now(), strict=True))
-        return {**self.__dict__, **live, "_step": self._live.step if self._here() else self._step, "_sessions": {},
-                "_forwards": {}, "_live": None, "_fitting": None, "backend": self.backend.name,
-                "history": History(self.history)}  # copy.copy's too: the copy's fits append to its own
+        if self._here() is None:
+            with _HOST_STATE:  # one epoch's θ, state and step together, a fit on another thread keeping them
+                state = dict(self.__dict__)
+        else:
+            live = dict(zip(("_params", "_opt_state", "_running", "_shadow_running"), self._now(), strict=True))
+            state = {**self.__dict__, **live, "_step": self._live.step}
+        return {**state, "_sessions": {}, "_forwards": {}, "_live": None, "_fitting": None,
+                "backend": self.backend.name, "history": History(self.history)}  # copy.copy's: a history of its own
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         check_layer_classes(state["_declared_spec"].layers, state["_declared_spec"].name)  # as Model() refuses

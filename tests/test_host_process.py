@@ -219,3 +219,46 @@ def test_a_child_forked_while_another_thread_fits_is_told_it_is_a_fork():
     done = subprocess.run([sys.executable, "-c", FORKED_WHILE_FITTING], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("child: ForkedError this process is a fork of process "), done.stdout
+
+
+# The fork taken while another thread holds a model's host state (an epoch's end being kept, a copy being taken):
+# the child's first read of that state waited forever on the lock its parent's thread held at the fork.
+FORKED_WHILE_KEEPING = textwrap.dedent("""
+    import os, threading
+    import numpy as np
+    import hloforge as hf
+    import hloforge.api
+
+    model = hf.Model(hf.NetSpec("tiny", (3,), [hf.layers.Dense(2)], 2), seed=0)
+    model.predict(np.zeros((4, 3), np.float32))
+    held, done = threading.Event(), threading.Event()
+
+    def hold():
+        with hloforge.api._HOST_STATE:
+            held.set()
+            done.wait(60)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    held.wait(60)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            model.predict(np.zeros((4, 3), np.float32))
+        except hf.HloforgeError as e:
+            print("child:", type(e).__name__, e, flush=True)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    done.set()
+    t.join()
+""")
+
+
+def test_a_child_forked_while_another_thread_holds_the_host_state_is_refused_in_one_line():
+    try:
+        done = subprocess.run([sys.executable, "-c", FORKED_WHILE_KEEPING], capture_output=True, text=True,
+                              timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the child hung on the host state's lock")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("child: ForkedError this process is a fork of process "), done.stdout
