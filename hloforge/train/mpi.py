@@ -395,13 +395,14 @@ def _meet(w: World, ended: tuple[int, str] | None) -> str:
     return text if w.rank == gone[0] else ""
 
 
-def _alone(gone: Sequence[int], size: int) -> str:
+def _alone(gone: Sequence[int], size: int, fix: str = "start every rank with the same command") -> str:
     """The note a line some ranks alone say ends with: which of them, and what to do."""
     who = f"rank {gone[0]}" if len(gone) == 1 else f"ranks {', '.join(map(str, gone))}"
-    return f" (on {who} of {size} alone: start every rank with the same command)"
+    return f" (on {who} of {size} alone: {fix})"
 
 
-def refuse_together(w: World, failed: HloforgeError | None) -> None:
+def refuse_together(w: World, failed: HloforgeError | None, what: str = "the options' checks",
+                    fix: str = "start every rank with the same command") -> None:
     """The options' refusal, `failed` on this rank (None where its options passed), met by every rank: where
     any rank refused, every rank raises it at once and it is said once, as `shared` (every rank refused: rank
     0's own line; some alone, a rank started with another command line: the lowest one's, naming them). A
@@ -410,13 +411,13 @@ def refuse_together(w: World, failed: HloforgeError | None) -> None:
         if failed is not None:
             raise shared(failed, w)
         return
-    said = w.allgather(None if failed is None else str(failed), "the options' checks", slow=True)
+    said = w.allgather(None if failed is None else str(failed), what, slow=True)
     gone = [r for r, line in enumerate(said) if line is not None]
     if not gone:
         return
     if failed is not None and len(gone) == w.size:
         raise shared(failed, w)
-    raise shared(UnsupportedSpec(f"{said[gone[0]]}{_alone(gone, w.size)}"), w)
+    raise shared(UnsupportedSpec(f"{said[gone[0]]}{_alone(gone, w.size, fix)}"), w)
 
 
 def memory_together(w: World, failed: DeviceMemoryError | None, gone: list[int]) -> HloforgeError:

@@ -634,5 +634,12 @@ def train(cfg: TrainConfig, *, resume: bool = False, cross_backend: bool = False
           log: Callable[[str], None] = print, progress: bool = True, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
     """Train per `cfg` (`spec`: its net, where not the one cfg names); `resume` continues the run directory's checkpoint
     (a spec file's net as it holds it), `cross_backend` lets it be another backend's; `callbacks` see the Run."""
-    run = Run(cfg, log, progress, resume, spec=spec or rundir.resumed_spec(cfg, resume))
+    failed = None
+    try:  # the data each rank reads itself (a file missing on every machine, or on one): met, said once
+        run = Run(cfg, log, progress, resume, spec=spec or rundir.resumed_spec(cfg, resume))
+    except HloforgeError as e:
+        if getattr(e, "together", None) is not None or not mpi.world_made():  # already met, or never could
+            raise
+        failed = e
+    mpi.refuse_together(mpi.world(), failed, "the data read", "every rank reads its own copy of the data")
     return run.train(resume=resume, cross_backend=cross_backend, callbacks=mpi.on_rank(run.world, callbacks))
