@@ -50,7 +50,7 @@ from hloforge.core.launcher import launched as launched
 from hloforge.core.modules import TrainStepLayout, gradient_step_module, optimizer_step_module, stored_shape
 from hloforge.core.registry import Registry
 from hloforge.core.spec import NetSpec
-from hloforge.core.strategy import target_of
+from hloforge.core.strategy import ENV_VAR, target_of
 from hloforge.core.switches import env_switch
 from hloforge.core.variant import Variant
 from hloforge.train.parallel import DataParallelTrainSession, require_replicas, split_batch
@@ -270,7 +270,7 @@ class World:
         self.wait(self.comm.Iallgatherv(blob, [out, sizes.tolist(), offsets, self._mpi.BYTE]), what)
         return [_unpickle(out[o:o + s].tobytes()) for o, s in zip(offsets, sizes.tolist(), strict=True)]
 
-    def agree(self, what: str, value: Any) -> None:
+    def agree(self, what: str, value: Any, fix: str = "start every rank with the same command and data") -> None:
         """Refuse, on every rank at once, a run whose ranks were started differently: `value` (JSON-able:
         the config and the net) compared through the engine; rank 0 names the first rank that differs and
         how."""
@@ -289,7 +289,7 @@ class World:
         theirs = json.loads(json.dumps(values[odd], sort_keys=True, default=str))
         ours = json.loads(text)
         raise PeerError(f"rank {odd} of {self.size} was started with another {what} than rank 0 "
-                        f"({first_difference(theirs, ours)}); start every rank with the same command and data",
+                        f"({first_difference(theirs, ours)}); {fix}",
                         quiet=not self.is_root)
 
     def finalize(self) -> None:
@@ -558,6 +558,10 @@ class MpiTrainSession(DataParallelTrainSession):
                                        wrappers=self.variant.wrappers, target=target,
                                        storage=tuple(layout.storage[i] for i in layout.trained),
                                        name=f"{self.spec.ident}_{self.variant.slug}_update_step")
+        # one program on every rank: the ∂θ are summed slot by slot, so a layout one machine's HLOFORGE_STRATEGY or
+        # plugin code rendered otherwise would be summed into another's (a plausible, wrong loss)
+        self.world.agree("train step", {ENV_VAR: os.environ.get(ENV_VAR, ""), "program": hashlib.sha256(
+            (text + update).encode()).hexdigest()[:16]}, f"give every rank the same {ENV_VAR} and plugins")
 
         def compile_both() -> Any:
             self.update_exe = self._compile(update)
