@@ -8,6 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
 from test_mpi import HLOFORGE, MPIEXEC, env, needs_mpi  # tests/ is on sys.path (rootdir-relative, no package)
 
 
@@ -108,4 +109,34 @@ def test_a_rank_whose_plugin_layer_computes_otherwise_is_refused_in_one_line(tmp
     assert r.returncode == 3 and not other, r.stdout + r.stderr
     assert len(lines) == 1 and lines[0].startswith(
         "hloforge: error: rank 1 of 2 was started with another train step than rank 0 (program: "), r.stdout + r.stderr
+    assert not (tmp_path / "r" / "checkpoint.safetensors").exists()
+
+
+def cifar_batches(folder: Path, inverted: str = "") -> None:
+    """A small CIFAR-10 binary set (40 records a file), the same on every call but for the pixels of the file
+    `inverted` names (its labels kept)."""
+    folder.mkdir(parents=True)
+    for i, name in enumerate([*(f"data_batch_{k}.bin" for k in range(1, 6)), "test_batch.bin"]):
+        rng = np.random.default_rng(i)
+        labels, pixels = rng.integers(0, 10, (40, 1), np.uint8), rng.integers(0, 256, (40, 3072), np.uint8)
+        (folder / name).write_bytes(np.concatenate([labels, 255 - pixels if name == inverted else pixels], 1).tobytes())
+
+
+@needs_mpi
+def test_a_rank_whose_train_images_alone_differ_is_refused_in_one_line(tmp_path):
+    """One --data-dir path, rank 1's copy with other pixels in one train file and the same labels (another
+    machine's copy, re-made or damaged). Before: only the labels were compared, and each rank trained on its own
+    images to a plausible loss."""
+    cifar_batches(tmp_path / "w0" / "c10")
+    cifar_batches(tmp_path / "w1" / "c10", inverted="data_batch_3.bin")
+    net = tmp_path / "net.json"
+    net.write_text(json.dumps({"name": "lin3", "input_shape": [3, 32, 32], "num_classes": 10, "layers": [
+        {"kind": "flatten"}, {"kind": "dense", "units": 10, "act": "identity", "bias": True}]}))
+    r = per_rank(tmp_path, [*HLOFORGE, "train", str(net), "--data", "cifar10", "--data-dir", "/proc/self/cwd/c10",
+                            "--epochs", "1", "--batch", "20", "--run-dir", str(tmp_path / "r"), "--no-progress"])
+    other, lines = said(r)
+    assert r.returncode == 3 and not other, r.stdout + r.stderr
+    assert len(lines) == 1 and lines[0].startswith(
+        "hloforge: error: rank 1 of 2 was started with another config, net or data than rank 0 (data.train.inputs: "), \
+        r.stdout + r.stderr
     assert not (tmp_path / "r" / "checkpoint.safetensors").exists()

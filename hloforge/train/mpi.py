@@ -462,11 +462,16 @@ def _checked(w: World, env: Any) -> World:
 def started_as(run: Any, resume: bool) -> dict[str, Any]:
     """What the ranks of `hloforge train` compare at the start (World.agree): the config, the net, --resume,
     and the data each rank read, since one path may hold other data on another machine (its eval set's id,
-    the train split's size and a hash of up to 2^20 of its labels, evenly spaced)."""
-    y = np.asarray(run.feed.y).reshape(-1)
+    the train split's size, a hash of up to 2^20 of its labels, evenly spaced, and one of up to 2^14 values of
+    each of 64 of its stored rows, evenly spaced: a copy whose images alone differ trains otherwise too)."""
+    y, x, n = np.asarray(run.feed.y).reshape(-1), run.feed.x, run.feed.n
     labels = np.ascontiguousarray(y[::max(1, y.size >> 20)], np.int64)
-    return {"config": attrs.asdict(run.cfg), "net": run.spec.to_dict(), "resume": resume,
-            "data": {"eval_set": str(run.eval_set), "train": [run.feed.n, hashlib.sha256(labels).hexdigest()[:16]]}}
+    inputs = hashlib.sha256()
+    for i in np.linspace(0, n - 1, min(n, 64)).astype(int):  # row by row: a row's size is the dataset's own affair
+        inputs.update(np.ascontiguousarray(np.asarray(x[i]).reshape(-1)[::max(1, np.size(x[i]) >> 14)]))
+    return {"config": attrs.asdict(run.cfg), "net": run.spec.to_dict(), "resume": resume, "data": {
+        "eval_set": str(run.eval_set), "train": {"examples": n, "labels": hashlib.sha256(labels).hexdigest()[:16],
+                                                 "inputs": inputs.hexdigest()[:16]}}}
 
 
 def on_rank(w: World, callbacks: Sequence[Any]) -> list[Any]:
