@@ -149,11 +149,26 @@ def _said_across(argv: Sequence[str], code: int, said: str, file: TextIO) -> boo
     return text is not None
 
 
+def _on_rank(e: BaseException) -> str:
+    """' (on rank R of P)' for a fault this rank of a run across MPI processes reports alone (a producer that
+    died, a checkpoint it cannot write, a bug): the others say nothing of it, so its line names its machine.
+    '' in one process, and for a refusal every rank met (said once) or a peer's absence (which names the peer)."""
+    mpi = sys.modules.get("hloforge.train.mpi")
+    if mpi is None or not mpi.world_made() or getattr(e, "together", False) or isinstance(e, mpi.PeerError):
+        return ""
+    w = mpi.world()
+    return f" (on rank {w.rank} of {w.size})" if w.size > 1 else ""
+
+
 def _end_mpi_run(e: BaseException, code: int) -> None:
     """A rank of a run across MPI processes ends for the others too (hloforge.train.mpi.end_after_error);
-    nothing where none was started."""
+    nothing where none was started. A rank that aborts alone has said its line, naming itself (_on_rank):
+    MPICH's own 'Abort(3) on node 1 (rank 1 in comm 0): ...' after it would be a second line."""
     mpi = sys.modules.get("hloforge.train.mpi")
     if mpi is not None:
+        if _on_rank(e):
+            sys.stderr.flush()
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
         mpi.end_after_error(e, code)
 
 
@@ -308,12 +323,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 import traceback
 
                 traceback.print_exc()
-            print(f"hloforge: error: {_os_error_said(e) if isinstance(e, OSError) else e}", file=sys.stderr)
+            print(f"hloforge: error: {_os_error_said(e) if isinstance(e, OSError) else e}{_on_rank(e)}",
+                  file=sys.stderr)
         _end_mpi_run(e, EXIT_BAD_INPUT)
         return EXIT_BAD_INPUT
     except MemoryError as e:  # a size asked for (a batch, an input shape) that does not fit, not a bug
-        print(f"hloforge: error: out of host memory ({_one_line(e)}); {smaller or 'ask for a smaller batch or input'}",
-              file=sys.stderr)
+        print(f"hloforge: error: out of host memory ({_one_line(e)}); {smaller or 'ask for a smaller batch or input'}"
+              f"{_on_rank(e)}", file=sys.stderr)
         _end_mpi_run(e, EXIT_BAD_INPUT)
         return EXIT_BAD_INPUT
     except Exception as e:
@@ -326,7 +342,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
             print(f"hloforge: {said} ({whose})" if plugin else f"hloforge: {said}", file=sys.stderr)
         else:
-            print(f"hloforge: {said} ({whose}; {_internal_error(e)})", file=sys.stderr)
+            print(f"hloforge: {said} ({whose}; {_internal_error(e)}){_on_rank(e)}", file=sys.stderr)
         _end_mpi_run(e, EXIT_INTERNAL)
         return EXIT_INTERNAL
     return int(rc or 0)

@@ -24,9 +24,9 @@ def per_rank(tmp_path: Path, cmd: list[str], **extra: str) -> subprocess.Complet
 
 def said(r: subprocess.CompletedProcess) -> list[str]:
     """Every line of the job's output but hloforge's (MPI's own included: the 'Abort(3) on node 1' of an
-    MPI_Abort), and hloforge's lines."""
+    MPI_Abort) and the run's own (its header's indented line, its epochs), and hloforge's lines."""
     lines = (r.stdout + r.stderr).splitlines()
-    return [ln for ln in lines if ln.strip() and not ln.startswith("hloforge")], \
+    return [ln for ln in lines if ln.strip() and not ln.startswith(("hloforge", " ", "epoch "))], \
         [ln for ln in lines if ln.startswith("hloforge")]
 
 
@@ -140,3 +140,18 @@ def test_a_rank_whose_train_images_alone_differ_is_refused_in_one_line(tmp_path)
         "hloforge: error: rank 1 of 2 was started with another config, net or data than rank 0 (data.train.inputs: "), \
         r.stdout + r.stderr
     assert not (tmp_path / "r" / "checkpoint.safetensors").exists()
+
+
+@needs_mpi
+def test_a_rank_that_fails_alone_mid_run_names_itself_in_one_line(tmp_path):
+    """A fault one rank meets alone after the start (here its eval stream refuses a setting of that machine's
+    environment at the first epoch's end). Before: its line did not say which rank's machine to look at, and
+    MPICH's 'Abort(3) on node 1 (rank 1 in comm 0): ...' followed it."""
+    cmd = [*HLOFORGE, "train", "mnist-mlp", "--workers", "1", "--epochs", "2", "--run-dir", str(tmp_path / "r"),
+           "--no-progress"]
+    t = time.monotonic()
+    r = two_blocks(tmp_path, cmd, {"HLOFORGE_VAL_FAULT": "bogus"})
+    other, lines = said(r)
+    assert r.returncode == 3 and time.monotonic() - t < 120, r.stdout + r.stderr
+    assert not other and lines[1:] == ["hloforge: error: HLOFORGE_VAL_FAULT='bogus'; expected one of ['order', "
+                                       "'tail'] or unset (on rank 1 of 2)"], r.stdout + r.stderr
