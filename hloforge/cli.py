@@ -269,7 +269,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         supervise(sys.orig_argv[1:])
     try:
         from hloforge.core.launcher import launched
+        from hloforge.train.supervise import take_interrupts
 
+        take_interrupts()  # a supervised rank's Ctrl-C that came while it started: said as any other
         if given_argv is None and launched()[1] == 1:  # the process's own; an MPI rank's: as its launcher has them
             stop_on_signals()
         _check_working_directory()
@@ -297,6 +299,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         line = f"hloforge: stopped by {e}" if isinstance(e, Stopped) else "hloforge: interrupted"  # SIGTERM, SIGHUP
 
         def say() -> None:
+            if _a_later_rank():  # before the ranks met: the launcher passed it to every rank, and rank 0 says it
+                return
             with contextlib.suppress(OSError):  # SIGHUP: the terminal may be gone
                 print(line, file=sys.stderr)
 

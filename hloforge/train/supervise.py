@@ -42,8 +42,16 @@ def supervise(argv: Sequence[str]) -> None:
     signal.signal(signal.SIGUSR1, noted)
     signal.signal(signal.SIGINT, noted)
     fd = int(os.environ["PMI_FD"])
+    # A Ctrl-C that came before the worker existed, or between its fork and exec, was lost to it, and it trained on
+    # while the ranks it was meant to stop with left (a job hung): the worker starts with SIGINT blocked, so one sent
+    # from its fork on waits for it, one noted here before is passed on, and it takes them with its handler in place
+    # (take_interrupts; pending signals coalesce, so it sees one)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     child = subprocess.Popen([sys.executable, *argv], env={**os.environ, WORKER_ENV: "1"},
                              pass_fds=(fd,))  # exec resets the handled signals in the worker
+    if signal.SIGINT in sent or signal.SIGINT in signal.sigpending():
+        child.send_signal(signal.SIGINT)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
     def passed_on(signum: int, frame: Any) -> None:
         sent.append(signum)
@@ -59,6 +67,13 @@ def supervise(argv: Sequence[str]) -> None:
     if code < 0:
         os.kill(os.getpid(), signal.SIGKILL)
     os._exit(code)
+
+
+def take_interrupts() -> None:
+    """In a supervised worker: take the Ctrl-C its parent held back while starting it (supervise), where the
+    command's handler says it."""
+    if os.environ.get(WORKER_ENV) == "1":
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def _die_with_parent() -> None:
