@@ -3,6 +3,7 @@ start: the job ends, in one line, and never trains on or hangs."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import textwrap
 import time
@@ -46,3 +47,26 @@ def test_a_ctrl_c_that_comes_before_a_ranks_worker_exists_stops_it(tmp_path):
     assert [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip()] == ["hloforge: interrupted"], \
         r.stdout + r.stderr
     assert not Path(tmp_path / "r" / "checkpoint.safetensors").exists()
+
+
+@needs_mpi
+def test_a_ctrl_c_to_a_rank_waiting_in_mpi_init_for_a_rank_that_never_comes_ends_the_job(tmp_path):
+    """Rank 0 waits in MPI_Init (C, where Python's handler never runs) for rank 1, a process that will not init MPI
+    and outlives the Ctrl-C (as a rank the Ctrl-C ended before its MPI_Init leaves the others). Before: the job
+    hung for good, its worker's Ctrl-C pending; now its parent stops the worker 10 s on (INTERRUPTED_WAIT_S)."""
+    assert MPIEXEC is not None
+    job = subprocess.Popen([MPIEXEC, "-iface", "lo", "-n", "1", *HLOFORGE, "train", "mnist-mlp", "--epochs", "1",
+                            "--run-dir", str(tmp_path / "r"), "--no-progress", ":", "-n", "1", "bash", "-c",
+                            "trap '' INT; sleep 5"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env=env())
+    time.sleep(3)
+    job.send_signal(signal.SIGINT)
+    t = time.monotonic()
+    try:
+        out, _ = job.communicate(timeout=60)
+    finally:
+        job.kill()
+    assert time.monotonic() - t < 25, out
+    assert job.returncode == 130, out
+    assert [ln for ln in out.splitlines() if ln.startswith("hloforge")] == ["hloforge: interrupted"], out
+    assert "Traceback" not in out and not Path(tmp_path / "r" / "checkpoint.safetensors").exists()

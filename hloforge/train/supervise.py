@@ -12,12 +12,17 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any
 
 from hloforge.core.launcher import launched
 
 WORKER_ENV = "HLOFORGE_MPI_WORKER"  # set in a rank's worker (supervise); "0" beforehand: no parent, run as started
+# A worker still there this long after a Ctrl-C is stopped by its parent: Python's handler runs only between
+# bytecodes, never inside MPI_Init waiting for a rank that the Ctrl-C already ended (a job hung for good), nor
+# inside one long compile. The ranks meet for 2 s after one (mpi.INTERRUPT_GRACE_S), then MPI ends in order.
+INTERRUPTED_WAIT_S = 10.0
 
 
 def supervise(argv: Sequence[str]) -> None:
@@ -35,8 +40,17 @@ def supervise(argv: Sequence[str]) -> None:
     import subprocess
 
     sent: list[int] = []  # signals from the launcher or the user: the worker's end is theirs, not news
+    overdue: list[bool] = []  # the worker outlived a Ctrl-C by INTERRUPTED_WAIT_S: stopped here
+
+    def stop_overdue() -> None:
+        overdue.append(True)
+        child.kill()
 
     def noted(signum: int, frame: Any) -> None:
+        if signum == signal.SIGINT and signal.SIGINT not in sent:  # the worker's own handler may never run
+            timer = threading.Timer(INTERRUPTED_WAIT_S, stop_overdue)
+            timer.daemon = True
+            timer.start()
         sent.append(signum)
 
     signal.signal(signal.SIGUSR1, noted)
@@ -60,6 +74,11 @@ def supervise(argv: Sequence[str]) -> None:
 
     signal.signal(signal.SIGTERM, passed_on)
     code = child.wait()
+    if overdue:  # stopped for the Ctrl-C it could not act on: the job's line is rank 0's, as the worker's would be
+        if launched()[0] == 0:
+            sys.stderr.write("hloforge: interrupted\n")
+            sys.stderr.flush()
+        os._exit(130)
     if code < 0 and not sent:
         rank, size, _ = launched()
         sys.stderr.write(f"hloforge: error: {_died(rank, size, -code)}; the other ranks stopped\n")
