@@ -68,7 +68,7 @@ def two_blocks(tmp_path: Path, cmd: list[str], rank1_env: dict[str, str]) -> sub
     assert MPIEXEC is not None
     extra = [a for k, v in rank1_env.items() for a in ("-env", k, v)]
     return subprocess.run([MPIEXEC, "-iface", "lo", "-n", "1", *cmd, ":", "-n", "1", *extra, *cmd],
-                          capture_output=True, text=True, timeout=300, env=env())
+                          capture_output=True, text=True, timeout=200, env=env())
 
 
 @needs_mpi
@@ -155,3 +155,17 @@ def test_a_rank_that_fails_alone_mid_run_names_itself_in_one_line(tmp_path):
     assert r.returncode == 3 and time.monotonic() - t < 120, r.stdout + r.stderr
     assert not other and lines[1:] == ["hloforge: error: HLOFORGE_VAL_FAULT='bogus'; expected one of ['order', "
                                        "'tail'] or unset (on rank 1 of 2)"], r.stdout + r.stderr
+
+
+@needs_mpi
+def test_a_bad_mpi_timeout_on_one_machine_alone_is_one_line_naming_it(tmp_path):
+    """Before: rank 1 refused it quietly (as if every rank had: 'they share the launch environment'), and rank 0
+    waited for it at the start, 20 × its own 30 s, with no line said."""
+    cmd = [*HLOFORGE, "train", "mnist-linear", "--epochs", "1", "--run-dir", str(tmp_path / "r"), "--no-progress"]
+    t = time.monotonic()
+    r = two_blocks(tmp_path, cmd, {"HLOFORGE_MPI_TIMEOUT": "abc"})
+    other, lines = said(r)
+    assert r.returncode == 3 and time.monotonic() - t < 60 and not other, r.stdout + r.stderr
+    assert lines == ["hloforge: error: HLOFORGE_MPI_TIMEOUT='abc': expected a positive number of seconds (on rank 1 "
+                     "of 2 alone: give every rank the same HLOFORGE_MPI_TIMEOUT)"], r.stdout + r.stderr
+    assert not (tmp_path / "r").exists()

@@ -342,7 +342,7 @@ def world(environ: Any = None, ended: tuple[int, str] | None = None) -> World:
     this rank ended before its run started (ended_before_start); the ranks meet first either way (_meet)."""
     global _WORLD
     if _WORLD is not None and environ is None:
-        return _checked(_WORLD, os.environ)
+        return _WORLD  # (its timeout checked as it was made)
     env = os.environ if environ is None else environ
     rank, size, var = launched(env)
     forced = env_switch(FORCE_ENV, on="use MPI even where no launcher variable says so", error=UnsupportedSpec,
@@ -373,7 +373,13 @@ def world(environ: Any = None, ended: tuple[int, str] | None = None) -> World:
         _WORLD = w
         if w.size > 1:
             w.said = _meet(w, ended)
-    return _checked(w, env)
+    if w._mpi is not None and ended is None:  # met by every rank (refuse_together): each machine has its own
+        # environment, and one rank refusing it alone left the others waiting for it; said once, MPI ends in order
+        bad = _timeout(env) is None
+        refuse_together(w, UnsupportedSpec(f"{TIMEOUT_ENV}={env.get(TIMEOUT_ENV)!r}: expected a positive number of "
+                                           "seconds") if bad else None, f"the check of {TIMEOUT_ENV}",
+                        f"give every rank the same {TIMEOUT_ENV}")
+    return w
 
 
 def _meet(w: World, ended: tuple[int, str] | None) -> str:
@@ -448,15 +454,6 @@ def _timeout(env: Any) -> float | None:
     except ValueError:
         return None
     return timeout if timeout > 0 and math.isfinite(timeout) else None
-
-
-def _checked(w: World, env: Any) -> World:
-    """`w`, or the refusal of a bad timeout: raised by every rank alike (they share the launch environment),
-    so rank 0 alone prints it and MPI shuts down in order (the world is kept for that)."""
-    if w._mpi is not None and _timeout(env) is None:
-        raise shared(UnsupportedSpec(f"{TIMEOUT_ENV}={env.get(TIMEOUT_ENV)!r}: expected a positive number of "
-                                     "seconds"), w)
-    return w
 
 
 def started_as(run: Any, resume: bool) -> dict[str, Any]:
