@@ -255,7 +255,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:  # first: a value it does not know is refused before any work (an MPI rank's worker included)
         debug = debug_enabled()
     except HloforgeError as e:
-        print(f"hloforge: error: {e}", file=sys.stderr)
+        said = f"hloforge: error: {e}\n"  # a rank of a launch meets the others first: set on one machine alone, it
+        # left them waiting in MPI_Init for good; said once (by it, naming it) either way
+        if not _said_across(list(sys.argv[1:] if argv is None else argv), EXIT_BAD_INPUT, said, sys.stderr) and \
+                not _a_later_rank():
+            print(said, end="", file=sys.stderr)
         return EXIT_BAD_INPUT
     if argv is None and not debug:  # the process's own command (HLOFORGE_DEBUG: where each was raised)
         warnings.showwarning = _show_warning

@@ -169,3 +169,18 @@ def test_a_bad_mpi_timeout_on_one_machine_alone_is_one_line_naming_it(tmp_path):
     assert lines == ["hloforge: error: HLOFORGE_MPI_TIMEOUT='abc': expected a positive number of seconds (on rank 1 "
                      "of 2 alone: give every rank the same HLOFORGE_MPI_TIMEOUT)"], r.stdout + r.stderr
     assert not (tmp_path / "r").exists()
+
+
+@needs_mpi
+def test_a_bad_hloforge_debug_on_one_machine_alone_is_one_line_naming_it(tmp_path):
+    """Refused before any work, as on one machine. Before: rank 1 said it and left before MPI_Init, and rank 0
+    waited there for it for good (the job hung)."""
+    cmd = [*HLOFORGE, "train", "mnist-linear", "--epochs", "1", "--run-dir", str(tmp_path / "r"), "--no-progress"]
+    t = time.monotonic()
+    r = two_blocks(tmp_path, cmd, {"HLOFORGE_DEBUG": "bogus"})
+    other, lines = said(r)
+    assert r.returncode == 3 and time.monotonic() - t < 60 and not other, r.stdout + r.stderr
+    assert lines == ["hloforge: error: HLOFORGE_DEBUG='bogus': expected 1/true/yes/on (print tracebacks) or "
+                     "0/false/no/off (the default, as is empty or unset) (on rank 1 of 2 alone: start every rank with "
+                     "the same command)"], r.stdout + r.stderr
+    assert not (tmp_path / "r").exists()
