@@ -15,7 +15,7 @@ from hloforge.core.errors import HloforgeError, UnsupportedSpec
 from hloforge.core.variant import VariantFields
 from hloforge.datasets.records import replaced_together
 from hloforge.keywords import checked_keywords
-from hloforge.train import arraydata
+from hloforge.train import arraydata, mpi
 from hloforge.train import checkpoint as ckpt
 from hloforge.train.arraydata import ARRAYS
 from hloforge.train.config import BITMAP, CHECKPOINT, CONFIG, file_fields, parse_data_options
@@ -51,8 +51,12 @@ class Saving:
         bit; what a run wrote beside its last checkpoint (its metrics, curves, eval bitmap) goes, being
         another model's. Under the directory's lock: a run training there is never overwritten.
         `data_options`: the options of the dataset `data` names (`size`, `channels`, ...), as fit takes them. Returns
-        `path`. `overwrite=True` replaces a checkpoint there (default False: a directory holding one is refused)."""
+        `path`. `overwrite=True` replaces a checkpoint there (default False: a directory holding one is refused).
+        After a fit under MPI, rank 0 writes it (as `hloforge train` writes its checkpoints); the other ranks, which
+        hold the same weights, return `path` without writing."""
         path, overwrite = checked_path(path, "save"), arraydata.checked_flag("overwrite", overwrite)
+        if mpi.world_made() and not mpi.world().is_root:  # two ranks writing one path on a shared disk: one refused
+            return path
         options, data = self._options_for(data), data or self._data
         if data_options is not None:  # the options a net of another input than the dataset's default needs
             if not isinstance(data_options, Mapping):

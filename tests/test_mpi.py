@@ -132,6 +132,20 @@ def fit_refused_child(out: str) -> None:
             f.write(f"{m._step} {e}")
 
 
+def fit_save_child(out: str) -> None:
+    """Model.fit then save to one path from every rank (no `if rank == 0`), as a script written for one process
+    does; each rank notes the path save returned."""
+    import hloforge as hf
+
+    m = hf.Model("mnist-mlp")
+    m.fit(data="digits", epochs=1, batch_size=64, verbose=False)
+    rank = mpi.world().rank
+    said = m.save(os.path.join(out, "run"))
+    m.save(os.path.join(out, f"rank{rank}"))  # rank 1's writes nothing
+    with open(os.path.join(out, f"saved{rank}.txt"), "w") as f:
+        f.write(said)
+
+
 # ------------------------------------------------------------------ one process: the split step's halves
 
 
@@ -413,6 +427,21 @@ def test_model_fit_in_a_script_under_mpiexec_is_the_two_replica_run(tmp_path):
         assert rel(ranks[0][k], want[k]) <= 1e-6, k
     steps = 1437 // 64
     assert [(tmp_path / f"stopped{i}.txt").read_text() for i in range(2)] == [f"3 {3 * steps}"] * 2
+
+
+@needs_mpi
+def test_a_save_every_rank_makes_after_a_fit_under_mpiexec_is_written_by_rank_0(tmp_path):
+    """Both ranks wrote the same path: on a shared disk one of them was refused ('in use by another hloforge
+    process', 'already holds a checkpoint') in 4 runs of 5. Rank 0 writes it, as the trainer writes its
+    checkpoints, and every rank returns its path."""
+    for i in range(3):
+        out = tmp_path / str(i)
+        out.mkdir()
+        r = launch(2, sys.executable, str(Path(__file__).resolve()), "fit-save", str(out))
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert [(out / f"saved{k}.txt").read_text() for k in range(2)] == [str(out / "run")] * 2
+        assert (out / "run" / "checkpoint.safetensors").is_file()
+        assert (out / "rank0" / "checkpoint.safetensors").is_file() and not (out / "rank1").exists()
 
 
 @needs_mpi
@@ -750,3 +779,5 @@ if __name__ == "__main__":
         fit_child(sys.argv[2])
     elif sys.argv[1] == "fit-refused":
         fit_refused_child(sys.argv[2])
+    elif sys.argv[1] == "fit-save":
+        fit_save_child(sys.argv[2])
