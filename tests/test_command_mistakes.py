@@ -172,10 +172,11 @@ def test_an_iree_variable_is_not_taken_for_a_damaged_cache_entry(mlp_run, tmp_pa
 
 
 # ------------------------------------------------------------------ 4. import-weights on what is no state dict
-def test_import_weights_says_a_file_is_neither_zip_nor_pickle(tmp_path, capsys):
+@pytest.mark.parametrize("text", ["garbage\n", "junk\n"])  # "j": torch's unpickler looked in its memo, a KeyError
+def test_import_weights_says_a_file_is_neither_zip_nor_pickle(tmp_path, capsys, text):
     pytest.importorskip("torch")
     garbage = tmp_path / "g.pth"
-    garbage.write_text("garbage\n")
+    garbage.write_text(text)
     err = refused(["import-weights", "torchvision:resnet18", str(garbage), "--out", str(tmp_path / "iw8")], capsys)
     assert err == (f"hloforge: error: weights file {garbage} is not a PyTorch file: neither the zip archive "
                    "torch.save writes nor a pickle; expected a saved state dict (.safetensors, or torch.save's .pth)")

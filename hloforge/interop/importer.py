@@ -59,14 +59,15 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
     import warnings
 
     kind = _container(path)
+    neither = (f"weights file {path} is not a PyTorch file: neither the zip archive torch.save writes nor a "
+               "pickle; expected a saved state dict (.safetensors, or torch.save's .pth)")
     try:
         with warnings.catch_warnings(), _checkpoint_globals(torch):  # torch's warnings are no line of ours
             warnings.simplefilter("ignore")
             obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         if kind is None:  # torch read it as a pickle for want of a zip archive; it is neither
-            raise DataError(f"weights file {path} is not a PyTorch file: neither the zip archive torch.save writes "
-                            "nor a pickle; expected a saved state dict (.safetensors, or torch.save's .pth)") from None
+            raise DataError(neither) from None
         if kind in ("pickle 4", "pickle 5") and "Unsupported operand" in str(e):  # its framing, not its content
             raise DataError(f"weights file {path} is a protocol-{kind[-1]} pickle, which torch's safe loader does "
                             "not read; save the state dict with torch.save's default "
@@ -76,6 +77,10 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
     except (RuntimeError, OSError, EOFError, ValueError) as e:
         said = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise DataError(f"weights file {path} cannot be read as a PyTorch state dict ({said})") from None
+    except Exception:
+        if kind is None:  # text torch's unpickler read as opcodes ("j": a memo lookup, a KeyError): no pickle at all
+            raise DataError(neither) from None
+        raise
     if not isinstance(obj, dict):
         raise DataError(f"weights file {path} holds a {type(obj).__name__}, not a state dict (a name → tensor dict)")
     obj = _inner_state_dict(path, obj)
