@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 
@@ -394,3 +395,15 @@ def test_a_path_written_with_equals_and_a_tilde_is_under_the_home_folder(tmp_pat
     assert main(["eval", "~/r"]) == 0
     assert main(["export", "~/r", "--out=~/e"]) == 0
     assert (home / "e" / "manifest.json").is_file() and not (here / "~").exists()
+
+
+def test_a_checkpoint_that_is_a_directory_is_said_without_an_errno(mlp_run, tmp_path, capsys):
+    """A run whose checkpoint.safetensors is a folder: its OSError was quoted whole ('([Errno 21] Is a
+    directory: PATH)'), the path twice, as if the file were truncated."""
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(os.path.join(mlp_run, "config.toml"), run)
+    (run / "checkpoint.safetensors").mkdir()
+    err = refused(["eval", str(run)], capsys)
+    assert err == (f"hloforge: error: checkpoint {run / 'checkpoint.safetensors'} cannot be read (is a directory); "
+                   "expected a safetensors file")

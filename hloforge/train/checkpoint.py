@@ -234,7 +234,15 @@ def read_weights_file(path: str, what: str) -> dict[str, np.ndarray]:
                             "expected float16, bfloat16, float32 or float64 tensors")
         return dict(load_file(path))
     except (SafetensorError, OSError, ValueError) as e:
-        raise DataError(f"{what} {path} is truncated or not a safetensors file ({e})") from None
+        raise DataError(not_safetensors(what, path, e)) from None
+
+
+def not_safetensors(what: str, path: str, error: Exception) -> str:
+    """The refusal of a file that did not read as safetensors: the OS's reason where it could not be read (a
+    directory, no permission), said once and without its errno; else truncated or foreign."""
+    if isinstance(error, OSError) and error.strerror:
+        return f"{what} {path} cannot be read ({error.strerror.lower()}); expected a safetensors file"
+    return f"{what} {path} is truncated or not a safetensors file ({error})"
 
 
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # what nn.DataParallel / DistributedDataParallel and torch.compile add
@@ -441,7 +449,7 @@ def _unreadable(path: str, error: Exception) -> str:
     pickle: import-weights maps it into a run directory), else truncated or foreign."""
     what = foreign_format(path)
     if what is None:
-        return f"checkpoint {path} is truncated or not a safetensors file ({error})"
+        return not_safetensors("checkpoint", path, error)
     said = (f"; a torchvision / timm state dict is mapped onto its zoo net, into a run directory, with `hloforge "
             f"import-weights SOURCE {path} --out DIR`" if ends_in(path, PICKLED) else "")
     return f"checkpoint {path} is {what}, not an hloforge checkpoint (a safetensors file){said}"

@@ -142,7 +142,7 @@ def _not_safetensors(path: str, error: Exception) -> str:
     (an .npz, a PyTorch pickle) and what --init reads instead."""
     what = ckpt.foreign_format(path)
     if what is None:
-        return f"--init {path} is truncated or not a safetensors file ({error})"
+        return ckpt.not_safetensors("--init", path, error)
     if ckpt.ends_in(path, ckpt.PICKLED):
         return (f"--init {path} is {what}; --init reads safetensors files: map a torchvision / timm state dict "
                 f"onto its zoo net with `hloforge import-weights SOURCE {path} --out FILE.safetensors`, then --init "
