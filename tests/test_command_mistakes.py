@@ -407,3 +407,18 @@ def test_a_checkpoint_that_is_a_directory_is_said_without_an_errno(mlp_run, tmp_
     err = refused(["eval", str(run)], capsys)
     assert err == (f"hloforge: error: checkpoint {run / 'checkpoint.safetensors'} cannot be read (is a directory); "
                    "expected a safetensors file")
+
+
+@pytest.mark.parametrize("line,said", [
+    ("replicas = 0", "replicas must be positive, got 0"),  # was '... got replicas=0 devices=None'
+    ("devices = 0", "devices must be from 1 to 4096, got 0"),
+    ("epochs = 0", "epochs must be a positive integer, got 0"),
+    ("decay_epochs = 0.0", "decay_epochs must be positive, got 0.0"),
+])
+def test_a_config_value_out_of_range_names_that_value_alone(tmp_path, capsys, line, said):
+    """Two options were checked in one clause and both shown, the one not set as None."""
+    config = tmp_path / "config.toml"
+    config.write_text(f'net = "mnist-linear"\n{line}\n')
+    assert refused(["train", "--config", str(config), "--run-dir", str(tmp_path / "r")], capsys) == \
+        f"hloforge: error: {said}"
+    assert not (tmp_path / "r").exists()

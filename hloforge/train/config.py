@@ -160,21 +160,24 @@ class TrainConfig(VariantFields):
         if self.init_region != DEFAULT_REGION and not self.init:
             raise UnsupportedSpec(f"init_region {self.init_region!r} picks which of --init's weights a new run "
                                   "starts from; give --init too")
-        if self.epochs < 1 or self.batch < 1:
-            raise UnsupportedSpec(f"epochs and batch must be positive, got epochs={self.epochs} batch={self.batch}")
+        for key in ("epochs", "batch"):  # the one that is wrong named alone
+            if getattr(self, key) < 1:
+                raise UnsupportedSpec(f"{key} must be a positive integer, got {getattr(self, key)}")
         if self.lr <= 0 or not math.isfinite(self.lr):
             raise UnsupportedSpec(f"lr must be a positive number, got {self.lr}")
         if self.schedule not in SCHEDULES:
             raise UnsupportedSpec(f"unknown schedule {self.schedule!r}; expected one of {list(SCHEDULES)}")
-        if not 0.0 < self.decay_rate <= 1.0 or not self.decay_epochs > 0.0:
-            raise UnsupportedSpec(f"decay_rate must be in (0, 1] and decay_epochs positive, got decay_rate="
-                                  f"{self.decay_rate} decay_epochs={self.decay_epochs}")
+        if not 0.0 < self.decay_rate <= 1.0:
+            raise UnsupportedSpec(f"decay_rate must be in (0, 1], got {self.decay_rate}")
+        if not self.decay_epochs > 0.0:
+            raise UnsupportedSpec(f"decay_epochs must be positive, got {self.decay_epochs}")
         if not 0.0 <= self.bn_momentum < 1.0:
             raise UnsupportedSpec(f"bn_momentum must be in [0, 1), got {self.bn_momentum}")
         # the XLA CPU client takes a 32-bit device count: 2**31 aborts the process, 2**32 wraps to the default
-        if self.replicas < 1 or (self.devices is not None and not 1 <= self.devices <= MAX_DEVICES):
-            raise UnsupportedSpec(f"replicas and devices must be positive (devices at most {MAX_DEVICES}), got "
-                                  f"replicas={self.replicas} devices={self.devices}")
+        if self.replicas < 1:
+            raise UnsupportedSpec(f"replicas must be positive, got {self.replicas}")
+        if self.devices is not None and not 1 <= self.devices <= MAX_DEVICES:  # None: one per replica
+            raise UnsupportedSpec(f"devices must be from 1 to {MAX_DEVICES}, got {self.devices}")
         if self.batch % self.replicas:
             raise UnsupportedSpec(f"batch {self.batch} (the global batch) does not split evenly over "
                                   f"{self.replicas} replicas")
