@@ -35,7 +35,8 @@ def _npy() -> bytes:
 @pytest.mark.parametrize(("content", "message"), [
     (_bitmap()[:100], "is not an eval bitmap (BadZipFile: File is not a zip file)"),  # `head -c 100`
     (_bitmap()[:-30], "is not an eval bitmap (BadZipFile"),
-    (b"hello\n", "is not an eval bitmap"),
+    (b"hello\n", "is not an eval bitmap (neither an .npz archive nor a .npy array); expected the eval_correct.npz "
+                  "a run writes, whole"),  # was numpy's ValueError, with its advice to load the file unsafely
     (_npy(), "is not an eval bitmap (TypeError"),  # a bare array: np.load gives no archive
     (_bitmap(epoch=np.arange(3)), "is not an eval bitmap (TypeError"),
     (_bitmap(correct=np.array(["False", "True"] * 25)), "'correct' holds <U5, expected bool"),
@@ -180,3 +181,12 @@ def test_plot_on_a_full_disk_says_to_plot_again(tmp_path, capsys: pytest.Capture
                                  "device (the previous plot is whole, the temp file removed); free space and plot "
                                  "again")
     assert (tmp_path / "curves.png").read_bytes() == b"old"
+
+
+def test_compare_says_a_bitmap_that_is_a_directory_without_an_errno(tmp_path, capsys) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "eval_correct.npz").write_bytes(_bitmap())
+    (tmp_path / "b" / "eval_correct.npz").mkdir(parents=True)
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 3
+    assert _one_line(capsys) == (f"hloforge: error: {tmp_path / 'b' / 'eval_correct.npz'} is not an eval bitmap (is a "
+                                 "directory); expected the eval_correct.npz a run writes, whole")

@@ -26,6 +26,9 @@ def load_bitmap(run: str) -> tuple[np.ndarray, str, int]:
     path = os.path.join(run, BITMAP) if os.path.isdir(run) else run
     if not os.path.exists(path):
         raise DataError(_no_classifier(run) or f"{path} does not exist; expected a run directory holding {BITMAP}")
+    if os.path.isfile(path) and not _magic(path):  # np.load would take it for a pickle, advising to load it unsafely
+        raise DataError(f"{path} is not an eval bitmap (neither an .npz archive nor a .npy array); expected the "
+                        f"{BITMAP} a run writes, whole")
     # A truncated or corrupt .npz fails in zipfile or zlib, a non-.npz file (np.load gives a bare array,
     # no context manager) or a field of the wrong shape as TypeError.
     try:
@@ -33,12 +36,22 @@ def load_bitmap(run: str) -> tuple[np.ndarray, str, int]:
             correct, set_id, epoch = z["correct"], str(z["set_id"]), int(z["epoch"])
     except (OSError, EOFError, KeyError, ValueError, TypeError, NotImplementedError, zipfile.BadZipFile,
             zlib.error) as e:
-        why = next(iter(str(e).strip().splitlines()), "")
-        raise DataError(f"{path} is not an eval bitmap ({type(e).__name__}: {why}); expected the {BITMAP} "
+        why = (e.strerror.lower() if isinstance(e, OSError) and e.strerror  # the OS's reason, not its errno
+               else f"{type(e).__name__}: {next(iter(str(e).strip().splitlines()), '')}")
+        raise DataError(f"{path} is not an eval bitmap ({why}); expected the {BITMAP} "
                         "a run writes, whole") from None
     if correct.dtype != bool:  # as bool, any string or number but 0 would read as right: a plausible wrong count
         raise DataError(f"{path}: 'correct' holds {correct.dtype}, expected bool (one right/wrong per example)")
     return correct, set_id, epoch
+
+
+def _magic(path: str) -> bool:
+    """Whether the file starts as an .npz (a zip archive) or .npy file does; an unreadable one is np.load's to say."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(6).startswith((b"PK", b"\x93NUMPY"))
+    except OSError:
+        return True
 
 
 def _no_classifier(run: str) -> str:
