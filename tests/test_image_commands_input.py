@@ -81,6 +81,22 @@ def test_cam_refuses_an_npy_it_cannot_read(runs, tmp_path, capsys):
     assert not (tmp_path / "cam.png").exists()
 
 
+@pytest.mark.parametrize("content,why", [
+    (b"hello\n", "it is not a .npy file"),  # was numpy's advice to load it unsafely with allow_pickle
+    (b"", "it is empty or cut short"),  # was "No data left in file"
+    (None, "is a directory"),  # was "[Errno 21] Is a directory: PATH"
+])
+def test_cam_says_why_an_npy_cannot_be_read_in_a_users_words(content, why, runs, tmp_path, capsys):
+    x = tmp_path / "x.npy"
+    if content is None:
+        x.mkdir()
+    else:
+        x.write_bytes(content)
+    err = refused(["cam", runs["cnn"], str(x), "--out", str(tmp_path / "cam.png")], capsys)
+    assert err == (f"hloforge: error: {x}: not a readable .npy array ({why}); expected one array of shape "
+                   "[1, 28, 28] (np.save)")
+
+
 @pytest.mark.parametrize("ref", ["test:-1", "test:-360", "test:360", "test:x"])
 def test_cam_refuses_a_test_index_out_of_range(ref, runs, tmp_path, capsys):
     err = refused(["cam", runs["cnn"], ref, "--out", str(tmp_path / "cam.png")], capsys)

@@ -103,6 +103,20 @@ def save_overlay(image: np.ndarray, heat: np.ndarray, path: str, alpha: float = 
     plt.close(fig)
 
 
+def _npy_refusal(e: Exception) -> str:
+    """Why np.load refused a file, in a user's words: the OS's reason without its errno, and never numpy's advice
+    to load the file with allow_pickle (which would run the code a pickle holds)."""
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror.lower()
+    if isinstance(e, EOFError):
+        return "it is empty or cut short"
+    if "contains pickled" in str(e):  # no .npy header: numpy took it for a pickle
+        return "it is not a .npy file"
+    if "Object arrays" in str(e):
+        return "it holds Python objects, not numbers"
+    return str(e)
+
+
 def load_image(ref: str, run: Run) -> np.ndarray:
     """`test:N` (the N-th image of the run's eval split) or a .npy file, as stored: check_image checks it."""
     if ref.startswith("test:"):
@@ -118,7 +132,8 @@ def load_image(ref: str, run: Run) -> np.ndarray:
         try:
             got = np.load(ref)
         except (OSError, ValueError, EOFError) as e:  # EOFError: an empty file
-            raise DataError(f"{ref}: not a readable .npy array ({e})") from None
+            raise DataError(f"{ref}: not a readable .npy array ({_npy_refusal(e)}); expected one array of shape "
+                            f"{list(run.spec.input_shape)} (np.save)") from None
         if not isinstance(got, np.ndarray):  # np.load opens an .npz archive whatever its name
             got.close()
             raise DataError(f"{ref}: an .npz archive, not a .npy array; expected one array of shape "
