@@ -189,6 +189,15 @@ def test_mnist_corrupt_gzip_stream_is_one_line(tmp_path):
         mnist.Mnist(str(tmp_path)).arrays("test")
 
 
+def test_mnist_file_that_is_a_directory_is_said_without_an_errno(tmp_path):
+    """Was '... cannot read it ([Errno 21] Is a directory: PATH)', the path twice."""
+    os.mkdir(os.path.join(tmp_path, mnist.FILES["test"][0]))
+    with pytest.raises(DataError) as e:
+        mnist.Mnist(str(tmp_path)).arrays("test")
+    assert str(e.value) == (f"{os.path.join(tmp_path, mnist.FILES['test'][0])}: cannot read it (is a directory); "
+                            "expected an MNIST IDX file")
+
+
 def test_mnist_images_of_another_size_are_refused(tmp_path):
     _write(str(tmp_path), mnist.FILES["test"][0], _idx(mnist.IMAGES_MAGIC, (3, 14, 56), bytes(3 * 784)))
     _write(str(tmp_path), mnist.FILES["test"][1], _idx(mnist.LABELS_MAGIC, (3,), bytes(3)))

@@ -48,7 +48,9 @@ def _open(data_dir: str, stem: str, magic: int, rank: int) -> tuple[str, bytes]:
                         left -= len(part)
                     return path, b"".join(parts)
             except (OSError, EOFError, zlib.error) as e:  # a truncated or corrupt gzip stream
-                raise DataError(f"{path}: cannot read it ({e})") from None
+                # the OS's reason (a directory, no permission) without its errno and the path again; gzip's as it is
+                why = e.strerror.lower() if isinstance(e, OSError) and e.strerror else str(e)
+                raise DataError(f"{path}: cannot read it ({why}); expected an MNIST IDX file") from None
     raise DataError(f"{os.path.join(data_dir, stem)}[.gz] not found; expected the MNIST IDX files in {data_dir}")
 
 
