@@ -83,6 +83,9 @@ def test_bad_choice_is_one_clear_error(choices: dict[str, str], message: str,
     monkeypatch.setenv(strategy.ENV_VAR, ",".join(f"{k}={v}" for k, v in choices.items()))
     with pytest.raises(UnsupportedSpec, match=re.escape(message)):
         strategy.chosen("conv2d", "xla")
+    with pytest.raises(UnsupportedSpec) as e:  # the variable named, as for a choice of a known kind
+        strategy.chosen("conv2d", "xla")
+    assert str(e.value).startswith(f"{strategy.ENV_VAR}: ") and message in str(e.value)
     monkeypatch.setenv(strategy.ENV_VAR, "conv2d")
     with pytest.raises(UnsupportedSpec, match="expected kind=choice"):
         strategy.chosen("conv2d", "xla")

@@ -146,6 +146,8 @@ def kind(name: str) -> StrategyKind:
 def _check(choices: Mapping[str, str], where: str) -> dict[str, str]:
     out = {}
     for k, c in choices.items():
+        if k not in kinds():  # said with `where` (the variable, a tuned plan), as a choice of a known kind is
+            raise UnsupportedSpec(f"{where}: unknown strategy kind {k!r}; declared: {sorted(kinds())}")
         sk = kind(k)
         if c not in sk.choices:
             raise UnsupportedSpec(f"{where}: strategy {k}={c!r}; expected one of {list(sk.choices)}")
