@@ -173,6 +173,8 @@ def test_tampered_checkpoints_are_refused_in_one_line(good):
         cases = [
             (_resave(tensors, meta, {"epoch": "{not json"}), r"metadata 'epoch' is not JSON"),
             (_resave(tensors, {**meta, "step": "7"}), r"metadata 'step' is '7', expected a count"),
+            (_resave(tensors, {k: v for k, v in meta.items() if k != "spec"}),
+             r"metadata 'spec' is missing, expected a table; tampered"),  # was "is None": a value it never held
             (_resave(tensors, {**meta, "config": {**meta["config"], "bogus": 1}}), r"its config does not read"),
             (_resave({**tensors, "param/0.w": tensors["param/0.w"].astype(np.float64)}, meta),
              r"tensor param/0.w is float64 \[784, 10\], expected float32 \[784, 10\]"),

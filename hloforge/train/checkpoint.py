@@ -503,7 +503,8 @@ def check_meta(path: str, meta: dict[str, Any]) -> None:
         v: Any = meta.get(k)
         if not isinstance(v, t) or isinstance(v, bool) or (t is int and typing.cast(int, v) < 0):
             want = {dict: "a table", str: "a string", int: "a count ≥ 0"}[t]
-            raise DataError(f"checkpoint {path}: its metadata {k!r} is {_short(v)}, expected {want}; tampered, "
+            said = f"is {_short(v)}" if k in meta else "is missing"  # not 'is None', a value it never held
+            raise DataError(f"checkpoint {path}: its metadata {k!r} {said}, expected {want}; tampered, "
                             "or not written by hloforge")
 
 
