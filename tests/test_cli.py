@@ -324,6 +324,16 @@ def test_every_flag_has_help_and_shows_its_default():
     assert checked > 100  # every subcommand's flags were walked, prepare's datasets' included
 
 
+def test_a_command_that_writes_a_jpeg_too_does_not_call_its_output_a_png():
+    """detect's and sample's one-line help said 'drawn to a PNG' / 'as a PNG grid'; their --out takes .jpg too."""
+    sub = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction))
+    said = {c.dest: c.help for c in sub._choices_actions}
+    for name, p in sub.choices.items():
+        outs = [a for a in p._actions if "--out" in a.option_strings and a.help == options.IMAGE_OUT_HELP]
+        if outs:
+            assert "PNG" not in said[name], f"{name}: {said[name]!r}, but --out takes {options.IMAGE_OUT_HELP!r}"
+
+
 def test_exit_codes_are_documented_in_help_and_readme(capsys):
     assert main(["-h"]) == 0
     out = capsys.readouterr().out

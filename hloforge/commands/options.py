@@ -371,7 +371,7 @@ def parser() -> argparse.ArgumentParser:
     _moved_data_flags(sp)
     sp.set_defaults(func=_cam, smaller=ONE_AT_A_TIME)
 
-    sp = _command(sub, "detect", help="a detector run's boxes on one image, drawn to a PNG")
+    sp = _command(sub, "detect", help="a detector run's boxes on one image, drawn to an image file")
     sp.add_argument("run", type=path, help="a run directory or a checkpoint file")
     sp.add_argument("image", type=path, nargs="?", help="a PNG/JPEG file (or give --index; default: none)")
     sp.add_argument("--index", type=nonneg_int, help="take test image N of the run's dataset instead of a file "
@@ -393,7 +393,7 @@ def parser() -> argparse.ArgumentParser:
                                          "there is more")
 
     sp = _command(sub, "sample",
-                  help="draw images from a DDPM run's checkpoint (ancestral sampling) as a PNG grid")
+                  help="draw images from a DDPM run's checkpoint (ancestral sampling) as a grid in an image file")
     sp.add_argument("run", type=path, help="a run directory or a checkpoint file")
     sp.add_argument("-n", type=positive_int, default=16, help="how many images")
     sp.add_argument("--out", type=path, default="grid.png", help=IMAGE_OUT_HELP)
