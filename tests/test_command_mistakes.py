@@ -422,3 +422,17 @@ def test_a_config_value_out_of_range_names_that_value_alone(tmp_path, capsys, li
     assert refused(["train", "--config", str(config), "--run-dir", str(tmp_path / "r")], capsys) == \
         f"hloforge: error: {said}"
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("line,near", [
+    ("sed = 1", "; did you mean 'seed'?"),
+    ('data-dir = "d"', "; did you mean 'data_dir'?"),  # a flag's spelling, copied into the file
+    ("zzzq = 1", ""),
+])
+def test_a_config_key_misspelt_is_named_for_what_it_likely_is(tmp_path, capsys, line, near):
+    config = tmp_path / "config.toml"
+    config.write_text(f'net = "mnist-linear"\n{line}\n')
+    err = refused(["train", "--config", str(config), "--run-dir", str(tmp_path / "r")], capsys)
+    key = line.split(" =")[0]
+    assert err.startswith(f"hloforge: error: config {config}: unknown key(s) [{key!r}]; expected some of [")
+    assert err.endswith("'workers']" + near)

@@ -20,7 +20,7 @@ import attrs
 from hloforge.core.contracts import constructor_options
 from hloforge.core.errors import DataError, UnsupportedSpec
 from hloforge.core.regions import DEFAULT_REGION, check_region
-from hloforge.core.registry import hloforge_version
+from hloforge.core.registry import hloforge_version, near_name
 from hloforge.core.spec import NetSpec
 from hloforge.core.variant import Variant, VariantFields
 from hloforge.train.configio import as_tuple, check_fields, toml_value
@@ -279,7 +279,9 @@ def config_of(d: dict[str, Any], path: str, **overrides: Any) -> TrainConfig:
     known = {f.name for f in attrs.fields(TrainConfig)}
     unknown = sorted(set(d) - known)
     if unknown:
-        raise UnsupportedSpec(f"config {path}: unknown key(s) {unknown}; expected some of {sorted(known)}")
+        # a flag's spelling (data-dir) or a typo (sed) named for what it likely is, as a spec's keys are
+        near = near_name(unknown[0].replace("-", "_"), known) if len(unknown) == 1 else ""
+        raise UnsupportedSpec(f"config {path}: unknown key(s) {unknown}; expected some of {sorted(known)}{near}")
     if "data_options" in overrides and "data_options" in d:  # --data-opt adds to the file's options (later wins)
         overrides["data_options"] = (*option_items(d["data_options"]), *option_items(overrides["data_options"]))
     return TrainConfig(**{**d, **overrides})
