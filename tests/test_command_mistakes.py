@@ -436,3 +436,13 @@ def test_a_config_key_misspelt_is_named_for_what_it_likely_is(tmp_path, capsys, 
     key = line.split(" =")[0]
     assert err.startswith(f"hloforge: error: config {config}: unknown key(s) [{key!r}]; expected some of [")
     assert err.endswith("'workers']" + near)
+
+
+def test_a_spec_file_given_as_the_config_says_so(tmp_path, capsys):
+    """Was 'unknown key(s) ['input_shape', 'layers', 'name', 'num_classes']; expected some of [46 keys]'."""
+    spec = tmp_path / "net.toml"
+    spec.write_text('name = "n"\ninput_shape = [4]\nnum_classes = 2\n[[layers]]\nkind = "dense"\nunits = 2\n')
+    err = refused(["train", "--config", str(spec), "--run-dir", str(tmp_path / "r")], capsys)
+    assert err == (f"hloforge: error: config {spec} is a net's spec file (name, input_shape, num_classes, layers), "
+                   f"not train's options; give it as the net (`hloforge train {spec}`), or name it in a config: "
+                   f'net = "{spec}"')

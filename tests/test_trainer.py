@@ -226,7 +226,9 @@ def test_nan_loss_stops_with_the_step_and_keeps_the_checkpoint(tmp_path):
 @pytest.mark.parametrize("argv,rc,needle", [
     (["train", "--epochs", "0"], 2, "argument --epochs: expected an integer ≥ 1, got '0'"),  # usage (argparse)
     (["train", "--lr", "-1"], 2, "argument --lr: expected a finite number > 0"),
-    (["train", "--config", "/nonexistent.toml"], 3, "cannot read it as TOML"),  # bad input (HloforgeError)
+    # bad input (HloforgeError); was "cannot read it as TOML ([Errno 2] No such file or directory: ...)"
+    (["train", "--config", "/nonexistent.toml"], 3, "hloforge: error: config /nonexistent.toml: no such file or "
+                                                    "directory; expected a config file (TOML), as a run's config.toml"),
     (["train", "--batch", "5000"], 3, "larger than the 1437-example training split"),
     # before: trained into r, the tag dropped without a word
     (["train", "--tag", "x", "--run-dir", "r"], 3, "--tag 'x' ends the default run directory's name"),

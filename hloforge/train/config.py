@@ -21,7 +21,7 @@ from hloforge.core.contracts import constructor_options
 from hloforge.core.errors import DataError, UnsupportedSpec
 from hloforge.core.regions import DEFAULT_REGION, check_region
 from hloforge.core.registry import hloforge_version, near_name
-from hloforge.core.spec import NetSpec
+from hloforge.core.spec import SPEC_KEYS, NetSpec
 from hloforge.core.variant import Variant, VariantFields
 from hloforge.train.configio import as_tuple, check_fields, toml_value
 from hloforge.train.schedule import SCHEDULES, warmup_updates
@@ -270,7 +270,10 @@ def read_toml(path: str) -> dict[str, Any]:
         own = os.path.join(path, CONFIG)
         raise UnsupportedSpec(f"config {path} is a directory; expected a config file (TOML)"
                               + (f": the run's own is {own}" if os.path.isfile(own) else "")) from None
-    except (OSError, tomllib.TOMLDecodeError) as e:
+    except OSError as e:  # no such file, no permission: the OS's reason, not a TOML error with its errno
+        raise UnsupportedSpec(f"config {path}: {(e.strerror or str(e)).lower()}; expected a config file (TOML), "
+                              "as a run's config.toml") from None
+    except tomllib.TOMLDecodeError as e:
         raise UnsupportedSpec(f"config {path}: cannot read it as TOML ({e})") from None
 
 
@@ -278,6 +281,9 @@ def config_of(d: dict[str, Any], path: str, **overrides: Any) -> TrainConfig:
     """The config a table read from `path` holds, with command-line values on top."""
     known = {f.name for f in attrs.fields(TrainConfig)}
     unknown = sorted(set(d) - known)
+    if unknown and set(SPEC_KEYS) <= set(d):  # a net's spec file, given where a config goes
+        raise UnsupportedSpec(f"config {path} is a net's spec file ({', '.join(SPEC_KEYS)}), not train's options; "
+                              f"give it as the net (`hloforge train {path}`), or name it in a config: net = \"{path}\"")
     if unknown:
         # a flag's spelling (data-dir) or a typo (sed) named for what it likely is, as a spec's keys are
         near = near_name(unknown[0].replace("-", "_"), known) if len(unknown) == 1 else ""
