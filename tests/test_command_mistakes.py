@@ -446,3 +446,12 @@ def test_a_spec_file_given_as_the_config_says_so(tmp_path, capsys):
     assert err == (f"hloforge: error: config {spec} is a net's spec file (name, input_shape, num_classes, layers), "
                    f"not train's options; give it as the net (`hloforge train {spec}`), or name it in a config: "
                    f'net = "{spec}"')
+
+
+@pytest.mark.parametrize("name", ["config.toml", "metrics.jsonl"])
+def test_a_run_file_given_as_the_checkpoint_points_at_the_run(mlp_run, capsys, name):
+    """Was 'checkpoint RUN/config.toml is truncated or not a safetensors file (Error while deserializing:
+    header too large)': the file tab-completed one step too far is the run's own, not a damaged checkpoint."""
+    err = refused(["eval", os.path.join(mlp_run, name)], capsys)
+    assert err == (f"hloforge: error: {os.path.join(mlp_run, name)} is a file of run directory {mlp_run}, not a "
+                   f"checkpoint; expected the run directory ({mlp_run}) or its checkpoint.safetensors")

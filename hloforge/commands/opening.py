@@ -138,6 +138,11 @@ def open_checkpoint(path: str, backend: str | None = None, log: Callable[[str], 
     file = os.path.join(path, CHECKPOINT) if os.path.isdir(path) else path
     if os.path.isdir(path) and not os.path.exists(file):
         raise no_checkpoint(path)
+    run = os.path.dirname(path) or "."
+    if (os.path.isfile(path) and not ckpt.ends_in(path, ".safetensors")
+            and os.path.isfile(os.path.join(run, CHECKPOINT))):  # its config.toml or metrics.jsonl, tab-completed
+        raise DataError(f"{path} is a file of run directory {run}, not a checkpoint; expected the run directory "
+                        f"({run}) or its {CHECKPOINT}")
     tensors, meta = ckpt.load_checkpoint(file)
     if os.path.isdir(path) and os.path.exists(os.path.join(path, CONFIG)):
         check_run_dir(path, file, meta)
