@@ -75,7 +75,11 @@ DENSE = 'kind = "dense"\nunits = 10\n'
      "did you mean 'layers' (not 'layer')?"),
     (f"{HEAD}[layers]\n{DENSE}", "layers must be a list of tables (each with a 'kind'), got one table "
      "{'kind': 'dense', 'units': 10}; in TOML each layer goes under its own [[layers]] header (two brackets)"),
-], ids=["keys-below-a-layer", "layer-for-layers", "one-bracket"])
+    # a run's config.toml given as the net: was the missing keys alone
+    ('net = "mnist-linear"\nepochs = 1\n', "missing key(s) ['input_shape', 'layers', 'name', 'num_classes']; "
+     "expected name, input_shape, num_classes, layers; it is train's options (a config.toml, of net "
+     "'mnist-linear'), not a net: give the net itself, or the file as train's --config"),
+], ids=["keys-below-a-layer", "layer-for-layers", "one-bracket", "a-config"])
 def test_a_toml_spec_laid_out_wrong_says_where(text: str, says: str, tmp_path: Path, capsys) -> None:
     path = tmp_path / "net.toml"
     path.write_text(text)

@@ -342,6 +342,9 @@ class NetSpec:
 
 def _where_missing(d: Mapping[str, Any], missing: set[str]) -> str:
     """Where a spec's missing top-level keys likely are, as a phrase to end its refusal with ("" when not seen)."""
+    if missing == set(SPEC_KEYS) and isinstance(d.get("net"), str):  # `net = ...`: train's options, not a net
+        return (f"; it is train's options (a config.toml, of net {d['net']!r}), not a net: give the net itself, or "
+                "the file as train's --config")
     lds = d.get("layers")
     last = lds[-1] if isinstance(lds, list) and lds and isinstance(lds[-1], Mapping) else {}
     held = [k for k in SPEC_KEYS if k in missing and k in last]
