@@ -89,3 +89,15 @@ def test_loss_and_optimizer_classes_refuse_alike(make, message):
         make()
     assert str(e.value) == message
     assert hf.optimizers["adam"](b1=0.8).b1 == 0.8  # a good call is untouched
+
+
+def test_a_component_that_takes_no_options_says_so():
+    """Was "... does not take option(s) ['foo']; its options are []" (a layer in a spec file, --label-smoothing
+    on a language model's loss)."""
+    with pytest.raises(UnsupportedSpec) as e:
+        hf.losses["tokenCrossEntropy"](label_smoothing=0.1)
+    assert str(e.value) == "loss 'tokenCrossEntropy' does not take option(s) ['label_smoothing']; it takes none"
+    with pytest.raises(UnsupportedSpec) as e:
+        NetSpec.from_dict({"name": "n", "input_shape": [1, 2, 2], "num_classes": 4,
+                           "layers": [{"kind": "flatten", "foo": 1}]})
+    assert str(e.value).endswith("layer 0: layer 'flatten' does not take option(s) ['foo']; it takes none")

@@ -53,7 +53,8 @@ def check_constructor_options(kind: str, name: str, cls: Any, options: Collectio
     known, required = constructor_options(cls)
     unknown = sorted(set(options) - set(known))
     if unknown:
-        raise UnsupportedSpec(f"{kind} {name!r} does not take option(s) {unknown}; its options are {known}")
+        takes = f"its options are {known}" if known else "it takes none"  # not "its options are []"
+        raise UnsupportedSpec(f"{kind} {name!r} does not take option(s) {unknown}; {takes}")
     missing = [n for n in required if n not in options]
     if missing:
         raise UnsupportedSpec(f"{kind} {name!r} needs option(s) {missing}; its options are {known}")
