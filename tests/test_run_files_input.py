@@ -190,3 +190,14 @@ def test_compare_says_a_bitmap_that_is_a_directory_without_an_errno(tmp_path, ca
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 3
     assert _one_line(capsys) == (f"hloforge: error: {tmp_path / 'b' / 'eval_correct.npz'} is not an eval bitmap (is a "
                                  "directory); expected the eval_correct.npz a run writes, whole")
+
+
+def test_plot_onto_a_directory_named_curves_png_says_so(tmp_path, capsys) -> None:
+    """Was 'could not write plot D/curves.png: Is a directory (the previous plot is whole, the temp file removed);
+    free space and plot again': no plot was there, and no space to free."""
+    (tmp_path / "metrics.jsonl").write_text(GOOD)
+    (tmp_path / "curves.png").mkdir()
+    assert main(["plot", str(tmp_path)]) == 3
+    assert _one_line(capsys) == (f"hloforge: error: could not write plot {tmp_path / 'curves.png'}: it is a "
+                                 "directory; expected a file there (move the directory away)")
+    assert os.listdir(tmp_path / "curves.png") == [] and sorted(os.listdir(tmp_path)) == ["curves.png", "metrics.jsonl"]

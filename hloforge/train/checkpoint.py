@@ -131,6 +131,9 @@ def write_atomic(path: str, data: bytes, what: str, *, fault: bool = False,
             pass
         if not isinstance(e, OSError):
             raise
+        if e.errno == errno.EISDIR:  # the rename onto a directory: no previous file kept, no space to free
+            raise HloforgeError(f"could not write {what} {path}: it is a directory; expected a file there (move the "
+                                "directory away)") from None
         old = f"the previous {what} is whole" if os.path.exists(path) else f"there was no {what} before"
         if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):  # no space to free: the place is not writable
             then = f"expected a directory this user can write ({os.path.dirname(os.path.abspath(path))} is not)"
@@ -238,8 +241,7 @@ def read_weights_file(path: str, what: str) -> dict[str, np.ndarray]:
 
 
 def not_safetensors(what: str, path: str, error: Exception) -> str:
-    """The refusal of a file that did not read as safetensors: the OS's reason where it could not be read (a
-    directory, no permission), said once and without its errno; else truncated or foreign."""
+    """A file that did not read as safetensors: the OS's reason (a directory) without its errno, else truncated."""
     if isinstance(error, OSError) and error.strerror:
         return f"{what} {path} cannot be read ({error.strerror.lower()}); expected a safetensors file"
     return f"{what} {path} is truncated or not a safetensors file ({error})"
