@@ -190,7 +190,8 @@ def test_bad_top_level_values_are_refused(change, match):
     ("dense", {"units": "64"}, r"option units='64' is not of its type int"),  # TypeError before
     ("dense", {"units": [64]}, r"option units=\(64,\) is not of its type int"),
     ("batchNorm", {"eps": float("nan")}, r"option eps=nan is not of its type float"),
-    ("conv2d", {"out": 4, "groups": 0}, r"groups must be positive"),  # ZeroDivisionError before
+    ("conv2d", {"out": 4, "groups": 0}, r"groups must be positive, got 0$"),  # ZeroDivisionError before
+    ("conv2d", {"out": 4, "stride": 0}, r": stride must be positive, got 0$"),  # was "out, k, stride and groups"
     ("maxPool", {"stride": 0}, r"k and stride must be positive"),  # silently stride k before
     ("residualStage", {"out": 4, "n": 2**31}, r"a stage needs 1..1000 blocks"),  # hung before
     ("dense", {"units": 2**62}, r"more than the 1,099,511,627,776"),

@@ -55,8 +55,9 @@ class Conv2d(Layer):
         if len(in_shape) != 3:
             raise UnsupportedSpec(f"conv2d takes an image [C, H, W], got {list(in_shape)}")
         c, h, w = in_shape
-        if self.k <= 0 or self.stride <= 0 or self.out <= 0 or self.groups <= 0:
-            raise UnsupportedSpec("out, k, stride and groups must be positive")
+        for name in ("out", "k", "stride", "groups"):  # the one that is wrong named, with its value
+            if getattr(self, name) <= 0:
+                raise UnsupportedSpec(f"{name} must be positive, got {getattr(self, name)}")
         if c % self.groups or self.out % self.groups:
             raise UnsupportedSpec(f"groups={self.groups} must divide in channels {c} and out channels {self.out}")
         pads = resolve_padding(self.pad, (h, w), self.k, self.stride)

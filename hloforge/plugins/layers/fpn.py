@@ -199,8 +199,11 @@ class FpnDetect(Layer):
         if h != w or h % 4:
             raise UnsupportedSpec(f"fpnDetect takes a square C3 map whose side divides by 4 (C4, C5 halve it), "
                                   f"got {h}x{w}")
-        if min(self.classes, self.oc, self.c4, self.c5, self.blocks) < 1 or not 0 <= self.tower <= MAX_REPEAT:
-            raise UnsupportedSpec(f"classes, oc, c4, c5 and blocks must be positive, tower in 0..{MAX_REPEAT}")
+        for name in ("classes", "oc", "c4", "c5", "blocks"):  # the one that is wrong named, with its value
+            if getattr(self, name) < 1:
+                raise UnsupportedSpec(f"{name} must be positive, got {getattr(self, name)}")
+        if not 0 <= self.tower <= MAX_REPEAT:
+            raise UnsupportedSpec(f"tower must be in 0..{MAX_REPEAT}, got {self.tower}")
         if not 0.0 <= self.prior < 1.0:
             raise UnsupportedSpec(f"fpnDetect prior is the initial objectness probability π, expected 0 ≤ π < 1 "
                                   f"(0: zero-init biases), got {self.prior}")
