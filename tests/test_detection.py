@@ -613,3 +613,19 @@ def test_train_and_detect_end_to_end(tmp_path, capsys, backend) -> None:
     inside = (raw >= 0) & (raw <= 1)
     err = np.abs(data.normalize(load_image(str(png), 32)) - data.arrays("test")[0][0]) * data.std[0]
     assert err[inside].max() <= 0.5 / 255 + 1e-6
+
+
+@pytest.mark.parametrize("anchors,said", [
+    # one level's pairs without their level list: was Python's "'float' object is not subscriptable"
+    ([[0.1, 0.15]], "fpnDetect anchors must be 3 levels (P3, P4, P5), each a list of [w, h] pairs, e.g. "
+                    "[[[0.1, 0.15]], [[0.3, 0.3]], [[0.6, 0.5]]]; got ((0.1, 0.15),)"),
+    # a NaN width passed (NaN <= 0 is false) and became the head's NaN bias
+    ([[[0.1, 0.1]], [[0.2, 0.2]], [[float("nan"), 0.5]]],
+     "fpnDetect anchors must have positive width and height (fractions of the image)"),
+])
+def test_fpn_anchors_of_the_wrong_form_are_one_line(anchors, said):
+    d = {"name": "t", "input_shape": [8, 16, 16], "num_classes": 3,
+         "layers": [{"kind": "fpnDetect", "classes": 3, "anchors": anchors}]}
+    with pytest.raises(UnsupportedSpec) as e:
+        NetSpec.from_dict(d)
+    assert str(e.value) == f"spec: layer 0: {said}"

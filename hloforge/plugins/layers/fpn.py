@@ -31,6 +31,7 @@ not the weights, carries that constant offset. π = 0 is the zero init, today's 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -154,11 +155,15 @@ def fpn_param_slots(oc: int, taps: Sequence[int], head: int, tower: int,
 
 
 def _check_anchors(anchors: Any) -> tuple[tuple[Anchor, ...], ...]:
-    sets = tuple(tuple((float(a[0]), float(a[1])) for a in level) for level in anchors)
+    try:  # a spec file's typo (one level's pairs without their list) is one line, not a TypeError of Python's
+        sets = tuple(tuple((float(w), float(h)) for w, h in level) for level in anchors)
+    except (TypeError, ValueError):
+        raise UnsupportedSpec(f"fpnDetect anchors must be 3 levels (P3, P4, P5), each a list of [w, h] pairs, e.g. "
+                              f"[[[0.1, 0.15]], [[0.3, 0.3]], [[0.6, 0.5]]]; got {anchors!r}") from None
     if len(sets) != len(LEVELS) or len({len(s) for s in sets}) != 1 or not sets[0]:
         raise UnsupportedSpec(f"fpnDetect needs the same number (≥ 1) of anchors on each of the 3 levels, got "
                               f"{[len(s) for s in sets]}")
-    if any(w <= 0 or h <= 0 for s in sets for w, h in s):
+    if not all(0 < w < math.inf and 0 < h < math.inf for s in sets for w, h in s):  # NaN too: a NaN head bias
         raise UnsupportedSpec("fpnDetect anchors must have positive width and height (fractions of the image)")
     return sets
 
