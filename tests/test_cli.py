@@ -536,3 +536,18 @@ def test_loss_help_names_every_loss_train_picks_by_default():
     assert {"crossEntropy", "yolov1", "fpnYolo"} <= picked
     shown = attrs.fields_dict(Variant)["loss"].metadata[OPTION].help
     assert sorted(name for name in picked if name not in shown) == []
+
+
+def test_drop_path_help_says_its_default_keeps_the_specs_own():
+    """--drop-path's help said 'replacing the spec's own (default 0)', while 0 (given or not) keeps each block's own."""
+    from hloforge.core.trained_net import trained_net
+
+    sub = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction))
+    flag = next(a for a in sub.choices["train"]._actions if "--drop-path" in a.option_strings)
+    assert flag.help.endswith("(default 0: each block's own; 0 replaces nothing)")
+    spec = get_net("convnext-mini")
+    own = spec.to_dict()
+    own["layers"] = [{**d, "drop_path": 0.2} if "drop_path" in d else d for d in own["layers"]]
+    kept = trained_net(type(spec).from_dict(own), 0.0, 0.0, None)
+    assert [d.get("drop_path") for d in kept.to_dict()["layers"]] == [d.get("drop_path") for d in own["layers"]]
+    assert 0.2 in [d.get("drop_path") for d in own["layers"]]

@@ -416,7 +416,7 @@ class VariantFields:
                              metavar="P")
     # a flag below that sets a per-layer option replaces the spec's own value, with a warning (core/trained_net)
     drop_path: float = option(0.0, "stochastic depth on every block that has it, replacing the spec's own "
-                                   "(default 0)", metavar="P")
+                                   "(default 0: each block's own; 0 replaces nothing)", metavar="P")
     bn_eps: float | None = option(None, "BatchNorm ε of every BN layer, train and eval, replacing the spec's own "
                                         "(default: each layer's own)", metavar="EPS")
     precision: str = option("fp32", "fp8: E4M3 weights and input, fp32 master (default fp32)", choices=PRECISIONS)
