@@ -490,3 +490,18 @@ def test_a_corpus_saved_with_a_byte_order_mark_has_the_vocabulary_of_the_same_te
     bom, plain = Text(str(tmp_path / "bom.txt"), seq_len=16), Text(str(tmp_path / "plain.txt"), seq_len=16)
     assert "\ufeff" not in bom.chars and bom.vocabulary == plain.vocabulary
     np.testing.assert_array_equal(bom.train_ids, plain.train_ids)
+
+
+@pytest.mark.parametrize("data,file,said", [
+    ("cifar10", "test_batch.bin", "not found; expected CIFAR-10's binary version (data_batch_1.bin … "
+     "data_batch_5.bin, test_batch.bin: cifar-10-binary.tar.gz, unpacked) in {d}, or --data-dir where it is"),
+    ("brats224-25d", "val.bin", "not found; expected the binaries `hloforge prepare brats SRC OUT --size 224 "
+     "--context 1` writes from MSD's Task01_BrainTumour, then --data-dir OUT"),
+])
+def test_a_file_dataset_not_there_says_where_to_get_it(data, file, said, tmp_path):
+    """Was '{d}/test_batch.bin not found' alone: no word of what the file is or how to point at it."""
+    from hloforge.core.registry import default_registry
+
+    with pytest.raises(DataError) as e:
+        default_registry().make("dataset", data, data_dir=str(tmp_path)).arrays("test")
+    assert str(e.value) == f"{tmp_path / file} " + said.format(d=tmp_path)

@@ -156,7 +156,12 @@ class Brats(RecordDataset):
         self.image_shape = (channels(self.context), self.size, self.size)
 
     def _load(self, split: str) -> tuple[np.ndarray, np.ndarray]:
-        return read_brats(os.path.join(self.data_dir, FILES[split]), self.size, self.context)
+        path = os.path.join(self.data_dir, FILES[split])
+        if not os.path.isfile(path):  # the prepare step not yet taken, or another --data-dir meant
+            raise DataError(f"{path} not found; expected the binaries `hloforge prepare brats SRC OUT --size "
+                            f"{self.size} --context {self.context}` writes from MSD's Task01_BrainTumour, then "
+                            "--data-dir OUT")
+        return read_brats(path, self.size, self.context)
 
     def transform(self, split: str, augment: bool = False) -> Transform:
         self._check_split(split)

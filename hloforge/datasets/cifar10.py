@@ -17,6 +17,7 @@ import os
 
 import numpy as np
 
+from hloforge.core.errors import DataError
 from hloforge.core.hookspecs import hookimpl
 from hloforge.datasets.augment import Compose, HorizontalFlip, Normalize, RandomCrop, Transform
 from hloforge.datasets.options import path
@@ -51,6 +52,11 @@ class Cifar10(RecordDataset):
         self.data_dir = sub if os.path.isdir(sub) else data_dir
 
     def _load(self, split: str) -> tuple[np.ndarray, np.ndarray]:
+        for f in FILES[split]:  # where to get them and how to point at them, not the missing path alone
+            if not os.path.isfile(os.path.join(self.data_dir, f)):
+                raise DataError(f"{os.path.join(self.data_dir, f)} not found; expected CIFAR-10's binary version "
+                                f"(data_batch_1.bin … data_batch_5.bin, test_batch.bin: cifar-10-binary.tar.gz, "
+                                f"unpacked) in {self.data_dir}, or --data-dir where it is")
         parts = [read_batch_file(os.path.join(self.data_dir, f)) for f in FILES[split]]
         if len(parts) == 1:
             return parts[0]
