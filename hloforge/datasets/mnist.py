@@ -51,7 +51,8 @@ def _open(data_dir: str, stem: str, magic: int, rank: int) -> tuple[str, bytes]:
                 # the OS's reason (a directory, no permission) without its errno and the path again; gzip's as it is
                 why = e.strerror.lower() if isinstance(e, OSError) and e.strerror else str(e)
                 raise DataError(f"{path}: cannot read it ({why}); expected an MNIST IDX file") from None
-    raise DataError(f"{os.path.join(data_dir, stem)}[.gz] not found; expected the MNIST IDX files in {data_dir}")
+    raise DataError(f"{os.path.join(data_dir, stem)}[.gz] not found; expected the MNIST IDX files in {data_dir}, "
+                    "or --data-dir where they are")
 
 
 def read_idx(path: str, raw: bytes, magic: int, rank: int) -> np.ndarray:
