@@ -497,6 +497,8 @@ def test_a_corpus_saved_with_a_byte_order_mark_has_the_vocabulary_of_the_same_te
      "data_batch_5.bin, test_batch.bin: cifar-10-binary.tar.gz, unpacked) in {d}, or --data-dir where it is"),
     ("mnist", "t10k-images-idx3-ubyte", "[.gz] not found; expected the MNIST IDX files in {d}, or --data-dir where "
      "they are"),
+    ("yolo", "test.bin", "not found; expected the binaries `hloforge prepare yolo SRC OUT` writes from "
+     "SRC/images/{{train,val}} and SRC/labels/{{train,val}}, then --data-dir OUT"),
     ("brats224-25d", "val.bin", "not found; expected the binaries `hloforge prepare brats SRC OUT --size 224 "
      "--context 1` writes from MSD's Task01_BrainTumour, then --data-dir OUT"),
 ])

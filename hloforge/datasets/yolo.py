@@ -90,6 +90,9 @@ class Yolo(Dataset):
         if split in self._cache:
             return self._cache[split]
         path = os.path.join(self.data_dir, SPLIT_FILES[split])
+        if not os.path.isfile(path):  # the prepare step not yet taken, or another --data-dir meant
+            raise DataError(f"{path} not found; expected the binaries `hloforge prepare yolo SRC OUT` writes from "
+                            "SRC/images/{train,val} and SRC/labels/{train,val}, then --data-dir OUT")
         hint = (f" (size {self.size}, grid {self.grid}, {self.per_cell} channels per cell: {self.record:,} bytes "
                 "per record; pass the options it was prepared with)")
         count = check_counted_records(path, self.record, "yolo", hint)
