@@ -207,8 +207,10 @@ def test_mnist_images_of_another_size_are_refused(tmp_path):
 
 def test_yolo_label_file_not_utf8_or_with_a_nan_box_is_refused(tmp_path):
     bad = _write(str(tmp_path), "a.txt", LABEL_TEXT.encode() + b"\x80")
-    with pytest.raises(DataError, match=r"a.txt: cannot read it as a UTF-8 YOLO label file"):
+    with pytest.raises(DataError) as e:
         yolo.read_label_file(bad, 2)
+    assert str(e.value) == (f"{bad}: cannot read it as a UTF-8 YOLO label file (byte 0x80 at offset "
+                            f"{len(LABEL_TEXT.encode()):,} is not UTF-8)")
     for line in ("0 0.5 0.5 nan 0.2", "0 0.5 0.5 inf 0.2", "1 0.5 0.5 0.2 1.5"):
         path = _write(str(tmp_path), "b.txt", (line + "\n").encode())
         with pytest.raises(DataError, match=r"b.txt:1: box centre must lie in \[0, 1\] and its size in \(0, 1\]"):

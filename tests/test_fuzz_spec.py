@@ -217,8 +217,9 @@ def test_python_specs_are_checked_too():
 def test_unreadable_spec_files_are_one_line(tmp_path):
     bad = tmp_path / "net.toml"
     bad.write_bytes(b'name = "caf\xe9"\n')
-    with pytest.raises(UnsupportedSpec, match=r"net.toml: cannot read it as a UTF-8 spec file"):
+    with pytest.raises(UnsupportedSpec) as e:  # was the codec's "'utf-8' codec can't decode byte 0xe9 in position 11"
         NetSpec.from_file(str(bad))
+    assert str(e.value) == f"{bad}: cannot read it as a UTF-8 spec file (byte 0xe9 at offset 11 is not UTF-8)"
     bad.write_text(NetSpec.from_dict(_mlp(num_classes=7)).to_toml())
     with pytest.raises(UnsupportedSpec, match=r"^.*net.toml: net 'mnist-mlp' ends in shape \[10\], expected \[7\]"):
         NetSpec.from_file(str(bad))  # named the net only before, not the file

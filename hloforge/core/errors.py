@@ -80,3 +80,11 @@ def setting_error(kind: type[HloforgeError], message: str) -> HloforgeError:
     if issubclass(kind, SettingError):
         return kind(message)
     return _SETTING_KINDS.get(kind, kind)(message)
+
+
+def unreadable_text(e: OSError | UnicodeDecodeError) -> str:
+    """Why a text file could not be read, in a user's words: the OS's reason without its errno, or the first byte
+    that is not UTF-8 and where, not the codec's own sentence ("'utf-8' codec can't decode byte ...")."""
+    if isinstance(e, UnicodeDecodeError):
+        return f"byte 0x{e.object[e.start]:02x} at offset {e.start:,} is not UTF-8"
+    return (e.strerror or str(e)).lower()

@@ -27,7 +27,7 @@ import numpy as np
 from hloforge.core.contracts import Layer as Layer
 from hloforge.core.contracts import Loss as Loss
 from hloforge.core.contracts import layer_fields as layer_fields
-from hloforge.core.errors import PluginError, UnsupportedSpec
+from hloforge.core.errors import PluginError, UnsupportedSpec, unreadable_text
 from hloforge.core.registry import component_label
 from hloforge.core.slots import INITS as INITS
 from hloforge.core.slots import Ctx as Ctx
@@ -321,7 +321,7 @@ class NetSpec:
             with open(path, encoding="utf-8") as f:
                 text = f.read()
         except (OSError, UnicodeDecodeError) as e:
-            raise UnsupportedSpec(f"{path}: cannot read it as a UTF-8 spec file ({e})") from None
+            raise UnsupportedSpec(f"{path}: cannot read it as a UTF-8 spec file ({unreadable_text(e)})") from None
         return cls._from_text(text, "JSON" if path.endswith(".json") else "TOML", registry, path, "spec file")
 
     @classmethod

@@ -27,7 +27,7 @@ import math
 import numpy as np
 
 from hloforge.core.contracts import Dataset
-from hloforge.core.errors import DataError
+from hloforge.core.errors import DataError, unreadable_text
 from hloforge.core.hookspecs import hookimpl
 from hloforge.datasets.options import integer, path
 
@@ -64,7 +64,7 @@ class Text(Dataset):
                 raise DataError(f"text: {data_file}: {(e.strerror or str(e)).lower()}; expected a UTF-8 text file "
                                 "(--data-file)") from None
             except UnicodeDecodeError as e:
-                raise DataError(f"text: cannot read {data_file} as UTF-8 ({e})") from None
+                raise DataError(f"text: cannot read {data_file} as UTF-8 ({unreadable_text(e)})") from None
         else:
             text = default_corpus()
         self.source = data_file or "pydoc_data.topics"

@@ -37,7 +37,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from hloforge.core.contracts import Dataset
-from hloforge.core.errors import DataError
+from hloforge.core.errors import DataError, unreadable_text
 from hloforge.core.hookspecs import hookimpl
 from hloforge.datasets.augment import IMAGENET_MEAN, IMAGENET_STD, Normalize
 from hloforge.datasets.images import ENDLESS, endless, read_rgb
@@ -145,7 +145,7 @@ def read_label_file(path: str, classes: int) -> np.ndarray:
         with open(path, encoding="utf-8-sig") as f:  # -sig: a byte-order mark (Windows Notepad's) is no data
             lines = f.readlines()
     except (OSError, UnicodeDecodeError) as e:
-        raise DataError(f"{path}: cannot read it as a UTF-8 YOLO label file ({e})") from None
+        raise DataError(f"{path}: cannot read it as a UTF-8 YOLO label file ({unreadable_text(e)})") from None
     rows = []
     for ln, line in enumerate(lines, start=1):
         if not line.strip():
