@@ -201,7 +201,7 @@ def test_gradcam_heatmap_and_overlay(tmp_path) -> None:
     out = tmp_path / "cam.png"
     save_overlay(image, heat, str(out))
     assert out.read_bytes()[:4] == b"\x89PNG"
-    with pytest.raises(UnsupportedSpec, match="class 7 is not one of the net's 3 classes"):
+    with pytest.raises(UnsupportedSpec, match=r"^class 7 is not one of the net's 3 classes; expected 0 to 2$"):
         gradcam(spec, params, running, image, make_backend("xla"), class_index=7)
 
 

@@ -62,7 +62,8 @@ def gradcam(spec: NetSpec, params: Sequence[np.ndarray], running: Sequence[np.nd
     check_camable(spec)
     image = check_image(image, spec)
     if class_index is not None and not 0 <= class_index < spec.num_classes:  # before compiling anything
-        raise UnsupportedSpec(f"class {class_index} is not one of the net's {spec.num_classes} classes")
+        raise UnsupportedSpec(f"class {class_index} is not one of the net's {spec.num_classes} classes; expected 0 to "
+                              f"{spec.num_classes - 1}")
     exe = backend.compile(cam_module(spec, 1))
     args = [image[None], *(np.asarray(p, np.float32) for p in params), *(np.asarray(r, np.float32) for r in running)]
     dev = [backend.to_device(a) for a in args]
