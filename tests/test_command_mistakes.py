@@ -411,7 +411,9 @@ def test_a_checkpoint_that_is_a_directory_is_said_without_an_errno(mlp_run, tmp_
 
 @pytest.mark.parametrize("line,said", [
     ("replicas = 0", "replicas must be positive, got 0"),  # was '... got replicas=0 devices=None'
-    ("devices = 0", "devices must be from 1 to 4096, got 0"),
+    ("devices = 0", "devices must be from 1 to 1024, got 0"),
+    ("devices = 2000", "devices must be from 1 to 1024, got 2000"),  # the command line's bound (MAX_PROCESSES)
+    ("workers = 1500", "workers must be from 0 to 1024, got 1500"),  # forked 1500 producers
     ("epochs = 0", "epochs must be a positive integer, got 0"),
     ("decay_epochs = 0.0", "decay_epochs must be positive, got 0.0"),
 ])

@@ -17,6 +17,7 @@ from typing import Any
 
 import attrs
 
+from hloforge.commands.argtypes import MAX_PROCESSES
 from hloforge.core.contracts import constructor_options
 from hloforge.core.errors import DataError, UnsupportedSpec
 from hloforge.core.regions import DEFAULT_REGION, check_region
@@ -32,7 +33,6 @@ BITMAP = "eval_correct.npz"
 
 
 TAG_FORBIDDEN = ("/", "\\", "\0")  # a tag with these would name a directory elsewhere than under runs/ (or none)
-MAX_DEVICES = 4096  # far above any host's devices, far below the backend's 32-bit count
 
 
 @attrs.frozen
@@ -176,8 +176,11 @@ class TrainConfig(VariantFields):
         # the XLA CPU client takes a 32-bit device count: 2**31 aborts the process, 2**32 wraps to the default
         if self.replicas < 1:
             raise UnsupportedSpec(f"replicas must be positive, got {self.replicas}")
-        if self.devices is not None and not 1 <= self.devices <= MAX_DEVICES:  # None: one per replica
-            raise UnsupportedSpec(f"devices must be from 1 to {MAX_DEVICES}, got {self.devices}")
+        # the command line's bounds (argtypes), so a config.toml cannot fork 1500 producers or ask for 2000 devices
+        if self.devices is not None and not 1 <= self.devices <= MAX_PROCESSES:  # None: one per replica
+            raise UnsupportedSpec(f"devices must be from 1 to {MAX_PROCESSES}, got {self.devices}")
+        if not 0 <= self.workers <= MAX_PROCESSES:
+            raise UnsupportedSpec(f"workers must be from 0 to {MAX_PROCESSES}, got {self.workers}")
         if self.batch % self.replicas:
             raise UnsupportedSpec(f"batch {self.batch} (the global batch) does not split evenly over "
                                   f"{self.replicas} replicas")
