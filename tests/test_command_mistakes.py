@@ -450,10 +450,21 @@ def test_a_spec_file_given_as_the_config_says_so(tmp_path, capsys):
                    f'net = "{spec}"')
 
 
-@pytest.mark.parametrize("name", ["config.toml", "metrics.jsonl"])
+@pytest.mark.parametrize("name", ["config.toml", "metrics.jsonl", "eval_correct.npz"])
 def test_a_run_file_given_as_the_checkpoint_points_at_the_run(mlp_run, capsys, name):
     """Was 'checkpoint RUN/config.toml is truncated or not a safetensors file (Error while deserializing:
     header too large)': the file tab-completed one step too far is the run's own, not a damaged checkpoint."""
     err = refused(["eval", os.path.join(mlp_run, name)], capsys)
     assert err == (f"hloforge: error: {os.path.join(mlp_run, name)} is a file of run directory {mlp_run}, not a "
                    f"checkpoint; expected the run directory ({mlp_run}) or its checkpoint.safetensors")
+
+
+def test_a_foreign_file_in_a_run_directory_is_said_as_what_it_is(mlp_run, tmp_path, capsys):
+    """A .pth someone put in a run directory is no file of the run's: said as a PyTorch pickle, as anywhere."""
+    pth = os.path.join(mlp_run, "w.pth")
+    with open(pth, "wb") as f:
+        f.write(b"PK\x03\x04 not really")
+    try:
+        assert "is a PyTorch pickle, not an hloforge checkpoint" in refused(["eval", pth], capsys)
+    finally:
+        os.remove(pth)

@@ -18,12 +18,13 @@ from hloforge.core.registry import default_registry
 from hloforge.core.spec import NetSpec
 from hloforge.train import checkpoint as ckpt
 from hloforge.train.arraydata import ARRAYS, check_dataset_kind, check_input_kind, no_rows, saved_inputs
-from hloforge.train.config import CHECKPOINT, CONFIG, TrainConfig, data_path_options, load_config
+from hloforge.train.config import BITMAP, CHECKPOINT, CONFIG, TrainConfig, data_path_options, load_config
+from hloforge.train.curves import PNG
 from hloforge.train.evaluation import EvalResult, evaluate, evaluate_lm, evaluate_stream
 from hloforge.train.finetune import EXPORT_MANIFEST
 from hloforge.train.metrics import check_eval_set
 from hloforge.train.parallel import make_forward_session
-from hloforge.train.rundir import check_matches, own_spec
+from hloforge.train.rundir import METRICS, RUN_ID, check_matches, own_spec
 from hloforge.train.session import ForwardSession, make_backend, replica_devices
 from hloforge.train.tasks import ClassCountMismatch
 from hloforge.train.trainer import Run
@@ -139,8 +140,8 @@ def open_checkpoint(path: str, backend: str | None = None, log: Callable[[str], 
     if os.path.isdir(path) and not os.path.exists(file):
         raise no_checkpoint(path)
     run = os.path.dirname(path) or "."
-    if (os.path.isfile(path) and not ckpt.ends_in(path, ".safetensors")
-            and os.path.isfile(os.path.join(run, CHECKPOINT))):  # its config.toml or metrics.jsonl, tab-completed
+    if (os.path.basename(path) in (CONFIG, BITMAP, METRICS, PNG, RUN_ID)  # a run's own file, tab-completed
+            and os.path.isfile(path) and os.path.isfile(os.path.join(run, CHECKPOINT))):
         raise DataError(f"{path} is a file of run directory {run}, not a checkpoint; expected the run directory "
                         f"({run}) or its {CHECKPOINT}")
     tensors, meta = ckpt.load_checkpoint(file)
