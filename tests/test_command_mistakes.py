@@ -468,3 +468,10 @@ def test_a_foreign_file_in_a_run_directory_is_said_as_what_it_is(mlp_run, tmp_pa
         assert "is a PyTorch pickle, not an hloforge checkpoint" in refused(["eval", pth], capsys)
     finally:
         os.remove(pth)
+
+
+def test_a_run_directory_given_as_the_net_says_it_is_a_directory(mlp_run, capsys):
+    """Was "net 'RUN': a spec file must end in .toml or .json, and no zoo net is named so"."""
+    assert refused(["summary", mlp_run], capsys) == (
+        f"hloforge: error: net {mlp_run!r} is a directory; expected a zoo name or a .toml/.json spec file (a run's "
+        "net is the `net` of its config.toml)")

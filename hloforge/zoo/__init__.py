@@ -105,6 +105,9 @@ def get_net(name: str, classes: int | None = None, input: Sequence[int] | None =
             raise UnsupportedSpec(f"spec file {name!r} states input {list(spec.input_shape)}, not {list(input)}: "
                                   "--input does not reshape a spec file's net; edit its input_shape")
         return spec
+    if os.path.isdir(name):  # a run directory, most likely: the net it trained is named in its config.toml
+        raise UnsupportedSpec(f"net {name!r} is a directory; expected a zoo name or a .toml/.json spec file (a run's "
+                              "net is the `net` of its config.toml)")
     if os.sep in name or os.path.splitext(name)[1]:  # a path, not a zoo name
         raise UnsupportedSpec(f"net {name!r}: a spec file must end in {' or '.join(SPEC_SUFFIXES)}, and no zoo net "
                               "is named so")
