@@ -526,7 +526,7 @@ def test_a_rank_started_with_another_config_is_refused_in_one_line(tmp_path):
 @pytest.mark.parametrize(("alone", "more", "message"), [
     (1, ("--epochs", "0"), "hloforge train: error: argument --epochs: expected an integer ≥ 1, got '0'"),
     (0, ("--bogus",), "hloforge train: error: unrecognized arguments: --bogus"),
-    (1, ("--config", "/no-such.toml"), "hloforge: error: config /no-such.toml: cannot read it"),
+    (1, ("--config", "/no-such.toml"), "hloforge: error: config /no-such.toml: no such file or directory"),
     # refused once the run starts: an unknown plugin, an option its net cannot take
     (1, ("--backend", "xl"), "hloforge: error: unknown backend 'xl'"),
     (0, ("--sync-bn",), "hloforge: error: sync_bn: net 'mnist-mlp' has no BatchNorm"),

@@ -11,6 +11,7 @@ from typing import Any
 from hloforge.core.errors import DataError, HloforgeError
 from hloforge.core.f32 import F32_MAX as F32_MAX
 from hloforge.core.f32 import F32_RANGE, f32_holds
+from hloforge.train.config import MAX_PROCESSES as MAX_PROCESSES  # a config's bound too
 
 # Every numeric option is parsed by one of these, so a value of the wrong kind or range is refused at
 # parse time (exit 2, one line naming the flag and what it expects), before anything is read or
@@ -19,9 +20,6 @@ from hloforge.core.f32 import F32_RANGE, f32_holds
 # programs take their scalars (lr, clip norm, decays) as f32, so a float must also be one f32 can hold:
 # 0 or a normal f32 (configio.f32_holds, the config's rule too): 1e-50 would be 0 there, 1e39 inf.
 I64_MAX = 2**63 - 1
-# A count that starts processes or devices: a typo of a few digits must not fork a million producers
-# or ask the XLA CPU plugin for a million devices.
-MAX_PROCESSES = 1024
 # A DDPM's T: its schedule is T floats and sampling runs T forward passes.
 MAX_DIFFUSION_STEPS = 1_000_000
 

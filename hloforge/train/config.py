@@ -17,7 +17,6 @@ from typing import Any
 
 import attrs
 
-from hloforge.commands.argtypes import MAX_PROCESSES
 from hloforge.core.contracts import constructor_options
 from hloforge.core.errors import DataError, UnsupportedSpec
 from hloforge.core.regions import DEFAULT_REGION, check_region
@@ -30,6 +29,10 @@ from hloforge.train.schedule import SCHEDULES, warmup_updates
 CHECKPOINT = "checkpoint.safetensors"
 CONFIG = "config.toml"
 BITMAP = "eval_correct.npz"
+
+# A count that starts processes or devices (--workers, --devices, and a config's): a typo of a few digits must not
+# fork a million producers or ask the XLA CPU plugin for a million devices.
+MAX_PROCESSES = 1024
 
 
 TAG_FORBIDDEN = ("/", "\\", "\0")  # a tag with these would name a directory elsewhere than under runs/ (or none)
@@ -176,7 +179,7 @@ class TrainConfig(VariantFields):
         # the XLA CPU client takes a 32-bit device count: 2**31 aborts the process, 2**32 wraps to the default
         if self.replicas < 1:
             raise UnsupportedSpec(f"replicas must be positive, got {self.replicas}")
-        # the command line's bounds (argtypes), so a config.toml cannot fork 1500 producers or ask for 2000 devices
+        # the command line's bounds too, so a config.toml cannot fork 1500 producers or ask for 2000 devices
         if self.devices is not None and not 1 <= self.devices <= MAX_PROCESSES:  # None: one per replica
             raise UnsupportedSpec(f"devices must be from 1 to {MAX_PROCESSES}, got {self.devices}")
         if not 0 <= self.workers <= MAX_PROCESSES:
