@@ -150,6 +150,12 @@ def check_next_tokens(kind: str, x: np.ndarray, y: np.ndarray, what: str) -> Non
                     "windows w one token longer, x = w[:, :-1] and y = w[:, 1:]")
 
 
+def _first_difference(here: Sequence[str], trained: Sequence[str]) -> tuple[int, list[str]]:
+    """The first id at which two lists of names differ, and each one's name there ("none" past its end)."""
+    i = next((k for k, (a, b) in enumerate(zip(trained, here, strict=False)) if a != b), min(len(here), len(trained)))
+    return i, [repr(n[i]) if i < len(n) else "none" for n in (here, trained)]
+
+
 def check_names(run: Any, recorded: Mapping[str, Sequence[str]], trained: Callable[[], Any], what: str) -> None:
     """Refuse scores or training on a run's dataset whose ids stand for other things than the model's did, each a
     plausible wrong number: a corpus whose vocabulary numbers its characters otherwise, or class folders renamed or
@@ -158,8 +164,7 @@ def check_names(run: Any, recorded: Mapping[str, Sequence[str]], trained: Callab
     own (`trained()`: that dataset, None when it was another; gone, nothing to compare)."""
     data, names, before = run.data, class_names(run.data, run.spec), recorded.get("class_names")
     if names and before and list(names) != list(before):
-        i = next((k for k, (a, b) in enumerate(zip(before, names, strict=False)) if a != b), len(before))
-        said = [repr(n[i]) if i < len(n) else "none" for n in (names, before)]
+        i, said = _first_difference(names, before)
         raise DataError(f"{what}: dataset {getattr(data, 'name', '?')!r} names its classes otherwise than the data the "
                         f"model was fit on (id {i}: {said[0]} here, {said[1]} in training), so each id would be scored "
                         "as another class; expected the classes it was trained on (arrays of your own: evaluate(x, y))")
@@ -175,8 +180,7 @@ def check_names(run: Any, recorded: Mapping[str, Sequence[str]], trained: Callab
             return
     if own is None or list(own) == list(chars):
         return
-    i = next((k for k, (a, b) in enumerate(zip(own, chars, strict=False)) if a != b), min(len(own), len(chars)))
-    said = [repr(c[i]) if i < len(c) else "none" for c in (chars, own)]
+    i, said = _first_difference(chars, own)
     raise DataError(f"{what}: corpus {getattr(data, 'source', '')!r} numbers its characters otherwise than the one the "
                     f"model was fit on (id {i}: {said[0]} here, {said[1]} in training), so each id would be read as "
                     "another character; expected a corpus of the model's vocabulary")
