@@ -192,7 +192,8 @@ def test_waiting_for_a_scratch_ends_when_it_is_freed_or_after_its_limit(monkeypa
     before = host_memory.heap_in_use()
     block = libc.malloc(size)
     scratch = host_memory.scratch_grown(before, output_bytes=0)
-    assert size <= scratch < size + (1 << 20)
+    # the heap is the process's: another thread (an earlier test's) may allocate or free a little meanwhile
+    assert abs(scratch - size) < 1 << 20
     freer = threading.Timer(0.005, libc.free, (block,))
     monkeypatch.setattr(host_memory, "SCRATCH_WAIT_S", 60.0)  # a loaded machine may start the timer late
     freer.start()
