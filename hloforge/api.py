@@ -182,8 +182,9 @@ class Model(Saving):
 
     # ------------------------------------------------------------------ checks
     def _check_x(self, x: Any, what: str, trained: InputKind | None = None) -> np.ndarray:
-        """x as the net's float32 rows, refused if of another kind than `trained` (the model's, to score)."""
-        given, xa = arraydata.input_rows(x, self.spec, what)
+        """x as the net's rows, refused if of another kind than `trained` (the model's, to score): float32, or
+        integers as given (8-bit pixels, token ids; each batch is cast as it is read, so x is never copied whole)."""
+        given, xa = arraydata.input_rows(x, self.spec, what, integers_as_given=True)
         arraydata.check_input_kind(trained, given, xa, what)
         return xa
 
@@ -235,7 +236,8 @@ class Model(Saving):
             batch_size = first if batch_size is None else batch_size  # 0 is refused below, not defaulted
         default = " (fit's default)" if batch_size is None else ""  # a user who gave none still reads why
         batch_size = checked_batch_size(batch_size, 32)
-        given, xa = arraydata.input_rows(x, self.spec, "fit")  # before the compile: a bad x is refused at once
+        # before the compile: a bad x is refused at once
+        given, xa = arraydata.input_rows(x, self.spec, "fit", integers_as_given=True)
         # a fit goes on from the weights so far: x of another kind than they were trained on undoes them
         arraydata.check_input_kind(self._inputs, given, xa, "fit", otherwise="build a new Model to train on x of "
                                    "this kind")

@@ -99,9 +99,11 @@ def split_pair(data: Any, split: str, stored: bool = False) -> tuple[Any, Any]:
 def check_float_x(data: Any, call: str, x: Any) -> None:
     """Refuse x of an integer dtype from `arrays` (net input, float32 by the Dataset contract; stored uint8
     pixels are a record dataset's, which transforms them): cast as it is, 0…255 trains and scores a plausible,
-    wrong number. A token dataset's ids are ids whatever their dtype (an embedding reads them whole)."""
+    wrong number. A token dataset's ids are ids whatever their dtype (an embedding reads them whole); a fit's own
+    arrays (`integer_x_taken`) are the user's as given, warned of and kept as the model's kind of input."""
     dtype = getattr(x, "dtype", None)  # an array's or a memmap's (nested lists are arrays by now)
-    if dtype is None or np.dtype(dtype).kind not in "iu" or getattr(data, "label_kind", Dataset.label_kind) == "tokens":
+    if dtype is None or np.dtype(dtype).kind not in "iu" or getattr(data, "integer_x_taken", False) \
+            or getattr(data, "label_kind", Dataset.label_kind) == "tokens":
         return
     span = f" in {np.min(x)} … {np.max(x)}" if len(x) else ""
     raise PluginError(f"{component_label('dataset', data)}: {call} gave x of {dtype}{span}, expected float32 net "

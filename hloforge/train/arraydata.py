@@ -40,6 +40,9 @@ class ArrayData:
     data, or none), rows already net input; `num_classes` and `label_kind` the net's own."""
 
     name = ARRAYS
+    # integer x (8-bit pixels) is the user's, as given: fit warned of it unscaled and keeps its kind with the model
+    # (`InputKind`); each batch is cast as it is read, so x is never copied whole
+    integer_x_taken = True
 
     def __init__(self, spec: NetSpec, label_kind: str, train: tuple[np.ndarray, np.ndarray] | None,
                  test: tuple[np.ndarray, np.ndarray] | None):
@@ -264,9 +267,10 @@ def row_count(a: Any, what: str) -> int:
     return n
 
 
-def input_rows(x: Any, spec: NetSpec, what: str) -> tuple[np.ndarray, np.ndarray]:
+def input_rows(x: Any, spec: NetSpec, what: str, integers_as_given: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(x as given, as an array; x as the float32 rows the net takes), checked whole: rows of `spec`'s
-    input shape, real and finite (token ids for a net that takes them)."""
+    input shape, real and finite (token ids for a net that takes them). `integers_as_given`: integer rows
+    are returned as they are (`finite_inputs`), for a consumer that casts a batch at a time."""
     want = tuple(spec.input_shape)
     x = host_array(x)
     try:
@@ -277,7 +281,7 @@ def input_rows(x: Any, spec: NetSpec, what: str) -> tuple[np.ndarray, np.ndarray
     if tuple(x.shape[1:]) != want:  # said as [N, ...]: a lone row's length is no batch size
         hint = _shape_hint(x.shape, want)
         raise DataError(f"{what} x has shape {list(x.shape)}, expected {batched(want)}" + (hint and f" ({hint})"))
-    return x, net_inputs(x, spec, n, what)
+    return x, net_inputs(x, spec, n, what, integers_as_given=integers_as_given)
 
 
 def _ragged(x: Any, want: tuple[int, ...]) -> str:

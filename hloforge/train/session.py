@@ -185,23 +185,32 @@ def memory_said(what: str, batch: int | None, reduce: str = SMALLER_BATCH) -> It
         raise out_of_memory(e, what, batch, reduce) from None
 
 
-def net_inputs(x: Any, spec: NetSpec, rows: int, what: str, note: str = "") -> np.ndarray:
+def net_inputs(x: Any, spec: NetSpec, rows: int, what: str, note: str = "", integers_as_given: bool = False
+               ) -> np.ndarray:
     """`x` ([rows, *input]) checked as `spec`'s input: `finite_inputs`, with the token-id check for a
     net that takes ids (`token_vocab`)."""
-    return finite_inputs(x, (rows, *spec.input_shape), what, note, token_vocab(spec))
+    return finite_inputs(x, (rows, *spec.input_shape), what, note, token_vocab(spec), integers_as_given)
 
 
-def finite_inputs(x: Any, shape: Sequence[int], what: str, note: str = "", vocab: int | None = None) -> np.ndarray:
+def finite_inputs(x: Any, shape: Sequence[int], what: str, note: str = "", vocab: int | None = None,
+                  integers_as_given: bool = False) -> np.ndarray:
     """`x` as the float32 array a module takes, refused with one line unless it is real numbers of
     `shape`, all finite (after the float32 cast: 1e300 is inf there). One min and one max on the host.
     `vocab`: x is token ids, refused unless whole numbers in 0..vocab−1 (the embedding clamps the
-    others, so id 1000 would silently read row vocab−1): one more pass, for a float x alone."""
+    others, so id 1000 would silently read row vocab−1): one more pass, for a float x alone.
+    `integers_as_given`: integer x (8-bit pixels, token ids) is checked and returned as it is, for a consumer
+    that casts a batch at a time: a float32 copy is 4× 8-bit pixels' memory, and a file opened with
+    np.load(path, mmap_mode="r") then stays on disk."""
     x = np.asarray(x)
     if x.dtype.kind not in "fiu":
         flags = " (x.astype(np.float32) reads False, True as 0, 1)" if x.dtype.kind == "b" else ""
         raise DataError(f"{what} x has dtype {x.dtype}, expected real numbers (float32){flags}")
     if tuple(x.shape) != tuple(shape):
         raise DataError(f"{what} x has shape {list(x.shape)}, expected {list(shape)}{note}")
+    if integers_as_given and x.dtype.kind in "iu":  # finite, and within float32's range, whatever they hold
+        if vocab is not None:
+            check_token_ids(x, *_span(x), vocab, what)
+        return x
     given = x
     with np.errstate(over="ignore"):  # a float64 past float32's range: inf, refused just below
         x = np.ascontiguousarray(x, np.float32)
@@ -608,7 +617,7 @@ class ForwardSession:
         n = len(x) if hasattr(x, "__len__") else 0
         if n == 0:  # nothing to pad a batch around: refused here, not a bare numpy error from the concatenation
             raise DataError("eval x has no rows; expected at least one to score")
-        return net_inputs(x, self.spec, n, "eval")
+        return net_inputs(x, self.spec, n, "eval", integers_as_given=True)  # cast a chunk at a time below
 
     def logits(self, x: np.ndarray, params: Sequence[Any], gen: Hashable | None = None) -> np.ndarray:
         """Logits for all rows of x (params: θ… then any running statistics, as the eval module takes them)."""
@@ -620,7 +629,7 @@ class ForwardSession:
             keep = range(1, 1 + len(dev))  # the parameters outlive the call, whatever the module says
             out = []
             for i in range(0, len(x), self.batch):
-                chunk = x[i:i + self.batch]
+                chunk = np.asarray(x[i:i + self.batch], np.float32)
                 n = len(chunk)
                 if n < self.batch and self.batch_stats:
                     raise DataError(f"batch-statistics eval refuses a padded tail: the last batch has {n} of "
