@@ -167,7 +167,22 @@ def test_a_bad_mpi_timeout_on_one_machine_alone_is_one_line_naming_it(tmp_path):
     other, lines = said(r)
     assert r.returncode == 3 and time.monotonic() - t < 60 and not other, r.stdout + r.stderr
     assert lines == ["hloforge: error: HLOFORGE_MPI_TIMEOUT='abc': expected a positive number of seconds (on rank 1 "
-                     "of 2 alone: give every rank the same HLOFORGE_MPI_TIMEOUT)"], r.stdout + r.stderr
+                     "of 2 alone: give every rank the same HLOFORGE_MPI and HLOFORGE_MPI_TIMEOUT)"], r.stdout + r.stderr
+    assert not (tmp_path / "r").exists()
+
+
+@needs_mpi
+def test_a_bad_hloforge_mpi_on_one_machine_alone_is_one_line_naming_it(tmp_path):
+    """Before: rank 1 refused it before MPI_Init and left, quietly (as one process would with no world to make),
+    and rank 0 waited in MPI_Init for it for good."""
+    cmd = [*HLOFORGE, "train", "mnist-linear", "--epochs", "1", "--run-dir", str(tmp_path / "r"), "--no-progress"]
+    t = time.monotonic()
+    r = two_blocks(tmp_path, cmd, {"HLOFORGE_MPI": "bogus"})
+    other, lines = said(r)
+    assert r.returncode == 3 and time.monotonic() - t < 60 and not other, r.stdout + r.stderr
+    assert lines == ["hloforge: error: HLOFORGE_MPI='bogus': expected 1/true/yes/on (use MPI even where no launcher "
+                     "variable says so) or 0/false/no/off (the default, as is empty or unset) (on rank 1 of 2 alone: "
+                     "give every rank the same HLOFORGE_MPI and HLOFORGE_MPI_TIMEOUT)"], r.stdout + r.stderr
     assert not (tmp_path / "r").exists()
 
 

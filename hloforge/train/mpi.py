@@ -345,8 +345,13 @@ def world(environ: Any = None, ended: tuple[int, str] | None = None) -> World:
         return _WORLD  # (its timeout checked as it was made)
     env = os.environ if environ is None else environ
     rank, size, var = launched(env)
-    forced = env_switch(FORCE_ENV, on="use MPI even where no launcher variable says so", error=UnsupportedSpec,
-                        environ=env)
+    try:
+        forced, bad_force = env_switch(FORCE_ENV, on="use MPI even where no launcher variable says so",
+                                       error=UnsupportedSpec, environ=env), None
+    except UnsupportedSpec as e:  # a launcher's rank refusing it before MPI_Init left the others there for good
+        if size == 1:
+            raise
+        forced, bad_force = True, e  # refused with the others, below
     if size == 1 and not forced:
         w = World()
     else:
@@ -360,12 +365,11 @@ def world(environ: Any = None, ended: tuple[int, str] | None = None) -> World:
                      else f"{FORCE_ENV}={env[FORCE_ENV]}")
             raise BackendError(f"training across processes needs mpi4py ({asked}); {INSTALL}") from None
         comm = MPI.COMM_WORLD
-        timeout = _timeout(env)
         if var and comm.Get_size() != size:  # e.g. srun without its MPI plugin: P lone copies of one run
             raise BackendError(f"the launcher started {size} processes ({var}={size}) but MPI sees "
                                f"{comm.Get_size()}: this MPI is not the launcher's (with srun: --mpi=pmi2 or "
                                "--mpi=pmix, as the MPI library was built)")
-        w = World(comm.Get_rank(), comm.Get_size(), comm, timeout or DEFAULT_TIMEOUT_S, mpi=MPI, diag=comm.Dup(),
+        w = World(comm.Get_rank(), comm.Get_size(), comm, _timeout(env) or DEFAULT_TIMEOUT_S, mpi=MPI, diag=comm.Dup(),
                   halt=comm.Dup())
         if w.size > 1 and signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None):
             signal.signal(signal.SIGUSR1, _on_peer_death)
@@ -375,10 +379,9 @@ def world(environ: Any = None, ended: tuple[int, str] | None = None) -> World:
             w.said = _meet(w, ended)
     if w._mpi is not None and ended is None:  # met by every rank (refuse_together): each machine has its own
         # environment, and one rank refusing it alone left the others waiting for it; said once, MPI ends in order
-        bad = _timeout(env) is None
-        refuse_together(w, UnsupportedSpec(f"{TIMEOUT_ENV}={env.get(TIMEOUT_ENV)!r}: expected a positive number of "
-                                           "seconds") if bad else None, f"the check of {TIMEOUT_ENV}",
-                        f"give every rank the same {TIMEOUT_ENV}")
+        timeout = UnsupportedSpec(f"{TIMEOUT_ENV}={env.get(TIMEOUT_ENV)!r}: expected a positive number of seconds")
+        refuse_together(w, bad_force or (timeout if _timeout(env) is None else None), f"the check of {FORCE_ENV} and "
+                        f"{TIMEOUT_ENV}", f"give every rank the same {FORCE_ENV} and {TIMEOUT_ENV}")
     return w
 
 
