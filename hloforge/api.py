@@ -66,6 +66,38 @@ class _Keep(Callback):
         self.model.history.append(dict(logs))
 
 
+class _ReadEachEpoch(Callback):
+    """A fit's re-iterable batches (a DataLoader, a class with __iter__) read afresh at each epoch after the first, as
+    PyTorch and Keras read them (a loader's augmentation and order are new each pass), checked as the first pass was,
+    in place of the last pass's rows. Under MPI every rank reads its own."""
+
+    every_rank = True
+
+    def __init__(self, model: Model, run: Any, arrays: ArrayData, batches: Iterable[Any]):
+        self.model, self.run, self.arrays, self.batches = model, run, arrays, batches
+        self.dtype = arrays.arrays("train")[0].dtype  # x's as the first pass gave it
+        self.first = True
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any]) -> None:
+        if self.first:  # the first pass, read by fit before the compile
+            self.first = False
+            return
+        self.run.feed.x = self.run.feed.y = None  # the last pass's rows freed before this one is read
+        self.arrays.renew_train(None)
+        said = f"fit batches, read again for epoch {epoch},"
+        try:
+            x, y, _ = arraydata.read_batches(self.batches, FIT_BATCHES_MAX_BYTES)
+        except DataError as e:
+            raise DataError(f"{said} {e}") from None
+        if len(x) != self.arrays.n or x.dtype != self.dtype:
+            raise DataError(f"{said} gave {len(x)} rows of {x.dtype} where the first pass gave {self.arrays.n} of "
+                            f"{self.dtype}; expected a loader of the same rows each epoch (as a DataLoader of one "
+                            "dataset gives)")
+        x, y = self.model._check_xy(x, y, f"{said[:-1]}:")
+        self.arrays.renew_train((x, y))
+        self.run.feed.x, self.run.feed.y = x, y
+
+
 class Model(Saving):
     """A net with its training variant, weights and optimizer state.
 
@@ -226,8 +258,8 @@ class Model(Saving):
                    data=None if isinstance(data, str) else data, directory=False, backend=self.backend, shuffle=shuffle)
 
     def _arrays(self, x: Any, y: Any, validation_data: Any, batch_size: int | None) -> tuple[Any, int]:
-        """(the ArrayData fit trains on, the batch size): arrays, or an iterable of (x, y) batches read
-        once (its batches' size the batch size unless given), each checked whole before any compile."""
+        """(the ArrayData fit trains on, the batch size): arrays, or an iterable of (x, y) batches, its first pass
+        read (its batches' size the batch size unless given), each checked whole before any compile."""
         if y is None:
             if not isinstance(x, Iterable) or isinstance(x, np.ndarray):
                 raise DataError(f"fit x is a {type(x).__name__} without y; expected arrays x and y, an iterable of "
@@ -268,14 +300,15 @@ class Model(Saving):
             data_options: Mapping[str, Any] | None = None) -> History:
         """Train `epochs` passes; returns the history (also `self.history`, over all fits). Only x, y go by position.
 
-        On arrays `fit(x, y)` (`batch_size` default 32); on an iterable of (x, y) batches `fit(batches)` (read once;
-        the batch size its first batch's); on a registered dataset `fit("digits")` or `fit(data="digits")` (its options
-        a `data_options` mapping; batch default 32; scored each epoch on its test split as val_*). `validation_data`:
-        (x, y) arrays scored each epoch as val_*; `callbacks`: hf.Callback instances run in the loop; `verbose=False`:
-        no progress bar or lines. Every epoch is `hloforge train`'s loop (hloforge.train.trainer.Run.loop): the rows
-        in the order it draws them (a permutation from (seed, epoch); `shuffle=False`: as given), `len(x) // batch_size`
-        steps — a ragged last batch is dropped (`drop_last`, the only mode) and said once, never padded into the
-        gradient. The schedule runs over this call's steps. Every array is checked whole before the first step."""
+        On arrays `fit(x, y)` (`batch_size` default 32); on an iterable of (x, y) batches `fit(batches)` (the batch
+        size its first batch's; a list or generator read once, a re-iterable such as a DataLoader each epoch); on a
+        registered dataset `fit("digits")` or `fit(data="digits")` (its options a `data_options` mapping; batch default
+        32; scored each epoch on its test split as val_*). `validation_data`: (x, y) arrays scored each epoch as val_*;
+        `callbacks`: hf.Callback instances run in the loop; `verbose=False`: no progress bar or lines. Every epoch is
+        `hloforge train`'s loop (hloforge.train.trainer.Run.loop): the rows in the order it draws them (a permutation
+        from (seed, epoch); `shuffle=False`: as given), `len(x) // batch_size` steps — a ragged last batch is dropped
+        (`drop_last`, the only mode) and said once, never padded into the gradient. The schedule runs over this call's
+        steps. Every array is checked whole before the first step."""
         epochs = plain(epochs)
         for flag, on in (("shuffle", shuffle), ("drop_last", drop_last), ("verbose", verbose)):
             arraydata.checked_flag(flag, on)
@@ -284,6 +317,7 @@ class Model(Saving):
         if not drop_last:
             raise UnsupportedSpec("drop_last=False would train on a ragged last batch's padding; only True is taken")
         callbacks = checked_callbacks(callbacks)
+        every_rank: list[Callback] = []  # the fit's own, on every rank under MPI, after _Keep
         x, data = arraydata.dataset_named(x, data, data_options, "fit")
         if data is not None:
             if x is not None or y is not None or validation_data is not None:
@@ -306,6 +340,8 @@ class Model(Saving):
                                               "or monitor 'loss'")
             arrays, batch = self._arrays(x, y, validation_data, batch_size)
             run = self._run(arrays, batch, epochs, shuffle, verbose)
+            if y is None and arraydata.passes_again(x) and run.data is arrays:  # (not a task's targets in their place)
+                every_rank.append(_ReadEachEpoch(self, run, arrays, x))
             n = arrays.n
             if verbose and n % batch and run.world.is_root:
                 print(f"hloforge: {n % batch} of {n} rows do not fill a batch of {batch}; each epoch "
@@ -327,7 +363,7 @@ class Model(Saving):
         self.stop_training = False
         self._fitting = (run, session, threading.get_ident())
         try:
-            run.loop(session, evaluator, self._epoch, [_Keep(self, run, history), *mine], owner=self)
+            run.loop(session, evaluator, self._epoch, [_Keep(self, run, history), *every_rank, *mine], owner=self)
         finally:
             self._fitting = None
         run.world.finalize()

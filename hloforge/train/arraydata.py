@@ -14,7 +14,7 @@ import math
 import os
 import sys
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -58,6 +58,12 @@ class ArrayData:
 
     def arrays(self, split: str) -> tuple[np.ndarray, np.ndarray]:
         return self._splits[split]
+
+    def renew_train(self, pair: tuple[np.ndarray, np.ndarray] | None) -> None:
+        """A later pass of a fit's re-iterable batches in place of the train rows (`n` of them, as the first pass
+        had); None drops the last pass's before the next is read."""
+        assert pair is None or len(pair[0]) == self.n
+        self._splits["train"] = pair  # type: ignore[assignment]  # None only between two passes
 
 
 def label_kind(spec: NetSpec, variant: Variant) -> str:
@@ -300,6 +306,13 @@ def _ragged(x: Any, want: tuple[int, ...]) -> str:
     return "is ragged (its rows differ in length)"
 
 
+def passes_again(batches: Iterable[Any]) -> bool:
+    """Whether fit reads `batches` afresh each epoch: an iterable that makes a new iterator for each pass (a
+    DataLoader, a class with __iter__, a tf.data.Dataset), as PyTorch and Keras read one. A list or tuple holds
+    the same batches every pass, and a generator or other iterator passes once: both are read once."""
+    return not isinstance(batches, (list, tuple, Iterator))
+
+
 def read_batches(batches: Iterable[Any], max_bytes: int) -> tuple[np.ndarray, np.ndarray, int]:
     """(x, y, the first batch's rows): an iterable of (x, y) batches (`Model.fit(batches)`) read once, each
     pair checked (one label per row, the shapes of batch 0's), refused as endless past `max_bytes`."""
@@ -324,7 +337,8 @@ def read_batches(batches: Iterable[Any], max_bytes: int) -> tuple[np.ndarray, np
         for what, a in (("x", item[0]), ("y", item[1])):
             _refuse_misread(a, f"fit batch {len(xs)}'s {what}")
             try:
-                got = np.array(host_array(a)) if refilled else np.asarray(host_array(a))
+                got = np.asarray(host_array(a))  # (np.array of a torch tensor: numpy 2's warning of its __array__)
+                got = got.copy() if refilled else got
             except ValueError:  # numpy's, on rows of different lengths
                 raise DataError(f"fit batch {len(xs)} has a ragged {what} (its rows differ in length); expected "
                                 "an array with one row per example") from None
