@@ -37,8 +37,9 @@ from hloforge.train.arraydata import ARRAYS, ArrayData, InputKind, checked_batch
 from hloforge.train.config import TrainConfig, parse_data_options
 from hloforge.train.diffusion import is_time_conditioned
 from hloforge.train.exclusive import one_at_a_time, own_callbacks
+from hloforge.train.inputs import checked_labels
 from hloforge.train.rundir import checked_path
-from hloforge.train.session import ForwardSession, TrainSession, checked_labels, make_backend
+from hloforge.train.session import ForwardSession, TrainSession, make_backend
 
 # What fit reads of an iterable of batches before it refuses it as endless (it holds them all, then a copy).
 FIT_BATCHES_MAX_BYTES = 8 << 30
@@ -226,7 +227,7 @@ class Model(Saving):
         no compile needed); `scored`: labels only scored (a language model's may hold its padding)."""
         from hloforge.core.modules import label_type
         from hloforge.datasets.text import IGNORE
-        from hloforge.train.session import label_classes
+        from hloforge.train.inputs import label_classes
 
         xa = self._check_x(x, what, trained)
         n = row_count(y, f"{what} y")

@@ -13,7 +13,8 @@ from hloforge.core.spec import NetSpec
 from hloforge.core.variant import Variant
 from hloforge.plugins.layers.dense import Dense
 from hloforge.plugins.layers.tokens import TokenPositionEmbed
-from hloforge.train.session import ForwardSession, TrainSession, finite_inputs, make_backend, net_inputs, token_vocab
+from hloforge.train.inputs import finite_inputs, net_inputs, token_vocab
+from hloforge.train.session import ForwardSession, TrainSession, make_backend
 from hloforge.zoo import get_net
 
 VOCAB, T = 5, 4

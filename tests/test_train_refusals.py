@@ -129,7 +129,7 @@ def test_soft_targets_must_be_finite():
 def test_every_label_kind_is_checked_as_its_loss_reads_it(loss, out, classes):
     from hloforge.core.modules import label_type
     from hloforge.core.registry import default_registry
-    from hloforge.train.session import checked_labels, label_classes
+    from hloforge.train.inputs import checked_labels, label_classes
 
     y_shape, y_dtype = label_type(default_registry().make("loss", loss), out, "f32")
     assert label_classes(y_dtype, y_shape, out) == classes

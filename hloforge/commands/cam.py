@@ -21,7 +21,7 @@ from hloforge.core.regions import DEFAULT_REGION
 from hloforge.core.resample import bilinear_matrix
 from hloforge.core.spec import NetSpec
 from hloforge.train import checkpoint as ckpt
-from hloforge.train.session import finite_inputs
+from hloforge.train.inputs import finite_inputs
 from hloforge.train.trainer import Run
 
 

@@ -27,7 +27,8 @@ from hloforge.core.spec import NetSpec
 from hloforge.core.variant import Variant
 from hloforge.datasets.stream import class_names
 from hloforge.train.checkpoint import host_array
-from hloforge.train.session import net_inputs, positive_batch, token_vocab
+from hloforge.train.inputs import net_inputs, token_vocab
+from hloforge.train.session import positive_batch
 
 ARRAYS = "arrays"  # what a fit on arrays names its data in the run's config (no registered dataset)
 # x of the trained kind reaching past the training x's span by more than this many of its widths is taken

@@ -57,7 +57,7 @@ def quantize_params(params: Sequence[np.ndarray], slots: Sequence[ParamSlot]) ->
 
 
 def check_variant(variant: Any, spec: Any = None) -> None:
-    from hloforge.train.session import token_vocab
+    from hloforge.train.inputs import token_vocab
 
     vocab = None if spec is None else token_vocab(spec)
     if vocab is not None:  # scaled onto E4M3's 3-bit-mantissa grid, most ids would round to another id

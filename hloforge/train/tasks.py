@@ -192,7 +192,7 @@ class ClassificationTask(Task):
             raise classes_mismatch(run.cfg.data, classes, run.cfg.net, run.spec, getattr(run.data, "image_shape", None))
         # before the first step, not at the first epoch's scoring (a column [N, 1] broke it, after an epoch)
         from hloforge.core.registry import component_label
-        from hloforge.train.session import checked_labels
+        from hloforge.train.inputs import checked_labels
 
         checked_labels(run.y_te, (len(run.y_te),), "i32", classes, f"{component_label('dataset', run.data)} test split")
         # a folder of one class folder: loss 0 and top-1 100% whatever the net does (after the labels' check, which
@@ -205,7 +205,7 @@ class ClassificationTask(Task):
     def check_train(self, y: Any, n: int) -> None:
         # once: refused at the first bad batch, after the compile, naming no dataset
         from hloforge.core.registry import component_label
-        from hloforge.train.session import checked_labels
+        from hloforge.train.inputs import checked_labels
 
         run = self.run
         checked_labels(y, (n,), "i32", run.spec.num_classes, f"{component_label('dataset', run.data)} train split")
