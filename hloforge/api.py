@@ -221,15 +221,16 @@ class Model(Saving):
         arraydata.check_input_kind(trained, given, xa, what)
         return xa
 
-    def _check_xy(self, x: Any, y: Any, what: str, scored: bool = False,
-                  trained: InputKind | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def _check_xy(self, x: Any, y: Any, what: str, scored: bool = False, trained: InputKind | None = None,
+                  x_checked: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """x and y checked whole, against the labels the loss takes (as a train step's layout has them:
-        no compile needed); `scored`: labels only scored (a language model's may hold its padding)."""
+        no compile needed); `scored`: labels only scored (a language model's may hold its padding); `x_checked`: x is
+        the rows `_check_x` gave (not read again: an array on disk is read from the file at each check)."""
         from hloforge.core.modules import label_type
         from hloforge.datasets.text import IGNORE
         from hloforge.train.inputs import label_classes
 
-        xa = self._check_x(x, what, trained)
+        xa = x if x_checked else self._check_x(x, what, trained)
         n = row_count(y, f"{what} y")
         if n != len(xa):
             raise DataError(f"{what}: x has {len(xa)} rows but y has {n}; expected one label per row")
@@ -278,14 +279,14 @@ class Model(Saving):
         arraydata.warn_unscaled(self._fit_inputs, self._inputs)  # a first fit on pixels 0…255 is said
         if validation_data is not None:
             arraydata.check_pair(validation_data, "validation_data")
-            self._check_x(validation_data[0], "validation_data", self._fit_inputs)
+            val_x = self._check_x(validation_data[0], "validation_data", self._fit_inputs)
         if batch_size > len(xa):
             raise DataError(f"batch_size {batch_size}{default} is larger than the {len(xa)} rows of x; expected at "
                             f"most {len(xa)}")
-        xa, ya = self._check_xy(xa, y, "fit")
+        xa, ya = self._check_xy(xa, y, "fit", x_checked=True)
         val = None
         if validation_data is not None:  # checked whole here, so a bad one is refused before any step
-            val = self._check_xy(validation_data[0], validation_data[1], "validation_data", scored=True)
+            val = self._check_xy(val_x, validation_data[1], "validation_data", scored=True, x_checked=True)
         return ArrayData(self.spec, self._label_kind(), (xa, ya), val), batch_size
 
     def _label_kind(self) -> str:

@@ -72,3 +72,20 @@ def test_integer_rows_cast_a_batch_at_a_time_train_and_score_as_their_float32_co
         predictions.append(m.predict(rows))
     assert scores[0] == scores[1]
     np.testing.assert_array_equal(predictions[0], predictions[1])
+
+
+def test_the_span_of_a_large_array_read_in_chunks_is_its_min_and_max():
+    from hloforge.train.inputs import SPAN_CHUNK, value_span
+
+    rows = SPAN_CHUNK // 100 * 3 + 7  # three chunks and a ragged last one, of rows of 100
+    x = np.random.default_rng(0).normal(size=(rows, 100)).astype(np.float32)
+    assert value_span(x) == (float(x.min()), float(x.max()))
+    assert value_span(x[:, ::3]) == (float(x[:, ::3].min()), float(x[:, ::3].max()))  # a view, not copied
+    pixels = np.random.default_rng(1).integers(0, 200, (rows, 100), dtype=np.uint8)
+    pixels[-1, -1] = 255
+    assert value_span(pixels) == (0.0, 255.0)
+    x[-1, 5] = np.inf
+    assert value_span(x)[1] == np.inf
+    x[rows // 2, 0] = np.nan  # in a middle chunk: both NaN, as numpy's min and max say
+    lo, hi = value_span(x)
+    assert np.isnan(lo) and np.isnan(hi)

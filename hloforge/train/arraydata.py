@@ -27,7 +27,7 @@ from hloforge.core.spec import NetSpec
 from hloforge.core.variant import Variant
 from hloforge.datasets.stream import class_names
 from hloforge.train.checkpoint import host_array
-from hloforge.train.inputs import net_inputs, token_vocab
+from hloforge.train.inputs import net_inputs, token_vocab, value_span
 from hloforge.train.session import positive_batch
 
 ARRAYS = "arrays"  # what a fit on arrays names its data in the run's config (no registered dataset)
@@ -455,7 +455,7 @@ def input_kind(given: np.ndarray, x: np.ndarray, spec: NetSpec) -> InputKind | N
     if token_vocab(spec) is not None:
         return None
     integer = given.dtype.kind in "iu"
-    return InputKind(integer, integer or _all_whole(x), given.dtype.name, float(x.min()), float(x.max()))
+    return InputKind(integer, integer or _all_whole(x), given.dtype.name, *value_span(x))
 
 
 def _callers_level() -> int:
@@ -523,7 +523,7 @@ def check_input_kind(trained: InputKind | None, given: np.ndarray, x: np.ndarray
     if (integer and trained.whole) or (not integer and (not trained.integer or _all_whole(x))):
         _check_span(trained, x, what, otherwise)
         return
-    got = f"{given.dtype} in {_span(float(x.min()), float(x.max()))}" + ("" if integer else ", not whole numbers")
+    got = f"{given.dtype} in {_span(*value_span(x))}" + ("" if integer else ", not whole numbers")
     if not integer:
         todo = f"pass x in the training data's scale, as {trained.dtype}"
     elif trained.dataset:
@@ -537,13 +537,13 @@ def _check_span(trained: InputKind, x: np.ndarray, what: str, otherwise: str) ->
     """Refuse x (float32 rows) of the trained kind but reaching past the span the model was fit on by more
     than SPAN_SLACK of its widths: another scale (0…255 to a model fit on x / 255 or on standardised x)."""
     if trained.lo is None or trained.hi is None:  # a dataset's model: no span kept, but its x never whole numbers
-        lo, hi = float(x.min()), float(x.max())
+        lo, hi = value_span(x)
         if trained.dataset and hi - lo > 1 and _all_whole(x):
             raise DataError(f"{what} x holds whole numbers {_span(lo, hi)}, but the model was trained on "
                             f"{trained.said()}; scale and standardise x as it does, or {otherwise}")
         return
     width = max(trained.hi - trained.lo, abs(trained.lo), abs(trained.hi))
-    lo, hi = float(x.min()), float(x.max())
+    lo, hi = value_span(x)
     if width > 0 and (hi > trained.hi + SPAN_SLACK * width or lo < trained.lo - SPAN_SLACK * width):
         raise DataError(f"{what} x spans {_span(lo, hi)}, far past the {_span(trained.lo, trained.hi)} of the "
                         f"{trained.dtype} the model was trained on; pass x in the training data's scale (scaled and "

@@ -15,6 +15,8 @@ from hloforge.core.errors import DataError
 from hloforge.core.spec import NetSpec
 from hloforge.train.checkpoint import host_array
 
+SPAN_CHUNK = 1 << 24  # values of a large array read at a time for its min and max
+
 
 def label_classes(y_dtype: str, label_shape: Sequence[int], out_shape: Sequence[int]) -> int | None:
     """The number of classes integer labels index: the size of the logits' axis the labels lack
@@ -58,15 +60,15 @@ def finite_inputs(x: Any, shape: Sequence[int], what: str, note: str = "", vocab
         raise DataError(f"{what} x has shape {list(x.shape)}, expected {list(shape)}{note}")
     if integers_as_given and x.dtype.kind in "iu":  # finite, and within float32's range, whatever they hold
         if vocab is not None:
-            check_token_ids(x, *_span(x), vocab, what)
+            check_token_ids(x, *value_span(x), vocab, what)
         return x
     given = x
     with np.errstate(over="ignore"):  # a float64 past float32's range: inf, refused just below
         x = np.ascontiguousarray(x, np.float32)
-    lo, hi = _span(x)
+    lo, hi = value_span(x)
     if not (math.isfinite(lo) and math.isfinite(hi)):
         if given.dtype.itemsize > 4 and np.isfinite(given).all():  # finite as given: float32 cannot hold it
-            glo, ghi = _span(given)
+            glo, ghi = value_span(given)
             raise DataError(f"{what} x spans {glo:g} … {ghi:g}, beyond float32's range (±3.4e38) the net "
                             "computes in; expected numbers float32 holds")
         raise DataError(f"{what} x holds NaN or inf (it spans {lo} … {hi}); expected finite numbers")
@@ -93,9 +95,14 @@ def check_token_ids(x: np.ndarray, lo: float, hi: float, vocab: int, what: str) 
                     f"(the net's vocabulary of {vocab})")
 
 
-def _span(a: np.ndarray) -> tuple[float, float]:
-    """(min, max): a NaN anywhere makes both NaN, an inf shows in one."""
-    return (float(a.min()), float(a.max())) if a.size else (0.0, 0.0)
+def value_span(a: np.ndarray) -> tuple[float, float]:
+    """(min, max): a NaN anywhere makes both NaN, an inf shows in one. A large array is read once for both, a chunk
+    of rows at a time: one opened from disk with np.load(path, mmap_mode="r") was read from the file twice."""
+    if a.ndim == 0 or a.size <= SPAN_CHUNK:
+        return (float(a.min()), float(a.max())) if a.size else (0.0, 0.0)
+    step = max(1, SPAN_CHUNK * len(a) // a.size)
+    spans = np.array([(c.min(), c.max()) for c in (a[i:i + step] for i in range(0, len(a), step))], np.float64)
+    return float(spans[:, 0].min()), float(spans[:, 1].max())
 
 
 def checked_labels(y: Any, shape: Sequence[int], y_dtype: str, classes: int | None, what: str,
@@ -145,7 +152,7 @@ def checked_labels(y: Any, shape: Sequence[int], y_dtype: str, classes: int | No
     if y.dtype.kind not in "fiu":
         raise DataError(f"{what} labels have dtype {y.dtype}, expected real-valued targets (float32)")
     y = np.ascontiguousarray(y, np.float32)
-    lo, hi = _span(y)
+    lo, hi = value_span(y)
     if not (math.isfinite(lo) and math.isfinite(hi)):
         raise DataError(f"{what} labels hold NaN or inf (they span {lo} … {hi}); expected finite targets")
     return y
