@@ -9,8 +9,7 @@ import pytest
 from PIL import Image
 
 from hloforge.core.errors import DataError
-from hloforge.datasets.images import open_rgb, read_rgb
-from hloforge.datasets.prepare import _decoded
+from hloforge.datasets.images import open_rgb, read_rgb, square_rgb
 from hloforge.train.detection import load_image
 
 GRADIENT = [0, 100, 255, 256, 1000, 16384, 32768, 65535]
@@ -51,7 +50,7 @@ def test_exif_orientation_is_applied(tmp_path) -> None:
     assert rgb[:14].mean() > 240 and rgb[18:].mean() < 15
     shown = load_image(str(tmp_path / "side.jpg"))
     assert shown.shape == (3, 64, 32) and shown[:, :14].mean() > 0.94
-    chw = _decoded(str(tmp_path / "side.jpg"), 16)  # prepare imagenette's
+    chw = square_rgb(str(tmp_path / "side.jpg"), 16)  # prepare imagenette's
     assert chw[:, :3].mean() > 240 and chw[:, 5:].mean() < 15
 
 

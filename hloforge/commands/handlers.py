@@ -279,6 +279,13 @@ def _detect(args: argparse.Namespace) -> None:
                data_dir=args.data_dir, data_file=args.data_file, region=args.region)
 
 
+def _classify(args: argparse.Namespace) -> None:
+    from hloforge.commands.classify import classify_run
+
+    classify_run(args.run, args.images, args.top, backend=args.backend, region=args.region, data_dir=args.data_dir,
+                 data_file=args.data_file)
+
+
 def _compare(args: argparse.Namespace) -> None:
     import numpy as np
 

@@ -507,6 +507,12 @@ class RecordSource(Protocol):
         """The host transform from stored rows to net input (random only when `augment`)."""
         ...
 
+    def image_file(self, path: str) -> np.ndarray:
+        """Optional: the image file at `path` as this dataset stores an image of its eval split (uint8 [C, H, W]),
+        which `transform(split)` then makes net input. Read by `hloforge classify` (`getattr(data, "image_file",
+        None)`; without it classify refuses the run's dataset)."""
+        ...
+
 
 class BoxSource(Protocol):
     """A dataset with boxes (yolo, shapes). `DetectionTask.check` tests `hasattr(data, "boxes")`."""

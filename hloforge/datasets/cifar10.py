@@ -20,6 +20,7 @@ import numpy as np
 from hloforge.core.errors import DataError
 from hloforge.core.hookspecs import hookimpl
 from hloforge.datasets.augment import Compose, HorizontalFlip, Normalize, RandomCrop, Transform
+from hloforge.datasets.images import read_rgb, square_rgb
 from hloforge.datasets.options import path
 from hloforge.datasets.records import RecordDataset, check_labels, check_plain_records, map_records
 
@@ -61,6 +62,10 @@ class Cifar10(RecordDataset):
         if len(parts) == 1:
             return parts[0]
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+    def image_file(self, path: str) -> np.ndarray:
+        """An image file as CIFAR-10 holds an image: 32×32 RGB (resized bilinearly)."""
+        return square_rgb(path, SIDE, read_rgb)
 
     def transform(self, split: str, augment: bool = False) -> Transform:
         self._check_split(split)

@@ -39,7 +39,9 @@ from hloforge.datasets.augment import (
     Normalize,
     RandomCrop,
     Transform,
+    centre_window,
 )
+from hloforge.datasets.images import read_rgb, square_rgb
 from hloforge.datasets.options import integer, path
 from hloforge.datasets.records import (
     COUNT_HEADER,
@@ -173,6 +175,10 @@ class Imagenette(RecordDataset):
                             "writes from SRC/train/<class>/*.JPEG and SRC/val/<class>/*.JPEG, then --data-dir OUT")
         return read_counted_images(path, self.side(split), self.num_classes,
                                    "train_size" if split == "train" else "crop", self._classes_from)
+
+    def image_file(self, path: str) -> np.ndarray:
+        """An image file as `prepare imagenette` stores a val image: resized to train_size², its centre crop² kept."""
+        return np.ascontiguousarray(centre_window(square_rgb(path, self.train_size, read_rgb), self.crop))
 
     def transform(self, split: str, augment: bool = False) -> Transform:
         self._check_split(split)

@@ -1,5 +1,5 @@
 """Image files decoded the one way every reader of them here takes them (`prepare imagenette`, `prepare yolo`,
-`hloforge detect`): 8-bit RGB, the way a viewer shows the file.
+`hloforge detect`, `hloforge classify`): 8-bit RGB, the way a viewer shows the file.
 
 - EXIF orientation applied: a phone's JPEG stores its pixels sideways and says so in its EXIF; viewers and
   YOLO's labelling tools show (and label) it turned, so a box drawn on it is in the turned frame.
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -63,3 +64,12 @@ def read_rgb(path: str) -> Any:
     except Exception as e:  # noqa: BLE001 - Pillow raises many types for a bad file; each becomes one line
         raise DataError(f"{path}: cannot decode it as an image ({' '.join(str(e).split()) or type(e).__name__})") \
             from None
+
+
+def square_rgb(path: str, side: int, read: Callable[[str], Any] = open_rgb) -> np.ndarray:
+    """The image at `path` as uint8 RGB [3, side, side], resized bilinearly: how `prepare imagenette` stores one
+    (`read`: `open_rgb`, or `read_rgb` for one DataError line on a file it cannot decode)."""
+    from PIL import Image
+
+    rgb = read(path).resize((side, side), Image.Resampling.BILINEAR)
+    return np.asarray(rgb, np.uint8).transpose(2, 0, 1)

@@ -55,7 +55,7 @@ import numpy as np
 from hloforge.core.errors import DataError
 from hloforge.datasets import brats, imagenette, yolo
 from hloforge.datasets.augment import centre_window
-from hloforge.datasets.images import open_rgb
+from hloforge.datasets.images import square_rgb
 from hloforge.datasets.records import replaced_together, write_counted
 
 IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")
@@ -114,14 +114,6 @@ def _class_folders(split_dir: str) -> list[str]:
     if not classes:
         raise DataError(f"{split_dir} has no class folders")
     return classes
-
-
-def _decoded(path: str, side: int) -> np.ndarray:
-    """The image at `path` as uint8 RGB [3, side, side] (datasets/images.py), resized bilinearly."""
-    from PIL import Image
-
-    rgb = open_rgb(path).resize((side, side), Image.Resampling.BILINEAR)
-    return np.asarray(rgb, np.uint8).transpose(2, 0, 1)
 
 
 def _named(paths: list[str], shown: int = 3) -> str:
@@ -202,7 +194,7 @@ def _image_records(split_dir: str, classes: list[str], images: dict[str, list[st
         for fname in images[cls]:
             path = os.path.join(folder, fname)
             try:
-                chw = np.ascontiguousarray(centre_window(_decoded(path, resized), side))
+                chw = np.ascontiguousarray(centre_window(square_rgb(path, resized), side))
             except Exception as e:  # Pillow raises many types for a bad file (OSError, SyntaxError, ValueError, …)
                 skipped.append(f"{path} ({' '.join(str(e).split()) or type(e).__name__})")
                 continue
