@@ -26,7 +26,7 @@ from hloforge.train.trainer import TrainConfig, load_config
 PARSER = parser()
 # what each command needs before its flags (nothing is read: parsing only)
 POSITIONALS = {"render": ["mnist-linear", "--out", "OUT"], "eval": ["RUN"], "generate": ["RUN"], "sample": ["RUN"],
-               "detect": ["RUN"], "cam": ["RUN", "test:0"], "prepare": ["SRC", "OUT"],
+               "detect": ["RUN"], "cam": ["RUN", "test:0"], "classify": ["RUN", "IMAGE"], "prepare": ["SRC", "OUT"],
                "summary": ["mnist-linear"],
                "import-weights": ["torchvision:resnet18", "W.safetensors", "--out", "OUT"]}
 
@@ -99,7 +99,8 @@ def test_every_numeric_option_is_walked():
     for want in [(("train",), "--epochs"), (("train",), "--warmup-epochs"), (("train",), "--ema"),
                  (("train",), "--seed"), (("train",), "--input"), (("eval",), "--replicas"),
                  (("sample",), "-n"), (("generate",), "--temperature"), (("detect",), "--score"),
-                 (("cam",), "--class"), (("render",), "--batch"), (("prepare", "brats"), "--val-frac")]:
+                 (("cam",), "--class"), (("classify",), "--top"), (("render",), "--batch"),
+                 (("prepare", "brats"), "--val-frac")]:
         assert want in flags, want
     assert len(OPTIONS) > 50
 

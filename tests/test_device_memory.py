@@ -165,6 +165,7 @@ def test_out_of_host_memory_names_the_commands_own_option(monkeypatch, capsys) -
 @pytest.mark.parametrize("argv,module,function", [
     (["detect", "RUN", "img.png"], "detect", "detect_run"),
     (["cam", "RUN", "test:0"], "cam", "cam_run"),
+    (["classify", "RUN", "img.png"], "classify", "classify_run"),
 ])
 def test_a_command_without_batch_advises_what_it_does_take(argv, module, function, monkeypatch, capsys) -> None:
     """A command that runs one image at a time ran out of device memory and advised '--batch', which it does not
