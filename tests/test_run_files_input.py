@@ -54,6 +54,25 @@ def test_compare_refuses_a_corrupt_bitmap_in_one_line(content: bytes, message: s
     assert f"{tmp_path / 'b' / 'eval_correct.npz'}" in err and message in err
 
 
+def test_compare_scores_the_checkpoint_of_a_run_stopped_after_its_bitmap(tmp_path, capsys) -> None:
+    """A run killed between an epoch's bitmap and its checkpoint: the bitmap is of epoch 3's weights, which were never
+    kept. Before: compare counted that bitmap as the run's (here all wrong: 0/360, where `hloforge eval` scores the
+    checkpoint of epoch 2); now it scores the checkpoint, as eval does."""
+    import shutil
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert main(["train", "mnist-linear", "--epochs", "2", "--run-dir", str(a), "--no-progress"]) == 0
+    shutil.copytree(a, b)
+    with np.load(b / "eval_correct.npz") as z:
+        right, set_id = z["correct"], str(z["set_id"])
+    np.savez(b / "eval_correct.npz", correct=np.zeros_like(right), set_id=set_id, epoch=3)
+    capsys.readouterr()
+    assert main(["compare", str(a), str(b)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == [f"A {a} (epoch 2, live weights): {right.sum()}/{len(right)}   B {b} (epoch 2, live weights): "
+                   f"{right.sum()}/{len(right)}", "A right, B wrong: 0   A wrong, B right: 0   McNemar exact p = 1"]
+
+
 # ------------------------------------------------------------------ plot
 GOOD = '{"kind": "epoch", "epoch": 1, "loss": 0.5, "top1": 0.4, "top1_lo": 0.3, "top1_hi": 0.5}\n'
 

@@ -98,6 +98,13 @@ def region_bitmap(run: str, region: str = DEFAULT_REGION,
         return correct, set_id, epoch, "live"
     _, meta = ckpt.load_checkpoint(file)
     shadows = _keeps_shadow(meta)
+    kept = int(meta.get("epoch", epoch))
+    if kept != epoch:  # a run stopped between an epoch's bitmap and its checkpoint: the bitmap's weights were not kept
+        if score is None:
+            raise DataError(f"{run}: its {BITMAP} is of epoch {epoch}, its {CHECKPOINT} of epoch {kept} (the run "
+                            "stopped between them); resume it, or score its checkpoint")
+        resolved = "ema" if shadows and region != "live" else "live"
+        return np.asarray(score(folder, resolved), bool), str(meta.get("eval_set", set_id)), kept, resolved
     if region == "ema" and not shadows:
         raise DataError(f"checkpoint {file} has no EMA shadow (its run was trained without --ema); use --region live")
     if region == "live" or not shadows:
