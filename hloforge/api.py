@@ -11,6 +11,7 @@ takes the loop's host copy back at the end of every epoch.
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import threading
 from collections.abc import Iterable, Mapping, Sequence
@@ -65,6 +66,15 @@ class _Keep(Callback):
         logs.pop("kind", None)  # every record is an epoch's
         self.history.append(dict(logs))
         self.model.history.append(dict(logs))
+
+
+def _digest(arrays: Sequence[np.ndarray]) -> str:
+    """A short hash of the arrays' values and shapes, in order."""
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(repr(np.shape(a)).encode())
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()[:16]
 
 
 class _ReadEachEpoch(Callback):
@@ -361,6 +371,10 @@ class Model(Saving):
         run.running = [r.copy() for r in self._running]
         if self._shadow_running is not None:
             run.shadow_running = [r.copy() for r in self._shadow_running]
+        if run.world.size > 1:  # the ranks average ∂θ, never θ: a rank starting from other weights stays apart for good
+            run.world.agree("model state", {"weights": _digest([*self._params, *self._opt_state, *self._running]),
+                                            "step": self._step}, "make the Model alike on every rank (one seed, the "
+                            "same weights loaded) before its fit")
         history = History()
         self.stop_training = False
         self._fitting = (run, session, threading.get_ident())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -199,3 +200,69 @@ def test_a_bad_hloforge_debug_on_one_machine_alone_is_one_line_naming_it(tmp_pat
                      "0/false/no/off (the default, as is empty or unset) (on rank 1 of 2 alone: start every rank with "
                      "the same command)"], r.stdout + r.stderr
     assert not (tmp_path / "r").exists()
+
+
+_OTHER_INIT = """
+import numpy as np
+from hloforge.core import spec
+
+drawn = spec.NetSpec.init_params
+spec.NetSpec.init_params = lambda self, seed: [a + np.float32(0.01) for a in drawn(self, seed)]
+"""
+
+
+@needs_mpi
+def test_a_rank_whose_plugin_code_draws_other_weights_trains_from_rank_0s(tmp_path):
+    """Another copy of the code that draws θ on one machine alone (here a sitecustomize on rank 1's path; in life a
+    plugin's initialisation of another version, or one that reads the machine), rendering the same program. Before:
+    each rank trained from its own θ, which the averaged ∂θ never brought together (rank 0's weights differed from
+    the same run's on two alike ranks); every rank now starts from rank 0's."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(_OTHER_INIT)
+    runs = {}
+    for name, rank1 in (("alike", {}), ("other", {"PYTHONPATH": str(tmp_path / "site")})):
+        cmd = [*HLOFORGE, "train", "mnist-linear", "--epochs", "1", "--run-dir", str(tmp_path / name), "--no-progress"]
+        r = two_blocks(tmp_path, cmd, rank1)
+        assert r.returncode == 0, r.stdout + r.stderr
+        from safetensors.numpy import load_file
+
+        runs[name] = load_file(str(tmp_path / name / "checkpoint.safetensors"))
+    for k, v in runs["alike"].items():
+        np.testing.assert_array_equal(runs["other"][k], v, err_msg=k)
+
+
+_API_FIT = """
+import os, sys
+import numpy as np
+import hloforge as hf
+rank = int(os.environ["PMI_RANK"])
+rng = np.random.default_rng(0)
+x, y = rng.normal(size=(64, 6)).astype(np.float32), rng.integers(0, 3, 64).astype(np.int32)
+net = hf.NetSpec("alike", (6,), [hf.layers.Dense(8, act="relu"), hf.layers.Dense(3)], 3)
+m = hf.Model(net, seed=rank if sys.argv[1] == "seed=rank" else 0)
+try:
+    m.fit(x, y, epochs=1, batch_size=16, verbose=False)
+except hf.HloforgeError as e:
+    print(f"refused: {e}" if rank == 0 else "", end="")
+    sys.exit(3)
+print(f"rank {rank} trained")
+"""
+
+
+@needs_mpi
+def test_models_made_otherwise_on_each_rank_are_refused_before_a_fit(tmp_path):
+    """A user's script under mpiexec making its Model with seed=rank. Before: each rank fit its own θ with the others'
+    averaged ∂θ, every rank's weights different for good (rank 0's saved as the run's)."""
+    script = tmp_path / "fit.py"
+    script.write_text(_API_FIT)
+    assert MPIEXEC is not None
+    alike = subprocess.run([MPIEXEC, "-iface", "lo", "-n", "2", sys.executable, str(script), "seed=0"],
+                           capture_output=True, text=True, timeout=200, env=env())
+    assert alike.returncode == 0 and "rank 1 trained" in alike.stdout, alike.stdout + alike.stderr
+    other = subprocess.run([MPIEXEC, "-iface", "lo", "-n", "2", sys.executable, str(script), "seed=rank"],
+                           capture_output=True, text=True, timeout=200, env=env())
+    assert other.returncode != 0, other.stdout + other.stderr
+    assert other.stdout.startswith("refused: rank 1 of 2 was started with another model state than rank 0 (weights: "
+                                   ), other.stdout + other.stderr
+    assert other.stdout.endswith("make the Model alike on every rank (one seed, the same weights loaded) before its "
+                                 "fit"), other.stdout

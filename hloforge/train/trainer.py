@@ -308,8 +308,8 @@ class Run:
         return int(meta["epoch"])
 
     def _share_restored(self, session: TrainSession, start: int) -> int:
-        """Under MPI: rank 0's restored state (θ, optimizer state, step, running statistics) on every rank,
-        so no other rank reads the run directory; returns the epoch the checkpoint ended."""
+        """Under MPI: rank 0's state (θ, optimizer state, step, running statistics), restored or as drawn, on every
+        rank, so no other rank reads the run directory; returns the epoch rank 0's checkpoint ended (0: a new run)."""
         w = self.world
         if w.size == 1:
             return start
@@ -428,19 +428,19 @@ class Run:
                 evaluator = RankShardedForward(evaluator, world)
         world.barrier("the compile", slow=True)
         compile_s = time.perf_counter() - t0
-        start = 0
-        if resume:
-            start = self.restore(session, cross_backend) if world.is_root else 0
-            start = self._share_restored(session, start)
-            if start >= cfg.epochs:
-                if callbacks or world.size > 1:  # no epoch; their start on its history (every rank: its collectives)
-                    self.loop(session, evaluator, start, callbacks, resumed=True)  # does what a kill at the end cut
-                    # off (ModelCheckpoint's copy; the curves)
-                undrawn = world.is_root and not os.path.exists(os.path.join(self.dir, curves.PNG))
-                if undrawn and (done := self._history()):  # the end's plot, which a kill while drawn left undrawn
-                    self.plot(done)
-                raise mpi.PeerError(f"run {self.dir} already finished: its checkpoint is at epoch {start} of "
-                                    f"{cfg.epochs}; raise --epochs to train further", quiet=not world.is_root)
+        start = self.restore(session, cross_backend) if resume and world.is_root else 0
+        # rank 0's state on every rank, a new run's too: a plugin's initialisation that differs across machines (yet
+        # renders one program) gave each rank its own θ, which the averaged ∂θ never brings together
+        start = self._share_restored(session, start)
+        if resume and start >= cfg.epochs:
+            if callbacks or world.size > 1:  # no epoch; their start on its history (every rank: its collectives)
+                self.loop(session, evaluator, start, callbacks, resumed=True)  # does what a kill at the end cut
+                # off (ModelCheckpoint's copy; the curves)
+            undrawn = world.is_root and not os.path.exists(os.path.join(self.dir, curves.PNG))
+            if undrawn and (done := self._history()):  # the end's plot, which a kill while drawn left undrawn
+                self.plot(done)
+            raise mpi.PeerError(f"run {self.dir} already finished: its checkpoint is at epoch {start} of "
+                                f"{cfg.epochs}; raise --epochs to train further", quiet=not world.is_root)
         if init is not None:
             finetune.start_from(self, session, init)
         if world.is_root:
