@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from test_mpi import HLOFORGE, MPIEXEC, env, needs_mpi  # tests/ is on sys.path (rootdir-relative, no package)
 
 
@@ -158,47 +159,31 @@ def test_a_rank_that_fails_alone_mid_run_names_itself_in_one_line(tmp_path):
                                        "'tail'] or unset (on rank 1 of 2)"], r.stdout + r.stderr
 
 
-@needs_mpi
-def test_a_bad_mpi_timeout_on_one_machine_alone_is_one_line_naming_it(tmp_path):
-    """Before: rank 1 refused it quietly (as if every rank had: 'they share the launch environment'), and rank 0
-    waited for it at the start, 20 × its own 30 s, with no line said."""
-    cmd = [*HLOFORGE, "train", "mnist-linear", "--epochs", "1", "--run-dir", str(tmp_path / "r"), "--no-progress"]
-    t = time.monotonic()
-    r = two_blocks(tmp_path, cmd, {"HLOFORGE_MPI_TIMEOUT": "abc"})
-    other, lines = said(r)
-    assert r.returncode == 3 and time.monotonic() - t < 60 and not other, r.stdout + r.stderr
-    assert lines == ["hloforge: error: HLOFORGE_MPI_TIMEOUT='abc': expected a positive number of seconds (on rank 1 "
-                     "of 2 alone: give every rank the same HLOFORGE_MPI and HLOFORGE_MPI_TIMEOUT)"], r.stdout + r.stderr
-    assert not (tmp_path / "r").exists()
+_SWITCH = "expected 1/true/yes/on ({}) or 0/false/no/off (the default, as is empty or unset)"
 
 
 @needs_mpi
-def test_a_bad_hloforge_mpi_on_one_machine_alone_is_one_line_naming_it(tmp_path):
-    """Before: rank 1 refused it before MPI_Init and left, quietly (as one process would with no world to make),
-    and rank 0 waited in MPI_Init for it for good."""
+@pytest.mark.parametrize(("var", "value", "line"), [
+    # Before: rank 1 refused it quietly (as if every rank had: 'they share the launch environment'), and rank 0
+    # waited for it at the start, 20 × its own 30 s, with no line said.
+    ("HLOFORGE_MPI_TIMEOUT", "abc", "expected a positive number of seconds (on rank 1 of 2 alone: give every rank the "
+                                    "same HLOFORGE_MPI and HLOFORGE_MPI_TIMEOUT)"),
+    # Before: rank 1 refused it before MPI_Init and left, quietly (as one process would with no world to make), and
+    # rank 0 waited in MPI_Init for it for good.
+    ("HLOFORGE_MPI", "bogus", _SWITCH.format("use MPI even where no launcher variable says so") + " (on rank 1 of 2 "
+                              "alone: give every rank the same HLOFORGE_MPI and HLOFORGE_MPI_TIMEOUT)"),
+    # Refused before any work, as on one machine. Before: rank 1 said it and left before MPI_Init, and rank 0 waited
+    # there for it for good (the job hung).
+    ("HLOFORGE_DEBUG", "bogus", _SWITCH.format("print tracebacks") + " (on rank 1 of 2 alone: start every rank with "
+                                "the same command)"),
+])
+def test_a_bad_setting_on_one_machine_alone_is_one_line_naming_it(var, value, line, tmp_path):
     cmd = [*HLOFORGE, "train", "mnist-linear", "--epochs", "1", "--run-dir", str(tmp_path / "r"), "--no-progress"]
     t = time.monotonic()
-    r = two_blocks(tmp_path, cmd, {"HLOFORGE_MPI": "bogus"})
+    r = two_blocks(tmp_path, cmd, {var: value})
     other, lines = said(r)
     assert r.returncode == 3 and time.monotonic() - t < 60 and not other, r.stdout + r.stderr
-    assert lines == ["hloforge: error: HLOFORGE_MPI='bogus': expected 1/true/yes/on (use MPI even where no launcher "
-                     "variable says so) or 0/false/no/off (the default, as is empty or unset) (on rank 1 of 2 alone: "
-                     "give every rank the same HLOFORGE_MPI and HLOFORGE_MPI_TIMEOUT)"], r.stdout + r.stderr
-    assert not (tmp_path / "r").exists()
-
-
-@needs_mpi
-def test_a_bad_hloforge_debug_on_one_machine_alone_is_one_line_naming_it(tmp_path):
-    """Refused before any work, as on one machine. Before: rank 1 said it and left before MPI_Init, and rank 0
-    waited there for it for good (the job hung)."""
-    cmd = [*HLOFORGE, "train", "mnist-linear", "--epochs", "1", "--run-dir", str(tmp_path / "r"), "--no-progress"]
-    t = time.monotonic()
-    r = two_blocks(tmp_path, cmd, {"HLOFORGE_DEBUG": "bogus"})
-    other, lines = said(r)
-    assert r.returncode == 3 and time.monotonic() - t < 60 and not other, r.stdout + r.stderr
-    assert lines == ["hloforge: error: HLOFORGE_DEBUG='bogus': expected 1/true/yes/on (print tracebacks) or "
-                     "0/false/no/off (the default, as is empty or unset) (on rank 1 of 2 alone: start every rank with "
-                     "the same command)"], r.stdout + r.stderr
+    assert lines == [f"hloforge: error: {var}={value!r}: {line}"], r.stdout + r.stderr
     assert not (tmp_path / "r").exists()
 
 
