@@ -46,7 +46,7 @@ def net_inputs(x: Any, spec: NetSpec, rows: int, what: str, note: str = "", inte
 def finite_inputs(x: Any, shape: Sequence[int], what: str, note: str = "", vocab: int | None = None,
                   integers_as_given: bool = False) -> np.ndarray:
     """`x` as the float32 array a module takes, refused with one line unless it is real numbers of
-    `shape`, all finite (after the float32 cast: 1e300 is inf there). One min and one max on the host.
+    `shape`, all finite (after the float32 cast: 1e300 is inf there): its min and max, one pass on the host.
     `vocab`: x is token ids, refused unless whole numbers in 0..vocab−1 (the embedding clamps the
     others, so id 1000 would silently read row vocab−1): one more pass, for a float x alone.
     `integers_as_given`: integer x (8-bit pixels, token ids) is checked and returned as it is, for a consumer
