@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from hloforge.core.lookup import Lookup
     from hloforge.core.spec import NetSpec
     from hloforge.core.variant import Variant
+    from hloforge.imagefiles import image_inputs
     from hloforge.loading import load
     from hloforge.registering import register
 
@@ -33,6 +34,7 @@ _LAZY = {
     "Variant": ("hloforge.core.variant", "Variant"),
     "Model": ("hloforge.api", "Model"),
     "load": ("hloforge.loading", "load"),
+    "image_inputs": ("hloforge.imagefiles", "image_inputs"),
     "register": ("hloforge.registering", "register"),
     "Callback": ("hloforge.callbacks", "Callback"),
     "EarlyStopping": ("hloforge.callbacks", "EarlyStopping"),
@@ -46,7 +48,8 @@ _LAZY = {
     "optimizers": ("hloforge.core.lookup", "optimizers"),
 }
 
-__all__ = ["PLUGIN_API_VERSION", "__version__", "NetSpec", "Variant", "Model", "load", "register", "Callback",
+__all__ = ["PLUGIN_API_VERSION", "__version__", "NetSpec", "Variant", "Model", "load", "image_inputs", "register",
+           "Callback",
            "EarlyStopping", "ModelCheckpoint", "CSVLogger", "TensorBoard", "HloforgeError", "layers", "losses",
            "optimizers", "callbacks"]
 assert set(__all__) == {"PLUGIN_API_VERSION", "__version__", *_LAZY}  # one list, checked against the table

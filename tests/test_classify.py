@@ -10,6 +10,7 @@ import pytest
 import hloforge as hf
 from hloforge.cli import EXIT_BAD_INPUT, EXIT_OK, main
 from hloforge.commands.classify import classify_run
+from hloforge.core.errors import DataError
 from hloforge.datasets.imagenette import Imagenette
 from hloforge.datasets.prepare import prepare
 
@@ -68,6 +69,25 @@ def test_what_classify_cannot_read_is_one_line(imagenette_run, tmp_path, capsys)
                                                "directory; expected an image file")
 
 
+def test_a_run_copied_alone_classifies_without_its_datasets_files(imagenette_run, tmp_path):
+    """The run directory alone on another machine (here: its dataset's files moved away): classify reads the run, not
+    the dataset, and gives the same probabilities; the API's hf.image_inputs is the same rows."""
+    import shutil
+
+    files = [f"{imagenette_run['src']}/val/dog/dog_{i}.png" for i in range(2)]
+    before = classify_run(imagenette_run["run"], files, log=lambda _: None)
+    moved = tmp_path / "moved-data"
+    shutil.move(imagenette_run["out"], moved)
+    try:
+        after = classify_run(imagenette_run["run"], files, log=lambda _: None)
+        model = hf.load(imagenette_run["run"])
+        logits = model.predict(hf.image_inputs(model, files)).astype(np.float64)
+    finally:
+        shutil.move(moved, imagenette_run["out"])
+    np.testing.assert_array_equal(after, before)
+    np.testing.assert_allclose(np.exp(logits) / np.exp(logits).sum(1, keepdims=True), before, rtol=1e-6)
+
+
 def test_a_run_of_a_dataset_without_image_files_or_no_classifier_is_refused(imagenette_run, capsys):
     digits = f"{imagenette_run['dir']}/digits"
     assert main(["train", "mnist-linear", "--epochs", "1", "--run-dir", digits, "--no-progress"]) == EXIT_OK
@@ -75,5 +95,14 @@ def test_a_run_of_a_dataset_without_image_files_or_no_classifier_is_refused(imag
     capsys.readouterr()
     assert main(["classify", digits, image]) == EXIT_BAD_INPUT
     assert capsys.readouterr().err == ("hloforge: error: dataset 'digits' does not say how an image file becomes its "
-                                       "input (a dataset's image_file); classify reads images for cifar10 and "
-                                       "imagenette runs (cam takes a .npy of the net's input)\n")
+                                       "input (a dataset's image_file); image files are read for cifar10 and "
+                                       "imagenette models\n")
+    unet = f"{imagenette_run['dir']}/unet"
+    assert main(["train", "unet-mini", "--data", "shapes", "--data-opt", "n_train=16", "--data-opt", "n_test=4",
+                 "--epochs", "1", "--batch", "8", "--run-dir", unet, "--no-progress"]) == EXIT_OK
+    capsys.readouterr()
+    assert main(["classify", unet, image]) == EXIT_BAD_INPUT
+    assert capsys.readouterr().err == (f"hloforge: error: run {unet} trained 'unet-mini', a segmenter, not a "
+                                       "classifier; classify takes a classifier's run (detect: a detector's)\n")
+    with pytest.raises(DataError, match="^the model was not trained on a registered dataset"):
+        hf.image_inputs(hf.Model("mnist-linear"), [image])

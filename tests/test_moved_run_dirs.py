@@ -91,7 +91,7 @@ def test_eval_reads_a_moved_corpus_with_data_file_and_says_so_when_it_is_missing
     assert capsys.readouterr().out.startswith("ab")
 
 
-@pytest.mark.parametrize("command", ["eval", "generate", "cam", "detect", "classify", "sample"])
+@pytest.mark.parametrize("command", ["eval", "generate", "cam", "detect", "sample"])
 def test_every_command_that_opens_a_runs_data_takes_where_it_moved(command, monkeypatch):
     """The hint a moved run's refusal gives (--data-dir / --data-file) is a flag of each command that
     opens the run's dataset, and reaches `open_checkpoint`."""
@@ -104,9 +104,9 @@ def test_every_command_that_opens_a_runs_data_takes_where_it_moved(command, monk
         raise opening.DataError("stop here")
 
     monkeypatch.setattr(opening, "open_checkpoint", opened)
-    for module in ("cam", "detect", "classify", "generate", "sample"):
+    for module in ("cam", "detect", "generate", "sample"):
         monkeypatch.setattr(f"hloforge.commands.{module}.open_checkpoint", opened, raising=False)
-    more = {"cam": ["test:0"], "detect": ["--index", "0"], "classify": ["img.png"]}.get(command, [])
+    more = {"cam": ["test:0"], "detect": ["--index", "0"]}.get(command, [])
     assert main([command, "run", *more, "--data-dir", "d", "--data-file", "f"]) == 3
     assert (seen["data_dir"], seen["data_file"]) == ("d", "f")
 

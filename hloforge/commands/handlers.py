@@ -282,8 +282,7 @@ def _detect(args: argparse.Namespace) -> None:
 def _classify(args: argparse.Namespace) -> None:
     from hloforge.commands.classify import classify_run
 
-    classify_run(args.run, args.images, args.top, backend=args.backend, region=args.region, data_dir=args.data_dir,
-                 data_file=args.data_file)
+    classify_run(args.run, args.images, args.top, backend=args.backend, region=args.region)
 
 
 def _compare(args: argparse.Namespace) -> None:

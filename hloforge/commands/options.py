@@ -387,11 +387,10 @@ def parser() -> argparse.ArgumentParser:
     sp = _command(sub, "classify", help="a classifier run's top classes for image files, with their probabilities")
     sp.add_argument("run", type=path, help="a run directory or a checkpoint file")
     sp.add_argument("images", type=path, nargs="+", metavar="IMAGE",
-                    help="PNG/JPEG files, each read as the run's dataset reads its eval images")
+                    help="PNG/JPEG files, each read as the run's dataset reads its eval images (its files unread)")
     sp.add_argument("--top", type=positive_int, default=5, help="classes printed per image")
     sp.add_argument("--backend", type=plugin_name, help="run on this backend (default: the one it trained on)")
     _region_flag(sp, ", the weights `hloforge eval` scores")
-    _moved_data_flags(sp)
     sp.set_defaults(func=_classify, smaller=ONE_AT_A_TIME)
 
     sp = _command(sub, "compare", help="McNemar's exact test on two runs' eval bitmaps (a report: exit 0 either way)")
